@@ -1,0 +1,61 @@
+"""One registered attention function for compressed-cache rollouts and masked training.
+
+``kv_attention`` is registered with transformers' ``AttentionInterface`` (and, with ``sdpa_mask``, with its
+``AttentionMaskInterface``) under ``ATTENTION_NAME``. A model set to it behaves exactly like ``sdpa`` unless a
+forward call passes ``kv_context=...``: an object with an ``attend(module, query, key, value, attention_mask,
+scaling, dropout)`` method, which then owns the attention of every layer (it reads ``module.layer_idx``). The
+rollout caches and the record masks are such contexts. No modeling file is forked and no library global is
+patched.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+ATTENTION_NAME = "kv_compress"
+
+
+def kv_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, kv_context=None, **kwargs):
+    """query [B, H, Q, D], key/value [B, Hkv, K, D] (after RoPE) -> (out [B, Q, H, D], None)."""
+    if kv_context is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if kwargs.get("sliding_window") is not None:
+        raise NotImplementedError("compressed-cache attention does not support sliding-window layers")
+    return kv_context.attend(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
+
+
+def sdpa_with_head_mask(query, key, value, mask, scaling, dropout=0.0):
+    """Grouped-query SDPA under a boolean mask that may differ per KV head.
+
+    query [B, H, Q, D]; key/value [B, Hkv, K, D]; mask bool [B, 1 or Hkv, Q, K].
+    Returns (out [B, Q, H, D], None), as attention functions return.
+    """
+    groups = query.shape[1] // key.shape[1]
+    if mask.shape[1] > 1:
+        mask = mask.repeat_interleave(groups, dim=1)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=groups > 1
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> str:
+    """Register the attention function and its mask function; returns the name to give ``attn_implementation``."""
+    AttentionInterface.register(ATTENTION_NAME, kv_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    return ATTENTION_NAME
+
+
+def use_kv_attention(model: torch.nn.Module) -> torch.nn.Module:
+    """Switch a loaded model to the registered attention (idempotent); returns the model."""
+    name = register()
+    if model.config._attn_implementation != name:
+        model.set_attn_implementation(name)
+    return model
+
+
+register()

