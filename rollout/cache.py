@@ -4,7 +4,7 @@
 appends its new keys/values (after RoPE) to its buffer, keeps the last ``window`` queries for scoring, and
 attends over the occupied slots. Every slot carries the logical position of its token, so eviction never
 shifts a RoPE position, and ``compress`` keeps, per layer and KV head, the sinks, the window and the best
-scored others, compacting them to the front of the buffer in position order and stamping the evicted ones in
+scored others, compacting them into the first ``budget`` slots in position order and stamping the evicted ones in
 the record (see ``gkv_train.record`` for the timing).
 
 Occupancy is per sequence, not per layer or head: after a compression every (layer, KV head) of sequence ``b``
@@ -129,6 +129,9 @@ class RolloutCache:
         """
         cfg, S = self.compression, self.used
         key_ok, stamp = self.valid[:, :S], self.lengths.to(torch.int32)
+        # Sequences within budget lose nothing and keep their score history untouched, so what a sequence
+        # keeps never depends on the other sequences of its batch.
+        active = (self.lengths > cfg.budget)[:, None, None]
         index = n_keep = None
         for layer in range(self.keys.shape[0]):
             keys, values = self.keys[layer, :, :, :S], self.values[layer, :, :, :S]
@@ -141,7 +144,7 @@ class RolloutCache:
             index, n_keep = select_keep(score, positions, key_ok, self.lengths, cfg.budget, cfg.window, cfg.sinks)
             K = index.shape[-1]
             kept = torch.zeros_like(positions, dtype=torch.bool).scatter_(
-                -1, index, (torch.arange(K, device=index.device) < n_keep[:, None, None]).expand_as(index)
+                -1, index, (torch.arange(K, device=index.device) >= (K - n_keep)[:, None, None]).expand_as(index)
             )
             evicted = key_ok[:, None, :] & ~kept
             stamps = torch.where(evicted, stamp[:, None, None], NEVER)
@@ -151,10 +154,10 @@ class RolloutCache:
             self.values[layer, :, :, :K] = values.gather(2, slot)
             self.positions[layer, :, :, :K] = positions.gather(-1, index)
             if new_history is not None:
-                self.history[layer, :, :, :K] = new_history.gather(-1, index)
+                self.history[layer, :, :, :K] = torch.where(active, new_history, history).gather(-1, index)
             self.history[layer, :, :, K:] = 0.0
         K = index.shape[-1]
-        self.valid[:, :K] = torch.arange(K, device=self.valid.device) < n_keep[:, None]
+        self.valid[:, :K] = torch.arange(K, device=self.valid.device) >= (K - n_keep)[:, None]
         self.valid[:, K:] = False
         self.used = K
         self.compressions += 1

@@ -37,17 +37,22 @@ def window_attention(
     return (probs * weight).sum(-2) / weight.sum(-2).clamp_min(1.0)
 
 
-def pool_scores(scores: torch.Tensor, kernel: int, mode: str) -> torch.Tensor:
-    """Pool scores [..., S] along the slots with an odd ``kernel`` (``max`` or ``avg``); 1 is the identity."""
+def pool_scores(scores: torch.Tensor, key_ok: torch.Tensor, kernel: int, mode: str) -> torch.Tensor:
+    """Pool scores [B, Hkv, G, S] along the slots with an odd ``kernel`` (``max`` or ``avg``) over occupied slots.
+
+    key_ok bool [B, S]. Empty slots take no part (so left padding changes no score); a kernel of 1 is the identity.
+    """
     if kernel == 1:
         return scores
     shape = scores.shape
+    ok = key_ok[:, None, None, :].expand(shape).reshape(-1, 1, shape[-1]).float()
     flat = scores.reshape(-1, 1, shape[-1])
     if mode == "max":
-        pooled = F.max_pool1d(flat, kernel, stride=1, padding=kernel // 2)
-    else:
-        pooled = F.avg_pool1d(flat, kernel, stride=1, padding=kernel // 2, count_include_pad=False)
-    return pooled.view(shape)
+        flat = flat.masked_fill(ok == 0, float("-inf"))
+        return F.max_pool1d(flat, kernel, stride=1, padding=kernel // 2).view(shape).clamp_min(0.0)
+    total = F.avg_pool1d(flat * ok, kernel, stride=1, padding=kernel // 2)
+    count = F.avg_pool1d(ok, kernel, stride=1, padding=kernel // 2)
+    return (total / count.clamp_min(_EPS)).view(shape) * key_ok[:, None, None, :]
 
 
 def aggregate_group(scores: torch.Tensor, mode: str) -> torch.Tensor:
@@ -108,7 +113,7 @@ def compression_scores(
     if config.method == "streaming":
         return key_pos.float(), None
     local = window_attention(query, query_pos, query_ok, keys, key_pos, key_ok, scale)
-    local = aggregate_group(pool_scores(local, config.pool_kernel, config.pool), config.group_agg)
+    local = aggregate_group(pool_scores(local, key_ok, config.pool_kernel, config.pool), config.group_agg)
     if config.method == "h2o":
         history = merge_history(history, local, "sum", config.alpha)
         return history, history
@@ -132,15 +137,16 @@ def select_keep(
 
     score float [B, Hkv, S]; key_pos int64 [B, Hkv, S]; key_ok bool [B, S]; lengths int64 [B] tokens seen so far.
     Returns (index int64 [B, Hkv, K] with K = min(budget, S), n_keep int64 [B] = min(budget, occupied slots)).
-    The first ``n_keep[b]`` indices of each row are the kept slots in increasing position; the rest are empty
-    slots, listed last.
+    The last ``n_keep[b]`` indices of each row are the kept slots in increasing position, after the empty ones:
+    gathered in this order, every sequence's occupied slots stay one contiguous run ending at the buffer's end,
+    as after left-padded prefill, so pooling along the slots never straddles a gap.
     """
     ok = key_ok[:, None, :].expand_as(score)
     forced = ok & ((key_pos >= (lengths - window)[:, None, None]) | (key_pos < sinks))
     ranked = score.float().masked_fill(forced, float("inf")).masked_fill(~ok, float("-inf"))
     k = min(budget, score.shape[-1])
     index = ranked.topk(k, dim=-1).indices
-    empty_last = index + score.shape[-1] * (~ok.gather(-1, index))
-    index = index.gather(-1, empty_last.argsort(-1))
+    empty_first = index + score.shape[-1] * ok.gather(-1, index)
+    index = index.gather(-1, empty_first.argsort(-1))
     n_keep = key_ok.sum(-1).clamp_max(budget)
     return index, n_keep

@@ -1,0 +1,119 @@
+"""Training sees exactly what inference saw: trainer log-probs under the record equal the rollout's."""
+
+import pytest
+import torch
+
+from gkv_train.logprobs import token_logprobs
+from gkv_train.models import tiny_model
+from rollout.config import CompressionConfig, SamplingConfig
+from rollout.engine import RolloutEngine
+
+from conftest import random_prompts
+
+TOL = 1e-4
+
+
+def logprob_diffs(model, out):
+    """Max |trainer - rollout| log-prob with the record, with a plain causal mask, and with layers rotated."""
+    args = (model, out.sequences, out.attention_mask, out.num_completion_tokens)
+    mask = out.completion_mask.bool()
+
+    def diff(record):
+        return (token_logprobs(*args, evict_at=record) - out.logprobs)[mask].abs().max().item()
+
+    rotated = None if out.evict_at is None else diff(out.evict_at.roll(1, dims=1))
+    return diff(out.evict_at), diff(None), rotated
+
+
+def tiny_methods(budget, window, interval):
+    common = dict(budget=budget, window=window, interval=interval)
+    return [
+        CompressionConfig("streaming", **common),
+        CompressionConfig("snapkv", **common),
+        CompressionConfig("h2o", **common),
+        CompressionConfig("rkv", **common),
+        CompressionConfig("gkv", form="max", **common),
+        CompressionConfig("gkv", form="mean", **common),
+        CompressionConfig("gkv", form="sum", redundancy=False, **common),
+    ]
+
+
+def check(model, out, cfg):
+    assert out.stats["compressions"] >= 3
+    diff, causal, rotated = logprob_diffs(model, out)
+    assert diff <= TOL, f"{cfg}: trainer vs rollout {diff}"
+    assert causal > 1e-2, f"{cfg}: a plain causal mask should not reproduce the rollout ({causal})"
+    if cfg.method == "streaming":
+        # Sinks + recency evict the same tokens in every layer and head: rotating layers cannot change anything.
+        assert (out.evict_at == out.evict_at[:, :1, :1]).all()
+    else:
+        assert rotated > 1e-2, f"{cfg}: masks rotated by one layer should not reproduce the rollout ({rotated})"
+
+
+@pytest.mark.parametrize("cfg", tiny_methods(16, 4, 8), ids=lambda c: f"{c.method}-{c.form}")
+def test_consistency_tiny(tiny_llama, cfg):
+    prompts = random_prompts([5, 23, 12, 30, 9])
+    out = RolloutEngine(tiny_llama, compression=cfg).generate(prompts, SamplingConfig(max_new_tokens=40, temperature=1.0, seed=1))
+    check(tiny_llama, out, cfg)
+
+
+@pytest.mark.parametrize("kind", ["tiny-qwen2", "tiny-qwen3"])
+def test_consistency_other_architectures(kind):
+    model = tiny_model(kind)
+    cfg = CompressionConfig("gkv", budget=16, window=4, interval=8)
+    out = RolloutEngine(model, compression=cfg).generate(random_prompts([5, 23, 12, 30]), SamplingConfig(max_new_tokens=40, seed=3))
+    check(model, out, cfg)
+
+
+def test_full_consistency_and_chunking(tiny_llama):
+    out = RolloutEngine(tiny_llama).generate(random_prompts([5, 23, 12]), SamplingConfig(max_new_tokens=20, seed=4))
+    assert out.evict_at is None and (out.retention == 1).all()
+    args = (tiny_llama, out.sequences, out.attention_mask, out.num_completion_tokens)
+    whole = token_logprobs(*args)
+    chunked = token_logprobs(*args, chunk_tokens=7)
+    mask = out.completion_mask.bool()
+    assert (whole - out.logprobs)[mask].abs().max() <= TOL
+    assert torch.allclose(whole, chunked)
+
+
+def test_flex_backend_matches_sdpa(tiny_llama):
+    cfg = CompressionConfig("gkv", budget=12, window=4, interval=4)
+    out = RolloutEngine(tiny_llama, compression=cfg).generate(random_prompts([5, 14]), SamplingConfig(max_new_tokens=12))
+    args = (tiny_llama, out.sequences, out.attention_mask, out.num_completion_tokens, out.evict_at)
+    with torch.no_grad():  # FlexAttention has no backward on CPU
+        flex = token_logprobs(*args, backend="flex")
+    mask = out.completion_mask.bool()
+    assert (flex - out.logprobs)[mask].abs().max() <= TOL
+
+
+def test_masked_logprobs_are_differentiable(tiny_llama):
+    cfg = CompressionConfig("gkv", budget=12, window=4, interval=4)
+    out = RolloutEngine(tiny_llama, compression=cfg).generate(random_prompts([5, 14]), SamplingConfig(max_new_tokens=12))
+    lp = token_logprobs(tiny_llama, out.sequences, out.attention_mask, out.num_completion_tokens, out.evict_at, chunk_tokens=5)
+    (lp * out.completion_mask).sum().backward()
+    grads = [p.grad for p in tiny_llama.parameters()]
+    assert all(g is not None for g in grads) and sum(g.abs().sum() for g in grads) > 0
+    tiny_llama.zero_grad(set_to_none=True)
+
+
+SMOLLM2_METHODS = [
+    CompressionConfig("streaming", budget=64, window=8, interval=16),
+    CompressionConfig("snapkv", budget=64, window=8, interval=16),
+    CompressionConfig("h2o", budget=64, window=8, interval=16),
+    CompressionConfig("rkv", budget=64, window=8, interval=16),
+    CompressionConfig("gkv", budget=64, window=8, interval=16, form="max"),
+    CompressionConfig("gkv", budget=64, window=8, interval=16, form="mean"),
+    CompressionConfig("gkv", budget=64, window=8, interval=16, form="sum"),
+]
+
+
+@pytest.mark.smollm2
+@pytest.mark.parametrize("cfg", SMOLLM2_METHODS, ids=lambda c: f"{c.method}-{c.form}")
+def test_consistency_smollm2(smollm2, gsm8k_questions, cfg):
+    model, tokenizer = smollm2
+    questions = [gsm8k_questions[i] for i in (0, 3, 7, 12)]
+    out = RolloutEngine(model, tokenizer, cfg).generate(
+        questions, SamplingConfig(max_new_tokens=48, temperature=1.0, seed=0, ignore_eos=True)
+    )
+    assert len(set(out.prompt_lengths.tolist())) > 1
+    check(model, out, cfg)

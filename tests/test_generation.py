@@ -1,0 +1,101 @@
+import pytest
+import torch
+
+from gkv_train.attention import ATTENTION_NAME
+from gkv_train.models import tiny_model
+from rollout.config import CompressionConfig, SamplingConfig
+from rollout.engine import RolloutEngine, encode_prompts, left_pad
+
+from conftest import random_prompts
+
+
+def hf_greedy(model, prompts, pad_id, max_new_tokens, eos):
+    ids, mask = left_pad(prompts, pad_id, "cpu")
+    model.set_attn_implementation("sdpa")
+    try:
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+            eos_token_id=eos, pad_token_id=pad_id,
+        )
+    finally:
+        model.set_attn_implementation(ATTENTION_NAME)
+    return out[:, ids.shape[1]:]
+
+
+@pytest.mark.parametrize("kind", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
+def test_full_greedy_matches_hf_generate(kind):
+    model = tiny_model(kind)
+    prompts = random_prompts([5, 17, 40, 9])
+    out = RolloutEngine(model).generate(prompts, SamplingConfig(max_new_tokens=30, temperature=0, stop_token_ids=(2,)))
+    expected = hf_greedy(model, prompts, 0, 30, 2)
+    assert torch.equal(out.completion_ids, expected)
+
+
+@pytest.mark.smollm2
+def test_full_greedy_matches_hf_generate_smollm2(smollm2, gsm8k_questions):
+    model, tokenizer = smollm2
+    prompts = encode_prompts(tokenizer, gsm8k_questions[:4])
+    out = RolloutEngine(model, tokenizer).generate(prompts, SamplingConfig(max_new_tokens=24, temperature=0))
+    expected = hf_greedy(model, prompts, tokenizer.pad_token_id, 24, tokenizer.eos_token_id)
+    assert torch.equal(out.completion_ids, expected[:, : out.completion_ids.shape[1]])
+
+
+def test_stop_token_ends_each_sequence_on_its_own(tiny_llama):
+    prompts = random_prompts([6, 11, 3])
+    greedy = RolloutEngine(tiny_llama).generate(prompts, SamplingConfig(max_new_tokens=8, temperature=0, stop_token_ids=()))
+    stop = int(greedy.completion_ids[0, 2])  # third greedy token of row 0 becomes its stop token
+    out = RolloutEngine(tiny_llama).generate(prompts, SamplingConfig(max_new_tokens=8, temperature=0, stop_token_ids=(stop,)))
+    for row in range(3):
+        full = greedy.completion_ids[row].tolist()
+        n = full.index(stop) + 1 if stop in full else 8
+        assert out.completion_lengths[row] == n
+        assert out.completion_ids[row, :n].tolist() == full[:n]
+        assert (out.completion_ids[row, n:] == 0).all() and (out.completion_mask[row, n:] == 0).all()
+        assert (out.logprobs[row, n:] == 0).all() and (out.logprobs[row, :n] < 0).all()
+    assert out.completion_lengths[0] == 3
+
+
+def test_ignore_eos_forces_length(tiny_llama):
+    prompts = random_prompts([6, 9])
+    greedy = RolloutEngine(tiny_llama).generate(prompts, SamplingConfig(max_new_tokens=5, temperature=0, stop_token_ids=()))
+    stop = int(greedy.completion_ids[0, 0])
+    out = RolloutEngine(tiny_llama).generate(
+        prompts, SamplingConfig(max_new_tokens=5, temperature=1.0, stop_token_ids=(stop,), ignore_eos=True)
+    )
+    assert out.completion_lengths.tolist() == [5, 5] and stop not in out.completion_ids.flatten().tolist()
+
+
+def test_sampling_is_seeded_and_repeats_prompts(tiny_llama):
+    prompts = random_prompts([4, 7])
+    engine = RolloutEngine(tiny_llama, compression=CompressionConfig("gkv", budget=8, window=2, interval=4))
+    a = engine.generate(prompts, SamplingConfig(max_new_tokens=12, num_samples=3, seed=5, top_p=0.9))
+    b = engine.generate(prompts, SamplingConfig(max_new_tokens=12, num_samples=3, seed=5, top_p=0.9))
+    c = engine.generate(prompts, SamplingConfig(max_new_tokens=12, num_samples=3, seed=6, top_p=0.9))
+    assert a.sequences.shape[0] == 6 and a.prompt_lengths.tolist() == [4, 4, 4, 7, 7, 7]
+    assert torch.equal(a.sequences, b.sequences) and torch.equal(a.evict_at, b.evict_at)
+    assert not torch.equal(a.sequences, c.sequences)
+    assert not torch.equal(a.completion_ids[0], a.completion_ids[1])  # samples of one prompt differ
+
+
+def test_top_p_keeps_sampling_inside_the_nucleus():
+    from rollout.sampling import sample_tokens
+
+    logits = torch.tensor([[4.0, 3.0, 0.0, -1.0]]).repeat(200, 1)
+    tokens, logprobs = sample_tokens(logits, 1.0, 0.7, torch.Generator().manual_seed(0))
+    assert set(tokens.tolist()) <= {0, 1}
+    assert torch.allclose(logprobs, logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1))
+
+
+@pytest.mark.parametrize("method", ["gkv", "snapkv"])
+def test_padding_changes_nothing(tiny_llama, method):
+    """Positions are logical: a prompt generates the same tokens and record alone and in a padded batch."""
+    cfg = CompressionConfig(method, budget=12, window=3, interval=5, pool="avg")
+    prompts = random_prompts([9, 30, 17], seed=4)
+    sampling = SamplingConfig(max_new_tokens=25, temperature=0, stop_token_ids=())
+    engine = RolloutEngine(tiny_llama, compression=cfg)
+    batch = engine.generate(prompts, sampling)
+    for row, prompt in enumerate(prompts):
+        alone = engine.generate([prompt], sampling)
+        assert torch.equal(alone.completion_ids[0], batch.completion_ids[row])
+        T = len(prompt) + 25
+        assert torch.equal(alone.evict_at[0, ..., :T], batch.evict_at[row, ..., :T])

@@ -1,0 +1,76 @@
+import pytest
+import torch
+
+from gkv_train.record import NEVER, logical_positions, record_to_columns, visibility_mask, visible_counts
+from rollout.config import CompressionConfig, SamplingConfig
+from rollout.engine import RolloutEngine
+
+from conftest import random_prompts
+
+
+def test_logical_positions_ignore_padding():
+    mask = torch.tensor([[0, 0, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1]])
+    assert logical_positions(mask).tolist() == [[0, 0, 0, 1, 2, 0], [0, 1, 2, 3, 4, 5]]
+
+
+def test_visibility_mask_matches_definition():
+    torch.manual_seed(0)
+    B, H, T = 2, 2, 9
+    attention_mask = torch.ones(B, T, dtype=torch.long)
+    attention_mask[0, :3] = 0
+    evict_at = torch.randint(0, 12, (B, 1, H, T), dtype=torch.int32)
+    pos = logical_positions(attention_mask)
+    cols = record_to_columns(evict_at, pos)
+    mask = visibility_mask(cols[:, 0], pos, attention_mask.bool(), pos)
+    for b in range(B):
+        for h in range(H):
+            for q in range(T):
+                for k in range(T):
+                    if not attention_mask[b, q]:
+                        continue
+                    expected = bool(attention_mask[b, k]) and pos[b, k] <= pos[b, q] < evict_at[b, 0, h, pos[b, k]]
+                    assert bool(mask[b, h, q, k]) == expected
+
+
+METHODS = [
+    CompressionConfig("streaming", budget=20, window=4, interval=6),
+    CompressionConfig("snapkv", budget=20, window=4, interval=6),
+    CompressionConfig("h2o", budget=20, window=4, interval=6, sinks=2),
+    CompressionConfig("rkv", budget=20, window=4, interval=6),
+    CompressionConfig("gkv", budget=20, window=4, interval=6, form="mean"),
+]
+
+
+@pytest.mark.parametrize("cfg", METHODS, ids=lambda c: c.method)
+def test_every_compression_keeps_budget_window_and_sinks(tiny_llama, cfg):
+    prompts = random_prompts([7, 25, 13, 31])
+    out = RolloutEngine(tiny_llama, compression=cfg).generate(prompts, SamplingConfig(max_new_tokens=30, seed=2))
+    rec = out.evict_at
+    N, L, H, T = rec.shape
+    assert rec.dtype == torch.int32 and (N, L) == (4, tiny_llama.config.num_hidden_layers)
+    assert H == tiny_llama.config.num_key_value_heads and T == out.sequences.shape[1]
+    P = max(len(p) for p in prompts)
+    assert out.stats["compressions"] == 1 + 30 // cfg.interval - (30 % cfg.interval == 0)  # prefill + every interval
+    for b in range(N):
+        p_len = int(out.prompt_lengths[b])
+        length = p_len + int(out.completion_lengths[b])
+        stamps = [p_len] if P > cfg.budget else []
+        stamps += [p_len + n for n in range(cfg.interval, 30, cfg.interval)]
+        found = set(rec[b][rec[b] != NEVER].unique().tolist())
+        assert found <= set(stamps)
+        for s in stamps:
+            kept = visible_counts(rec[b : b + 1], torch.tensor([s]))[0] - 1  # minus the query itself
+            assert (kept == min(cfg.budget, s)).all(), (s, kept)
+            window = rec[b, :, :, s - cfg.window : s]
+            assert (window > s).all()
+        assert (rec[b, :, :, : cfg.sinks] == NEVER).all()
+        for q in range(p_len, length):
+            assert (visible_counts(rec[b : b + 1], torch.tensor([q])) <= cfg.budget + cfg.interval).all()
+    assert ((out.retention > 0) & (out.retention < 1)).all()
+
+
+def test_heads_and_layers_evict_differently(tiny_llama):
+    cfg = CompressionConfig("gkv", budget=20, window=4, interval=6)
+    out = RolloutEngine(tiny_llama, compression=cfg).generate(random_prompts([40, 33]), SamplingConfig(max_new_tokens=20))
+    rec = out.evict_at
+    assert not torch.equal(rec[:, 0], rec[:, 1]) and not torch.equal(rec[:, :, 0], rec[:, :, 1])
