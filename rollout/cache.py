@@ -21,6 +21,18 @@ from rollout.config import CompressionConfig
 from rollout.scoring import compression_scores, select_keep
 
 
+def gather_slots(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """x [B, H, S, *rest], index int64 [B, H, K] -> x at those slots, [B, H, K, *rest].
+
+    A flat ``index_select``: several times faster on CPU than ``torch.gather`` with an expanded index.
+    """
+    B, H, S = x.shape[:3]
+    rest = x.shape[3:]
+    base = torch.arange(B * H, device=x.device)[:, None] * S
+    flat = (index.reshape(B * H, -1) + base).reshape(-1)
+    return x.reshape(B * H * S, *rest).index_select(0, flat).view(B, H, index.shape[-1], *rest)
+
+
 class RolloutCache:
     """KV buffers of one batched rollout.
 
@@ -149,9 +161,8 @@ class RolloutCache:
             evicted = key_ok[:, None, :] & ~kept
             stamps = torch.where(evicted, stamp[:, None, None], NEVER)
             self.record[layer].scatter_reduce_(-1, positions.clamp_max(self.record.shape[-1] - 1), stamps, "amin")
-            slot = index[..., None].expand(B, Hkv, K, D)
-            self.keys[layer, :, :, :K] = keys.gather(2, slot)
-            self.values[layer, :, :, :K] = values.gather(2, slot)
+            self.keys[layer, :, :, :K] = gather_slots(keys, index)
+            self.values[layer, :, :, :K] = gather_slots(values, index)
             self.positions[layer, :, :, :K] = positions.gather(-1, index)
             if new_history is not None:
                 self.history[layer, :, :, :K] = torch.where(active, new_history, history).gather(-1, index)

@@ -4,6 +4,33 @@ from __future__ import annotations
 
 import torch
 
+_NUCLEUS_PROBE = 256  # candidates tried before falling back to a full sort
+
+
+def inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """Sample one index per row of non-negative weights probs [B, V] (need not sum to 1); returns int64 [B].
+
+    A cumulative sum and a binary search: much cheaper on CPU than ``torch.multinomial`` over a large vocabulary.
+    """
+    cdf = probs.cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The top-p nucleus of each row of probs [B, V], as (weights [B, k], token ids [B, k]) sorted by probability.
+
+    A token is kept when the mass of the tokens ranked before it is at most ``top_p`` (so the most likely token
+    always is). Exact: the top ``_NUCLEUS_PROBE`` candidates are used when their mass exceeds ``top_p`` in every
+    row (everything after them would be cut anyway), else the whole row is sorted.
+    """
+    k = min(_NUCLEUS_PROBE, probs.shape[-1])
+    weights, ids = probs.topk(k, dim=-1)
+    if k < probs.shape[-1] and not bool((weights.sum(-1) > top_p).all()):
+        weights, ids = probs.sort(-1, descending=True)
+    outside = weights.cumsum(-1) - weights > top_p
+    return weights.masked_fill(outside, 0.0), ids
+
 
 def sample_tokens(
     logits: torch.Tensor,
@@ -28,8 +55,8 @@ def sample_tokens(
     else:
         probs = pick.softmax(-1)
         if top_p < 1.0:
-            sorted_probs, order = probs.sort(-1, descending=True)
-            outside = sorted_probs.cumsum(-1) - sorted_probs > top_p  # always keeps the most likely token
-            probs = probs.scatter(-1, order, sorted_probs.masked_fill(outside, 0.0))
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+            weights, ids = nucleus(probs, top_p)
+            tokens = ids.gather(-1, inverse_cdf(weights, generator)[:, None]).squeeze(-1)
+        else:
+            tokens = inverse_cdf(probs, generator)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)

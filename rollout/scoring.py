@@ -27,14 +27,18 @@ def window_attention(
 
     query [B, Hkv, G, W, D] (after RoPE); query_pos int64 [B, W]; query_ok bool [B, W];
     keys [B, Hkv, S, D] (after RoPE); key_pos int64 [B, Hkv, S]; key_ok bool [B, S].
-    Each query attends causally (key position <= its own) over the occupied slots.
+    Each valid query attends causally (key position <= its own) over the occupied slots; it always sees its own
+    key, which the window keeps.
     Returns float32 [B, Hkv, G, S]: softmax attention averaged over the valid window queries.
     """
-    logits = torch.einsum("bhgwd,bhsd->bhgws", query.float(), keys.float()) * scale
+    B, Hkv, G, W, D = query.shape
+    scaled = query.float().reshape(B, Hkv, G * W, D) * scale
+    logits = (scaled @ keys.float().transpose(-1, -2)).view(B, Hkv, G, W, -1)
     visible = key_ok[:, None, None, None, :] & (key_pos[:, :, None, None, :] <= query_pos[:, None, None, :, None])
-    probs = logits.masked_fill(~visible, float("-inf")).softmax(-1).nan_to_num(0.0)
-    weight = query_ok.float()[:, None, None, :, None]
-    return (probs * weight).sum(-2) / weight.sum(-2).clamp_min(1.0)
+    visible = visible | ~query_ok[:, None, None, :, None]  # invalid rows: anything finite, weighted 0 below
+    probs = logits.masked_fill_(~visible, float("-inf")).softmax(-1)
+    weight = query_ok.float() / query_ok.sum(-1, keepdim=True).clamp_min(1)
+    return (weight[:, None, None, None, :] @ probs).squeeze(-2)
 
 
 def pool_scores(scores: torch.Tensor, key_ok: torch.Tensor, kernel: int, mode: str) -> torch.Tensor:
@@ -64,13 +68,14 @@ def key_redundancy(keys: torch.Tensor, key_ok: torch.Tensor) -> torch.Tensor:
     """R-KV key redundancy: mean cosine similarity of each key to the other occupied keys of its head.
 
     keys [B, Hkv, S, D]; key_ok bool [B, S]. Returns float32 [B, Hkv, S] (0 for empty slots).
+    With unit keys u and their sum U over occupied slots, it is (u_i . U - 1) / (n - 1): O(S D), not O(S^2 D).
     """
-    unit = F.normalize(keys.float(), dim=-1)
-    sim = unit @ unit.transpose(-1, -2)
-    others = key_ok[:, None, None, :] & ~torch.eye(keys.shape[2], dtype=torch.bool, device=keys.device)
-    sim = sim * others
-    count = others.sum(-1).clamp_min(1)
-    return (sim.sum(-1) / count) * key_ok[:, None, :]
+    keys = keys.float()
+    inv_norm = keys.norm(dim=-1).clamp_min(_EPS).reciprocal() * key_ok[:, None, :]  # [B, Hkv, S]
+    total = inv_norm[:, :, None, :] @ keys  # [B, Hkv, 1, D]: sum of unit keys
+    dots = (keys @ total.transpose(-1, -2)).squeeze(-1) * inv_norm  # u_i . U
+    count = (key_ok.sum(-1) - 1).clamp_min(1)[:, None, None]
+    return (dots - 1.0) * key_ok[:, None, :] / count
 
 
 def normalize_max(scores: torch.Tensor, key_ok: torch.Tensor) -> torch.Tensor:

@@ -99,3 +99,24 @@ def test_padding_changes_nothing(tiny_llama, method):
         assert torch.equal(alone.completion_ids[0], batch.completion_ids[row])
         T = len(prompt) + 25
         assert torch.equal(alone.evict_at[0, ..., :T], batch.evict_at[row, ..., :T])
+
+
+@pytest.mark.parametrize("scale", [0.01, 1.0, 6.0])  # flat rows need the full-sort fallback
+def test_nucleus_is_exact(scale):
+    from rollout.sampling import nucleus
+
+    probs = (torch.randn(8, 3000, generator=torch.Generator().manual_seed(1)) * scale).softmax(-1)
+    weights, ids = nucleus(probs, 0.9)
+    ref_p, ref_ids = probs.sort(-1, descending=True)
+    ref_keep = ref_p.cumsum(-1) - ref_p <= 0.9
+    for row in range(8):
+        assert set(ids[row][weights[row] > 0].tolist()) == set(ref_ids[row][ref_keep[row]].tolist())
+
+
+def test_inverse_cdf_follows_the_weights():
+    from rollout.sampling import inverse_cdf
+
+    weights = torch.tensor([[0.0, 3.0, 0.0, 1.0]]).repeat(4000, 1)
+    draws = inverse_cdf(weights, torch.Generator().manual_seed(0))
+    assert set(draws.tolist()) == {1, 3}
+    assert abs((draws == 1).float().mean().item() - 0.75) < 0.03
