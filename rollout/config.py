@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from dataclasses import dataclass
 
 METHODS = ("full", "streaming", "snapkv", "h2o", "rkv", "gkv")
@@ -112,3 +114,29 @@ class SamplingConfig:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes", "on"):
+        return True
+    if text.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"expected true or false, got {text!r}")
+
+
+def add_compression_args(parser, **defaults) -> None:
+    """Add one ``--option`` per ``CompressionConfig`` field to an argparse parser (``--lambda`` for ``lambda_``)."""
+    hints = typing.get_type_hints(CompressionConfig)
+    for f in dataclasses.fields(CompressionConfig):
+        kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
+        parser.add_argument(
+            "--" + f.name.rstrip("_").replace("_", "-"),
+            dest=f.name,
+            default=defaults.get(f.name, f.default),
+            type=_parse_bool if kind is bool else kind,
+        )
+
+
+def compression_from_args(args) -> CompressionConfig:
+    """The validated ``CompressionConfig`` of options added by ``add_compression_args``."""
+    return CompressionConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(CompressionConfig)})

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from gkv_train.consistency import consistency_report
 from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_model
 from rollout.config import CompressionConfig, SamplingConfig
@@ -11,18 +12,6 @@ from rollout.engine import RolloutEngine
 from conftest import random_prompts
 
 TOL = 1e-4
-
-
-def logprob_diffs(model, out):
-    """Max |trainer - rollout| log-prob with the record, with a plain causal mask, and with layers rotated."""
-    args = (model, out.sequences, out.attention_mask, out.num_completion_tokens)
-    mask = out.completion_mask.bool()
-
-    def diff(record):
-        return (token_logprobs(*args, evict_at=record) - out.logprobs)[mask].abs().max().item()
-
-    rotated = None if out.evict_at is None else diff(out.evict_at.roll(1, dims=1))
-    return diff(out.evict_at), diff(None), rotated
 
 
 def tiny_methods(budget, window, interval):
@@ -40,7 +29,8 @@ def tiny_methods(budget, window, interval):
 
 def check(model, out, cfg):
     assert out.stats["compressions"] >= 3
-    diff, causal, rotated = logprob_diffs(model, out)
+    report = consistency_report(model, out)
+    diff, causal, rotated = report["max_abs_logprob_diff"], report["causal_mask_diff"], report["rotated_layers_diff"]
     assert diff <= TOL, f"{cfg}: trainer vs rollout {diff}"
     assert causal > 1e-2, f"{cfg}: a plain causal mask should not reproduce the rollout ({causal})"
     if cfg.method == "streaming":

@@ -43,7 +43,9 @@ def test_full_greedy_matches_hf_generate_smollm2(smollm2, gsm8k_questions):
 def test_stop_token_ends_each_sequence_on_its_own(tiny_llama):
     prompts = random_prompts([6, 11, 3])
     greedy = RolloutEngine(tiny_llama).generate(prompts, SamplingConfig(max_new_tokens=8, temperature=0, stop_token_ids=()))
-    stop = int(greedy.completion_ids[0, 2])  # third greedy token of row 0 becomes its stop token
+    row0 = greedy.completion_ids[0].tolist()
+    first_new = next(i for i in range(1, 8) if row0[i] not in row0[:i])
+    stop = row0[first_new]  # a greedy token of row 0, first seen after step 1, becomes the stop token
     out = RolloutEngine(tiny_llama).generate(prompts, SamplingConfig(max_new_tokens=8, temperature=0, stop_token_ids=(stop,)))
     for row in range(3):
         full = greedy.completion_ids[row].tolist()
@@ -52,7 +54,7 @@ def test_stop_token_ends_each_sequence_on_its_own(tiny_llama):
         assert out.completion_ids[row, :n].tolist() == full[:n]
         assert (out.completion_ids[row, n:] == 0).all() and (out.completion_mask[row, n:] == 0).all()
         assert (out.logprobs[row, n:] == 0).all() and (out.logprobs[row, :n] < 0).all()
-    assert out.completion_lengths[0] == 3
+    assert out.completion_lengths[0] == first_new + 1
 
 
 def test_ignore_eos_forces_length(tiny_llama):

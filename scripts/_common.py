@@ -1,0 +1,29 @@
+"""Helpers shared by the scripts: data paths and prompts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def gsm8k_questions(n: int, path: Path = SHARED_DATA / "gsm8k_test.jsonl") -> list[str]:
+    """The first ``n`` GSM8K test questions."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: the scripts read the benchmark data from ../shared/data/")
+    with open(path) as f:
+        return [json.loads(line)["question"] for _, line in zip(range(n), f)]
+
+
+def random_prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
+    """Token-id prompts of the given lengths for tokenizer-less test models (ids >= 3: no special tokens)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def print_json(record: dict) -> None:
+    print(json.dumps(record), flush=True)

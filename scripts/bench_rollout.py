@@ -1,0 +1,96 @@
+"""Rollout throughput on SmolLM2: engine ``full`` and ``gkv`` against stock HF ``generate``, one JSON line.
+
+Batch 16, the first 16 GSM8K test questions (chat template), forced length (EOS blocked), T 0.6, top-p 0.95.
+
+    python scripts/bench_rollout.py                      # 1024 new tokens, about 10 minutes on 2 cores
+    python scripts/bench_rollout.py --max-new-tokens 256
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+
+import torch
+from _common import gsm8k_questions, print_json
+
+from gkv_train.attention import ATTENTION_NAME
+from gkv_train.models import load_model
+from rollout.config import CompressionConfig, SamplingConfig, add_compression_args, compression_from_args
+from rollout.engine import RolloutEngine, encode_prompts, left_pad
+
+
+def hf_generate(model, tokenizer, prompts, sampling: SamplingConfig) -> dict:
+    """Stock ``generate`` (SDPA, dynamic cache) on the same prompts and sampling settings."""
+    ids, mask = left_pad(prompts, tokenizer.pad_token_id, "cpu")
+    model.set_attn_implementation("sdpa")
+    torch.manual_seed(sampling.seed)
+    try:
+        start = time.perf_counter()
+        with torch.no_grad():
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, do_sample=True, temperature=sampling.temperature,
+                top_p=sampling.top_p, top_k=0, max_new_tokens=sampling.max_new_tokens,
+                min_new_tokens=sampling.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+            )
+        seconds = time.perf_counter() - start
+    finally:
+        model.set_attn_implementation(ATTENTION_NAME)
+    new_tokens = (out.shape[1] - ids.shape[1]) * ids.shape[0]
+    cfg = model.config
+    kv_bytes = 2 * cfg.num_hidden_layers * ids.shape[0] * cfg.num_key_value_heads * out.shape[1] * cfg.head_dim * 4
+    return {"tokens_per_s": new_tokens / seconds, "seconds": seconds, "peak_kv_cache_bytes": kv_bytes}
+
+
+def engine_run(model, tokenizer, prompts, sampling: SamplingConfig, compression: CompressionConfig) -> dict:
+    out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling)
+    s = out.stats
+    return {
+        "tokens_per_s": s["tokens_per_s"],
+        "seconds": s["seconds"],
+        "prefill_seconds": s["prefill_seconds"],
+        "compress_fraction_of_decode": s["compress_seconds"] / s["decode_seconds"],
+        "compressions": s["compressions"],
+        "peak_kv_cache_bytes": s["kv_cache_bytes"],
+        "record_bytes_per_sample": s["record_bytes_per_sample"],
+        "retention": out.retention.mean().item(),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--max-new-tokens", type=int, default=1024)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--skip-hf", action="store_true", help="do not time HF generate")
+    add_compression_args(parser, method="gkv", budget=128, window=16, interval=32, alpha=0.8, lambda_=0.5)
+    args = parser.parse_args()
+    compression = compression_from_args(args)
+
+    model, tokenizer = load_model(args.model)
+    prompts = encode_prompts(tokenizer, gsm8k_questions(args.batch))
+    sampling = SamplingConfig(
+        max_new_tokens=args.max_new_tokens, temperature=0.6, top_p=0.95, seed=args.seed, ignore_eos=True
+    )
+    result = {
+        "benchmark": "rollout",
+        "model": args.model,
+        "batch": args.batch,
+        "max_new_tokens": args.max_new_tokens,
+        "threads": torch.get_num_threads(),
+        "compression": dataclasses.asdict(compression),
+    }
+    result["engine_full"] = engine_run(model, tokenizer, prompts, sampling, CompressionConfig("full"))
+    result["engine_" + compression.method] = engine_run(model, tokenizer, prompts, sampling, compression)
+    if not args.skip_hf:
+        result["hf_generate"] = hf_generate(model, tokenizer, prompts, sampling)
+        hf = result["hf_generate"]["tokens_per_s"]
+        result["speedup_full_vs_hf"] = result["engine_full"]["tokens_per_s"] / hf
+        result[f"speedup_{compression.method}_vs_hf"] = result["engine_" + compression.method]["tokens_per_s"] / hf
+    print_json(result)
+
+
+if __name__ == "__main__":
+    main()
