@@ -1,0 +1,37 @@
+"""Reward functions for TRL trainers: plain callables ``f(prompts, completions, **columns) -> list[float]``.
+
+A recipe names them by import path (``rewards.functions.accuracy``), so users can add their own the same way.
+Dataset columns arrive as keyword lists (``answer`` here).
+"""
+
+from __future__ import annotations
+
+import re
+
+from rewards.extract import extract_answer
+from rewards.verify import MathVerifier
+
+_VERIFIER = MathVerifier()
+_BOXED_ONCE = re.compile(r"\\boxed\{.+\}", re.DOTALL)
+
+
+def completion_text(completion) -> str:
+    """A completion as text, whether plain or conversational ([{'role': 'assistant', 'content': ...}])."""
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") for m in completion if isinstance(m, dict))
+    return str(completion)
+
+
+def accuracy(prompts=None, completions=(), answer=(), **_) -> list[float]:
+    """1.0 when the completion's final answer equals the gold ``answer`` column, else 0.0."""
+    return [float(_VERIFIER(extract_answer(completion_text(c)), gold)) for c, gold in zip(completions, answer)]
+
+
+def boxed_format(prompts=None, completions=(), **_) -> list[float]:
+    """1.0 when the completion puts its final answer in ``\\boxed{}``, else 0.0 (an optional format reward)."""
+    return [float(bool(_BOXED_ONCE.search(completion_text(c)))) for c in completions]
+
+
+def verifier_stats() -> dict:
+    """Checks, timeouts and errors of the shared verifier since start-up (for the logs)."""
+    return dict(_VERIFIER.stats)

@@ -1,0 +1,56 @@
+import time
+
+import pytest
+
+from rewards.extract import extract_answer, gold_answer, last_boxed
+from rewards.functions import accuracy, boxed_format
+from rewards.verify import MathVerifier, as_number
+
+
+def test_extraction_order_and_nesting():
+    assert last_boxed(r"so \boxed{1} then \boxed{\frac{1}{2}} done") == r"\frac{1}{2}"
+    assert extract_answer(r"It is 3, finally \boxed{7}.") == "7"
+    assert extract_answer("Steps...\n#### 1,234") == "1234"
+    assert extract_answer("So the answer is 42.") == "42"
+    assert extract_answer("We get 3 apples and then 5 pears.") == "5"
+    assert extract_answer("no digits here") is None
+
+
+def test_gold_answers_of_each_dataset():
+    assert gold_answer("She pays 2 * 3 = 6 dollars.\n#### 18") == "18"  # GSM8K
+    assert gold_answer(27.0) == "27"  # AMC floats
+    assert gold_answer("025") == "025" and as_number("025") == 25  # AIME zero-padded
+    assert gold_answer(r"\frac{14}{3}") == r"\frac{14}{3}"  # MATH-500 LaTeX
+
+
+def test_verifier_numbers_and_latex():
+    verify = MathVerifier(timeout=30)
+    try:
+        assert verify("18", "#### 18") and verify("18.0", 18.0) and verify("25", "025") and verify("$1,000", "1000")
+        assert not verify("17", "18") and not verify(None, "18")
+        assert verify(r"\frac{14}{3}", r"\frac{14}{3}")
+        assert verify(r"\dfrac{1}{2}", "0.5")
+        assert not verify(r"\frac{1}{3}", "0.5")
+    finally:
+        verify.close()
+
+
+def _hang(gold, pred):
+    time.sleep(60)
+    return True
+
+
+def test_verifier_timeout_really_stops_and_counts():
+    verify = MathVerifier(timeout=1.0, check=_hang)
+    start = time.perf_counter()
+    assert verify("x+1", "y") is False
+    assert time.perf_counter() - start < 20
+    assert verify.stats["timeouts"] == 1
+    assert verify("3", "3")  # numbers never reach the worker
+    verify.close()
+
+
+def test_reward_callables():
+    completions = [r"... \boxed{6}", "#### 5", [{"role": "assistant", "content": "the answer is 6"}]]
+    assert accuracy(completions=completions, answer=["6", "6", "6"]) == [1.0, 0.0, 1.0]
+    assert boxed_format(completions=completions) == [1.0, 0.0, 0.0]
