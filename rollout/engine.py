@@ -55,7 +55,13 @@ class RolloutOutput:
         return self.attention_mask[:, -self.num_completion_tokens :]
 
     def completions(self) -> list[list[int]]:
+        """Each completion's token ids, up to and including its stop token."""
         return [row[:n].tolist() for row, n in zip(self.completion_ids, self.completion_lengths)]
+
+    def prompts(self) -> list[list[int]]:
+        """Each prompt's token ids, without padding."""
+        width = self.sequences.shape[1] - self.num_completion_tokens
+        return [row[width - n : width].tolist() for row, n in zip(self.sequences, self.prompt_lengths)]
 
 
 def stop_ids_of(model, tokenizer, sampling: SamplingConfig) -> list[int]:

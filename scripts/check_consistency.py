@@ -29,7 +29,7 @@ def main() -> None:
     compression = compression_from_args(args)
 
     model, tokenizer = load_model(args.model)
-    if tokenizer is None:
+    if args.model.startswith("tiny"):
         prompts = random_prompts([7 + 11 * i for i in range(args.batch)], model.config.vocab_size, args.seed)
     else:
         prompts = gsm8k_questions(args.batch)
