@@ -17,7 +17,7 @@ What the subclass changes (TRL 1.16, pinned):
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from trl import GRPOTrainer
@@ -45,7 +45,7 @@ class SparseRLOptions:
     mask_backend: ``auto`` (FlexAttention on CUDA, SDPA elsewhere), ``sdpa`` or ``flex``.
     """
 
-    compression: CompressionConfig = CompressionConfig("gkv")
+    compression: CompressionConfig = field(default_factory=lambda: CompressionConfig("gkv"))
     train_with_record: bool = True
     overlong_advantage_clip: bool = True
     rollout_is: str | None = None
@@ -83,10 +83,10 @@ def mismatch_stats(trainer_logps, rollout_logps, mask) -> dict[str, float]:
 class CompressedGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose rollouts run with a compressed KV cache and whose forwards see what they saw."""
 
-    def __init__(self, *args, sparse: SparseRLOptions = SparseRLOptions(), **kwargs):
+    def __init__(self, *args, sparse: SparseRLOptions | None = None, **kwargs):
         if kwargs.get("rollout_func") is not None:
             raise ValueError("CompressedGRPOTrainer generates with its own rollout engine")
-        self.sparse = sparse
+        self.sparse = sparse or SparseRLOptions()
         self._record = None  # record of the rows the next log-prob computation sees
         self._context = None  # attention context of the forward in flight
         self._rollout_logps = None  # rollout log-probs of the rows of the loss computation in flight

@@ -153,7 +153,7 @@ class RolloutCache:
             score, new_history = compression_scores(
                 cfg, query, self.query_pos, self.query_ok, keys, positions, key_ok, history, self.scale
             )
-            index, n_keep = select_keep(score, positions, key_ok, self.lengths, cfg.budget, cfg.window, cfg.sinks)
+            index, n_keep = select_keep(score, positions, key_ok, self.lengths, cfg.budget, cfg.window, cfg.num_sinks)
             K = index.shape[-1]
             kept = torch.zeros_like(positions, dtype=torch.bool).scatter_(
                 -1, index, (torch.arange(K, device=index.device) >= (K - n_keep)[:, None, None]).expand_as(index)

@@ -12,7 +12,7 @@ POOLINGS = ("max", "avg")
 GROUP_AGGREGATIONS = ("max", "mean")
 
 
-@dataclass(frozen=True)
+@dataclass
 class CompressionConfig:
     """How the KV cache is compressed during decoding; every method works per layer and per KV head.
 
@@ -32,6 +32,8 @@ class CompressionConfig:
     pool_kernel, pool: pooling of scores along the sequence (odd kernel; 1 disables it).
     group_agg: how the query heads of a GQA group are combined into a KV-head score (max or mean).
     sinks: the first ``sinks`` tokens are always kept (``streaming`` defaults to 4, the others to 0).
+    ``sinks``, ``pool_kernel`` and ``redundancy`` left at None take the method's default (``num_sinks``,
+    ``kernel``, ``uses_redundancy``).
     """
 
     method: str = "full"
@@ -50,20 +52,14 @@ class CompressionConfig:
     def __post_init__(self):
         if self.method not in METHODS:
             raise ValueError(f"unknown compression method {self.method!r}; choose one of {', '.join(METHODS)}")
-        if self.sinks is None:
-            object.__setattr__(self, "sinks", 4 if self.method == "streaming" else 0)
-        if self.pool_kernel is None:
-            object.__setattr__(self, "pool_kernel", 1 if self.method in ("streaming", "h2o") else 7)
-        if self.redundancy is None:
-            object.__setattr__(self, "redundancy", self.method in ("rkv", "gkv"))
         if self.method == "full":
             return
         if self.window <= 0:
             raise ValueError(f"window must be positive, got {self.window}")
         if self.budget <= self.window:
             raise ValueError(f"budget ({self.budget}) must be larger than window ({self.window}): the budget counts the window")
-        if self.sinks < 0 or self.sinks + self.window > self.budget:
-            raise ValueError(f"sinks ({self.sinks}) + window ({self.window}) must fit in the budget ({self.budget})")
+        if self.num_sinks < 0 or self.num_sinks + self.window > self.budget:
+            raise ValueError(f"sinks ({self.num_sinks}) + window ({self.window}) must fit in the budget ({self.budget})")
         if self.interval <= 0:
             raise ValueError(f"interval must be a positive number of tokens, got {self.interval}")
         if not 0.0 <= self.alpha <= 1.0:
@@ -74,16 +70,30 @@ class CompressionConfig:
             raise ValueError(f"unknown gkv form {self.form!r}; choose one of {', '.join(GKV_FORMS)}")
         if self.pool not in POOLINGS:
             raise ValueError(f"unknown pooling {self.pool!r}; choose one of {', '.join(POOLINGS)}")
-        if self.pool_kernel < 1 or self.pool_kernel % 2 == 0:
-            raise ValueError(f"pool_kernel must be a positive odd number, got {self.pool_kernel}")
+        if self.kernel < 1 or self.kernel % 2 == 0:
+            raise ValueError(f"pool_kernel must be a positive odd number, got {self.kernel}")
         if self.group_agg not in GROUP_AGGREGATIONS:
             raise ValueError(f"unknown group aggregation {self.group_agg!r}; choose one of {', '.join(GROUP_AGGREGATIONS)}")
-        if self.method == "rkv" and not self.redundancy:
+        if self.method == "rkv" and not self.uses_redundancy:
             raise ValueError("rkv always uses the redundancy term; use snapkv for attention scores alone")
 
     @property
     def compresses(self) -> bool:
         return self.method != "full"
+
+    # Options left at None take the method's default, resolved here so that changing ``method`` (say, from a
+    # command line) never keeps another method's defaults.
+    @property
+    def num_sinks(self) -> int:
+        return self.sinks if self.sinks is not None else 4 if self.method == "streaming" else 0
+
+    @property
+    def kernel(self) -> int:
+        return self.pool_kernel if self.pool_kernel is not None else 1 if self.method in ("streaming", "h2o") else 7
+
+    @property
+    def uses_redundancy(self) -> bool:
+        return self.redundancy if self.redundancy is not None else self.method in ("rkv", "gkv")
 
 
 @dataclass(frozen=True)

@@ -118,14 +118,14 @@ def compression_scores(
     if config.method == "streaming":
         return key_pos.float(), None
     local = window_attention(query, query_pos, query_ok, keys, key_pos, key_ok, scale)
-    local = aggregate_group(pool_scores(local, key_ok, config.pool_kernel, config.pool), config.group_agg)
+    local = aggregate_group(pool_scores(local, key_ok, config.kernel, config.pool), config.group_agg)
     if config.method == "h2o":
         history = merge_history(history, local, "sum", config.alpha)
         return history, history
     if config.method == "gkv":
         history = merge_history(history, normalize_max(local, key_ok), config.form, config.alpha)
         score = history
-        if config.redundancy:
+        if config.uses_redundancy:
             redundancy = normalize_max(key_redundancy(keys, key_ok), key_ok)
             score = config.lambda_ * score - (1.0 - config.lambda_) * redundancy
         return score, history

@@ -63,7 +63,7 @@ def test_every_compression_keeps_budget_window_and_sinks(tiny_llama, cfg):
             assert (kept == min(cfg.budget, s)).all(), (s, kept)
             window = rec[b, :, :, s - cfg.window : s]
             assert (window > s).all()
-        assert (rec[b, :, :, : cfg.sinks] == NEVER).all()
+        assert (rec[b, :, :, : cfg.num_sinks] == NEVER).all()
         for q in range(p_len, length):
             assert (visible_counts(rec[b : b + 1], torch.tensor([q])) <= cfg.budget + cfg.interval).all()
     assert ((out.retention > 0) & (out.retention < 1)).all()

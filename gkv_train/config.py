@@ -1,0 +1,107 @@
+"""The structured configuration of ``train.py`` (Hydra), validated at start-up.
+
+Keys shared with the evaluation script: ``model``, ``data.path`` / ``data.name``, ``data.question_field``,
+``data.answer_field``, ``compression.method`` and its parameters (``compression.budget``, ...),
+``max_new_tokens``, ``temperature``, ``top_p``, ``seed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollout.config import CompressionConfig
+
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo")
+PRECISIONS = ("fp32", "bf16")
+PROMPT_TEMPLATE = "{problem}\nPut your final answer in \\boxed{{}}."
+
+
+@dataclass
+class DataConfig:
+    """Where problems come from: ``path`` (local JSONL/JSON/Parquet) or ``name`` (preset: aime24, amc23,
+    math500, gsm8k, svamp; ``arithmetic``, the built-in task; or a hub dataset)."""
+
+    path: str | None = None
+    name: str | None = "arithmetic"
+    question_field: Any = "question"  # a field, or a list of fields joined with a space
+    answer_field: str = "answer"
+    split: str = "train"
+    limit: int | None = 256
+    levels: list[int] = field(default_factory=lambda: [1])  # built-in task difficulty levels (1-4)
+    prompt_template: str = PROMPT_TEMPLATE
+
+
+@dataclass
+class LoraOptions:
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class TrainConfig:
+    """One training run. ``recipe=rl_sparse`` / ``rl_full`` set the compression and the masks."""
+
+    recipe: str = "rl_sparse"
+    model: str = "smollm2-135m"
+    data: DataConfig = field(default_factory=DataConfig)
+    eval_data: DataConfig = field(default_factory=lambda: DataConfig(split="test", limit=32))
+    compression: CompressionConfig = field(
+        default_factory=lambda: CompressionConfig("gkv", budget=96, window=16, interval=32)
+    )
+    train_with_record: bool = True  # rl_sparse: attend under the rollout's record; False drops the masks
+    # GRPO
+    prompts_per_step: int = 2
+    samples_per_prompt: int = 8
+    max_new_tokens: int = 96
+    temperature: float = 0.6
+    top_p: float = 0.95
+    loss_type: str = "dapo"
+    beta: float = 0.0
+    epsilon: float = 0.2
+    epsilon_high: float = 0.28
+    scale_rewards: str = "group"
+    rewards: list[str] = field(default_factory=lambda: ["rewards.functions.accuracy"])
+    reward_weights: list[float] | None = None
+    overlong_advantage_clip: bool = True
+    rollout_is: str | None = None  # token_truncate | sequence_truncate
+    rollout_is_cap: float = 2.0
+    use_vllm: bool = False  # rl_full on a GPU with the vllm extra: generate through TRL's vLLM integration
+    # optimisation
+    max_steps: int = 6
+    learning_rate: float = 2e-6
+    lr_scheduler_type: str = "constant"
+    warmup_steps: float = 0  # steps, or a fraction of max_steps when < 1
+    gradient_accumulation_steps: int = 1
+    max_grad_norm: float = 1.0
+    precision: str = "fp32"
+    gradient_checkpointing: bool = False
+    lora: LoraOptions = field(default_factory=LoraOptions)
+    mask_backend: str = "auto"
+    # bookkeeping
+    output_dir: str = "outputs/rl_sparse"
+    save_steps: int = 1
+    save_total_limit: int | None = 2
+    logging_steps: int = 1
+    report_to: list[str] = field(default_factory=list)
+    eval_samples: int = 1  # completions per held-out problem in the final evaluation
+    seed: int = 0
+    resume: str | None = None  # a checkpoint directory, or "last" for the newest one in output_dir
+
+    def __post_init__(self):
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"unknown loss_type {self.loss_type!r}; choose one of {LOSS_TYPES}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
+        for name in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_steps", "save_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.samples_per_prompt < 2:
+            raise ValueError("samples_per_prompt must be at least 2: GRPO compares samples of one prompt")
+        if self.use_vllm and self.compression.compresses:
+            raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
+            raise ValueError(f"{len(self.reward_weights)} reward_weights for {len(self.rewards)} rewards")

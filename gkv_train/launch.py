@@ -1,0 +1,187 @@
+"""Build and run a GRPO job (RL-Sparse or RL-Full) from a validated ``TrainConfig``."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import time
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+from transformers.trainer_utils import get_last_checkpoint
+from trl import GRPOConfig
+
+from gkv_train.config import TrainConfig
+from gkv_train.data import load_problems
+from gkv_train.grpo import CompressedGRPOTrainer, SparseRLOptions
+from gkv_train.models import load_model
+from rewards.extract import extract_answer
+from rewards.functions import completion_text, verifier_stats
+from rewards.verify import MathVerifier
+from rollout.config import SamplingConfig
+from rollout.engine import RolloutEngine
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is how TRL takes a custom generator
+
+
+def import_callable(path: str):
+    """``package.module.name`` -> the object (reward functions are named this way in recipes)."""
+    module, _, name = path.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as err:
+        raise ValueError(f"cannot import reward function {path!r}: {err}") from err
+
+
+class JsonlLogger(TrainerCallback):
+    """Appends every log record (step, metrics, wall time) as one JSON line to ``<output_dir>/metrics.jsonl``."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs:
+            extra = {"verifier_" + k: v for k, v in verifier_stats().items()}
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"step": state.global_step, "time": time.time(), **logs, **extra}) + "\n")
+
+
+def prompt_dataset(config: TrainConfig, data) -> "datasets.Dataset":  # noqa: F821
+    """Problems -> rows with ``prompt`` (the problem in the prompt template) and ``answer``."""
+    problems = load_problems(
+        data.path, data.name, data.question_field, data.answer_field, data.split, data.limit, config.seed,
+        tuple(data.levels),
+    )
+    return problems.map(lambda row: {"prompt": data.prompt_template.format(problem=row["problem"])})
+
+
+def grpo_args(config: TrainConfig, num_processes: int) -> GRPOConfig:
+    rows = config.prompts_per_step * config.samples_per_prompt
+    per_step = num_processes * config.gradient_accumulation_steps
+    if rows % per_step:
+        raise ValueError(
+            f"prompts_per_step * samples_per_prompt ({rows}) must be divisible by processes x "
+            f"gradient_accumulation_steps ({per_step})"
+        )
+    return GRPOConfig(
+        output_dir=config.output_dir,
+        per_device_train_batch_size=rows // per_step,
+        gradient_accumulation_steps=config.gradient_accumulation_steps,
+        num_generations=config.samples_per_prompt,
+        max_completion_length=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        loss_type=config.loss_type,
+        beta=config.beta,
+        epsilon=config.epsilon,
+        epsilon_high=config.epsilon_high,
+        scale_rewards=config.scale_rewards,
+        reward_weights=config.reward_weights,
+        learning_rate=config.learning_rate,
+        lr_scheduler_type=config.lr_scheduler_type,
+        warmup_steps=config.warmup_steps,
+        max_steps=config.max_steps,
+        max_grad_norm=config.max_grad_norm,
+        bf16=config.precision == "bf16",
+        gradient_checkpointing=config.gradient_checkpointing,
+        save_strategy="steps",
+        save_steps=config.save_steps,
+        save_total_limit=config.save_total_limit,
+        logging_steps=config.logging_steps,
+        report_to=config.report_to,
+        seed=config.seed,
+        use_cpu=not torch.cuda.is_available(),
+        use_vllm=config.use_vllm,
+        log_completions=False,
+    )
+
+
+def resume_checkpoint(config: TrainConfig) -> str | None:
+    if config.resume is None:
+        return None
+    if config.resume == "last":
+        found = get_last_checkpoint(config.output_dir) if Path(config.output_dir).is_dir() else None
+        if found is None:
+            print(f"resume=last: no checkpoint in {config.output_dir}, starting from scratch")
+        return found
+    if not Path(config.resume, "trainer_state.json").is_file():
+        raise FileNotFoundError(f"resume={config.resume}: not a checkpoint directory (no trainer_state.json)")
+    return config.resume
+
+
+def evaluate(model, tokenizer, config: TrainConfig) -> dict:
+    """Accuracy on the held-out problems with the recipe's compression (how the model will be run)."""
+    problems = prompt_dataset(config, config.eval_data)
+    engine = RolloutEngine(model, tokenizer, config.compression)
+    sampling = SamplingConfig(
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+        num_samples=config.eval_samples, seed=config.seed,
+    )
+    was_training = model.training
+    model.eval()
+    out = engine.generate(list(problems["prompt"]), sampling)
+    model.train(was_training)
+    verify = MathVerifier()
+    texts = tokenizer.batch_decode(out.completions(), skip_special_tokens=True)
+    golds = [a for a in problems["answer"] for _ in range(config.eval_samples)]
+    correct = [verify(extract_answer(completion_text(t)), g) for t, g in zip(texts, golds)]
+    verify.close()
+    return {
+        "eval": "held_out",
+        "problems": len(problems),
+        "samples_per_problem": config.eval_samples,
+        "accuracy": sum(correct) / len(correct),
+        "mean_completion_length": out.completion_lengths.float().mean().item(),
+        "retention": out.retention.mean().item(),
+        "tokens_per_s": out.stats["tokens_per_s"],
+        "compression": config.compression.method,
+    }
+
+
+def run_grpo(config: TrainConfig) -> dict:
+    """Train with GRPO as configured, checkpointing as it goes; returns the final evaluation."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+    model, tokenizer = load_model(config.model, dtype=dtype)
+    peft_config = None
+    if config.lora.enabled:
+        from peft import LoraConfig
+
+        lora = config.lora
+        peft_config = LoraConfig(
+            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
+            task_type="CAUSAL_LM",
+        )
+    Path(config.output_dir).mkdir(parents=True, exist_ok=True)
+    trainer = CompressedGRPOTrainer(
+        model=model,
+        reward_funcs=[import_callable(path) for path in config.rewards],
+        args=grpo_args(config, state.num_processes),
+        train_dataset=prompt_dataset(config, config.data),
+        processing_class=tokenizer,
+        peft_config=peft_config,
+        callbacks=[JsonlLogger(Path(config.output_dir) / "metrics.jsonl")],
+        sparse=SparseRLOptions(
+            compression=config.compression,
+            train_with_record=config.train_with_record,
+            overlong_advantage_clip=config.overlong_advantage_clip,
+            rollout_is=config.rollout_is,
+            rollout_is_cap=config.rollout_is_cap,
+            mask_backend=config.mask_backend,
+        ),
+    )
+    trainer.train(resume_from_checkpoint=resume_checkpoint(config))
+    trainer.save_model(config.output_dir)
+    result = {}
+    if state.is_main_process:
+        result = evaluate(trainer.accelerator.unwrap_model(trainer.model), tokenizer, config)
+        result["recipe"] = config.recipe
+        result["steps"] = trainer.state.global_step
+        with open(Path(config.output_dir) / "eval.json", "w") as f:
+            json.dump(result, f, indent=2)
+        print(json.dumps(result), flush=True)
+    return result

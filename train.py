@@ -1,0 +1,29 @@
+"""Train a reasoning model under the compressed KV cache it will run with.
+
+    accelerate launch train.py recipe=rl_sparse            # RL-Sparse on the embedded default (CPU: minutes)
+    accelerate launch train.py recipe=rl_full              # the RL-Full baseline
+    accelerate launch train.py recipe=rl_sparse resume=last
+    accelerate launch --num_processes 2 train.py recipe=rl_sparse
+
+Any key of ``gkv_train.config.TrainConfig`` can be overridden: ``compression.budget=64``, ``data.name=gsm8k``,
+``max_steps=50``, ``lora.enabled=true``, ...
+"""
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from gkv_train.config import TrainConfig
+from gkv_train.launch import run_grpo
+
+ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+@hydra.main(version_base=None, config_path="recipes", config_name="train")
+def main(cfg: DictConfig) -> None:
+    config: TrainConfig = OmegaConf.to_object(cfg)  # validated: bad values fail here, before any work
+    run_grpo(config)
+
+
+if __name__ == "__main__":
+    main()
