@@ -50,7 +50,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     eval_data: DataConfig = field(default_factory=lambda: DataConfig(split="test", limit=32))
     compression: CompressionConfig = field(
-        default_factory=lambda: CompressionConfig("gkv", budget=96, window=16, interval=32)
+        default_factory=lambda: CompressionConfig("gkv", budget=64, window=8, interval=16)
     )
     train_with_record: bool = True  # rl_sparse: attend under the rollout's record; False drops the masks
     # GRPO

@@ -105,12 +105,14 @@ def _problem(rng: random.Random, level: int) -> tuple[str, int]:
     else:
         steps = [rng.choice("+-*") for _ in range(rng.randint(3, 4))] + ["/"]
     for op in steps:
+        if op == "-" and total == 0:
+            op = "+"  # nothing left to give away: answers stay non-negative
         if op == "+":
             n = rng.randint(1, 20)
             total += n
             text.append(f"{who} gets {n} more {item}.")
         elif op == "-":
-            n = rng.randint(1, max(1, min(total, 20)))
+            n = rng.randint(1, min(total, 20))
             total -= n
             text.append(f"{who} gives away {n} {item}.")
         elif op == "*":

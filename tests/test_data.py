@@ -1,0 +1,47 @@
+import pytest
+
+from gkv_train.data import arithmetic_task, load_problems
+
+
+@pytest.mark.parametrize(
+    "name, rows, first_answer",
+    [("gsm8k", 1319, "18"), ("svamp", 1000, "145"), ("amc23", 40, "27"), ("aime24", 30, "204"), ("math500", 500, None)],
+)
+def test_presets_load_gold_answers(name, rows, first_answer):
+    data = load_problems(name=name)
+    assert len(data) == rows and set(data.column_names) >= {"id", "problem", "answer"}
+    if first_answer is not None:
+        assert data[0]["answer"] == first_answer
+    assert all(isinstance(a, str) and a for a in data["answer"])
+
+
+def test_svamp_question_joins_body_and_question():
+    row = load_problems(name="svamp", limit=1)[0]
+    assert row["problem"].startswith("There are 87 oranges") and row["problem"].endswith("each group of bananas?")
+
+
+def test_local_file_with_field_mapping(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"q": "1+1?", "a": 2.0}\n{"q": "2+2?", "a": 4}\n')
+    data = load_problems(path=str(path), question_field="q", answer_field="a")
+    assert data["problem"] == ["1+1?", "2+2?"] and data["answer"] == ["2", "4"]
+    with pytest.raises(ValueError, match=r"no field\(s\) \['question', 'answer'\]"):
+        load_problems(path=str(path))
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_problems(path=str(tmp_path / "none.jsonl"))
+
+
+def test_arithmetic_task_is_deterministic_and_held_out():
+    a = arithmetic_task(64, "train", seed=3, levels=(1, 2, 3, 4))
+    assert a["problem"] == arithmetic_task(64, "train", seed=3, levels=(1, 2, 3, 4))["problem"]
+    assert a["problem"] != arithmetic_task(64, "train", seed=4, levels=(1, 2, 3, 4))["problem"]
+    test = arithmetic_task(512, "test", seed=3, levels=(1, 2, 3, 4))
+    assert not set(a["problem"]) & set(test["problem"])
+    assert set(a["level"]) == {1, 2, 3, 4}
+    for row in a:  # the answer is the integer the story computes
+        assert int(row["answer"]) >= 0
+
+
+def test_level_one_is_one_operation():
+    for row in arithmetic_task(20, levels=(1,)):
+        assert row["problem"].count(".") == 2 and row["problem"].endswith("now?")
