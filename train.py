@@ -14,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from gkv_train.config import TrainConfig
+from gkv_train.distributed import relaunch_cpu_processes
 from gkv_train.launch import run_grpo
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
@@ -26,4 +27,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    relaunch_cpu_processes()
     main()

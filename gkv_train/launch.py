@@ -45,7 +45,8 @@ class JsonlLogger(TrainerCallback):
         if state.is_world_process_zero and logs:
             extra = {"verifier_" + k: v for k, v in verifier_stats().items()}
             with open(self.path, "a") as f:
-                f.write(json.dumps({"step": state.global_step, "time": time.time(), **logs, **extra}) + "\n")
+                record = {"step": state.global_step, "time": time.time(), "processes": args.world_size}
+                f.write(json.dumps({**record, **logs, **extra}) + "\n")
 
 
 def prompt_dataset(config: TrainConfig, data) -> "datasets.Dataset":  # noqa: F821
@@ -144,7 +145,7 @@ def run_grpo(config: TrainConfig) -> dict:
     """Train with GRPO as configured, checkpointing as it goes; returns the final evaluation."""
     from accelerate import PartialState
 
-    state = PartialState()
+    state = PartialState(cpu=not torch.cuda.is_available())  # several CPU processes talk through gloo
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
     model, tokenizer = load_model(config.model, dtype=dtype)
     peft_config = None
