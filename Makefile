@@ -1,10 +1,11 @@
-# Two entry points: `make demo` runs the main job on the embedded default model, `make test` runs the tests.
+# Two entry points: `make demo` runs the main job (RL-Sparse GRPO on the embedded default model, ~10 min on
+# 2 CPU cores), `make test` runs the tests.
 # Both install what they need into the project venv (.venv) first.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo rollout-demo test bench clean
 
 venv: $(STAMP)
 
@@ -17,6 +18,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	$(VENV)/bin/accelerate launch train.py recipe=rl_sparse
+
+rollout-demo: $(STAMP)
 	$(PY) scripts/demo_rollout.py
 
 test: $(STAMP)

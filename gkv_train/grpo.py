@@ -100,6 +100,7 @@ class CompressedGRPOTrainer(GRPOTrainer):
         self._record = None  # record of the rows the next log-prob computation sees
         self._context = None  # attention context of the forward in flight
         self._rollout_logps = None  # rollout log-probs of the rows of the loss computation in flight
+        self._generation = None  # the RolloutOutput of the generation batch being scored
         super().__init__(*args, rollout_func=self._rollout, **kwargs)
         models = [self.accelerator.unwrap_model(self.model)] + ([self.ref_model] if self.ref_model is not None else [])
         for model in models:
@@ -150,7 +151,7 @@ class CompressedGRPOTrainer(GRPOTrainer):
                 raise ValueError(f"rollout_is works with the loss types {RATIO_LOSSES}, not {self.loss_type}")
             if "old_per_token_logps" not in output:
                 with torch.no_grad():
-                    output["old_per_token_logps"] = self._logps_under_record(output, self._record)
+                    output["old_per_token_logps"] = self._trainer_logps(output)
             weights = truncated_is_weights(
                 output["old_per_token_logps"], output["sampling_per_token_logps"], mask,
                 self.sparse.rollout_is, self.sparse.rollout_is_cap,
@@ -166,16 +167,13 @@ class CompressedGRPOTrainer(GRPOTrainer):
         self._metrics[mode]["rollout/compressions"].append(float(stats["compressions"]))
         return output
 
-    def _logps_under_record(self, batch, record):
-        self._record = record
-        try:
-            ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-            mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-            logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, ids, mask, batch["completion_ids"].shape[1], batch_size=self.args.per_device_train_batch_size
-            )
-        finally:
-            self._record = None
+    def _trainer_logps(self, batch):
+        """Policy log-probs of a generation batch's completions, under its record (``self._record``)."""
+        ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+        mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
+        logps, _, _ = self._get_per_token_logps_and_entropies(
+            self.model, ids, mask, batch["completion_ids"].shape[1], batch_size=self.args.per_device_train_batch_size
+        )
         return logps
 
     # ---- training forward -------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 from transformers.trainer_utils import get_last_checkpoint
-from trl import GRPOConfig
+from trl import GRPOConfig, GRPOTrainer
 
 from gkv_train.config import TrainConfig
 from gkv_train.data import load_problems
@@ -158,7 +158,7 @@ def run_grpo(config: TrainConfig) -> dict:
             task_type="CAUSAL_LM",
         )
     Path(config.output_dir).mkdir(parents=True, exist_ok=True)
-    trainer = CompressedGRPOTrainer(
+    common = dict(
         model=model,
         reward_funcs=[import_callable(path) for path in config.rewards],
         args=grpo_args(config, state.num_processes),
@@ -166,15 +166,19 @@ def run_grpo(config: TrainConfig) -> dict:
         processing_class=tokenizer,
         peft_config=peft_config,
         callbacks=[JsonlLogger(Path(config.output_dir) / "metrics.jsonl")],
-        sparse=SparseRLOptions(
+    )
+    if config.use_vllm:  # RL-Full through TRL's own vLLM generation (validated: full cache only)
+        trainer = GRPOTrainer(**common)
+    else:
+        sparse = SparseRLOptions(
             compression=config.compression,
             train_with_record=config.train_with_record,
             overlong_advantage_clip=config.overlong_advantage_clip,
             rollout_is=config.rollout_is,
             rollout_is_cap=config.rollout_is_cap,
             mask_backend=config.mask_backend,
-        ),
-    )
+        )
+        trainer = CompressedGRPOTrainer(**common, sparse=sparse)
     trainer.train(resume_from_checkpoint=resume_checkpoint(config))
     trainer.save_model(config.output_dir)
     result = {}

