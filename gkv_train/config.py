@@ -84,6 +84,7 @@ class TrainConfig:
     # bookkeeping
     output_dir: str = "outputs/rl_sparse"
     save_steps: int = 1
+    eval_steps: int | None = None  # also evaluate on eval_data every N steps (TRL's GRPO evaluation)
     save_total_limit: int | None = 2
     logging_steps: int = 1
     report_to: list[str] = field(default_factory=list)

@@ -42,6 +42,16 @@ def test_train_writes_logs_checkpoints_and_evaluation(tmp_path, recipe):
     assert json.loads((tmp_path / "eval.json").read_text())["accuracy"] == final["accuracy"]
 
 
+def test_lora_and_periodic_evaluation(tmp_path):
+    run([*TINY, "max_steps=2", "lora.enabled=true", "lora.r=4", "eval_steps=1", "eval_data.limit=2",
+         f"output_dir={tmp_path}"])
+    lines = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    evals = [r for r in lines if "eval_reward" in r]
+    assert [r["step"] for r in evals] == [1, 2]
+    assert max(r["mismatch/max_abs"] for r in metrics(tmp_path)) <= 1e-4
+    assert (tmp_path / "adapter_model.safetensors").is_file()
+
+
 def test_resume_continues_exactly(tmp_path):
     whole, split = tmp_path / "whole", tmp_path / "split"
     run([*TINY, "max_steps=3", f"output_dir={whole}"])
