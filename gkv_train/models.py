@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -140,8 +141,9 @@ def _save_atomically(directory: Path, *objects) -> bool:
         for obj in objects:
             obj.save_pretrained(tmp)
         tmp.rename(directory)
-    except OSError:
-        return directory.is_dir()  # another process may have won the race; a read-only home just costs time
+    except OSError:  # another process may have won the race; a read-only home just costs time
+        shutil.rmtree(tmp, ignore_errors=True)
+        return (directory / "config.json").is_file()
     return True
 
 
