@@ -25,6 +25,16 @@ import torch
 NEVER = torch.iinfo(torch.int32).max
 
 
+def after_end_is_never(evict_at: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Canonical form of a record: evictions stamped after a sequence's last token (which no query of the
+    sequence observes: they come from decoding past its end in a batch) become ``NEVER``.
+
+    evict_at int32 [B, L, Hkv, T]; lengths int64 [B] real tokens per sequence. Returns a new contiguous tensor.
+    """
+    last = (lengths - 1).to(evict_at.dtype)[:, None, None, None]
+    return torch.where(evict_at > last, NEVER, evict_at).contiguous()
+
+
 def logical_positions(attention_mask: torch.Tensor) -> torch.Tensor:
     """Logical position of every column of a padded batch.
 

@@ -7,6 +7,7 @@ every sequence keeps its own logical positions, length and end-of-sequence state
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -14,10 +15,10 @@ from typing import Sequence
 import torch
 
 from gkv_train.attention import use_kv_attention
-from gkv_train.record import logical_positions, retention
+from gkv_train.record import after_end_is_never, logical_positions, retention
 from rollout.cache import RolloutCache
 from rollout.config import CompressionConfig, SamplingConfig
-from rollout.sampling import sample_tokens
+from rollout.sampling import sample_tokens, token_logprobs_of
 
 Prompt = str | Sequence[int] | Sequence[dict]
 
@@ -127,8 +128,31 @@ class RolloutEngine:
         stop = stop_ids_of(self.model, self.tokenizer, SamplingConfig())
         return stop[0] if stop else 0
 
+    def replay(
+        self, prompts: Sequence[Prompt], completions: Sequence[Sequence[int]], sampling: SamplingConfig | None = None
+    ) -> RolloutOutput:
+        """Teacher-force given completions through the compressed cache, one per prompt.
+
+        Returns what a sampled rollout that produced exactly these tokens returns: the same record, and the
+        log-probs of the given tokens under softmax(logits / sampling.temperature).
+        """
+        if len(completions) != len(prompts):
+            raise ValueError(f"{len(completions)} completions for {len(prompts)} prompts")
+        if any(len(c) == 0 for c in completions):
+            raise ValueError("cannot replay an empty completion")
+        sampling = dataclasses.replace(
+            sampling or SamplingConfig(), num_samples=1, max_new_tokens=max(len(c) for c in completions)
+        )
+        return self.generate(prompts, sampling, forced=completions)
+
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Prompt], sampling: SamplingConfig | None = None) -> RolloutOutput:
+    def generate(
+        self,
+        prompts: Sequence[Prompt],
+        sampling: SamplingConfig | None = None,
+        forced: Sequence[Sequence[int]] | None = None,
+    ) -> RolloutOutput:
+        """Sample completions (or, with ``forced``, feed the given ones: see ``replay``)."""
         sampling = sampling or SamplingConfig()
         model, cfg = self.model, self.compression
         device = next(model.parameters()).device
@@ -137,6 +161,9 @@ class RolloutEngine:
         ids, prompt_mask = left_pad(rows, pad_id, device)
         N, P = ids.shape
         max_new = sampling.max_new_tokens
+        if forced is not None:
+            forced_lengths = torch.tensor([len(c) for c in forced], device=device)
+            forced = torch.tensor([list(c) + [pad_id] * (max_new - len(c)) for c in forced], device=device)
         capacity = P + max_new if not cfg.compresses else min(P + max_new, max(P, cfg.budget) + cfg.interval)
         dtype = next(model.parameters()).dtype
         cache = RolloutCache(model.config, cfg, N, capacity, P + max_new, dtype, device)
@@ -161,17 +188,21 @@ class RolloutEngine:
         t_prefill = time.perf_counter() - t0
         steps = 0
         for n in range(max_new):
-            token, logprob = sample_tokens(logits, sampling.temperature, sampling.top_p, generator, banned)
+            if forced is None:
+                token, logprob = sample_tokens(logits, sampling.temperature, sampling.top_p, generator, banned)
+            else:
+                token = forced[:, n]
+                logprob = token_logprobs_of(logits, token, sampling.temperature)
             live = ~finished
             tokens[:, n] = torch.where(live, token, pad_id)
             logprobs[:, n] = torch.where(live, logprob, 0.0)
             lengths += live.long()
-            finished |= torch.isin(token, stop_ids)
+            finished |= torch.isin(token, stop_ids) if forced is None else forced_lengths <= n + 1
             steps = n + 1
             if n == max_new - 1 or bool(finished.all()):
                 break
             step_positions = (prompt_lengths + n)[:, None]
-            logits = self._forward(cache, token[:, None], step_positions, torch.ones_like(step_positions, dtype=torch.bool))
+            logits = self._forward(cache, tokens[:, n : n + 1], step_positions, torch.ones_like(step_positions, dtype=torch.bool))
             if cfg.compresses and (n + 1) % cfg.interval == 0 and cache.over_budget():
                 tc = time.perf_counter()
                 cache.compress()
@@ -184,7 +215,7 @@ class RolloutEngine:
         total = prompt_lengths + lengths
         evict_at = None
         if cache.record is not None:
-            evict_at = cache.record[..., : P + steps].permute(1, 0, 2, 3).contiguous()
+            evict_at = after_end_is_never(cache.record[..., : P + steps].permute(1, 0, 2, 3), total)
             kept = retention(evict_at, total)
         else:
             kept = torch.ones(N, dtype=torch.float32, device=device)

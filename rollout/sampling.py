@@ -32,6 +32,17 @@ def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tens
     return weights.masked_fill(outside, 0.0), ids
 
 
+def scale_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """logits / temperature in fp32 (temperature 0, greedy, leaves them unscaled)."""
+    logits = logits.float()
+    return logits / temperature if temperature > 0 else logits
+
+
+def token_logprobs_of(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Log-prob of given tokens int64 [B] under softmax(logits [B, V] / temperature): float32 [B]."""
+    return scale_logits(logits, temperature).log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+
+
 def sample_tokens(
     logits: torch.Tensor,
     temperature: float,
@@ -46,8 +57,7 @@ def sample_tokens(
     (temperature 0: greedy, log-prob of softmax(logits)) without the top-p cut, the distribution a trainer
     recomputes from the same logits.
     """
-    logits = logits.float()
-    scaled = logits / temperature if temperature > 0 else logits
+    scaled = scale_logits(logits, temperature)
     logprobs = scaled.log_softmax(-1)
     pick = scaled if banned is None else scaled.index_fill(-1, banned, float("-inf"))
     if temperature == 0:
