@@ -106,3 +106,47 @@ class TrainConfig:
             raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
             raise ValueError(f"{len(self.reward_weights)} reward_weights for {len(self.rewards)} rewards")
+
+
+@dataclass
+class EvalConfig:
+    """One evaluation call of ``scripts/evaluate.py``: a model, a dataset, and one or more compressions.
+
+    ``methods`` x ``budgets`` (when given) sweep ``compression.method`` and ``compression.budget``; the other
+    ``compression.*`` keys apply to every run.
+    """
+
+    model: str = "smollm2-135m"
+    adapter: str | None = None  # a LoRA adapter directory (e.g. a train.py output with lora.enabled=true)
+    data: DataConfig = field(default_factory=lambda: DataConfig(split="test", limit=32))
+    compression: CompressionConfig = field(default_factory=lambda: CompressionConfig("full"))
+    methods: list[str] | None = None
+    budgets: list[int] | None = None
+    n_samples: int = 4
+    max_new_tokens: int = 256
+    temperature: float = 0.6
+    top_p: float = 0.95
+    batch_problems: int = 4  # problems per rollout batch (x n_samples sequences)
+    precision: str = "fp32"
+    seed: int = 0
+    output_dir: str = "outputs/eval"
+    plots: bool = True
+
+    def __post_init__(self):
+        if self.n_samples < 1 or self.max_new_tokens < 1 or self.batch_problems < 1:
+            raise ValueError("n_samples, max_new_tokens and batch_problems must be at least 1")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
+
+    def compressions(self) -> list[CompressionConfig]:
+        """Every compression to evaluate (validated)."""
+        import dataclasses
+
+        base = dataclasses.asdict(self.compression)
+        methods = self.methods or [self.compression.method]
+        budgets = self.budgets or [self.compression.budget]
+        runs = []
+        for method in methods:
+            for budget in [None] if method == "full" else budgets:
+                runs.append(CompressionConfig(**{**base, "method": method, "budget": budget or base["budget"]}))
+        return runs

@@ -1,0 +1,66 @@
+"""pass@k of a model on a math dataset under one or more KV-cache compressions (Hydra, like train.py).
+
+    python scripts/evaluate.py                                    # embedded model, built-in task, full cache
+    python scripts/evaluate.py data.name=gsm8k data.limit=64 methods=[full,gkv,rkv] budgets=[64,128]
+    python scripts/evaluate.py model=outputs/rl_sparse compression.method=gkv compression.budget=64
+
+Writes, under ``output_dir``: ``<run>/samples.jsonl`` (one line per sample), ``<run>/summary.json``,
+``summary.json`` (all runs), ``pass_at_1_vs_budget.png`` and ``retained_density.png``; prints one JSON line.
+An interrupted call continues where it stopped when run again with the same arguments.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import hydra
+import torch
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gkv_train.config import EvalConfig  # noqa: E402
+from gkv_train.data import load_problems  # noqa: E402
+from gkv_train.evaluation import evaluate_compression, plot_summaries, run_name  # noqa: E402
+from gkv_train.models import load_model  # noqa: E402
+from rollout.config import SamplingConfig  # noqa: E402
+
+ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
+
+
+@hydra.main(version_base=None, config_path="../recipes", config_name="evaluate")
+def main(cfg: DictConfig) -> None:
+    config: EvalConfig = OmegaConf.to_object(cfg)
+    runs = config.compressions()  # validated before the model loads
+    data = config.data
+    problems = load_problems(
+        data.path, data.name, data.question_field, data.answer_field, data.split, data.limit, config.seed,
+        tuple(data.levels),
+    )
+    model, tokenizer = load_model(config.model, dtype=torch.bfloat16 if config.precision == "bf16" else torch.float32)
+    if config.adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, config.adapter).merge_and_unload()
+    sampling = SamplingConfig(
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+        num_samples=config.n_samples, seed=config.seed,
+    )
+    out_dir = Path(config.output_dir)
+    summaries = [
+        evaluate_compression(
+            model, tokenizer, problems, compression, sampling, out_dir / run_name(compression),
+            config.batch_problems, data.prompt_template,
+        )
+        for compression in runs
+    ]
+    (out_dir / "summary.json").write_text(json.dumps(summaries, indent=2))
+    if config.plots:
+        plot_summaries(summaries, out_dir)
+    compact = [{k: v for k, v in s.items() if k not in ("retained_density", "compression")} for s in summaries]
+    print(json.dumps({"evaluation": data.name or data.path, "model": config.model, "runs": compact}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
