@@ -2,6 +2,8 @@
 
     accelerate launch train.py recipe=rl_sparse            # RL-Sparse on the embedded default (CPU: minutes)
     accelerate launch train.py recipe=rl_full              # the RL-Full baseline
+    accelerate launch train.py recipe=distill              # full-cache teacher traces -> compressed student
+    accelerate launch train.py recipe=distill_onpolicy     # the student samples, the teacher scores
     accelerate launch train.py recipe=rl_sparse resume=last
     accelerate launch --num_processes 2 train.py recipe=rl_sparse
 
@@ -15,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from gkv_train.config import TrainConfig
 from gkv_train.distributed import relaunch_cpu_processes
-from gkv_train.launch import run_grpo
+from gkv_train.launch import run
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
@@ -23,7 +25,7 @@ ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 @hydra.main(version_base=None, config_path="recipes", config_name="train")
 def main(cfg: DictConfig) -> None:
     config: TrainConfig = OmegaConf.to_object(cfg)  # validated: bad values fail here, before any work
-    run_grpo(config)
+    run(config)
 
 
 if __name__ == "__main__":

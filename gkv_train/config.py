@@ -10,8 +10,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gkv_train.distill import DistillOptions
 from rollout.config import CompressionConfig
 
+ALGORITHMS = ("grpo", "distill")
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo")
 PRECISIONS = ("fp32", "bf16")
 PROMPT_TEMPLATE = "{problem}\nPut your final answer in \\boxed{{}}."
@@ -46,6 +48,7 @@ class TrainConfig:
     """One training run. ``recipe=rl_sparse`` / ``rl_full`` set the compression and the masks."""
 
     recipe: str = "rl_sparse"
+    algorithm: str = "grpo"  # grpo | distill
     model: str = "smollm2-135m"
     data: DataConfig = field(default_factory=DataConfig)
     eval_data: DataConfig = field(default_factory=lambda: DataConfig(split="test", limit=32))
@@ -70,6 +73,13 @@ class TrainConfig:
     rollout_is: str | None = None  # token_truncate | sequence_truncate
     rollout_is_cap: float = 2.0
     use_vllm: bool = False  # rl_full on a GPU with the vllm extra: generate through TRL's vLLM integration
+    # distillation (algorithm=distill); prompts_per_step is then the number of traces / prompts per step
+    distill_mode: str = "offline"  # offline (teacher traces, replayed) | onpolicy (student samples)
+    divergence: str = "forward_kl"  # forward_kl (at temperature, x T^2) | sft
+    teacher: str | None = None  # default: a frozen copy of the initial model
+    traces: str | None = None  # a traces JSONL (scripts/generate_traces.py); None: generated at start
+    trace_problems: int = 64
+    trace_samples: int = 4
     # optimisation
     max_steps: int = 6
     learning_rate: float = 2e-6
@@ -93,6 +103,10 @@ class TrainConfig:
     resume: str | None = None  # a checkpoint directory, or "last" for the newest one in output_dir
 
     def __post_init__(self):
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of {ALGORITHMS}")
+        if self.algorithm == "distill":
+            DistillOptions(mode=self.distill_mode, divergence=self.divergence, temperature=self.temperature)
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"unknown loss_type {self.loss_type!r}; choose one of {LOSS_TYPES}")
         if self.precision not in PRECISIONS:
@@ -100,7 +114,7 @@ class TrainConfig:
         for name in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_steps", "save_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.samples_per_prompt < 2:
+        if self.algorithm == "grpo" and self.samples_per_prompt < 2:
             raise ValueError("samples_per_prompt must be at least 2: GRPO compares samples of one prompt")
         if self.use_vllm and self.compression.compresses:
             raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")

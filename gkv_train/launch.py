@@ -1,4 +1,4 @@
-"""Build and run a GRPO job (RL-Sparse or RL-Full) from a validated ``TrainConfig``."""
+"""Build and run a training job (GRPO: RL-Sparse / RL-Full; distillation) from a validated ``TrainConfig``."""
 
 from __future__ import annotations
 
@@ -9,14 +9,16 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
 from gkv_train.config import TrainConfig
 from gkv_train.data import load_problems
+from gkv_train.distill import CompressedDistillationTrainer, DistillOptions
 from gkv_train.grpo import CompressedGRPOTrainer, SparseRLOptions
 from gkv_train.models import load_model
+from gkv_train.traces import generate_traces, load_traces, write_traces
 from rewards.extract import extract_answer
 from rewards.functions import completion_text, verifier_stats
 from rewards.verify import MathVerifier
@@ -58,28 +60,21 @@ def prompt_dataset(config: TrainConfig, data) -> "datasets.Dataset":  # noqa: F8
     return problems.map(lambda row: {"prompt": data.prompt_template.format(problem=row["problem"])})
 
 
-def grpo_args(config: TrainConfig, num_processes: int) -> GRPOConfig:
-    rows = config.prompts_per_step * config.samples_per_prompt
+def batch_rows(config: TrainConfig, rows: int, num_processes: int) -> int:
+    """Rows each process takes per micro-step, so that a step covers ``rows`` rows in all."""
     per_step = num_processes * config.gradient_accumulation_steps
     if rows % per_step:
         raise ValueError(
-            f"prompts_per_step * samples_per_prompt ({rows}) must be divisible by processes x "
-            f"gradient_accumulation_steps ({per_step})"
+            f"{rows} rows per step must be divisible by processes x gradient_accumulation_steps ({per_step})"
         )
-    return GRPOConfig(
+    return rows // per_step
+
+
+def common_args(config: TrainConfig) -> dict:
+    """TrainingArguments shared by every algorithm."""
+    return dict(
         output_dir=config.output_dir,
-        per_device_train_batch_size=rows // per_step,
         gradient_accumulation_steps=config.gradient_accumulation_steps,
-        num_generations=config.samples_per_prompt,
-        max_completion_length=config.max_new_tokens,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        loss_type=config.loss_type,
-        beta=config.beta,
-        epsilon=config.epsilon,
-        epsilon_high=config.epsilon_high,
-        scale_rewards=config.scale_rewards,
-        reward_weights=config.reward_weights,
         learning_rate=config.learning_rate,
         lr_scheduler_type=config.lr_scheduler_type,
         warmup_steps=config.warmup_steps,
@@ -90,13 +85,31 @@ def grpo_args(config: TrainConfig, num_processes: int) -> GRPOConfig:
         save_strategy="steps",
         save_steps=config.save_steps,
         save_total_limit=config.save_total_limit,
-        eval_strategy="no" if config.eval_steps is None else "steps",
-        eval_steps=config.eval_steps,
-        per_device_eval_batch_size=rows // num_processes,
         logging_steps=config.logging_steps,
         report_to=config.report_to,
         seed=config.seed,
         use_cpu=not torch.cuda.is_available(),
+    )
+
+
+def grpo_args(config: TrainConfig, num_processes: int) -> GRPOConfig:
+    rows = config.prompts_per_step * config.samples_per_prompt
+    return GRPOConfig(
+        **common_args(config),
+        per_device_train_batch_size=batch_rows(config, rows, num_processes),
+        num_generations=config.samples_per_prompt,
+        max_completion_length=config.max_new_tokens,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        loss_type=config.loss_type,
+        beta=config.beta,
+        epsilon=config.epsilon,
+        epsilon_high=config.epsilon_high,
+        scale_rewards=config.scale_rewards,
+        reward_weights=config.reward_weights,
+        eval_strategy="no" if config.eval_steps is None else "steps",
+        eval_steps=config.eval_steps,
+        per_device_eval_batch_size=rows // num_processes,
         use_vllm=config.use_vllm,
         log_completions=False,
     )
@@ -144,23 +157,50 @@ def evaluate(model, tokenizer, config: TrainConfig) -> dict:
     }
 
 
-def run_grpo(config: TrainConfig) -> dict:
-    """Train with GRPO as configured, checkpointing as it goes; returns the final evaluation."""
+def lora_config(config: TrainConfig):
+    if not config.lora.enabled:
+        return None
+    from peft import LoraConfig
+
+    lora = config.lora
+    return LoraConfig(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
+def finish(trainer, tokenizer, config: TrainConfig, is_main_process: bool) -> dict:
+    """Save the final model, evaluate it on the held-out problems, print and write the evaluation line."""
+    trainer.save_model(config.output_dir)
+    if not is_main_process:
+        return {}
+    result = evaluate(trainer.accelerator.unwrap_model(trainer.model), tokenizer, config)
+    result["recipe"] = config.recipe
+    result["steps"] = trainer.state.global_step
+    (Path(config.output_dir) / "eval.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result), flush=True)
+    return result
+
+
+def run(config: TrainConfig) -> dict:
+    """Train as configured (``config.algorithm``: grpo or distill), checkpointing as it goes; returns the final
+    evaluation."""
     from accelerate import PartialState
 
     state = PartialState(cpu=not torch.cuda.is_available())  # several CPU processes talk through gloo
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
     model, tokenizer = load_model(config.model, dtype=dtype)
-    peft_config = None
-    if config.lora.enabled:
-        from peft import LoraConfig
-
-        lora = config.lora
-        peft_config = LoraConfig(
-            r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
-            task_type="CAUSAL_LM",
-        )
     Path(config.output_dir).mkdir(parents=True, exist_ok=True)
+    callbacks = [JsonlLogger(Path(config.output_dir) / "metrics.jsonl")]
+    if config.algorithm == "distill":
+        trainer = distill_trainer(config, model, tokenizer, state, callbacks, dtype)
+    else:
+        trainer = grpo_trainer(config, model, tokenizer, state, callbacks)
+    trainer.train(resume_from_checkpoint=resume_checkpoint(config))
+    return finish(trainer, tokenizer, config, state.is_main_process)
+
+
+def grpo_trainer(config: TrainConfig, model, tokenizer, state, callbacks):
     common = dict(
         model=model,
         reward_funcs=[import_callable(path) for path in config.rewards],
@@ -168,29 +208,77 @@ def run_grpo(config: TrainConfig) -> dict:
         train_dataset=prompt_dataset(config, config.data),
         eval_dataset=None if config.eval_steps is None else prompt_dataset(config, config.eval_data),
         processing_class=tokenizer,
-        peft_config=peft_config,
-        callbacks=[JsonlLogger(Path(config.output_dir) / "metrics.jsonl")],
+        peft_config=lora_config(config),
+        callbacks=callbacks,
     )
     if config.use_vllm:  # RL-Full through TRL's own vLLM generation (validated: full cache only)
-        trainer = GRPOTrainer(**common)
+        return GRPOTrainer(**common)
+    sparse = SparseRLOptions(
+        compression=config.compression,
+        train_with_record=config.train_with_record,
+        overlong_advantage_clip=config.overlong_advantage_clip,
+        rollout_is=config.rollout_is,
+        rollout_is_cap=config.rollout_is_cap,
+        mask_backend=config.mask_backend,
+    )
+    return CompressedGRPOTrainer(**common, sparse=sparse)
+
+
+def distill_trainer(config: TrainConfig, model, tokenizer, state, callbacks, dtype):
+    teacher = model if config.teacher is None else load_model(config.teacher, dtype=dtype)[0]
+    if teacher is model:  # the frozen teacher is the initial student
+        teacher = load_model(config.model, dtype=dtype)[0]
+    if config.distill_mode == "offline":
+        data = offline_traces(config, teacher, tokenizer, state)
     else:
-        sparse = SparseRLOptions(
-            compression=config.compression,
-            train_with_record=config.train_with_record,
-            overlong_advantage_clip=config.overlong_advantage_clip,
-            rollout_is=config.rollout_is,
-            rollout_is_cap=config.rollout_is_cap,
-            mask_backend=config.mask_backend,
+        data = prompt_dataset(config, config.data)
+    peft = lora_config(config)
+    if peft is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, peft)
+    args = TrainingArguments(
+        **common_args(config),
+        per_device_train_batch_size=batch_rows(config, config.prompts_per_step, state.num_processes),
+        remove_unused_columns=False,
+    )
+    options = DistillOptions(
+        mode=config.distill_mode,
+        divergence=config.divergence,
+        temperature=config.temperature,
+        compression=config.compression,
+        max_new_tokens=config.max_new_tokens,
+        top_p=config.top_p,
+        mask_backend=config.mask_backend,
+    )
+    return CompressedDistillationTrainer(
+        model=model, teacher=teacher, tokenizer=tokenizer, distill=options, seed=config.seed, args=args,
+        train_dataset=data, callbacks=callbacks,
+    )
+
+
+def offline_traces(config: TrainConfig, teacher, tokenizer, state):
+    """The traces file given by ``traces``, or teacher traces generated now (full cache, correct ones kept)
+    into ``<output_dir>/traces.jsonl`` (reused on resume)."""
+    if config.traces is not None:
+        return load_traces(config.traces)
+    path = Path(config.output_dir) / "traces.jsonl"
+    if state.is_main_process and not path.is_file():
+        problems = load_problems(
+            config.data.path, config.data.name, config.data.question_field, config.data.answer_field,
+            config.data.split, config.trace_problems, config.seed, tuple(config.data.levels),
         )
-        trainer = CompressedGRPOTrainer(**common, sparse=sparse)
-    trainer.train(resume_from_checkpoint=resume_checkpoint(config))
-    trainer.save_model(config.output_dir)
-    result = {}
-    if state.is_main_process:
-        result = evaluate(trainer.accelerator.unwrap_model(trainer.model), tokenizer, config)
-        result["recipe"] = config.recipe
-        result["steps"] = trainer.state.global_step
-        with open(Path(config.output_dir) / "eval.json", "w") as f:
-            json.dump(result, f, indent=2)
-        print(json.dumps(result), flush=True)
-    return result
+        sampling = SamplingConfig(
+            max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+            num_samples=config.trace_samples, seed=config.seed,
+        )
+        rows = generate_traces(teacher, tokenizer, problems, sampling, config.data.prompt_template)
+        if not rows:
+            raise RuntimeError(
+                f"the teacher solved none of {len(problems)} problems x {config.trace_samples} samples: raise "
+                "trace_problems / trace_samples, use easier data, or pass traces=<file>"
+            )
+        write_traces(rows, path)
+        print(f"wrote {len(rows)} correct teacher traces to {path}", flush=True)
+    state.wait_for_everyone()
+    return load_traces(str(path))

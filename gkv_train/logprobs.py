@@ -50,11 +50,17 @@ def token_logprobs(
     hidden = hidden.last_hidden_state[:, -num_tokens - 1 : -1]
     B, N, d = hidden.shape
     flat, targets = hidden.reshape(B * N, d), input_ids[:, -num_tokens:].reshape(B * N)
+    return head_logprobs(flat, head, targets, temperature, chunk_tokens).view(B, N)
+
+
+def head_logprobs(hidden: torch.Tensor, head, targets: torch.Tensor, temperature: float, chunk_tokens: int = 1024):
+    """log p(target) [N] from final hidden states [N, d] through the LM head, ``chunk_tokens`` rows at a time
+    (each chunk re-computed in the backward pass when gradients flow)."""
     out = []
-    for start in range(0, B * N, chunk_tokens):
-        args = (flat[start : start + chunk_tokens], head, targets[start : start + chunk_tokens], temperature)
-        if torch.is_grad_enabled() and flat.requires_grad:
+    for start in range(0, hidden.shape[0], chunk_tokens):
+        args = (hidden[start : start + chunk_tokens], head, targets[start : start + chunk_tokens], temperature)
+        if torch.is_grad_enabled() and hidden.requires_grad:
             out.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
         else:
             out.append(_chunk_logprobs(*args))
-    return torch.cat(out).view(B, N)
+    return torch.cat(out)

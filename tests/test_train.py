@@ -42,6 +42,21 @@ def test_train_writes_logs_checkpoints_and_evaluation(tmp_path, recipe):
     assert json.loads((tmp_path / "eval.json").read_text())["accuracy"] == final["accuracy"]
 
 
+@pytest.mark.parametrize("recipe", ["distill", "distill_onpolicy"])
+def test_distillation_recipes(tmp_path, recipe):
+    args = [f"recipe={recipe}", *TINY, "max_steps=2", f"output_dir={tmp_path}"]
+    if recipe == "distill":  # a random teacher solves nothing: give it traces with wrong answers kept
+        traces = tmp_path / "traces.jsonl"
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "generate_traces.py"), "--model", "tiny", "--limit", "4",
+                        "--samples", "2", "--max-new-tokens", "16", "--keep-incorrect", "--output", str(traces)],
+                       cwd=ROOT, check=True, capture_output=True, timeout=600)
+        args.append(f"traces={traces}")
+    proc = run(args)
+    steps = metrics(tmp_path)
+    assert [r["step"] for r in steps] == [1, 2] and max(r["mismatch/max_abs"] for r in steps) <= 1e-4
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["recipe"] == recipe
+
+
 def test_lora_and_periodic_evaluation(tmp_path):
     run([*TINY, "max_steps=2", "lora.enabled=true", "lora.r=4", "eval_steps=1", "eval_data.limit=2",
          f"output_dir={tmp_path}"])

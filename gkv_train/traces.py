@@ -1,0 +1,64 @@
+"""Teacher traces for offline distillation: full-cache completions, checked, written as JSONL."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import datasets
+
+from rewards.extract import extract_answer
+from rewards.verify import MathVerifier
+from rollout.config import CompressionConfig, SamplingConfig
+from rollout.engine import RolloutEngine
+
+TRACE_FIELDS = ("id", "prompt", "completion", "completion_ids", "answer", "correct")
+
+
+def generate_traces(
+    model, tokenizer, problems, sampling: SamplingConfig, prompt_template: str, batch_problems: int = 4,
+    keep_incorrect: bool = False,
+) -> list[dict]:
+    """Sample ``sampling.num_samples`` full-cache completions per problem and check them.
+
+    Returns rows with ``TRACE_FIELDS`` (``completion_ids`` include the stop token), the correct ones only unless
+    ``keep_incorrect``.
+    """
+    engine = RolloutEngine(model, tokenizer, CompressionConfig("full"))
+    verify = MathVerifier()
+    rows = []
+    for start in range(0, len(problems), batch_problems):
+        batch = problems.select(range(start, min(start + batch_problems, len(problems))))
+        prompts = [prompt_template.format(problem=p) for p in batch["problem"]]
+        out = engine.generate(prompts, replace(sampling, seed=sampling.seed + start))
+        for i, ids in enumerate(out.completions()):
+            row = i // sampling.num_samples
+            text = tokenizer.decode(ids, skip_special_tokens=True)
+            correct = verify(extract_answer(text), batch["answer"][row])
+            if correct or keep_incorrect:
+                rows.append({
+                    "id": batch["id"][row], "prompt": prompts[row], "completion": text, "completion_ids": ids,
+                    "answer": batch["answer"][row], "correct": correct,
+                })
+    verify.close()
+    return rows
+
+
+def write_traces(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        f.writelines(json.dumps(row) + "\n" for row in rows)
+
+
+def load_traces(path: str) -> datasets.Dataset:
+    """Traces JSONL -> Dataset; a clear error for a missing file or missing fields."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"traces file {path} does not exist (write one with scripts/generate_traces.py)")
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    if not rows:
+        raise ValueError(f"traces file {path} holds no traces")
+    missing = [f for f in ("prompt", "completion_ids") if f not in rows[0]]
+    if missing:
+        raise ValueError(f"traces file {path} lacks the fields {missing}")
+    return datasets.Dataset.from_list(rows)
