@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import datasets
+from tqdm import tqdm
 
 from rewards.extract import extract_answer
 from rewards.verify import MathVerifier
@@ -28,7 +29,7 @@ def generate_traces(
     engine = RolloutEngine(model, tokenizer, CompressionConfig("full"))
     verify = MathVerifier()
     rows = []
-    for start in range(0, len(problems), batch_problems):
+    for start in tqdm(range(0, len(problems), batch_problems), desc="teacher traces", unit="batch"):
         batch = problems.select(range(start, min(start + batch_problems, len(problems))))
         prompts = [prompt_template.format(problem=p) for p in batch["problem"]]
         out = engine.generate(prompts, replace(sampling, seed=sampling.seed + start))
