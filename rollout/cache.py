@@ -66,7 +66,7 @@ class RolloutCache:
         self.compressions = 0
         self.record = None
         if compression.compresses:
-            W = compression.window
+            W = compression.num_window
             self.positions = torch.zeros(L, B, Hkv, S, dtype=torch.long, device=device)
             self.history = torch.zeros(L, B, Hkv, S, dtype=torch.float32, device=device)
             self.queries = torch.zeros(L, B, H, W, D, dtype=dtype, device=device)
@@ -153,7 +153,7 @@ class RolloutCache:
             score, new_history = compression_scores(
                 cfg, query, self.query_pos, self.query_ok, keys, positions, key_ok, history, self.scale
             )
-            index, n_keep = select_keep(score, positions, key_ok, self.lengths, cfg.budget, cfg.window, cfg.num_sinks)
+            index, n_keep = select_keep(score, positions, key_ok, self.lengths, cfg.budget, cfg.num_window, cfg.num_sinks)
             K = index.shape[-1]
             kept = torch.zeros_like(positions, dtype=torch.bool).scatter_(
                 -1, index, (torch.arange(K, device=index.device) >= (K - n_keep)[:, None, None]).expand_as(index)

@@ -118,7 +118,7 @@ def compression_scores(
     if config.method == "streaming":
         return key_pos.float(), None
     local = window_attention(query, query_pos, query_ok, keys, key_pos, key_ok, scale)
-    local = aggregate_group(pool_scores(local, key_ok, config.kernel, config.pool), config.group_agg)
+    local = aggregate_group(pool_scores(local, key_ok, config.kernel, config.pool), config.aggregation)
     if config.method == "h2o":
         history = merge_history(history, local, "sum", config.alpha)
         return history, history

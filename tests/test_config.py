@@ -28,7 +28,7 @@ def test_method_defaults():
     assert CompressionConfig(method="streaming").num_sinks == 4
     assert CompressionConfig(method="gkv").num_sinks == 0
     gkv = CompressionConfig(method="gkv")
-    assert (gkv.window, gkv.interval, gkv.alpha, gkv.lambda_, gkv.form) == (16, 128, 0.8, 0.5, "max")
+    assert (gkv.num_window, gkv.interval, gkv.alpha, gkv.lambda_, gkv.form) == (16, 128, 0.8, 0.5, "max")
     assert CompressionConfig(method="full", budget=1, window=16).budget == 1  # budget unused without compression
 
 
