@@ -27,7 +27,7 @@ from transformers import Trainer
 
 from gkv_train.grpo import mismatch_stats
 from gkv_train.logprobs import decoder_and_head, head_logprobs
-from gkv_train.masks import RecordMasks
+from gkv_train.masks import attention_context
 from gkv_train.record import logical_positions
 from rollout.config import CompressionConfig, SamplingConfig
 from rollout.engine import RolloutEngine
@@ -126,7 +126,7 @@ class CompressedDistillationTrainer(Trainer):
         rollout_seconds = time.perf_counter() - start
         ids, mask = out.sequences, out.attention_mask
         positions = logical_positions(mask)
-        context = None if out.evict_at is None else RecordMasks.build(out.evict_at, mask, self.distill.mask_backend)
+        context = attention_context(self.accelerator.unwrap_model(model), out.record, mask, self.distill.mask_backend)
         hidden = model(
             input_ids=ids, attention_mask=mask, position_ids=positions, kv_context=context, use_cache=False,
             logits_to_keep=1, output_hidden_states=True,

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from gkv_train.s4r import S4RRecord, unpack_bits
 from rewards.extract import extract_answer
 from rewards.verify import MathVerifier
 from rollout.config import CompressionConfig, SamplingConfig
@@ -28,20 +29,29 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def retained_density(evict_at: torch.Tensor | None, lengths: torch.Tensor, bins: int = DENSITY_BINS) -> list[float]:
-    """Where the kept tokens sit: a histogram over the normalised position k / T of the tokens each
-    (layer, KV head) still holds at a sequence's last token, summed over the batch.
+def kept_at_end(record, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, b: int) -> torch.Tensor:
+    """bool [rows, T_b]: which of sequence b's tokens each (layer, KV head) -- each layer for S4R -- still
+    attends to at its end. G-KV family: not evicted by the last token; S4R: the sinks and what the last
+    decoding query reconstructed; full cache (None): everything."""
+    length = int(prompt_lengths[b] + completion_lengths[b])
+    if record is None:
+        return torch.ones(1, length, dtype=torch.bool)
+    if isinstance(record, S4RRecord):
+        last = max(int(completion_lengths[b]) - 2, 0)
+        rows = unpack_bits(record.selected[b, :, last], length)
+        rows[:, : int(record.sinks[b])] = True
+        return rows
+    return (record[b, :, :, :length] > length - 1).reshape(-1, length)
 
-    evict_at int32 [B, L, Hkv, T] or None (full cache: every token kept); lengths int64 [B].
-    """
+
+def retained_density(record, prompt_lengths, completion_lengths, bins: int = DENSITY_BINS) -> list[float]:
+    """Where the kept tokens sit: a histogram over the normalised position k / T of the tokens still attended to
+    at each sequence's end (``kept_at_end``), summed over the batch."""
     counts = torch.zeros(bins, dtype=torch.float64)
-    for b, length in enumerate(lengths.tolist()):
-        keys = torch.arange(length)
-        if evict_at is None:
-            kept = torch.ones(1, length, dtype=torch.bool)
-        else:
-            kept = (evict_at[b, :, :, :length] > length - 1).reshape(-1, length)
-        which = ((keys.float() + 0.5) / length * bins).long().clamp_max(bins - 1)
+    for b in range(prompt_lengths.shape[0]):
+        kept = kept_at_end(record, prompt_lengths, completion_lengths, b)
+        length = kept.shape[-1]
+        which = ((torch.arange(length).float() + 0.5) / length * bins).long().clamp_max(bins - 1)
         counts += torch.bincount(which, weights=kept.sum(0).double(), minlength=bins)
     return counts.tolist()
 
@@ -116,7 +126,7 @@ def evaluate_compression(
                 "retention": out.retention[i].item(),
                 "tokens_per_s": out.stats["tokens_per_s"],
             })
-        density = retained_density(out.evict_at, out.prompt_lengths + out.completion_lengths)
+        density = retained_density(out.record, out.prompt_lengths, out.completion_lengths)
         with open(density_path, "a") as f:  # before the samples: a batch counts as done once its samples are in
             f.write(json.dumps({"batch": index, "density": density}) + "\n")
         with open(samples_path, "a") as f:

@@ -3,8 +3,8 @@
 What the subclass changes (TRL 1.16, pinned):
 
 * Generation goes through ``RolloutEngine`` (``rollout_func``), with the recipe's compression.
-* The eviction record of each rollout joins the batch as ``evict_at`` (leading batch dimension), so TRL's
-  shuffling and splitting carry it; every log-prob the trainer computes (old policy, reference, current) runs
+* The record of each rollout joins the batch (``evict_at``, or ``s4r_*`` tensors for S4R; leading batch
+  dimension), so TRL's shuffling and splitting carry it; every log-prob the trainer computes (old policy, reference, current) runs
   under the record's masks. The masks reach the attention through a forward pre-hook that adds
   ``kv_context`` (and the logical ``position_ids`` the rollout used) to the model's keyword arguments.
 * Advantages of completions that hit the length limit are clamped to >= 0 (``overlong_advantage_clip``).
@@ -23,8 +23,9 @@ import torch
 from trl import GRPOTrainer
 
 from gkv_train.attention import use_kv_attention
-from gkv_train.masks import RecordMasks
+from gkv_train.masks import attention_context
 from gkv_train.record import logical_positions
+from gkv_train.s4r import S4RRecord
 from rollout.config import CompressionConfig, SamplingConfig
 from rollout.engine import RolloutEngine
 
@@ -57,6 +58,19 @@ class SparseRLOptions:
             raise ValueError(f"unknown rollout_is mode {self.rollout_is!r}; choose one of {IS_MODES} or null")
         if self.rollout_is_cap <= 0:
             raise ValueError(f"rollout_is_cap must be positive, got {self.rollout_is_cap}")
+
+
+def record_to_batch(record) -> dict[str, torch.Tensor]:
+    """Batch entries carrying a rollout's record (tensors with a leading batch dimension, which TRL's shuffling
+    and splitting move with the rows): ``evict_at`` for the G-KV family, ``s4r_*`` for S4R, none for full."""
+    if record is None:
+        return {}
+    return record.to_batch() if isinstance(record, S4RRecord) else {"evict_at": record}
+
+
+def record_from_batch(batch):
+    """The record of a (shuffled, split) batch, or None."""
+    return batch["evict_at"] if "evict_at" in batch else S4RRecord.from_batch(batch)
 
 
 def truncated_is_weights(trainer_logps, rollout_logps, mask, mode: str, cap: float) -> torch.Tensor:
@@ -126,7 +140,7 @@ class CompressedGRPOTrainer(GRPOTrainer):
         finally:
             model.train(was_training)
         self._generation = out
-        self._record = out.evict_at if self.sparse.train_with_record else None
+        self._record = out.record if self.sparse.train_with_record else None
         completions = out.completions()
         return {
             "prompt_ids": out.prompts(),
@@ -139,8 +153,7 @@ class CompressedGRPOTrainer(GRPOTrainer):
         start = time.perf_counter()
         output = super()._generate_and_score_completions(inputs)
         out = self._generation
-        if out.evict_at is not None:
-            output["evict_at"] = out.evict_at
+        output.update(record_to_batch(out.record))
         mask = output["completion_mask"]
         advantages = output["advantages"]
         if self.sparse.overlong_advantage_clip:
@@ -178,7 +191,7 @@ class CompressedGRPOTrainer(GRPOTrainer):
 
     # ---- training forward -------------------------------------------------------------------------------
     def _compute_loss(self, model, inputs):
-        self._record = inputs.get("evict_at") if self.sparse.train_with_record else None
+        self._record = record_from_batch(inputs) if self.sparse.train_with_record else None
         reference = inputs.get("old_per_token_logps")
         # Without stored old log-probs the current policy is still the rollout policy (one optimizer step per
         # generation), so the loss forward itself measures the mismatch.
@@ -198,8 +211,8 @@ class CompressedGRPOTrainer(GRPOTrainer):
         outputs = []
         for start in range(0, input_ids.size(0), batch_size):
             rows = slice(start, start + batch_size)
-            self._context = None if record is None else RecordMasks.build(
-                record[rows], attention_mask[rows], self.sparse.mask_backend
+            self._context = None if record is None else attention_context(
+                self.accelerator.unwrap_model(model), record[rows], attention_mask[rows], self.sparse.mask_backend
             )
             try:
                 outputs.append(super()._get_per_token_logps_and_entropies(

@@ -6,7 +6,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from gkv_train.attention import use_kv_attention
-from gkv_train.masks import RecordMasks
+from gkv_train.masks import attention_context
 from gkv_train.record import logical_positions
 
 
@@ -27,7 +27,7 @@ def token_logprobs(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     num_tokens: int,
-    evict_at: torch.Tensor | None = None,
+    record=None,
     temperature: float = 1.0,
     chunk_tokens: int = 1024,
     backend: str = "auto",
@@ -35,14 +35,15 @@ def token_logprobs(
     """Log-probs of the last ``num_tokens`` columns of each row, each given everything before it.
 
     input_ids, attention_mask: [B, T] (prompt left-padded, completion right-padded, as the rollout returns);
-    evict_at: int32 [B, L, Hkv, T_rec] eviction record, or None for full causal attention;
+    record: the rollout's record (``evict_at`` int32 [B, L, Hkv, T_rec] or an ``S4RRecord``), or None for full
+        causal attention;
     temperature: the sampling temperature (log-probs are those of softmax(logits / temperature)).
     Returns float32 [B, num_tokens]. The LM head runs over ``chunk_tokens`` rows at a time (re-computed in the
     backward pass), so the [B, num_tokens, vocab] logits are never held at once.
     """
     use_kv_attention(model)
     decoder, head = decoder_and_head(model)
-    context = None if evict_at is None else RecordMasks.build(evict_at, attention_mask, backend)
+    context = attention_context(model, record, attention_mask, backend)
     positions = logical_positions(attention_mask)  # the rollout's RoPE positions: padding shifts nothing
     hidden = decoder(
         input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, kv_context=context, use_cache=False

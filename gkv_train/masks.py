@@ -76,3 +76,16 @@ class RecordMasks:
             return flex_attention_forward(module, query, key, value, block_mask, scaling=scaling, dropout=dropout)
         mask = self.layer_mask(module.layer_idx, num_queries)
         return sdpa_with_head_mask(query, key, value, mask, scaling, dropout if module.training else 0.0)
+
+
+def attention_context(model, record, attention_mask: torch.Tensor, backend: str = "auto"):
+    """The attention context reproducing a rollout's record over a padded batch (attention_mask [B, T]):
+    ``RecordMasks`` for a G-KV-family ``evict_at`` tensor, ``S4RMasks`` for an ``S4RRecord``, None for None."""
+    from gkv_train.s4r import S4RMasks, S4RRecord
+
+    if record is None:
+        return None
+    if isinstance(record, S4RRecord):
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        return S4RMasks.build(record, attention_mask, base.get_decoder().rotary_emb)
+    return RecordMasks.build(record, attention_mask, backend)

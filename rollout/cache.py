@@ -13,10 +13,12 @@ keeps exactly ``min(budget, length_b)`` tokens, so one [B, S] validity mask serv
 
 from __future__ import annotations
 
+import time
+
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from gkv_train.record import NEVER
+from gkv_train.record import NEVER, after_end_is_never, retention
 from rollout.config import CompressionConfig
 from rollout.scoring import compression_scores, select_keep
 
@@ -64,6 +66,7 @@ class RolloutCache:
         self.used = 0  # occupied prefix of the buffers (some slots in it may be empty for some sequences)
         self._pending = 0  # slots being written by the forward in flight
         self.compressions = 0
+        self.seconds = 0.0  # time spent compressing
         self.record = None
         if compression.compresses:
             W = compression.num_window
@@ -133,12 +136,32 @@ class RolloutCache:
     def over_budget(self) -> bool:
         return bool((self.lengths > self.compression.budget).any())
 
+    def after_prefill(self) -> None:
+        """Compress right after prefill when a prompt exceeds the budget."""
+        if self.compression.compresses and self.over_budget():
+            self.compress()
+
+    def after_step(self, generated: int) -> None:
+        """Compress after every ``interval``-th generated token's forward (when a sequence is over budget)."""
+        if self.compression.compresses and generated % self.compression.interval == 0 and self.over_budget():
+            self.compress()
+
+    def finish(self, prompt_lengths, completion_lengths, width: int):
+        """(record, retention) of the rollout: the canonical ``evict_at`` [N, L, Hkv, width] (None without
+        compression) and cache length / sequence length at each sequence's last token."""
+        total = prompt_lengths + completion_lengths
+        if self.record is None:
+            return None, torch.ones(total.shape[0], dtype=torch.float32, device=total.device)
+        evict_at = after_end_is_never(self.record[..., :width].permute(1, 0, 2, 3), total)
+        return evict_at, retention(evict_at, total)
+
     def compress(self) -> None:
         """Keep ``min(budget, length)`` tokens per (sequence, layer, KV head); stamp the evicted ones.
 
         The stamp is each sequence's current length: the logical position of its next query, the first that
         no longer sees them.
         """
+        start = time.perf_counter()
         cfg, S = self.compression, self.used
         key_ok, stamp = self.valid[:, :S], self.lengths.to(torch.int32)
         # Sequences within budget lose nothing and keep their score history untouched, so what a sequence
@@ -172,3 +195,4 @@ class RolloutCache:
         self.valid[:, K:] = False
         self.used = K
         self.compressions += 1
+        self.seconds += time.perf_counter() - start

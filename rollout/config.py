@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from dataclasses import dataclass, field
 
@@ -190,7 +191,9 @@ def add_compression_args(parser, **defaults) -> None:
     """Add one ``--option`` per ``CompressionConfig`` field to an argparse parser (``--lambda`` for ``lambda_``)."""
     hints = typing.get_type_hints(CompressionConfig)
     for f in dataclasses.fields(CompressionConfig):
-        kind = next(t for t in typing.get_args(hints[f.name]) or (hints[f.name],) if t is not type(None))
+        kind = hints[f.name]
+        if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None -> X
+            kind = next(t for t in typing.get_args(kind) if t is not type(None))
         flag = "--" + f.name.rstrip("_").replace("_", "-")
         if typing.get_origin(kind) is list:
             parser.add_argument(flag, dest=f.name, default=defaults.get(f.name, []), type=int, nargs="*")

@@ -1,7 +1,8 @@
 """Batched sampling with a compressed KV cache, returning what the trainer needs to reproduce it.
 
 The engine drives an HF causal LM (any model whose attention goes through ``AttentionInterface``: Llama,
-Qwen2, Qwen3, ...) token by token with its own ``RolloutCache`` as attention context. Prompts are left-padded;
+Qwen2, Qwen3, ...) token by token with its own cache as attention context (``RolloutCache`` for the G-KV
+family, ``S4RCache`` for S4R). Prompts are left-padded;
 every sequence keeps its own logical positions, length and end-of-sequence state.
 """
 
@@ -15,9 +16,11 @@ from typing import Sequence
 import torch
 
 from gkv_train.attention import use_kv_attention
-from gkv_train.record import after_end_is_never, logical_positions, retention
+from gkv_train.record import logical_positions
+from gkv_train.s4r import S4RRecord
 from rollout.cache import RolloutCache
 from rollout.config import CompressionConfig, SamplingConfig
+from rollout.s4r import S4RCache
 from rollout.sampling import sample_tokens, token_logprobs_of
 
 Prompt = str | Sequence[int] | Sequence[dict]
@@ -30,7 +33,8 @@ class RolloutOutput:
     sequences, attention_mask: int64 [N, P + C]: left-padded prompts then right-padded completions;
     prompt_lengths, completion_lengths: int64 [N] real tokens (a completion includes its stop token);
     logprobs: float32 [N, C] log-prob of each sampled token under softmax(logits / T), 0 past the end;
-    evict_at: int32 [N, L, Hkv, P + C] eviction record in logical positions, None for ``full``;
+    record: what the generated tokens could see: for the G-KV family the eviction record ``evict_at`` int32
+        [N, L, Hkv, P + C] in logical positions, for ``s4r`` an ``S4RRecord``, None for ``full``;
     retention: float32 [N] cache length / sequence length at the last token, mean over layers and heads.
     """
 
@@ -39,9 +43,14 @@ class RolloutOutput:
     prompt_lengths: torch.Tensor
     completion_lengths: torch.Tensor
     logprobs: torch.Tensor
-    evict_at: torch.Tensor | None
+    record: torch.Tensor | S4RRecord | None
     retention: torch.Tensor
     stats: dict = field(default_factory=dict)
+
+    @property
+    def evict_at(self) -> torch.Tensor | None:
+        """The G-KV family's eviction record (None for ``full`` and ``s4r``)."""
+        return self.record if isinstance(self.record, torch.Tensor) else None
 
     @property
     def num_completion_tokens(self) -> int:
@@ -63,6 +72,15 @@ class RolloutOutput:
         """Each prompt's token ids, without padding."""
         width = self.sequences.shape[1] - self.num_completion_tokens
         return [row[width - n : width].tolist() for row, n in zip(self.sequences, self.prompt_lengths)]
+
+
+def record_bytes(record) -> int:
+    """Bytes of one sequence's record."""
+    if record is None:
+        return 0
+    if isinstance(record, S4RRecord):
+        return record.nbytes()
+    return record[0].numel() * record.element_size()
 
 
 def stop_ids_of(model, tokenizer, sampling: SamplingConfig) -> list[int]:
@@ -164,9 +182,7 @@ class RolloutEngine:
         if forced is not None:
             forced_lengths = torch.tensor([len(c) for c in forced], device=device)
             forced = torch.tensor([list(c) + [pad_id] * (max_new - len(c)) for c in forced], device=device)
-        capacity = P + max_new if not cfg.compresses else min(P + max_new, max(P, cfg.budget) + cfg.interval)
-        dtype = next(model.parameters()).dtype
-        cache = RolloutCache(model.config, cfg, N, capacity, P + max_new, dtype, device)
+        cache = self._cache(N, P, max_new, device)
         stop_ids = torch.tensor(stop_ids_of(model, self.tokenizer, sampling), dtype=torch.long, device=device)
         banned = stop_ids if sampling.ignore_eos and len(stop_ids) else None
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
@@ -176,15 +192,11 @@ class RolloutEngine:
         finished = torch.zeros(N, dtype=torch.bool, device=device)
         lengths = torch.zeros(N, dtype=torch.long, device=device)
         prompt_lengths = prompt_mask.sum(-1)
-        compress_seconds = 0.0
 
         t0 = time.perf_counter()
         positions = logical_positions(prompt_mask)
         logits = self._forward(cache, ids, positions, prompt_mask.bool())
-        if cfg.compresses and cache.over_budget():
-            tc = time.perf_counter()
-            cache.compress()
-            compress_seconds += time.perf_counter() - tc
+        cache.after_prefill()
         t_prefill = time.perf_counter() - t0
         steps = 0
         for n in range(max_new):
@@ -203,22 +215,13 @@ class RolloutEngine:
                 break
             step_positions = (prompt_lengths + n)[:, None]
             logits = self._forward(cache, tokens[:, n : n + 1], step_positions, torch.ones_like(step_positions, dtype=torch.bool))
-            if cfg.compresses and (n + 1) % cfg.interval == 0 and cache.over_budget():
-                tc = time.perf_counter()
-                cache.compress()
-                compress_seconds += time.perf_counter() - tc
+            cache.after_step(n + 1)
         seconds = time.perf_counter() - t0
 
         completion_mask = torch.arange(steps, device=device)[None, :] < lengths[:, None]
         sequences = torch.cat([ids, tokens[:, :steps]], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask.long()], dim=1)
-        total = prompt_lengths + lengths
-        evict_at = None
-        if cache.record is not None:
-            evict_at = after_end_is_never(cache.record[..., : P + steps].permute(1, 0, 2, 3), total)
-            kept = retention(evict_at, total)
-        else:
-            kept = torch.ones(N, dtype=torch.float32, device=device)
+        record, kept = cache.finish(prompt_lengths, lengths, P + steps)
         new_tokens = int(lengths.sum())
         stats = {
             "method": cfg.method,
@@ -228,17 +231,26 @@ class RolloutEngine:
             "seconds": seconds,
             "prefill_seconds": t_prefill,
             "decode_seconds": seconds - t_prefill,
-            "compress_seconds": compress_seconds,
+            "compress_seconds": cache.seconds,
             "compressions": cache.compressions,
             "tokens_per_s": new_tokens / seconds if seconds > 0 else float("nan"),
             "kv_cache_bytes": cache.nbytes(),
-            "record_bytes_per_sample": 0 if evict_at is None else evict_at[0].numel() * evict_at.element_size(),
+            "record_bytes_per_sample": record_bytes(record),
         }
-        return RolloutOutput(
-            sequences, attention_mask, prompt_lengths, lengths, logprobs[:, :steps], evict_at, kept, stats
-        )
+        return RolloutOutput(sequences, attention_mask, prompt_lengths, lengths, logprobs[:, :steps], record, kept, stats)
 
-    def _forward(self, cache: RolloutCache, ids, positions, valid) -> torch.Tensor:
+    def _cache(self, batch: int, prompt_width: int, max_new: int, device):
+        """The attention context that holds this rollout's KV cache."""
+        cfg = self.compression
+        if cfg.method == "s4r":
+            return S4RCache(self.model, cfg, batch, prompt_width, max_new, device)
+        capacity = prompt_width + max_new
+        if cfg.compresses:  # never more than budget + interval tokens after the first compression
+            capacity = min(capacity, max(prompt_width, cfg.budget) + cfg.interval)
+        dtype = next(self.model.parameters()).dtype
+        return RolloutCache(self.model.config, cfg, batch, capacity, prompt_width + max_new, dtype, device)
+
+    def _forward(self, cache, ids, positions, valid) -> torch.Tensor:
         """Run the model over new tokens ids [N, Q] at logical positions [N, Q]; returns last logits [N, V]."""
         mask = cache.begin(positions, valid)
         out = self.model(

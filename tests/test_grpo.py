@@ -92,6 +92,16 @@ def test_record_survives_shuffle_and_split(tmp_path):
     assert len(found) == 2 and max(found) <= 1e-4
 
 
+def test_s4r_record_survives_shuffle_and_split(tmp_path):
+    trainer = make_trainer(
+        tmp_path, compression=CompressionConfig("s4r", eta=0.4, window=4, sinks=1), steps=2,
+        gradient_accumulation_steps=2, per_device_train_batch_size=4,
+    )
+    trainer.train()
+    found = mismatches(trainer)
+    assert len(found) == 2 and max(found) <= 1e-4
+
+
 def test_dropped_masks_show_a_large_mismatch(tmp_path):
     trainer = make_trainer(tmp_path, steps=2, train_with_record=False)
     trainer.train()

@@ -1,0 +1,127 @@
+"""The S4R record and the training forward that reproduces an S4R rollout.
+
+Record (per sequence and layer): the key and value bases (D' x r, zero columns pad a smaller rank), the sink
+count, and for every generated token the set of non-sink positions its query reconstructed, bit-packed.
+Size for SmolLM2 (30 layers, D' = 192) with 1024 generated tokens after a ~150-token prompt: selections
+30 x 1024 x 147 bytes = 4.5 MB and bases 30 x 192 x 2r x 4 bytes (r = 38 at eta = 0.2: 1.75 MB) per sequence.
+A list of int16 indices would cost 2 bytes per selected token: more than the 1/8 byte per position of the
+bitmask as soon as more than 1/16 of the positions are selected (rho = 0.2 selects 1/5).
+
+Training forward (``S4RMasks``): prompt queries attend with exact keys and values, as in prefill; the query of
+generated token j attends to the exact sinks plus its selected tokens, whose pre-RoPE keys and values are
+replaced by their projections S B B^T, RoPE then applied at their original positions. Keys arrive in the
+attention function after RoPE; rotating back by the same angles recovers the pre-RoPE keys (RoPE is a
+rotation), with no hook into architecture-specific projection or normalisation modules. One SDPA call over
+2T keys (the T exact ones, then the T projected ones) with a per-layer mask does both kinds of query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from gkv_train.attention import sdpa_with_head_mask
+from gkv_train.record import logical_positions
+from rollout.lowrank import apply_rope, concat_to_heads, heads_to_concat, inverse_rope
+
+BATCH_PREFIX = "s4r_"
+
+
+def pack_bits(mask: torch.Tensor) -> torch.Tensor:
+    """bool [..., n] -> uint8 [..., ceil(n / 8)] (little-endian bit order within each byte)."""
+    n = mask.shape[-1]
+    padded = torch.nn.functional.pad(mask.to(torch.uint8), (0, (-n) % 8))
+    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=mask.device)
+    return (padded.view(*mask.shape[:-1], -1, 8) * weights).sum(-1, dtype=torch.uint8)
+
+
+def unpack_bits(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """uint8 [..., m] -> bool [..., n]: the inverse of ``pack_bits``."""
+    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
+    bits = (packed[..., None] >> shifts) & 1
+    return bits.reshape(*packed.shape[:-1], -1)[..., :n].bool()
+
+
+@dataclass
+class S4RRecord:
+    """What an S4R rollout attended to. Every tensor has a leading batch dimension.
+
+    bases_k float32 [B, L, D', r_k], bases_v float32 [B, L, D', r_v];
+    selected uint8 [B, L, C, ceil(T / 8)]: bit k of row j set when generated token j's query reconstructed the
+    key at logical position k; prompt_lengths int64 [B]; sinks int64 [B] (the same value in every row).
+    """
+
+    bases_k: torch.Tensor
+    bases_v: torch.Tensor
+    selected: torch.Tensor
+    prompt_lengths: torch.Tensor
+    sinks: torch.Tensor
+
+    def __getitem__(self, rows) -> "S4RRecord":
+        return S4RRecord(*(getattr(self, f.name)[rows] for f in fields(self)))
+
+    def roll_layers(self, shift: int) -> "S4RRecord":
+        """The record with every layer's bases and selections moved ``shift`` layers (a control)."""
+        return S4RRecord(
+            self.bases_k.roll(shift, 1), self.bases_v.roll(shift, 1), self.selected.roll(shift, 1),
+            self.prompt_lengths, self.sinks,
+        )
+
+    def to_batch(self) -> dict[str, torch.Tensor]:
+        return {BATCH_PREFIX + f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_batch(cls, batch) -> "S4RRecord | None":
+        if BATCH_PREFIX + "bases_k" not in batch:
+            return None
+        return cls(*(batch[BATCH_PREFIX + f.name] for f in fields(cls)))
+
+    def nbytes(self, row: int = 0) -> int:
+        """Bytes of one sequence's record."""
+        return sum(getattr(self, f.name)[row].numel() * getattr(self, f.name).element_size() for f in fields(self))
+
+
+@dataclass
+class S4RMasks:
+    """Attention context of a training forward under an ``S4RRecord``.
+
+    positions, valid: logical positions and real columns [B, T] of the padded batch; rotary: the model's rotary
+    embedding module (for cos/sin at those positions).
+    """
+
+    record: S4RRecord
+    positions: torch.Tensor
+    valid: torch.Tensor
+    rotary: torch.nn.Module
+
+    @classmethod
+    def build(cls, record: S4RRecord, attention_mask: torch.Tensor, rotary: torch.nn.Module) -> "S4RMasks":
+        return cls(record, logical_positions(attention_mask), attention_mask.bool(), rotary)
+
+    def layer_mask(self, layer: int) -> torch.Tensor:
+        """bool [B, 1, T, 2T]: exact keys (first T columns) and projected keys (last T) each query may see."""
+        rec, pos, valid = self.record, self.positions, self.valid
+        T = pos.shape[-1]
+        causal = valid[:, None, :] & (pos[:, None, :] <= pos[:, :, None])  # [B, Tq, Tk]
+        generated = pos >= rec.prompt_lengths[:, None]  # [B, T] queries (and keys) after the prompt
+        sink = pos < rec.sinks[:, None]
+        exact = causal & (~generated[:, :, None] | sink[:, None, :])
+        # Selection row of each generated query, as bits over logical key positions.
+        rows = (pos - rec.prompt_lengths[:, None]).clamp(0, rec.selected.shape[2] - 1)
+        chosen = unpack_bits(rec.selected[:, layer], rec.selected.shape[-1] * 8)  # [B, C, T_rec]
+        chosen = chosen.gather(1, rows[:, :, None].expand(-1, -1, chosen.shape[-1]))  # [B, Tq, T_rec]
+        chosen = chosen.gather(2, pos[:, None, :].expand(-1, T, -1))  # [B, Tq, Tk]
+        projected = causal & generated[:, :, None] & ~sink[:, None, :] & chosen
+        return torch.cat([exact, projected], dim=-1)[:, None]
+
+    def attend(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0):
+        layer, heads = module.layer_idx, key.shape[1]
+        cos, sin = self.rotary(value, self.positions)
+        pre = heads_to_concat(inverse_rope(key, cos, sin))  # [B, T, D']
+        bk, bv = self.record.bases_k[:, layer].to(pre.dtype), self.record.bases_v[:, layer].to(pre.dtype)
+        key_hat = apply_rope(concat_to_heads((pre @ bk) @ bk.transpose(-1, -2), heads), cos, sin)
+        value_hat = concat_to_heads((heads_to_concat(value) @ bv) @ bv.transpose(-1, -2), heads)
+        keys, values = torch.cat([key, key_hat], dim=2), torch.cat([value, value_hat], dim=2)
+        mask = self.layer_mask(layer)
+        return sdpa_with_head_mask(query, keys, values, mask, scaling, dropout if module.training else 0.0)

@@ -1,0 +1,144 @@
+"""S4R: low-rank cache with sparse reconstruction, in the rollout and in the trainer."""
+
+import pytest
+import torch
+
+from gkv_train.consistency import consistency_report
+from gkv_train.models import tiny_model
+from gkv_train.s4r import pack_bits, unpack_bits
+from rollout.config import CompressionConfig, SamplingConfig
+from rollout.engine import RolloutEngine
+from rollout.lowrank import apply_rope, inverse_rope, persistent_elements, s4r_rank, sample_positions, select_tokens
+from rollout.s4r import S4RCache
+
+from conftest import random_prompts
+
+TOL = 1e-4
+PROMPTS = [40, 63, 52, 71, 45]
+
+
+def rollout(model, prompts, cfg, new_tokens=64, seed=1):
+    sampling = SamplingConfig(max_new_tokens=new_tokens, temperature=1.0, seed=seed, ignore_eos=True)
+    return RolloutEngine(model, compression=cfg).generate(prompts, sampling)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        CompressionConfig("s4r", eta=0.3, window=4),
+        CompressionConfig("s4r", eta=0.4, window=6, rank=6, rank_v=10, pool="avg", group_agg="max"),
+        CompressionConfig("s4r", eta=0.3, window=4, normalize=False, sinks=0, full_layers=[0, 3]),
+    ],
+    ids=["default", "asymmetric-avg-max", "no-norm-no-sinks-full-layers"],
+)
+def test_s4r_consistency_tiny(tiny_llama, cfg):
+    out = rollout(tiny_llama, random_prompts(PROMPTS), cfg)
+    report = consistency_report(tiny_llama, out)
+    assert report["max_abs_logprob_diff"] <= TOL
+    assert report["causal_mask_diff"] > 1e-2
+    assert report["rotated_layers_diff"] > 1e-2
+    assert ((out.retention > 0) & (out.retention < 0.8)).all()
+
+
+def test_full_rank_and_rho_one_is_full_attention(tiny_llama):
+    dim = tiny_llama.config.num_key_value_heads * tiny_llama.config.head_dim
+    out = rollout(tiny_llama, random_prompts(PROMPTS), CompressionConfig("s4r", window=4, rank=dim, rho=1.0))
+    assert consistency_report(tiny_llama, out)["causal_mask_diff"] <= TOL
+
+
+def test_replay_reproduces_an_s4r_rollout(tiny_llama):
+    cfg = CompressionConfig("s4r", eta=0.3, window=4)
+    engine = RolloutEngine(tiny_llama, compression=cfg)
+    prompts = random_prompts(PROMPTS[:3], seed=2)
+    sampled = engine.generate(prompts, SamplingConfig(max_new_tokens=30, seed=5))
+    replayed = engine.replay(prompts, sampled.completions())
+    for name in ("bases_k", "bases_v", "selected", "prompt_lengths"):
+        assert torch.equal(getattr(replayed.record, name), getattr(sampled.record, name))
+
+
+def test_persistent_bytes_follow_the_formula(tiny_llama):
+    cfg = CompressionConfig("s4r", eta=0.25, window=4)
+    engine = RolloutEngine(tiny_llama, compression=cfg)
+    caches = []
+    engine._cache = (lambda make: lambda *a, **k: caches.append(make(*a, **k)) or caches[-1])(engine._cache)
+    prompts = random_prompts([60, 90])
+    out = engine.generate(prompts, SamplingConfig(max_new_tokens=1))  # prefill only: the state at the prompt
+    cache = caches[0]
+    c = tiny_llama.config
+    dim, groups = c.num_key_value_heads * c.head_dim, c.num_attention_heads // c.num_key_value_heads
+    total = 0
+    for b, n in enumerate(out.prompt_lengths.tolist()):
+        L, r = n - cfg.num_sinks, int(cache.rank_k[b])
+        # what the buffers hold for this sequence: sinks K and V, coefficients K and V, query window, bases
+        held = 2 * cache.sink_k[0, b].numel() + 2 * L * r + cache.cq[0, b].numel() // cache.cq.shape[-1] * r + 2 * dim * r
+        formula = 2 * (cfg.num_sinks * dim + L * r + 0.5 * groups * cfg.num_window * r + dim * r)
+        assert held == formula == persistent_elements(cfg.num_sinks, L, dim, groups, cfg.num_window, r, r)
+        ratio = formula / (2 * (cfg.num_sinks + L) * dim)
+        assert ratio <= cfg.eta < formula / (2 * (cfg.num_sinks + L) * dim) + (L + groups * cfg.num_window / 2 + dim) / ((cfg.num_sinks + L) * dim)
+        total += held
+    assert cache.nbytes() == total * c.num_hidden_layers * 4
+
+
+def test_rank_solves_the_memory_equation():
+    s, L, dim, G, W = 4, 3000, 192, 3, 32
+    r = s4r_rank(0.2, s, L, dim, G, W)
+
+    def ratio(rank):
+        return (s * dim + L * rank + 0.5 * G * W * rank + dim * rank) / ((s + L) * dim)
+
+    assert ratio(r) <= 0.2 < ratio(r + 1)
+    assert s4r_rank(1.0, s, 10, dim, G, W) <= dim and s4r_rank(0.01, s, 10, dim, G, W) == 1
+
+
+def test_sampling_split_is_recent_then_uniform():
+    picked = sample_positions(100, 20, 0.7)
+    assert len(picked) == len(picked.unique()) == 20
+    assert picked[-14:].tolist() == list(range(86, 100))  # 7/10 of them: the most recent block
+    assert (picked[:6] < 86).all() and picked[0] == 0
+    assert sample_positions(10, 20, 0.7).tolist() == list(range(10))
+
+
+def test_rope_round_trip_and_bits():
+    x = torch.randn(2, 3, 5, 8)
+    angles = torch.rand(2, 5, 4) * 10
+    cos, sin = torch.cat([angles.cos()] * 2, -1), torch.cat([angles.sin()] * 2, -1)
+    assert torch.allclose(inverse_rope(apply_rope(x, cos, sin), cos, sin), x, atol=1e-5)
+    mask = torch.rand(3, 4, 21) > 0.5
+    assert torch.equal(unpack_bits(pack_bits(mask), 21), mask)
+
+
+def test_selection_keeps_window_and_top_k():
+    score = torch.tensor([[0.9, 0.1, 0.8, 0.2, 0.3, 0.0, 0.05, 0.5]])
+    k_pos = torch.arange(4, 12)[None]
+    k_ok = torch.ones(1, 8, dtype=torch.bool)
+    chosen = select_tokens(score, k_pos, k_ok, torch.tensor([11]), torch.tensor([8]), window=2, rho=0.5, full=False)
+    # window: positions 10, 11 (slots 6, 7); k = floor(0.5 * 8) - 2 = 2 others: slots 0 and 2
+    assert chosen[0].nonzero().squeeze(-1).tolist() == [0, 2, 6, 7]
+    assert select_tokens(score, k_pos, k_ok, torch.tensor([11]), torch.tensor([8]), 2, 0.5, full=True).all()
+
+
+def test_short_prompt_is_a_clear_error(tiny_llama):
+    with pytest.raises(ValueError, match="s4r needs prompts longer than its 4 sinks"):
+        rollout(tiny_llama, [[5, 6, 7]], CompressionConfig("s4r"))
+
+
+def test_bad_s4r_options():
+    with pytest.raises(ValueError, match="eta must lie in"):
+        CompressionConfig("s4r", eta=0.0)
+    with pytest.raises(ValueError, match="rank must be at least 1"):
+        CompressionConfig("s4r", rank=0)
+    assert CompressionConfig("s4r").num_window == 32 and CompressionConfig("s4r").num_sinks == 4
+
+
+@pytest.mark.smollm2
+def test_s4r_consistency_smollm2(smollm2, gsm8k_questions):
+    model, tokenizer = smollm2
+    questions = [gsm8k_questions[i] for i in (0, 3, 7, 12)]
+    cfg = CompressionConfig("s4r", eta=0.2, window=16)
+    out = RolloutEngine(model, tokenizer, cfg).generate(
+        questions, SamplingConfig(max_new_tokens=64, temperature=1.0, seed=0, ignore_eos=True)
+    )
+    assert len(set(out.prompt_lengths.tolist())) > 1
+    report = consistency_report(model, out)
+    assert report["max_abs_logprob_diff"] <= TOL
+    assert report["causal_mask_diff"] > 1e-2 and report["rotated_layers_diff"] > 1e-2
