@@ -1,0 +1,136 @@
+"""S4R on SmolLM2: prefill and decode cost, persistent memory, and passkey retrieval; one JSON line.
+
+    python scripts/bench_s4r.py                    # ~4k-token prompts, 128 new tokens, eta 0.2, 20 passkey cases
+    python scripts/bench_s4r.py --cases 4 --context 2000
+
+* prefill: S4R (sampling + SVD + projection) against plain prefill of the same ~4k-token prompt;
+* decode time per token over 128 forced tokens: ``full``, ``s4r`` and a low-rank baseline that reconstructs
+  every token each step (``rho=1``);
+* persistent cache bytes of S4R against the full cache at the prompt length;
+* passkey retrieval: a 5-digit number hidden at a random depth in ~4k tokens of filler, greedy answer,
+  accuracy for ``full``, ``s4r`` (eta), and ``streaming`` / ``gkv`` with a budget of the same memory
+  (eta x prompt length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+
+import torch
+from _common import SHARED_DATA, print_json
+
+from gkv_train.models import load_model
+from rollout.config import CompressionConfig, SamplingConfig
+from rollout.engine import RolloutEngine
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+
+
+def long_prompt(tokenizer, context: int) -> str:
+    """About ``context`` tokens of MATH-500 problems, one after another."""
+    parts, size = [], 0
+    with open(SHARED_DATA / "math500_test.jsonl") as f:
+        for line in f:
+            text = json.loads(line)["problem"] + "\n\n"
+            size += len(tokenizer(text, add_special_tokens=False)["input_ids"])
+            parts.append(text)
+            if size >= context:
+                break
+    return "".join(parts) + "Which of these problems is the hardest? Answer:"
+
+
+def passkey_case(tokenizer, context: int, rng: random.Random) -> tuple[str, str]:
+    """A passkey prompt of about ``context`` tokens with the key at a random depth, and the key."""
+    key = str(rng.randint(10000, 99999))
+    per_filler = len(tokenizer(FILLER, add_special_tokens=False)["input_ids"])
+    n = max(1, context // per_filler)
+    depth = rng.randint(0, n)
+    needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
+    text = FILLER * depth + needle + FILLER * (n - depth)
+    intro = "There is an important piece of information hidden inside a lot of irrelevant text. Find it and memorize it.\n\n"
+    return intro + text + "\n\nWhat is the pass key? The pass key is", key
+
+
+def timed(model, tokenizer, prompt: str, compression: CompressionConfig, new_tokens: int) -> dict:
+    engine = RolloutEngine(model, tokenizer, compression, chat=False)
+    out = engine.generate([prompt], SamplingConfig(max_new_tokens=new_tokens, temperature=0, ignore_eos=True))
+    s = out.stats
+    steps = max(s["steps"] - 1, 1)  # decode forwards (the last sampled token is never fed back)
+    return {
+        "prefill_seconds": s["prefill_seconds"],
+        "decode_seconds_per_token": s["decode_seconds"] / steps,
+        "cache_bytes": s["kv_cache_bytes"],
+        "prompt_tokens": int(out.prompt_lengths[0]),
+    }
+
+
+def passkey_accuracy(model, tokenizer, cases, compression: CompressionConfig, batch: int) -> dict:
+    engine = RolloutEngine(model, tokenizer, compression, chat=False)
+    correct, retention = 0, []
+    for start in range(0, len(cases), batch):
+        chunk = cases[start : start + batch]
+        out = engine.generate([p for p, _ in chunk], SamplingConfig(max_new_tokens=10, temperature=0))
+        for i, (_, key) in enumerate(chunk):
+            text = tokenizer.decode(out.completions()[i], skip_special_tokens=True)
+            found = re.findall(r"\d{5}", text)
+            correct += bool(found) and found[0] == key
+            retention.append(out.retention[i].item())
+    return {"accuracy": correct / len(cases), "correct": correct, "cases": len(cases),
+            "retention": sum(retention) / len(retention)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--context", type=int, default=4000)
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--eta", type=float, default=0.2)
+    parser.add_argument("--cases", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+
+    model, tokenizer = load_model(args.model)
+    s4r = CompressionConfig("s4r", eta=args.eta)
+    prompt = long_prompt(tokenizer, args.context)
+    timed(model, tokenizer, prompt[:2000], s4r, 4)  # warm-up: first-call allocations are not S4R's cost
+    full = timed(model, tokenizer, prompt, CompressionConfig("full"), args.new_tokens)
+    sparse = timed(model, tokenizer, prompt, s4r, args.new_tokens)
+    everything = timed(model, tokenizer, prompt, CompressionConfig("s4r", eta=args.eta, rho=1.0), args.new_tokens)
+
+    rng = random.Random(args.seed)
+    cases = [passkey_case(tokenizer, args.context, rng) for _ in range(args.cases)]
+    budget = int(args.eta * len(tokenizer(cases[0][0])["input_ids"]))
+    methods = {
+        "full": CompressionConfig("full"),
+        "s4r": s4r,
+        "streaming": CompressionConfig("streaming", budget=budget, window=16, interval=32),
+        "gkv": CompressionConfig("gkv", budget=budget, window=16, interval=32),
+    }
+    passkey = {name: passkey_accuracy(model, tokenizer, cases, c, args.batch) for name, c in methods.items()}
+    print_json({
+        "benchmark": "s4r",
+        "model": args.model,
+        "prompt_tokens": full["prompt_tokens"],
+        "new_tokens": args.new_tokens,
+        "eta": args.eta,
+        "threads": torch.get_num_threads(),
+        "prefill_seconds": {"full": full["prefill_seconds"], "s4r": sparse["prefill_seconds"]},
+        "prefill_ratio_s4r_vs_full": sparse["prefill_seconds"] / full["prefill_seconds"],
+        "decode_seconds_per_token": {
+            "full": full["decode_seconds_per_token"],
+            "s4r": sparse["decode_seconds_per_token"],
+            "s4r_reconstruct_all": everything["decode_seconds_per_token"],
+        },
+        "persistent_bytes": {"s4r": sparse["cache_bytes"], "full": full["cache_bytes"]},  # prompt + new tokens
+        "persistent_ratio_s4r_vs_full": sparse["cache_bytes"] / full["cache_bytes"],
+        "passkey_budget_tokens": budget,
+        "passkey": passkey,
+    })
+
+
+if __name__ == "__main__":
+    main()
