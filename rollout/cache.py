@@ -20,7 +20,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from gkv_train.record import NEVER, after_end_is_never, retention
 from rollout.config import CompressionConfig
-from rollout.scoring import compression_scores, select_keep
+from rollout.methods import LayerState, method_class
+from rollout.scoring import candidate_slots, select_keep
 
 
 def gather_slots(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -52,7 +53,7 @@ class RolloutCache:
         dtype: torch.dtype,
         device: torch.device,
     ):
-        self.compression = compression
+        self.compression = compression = compression.resolved()
         L = model_config.num_hidden_layers
         H = model_config.num_attention_heads
         Hkv = model_config.num_key_value_heads
@@ -69,9 +70,11 @@ class RolloutCache:
         self.seconds = 0.0  # time spent compressing
         self.record = None
         if compression.compresses:
-            W = compression.num_window
+            W = compression.window
+            self.method = method_class(compression.method)(compression)
             self.positions = torch.zeros(L, B, Hkv, S, dtype=torch.long, device=device)
-            self.history = torch.zeros(L, B, Hkv, S, dtype=torch.float32, device=device)
+            # each token's global score from the last compression; NaN: none (new since, or in the window then)
+            self.history = torch.full((L, B, Hkv, S), float("nan"), dtype=torch.float32, device=device)
             self.queries = torch.zeros(L, B, H, W, D, dtype=dtype, device=device)
             self.query_pos = torch.zeros(B, W, dtype=torch.long, device=device)
             self.query_ok = torch.zeros(B, W, dtype=torch.bool, device=device)
@@ -172,11 +175,13 @@ class RolloutCache:
             keys, values = self.keys[layer, :, :, :S], self.values[layer, :, :, :S]
             positions, history = self.positions[layer, :, :, :S], self.history[layer, :, :, :S]
             B, Hkv, _, D = keys.shape
-            query = self.queries[layer].view(B, Hkv, -1, self.queries.shape[3], D)
-            score, new_history = compression_scores(
-                cfg, query, self.query_pos, self.query_ok, keys, positions, key_ok, history, self.scale
-            )
-            index, n_keep = select_keep(score, positions, key_ok, self.lengths, cfg.budget, cfg.num_window, cfg.num_sinks)
+            candidates = candidate_slots(positions, key_ok, self.lengths, cfg.window, cfg.sinks)
+            state = LayerState(
+                self.queries[layer].view(B, Hkv, -1, self.queries.shape[3], D), self.query_pos, self.query_ok,
+                keys, positions, key_ok, candidates, history, self.scale,
+            )  # fmt: skip
+            score, new_history = self.method.score(state)
+            index, n_keep = select_keep(score, candidates, key_ok, cfg.budget)
             K = index.shape[-1]
             kept = torch.zeros_like(positions, dtype=torch.bool).scatter_(
                 -1, index, (torch.arange(K, device=index.device) >= (K - n_keep)[:, None, None]).expand_as(index)
@@ -188,8 +193,10 @@ class RolloutCache:
             self.values[layer, :, :, :K] = gather_slots(values, index)
             self.positions[layer, :, :, :K] = positions.gather(-1, index)
             if new_history is not None:
+                # only the scored tokens carry their score on; the window's start afresh, as in the reference
+                new_history = new_history.masked_fill(~candidates, float("nan"))
                 self.history[layer, :, :, :K] = torch.where(active, new_history, history).gather(-1, index)
-            self.history[layer, :, :, K:] = 0.0
+            self.history[layer, :, :, K:] = float("nan")
         K = index.shape[-1]
         self.valid[:, :K] = torch.arange(K, device=self.valid.device) >= (K - n_keep)[:, None]
         self.valid[:, K:] = False

@@ -7,35 +7,46 @@ import types
 import typing
 from dataclasses import dataclass, field
 
-GKV_FAMILY = ("streaming", "snapkv", "h2o", "rkv", "gkv")
-METHODS = ("full", *GKV_FAMILY, "s4r")
+from rollout.methods import METHODS as EVICTION_METHODS
+from rollout.methods import EvictionMethod
+
+METHODS = ("full", *EVICTION_METHODS, "s4r")
 GKV_FORMS = ("max", "mean", "sum")
+SIMILARITIES = ("rkv", "mean_cosine")
 POOLINGS = ("max", "avg")
 GROUP_AGGREGATIONS = ("max", "mean")
+# Options of ``s4r`` left at None (``rho`` follows ``eta``); the eviction methods' are their classes' ``defaults``.
+S4R_DEFAULTS = dict(window=32, sinks=4, pool_kernel=7, group_agg="mean")
 
 
 @dataclass
 class CompressionConfig:
     """How the KV cache is compressed during decoding; every method works per layer and per KV head.
 
-    method: ``full`` (no compression), one of the G-KV family (evicting, every ``interval`` tokens):
-        ``streaming`` (sinks + most recent), ``snapkv`` (window attention, pooled), ``h2o`` (window attention
-        accumulated over compressions: ``alpha * old + new``), ``rkv`` (attention minus key redundancy), ``gkv``
-        (max-normalised attention blended with its history by ``form``, optionally minus redundancy); or
-        ``s4r`` (low-rank cache with sparse reconstruction, scored every step: see ``rollout.s4r``).
-    budget: tokens each (layer, KV head) keeps after a compression, the window included (G-KV family).
-    window: the last ``window`` queries score the cache, and the last ``window`` keys are always kept
-        (default 16; 32 for ``s4r``, its W).
+    method: ``full`` (no compression); an eviction method of the G-KV family (``rollout.methods``: compress
+        every ``interval`` tokens, keeping ``budget`` tokens): ``streaming`` (sinks + most recent), ``snapkv``
+        (window attention, pooled), ``h2o`` (newest query's attention, normalised and accumulated),
+        ``rkv`` (attention minus key redundancy), ``gkv`` (normalised attention blended with its history,
+        minus key redundancy); or ``s4r`` (low-rank cache with sparse reconstruction, scored every step: see
+        ``rollout.s4r``).
+    budget: tokens each (layer, KV head) keeps after a compression, the window included (eviction methods).
+    window: the last ``window`` queries score the cache, and the last ``window`` keys are always kept and never
+        scored (16; 1 for ``h2o``; 32 for ``s4r``, its W).
     interval: compress after every ``interval`` generated tokens (and right after prefill when a prompt
-        exceeds the budget), so attention never sees more than ``budget + interval`` keys.
-    alpha: history weight (``gkv``: ``max(alpha*old, new)``, ``alpha*old + (1-alpha)*new``, or
-        ``alpha*old + new`` for the forms max/mean/sum; ``h2o``: decay of the accumulated sum).
-    lambda_: weight of the attention score against key redundancy: ``lambda*score - (1-lambda)*redundancy``.
-    form: ``gkv`` history form, one of max/mean/sum.
-    redundancy: subtract the key-redundancy term (always on for ``rkv``, optional for ``gkv``).
-    pool_kernel, pool: pooling of scores along the sequence (odd kernel; 1 disables it).
-    group_agg: how the query heads of a GQA group are combined (max; mean for ``s4r``).
-    sinks: the first ``sinks`` tokens are always kept (``streaming`` and ``s4r`` default to 4, others to 0).
+        exceeds the budget), so attention never sees more than ``budget + interval`` keys (128, the
+        reference's ``divide_length``).
+    alpha: history weight (``gkv`` forms max/mean/sum: ``max(alpha*old, new)``, ``alpha*old + (1-alpha)*new``,
+        ``alpha*old + new``; ``h2o``: decay of the accumulated score). 0.8.
+    lambda_: weight of the attention score against key redundancy: ``lambda*score - (1-lambda)*redundancy``
+        (0.5 for ``gkv``, 0.1 for ``rkv``).
+    form: ``gkv`` history form, one of max/mean/sum (``h2o`` is the sum form without redundancy).
+    redundancy: subtract the key-redundancy term (on for ``gkv`` and ``rkv``).
+    similarity: how redundancy sums key similarities: ``rkv`` (the reference's kernel: each key's latest
+        near-duplicate, cosine > 0.5, is not counted; O(S^2 D)) or ``mean_cosine`` (every other key; O(S D)).
+    pool_kernel, pool: pooling of scores along the sequence (odd kernel; 1 disables it; 5 for ``snapkv`` and
+        ``rkv``, 7 for ``s4r``, off for the others), ``max`` or ``avg``.
+    group_agg: how the query heads of a GQA group are combined, per window query (max; mean for ``s4r``).
+    sinks: the first ``sinks`` tokens are always kept (4 for ``streaming`` and ``s4r``, 0 for the others).
     eta: ``s4r`` target retention: sets the rank (persistent-memory ratio at the prompt length), the share of
         prompt tokens sampled for the bases, and ``rho`` by default.
     rank, rank_v: ``s4r`` key / value ranks (None: from ``eta``; ``rank_v`` defaults to ``rank``).
@@ -43,19 +54,19 @@ class CompressionConfig:
     recent_ratio: ``s4r`` share of the sampled prompt tokens taken from the most recent ones (7:3 = 0.7).
     normalize: ``s4r`` normalises sampled key/value vectors to unit length before the SVD.
     full_layers: ``s4r`` layers that reconstruct every token instead of a top-k selection.
-    Options left at None take the method's default (``num_sinks``, ``kernel``, ``uses_redundancy``,
-    ``num_window``, ``aggregation``, ``rho_``), resolved on use so that changing ``method`` never keeps
-    another method's defaults.
+    Options left at None take the method's default; ``resolved()`` fills them in. They are resolved on use, so
+    that changing ``method`` (say, from a command line) never keeps another method's defaults.
     """
 
     method: str = "full"
     budget: int = 2048
     window: int | None = None
     interval: int = 128
-    alpha: float = 0.8
-    lambda_: float = 0.5
-    form: str = "max"
+    alpha: float | None = None
+    lambda_: float | None = None
+    form: str | None = None
     redundancy: bool | None = None
+    similarity: str | None = None
     pool_kernel: int | None = None
     pool: str = "max"
     group_agg: str | None = None
@@ -73,27 +84,28 @@ class CompressionConfig:
             raise ValueError(f"unknown compression method {self.method!r}; choose one of {', '.join(METHODS)}")
         if self.method == "full":
             return
-        if self.num_window <= 0:
-            raise ValueError(f"window must be positive, got {self.num_window}")
-        if self.num_sinks < 0:
-            raise ValueError(f"sinks must be >= 0, got {self.num_sinks}")
-        if self.pool not in POOLINGS:
-            raise ValueError(f"unknown pooling {self.pool!r}; choose one of {', '.join(POOLINGS)}")
-        if self.kernel < 1 or self.kernel % 2 == 0:
-            raise ValueError(f"pool_kernel must be a positive odd number, got {self.kernel}")
-        if self.aggregation not in GROUP_AGGREGATIONS:
-            raise ValueError(f"unknown group aggregation {self.aggregation!r}; choose one of {', '.join(GROUP_AGGREGATIONS)}")
+        r = self.resolved()
+        if r.window <= 0:
+            raise ValueError(f"window must be positive, got {r.window}")
+        if r.sinks < 0:
+            raise ValueError(f"sinks must be >= 0, got {r.sinks}")
+        if r.pool not in POOLINGS:
+            raise ValueError(f"unknown pooling {r.pool!r}; choose one of {', '.join(POOLINGS)}")
+        if r.pool_kernel < 1 or r.pool_kernel % 2 == 0:
+            raise ValueError(f"pool_kernel must be a positive odd number, got {r.pool_kernel}")
+        if r.group_agg not in GROUP_AGGREGATIONS:
+            raise ValueError(f"unknown group aggregation {r.group_agg!r}; choose one of {', '.join(GROUP_AGGREGATIONS)}")
         if self.method == "s4r":
-            self._validate_s4r()
+            r._validate_s4r()
         else:
-            self._validate_gkv_family()
+            r._validate_eviction()
 
-    def _validate_gkv_family(self):
-        W = self.num_window
+    def _validate_eviction(self):
+        W = self.window
         if self.budget <= W:
             raise ValueError(f"budget ({self.budget}) must be larger than window ({W}): the budget counts the window")
-        if self.num_sinks + W > self.budget:
-            raise ValueError(f"sinks ({self.num_sinks}) + window ({W}) must fit in the budget ({self.budget})")
+        if self.sinks + W > self.budget:
+            raise ValueError(f"sinks ({self.sinks}) + window ({W}) must fit in the budget ({self.budget})")
         if self.interval <= 0:
             raise ValueError(f"interval must be a positive number of tokens, got {self.interval}")
         if not 0.0 <= self.alpha <= 1.0:
@@ -102,14 +114,16 @@ class CompressionConfig:
             raise ValueError(f"lambda must lie in [0, 1], got {self.lambda_}")
         if self.form not in GKV_FORMS:
             raise ValueError(f"unknown gkv form {self.form!r}; choose one of {', '.join(GKV_FORMS)}")
-        if self.method == "rkv" and not self.uses_redundancy:
+        if self.similarity not in SIMILARITIES:
+            raise ValueError(f"unknown similarity {self.similarity!r}; choose one of {', '.join(SIMILARITIES)}")
+        if self.method == "rkv" and not self.redundancy:
             raise ValueError("rkv always uses the redundancy term; use snapkv for attention scores alone")
 
     def _validate_s4r(self):
         if not 0.0 < self.eta <= 1.0:
             raise ValueError(f"eta must lie in (0, 1], got {self.eta}")
-        if not 0.0 < self.rho_ <= 1.0:
-            raise ValueError(f"rho must lie in (0, 1], got {self.rho_}")
+        if not 0.0 < self.rho <= 1.0:
+            raise ValueError(f"rho must lie in (0, 1], got {self.rho}")
         for name in ("rank", "rank_v"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -122,31 +136,22 @@ class CompressionConfig:
     def compresses(self) -> bool:
         return self.method != "full"
 
-    # Options left at None take the method's default, resolved here so that changing ``method`` (say, from a
-    # command line) never keeps another method's defaults.
-    @property
-    def num_sinks(self) -> int:
-        return self.sinks if self.sinks is not None else 4 if self.method in ("streaming", "s4r") else 0
+    def defaults(self) -> dict:
+        """The values this method gives to options left at None."""
+        if self.method == "s4r":
+            return {**EVICTION_METHODS["gkv"].defaults, **S4R_DEFAULTS, "rho": self.eta}
+        return dict(EVICTION_METHODS[self.method].defaults if self.method in EVICTION_METHODS else EvictionMethod.defaults)
 
-    @property
-    def num_window(self) -> int:
-        return self.window if self.window is not None else 32 if self.method == "s4r" else 16
-
-    @property
-    def aggregation(self) -> str:
-        return self.group_agg if self.group_agg is not None else "mean" if self.method == "s4r" else "max"
-
-    @property
-    def rho_(self) -> float:
-        return self.rho if self.rho is not None else self.eta
-
-    @property
-    def kernel(self) -> int:
-        return self.pool_kernel if self.pool_kernel is not None else 1 if self.method in ("streaming", "h2o") else 7
-
-    @property
-    def uses_redundancy(self) -> bool:
-        return self.redundancy if self.redundancy is not None else self.method in ("rkv", "gkv")
+    def resolved(self) -> CompressionConfig:
+        """A copy with every option left at None set to this method's default (what the caches read)."""
+        defaults = self.defaults()
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        for name, value in defaults.items():
+            if values.get(name) is None:
+                values[name] = value
+        resolved = object.__new__(CompressionConfig)  # already validated: skip __post_init__, which calls this
+        resolved.__dict__.update(values)
+        return resolved
 
 
 @dataclass(frozen=True)

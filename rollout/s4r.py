@@ -47,14 +47,14 @@ class S4RCache:
 
     def __init__(self, model, compression: CompressionConfig, batch_size: int, prompt_width: int, max_new: int, device):
         cfg = model.config
-        self.compression = compression
+        self.compression = compression = compression.resolved()
         self.rotary = model.get_decoder().rotary_emb
         self.L = cfg.num_hidden_layers
         self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
         self.dim = self.Hkv * self.D
         self.G = self.H // self.Hkv
-        self.s, self.W = compression.num_sinks, compression.num_window
+        self.s, self.W = compression.sinks, compression.window
         self.B, self.max_new = batch_size, max_new
         self.length = prompt_width + max_new  # logical positions the buffers cover
         self.device = device
@@ -184,9 +184,9 @@ class S4RCache:
         k_pos = torch.arange(self.s, self.s + S, device=pos.device).expand(self.B, -1)
         k_ok = self.valid[:, self.s : self.s + S] & (k_pos <= pos)
         score = latent_scores(self.cq[layer], self.q_pos, self.q_ok, self.coef_k[layer][:, :S], k_pos, k_ok, self.rank_k)
-        score = pool_scores(score[:, None], k_ok, cfg.kernel, cfg.pool)[:, 0]  # [B, G, S]
-        score = score.mean(1) if cfg.aggregation == "mean" else score.amax(1)
-        chosen = select_tokens(score, k_pos, k_ok, pos[:, 0], k_ok.sum(-1), self.W, cfg.rho_, layer in cfg.full_layers)
+        score = pool_scores(score, k_ok[:, None, :], cfg.pool_kernel, cfg.pool)  # [B, G, S]
+        score = score.mean(1) if cfg.group_agg == "mean" else score.amax(1)
+        chosen = select_tokens(score, k_pos, k_ok, pos[:, 0], k_ok.sum(-1), self.W, cfg.rho, layer in cfg.full_layers)
         self.selected[layer, :, self.step] = pack_bits(torch.nn.functional.pad(chosen, (self.s, self.length - self.s - S)))
 
         # Reconstruct the chosen tokens, RoPE at their positions, and attend with the sinks.

@@ -1,9 +1,12 @@
-"""Rollout throughput on SmolLM2: engine ``full`` and ``gkv`` against stock HF ``generate``, one JSON line.
+"""Rollout throughput on SmolLM2: engine ``full`` and compressed methods against stock HF ``generate``, one
+JSON line (tokens/s, compression share of decode time, peak KV cache, record size, retention).
 
-Batch 16, the first 16 GSM8K test questions (chat template), forced length (EOS blocked), T 0.6, top-p 0.95.
+Batch 16, the first 16 GSM8K test questions (chat template), forced length (EOS blocked), T 0.6, top-p 0.95;
+budget 128, interval 32, every other setting the method's default.
 
-    python scripts/bench_rollout.py                      # 1024 new tokens, about 10 minutes on 2 cores
+    python scripts/bench_rollout.py                      # gkv; 1024 new tokens, about 10 minutes on 2 cores
     python scripts/bench_rollout.py --max-new-tokens 256
+    python scripts/bench_rollout.py --methods streaming snapkv rkv h2o gkv --skip-hf   # every method
 """
 
 from __future__ import annotations
@@ -65,9 +68,11 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-hf", action="store_true", help="do not time HF generate")
-    add_compression_args(parser, method="gkv", budget=128, window=16, interval=32, alpha=0.8, lambda_=0.5)
+    parser.add_argument("--methods", nargs="+", default=None, help="compressed methods to time (default: --method)")
+    add_compression_args(parser, method="gkv", budget=128, interval=32)
     args = parser.parse_args()
     compression = compression_from_args(args)
+    methods = [dataclasses.replace(compression, method=m) for m in args.methods or [compression.method]]
 
     model, tokenizer = load_model(args.model)
     prompts = encode_prompts(tokenizer, gsm8k_questions(args.batch))
@@ -80,15 +85,17 @@ def main() -> None:
         "batch": args.batch,
         "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(),
-        "compression": dataclasses.asdict(compression),
+        "compression": {c.method: dataclasses.asdict(c.resolved()) for c in methods},
     }
     result["engine_full"] = engine_run(model, tokenizer, prompts, sampling, CompressionConfig("full"))
-    result["engine_" + compression.method] = engine_run(model, tokenizer, prompts, sampling, compression)
+    for c in methods:
+        result["engine_" + c.method] = engine_run(model, tokenizer, prompts, sampling, c)
     if not args.skip_hf:
         result["hf_generate"] = hf_generate(model, tokenizer, prompts, sampling)
         hf = result["hf_generate"]["tokens_per_s"]
         result["speedup_full_vs_hf"] = result["engine_full"]["tokens_per_s"] / hf
-        result[f"speedup_{compression.method}_vs_hf"] = result["engine_" + compression.method]["tokens_per_s"] / hf
+        for c in methods:
+            result[f"speedup_{c.method}_vs_hf"] = result["engine_" + c.method]["tokens_per_s"] / hf
     print_json(result)
 
 

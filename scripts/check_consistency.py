@@ -49,7 +49,7 @@ def main() -> None:
             "prompt_lengths": out.prompt_lengths.tolist(),
             "new_tokens": out.stats["new_tokens"],
             "retention": round(out.retention.mean().item(), 4),
-            "config": dataclasses.asdict(compression),
+            "config": dataclasses.asdict(compression.resolved()),
         }
     )
 

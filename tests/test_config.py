@@ -15,6 +15,8 @@ from rollout.config import CompressionConfig, SamplingConfig
         (dict(method="rkv", lambda_=2.0), "lambda must lie in [0, 1]"),
         (dict(method="gkv", form="median"), "unknown gkv form 'median'"),
         (dict(method="snapkv", pool_kernel=4), "pool_kernel must be a positive odd number"),
+        (dict(method="gkv", similarity="dot"), "unknown similarity 'dot'"),
+        (dict(method="rkv", redundancy=False), "rkv always uses the redundancy term"),
         (dict(method="streaming", budget=20, window=16, sinks=8), "sinks (8) + window (16) must fit"),
     ],
 )
@@ -24,12 +26,32 @@ def test_bad_compression_config_names_the_problem(kwargs, message):
     assert message in str(err.value)
 
 
-def test_method_defaults():
-    assert CompressionConfig(method="streaming").num_sinks == 4
-    assert CompressionConfig(method="gkv").num_sinks == 0
-    gkv = CompressionConfig(method="gkv")
-    assert (gkv.num_window, gkv.interval, gkv.alpha, gkv.lambda_, gkv.form) == (16, 128, 0.8, 0.5, "max")
+def test_method_defaults_are_the_reference_recipes():
+    # microsoft/G-KV scripts/inference.sh: window 16, divide_length 128; SnapKV and R-KV pool with kernel 5,
+    # R-KV lambda 0.1; G-KV alpha 0.8, lambda 0.5, redundancy, no pooling; H2O sum form, window 1;
+    # StreamingLLM 4 sinks.
+    r = {m: CompressionConfig(method=m).resolved() for m in ("streaming", "snapkv", "rkv", "gkv", "h2o", "s4r")}
+    assert (r["streaming"].sinks, r["gkv"].sinks, r["s4r"].sinks) == (4, 0, 4)
+    assert (r["snapkv"].pool_kernel, r["rkv"].pool_kernel, r["gkv"].pool_kernel, r["h2o"].pool_kernel) == (5, 5, 1, 1)
+    assert (r["rkv"].lambda_, r["rkv"].redundancy, r["snapkv"].redundancy) == (0.1, True, False)
+    gkv = r["gkv"]
+    assert (gkv.window, gkv.interval, gkv.alpha, gkv.lambda_, gkv.form, gkv.redundancy) == (16, 128, 0.8, 0.5, "max", True)
+    assert (gkv.group_agg, gkv.similarity) == ("max", "rkv")
+    assert (r["h2o"].window, r["h2o"].form, r["h2o"].redundancy, r["h2o"].alpha) == (1, "sum", False, 0.8)
+    assert (r["s4r"].window, r["s4r"].group_agg, r["s4r"].rho) == (32, "mean", 0.2)
+    # an explicit value wins; changing the method later never keeps the other method's defaults
+    cfg = CompressionConfig(method="gkv", pool_kernel=3)
+    assert cfg.resolved().pool_kernel == 3
+    assert CompressionConfig(method="snapkv", window=8).resolved().pool_kernel == 5
     assert CompressionConfig(method="full", budget=1, window=16).budget == 1  # budget unused without compression
+
+
+def test_unknown_method_lists_the_registered_ones():
+    from rollout.methods import METHODS, method_class
+
+    with pytest.raises(ValueError, match="streaming, snapkv, rkv, gkv, h2o"):
+        method_class("quest")
+    assert set(METHODS) == {"streaming", "snapkv", "rkv", "gkv", "h2o"}
 
 
 def test_bad_sampling_config():

@@ -68,13 +68,13 @@ def test_persistent_bytes_follow_the_formula(tiny_llama):
     dim, groups = c.num_key_value_heads * c.head_dim, c.num_attention_heads // c.num_key_value_heads
     total = 0
     for b, n in enumerate(out.prompt_lengths.tolist()):
-        L, r = n - cfg.num_sinks, int(cache.rank_k[b])
+        L, r = n - cfg.resolved().sinks, int(cache.rank_k[b])
         # what the buffers hold for this sequence: sinks K and V, coefficients K and V, query window, bases
         held = 2 * cache.sink_k[0, b].numel() + 2 * L * r + cache.cq[0, b].numel() // cache.cq.shape[-1] * r + 2 * dim * r
-        formula = 2 * (cfg.num_sinks * dim + L * r + 0.5 * groups * cfg.num_window * r + dim * r)
-        assert held == formula == persistent_elements(cfg.num_sinks, L, dim, groups, cfg.num_window, r, r)
-        ratio = formula / (2 * (cfg.num_sinks + L) * dim)
-        assert ratio <= cfg.eta < formula / (2 * (cfg.num_sinks + L) * dim) + (L + groups * cfg.num_window / 2 + dim) / ((cfg.num_sinks + L) * dim)
+        formula = 2 * (cfg.resolved().sinks * dim + L * r + 0.5 * groups * cfg.resolved().window * r + dim * r)
+        assert held == formula == persistent_elements(cfg.resolved().sinks, L, dim, groups, cfg.resolved().window, r, r)
+        ratio = formula / (2 * (cfg.resolved().sinks + L) * dim)
+        assert ratio <= cfg.eta < formula / (2 * (cfg.resolved().sinks + L) * dim) + (L + groups * cfg.resolved().window / 2 + dim) / ((cfg.resolved().sinks + L) * dim)
         total += held
     assert cache.nbytes() == total * c.num_hidden_layers * 4
 
@@ -127,7 +127,7 @@ def test_bad_s4r_options():
         CompressionConfig("s4r", eta=0.0)
     with pytest.raises(ValueError, match="rank must be at least 1"):
         CompressionConfig("s4r", rank=0)
-    assert CompressionConfig("s4r").num_window == 32 and CompressionConfig("s4r").num_sinks == 4
+    assert CompressionConfig("s4r").resolved().window == 32 and CompressionConfig("s4r").resolved().sinks == 4
 
 
 @pytest.mark.smollm2

@@ -1,0 +1,160 @@
+"""The eviction methods of the G-KV family: one small class each, implementing only its score.
+
+A compression (``rollout.cache.RolloutCache.compress``) builds a ``LayerState`` per layer, asks the method
+for a score per cached token, and keeps the sinks, the window and the best-scored candidates within the
+budget (``rollout.scoring.select_keep``, shared by every method). Defaults reproduce the reference
+implementation (microsoft/G-KV at 6db3b2e: ``ScoreBasedKV`` / ``StreamingLLMKV`` with the recipes of its
+``scripts/inference.sh``); options that depart from it are listed in the README with their reasons.
+
+Adding a method: subclass ``EvictionMethod`` (or a close relative), give it a ``name`` and the ``defaults``
+it changes, implement ``score``, and decorate it with ``@register``; ``CompressionConfig(method=name)``,
+the recipes and every script then accept it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from rollout.scoring import key_redundancy, merge_history, normalize_max, pool_scores, window_attention
+
+if TYPE_CHECKING:
+    from rollout.config import CompressionConfig
+
+
+@dataclass(frozen=True)
+class LayerState:
+    """One layer's cache at a compression: what a method may score it with.
+
+    query [B, Hkv, G, W, D]: the last W queries (after RoPE); query_pos int64 [B, W]; query_ok bool [B, W];
+    keys [B, Hkv, S, D] (after RoPE); key_pos int64 [B, Hkv, S] logical positions; key_ok bool [B, S];
+    candidates bool [B, Hkv, S]: occupied slots outside the window and sinks (the only ones a score decides);
+    history float32 [B, Hkv, S]: each token's global score from the last compression, NaN where it has none;
+    scale: the attention scale (1 / sqrt(D)).
+    """
+
+    query: torch.Tensor
+    query_pos: torch.Tensor
+    query_ok: torch.Tensor
+    keys: torch.Tensor
+    key_pos: torch.Tensor
+    key_ok: torch.Tensor
+    candidates: torch.Tensor
+    history: torch.Tensor
+    scale: float
+
+
+class EvictionMethod:
+    """Base of the G-KV family. ``defaults`` are the values that ``CompressionConfig`` options left at None
+    take for this method; subclasses override only what differs."""
+
+    name: ClassVar[str]
+    defaults: ClassVar[dict] = dict(
+        window=16, sinks=0, pool_kernel=1, group_agg="max", alpha=0.8, lambda_=0.5, form="max",
+        redundancy=False, similarity="rkv",
+    )  # fmt: skip
+    keeps_history: ClassVar[bool] = False
+
+    def __init__(self, config: CompressionConfig):
+        self.config = config  # resolved: no option is None
+
+    def score(self, state: LayerState) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(score float32 [B, Hkv, S], new history [B, Hkv, S] or None); higher scores are kept first.
+        Only the candidate slots' scores matter."""
+        raise NotImplementedError
+
+    def attention(self, state: LayerState) -> torch.Tensor:
+        """The window's mean attention to every slot [B, Hkv, S] (GQA heads combined per query)."""
+        return window_attention(
+            state.query, state.query_pos, state.query_ok, state.keys, state.key_pos, state.key_ok, state.scale,
+            self.config.group_agg,
+        )  # fmt: skip
+
+    def pool(self, scores: torch.Tensor, state: LayerState) -> torch.Tensor:
+        return pool_scores(scores, state.candidates, self.config.pool_kernel, self.config.pool)
+
+    def redundancy(self, state: LayerState) -> torch.Tensor:
+        return key_redundancy(state.keys, state.key_ok, self.config.similarity)
+
+
+METHODS: dict[str, type[EvictionMethod]] = {}
+
+
+def register(cls: type[EvictionMethod]) -> type[EvictionMethod]:
+    """Make ``cls`` available as ``CompressionConfig(method=cls.name)``."""
+    METHODS[cls.name] = cls
+    return cls
+
+
+def method_class(name: str) -> type[EvictionMethod]:
+    if name not in METHODS:
+        raise ValueError(f"unknown eviction method {name!r}; registered: {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+@register
+class StreamingLLM(EvictionMethod):
+    """StreamingLLM: the ``sinks`` first tokens and the most recent ones."""
+
+    name = "streaming"
+    defaults = {**EvictionMethod.defaults, "sinks": 4}
+
+    def score(self, state):
+        return state.key_pos.float(), None
+
+
+@register
+class SnapKV(EvictionMethod):
+    """SnapKV: the window's attention, max-pooled along the sequence (kernel 5)."""
+
+    name = "snapkv"
+    defaults = {**EvictionMethod.defaults, "pool_kernel": 5}
+
+    def score(self, state):
+        return self.pool(self.attention(state), state), None
+
+
+@register
+class RKV(SnapKV):
+    """R-KV: ``lambda * pooled attention - (1 - lambda) * key redundancy``, both unnormalised (lambda 0.1)."""
+
+    name = "rkv"
+    defaults = {**SnapKV.defaults, "lambda_": 0.1, "redundancy": True}
+
+    def score(self, state):
+        attention, _ = super().score(state)
+        lam = self.config.lambda_
+        return lam * attention - (1.0 - lam) * self.redundancy(state), None
+
+
+@register
+class GKV(EvictionMethod):
+    """G-KV: the window's attention normalised by its maximum, blended with each token's score history
+    (``form`` max: ``max(alpha*old, new)``; mean; sum), pooled when ``pool_kernel`` > 1, minus the key
+    redundancy normalised by its maximum: ``lambda * score - (1 - lambda) * redundancy``. The history kept for
+    the next compression is the blended score before pooling, for the kept candidates only."""
+
+    name = "gkv"
+    defaults = {**EvictionMethod.defaults, "redundancy": True}
+    keeps_history = True
+
+    def score(self, state):
+        cfg = self.config
+        new = normalize_max(self.attention(state), state.candidates)
+        history = merge_history(state.history, new, cfg.form, cfg.alpha)
+        score = self.pool(history, state)
+        if cfg.redundancy:
+            redundancy = normalize_max(self.redundancy(state), state.candidates)
+            score = cfg.lambda_ * score - (1.0 - cfg.lambda_) * redundancy
+        return score, history
+
+
+@register
+class H2O(GKV):
+    """H2O as the reference runs it: the attention of the newest query (window 1), normalised by its maximum at
+    each compression and accumulated, ``alpha * old + new``; no redundancy."""
+
+    name = "h2o"
+    defaults = {**GKV.defaults, "window": 1, "form": "sum", "redundancy": False}
