@@ -192,7 +192,7 @@ def run_reference(args, model_dir: Path, interval: int, methods: list[str], case
     reference = torch.load(out, weights_only=False)
     cases = json.loads(cases_path.read_text())["cases"]
     digest = hashlib.sha256(json.dumps([[c["prompt"], c["completion"]] for c in cases]).encode()).hexdigest()
-    if reference.get("cases_digest", digest) != digest:
+    if reference.get("cases_digest") != digest:
         raise RuntimeError(f"{out} was made from other token ids than {cases_path}; rerun without --reuse-reference")
     return reference
 
