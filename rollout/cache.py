@@ -181,7 +181,7 @@ class RolloutCache:
                 keys, positions, key_ok, candidates, history, self.scale,
             )  # fmt: skip
             score, new_history = self.method.score(state)
-            index, n_keep = select_keep(score, candidates, key_ok, cfg.budget)
+            index, n_keep = select_keep(score, candidates, key_ok, cfg.budget, cfg.window)
             K = index.shape[-1]
             kept = torch.zeros_like(positions, dtype=torch.bool).scatter_(
                 -1, index, (torch.arange(K, device=index.device) >= (K - n_keep)[:, None, None]).expand_as(index)

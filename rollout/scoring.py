@@ -131,23 +131,26 @@ def merge_history(old: torch.Tensor, new: torch.Tensor, form: str, alpha: float)
 
 
 def select_keep(
-    score: torch.Tensor, candidates: torch.Tensor, key_ok: torch.Tensor, budget: int
+    score: torch.Tensor, candidates: torch.Tensor, key_ok: torch.Tensor, budget: int, window: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Slots to keep: every occupied non-candidate slot (window, sinks), then the best-scored candidates,
     ``budget`` in all.
 
-    score float [B, Hkv, S]; candidates bool [B, Hkv, S]; key_ok bool [B, S].
+    score float [B, Hkv, S]; candidates bool [B, Hkv, S]; key_ok bool [B, S]. Every sequence appends a token per
+    step, so its newest ``window`` tokens fill the buffer's last ``window`` slots: those are kept, and the
+    others are ranked by one ``topk`` over the slots before them, as the reference ranks its cache without the
+    window (the same call, so that tied scores, common after max pooling, are broken the same way).
     Returns (index int64 [B, Hkv, K] with K = min(budget, S), n_keep int64 [B] = min(budget, occupied slots)).
     The last ``n_keep[b]`` indices of each row are the kept slots in increasing position, after the empty ones:
     gathered in this order, every sequence's occupied slots stay one contiguous run ending at the buffer's end,
     as after left-padded prefill, so pooling along the slots never straddles a gap.
     """
+    B, H, S = score.shape
     ok = key_ok[:, None, :].expand_as(score)
-    forced = ok & ~candidates
-    ranked = score.float().masked_fill(forced, float("inf")).masked_fill(~ok, float("-inf"))
-    k = min(budget, score.shape[-1])
-    index = ranked.topk(k, dim=-1).indices
-    empty_first = index + score.shape[-1] * ok.gather(-1, index)
+    ranked = score.float().masked_fill(ok & ~candidates, float("inf")).masked_fill(~ok, float("-inf"))
+    best = ranked[..., : S - window].topk(min(budget, S) - window, dim=-1).indices
+    index = torch.cat([best, torch.arange(S - window, S, device=score.device).expand(B, H, window)], dim=-1)
+    empty_first = index + S * ok.gather(-1, index)
     index = index.gather(-1, empty_first.argsort(-1))
     n_keep = key_ok.sum(-1).clamp_max(budget)
     return index, n_keep

@@ -122,6 +122,8 @@ def test_kept_sets_equal_the_reference(name):
     assert compared >= len(results[0][1])  # every (layer, sequence, head) compared at least once
     if not any(t.any() for t in case["ties"]):
         assert exact == compared, f"{name}: {exact}/{compared} kept sets equal"
+    # ties are broken by the same topk call as the reference's, so with this torch they agree too
+    assert exact >= 0.9 * compared, f"{name}: {exact}/{compared} kept sets equal"
     # the record says the same as the cache: after the last compression, exactly its kept set is visible
     step, kept, _ = results[-1]
     for b, prompt in enumerate(FIXTURE["prompt_lengths"]):
@@ -157,3 +159,20 @@ def test_control_departing_options_do_not_match(name, departure):
     results, _ = run_project(CompressionConfig(**{**case["project"], **departure}))
     pairs = [(kept[k], set(case["kept"][c][k].tolist())) for c, (_, kept, _) in enumerate(results) for k in kept]
     assert sum(a == b for a, b in pairs) < 0.5 * len(pairs)
+
+
+def test_select_keep_with_a_sequence_shorter_than_the_window():
+    """A left-padded sequence with fewer tokens than the window keeps all of them; its batch-mate keeps its
+    window and its best candidates."""
+    from rollout.scoring import candidate_slots, select_keep
+
+    S, W, budget = 12, 4, 6
+    key_ok = torch.ones(2, S, dtype=torch.bool)
+    key_ok[1, :9] = False  # three tokens, in the last slots
+    lengths = torch.tensor([S, 3])
+    key_pos = torch.stack([torch.arange(S), torch.arange(S) - 9]).clamp_min(0)[:, None, :]
+    score = torch.tensor([[5.0, 1, 7, 2, 9, 0, 3, 4, 8, 6, 1, 1], [0.0] * 12])[:, None, :]
+    candidates = candidate_slots(key_pos, key_ok, lengths, W, 0)
+    index, n_keep = select_keep(score, candidates, key_ok, budget, W)
+    kept = [set(index[b, 0, index.shape[-1] - int(n_keep[b]) :].tolist()) for b in range(2)]
+    assert kept[0] == {4, 2} | {8, 9, 10, 11} and kept[1] == {9, 10, 11}
