@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from gkv_train.config import TrainConfig
 from gkv_train.distributed import relaunch_cpu_processes
 from gkv_train.launch import run
+from gkv_train.process import die_with_parent, launched_by_agent
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
@@ -29,5 +30,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    if launched_by_agent():  # a killed launcher / torch.distributed agent takes its workers with it
+        die_with_parent()
     relaunch_cpu_processes()
     main()
