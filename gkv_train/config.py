@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,15 @@ class DataConfig:
     limit: int | None = 256
     levels: list[int] = field(default_factory=lambda: [1])  # built-in task difficulty levels (1-4)
     prompt_template: str = PROMPT_TEMPLATE
+
+    def identity(self) -> dict:
+        """Everything that determines the problems and prompts: these settings and, for a local file (or a
+        preset's), the file's identity (path, size, modification time)."""
+        from gkv_train.data import local_file
+        from gkv_train.jsonio import file_identity
+
+        file = local_file(self.path, self.name)
+        return {**asdict(self), "file": file_identity(file) if file is not None and file.is_file() else None}
 
 
 @dataclass
@@ -191,11 +200,26 @@ class EvalConfig:
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
 
+    def run_settings(self, compression: CompressionConfig) -> dict:
+        """Everything that determines one run's results: the model's and adapter's weights (``model_identity``),
+        the data, the compression, sampling, batching (per-batch seeds), precision. Its fingerprint keys the run's
+        folder."""
+        from gkv_train.models import model_identity
+
+        return {
+            "model": model_identity(self.model),
+            "adapter": None if self.adapter is None else model_identity(self.adapter),
+            "data": self.data.identity(),
+            "compression": asdict(compression),
+            "sampling": dict(n_samples=self.n_samples, max_new_tokens=self.max_new_tokens,
+                             temperature=self.temperature, top_p=self.top_p, seed=self.seed),
+            "batch_problems": self.batch_problems,
+            "precision": self.precision,
+        }
+
     def compressions(self) -> list[CompressionConfig]:
         """Every compression to evaluate (validated)."""
-        import dataclasses
-
-        base = dataclasses.asdict(self.compression)
+        base = asdict(self.compression)
         methods = self.methods or [self.compression.method]
         budgets = self.budgets or [self.compression.budget]
         runs = []

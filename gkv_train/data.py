@@ -57,7 +57,7 @@ def load_problems(
         return arithmetic_task(limit or 256, split=split, seed=seed, levels=levels)
     if name in PRESETS:
         preset = PRESETS[name]
-        path, question_field, answer_field = str(DATA_DIR / preset.file), list(preset.question_field), preset.answer_field
+        path, question_field, answer_field = str(local_file(None, name)), list(preset.question_field), preset.answer_field
     fields = [question_field] if isinstance(question_field, str) else list(question_field)
     if path is not None:
         if not Path(path).is_file():
@@ -80,6 +80,14 @@ def load_problems(
         for i, row in enumerate(raw)
     ]
     return datasets.Dataset.from_list(rows)
+
+
+def local_file(path: str | None, name: str | None) -> Path | None:
+    """The local file problems are read from: ``path``, or a preset's file under ``DATA_DIR``; None for the
+    built-in task and hub datasets."""
+    if name in PRESETS:
+        return DATA_DIR / PRESETS[name].file
+    return None if path is None else Path(path)
 
 
 def read_records(path: Path) -> list[tuple[str, dict]]:

@@ -38,6 +38,12 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def file_identity(path: Path) -> list:
+    """What identifies a file's content without reading it: resolved path, size, modification time (ns)."""
+    stat = Path(path).stat()
+    return [str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns]
+
+
 def read_jsonl(path: Path) -> list[dict]:
     """The JSON objects of a JSONL file (none if it does not exist). A line that is not a JSON object (cut by an
     interruption, garbled) is skipped with a warning naming the file and line."""

