@@ -100,19 +100,18 @@ class AtomicCheckpoints:
     def _save_checkpoint(self, model, trial) -> None:
         run_dir = Path(super()._get_output_dir(trial))
         name = f"checkpoint-{self.state.global_step}"
-        staged = run_dir / STAGING / name
         self._staging = True
         try:
             super()._save_checkpoint(model, trial)
-        except BaseException:
+        except BaseException:  # e.g. a full disk: nothing half-written stays behind
             if self.args.should_save:
-                shutil.rmtree(staged, ignore_errors=True)
+                clear_staging(run_dir)
             raise
         finally:
             self._staging = False
         self.accelerator.wait_for_everyone()  # every process has written its part (RNG states, shards)
         if self.args.should_save:
-            publish(staged, run_dir / name)
+            publish(run_dir / STAGING / name, run_dir / name)
             clear_staging(run_dir)
             rotate_checkpoints(
                 output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,

@@ -16,6 +16,7 @@ import re
 import select
 import subprocess
 import sys
+from fractions import Fraction
 
 from rewards.extract import gold_answer
 
@@ -64,6 +65,19 @@ def numbers_equal(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
     return left * 10**shift == right
 
 
+def latex_number(value: tuple[int, int, int]) -> str | None:
+    """An ``as_number`` value written for math-verify (which does not read '2.5e-3'): an integer or an exact
+    ``\\frac``; None for a power of ten beyond +-1000 (such a number only equals another plain number)."""
+    numerator, power, denominator = value
+    if abs(power) > 1000:
+        return None
+    exact = Fraction(numerator * 10**max(power, 0), denominator * 10**max(-power, 0))
+    if exact.denominator == 1:
+        return str(exact.numerator)
+    sign = "-" if exact < 0 else ""
+    return f"{sign}\\frac{{{abs(exact.numerator)}}}{{{exact.denominator}}}"
+
+
 def _math_verify(gold: str, pred: str) -> bool:
     from math_verify import parse, verify
 
@@ -80,6 +94,10 @@ def answers_match(gold: str, pred: str) -> bool:
     gold_number, pred_number = as_number(gold), as_number(pred)
     if gold_number is not None and pred_number is not None:
         return numbers_equal(gold_number, pred_number)
+    if gold_number is not None:
+        gold = latex_number(gold_number) or gold
+    if pred_number is not None:
+        pred = latex_number(pred_number) or pred
     return _math_verify(gold, pred)
 
 
