@@ -84,6 +84,7 @@ def claim_run_dir(out_dir: Path, settings: dict, overwrite: bool) -> None:
     sampling, compression, ...; or of unknown origin) is refused, naming what differs, unless ``overwrite``
     (then its results are deleted)."""
     out_dir = Path(out_dir)
+    settings = json.loads(dumps(settings))  # as it reads back (tuples as lists), for a fair comparison
     recorded = out_dir / RUN_SETTINGS
     try:
         old = json.loads(recorded.read_text()) if recorded.is_file() else None

@@ -25,8 +25,8 @@ def finite(value):
 
 
 def dumps(value, indent: int | None = None) -> str:
-    """Strict JSON text of ``value`` (non-finite floats written as null)."""
-    return json.dumps(finite(value), indent=indent, allow_nan=False)
+    """Strict JSON text of ``value`` (non-finite floats written as null; other objects as their text)."""
+    return json.dumps(finite(value), indent=indent, allow_nan=False, default=str)
 
 
 def write_atomically(path: Path, text: str) -> None:

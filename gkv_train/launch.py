@@ -241,12 +241,12 @@ def run(config: TrainConfig) -> dict:
     out = Path(config.output_dir)
     finished = checkpoint is not None and checkpoint_step(checkpoint) >= config.max_steps
     if finished and (out / EVAL).is_file():
-        print(
-            f"{out} holds a finished run ({checkpoint_step(checkpoint)} steps, max_steps={config.max_steps}): nothing "
-            "to do. Raise max_steps to train on, or pass overwrite=true to start again.", file=sys.stderr,
-        )
         result = json.loads((out / EVAL).read_text())
         if state.is_main_process:
+            print(
+                f"{out} holds a finished run ({checkpoint_step(checkpoint)} steps, max_steps={config.max_steps}): "
+                "nothing to do. Raise max_steps to train on, or pass overwrite=true to start again.", file=sys.stderr,
+            )
             print(dumps(result), flush=True)
         return result
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32

@@ -214,5 +214,5 @@ def test_bad_config_fails_clearly(tmp_path, override, message):
     start = time.monotonic()
     proc = run(args, check=False)
     assert proc.returncode != 0 and message in proc.stderr + proc.stdout
-    assert time.monotonic() - start < 120  # no model load, no network retries (~15 s of imports)
+    assert time.monotonic() - start < 180  # no model load, no network retries (~15 s of imports here)
     assert not (tmp_path / "metrics.jsonl").exists()
