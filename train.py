@@ -11,13 +11,18 @@ Any key of ``gkv_train.config.TrainConfig`` can be overridden: ``compression.bud
 ``max_steps=50``, ``lora.enabled=true``, ...
 """
 
-import hydra
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from gkv_train.process import die_with_parent, launched_by_agent
 
-from gkv_train.config import TrainConfig
-from gkv_train.distributed import relaunch_cpu_processes
-from gkv_train.launch import run
+if __name__ == "__main__" and launched_by_agent():  # first of all: a killed launcher / agent takes its workers along
+    die_with_parent()
+
+import hydra  # noqa: E402
+from hydra.core.config_store import ConfigStore  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+
+from gkv_train.config import TrainConfig  # noqa: E402
+from gkv_train.distributed import relaunch_cpu_processes  # noqa: E402
+from gkv_train.launch import run  # noqa: E402
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 

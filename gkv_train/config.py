@@ -7,8 +7,13 @@ Keys shared with the evaluation script: ``model``, ``data.path`` / ``data.name``
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from gkv_train.distill import DistillOptions
 from rollout.config import CompressionConfig
@@ -17,6 +22,34 @@ ALGORITHMS = ("grpo", "distill")
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo")
 PRECISIONS = ("fp32", "bf16")
 PROMPT_TEMPLATE = "{problem}\nPut your final answer in \\boxed{{}}."
+
+
+def slug(name: str | None) -> str:
+    """A folder-name form of a model or dataset name or path: its last component, without a file suffix."""
+    if not name:
+        return "none"
+    last = Path(str(name).rstrip("/")).name
+    last = last.rsplit(".", 1)[0] if last.endswith((".gguf", ".jsonl", ".json", ".parquet")) else last
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", last) or "none"
+
+
+def run_folder(model: str, data_name: str | None, data_path: str | None) -> str:
+    """The default output sub-folder of a run: ``<model>_<data>`` (the ``gkv_dir`` resolver of the recipes)."""
+    return f"{slug(model)}_{slug(data_name or data_path)}"
+
+
+OmegaConf.register_new_resolver("gkv_dir", run_folder, replace=True)
+
+
+def check_sampling(temperature: float, top_p: float, greedy: bool) -> None:
+    """Sampling settings: a finite ``temperature`` > 0 (>= 0 when ``greedy`` decoding is allowed, i.e. in
+    evaluation) and 0 < ``top_p`` <= 1; raises ValueError naming the problem."""
+    lowest = 0 <= temperature if greedy else 0 < temperature
+    if not (math.isfinite(temperature) and lowest):
+        need = ">= 0 (0: greedy)" if greedy else "> 0 in training (greedy decoding, temperature=0, is an evaluation setting)"
+        raise ValueError(f"temperature must be a finite number {need}, got {temperature}")
+    if not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
 
 
 @dataclass
@@ -32,6 +65,15 @@ class DataConfig:
     limit: int | None = 256
     levels: list[int] = field(default_factory=lambda: [1])  # built-in task difficulty levels (1-4)
     prompt_template: str = PROMPT_TEMPLATE
+
+    def identity(self) -> dict:
+        """Everything that determines the problems and prompts: these settings and, for a local file (or a
+        preset's), the file's identity (path, size, modification time)."""
+        from gkv_train.data import local_file
+        from gkv_train.jsonio import file_identity
+
+        file = local_file(self.path, self.name)
+        return {**asdict(self), "file": file_identity(file) if file is not None and file.is_file() else None}
 
 
 @dataclass
@@ -100,9 +142,13 @@ class TrainConfig:
     report_to: list[str] = field(default_factory=list)
     eval_samples: int = 1  # completions per held-out problem in the final evaluation
     seed: int = 0
-    resume: str | None = None  # a checkpoint directory, or "last" for the newest one in output_dir
+    resume: str | None = None  # a checkpoint directory, or "last" for the newest complete one in output_dir
+    overwrite: bool = False  # replace a previous run in output_dir (otherwise refused unless resume is given)
 
     def __post_init__(self):
+        check_sampling(self.temperature, self.top_p, greedy=False)
+        if self.overwrite and self.resume is not None:
+            raise ValueError(f"overwrite=true and resume={self.resume} contradict each other: choose one")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of {ALGORITHMS}")
         if self.algorithm == "distill":
@@ -143,20 +189,37 @@ class EvalConfig:
     batch_problems: int = 4  # problems per rollout batch (x n_samples sequences)
     precision: str = "fp32"
     seed: int = 0
-    output_dir: str = "outputs/eval"
+    output_dir: str = "outputs/eval"  # evaluate.yaml: outputs/eval/<model>_<data>
+    overwrite: bool = False  # replace earlier results in output_dir made with other settings
     plots: bool = True
 
     def __post_init__(self):
+        check_sampling(self.temperature, self.top_p, greedy=True)
         if self.n_samples < 1 or self.max_new_tokens < 1 or self.batch_problems < 1:
             raise ValueError("n_samples, max_new_tokens and batch_problems must be at least 1")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
 
+    def run_settings(self, compression: CompressionConfig) -> dict:
+        """Everything that determines one run's results: the model's and adapter's weights (``model_identity``),
+        the data, the compression, sampling, batching (per-batch seeds), precision. Its fingerprint keys the run's
+        folder."""
+        from gkv_train.models import model_identity
+
+        return {
+            "model": model_identity(self.model),
+            "adapter": None if self.adapter is None else model_identity(self.adapter),
+            "data": self.data.identity(),
+            "compression": asdict(compression),
+            "sampling": dict(n_samples=self.n_samples, max_new_tokens=self.max_new_tokens,
+                             temperature=self.temperature, top_p=self.top_p, seed=self.seed),
+            "batch_problems": self.batch_problems,
+            "precision": self.precision,
+        }
+
     def compressions(self) -> list[CompressionConfig]:
         """Every compression to evaluate (validated)."""
-        import dataclasses
-
-        base = dataclasses.asdict(self.compression)
+        base = asdict(self.compression)
         methods = self.methods or [self.compression.method]
         budgets = self.budgets or [self.compression.budget]
         runs = []

@@ -6,6 +6,7 @@ Every loader returns a ``datasets.Dataset`` with the columns ``id``, ``problem``
 
 from __future__ import annotations
 
+import json
 import os
 import random
 from dataclasses import dataclass
@@ -56,30 +57,100 @@ def load_problems(
         return arithmetic_task(limit or 256, split=split, seed=seed, levels=levels)
     if name in PRESETS:
         preset = PRESETS[name]
-        path, question_field, answer_field = str(DATA_DIR / preset.file), list(preset.question_field), preset.answer_field
+        path, question_field, answer_field = str(local_file(None, name)), list(preset.question_field), preset.answer_field
+    fields = [question_field] if isinstance(question_field, str) else list(question_field)
     if path is not None:
         if not Path(path).is_file():
             raise FileNotFoundError(f"dataset file {path} does not exist")
-        kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(Path(path).suffix)
-        if kind is None:
-            raise ValueError(f"unsupported dataset file {path}: use .jsonl, .json or .parquet")
-        raw = datasets.load_dataset(kind, data_files=path, split="train")
+        records = read_records(Path(path))
+        check_fields(records, [*fields, answer_field], path)
+        raw = [row for _, row in records]
     else:
         raw = datasets.load_dataset(name, split=split)
-    fields = [question_field] if isinstance(question_field, str) else list(question_field)
-    missing = [f for f in [*fields, answer_field] if f not in raw.column_names]
-    if missing:
-        raise ValueError(
-            f"dataset {path or name} has no field(s) {missing}; its fields are {raw.column_names} "
-            "(set data.question_field / data.answer_field)"
-        )
+        missing = [f for f in [*fields, answer_field] if f not in raw.column_names]
+        if missing:
+            raise ValueError(
+                f"dataset {name} has no field(s) {missing}; its fields are {raw.column_names} "
+                "(set data.question_field / data.answer_field)"
+            )
     if limit is not None:
-        raw = raw.select(range(min(limit, len(raw))))
+        raw = raw[:limit] if isinstance(raw, list) else raw.select(range(min(limit, len(raw))))
     rows = [
         {"id": i, "problem": " ".join(str(row[f]).strip() for f in fields), "answer": gold_answer(row[answer_field])}
         for i, row in enumerate(raw)
     ]
     return datasets.Dataset.from_list(rows)
+
+
+def local_file(path: str | None, name: str | None) -> Path | None:
+    """The local file problems are read from: ``path``, or a preset's file under ``DATA_DIR``; None for the
+    built-in task and hub datasets."""
+    if name in PRESETS:
+        return DATA_DIR / PRESETS[name].file
+    return None if path is None else Path(path)
+
+
+def read_records(path: Path) -> list[tuple[str, dict]]:
+    """The records of a local .jsonl / .json / .parquet file, each with its location (``file:line`` or
+    ``file: record N``). Read directly, never through the ``datasets`` cache (no Arrow copy under the home
+    folder). ValueError naming the file and line of the first record that is not a JSON object, or an empty
+    file."""
+    kind = path.suffix
+    if kind not in (".jsonl", ".json", ".parquet"):
+        raise ValueError(f"unsupported dataset file {path}: use .jsonl, .json or .parquet")
+    try:
+        if kind == ".parquet":
+            records = [(f"{path}: record {i}", row) for i, row in enumerate(_parquet_rows(path), 1)]
+        elif kind == ".json" and path.read_text().lstrip().startswith("["):  # one JSON array (else: JSON Lines)
+            rows = _json_value(path.read_text(), path, 0)
+            records = [(f"{path}: record {i}", row) for i, row in enumerate(rows if isinstance(rows, list) else [rows], 1)]
+        else:
+            records = [
+                (f"{path}:{number}", _json_value(line, path, number))
+                for number, line in enumerate(path.read_text().splitlines(), 1) if line.strip()
+            ]
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"cannot read dataset file {path}: {err}") from None
+    if not records:
+        raise ValueError(f"dataset file {path} holds no records")
+    for where, row in records:
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: a record must be a JSON object, got {type(row).__name__}")
+    return records
+
+
+def _json_value(text: str, path: Path, line: int):
+    """``json.loads(text)``; ValueError naming the file and line (``line`` 0: lines counted within ``text``)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{line or err.lineno}: not valid JSON ({err.msg}, column {err.colno})") from None
+
+
+def _parquet_rows(path: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except OSError:
+        raise
+    except Exception as err:  # pyarrow's own errors: a damaged or non-Parquet file
+        raise ValueError(f"cannot read dataset file {path}: {err}") from None
+
+
+def check_fields(records: list[tuple[str, dict]], fields: list[str], path: str) -> None:
+    """Every record has every field, not null; ValueError naming the first record that does not."""
+    first = records[0][1]
+    missing = [f for f in fields if f not in first]
+    if missing:
+        raise ValueError(
+            f"dataset {path} has no field(s) {missing}; its fields are {list(first)} "
+            "(set data.question_field / data.answer_field)"
+        )
+    for where, row in records:
+        bad = [f for f in fields if row.get(f) is None]
+        if bad:
+            raise ValueError(f"{where}: record has no value for field(s) {bad}")
 
 
 TEST_POOL = 1024  # the built-in test split is (a prefix of) these many problems, all excluded from train

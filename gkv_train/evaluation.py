@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.s4r import S4RRecord, unpack_bits
 from rewards.extract import extract_answer
 from rewards.verify import MathVerifier
@@ -17,6 +20,8 @@ from rollout.config import CompressionConfig, SamplingConfig
 from rollout.engine import RolloutEngine
 
 DENSITY_BINS = 50
+RUN_SETTINGS = "run.json"
+RUN_FILES = ("samples.jsonl", "density.jsonl", "summary.json", RUN_SETTINGS)
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -56,17 +61,69 @@ def retained_density(record, prompt_lengths, completion_lengths, bins: int = DEN
     return counts.tolist()
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    """The records of a JSONL file; a last line cut short by an interruption is ignored."""
-    if not path.is_file():
-        return []
-    records = []
-    for line in open(path):
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return records
+def fingerprint(settings: dict) -> str:
+    """A short hash of a run's settings (``EvalConfig.run_settings``)."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two nested settings dicts."""
+    keys = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            keys += differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            keys.append(prefix + key)
+    return keys
+
+
+def claim_run_dir(out_dir: Path, settings: dict, overwrite: bool) -> None:
+    """Make ``out_dir`` the folder of the run with ``settings`` (before any work): a folder of the same run is
+    kept (its finished batches are reused); one holding results made otherwise (other model weights, data,
+    sampling, compression, ...; or of unknown origin) is refused, naming what differs, unless ``overwrite``
+    (then its results are deleted)."""
+    out_dir = Path(out_dir)
+    settings = json.loads(dumps(settings))  # as it reads back (tuples as lists), for a fair comparison
+    recorded = out_dir / RUN_SETTINGS
+    try:
+        old = json.loads(recorded.read_text()) if recorded.is_file() else None
+    except json.JSONDecodeError:  # cut by an interruption: of unknown origin
+        old = None
+    has_results = any((out_dir / name).is_file() for name in RUN_FILES)
+    same = old is not None and old.get("fingerprint") == fingerprint(settings)
+    if has_results and not same:
+        if not overwrite:
+            what = "results of unknown settings" if old is None else (
+                "results made with other " + ", ".join(differences(old.get("settings", {}), settings))
+            )
+            raise FileExistsError(
+                f"{out_dir} holds {what}: choose another output_dir, or pass overwrite=true to replace them"
+            )
+    if overwrite or not same:
+        for name in RUN_FILES:
+            (out_dir / name).unlink(missing_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomically(recorded, dumps({"fingerprint": fingerprint(settings), "settings": settings}, indent=2))
+
+
+def finished_batches(samples_path: Path, density_path: Path, batches: list, n: int) -> set[int]:
+    """Indices of the batches whose samples (parseable, once each) and density are all written. Both files are
+    rewritten to hold only those batches, so damaged or partial batches (each bad line is reported with file
+    and line) are recomputed."""
+    samples = read_jsonl(samples_path)
+    written: dict[int, int] = {}
+    for line in samples:
+        written[line.get("batch")] = written.get(line.get("batch"), 0) + 1
+    densities = {r.get("batch"): r for r in read_jsonl(density_path)}  # a re-run batch's line replaces the old
+    done = {i for i, rows in enumerate(batches) if written.get(i) == len(rows) * n and i in densities}
+    redo = sorted(b for b in written if b not in done)
+    if redo:
+        print(f"{samples_path}: batches {redo} are incomplete or damaged and are recomputed", file=sys.stderr)
+    if samples_path.is_file() or density_path.is_file():
+        write_atomically(samples_path, "".join(dumps(s) + "\n" for s in samples if s.get("batch") in done))
+        write_atomically(density_path, "".join(dumps(densities[b]) + "\n" for b in sorted(done)))
+    return done
 
 
 def run_name(compression: CompressionConfig) -> str:
@@ -86,22 +143,18 @@ def evaluate_compression(
     """Sample ``sampling.num_samples`` completions per problem under ``compression`` and score them.
 
     Appends one JSON line per sample to ``out_dir/samples.jsonl`` batch by batch; a batch already there (an
-    interrupted run) is not recomputed. Each batch's seed depends only on its index, so a resumed run produces
-    what an uninterrupted one would. Returns the summary (also written to ``out_dir/summary.json``).
+    interrupted run) is not recomputed (``out_dir`` must be claimed first: ``claim_run_dir``). Each batch's seed
+    depends only on its index, so a resumed run produces what an uninterrupted one would. Returns the summary
+    (also written to ``out_dir/summary.json``).
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     samples_path, density_path = out_dir / "samples.jsonl", out_dir / "density.jsonl"
     batches = [range(i, min(i + batch_problems, len(problems))) for i in range(0, len(problems), batch_problems)]
-    written: dict[int, int] = {}
-    for line in read_jsonl(samples_path):
-        written[line["batch"]] = written.get(line["batch"], 0) + 1
-    done = {i for i, rows in enumerate(batches) if written.get(i) == len(rows) * sampling.num_samples}
-    if len(done) < len(written):  # a batch cut short by an interruption: keep only the complete ones
-        kept = [line for line in read_jsonl(samples_path) if line["batch"] in done]
-        samples_path.write_text("".join(json.dumps(line) + "\n" for line in kept))
+    done = finished_batches(samples_path, density_path, batches, sampling.num_samples)
     engine = RolloutEngine(model, tokenizer, compression)
     verify = MathVerifier()
     progress = tqdm(batches, desc=run_name(compression), unit="batch")
+    tally = [0, 0]  # correct, samples of the batches computed now
     for index, rows in enumerate(progress):
         if index in done:
             continue
@@ -114,6 +167,8 @@ def evaluate_compression(
         for i, text in enumerate(texts):
             row = i // n
             answer = extract_answer(text)
+            timeouts = verify.stats["timeouts"]
+            correct = verify(answer, batch["answer"][row])
             lines.append({
                 "batch": index,
                 "problem_id": batch["id"][row],
@@ -121,27 +176,34 @@ def evaluate_compression(
                 "completion": text,
                 "extracted": answer,
                 "gold": batch["answer"][row],
-                "correct": verify(answer, batch["answer"][row]),
+                "correct": correct,
+                "check_timed_out": verify.stats["timeouts"] > timeouts,
                 "length": int(out.completion_lengths[i]),
                 "retention": out.retention[i].item(),
                 "tokens_per_s": out.stats["tokens_per_s"],
             })
         density = retained_density(out.record, out.prompt_lengths, out.completion_lengths)
         with open(density_path, "a") as f:  # before the samples: a batch counts as done once its samples are in
-            f.write(json.dumps({"batch": index, "density": density}) + "\n")
+            f.write(dumps({"batch": index, "density": density}) + "\n")
         with open(samples_path, "a") as f:
-            f.write("".join(json.dumps(line) + "\n" for line in lines))
-        seen = read_jsonl(samples_path)
-        progress.set_postfix(accuracy=f"{sum(s['correct'] for s in seen) / len(seen):.3f}")
+            f.write("".join(dumps(line) + "\n" for line in lines))
+        tally[0] += sum(line["correct"] for line in lines)
+        tally[1] += len(lines)
+        progress.set_postfix(accuracy=f"{tally[0] / tally[1]:.3f}")
     verify.close()
+    in_order = sorted(read_jsonl(samples_path), key=lambda s: (s["batch"], s["problem_id"], s["sample"]))
+    write_atomically(samples_path, "".join(dumps(s) + "\n" for s in in_order))  # recomputed batches in place
     summary = summarize(samples_path, density_path, sampling.num_samples)
     summary.update(run=run_name(compression), compression=asdict(compression))
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if summary["verifier_timeouts"]:
+        print(f"{run_name(compression)}: {summary['verifier_timeouts']} answer checks timed out (scored 0)", file=sys.stderr)
+    write_atomically(out_dir / "summary.json", dumps(summary, indent=2))
     return summary
 
 
 def summarize(samples_path: Path, density_path: Path, n: int) -> dict:
-    """pass@k (k = 1..n, averaged over problems), lengths, retention (all / correct samples), tokens/s."""
+    """pass@k (k = 1..n, averaged over problems), lengths, retention (all / correct samples), tokens/s, answer
+    checks and their timeouts. Empty means are None (null in JSON)."""
     samples = read_jsonl(samples_path)
     by_problem: dict = {}
     for s in samples:
@@ -153,7 +215,7 @@ def summarize(samples_path: Path, density_path: Path, n: int) -> dict:
     density = torch.tensor(list(batches.values()), dtype=torch.float64).sum(0)
 
     def mean(values):
-        return sum(values) / len(values) if values else float("nan")
+        return sum(values) / len(values) if values else None
 
     return {
         "problems": len(by_problem),
@@ -163,6 +225,8 @@ def summarize(samples_path: Path, density_path: Path, n: int) -> dict:
         "retention": mean([s["retention"] for s in samples]),
         "retention_correct": mean([s["retention"] for s in correct]),
         "tokens_per_s": mean([s["tokens_per_s"] for s in samples]),
+        "verifier_checks": len(samples),
+        "verifier_timeouts": sum(s.get("check_timed_out", False) for s in samples),
         "retained_density": (density / density.sum().clamp_min(1)).tolist(),
     }
 

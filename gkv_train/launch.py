@@ -5,19 +5,25 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import sys
 import time
+from functools import cache
 from pathlib import Path
 
 import torch
 from transformers import TrainerCallback, TrainingArguments
-from transformers.trainer_utils import get_last_checkpoint
 from trl import GRPOConfig, GRPOTrainer
 
+from gkv_train.checkpoints import (
+    EVAL, METRICS, AtomicCheckpoints, checkpoint_step, clear_run, clear_staging, complete_checkpoints, run_artefacts,
+    truncate_metrics,
+)
 from gkv_train.config import TrainConfig
 from gkv_train.data import load_problems
 from gkv_train.distill import CompressedDistillationTrainer, DistillOptions
 from gkv_train.grpo import CompressedGRPOTrainer, SparseRLOptions
-from gkv_train.models import load_model
+from gkv_train.jsonio import dumps, write_atomically
+from gkv_train.models import check_model, load_model
 from gkv_train.traces import generate_traces, load_traces, write_traces
 from rewards.extract import extract_answer
 from rewards.functions import completion_text, verifier_stats
@@ -48,7 +54,7 @@ class JsonlLogger(TrainerCallback):
             extra = {"verifier_" + k: v for k, v in verifier_stats().items()}
             with open(self.path, "a") as f:
                 record = {"step": state.global_step, "time": time.time(), "processes": args.world_size}
-                f.write(json.dumps({**record, **logs, **extra}) + "\n")
+                f.write(dumps({**record, **logs, **extra}) + "\n")
 
 
 def prompt_dataset(config: TrainConfig, data) -> "datasets.Dataset":  # noqa: F821
@@ -116,21 +122,56 @@ def grpo_args(config: TrainConfig, num_processes: int) -> GRPOConfig:
 
 
 def resume_checkpoint(config: TrainConfig) -> str | None:
+    """The checkpoint to resume from: ``resume=last``: the newest complete one in ``output_dir`` (None when there
+    is none); a path: that checkpoint, which must be complete."""
     if config.resume is None:
         return None
     if config.resume == "last":
-        found = get_last_checkpoint(config.output_dir) if Path(config.output_dir).is_dir() else None
-        if found is None:
-            print(f"resume=last: no checkpoint in {config.output_dir}, starting from scratch")
-        return found
+        found = complete_checkpoints(config.output_dir)
+        if not found:
+            print(f"resume=last: no complete checkpoint in {config.output_dir}, starting from scratch", file=sys.stderr)
+            return None
+        return str(found[-1])
     if not Path(config.resume, "trainer_state.json").is_file():
-        raise FileNotFoundError(f"resume={config.resume}: not a checkpoint directory (no trainer_state.json)")
+        raise FileNotFoundError(f"resume={config.resume}: not a complete checkpoint directory (no trainer_state.json)")
     return config.resume
 
 
-def evaluate(model, tokenizer, config: TrainConfig) -> dict:
+def prepare_output_dir(config: TrainConfig, state) -> str | None:
+    """Check ``output_dir`` before any work and get it ready; returns the checkpoint to resume from.
+
+    A folder holding another run is refused unless ``resume`` (continue it) or ``overwrite=true`` (its run files
+    are removed) is given. On resume, metrics logged after the checkpoint and staging leftovers are removed, so
+    no step is logged twice. Every process decides the same; only the main one changes files.
+    """
+    out = Path(config.output_dir)
+    found = run_artefacts(out)
+    if found and config.resume is None and not config.overwrite:
+        raise FileExistsError(
+            f"output_dir {out} holds another run ({', '.join(found)}): pass resume=last to continue it, overwrite=true "
+            "to replace it, or choose another output_dir"
+        )
+    checkpoint = resume_checkpoint(config)
+    state.wait_for_everyone()  # every process has looked before anything changes
+    if state.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        if config.overwrite:
+            clear_run(out)
+        else:
+            clear_staging(out)
+            truncate_metrics(out / METRICS, checkpoint_step(checkpoint) if checkpoint else 0)
+    state.wait_for_everyone()
+    return checkpoint
+
+
+@cache
+def atomic(trainer_class: type) -> type:
+    """``trainer_class`` with crash-safe checkpoints (``AtomicCheckpoints``)."""
+    return type(trainer_class.__name__, (AtomicCheckpoints, trainer_class), {})
+
+
+def evaluate(model, tokenizer, config: TrainConfig, problems) -> dict:
     """Accuracy on the held-out problems with the recipe's compression (how the model will be run)."""
-    problems = prompt_dataset(config, config.eval_data)
     engine = RolloutEngine(model, tokenizer, config.compression)
     sampling = SamplingConfig(
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
@@ -145,6 +186,8 @@ def evaluate(model, tokenizer, config: TrainConfig) -> dict:
     golds = [a for a in problems["answer"] for _ in range(config.eval_samples)]
     correct = [verify(extract_answer(completion_text(t)), g) for t, g in zip(texts, golds)]
     verify.close()
+    if verify.stats["timeouts"]:
+        print(f"held-out evaluation: {verify.stats['timeouts']} answer checks timed out (scored 0)", file=sys.stderr)
     return {
         "eval": "held_out",
         "problems": len(problems),
@@ -154,6 +197,7 @@ def evaluate(model, tokenizer, config: TrainConfig) -> dict:
         "retention": out.retention.mean().item(),
         "tokens_per_s": out.stats["tokens_per_s"],
         "compression": config.compression.method,
+        **{"verifier_" + k: v for k, v in verify.stats.items()},
     }
 
 
@@ -169,50 +213,86 @@ def lora_config(config: TrainConfig):
     )
 
 
-def finish(trainer, tokenizer, config: TrainConfig, is_main_process: bool) -> dict:
+def finish(trainer, tokenizer, config: TrainConfig, held_out, is_main_process: bool) -> dict:
     """Save the final model, evaluate it on the held-out problems, print and write the evaluation line."""
     trainer.save_model(config.output_dir)
     if not is_main_process:
         return {}
-    result = evaluate(trainer.accelerator.unwrap_model(trainer.model), tokenizer, config)
+    result = evaluate(trainer.accelerator.unwrap_model(trainer.model), tokenizer, config, held_out)
     result["recipe"] = config.recipe
     result["steps"] = trainer.state.global_step
-    (Path(config.output_dir) / "eval.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result), flush=True)
+    write_atomically(Path(config.output_dir) / EVAL, dumps(result, indent=2))
+    print(dumps(result), flush=True)
     return result
 
 
 def run(config: TrainConfig) -> dict:
     """Train as configured (``config.algorithm``: grpo or distill), checkpointing as it goes; returns the final
-    evaluation."""
+    evaluation. Models, data and the output folder are checked before any work."""
     from accelerate import PartialState
 
     state = PartialState(cpu=not torch.cuda.is_available())  # several CPU processes talk through gloo
+    for name in (config.model, config.teacher):
+        if name is not None:
+            check_model(name)
+    data = training_data(config)
+    held_out = prompt_dataset(config, config.eval_data)
+    checkpoint = prepare_output_dir(config, state)
+    out = Path(config.output_dir)
+    finished = checkpoint is not None and checkpoint_step(checkpoint) >= config.max_steps
+    if finished and (out / EVAL).is_file():
+        result = json.loads((out / EVAL).read_text())
+        if state.is_main_process:
+            print(
+                f"{out} holds a finished run ({checkpoint_step(checkpoint)} steps, max_steps={config.max_steps}): "
+                "nothing to do. Raise max_steps to train on, or pass overwrite=true to start again.", file=sys.stderr,
+            )
+            print(dumps(result), flush=True)
+        return result
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
     model, tokenizer = load_model(config.model, dtype=dtype)
-    Path(config.output_dir).mkdir(parents=True, exist_ok=True)
-    callbacks = [JsonlLogger(Path(config.output_dir) / "metrics.jsonl")]
+    callbacks = [JsonlLogger(out / METRICS)]
     if config.algorithm == "distill":
-        trainer = distill_trainer(config, model, tokenizer, state, callbacks, dtype)
+        trainer = distill_trainer(config, model, tokenizer, state, callbacks, dtype, data)
     else:
-        trainer = grpo_trainer(config, model, tokenizer, state, callbacks)
-    trainer.train(resume_from_checkpoint=resume_checkpoint(config))
-    return finish(trainer, tokenizer, config, state.is_main_process)
+        trainer = grpo_trainer(config, model, tokenizer, state, callbacks, data, held_out)
+    if finished:  # trained to the end, but stopped before the final save and evaluation
+        trainer._load_from_checkpoint(checkpoint)
+        trainer.state.global_step = checkpoint_step(checkpoint)
+    else:
+        if checkpoint is not None:
+            print(f"resuming from {checkpoint}", file=sys.stderr)
+        trainer.train(resume_from_checkpoint=checkpoint)
+    return finish(trainer, tokenizer, config, held_out, state.is_main_process)
 
 
-def grpo_trainer(config: TrainConfig, model, tokenizer, state, callbacks):
+def training_data(config: TrainConfig):
+    """What the trainer learns from, loaded (and so checked) before any work: prompts; for offline distillation
+    the traces file, or the problems to generate teacher traces for."""
+    if config.algorithm == "distill" and config.distill_mode == "offline":
+        if config.traces is not None:
+            return load_traces(config.traces)
+        data = config.data
+        return load_problems(
+            data.path, data.name, data.question_field, data.answer_field, data.split, config.trace_problems,
+            config.seed, tuple(data.levels),
+        )
+    return prompt_dataset(config, config.data)
+
+
+def grpo_trainer(config: TrainConfig, model, tokenizer, state, callbacks, data, held_out):
     common = dict(
         model=model,
         reward_funcs=[import_callable(path) for path in config.rewards],
         args=grpo_args(config, state.num_processes),
-        train_dataset=prompt_dataset(config, config.data),
-        eval_dataset=None if config.eval_steps is None else prompt_dataset(config, config.eval_data),
+        train_dataset=data,
+        eval_dataset=None if config.eval_steps is None else held_out,
         processing_class=tokenizer,
         peft_config=lora_config(config),
         callbacks=callbacks,
     )
     if config.use_vllm:  # RL-Full through TRL's own vLLM generation (validated: full cache only)
-        return GRPOTrainer(**common)
+        return atomic(GRPOTrainer)(**common)
     sparse = SparseRLOptions(
         compression=config.compression,
         train_with_record=config.train_with_record,
@@ -221,17 +301,15 @@ def grpo_trainer(config: TrainConfig, model, tokenizer, state, callbacks):
         rollout_is_cap=config.rollout_is_cap,
         mask_backend=config.mask_backend,
     )
-    return CompressedGRPOTrainer(**common, sparse=sparse)
+    return atomic(CompressedGRPOTrainer)(**common, sparse=sparse)
 
 
-def distill_trainer(config: TrainConfig, model, tokenizer, state, callbacks, dtype):
+def distill_trainer(config: TrainConfig, model, tokenizer, state, callbacks, dtype, data):
     teacher = model if config.teacher is None else load_model(config.teacher, dtype=dtype)[0]
     if teacher is model:  # the frozen teacher is the initial student
         teacher = load_model(config.model, dtype=dtype)[0]
-    if config.distill_mode == "offline":
-        data = offline_traces(config, teacher, tokenizer, state)
-    else:
-        data = prompt_dataset(config, config.data)
+    if config.distill_mode == "offline" and config.traces is None:
+        data = offline_traces(config, teacher, tokenizer, state, data)
     peft = lora_config(config)
     if peft is not None:
         from peft import get_peft_model
@@ -251,23 +329,17 @@ def distill_trainer(config: TrainConfig, model, tokenizer, state, callbacks, dty
         top_p=config.top_p,
         mask_backend=config.mask_backend,
     )
-    return CompressedDistillationTrainer(
+    return atomic(CompressedDistillationTrainer)(
         model=model, teacher=teacher, tokenizer=tokenizer, distill=options, seed=config.seed, args=args,
         train_dataset=data, callbacks=callbacks,
     )
 
 
-def offline_traces(config: TrainConfig, teacher, tokenizer, state):
-    """The traces file given by ``traces``, or teacher traces generated now (full cache, correct ones kept)
-    into ``<output_dir>/traces.jsonl`` (reused on resume)."""
-    if config.traces is not None:
-        return load_traces(config.traces)
+def offline_traces(config: TrainConfig, teacher, tokenizer, state, problems):
+    """Teacher traces of ``problems`` (full cache, correct ones kept), generated into
+    ``<output_dir>/traces.jsonl`` (reused on resume)."""
     path = Path(config.output_dir) / "traces.jsonl"
     if state.is_main_process and not path.is_file():
-        problems = load_problems(
-            config.data.path, config.data.name, config.data.question_field, config.data.answer_field,
-            config.data.split, config.trace_problems, config.seed, tuple(config.data.levels),
-        )
         sampling = SamplingConfig(
             max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
             num_samples=config.trace_samples, seed=config.seed,

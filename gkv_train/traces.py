@@ -9,6 +9,7 @@ from pathlib import Path
 import datasets
 from tqdm import tqdm
 
+from gkv_train.data import read_records
 from rewards.extract import extract_answer
 from rewards.verify import MathVerifier
 from rollout.config import CompressionConfig, SamplingConfig
@@ -56,9 +57,7 @@ def load_traces(path: str) -> datasets.Dataset:
     """Traces JSONL -> Dataset; a clear error for a missing file or missing fields."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"traces file {path} does not exist (write one with scripts/generate_traces.py)")
-    rows = [json.loads(line) for line in open(path) if line.strip()]
-    if not rows:
-        raise ValueError(f"traces file {path} holds no traces")
+    rows = [row for _, row in read_records(Path(path))]  # names the file and line of a bad record
     missing = [f for f in ("prompt", "completion_ids") if f not in rows[0]]
     if missing:
         raise ValueError(f"traces file {path} lacks the fields {missing}")

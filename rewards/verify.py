@@ -1,98 +1,190 @@
-"""Answer checking: exact numbers directly, everything else with math-verify under a hard time limit.
+"""Answer checking under a hard time limit: exact numbers, and math-verify for everything else.
 
-math-verify's own time limit uses ``signal.alarm``, which only works in the main thread and does not stop every
-pathological case. ``MathVerifier`` runs it in a worker process instead and kills the worker when a check
-overruns: the check then counts as wrong (reward 0) and as a failure in ``stats``; the run goes on.
+Every comparison of model output, plain numbers included, runs in a worker process (``rewards.worker``) that is
+killed when a check overruns ``timeout``: the check then counts as wrong (reward 0) and as a timeout in
+``stats``, a warning is logged, and the run goes on with a fresh worker. The worker is a plain
+``python -m rewards.worker`` child: it imports only this module and math-verify (about a second), never the
+launching script (``train.py``, with torch and transformers), and it dies with its parent.
 """
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import json
+import logging
+import os
+import re
+import select
+import subprocess
+import sys
 from fractions import Fraction
 
 from rewards.extract import gold_answer
 
+log = logging.getLogger(__name__)
 
-def as_number(text: str) -> Fraction | None:
-    """Exact value of a plain number ('42', '-3.50', '1,000', '3/4', '$5', '20%'), else None."""
-    cleaned = text.strip().replace(",", "").replace("$", "").rstrip("%").rstrip(".").strip()
-    if cleaned.startswith("\\$"):
-        cleaned = cleaned[2:]
-    try:
-        return Fraction(cleaned)
-    except (ValueError, ZeroDivisionError):
+CHECK = "rewards.verify:answers_match"
+STARTUP_TIMEOUT = 120.0  # importing math-verify takes ~1 s; generous for a loaded machine
+_NUMBER = re.compile(
+    r"(?P<sign>[+-]?)(?P<int>\d*)(?:\.(?P<frac>\d*))?(?:[eE](?P<exp>[+-]?\d+))?(?:/(?P<den>\d+))?"
+)
+
+
+def as_number(text: str) -> tuple[int, int, int] | None:
+    """A plain number ('42', '-3.50', '1,000', '3/4', '$5', '20%', '2.5e-3', '1e100000000') as
+    (numerator, power of ten, denominator) with the value numerator * 10^power / denominator, else None.
+    The power is kept apart, so a huge exponent costs nothing; overlong digit strings are not numbers."""
+    cleaned = text.strip().replace(",", "").replace("\\$", "").replace("$", "").rstrip("%").rstrip(".").strip()
+    match = _NUMBER.fullmatch(cleaned)
+    if match is None or not (match["int"] or match["frac"]):
         return None
+    digits, frac = match["int"] + (match["frac"] or ""), match["frac"] or ""
+    try:
+        numerator = int(digits) * (-1 if match["sign"] == "-" else 1)
+        power = int(match["exp"] or 0) - len(frac)
+        denominator = int(match["den"] or 1)
+    except ValueError:  # more digits than int() converts (4300): not a plain number
+        return None
+    if denominator == 0:
+        return None
+    return numerator, power, denominator
+
+
+def numbers_equal(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
+    """Exact equality of two ``as_number`` values, without ever building 10^power for a power larger than the
+    digits involved."""
+    left, right = a[0] * b[2], b[0] * a[2]  # a/b -> cross-multiplied: left * 10^a[1] == right * 10^b[1]
+    if left == 0 or right == 0:
+        return left == right
+    if (left < 0) != (right < 0):
+        return False
+    shift = a[1] - b[1]
+    if shift < 0:
+        left, right, shift = right, left, -shift
+    if shift > len(str(abs(right))):  # left * 10^shift has more digits than right
+        return False
+    return left * 10**shift == right
+
+
+def latex_number(value: tuple[int, int, int]) -> str | None:
+    """An ``as_number`` value written for math-verify (which does not read '2.5e-3'): an integer or an exact
+    ``\\frac``; None for a power of ten beyond +-1000 (such a number only equals another plain number)."""
+    numerator, power, denominator = value
+    if abs(power) > 1000:
+        return None
+    exact = Fraction(numerator * 10**max(power, 0), denominator * 10**max(-power, 0))
+    if exact.denominator == 1:
+        return str(exact.numerator)
+    sign = "-" if exact < 0 else ""
+    return f"{sign}\\frac{{{abs(exact.numerator)}}}{{{exact.denominator}}}"
 
 
 def _math_verify(gold: str, pred: str) -> bool:
     from math_verify import parse, verify
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # its "timeout disabled" notice: the worker is the limit
 
     gold_parsed = parse(f"${gold}$", parsing_timeout=None)
     pred_parsed = parse(f"${pred}$", parsing_timeout=None)
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
 
 
-def _worker(conn, check) -> None:
-    while True:
-        job = conn.recv()
-        if job is None:
-            return
-        try:
-            conn.send(check(*job))
-        except Exception:  # a malformed expression is a wrong answer, not a crash
-            conn.send(False)
+def answers_match(gold: str, pred: str) -> bool:
+    """Is ``pred`` equal to ``gold``? Two plain numbers are compared exactly, anything else with math-verify
+    (gold first). Unbounded on adversarial input: run it in the worker (``MathVerifier``)."""
+    gold_number, pred_number = as_number(gold), as_number(pred)
+    if gold_number is not None and pred_number is not None:
+        return numbers_equal(gold_number, pred_number)
+    if gold_number is not None:
+        gold = latex_number(gold_number) or gold
+    if pred_number is not None:
+        pred = latex_number(pred_number) or pred
+    return _math_verify(gold, pred)
 
 
 class MathVerifier:
-    """``verifier(pred, gold) -> bool``: is the predicted answer equal to the gold one (gold first, as
-    math-verify expects)? Numbers are compared exactly without math-verify; other answers go to a worker
-    process that is killed after ``timeout`` seconds. ``stats`` counts checks, timeouts and errors.
-    ``check(gold, pred) -> bool`` is the comparison run in the worker (a module-level function)."""
+    """``verifier(pred, gold) -> bool``: is the predicted answer equal to the gold one? Each check runs in the
+    worker process, which is killed after ``timeout`` seconds. ``stats`` counts checks, timeouts and errors.
+    ``check`` is the import path (``module:function``) of the comparison ``f(gold, pred) -> bool`` the worker
+    runs."""
 
-    def __init__(self, timeout: float = 5.0, check=_math_verify):
+    def __init__(self, timeout: float = 5.0, check: str = CHECK):
         self.timeout = timeout
         self.check = check
         self.stats = {"checks": 0, "timeouts": 0, "errors": 0}
         self._process = None
-        self._conn = None
+        self._buffer = b""
 
     def __call__(self, pred: str | None, gold) -> bool:
         self.stats["checks"] += 1
         if pred is None or not pred.strip():
             return False
-        gold = gold_answer(gold)
-        gold_number, pred_number = as_number(gold), as_number(pred)
-        if gold_number is not None and pred_number is not None:
-            return gold_number == pred_number
-        return self._ask_worker(gold, pred)
+        return self._ask_worker(gold_answer(gold), pred)
 
     def _ask_worker(self, gold: str, pred: str) -> bool:
+        if self._process is None or self._process.poll() is not None:
+            self._start()
         try:
-            if self._process is None or not self._process.is_alive():
-                self._start()
-            self._conn.send((gold, pred))
-            if self._conn.poll(self.timeout):
-                return bool(self._conn.recv())
+            self._process.stdin.write((json.dumps([gold, pred]) + "\n").encode())
+            self._process.stdin.flush()
+            reply = self._read_line(self.timeout)
+        except OSError:
+            reply = b""
+        if reply:
+            result = json.loads(reply)
+            if result is None:  # the check raised: a malformed expression is a wrong answer, not a crash
+                self.stats["errors"] += 1
+            return bool(result)
+        if reply is None:
             self.stats["timeouts"] += 1
-        except (OSError, EOFError):
+            log.warning("answer check timed out after %.1f s, scored 0 (gold %.80r, answer %.80r)", self.timeout, gold, pred)
+        else:
             self.stats["errors"] += 1
+            log.warning("the answer-check worker died, scored 0 (gold %.80r, answer %.80r)", gold, pred)
         self.close()  # a stuck or broken worker is killed; the next check starts a fresh one
         return False
 
+    def _read_line(self, timeout: float) -> bytes | None:
+        """The worker's next line (without the newline); None when it does not come within ``timeout`` seconds,
+        b"" when the worker has exited."""
+        fd = self._process.stdout.fileno()
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([fd], [], [], timeout)
+            if not ready:
+                return None
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                return b""
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line
+
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")  # no fork of a process holding torch threads
-        self._conn, child = ctx.Pipe()
-        self._process = ctx.Process(target=_worker, args=(child, self.check), daemon=True)
-        self._process.start()
+        """Start the worker and wait until it has imported the check (not counted against the time limit)."""
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
+        self._buffer = b""
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "rewards.worker", str(os.getpid()), self.check],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0,
+        )
+        if self._read_line(STARTUP_TIMEOUT) != b"ready":
+            self.close()
+            raise RuntimeError(
+                f"the answer-check worker ({sys.executable} -m rewards.worker, check {self.check}) did not start "
+                f"within {STARTUP_TIMEOUT:.0f} s; its error is printed above"
+            )
 
     def close(self) -> None:
+        """Stop the worker (a later check starts a new one)."""
         if self._process is not None:
             self._process.kill()
-            self._process.join()
-        self._process = self._conn = None
+            self._process.wait()
+            for pipe in (self._process.stdin, self._process.stdout):
+                pipe.close()
+        self._process = None
+        self._buffer = b""
 
     def __del__(self):
         self.close()
 
     def __getstate__(self):  # picklable (accelerate / dataloaders may copy reward functions)
-        return {**self.__dict__, "_process": None, "_conn": None}
+        return {**self.__dict__, "_process": None, "_buffer": b""}

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+from gkv_train.jsonio import dumps
+
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
@@ -26,4 +28,5 @@ def random_prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[i
 
 
 def print_json(record: dict) -> None:
-    print(json.dumps(record), flush=True)
+    """One strict JSON line on stdout (NaN written as null)."""
+    print(dumps(record), flush=True)

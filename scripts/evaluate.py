@@ -4,12 +4,13 @@
     python scripts/evaluate.py data.name=gsm8k data.limit=64 methods=[full,gkv,rkv] budgets=[64,128]
     python scripts/evaluate.py model=outputs/rl_sparse compression.method=gkv compression.budget=64
 
-Writes, under ``output_dir``: ``<run>/samples.jsonl`` (one line per sample), ``<run>/summary.json``,
-``summary.json`` (all runs), ``pass_at_1_vs_budget.png`` and ``retained_density.png``; prints one JSON line.
-An interrupted call continues where it stopped when run again with the same arguments.
+Writes, under ``output_dir`` (default ``outputs/eval/<model>_<data>``): ``<run>/samples.jsonl`` (one line per
+sample), ``<run>/summary.json``, ``<run>/run.json`` (the settings that produced them), ``summary.json`` (all
+runs), ``pass_at_1_vs_budget.png`` and ``retained_density.png``; prints one JSON line. An interrupted call
+continues where it stopped when run again with the same settings; a folder holding results made with other
+settings (model weights, data, sampling, compression, ...) is refused unless ``overwrite=true``.
 """
 
-import json
 import sys
 from pathlib import Path
 
@@ -22,8 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gkv_train.config import EvalConfig  # noqa: E402
 from gkv_train.data import load_problems  # noqa: E402
-from gkv_train.evaluation import evaluate_compression, plot_summaries, run_name  # noqa: E402
-from gkv_train.models import load_model  # noqa: E402
+from gkv_train.evaluation import claim_run_dir, evaluate_compression, plot_summaries, run_name  # noqa: E402
+from gkv_train.jsonio import dumps, write_atomically  # noqa: E402
+from gkv_train.models import check_model, load_model  # noqa: E402
 from rollout.config import SamplingConfig  # noqa: E402
 
 ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
@@ -32,12 +34,18 @@ ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
 @hydra.main(version_base=None, config_path="../recipes", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
     config: EvalConfig = OmegaConf.to_object(cfg)
-    runs = config.compressions()  # validated before the model loads
+    runs = config.compressions()  # everything is checked before the model loads
+    for name in (config.model, config.adapter):
+        if name is not None:
+            check_model(name)
     data = config.data
     problems = load_problems(
         data.path, data.name, data.question_field, data.answer_field, data.split, data.limit, config.seed,
         tuple(data.levels),
     )
+    out_dir = Path(config.output_dir)
+    for compression in runs:
+        claim_run_dir(out_dir / run_name(compression), config.run_settings(compression), config.overwrite)
     model, tokenizer = load_model(config.model, dtype=torch.bfloat16 if config.precision == "bf16" else torch.float32)
     if config.adapter is not None:
         from peft import PeftModel
@@ -47,7 +55,6 @@ def main(cfg: DictConfig) -> None:
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
         num_samples=config.n_samples, seed=config.seed,
     )
-    out_dir = Path(config.output_dir)
     summaries = [
         evaluate_compression(
             model, tokenizer, problems, compression, sampling, out_dir / run_name(compression),
@@ -55,11 +62,12 @@ def main(cfg: DictConfig) -> None:
         )
         for compression in runs
     ]
-    (out_dir / "summary.json").write_text(json.dumps(summaries, indent=2))
+    write_atomically(out_dir / "summary.json", dumps(summaries, indent=2))
     if config.plots:
         plot_summaries(summaries, out_dir)
     compact = [{k: v for k, v in s.items() if k not in ("retained_density", "compression")} for s in summaries]
-    print(json.dumps({"evaluation": data.name or data.path, "model": config.model, "runs": compact}), flush=True)
+    result = {"evaluation": data.name or data.path, "model": config.model, "output_dir": str(out_dir), "runs": compact}
+    print(dumps(result), flush=True)
 
 
 if __name__ == "__main__":

@@ -65,3 +65,26 @@ def test_bad_sampling_config():
 def test_missing_model_path(path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_model(path)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(temperature=0.0), "temperature must be a finite number > 0 in training"),
+        (dict(temperature=float("nan")), "temperature must be a finite number > 0"),
+        (dict(temperature=-1.0), "temperature must be a finite number > 0"),
+        (dict(top_p=0.0), "top_p must lie in (0, 1]"),
+        (dict(top_p=1.5), "top_p must lie in (0, 1]"),
+    ],
+)
+def test_bad_sampling_settings_fail_before_training(kwargs, message):
+    from gkv_train.config import EvalConfig, TrainConfig
+
+    with pytest.raises(ValueError) as err:
+        TrainConfig(**kwargs)
+    assert message in str(err.value)
+    if kwargs.get("temperature") == 0.0:
+        EvalConfig(temperature=0.0)  # greedy decoding is an evaluation setting
+    else:
+        with pytest.raises(ValueError):
+            EvalConfig(**kwargs)

@@ -45,3 +45,32 @@ def test_arithmetic_task_is_deterministic_and_held_out():
 def test_level_one_is_one_operation():
     for row in arithmetic_task(20, levels=(1,)):
         assert row["problem"].count(".") == 2 and row["problem"].endswith("now?")
+
+
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("empty.jsonl", "", "holds no records"),
+        ("bad.jsonl", '{"question": "a", "answer": 1}\n{"question": "b", "answer": \n', "bad.jsonl:2: not valid JSON"),
+        ("list.jsonl", '{"question": "a", "answer": 1}\n[1, 2]\n', "list.jsonl:2: a record must be a JSON object"),
+        ("null.jsonl", '{"question": "a", "answer": 1}\n{"question": "b", "answer": null}\n', "null.jsonl:2: record has no value"),
+        ("array.json", '[{"question": "a", "answer": 1},\n {"question": "b" "answer": 2}]', "array.json:2: not valid JSON"),
+        ("broken.parquet", "not parquet", "cannot read dataset file"),
+    ],
+)
+def test_bad_data_files_name_file_and_line(tmp_path, name, text, message):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError) as err:
+        load_problems(path=str(tmp_path / name))
+    assert message in str(err.value)
+
+
+def test_local_files_leave_no_datasets_cache(tmp_path, monkeypatch):
+    import datasets
+
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"question": "1+1?", "answer": 2}\n')
+    assert load_problems(path=str(path))["answer"] == ["2"]
+    assert not cache.exists()

@@ -1,18 +1,25 @@
 import itertools
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from verifier_probe import EVALUATE_WITH_ANSWERS, PAIRS, write_problems
 
 from gkv_train.data import arithmetic_task
-from gkv_train.evaluation import evaluate_compression, pass_at_k, read_jsonl
+from gkv_train.evaluation import claim_run_dir, evaluate_compression, pass_at_k
+from gkv_train.jsonio import read_jsonl
 from gkv_train.models import load_model
 from rollout.config import CompressionConfig, SamplingConfig
 from rollout.engine import RolloutEngine
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def strict_json(text):
+    return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} written into JSON"))
 
 
 @pytest.mark.parametrize("n, c", [(4, 0), (4, 1), (4, 3), (5, 2), (6, 6), (7, 3)])
@@ -45,7 +52,15 @@ def test_evaluate_script_writes_every_output(tmp_path):
     assert (tmp_path / "retained_density.png").stat().st_size > 0
 
 
-def test_interrupted_evaluation_resumes_without_recomputing(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "damage, recomputed",
+    [
+        ("interrupted", 2),  # after the first batch, in the middle of writing the second: batches 1 and 2 of 3
+        ("garbled_middle", 1),  # one unparsable line inside batch 1
+        ("cut_first", 1),  # the first line cut short
+    ],
+)
+def test_interrupted_or_damaged_evaluation_resumes(tmp_path, monkeypatch, damage, recomputed):
     model, tokenizer = load_model("tiny")
     problems = arithmetic_task(6, "test")
     compression = CompressionConfig("gkv", budget=10, window=2, interval=4)
@@ -53,19 +68,70 @@ def test_interrupted_evaluation_resumes_without_recomputing(tmp_path, monkeypatc
     template = "{problem}"
     whole = evaluate_compression(model, tokenizer, problems, compression, sampling, tmp_path / "a", 2, template)
 
-    # Interrupted after the first batch, in the middle of writing the second.
     lines = (tmp_path / "a" / "samples.jsonl").read_text().splitlines(keepends=True)
+    density = (tmp_path / "a" / "density.jsonl").read_text()
     (tmp_path / "b").mkdir()
-    (tmp_path / "b" / "samples.jsonl").write_text("".join(lines[:5]) + lines[5][:20])
-    (tmp_path / "b" / "density.jsonl").write_text((tmp_path / "a" / "density.jsonl").read_text().splitlines()[0] + "\n")
+    if damage == "interrupted":
+        (tmp_path / "b" / "samples.jsonl").write_text("".join(lines[:5]) + lines[5][:20])
+        density = density.splitlines()[0] + "\n"
+    elif damage == "garbled_middle":
+        (tmp_path / "b" / "samples.jsonl").write_text("".join(lines[:5]) + "}{ garbled\n" + "".join(lines[6:]))
+    else:
+        (tmp_path / "b" / "samples.jsonl").write_text(lines[0][:20] + "\n" + "".join(lines[1:]))
+    (tmp_path / "b" / "density.jsonl").write_text(density)
     calls = []
     original = RolloutEngine.generate
     monkeypatch.setattr(RolloutEngine, "generate", lambda self, *a, **k: calls.append(1) or original(self, *a, **k))
     resumed = evaluate_compression(model, tokenizer, problems, compression, sampling, tmp_path / "b", 2, template)
-    assert len(calls) == 2  # batches 1 and 2 of 3; batch 0 was finished
+    assert len(calls) == recomputed
+    assert resumed["problems"] == 6
+
     def outcome(run):  # everything but the timing
         return [{k: v for k, v in s.items() if k != "tokens_per_s"} for s in read_jsonl(tmp_path / run / "samples.jsonl")]
 
     assert outcome("b") == outcome("a")
     for key in ("pass@1", "pass@2", "retention"):
         assert resumed[key] == pytest.approx(whole[key])
+
+
+def test_evaluate_script_checks_answers_and_keys_results_by_settings(tmp_path):
+    """Inside scripts/evaluate.py (its checker worker does not re-import it), answers of every kind get their
+    right verdict with no timeout; results go to a default folder named after model and data; a rerun there with
+    another temperature is refused, naming the difference."""
+    data = write_problems(tmp_path / "latex.jsonl")
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    args = ["model=tiny", "data.name=null", f"data.path={data}", "n_samples=1", "max_new_tokens=4", "plots=false"]
+    code = EVALUATE_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=str(ROOT / "scripts" / "evaluate.py"))
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = strict_json(proc.stdout.strip().splitlines()[-1])
+    run_dir = tmp_path / "outputs" / "eval" / "tiny_latex" / "full"
+    assert (tmp_path / result["output_dir"]).resolve() == run_dir.parent
+    samples = read_jsonl(run_dir / "samples.jsonl")
+    assert [s["correct"] for s in samples] == [equal for _, _, equal in PAIRS]
+    assert result["runs"][0]["verifier_timeouts"] == 0
+    summary = strict_json((run_dir / "summary.json").read_text())
+    assert summary["pass@1"] == pytest.approx(sum(e for _, _, e in PAIRS) / len(PAIRS))
+
+    other = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args, "temperature=0.3"],
+                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert other.returncode != 0 and "sampling.temperature" in other.stderr and "overwrite=true" in other.stderr
+    assert read_jsonl(run_dir / "samples.jsonl") == samples
+
+
+def test_run_folders_are_keyed_by_settings(tmp_path):
+    settings = {"model": {"model": "tiny", "files": []}, "sampling": {"temperature": 0.6, "seed": 0}}
+    claim_run_dir(tmp_path / "run", settings, overwrite=False)
+    (tmp_path / "run" / "samples.jsonl").write_text('{"batch": 0}\n')
+    claim_run_dir(tmp_path / "run", settings, overwrite=False)  # the same run: its results stay
+    assert (tmp_path / "run" / "samples.jsonl").is_file()
+    other = {**settings, "model": {"model": "other", "files": [["/m/model.safetensors", 1, 2]]}}
+    with pytest.raises(FileExistsError, match=r"other model\.files, model\.model: choose another output_dir"):
+        claim_run_dir(tmp_path / "run", other, overwrite=False)
+    claim_run_dir(tmp_path / "run", other, overwrite=True)
+    assert not (tmp_path / "run" / "samples.jsonl").exists()
+    (tmp_path / "legacy").mkdir()
+    (tmp_path / "legacy" / "samples.jsonl").write_text('{"batch": 0}\n')  # written before run.json existed
+    with pytest.raises(FileExistsError, match="unknown settings"):
+        claim_run_dir(tmp_path / "legacy", settings, overwrite=False)

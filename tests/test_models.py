@@ -39,3 +39,34 @@ def test_smollm2_loads_trainable_with_gguf_eos(smollm2):
     grad = model.model.layers[0].self_attn.q_proj.weight.grad
     assert grad is not None and grad.abs().sum() > 0
     model.zero_grad(set_to_none=True)
+
+
+def test_unknown_model_name_fails_fast_listing_the_builtins(monkeypatch):
+    import time
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    start = time.monotonic()
+    with pytest.raises(FileNotFoundError, match="not a built-in model .smollm2-135m, tiny, tiny-llama"):
+        models.check_model("no-such-org/no-such-model")
+    assert time.monotonic() - start < 10
+
+
+def test_interrupted_cache_conversion_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("GKV_TRAIN_CACHE", str(tmp_path))
+    stale = tmp_path / "tiny-llama-seed0-v1.tmp999999999"  # a conversion killed with its process
+    stale.mkdir()
+    (stale / "model.safetensors").write_bytes(b"0" * 1024)
+
+    class Interrupted:
+        def save_pretrained(self, path):
+            (path / "part").parent.mkdir(parents=True, exist_ok=True)
+            (path / "part").write_text("half")
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        models._save_atomically(tmp_path / "converted", Interrupted())
+    models.load_model("tiny")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"tiny-llama-seed0-v{models.TINY_VERSION}"]

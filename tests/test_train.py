@@ -1,45 +1,87 @@
-"""train.py end to end on a tiny model: outputs, exact resume, two processes, clear config errors."""
+"""train.py end to end on a tiny model: outputs, answer checking, crash-safe checkpoints and exact resume, output
+folders, two processes, clear config errors."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from verifier_probe import PAIRS, write_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
     "model=tiny", "max_new_tokens=24", "compression.budget=16", "compression.window=4", "compression.interval=8",
     "learning_rate=1e-3", "eval_data.limit=4",
 ]
+# train.py run as __main__ with torch.save failing inside checkpoint-<step> ($CRASH_SAVE = "<step>:kill" exits at
+# once as a SIGKILL would; "<step>:disk-full" raises ENOSPC).
+CRASH_AT_SAVE = (sys.executable, "-c", """
+import errno, os, runpy, sys, torch
+step, how = os.environ["CRASH_SAVE"].split(":")
+save = torch.save
+def failing_save(obj, f, *args, **kwargs):
+    if f"checkpoint-{step}" in str(f):
+        if how == "kill":
+            os._exit(137)
+        raise OSError(errno.ENOSPC, "No space left on device", str(f))
+    return save(obj, f, *args, **kwargs)
+torch.save = failing_save
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+""")
 
 
-def run(args, launcher=(sys.executable,), check=True):
-    proc = subprocess.run([*launcher, str(ROOT / "train.py"), *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+def run(args, launcher=(sys.executable,), check=True, env=None):
+    proc = subprocess.run([*launcher, str(ROOT / "train.py"), *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env={**os.environ, **(env or {})})
     if check and proc.returncode != 0:
         raise AssertionError(proc.stdout[-3000:] + proc.stderr[-3000:])
     return proc
 
 
+def strict_json(text):
+    """json.loads that refuses NaN / Infinity, as strict parsers do."""
+    return json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} written into JSON"))
+
+
 def metrics(out_dir):
-    lines = [json.loads(line) for line in open(Path(out_dir) / "metrics.jsonl")]
+    lines = [strict_json(line) for line in open(Path(out_dir) / "metrics.jsonl")]
     return [r for r in lines if "loss" in r]
 
 
 @pytest.mark.parametrize("recipe", ["rl_sparse", "rl_full"])
 def test_train_writes_logs_checkpoints_and_evaluation(tmp_path, recipe):
-    proc = run([f"recipe={recipe}", *TINY, "max_steps=2", f"output_dir={tmp_path}"])
-    steps = metrics(tmp_path)
+    """Also: LaTeX / fraction / interval / set / scientific-notation answers are checked correctly and quickly
+    inside train.py (the checker's worker does not re-import train.py), and a local data file leaves no copy in
+    the datasets cache."""
+    out, cache = tmp_path / "out", tmp_path / "hf-datasets"
+    data = write_problems(tmp_path / "latex.jsonl")
+    env = {"PROBE_OUT": str(tmp_path / "probe.jsonl"), "PYTHONPATH": str(ROOT / "tests"), "HF_DATASETS_CACHE": str(cache)}
+    proc = run([f"recipe={recipe}", *TINY, "max_steps=2", f"output_dir={out}", "data.name=null", f"data.path={data}",
+                "rewards=[rewards.functions.accuracy,verifier_probe.latex_probe]"], env=env)
+    steps = metrics(out)
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
         assert r["mismatch/max_abs"] <= 1e-4  # training saw what the rollout saw
         assert {"reward", "reward_std", "rewards/accuracy/mean", "completions/mean_length", "rollout/retention",
                 "rollout/tokens_per_s", "train/tokens_per_s", "mismatch/kl", "verifier_timeouts"} <= set(r)
         assert (r["rollout/retention"] < 1) == (recipe == "rl_sparse")
-    assert (tmp_path / "checkpoint-2" / "optimizer.pt").is_file() and (tmp_path / "model.safetensors").is_file()
-    final = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert r["verifier_checks"] > 0 and r["verifier_timeouts"] == 0
+    assert (out / "checkpoint-2" / "optimizer.pt").is_file() and (out / "model.safetensors").is_file()
+    final = strict_json(proc.stdout.strip().splitlines()[-1])
     assert final["eval"] == "held_out" and final["recipe"] == recipe and 0 <= final["accuracy"] <= 1
-    assert json.loads((tmp_path / "eval.json").read_text())["accuracy"] == final["accuracy"]
+    assert final["verifier_timeouts"] == 0
+    assert strict_json((out / "eval.json").read_text())["accuracy"] == final["accuracy"]
+    probes = [json.loads(line) for line in open(tmp_path / "probe.jsonl")]
+    assert len(probes) >= 2
+    for probe in probes:
+        assert probe["verdicts"] == [float(equal) for _, _, equal in PAIRS]
+        assert probe["seconds"] < 60  # ~1 s; a check in the main process could run for minutes
+    assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))
 
 
 @pytest.mark.parametrize("recipe", ["distill", "distill_onpolicy"])
@@ -67,15 +109,33 @@ def test_lora_and_periodic_evaluation(tmp_path):
     assert (tmp_path / "adapter_model.safetensors").is_file()
 
 
-def test_resume_continues_exactly(tmp_path):
+def test_crashed_saves_resume_exactly(tmp_path):
+    """A full disk during one save and a kill during another: resume=last continues from the newest complete
+    checkpoint, logs no step twice and ends where an uninterrupted run does; then the finished run is not
+    extended, and a fresh run into its folder is refused."""
     whole, split = tmp_path / "whole", tmp_path / "split"
     run([*TINY, "max_steps=3", f"output_dir={whole}"])
-    run([*TINY, "max_steps=2", f"output_dir={split}"])
+    full = run([*TINY, "max_steps=3", f"output_dir={split}"], CRASH_AT_SAVE, False, {"CRASH_SAVE": "2:disk-full"})
+    assert full.returncode != 0 and "No space left on device" in full.stderr
+    assert sorted(p.name for p in split.iterdir() if "checkpoint" in p.name or p.name == ".staging") == ["checkpoint-1"]
+    killed = run([*TINY, "max_steps=3", f"output_dir={split}", "resume=last"], CRASH_AT_SAVE, False, {"CRASH_SAVE": "3:kill"})
+    assert killed.returncode == 137 and (split / ".staging" / "checkpoint-3").is_dir()
+    assert not (split / "checkpoint-3").exists()
     run([*TINY, "max_steps=3", f"output_dir={split}", "resume=last"])
     a, b = metrics(whole), metrics(split)
     assert [r["step"] for r in b] == [1, 2, 3]
     for key in ("loss", "reward", "grad_norm"):
+        assert a[1][key] == pytest.approx(b[1][key], rel=1e-5, abs=1e-7)
         assert a[2][key] == pytest.approx(b[2][key], rel=1e-5, abs=1e-7)
+    assert not (split / ".staging").exists()
+
+    finished = (split / "eval.json").read_text()
+    again = run([*TINY, "max_steps=3", f"output_dir={split}", "resume=last"])
+    assert "holds a finished run" in again.stderr and metrics(split) == b
+    assert (split / "eval.json").read_text() == finished
+    assert strict_json(again.stdout.strip().splitlines()[-1]) == strict_json(finished)
+    fresh = run([*TINY, "max_steps=3", f"output_dir={split}"], check=False)
+    assert fresh.returncode != 0 and "holds another run" in fresh.stderr and "overwrite=true" in fresh.stderr
 
 
 def test_two_processes(tmp_path):
@@ -86,6 +146,52 @@ def test_two_processes(tmp_path):
     assert step["processes"] == 2 and step["mismatch/max_abs"] <= 1e-4
 
 
+def children(pid):
+    """Process ids whose parent is ``pid`` (zombies excluded)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def alive(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_killed_agent_takes_its_workers(tmp_path):
+    """`accelerate launch --num_processes 2`: when the torch.distributed agent dies, both workers stop at once
+    instead of training on."""
+    launcher = [str(Path(sys.executable).parent / "accelerate"), "launch", "--num_processes", "2"]
+    proc = subprocess.Popen([*launcher, str(ROOT / "train.py"), *TINY, "max_steps=50", f"output_dir={tmp_path}"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline, workers = time.monotonic() + 300, []
+        while time.monotonic() < deadline:
+            agents = children(proc.pid)
+            workers = children(agents[0]) if agents else []
+            started = [w for w in workers if "libtorch" in Path(f"/proc/{w}/maps").read_text(errors="ignore")]
+            if len(workers) == 2 and len(started) == 2:  # past start-up: torch loaded
+                break
+            time.sleep(0.5)
+        assert len(workers) == 2, "the two workers did not start"
+        os.kill(agents[0], signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while any(alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not any(alive(w) for w in workers)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
@@ -94,11 +200,19 @@ def test_two_processes(tmp_path):
         ("loss_type=ppo", "unknown loss_type 'ppo'"),
         ("data.path=/nonexistent.jsonl", "dataset file /nonexistent.jsonl does not exist"),
         ("model=/no/such/model", "model path /no/such/model does not exist"),
+        ("model=no-such-model", "not a built-in model (smollm2-135m, tiny, tiny-llama"),
+        ("temperature=0", "temperature must be a finite number > 0 in training"),
+        ("data.path=BAD", "bad.jsonl:2: not valid JSON"),
     ],
 )
 def test_bad_config_fails_clearly(tmp_path, override, message):
-    args = ["model=tiny", f"output_dir={tmp_path}", "max_steps=1", override]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": \n')
+    args = ["model=tiny", f"output_dir={tmp_path}", "max_steps=1", override.replace("BAD", str(bad))]
     if override.startswith("data.path"):
         args.append("data.name=null")
+    start = time.monotonic()
     proc = run(args, check=False)
     assert proc.returncode != 0 and message in proc.stderr + proc.stdout
+    assert time.monotonic() - start < 180  # no model load, no network retries (~15 s of imports here)
+    assert not (tmp_path / "metrics.jsonl").exists()

@@ -1,0 +1,120 @@
+"""Crash-safe training outputs: atomic checkpoints, the newest complete one, and what a run folder holds.
+
+A checkpoint is written under ``<output_dir>/.staging/checkpoint-N`` and renamed to ``<output_dir>/checkpoint-N``
+once every process has written its part, so a ``checkpoint-N`` folder is always complete; a save killed half
+way (or failing on a full disk) leaves only the staging folder, removed at the next start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from transformers.trainer import TRAINER_STATE_NAME
+from transformers.trainer_utils import rotate_checkpoints
+
+from gkv_train.jsonio import dumps, read_jsonl, write_atomically
+
+STAGING = ".staging"
+METRICS = "metrics.jsonl"
+EVAL = "eval.json"
+TRACES = "traces.jsonl"
+_CHECKPOINT = re.compile(r"checkpoint-(\d+)")
+# What a training run leaves in its output folder (besides Hydra's own ``hydra/``): removed by overwrite=true.
+RUN_FILES = (
+    "checkpoint-*", STAGING, METRICS, EVAL, TRACES, "runs", "README.md", "*.safetensors", "*.bin", "*.pt",
+    "adapter_config.json", "config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json",
+    "chat_template.jinja",
+)
+
+
+def complete_checkpoints(output_dir: Path) -> list[Path]:
+    """The complete ``checkpoint-N`` folders of ``output_dir`` (those holding a trainer state), oldest first."""
+    output_dir = Path(output_dir)
+    found = []
+    if output_dir.is_dir():
+        for path in output_dir.iterdir():
+            match = _CHECKPOINT.fullmatch(path.name)
+            if match and path.is_dir() and (path / TRAINER_STATE_NAME).is_file():
+                found.append((int(match[1]), path))
+    return [path for _, path in sorted(found)]
+
+
+def checkpoint_step(checkpoint: Path) -> int:
+    """The global step a checkpoint was saved at."""
+    return json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text())["global_step"]
+
+
+def run_artefacts(output_dir: Path) -> list[str]:
+    """Names of what a previous run left in ``output_dir`` (checkpoints, metrics, evaluation, ...), sorted."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    marks = ("checkpoint-*", STAGING, METRICS, EVAL, TRACES)
+    return sorted({p.name for pattern in marks for p in output_dir.glob(pattern)})
+
+
+def clear_run(output_dir: Path) -> None:
+    """Remove everything a training run writes (``RUN_FILES``) from ``output_dir``; other files stay."""
+    for pattern in RUN_FILES:
+        for path in Path(output_dir).glob(pattern):
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+
+
+def clear_staging(output_dir: Path) -> None:
+    """Remove what interrupted checkpoint saves left behind."""
+    shutil.rmtree(Path(output_dir) / STAGING, ignore_errors=True)
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Drop the records logged after ``step`` (a resumed run logs those steps again), so no step is logged twice;
+    damaged lines go too."""
+    if Path(path).is_file():
+        kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
+        write_atomically(path, "".join(dumps(r) + "\n" for r in kept))
+
+
+def publish(staged: Path, final: Path) -> None:
+    """Move a completely written checkpoint into place (a rename: atomic on one file system)."""
+    if final.exists():  # the same step saved again: the old copy goes only once the new one is complete
+        old = staged.with_name(staged.name + ".old")
+        os.replace(final, old)
+        os.replace(staged, final)
+        shutil.rmtree(old)
+    else:
+        os.replace(staged, final)
+
+
+class AtomicCheckpoints:
+    """Mixin for a transformers ``Trainer``: checkpoints are staged and renamed into place when complete."""
+
+    _staging = False
+
+    def _get_output_dir(self, trial) -> str:
+        run_dir = super()._get_output_dir(trial)
+        return os.path.join(run_dir, STAGING) if self._staging else run_dir
+
+    def _save_checkpoint(self, model, trial) -> None:
+        run_dir = Path(super()._get_output_dir(trial))
+        name = f"checkpoint-{self.state.global_step}"
+        self._staging = True
+        try:
+            super()._save_checkpoint(model, trial)
+        except BaseException:  # e.g. a full disk: nothing half-written stays behind
+            if self.args.should_save:
+                clear_staging(run_dir)
+            raise
+        finally:
+            self._staging = False
+        self.accelerator.wait_for_everyone()  # every process has written its part (RNG states, shards)
+        if self.args.should_save:
+            publish(run_dir / STAGING / name, run_dir / name)
+            clear_staging(run_dir)
+            rotate_checkpoints(
+                output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False,
+            )
+        self.accelerator.wait_for_everyone()

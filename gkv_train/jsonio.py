@@ -1,0 +1,66 @@
+"""JSON files that strict parsers accept (``null``, never ``NaN``), JSONL reading that survives damaged lines, and
+atomic writes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+def finite(value):
+    """``value`` with every non-finite float (NaN, +-inf), at any depth of dicts / lists / tuples, replaced by
+    None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
+
+
+def dumps(value, indent: int | None = None) -> str:
+    """Strict JSON text of ``value`` (non-finite floats written as null; other objects as their text)."""
+    return json.dumps(finite(value), indent=indent, allow_nan=False, default=str)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: readers see the old or the new file,
+    never a part."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def file_identity(path: Path) -> list:
+    """What identifies a file's content without reading it: resolved path, size, modification time (ns)."""
+    stat = Path(path).stat()
+    return [str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The JSON objects of a JSONL file (none if it does not exist). A line that is not a JSON object (cut by an
+    interruption, garbled) is skipped with a warning naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    records = []
+    with open(path, errors="replace") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                record = err
+            if isinstance(record, dict):
+                records.append(record)
+            else:
+                log.warning("%s:%d: not a JSON object, line skipped (%s)", path, number, record)
+    return records

@@ -1,0 +1,32 @@
+"""Process hygiene: child processes that never outlive their parent. No heavy imports (the verifier worker uses it)."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Ask the kernel to kill this process (SIGKILL) when its parent dies (Linux; elsewhere nothing happens).
+
+    ``parent_pid``: the parent this process expects; when it has already died (this process was re-parented
+    before the request took effect), exit at once.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    expected = os.getppid() if parent_pid is None else parent_pid
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        return
+    if os.getppid() != expected:
+        os._exit(1)
+
+
+def launched_by_agent() -> bool:
+    """Whether this process was started by a launcher (``accelerate launch``, ``torch.distributed.run``), which
+    sets the rendezvous variables; a plain ``python train.py`` is left alone (``nohup`` keeps working)."""
+    return "MASTER_ADDR" in os.environ or "LOCAL_RANK" in os.environ
