@@ -210,7 +210,7 @@ class EvalConfig:
             "model": model_identity(self.model),
             "adapter": None if self.adapter is None else model_identity(self.adapter),
             "data": self.data.identity(),
-            "compression": asdict(compression),
+            "compression": asdict(compression.resolved()),
             "sampling": dict(n_samples=self.n_samples, max_new_tokens=self.max_new_tokens,
                              temperature=self.temperature, top_p=self.top_p, seed=self.seed),
             "batch_problems": self.batch_problems,

@@ -194,7 +194,7 @@ def evaluate_compression(
     in_order = sorted(read_jsonl(samples_path), key=lambda s: (s["batch"], s["problem_id"], s["sample"]))
     write_atomically(samples_path, "".join(dumps(s) + "\n" for s in in_order))  # recomputed batches in place
     summary = summarize(samples_path, density_path, sampling.num_samples)
-    summary.update(run=run_name(compression), compression=asdict(compression))
+    summary.update(run=run_name(compression), compression=asdict(compression.resolved()))
     if summary["verifier_timeouts"]:
         print(f"{run_name(compression)}: {summary['verifier_timeouts']} answer checks timed out (scored 0)", file=sys.stderr)
     write_atomically(out_dir / "summary.json", dumps(summary, indent=2))
