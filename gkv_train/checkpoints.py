@@ -48,19 +48,24 @@ def checkpoint_step(checkpoint: Path) -> int:
     return json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text())["global_step"]
 
 
-def run_artefacts(output_dir: Path) -> list[str]:
-    """Names of what a previous run left in ``output_dir`` (checkpoints, metrics, evaluation, ...), sorted."""
+def run_artefacts(output_dir: Path, keep: Path | None = None) -> list[str]:
+    """Names of what a previous run left in ``output_dir`` (checkpoints, metrics, evaluation, generated traces),
+    sorted; ``keep`` (an input of this run, such as a given traces file) does not count."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return []
     marks = ("checkpoint-*", STAGING, METRICS, EVAL, TRACES)
-    return sorted({p.name for pattern in marks for p in output_dir.glob(pattern)})
+    found = {p for pattern in marks for p in output_dir.glob(pattern)}
+    return sorted(p.name for p in found if keep is None or p.resolve() != Path(keep).resolve())
 
 
-def clear_run(output_dir: Path) -> None:
-    """Remove everything a training run writes (``RUN_FILES``) from ``output_dir``; other files stay."""
+def clear_run(output_dir: Path, keep: Path | None = None) -> None:
+    """Remove everything a training run writes (``RUN_FILES``) from ``output_dir``, except ``keep`` (an input
+    such as a given traces file); other files stay."""
     for pattern in RUN_FILES:
         for path in Path(output_dir).glob(pattern):
+            if keep is not None and path.resolve() == Path(keep).resolve():
+                continue
             shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
 

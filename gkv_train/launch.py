@@ -145,7 +145,7 @@ def prepare_output_dir(config: TrainConfig, state) -> str | None:
     no step is logged twice. Every process decides the same; only the main one changes files.
     """
     out = Path(config.output_dir)
-    found = run_artefacts(out)
+    found = run_artefacts(out, keep=config.traces)
     if found and config.resume is None and not config.overwrite:
         raise FileExistsError(
             f"output_dir {out} holds another run ({', '.join(found)}): pass resume=last to continue it, overwrite=true "
@@ -156,7 +156,7 @@ def prepare_output_dir(config: TrainConfig, state) -> str | None:
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         if config.overwrite:
-            clear_run(out)
+            clear_run(out, keep=config.traces)
         else:
             clear_staging(out)
             truncate_metrics(out / METRICS, checkpoint_step(checkpoint) if checkpoint else 0)
