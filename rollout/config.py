@@ -139,7 +139,7 @@ class CompressionConfig:
     def defaults(self) -> dict:
         """The values this method gives to options left at None."""
         if self.method == "s4r":
-            return {**EVICTION_METHODS["gkv"].defaults, **S4R_DEFAULTS, "rho": self.eta}
+            return {**EvictionMethod.defaults, **S4R_DEFAULTS, "rho": self.eta}
         return dict(EVICTION_METHODS[self.method].defaults if self.method in EVICTION_METHODS else EvictionMethod.defaults)
 
     def resolved(self) -> CompressionConfig:

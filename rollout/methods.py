@@ -55,7 +55,6 @@ class EvictionMethod:
         window=16, sinks=0, pool_kernel=1, group_agg="max", alpha=0.8, lambda_=0.5, form="max",
         redundancy=False, similarity="rkv",
     )  # fmt: skip
-    keeps_history: ClassVar[bool] = False
 
     def __init__(self, config: CompressionConfig):
         self.config = config  # resolved: no option is None
@@ -138,7 +137,6 @@ class GKV(EvictionMethod):
 
     name = "gkv"
     defaults = {**EvictionMethod.defaults, "redundancy": True}
-    keeps_history = True
 
     def score(self, state):
         cfg = self.config
