@@ -7,7 +7,7 @@
     accelerate launch train.py recipe=rl_sparse resume=last
     accelerate launch --num_processes 2 train.py recipe=rl_sparse
 
-Any key of ``gkv_train.config.TrainConfig`` can be overridden: ``compression.budget=64``, ``data.name=gsm8k``,
+Any key of ``gkv_train.run_config.TrainConfig`` can be overridden: ``compression.budget=64``, ``data.name=gsm8k``,
 ``max_steps=50``, ``lora.enabled=true``, ...
 """
 
@@ -20,9 +20,9 @@ import hydra  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from gkv_train.config import TrainConfig  # noqa: E402
 from gkv_train.distributed import relaunch_cpu_processes  # noqa: E402
 from gkv_train.launch import run  # noqa: E402
+from gkv_train.run_config import TrainConfig  # noqa: E402
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 

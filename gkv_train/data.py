@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 import os
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import datasets
 
+from gkv_train.jsonio import file_identity
 from rewards.extract import gold_answer
 
 DATA_DIR = Path(os.environ.get("GKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -34,27 +36,40 @@ PRESETS = {
     "svamp": Preset("svamp_test.jsonl", ("Body", "Question"), "Answer"),
 }
 BUILTIN = "arithmetic"
+PROMPT_TEMPLATE = "{problem}\nPut your final answer in \\boxed{{}}."
 
 
-def load_problems(
-    path: str | None = None,
-    name: str | None = None,
-    question_field: str | list[str] = "question",
-    answer_field: str = "answer",
-    split: str = "train",
-    limit: int | None = None,
-    seed: int = 0,
-    levels: tuple[int, ...] = (1, 2),
-) -> datasets.Dataset:
-    """Load problems from ``path`` (a local file) or ``name`` (a preset, ``arithmetic`` or a hub dataset).
+@dataclass
+class DataConfig:
+    """Where problems come from: ``path`` (local JSONL/JSON/Parquet) or ``name`` (preset: aime24, amc23,
+    math500, gsm8k, svamp; ``arithmetic``, the built-in task; or a hub dataset)."""
 
-    question_field: one field, or several joined with a space (SVAMP: ``[Body, Question]``).
-    split: the hub split, or ``train`` / ``test`` of the built-in task.
-    """
+    path: str | None = None
+    name: str | None = "arithmetic"
+    question_field: Any = "question"  # a field, or a list of fields joined with a space
+    answer_field: str = "answer"
+    split: str = "train"
+    limit: int | None = 256
+    levels: list[int] = field(default_factory=lambda: [1])  # built-in task difficulty levels (1-4)
+    distractors: int = 0  # built-in task: facts about others placed between a problem's first fact and the rest
+    prompt_template: str = PROMPT_TEMPLATE
+
+    def identity(self) -> dict:
+        """Everything that determines the problems and prompts: these settings and, for a local file (or a
+        preset's), the file's identity (path, size, modification time)."""
+        file = local_file(self.path, self.name)
+        return {**asdict(self), "file": file_identity(file) if file is not None and file.is_file() else None}
+
+
+def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
+    """The problems ``data`` names: a local file (``data.path``) or a preset, the built-in task or a hub dataset
+    (``data.name``), the first ``data.limit`` of them (the built-in task draws its problems with ``seed``)."""
+    path, name, question_field, answer_field = data.path, data.name, data.question_field, data.answer_field
+    split, limit = data.split, data.limit
     if (path is None) == (name is None):
         raise ValueError("give exactly one of data.path (a local file) or data.name (a preset or hub dataset)")
     if name == BUILTIN:
-        return arithmetic_task(limit or 256, split=split, seed=seed, levels=levels)
+        return arithmetic_task(limit or 256, split, seed, tuple(data.levels), data.distractors)
     if name in PRESETS:
         preset = PRESETS[name]
         path, question_field, answer_field = str(local_file(None, name)), list(preset.question_field), preset.answer_field
@@ -158,15 +173,22 @@ NAMES = ["Ava", "Ben", "Cleo", "Dan", "Eli", "Fay", "Gus", "Hana", "Ivan", "June
 ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards", "stamps", "cookies"]
 
 
-def _problem(rng: random.Random, level: int) -> tuple[str, int]:
+def _problem(rng: random.Random, level: int, distractors: int = 0) -> tuple[str, int]:
     """One word problem of a difficulty level and its integer answer.
 
     1: one addition or subtraction of two numbers up to 20; 2: one multiplication, or two additions/subtractions;
     3: a chain of three operations; 4: four or five operations, with a division that comes out even.
+    ``distractors``: that many sentences about other people's other items ("Ben has 12 marbles.") between the
+    first fact and the rest, so that the fact the answer needs sits far back in the prompt: a tight KV budget
+    that keeps the wrong tokens loses it.
     """
     who, item = rng.choice(NAMES), rng.choice(ITEMS)
     total = rng.randint(2, 20)
     text = [f"{who} has {total} {item}."]
+    others = [n for n in NAMES if n != who]
+    other_items = [i for i in ITEMS if i != item]
+    for _ in range(distractors):
+        text.append(f"{rng.choice(others)} has {rng.randint(2, 20)} {rng.choice(other_items)}.")
     if level == 1:
         steps = [rng.choice("+-")]
     elif level == 2:
@@ -200,20 +222,25 @@ def _problem(rng: random.Random, level: int) -> tuple[str, int]:
     return " ".join(text), total
 
 
-def arithmetic_task(n: int, split: str = "train", seed: int = 0, levels: tuple[int, ...] = (1, 2)) -> datasets.Dataset:
+def arithmetic_task(
+    n: int, split: str = "train", seed: int = 0, levels: tuple[int, ...] = (1, 2), distractors: int = 0
+) -> datasets.Dataset:
     """The built-in task: procedural arithmetic word problems with exact integer answers, deterministic in
-    ``seed``. ``train`` and ``test`` come from separate random streams and never share a problem."""
+    ``seed`` (``distractors``: see ``_problem``). ``train`` and ``test`` come from separate random streams and
+    never share a problem."""
     if split not in ("train", "test"):
         raise ValueError(f"the built-in task has splits train and test, not {split!r}")
     bad = [lv for lv in levels if lv not in (1, 2, 3, 4)]
     if bad or not levels:
         raise ValueError(f"built-in task levels are 1-4, got {list(levels)}")
+    if distractors < 0:
+        raise ValueError(f"distractors must be >= 0, got {distractors}")
 
     def stream(which: str):
         rng = random.Random(f"{seed}:{which}")
         while True:
             level = levels[rng.randrange(len(levels))]
-            yield (*_problem(rng, level), level)
+            yield (*_problem(rng, level, distractors), level)
 
     if split == "test" and n > TEST_POOL:
         raise ValueError(f"the built-in test split holds {TEST_POOL} problems, {n} requested")

@@ -18,107 +18,58 @@ logits are never both held for the whole batch.
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from dataclasses import dataclass, field
 
 import torch
-from torch.utils.checkpoint import checkpoint
 from transformers import Trainer
 
-from gkv_train.grpo import mismatch_stats
-from gkv_train.logprobs import decoder_and_head, head_logprobs
-from gkv_train.masks import attention_context
-from gkv_train.record import logical_positions
+from gkv_train.consistency import mismatch_stats
+from gkv_train.logprobs import chunked_divergence, decoder_and_head, head_logprobs
+from gkv_train.run_config import DistillOptions
 from rollout.config import CompressionConfig, SamplingConfig
+from rollout.contract import attention_context
+from rollout.contract.record import logical_positions
 from rollout.engine import RolloutEngine
-
-DIVERGENCES = ("forward_kl", "sft")
-MODES = ("offline", "onpolicy")
-
-
-@dataclass
-class DistillOptions:
-    mode: str = "offline"
-    divergence: str = "forward_kl"
-    temperature: float = 0.6
-    compression: CompressionConfig = field(default_factory=lambda: CompressionConfig("gkv"))
-    max_new_tokens: int = 96  # on-policy samples
-    top_p: float = 0.95
-    chunk_tokens: int = 512
-    mask_backend: str = "auto"
-
-    def __post_init__(self):
-        if self.mode not in MODES:
-            raise ValueError(f"unknown distillation mode {self.mode!r}; choose one of {MODES}")
-        if self.divergence not in DIVERGENCES:
-            raise ValueError(f"unknown divergence {self.divergence!r}; choose one of {DIVERGENCES}")
-        if self.temperature <= 0:
-            raise ValueError(f"distillation temperature must be positive, got {self.temperature}")
-
-
-def token_divergence(student_logits, teacher_logits, targets, divergence: str, temperature: float) -> torch.Tensor:
-    """Per-token loss [N] from student and teacher logits [N, V] and the trace tokens targets [N]."""
-    if divergence == "sft":
-        return -student_logits.float().log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
-    log_q = (student_logits.float() / temperature).log_softmax(-1)
-    log_p = (teacher_logits.float() / temperature).log_softmax(-1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1) * temperature**2
-
-
-def _chunk_loss(student_hidden, teacher_hidden, student_head, teacher_head, targets, divergence, temperature):
-    teacher_logits = None if teacher_hidden is None else teacher_head(teacher_hidden)
-    return token_divergence(student_head(student_hidden), teacher_logits, targets, divergence, temperature).sum()
-
-
-def chunked_divergence(
-    student_hidden, teacher_hidden, student_head, teacher_head, targets, divergence, temperature, chunk_tokens
-) -> torch.Tensor:
-    """Sum of ``token_divergence`` over N tokens, ``chunk_tokens`` at a time.
-
-    student_hidden [N, d] (with grad), teacher_hidden [N, d] or None for ``sft``, targets int64 [N].
-    """
-    total = student_hidden.new_zeros((), dtype=torch.float32)
-    for start in range(0, student_hidden.shape[0], chunk_tokens):
-        rows = slice(start, start + chunk_tokens)
-        teacher = None if teacher_hidden is None else teacher_hidden[rows]
-        args = (student_hidden[rows], teacher, student_head, teacher_head, targets[rows], divergence, temperature)
-        if torch.is_grad_enabled() and student_hidden.requires_grad:
-            total = total + checkpoint(_chunk_loss, *args, use_reentrant=False)
-        else:
-            total = total + _chunk_loss(*args)
-    return total
+from rollout.sampling import rollout_seed
 
 
 class CompressedDistillationTrainer(Trainer):
     """Student under its compressed cache's record, teacher with full attention (frozen)."""
 
-    def __init__(self, *args, teacher, tokenizer, distill: DistillOptions, seed: int = 0, **kwargs):
+    def __init__(
+        self,
+        *args,
+        teacher,
+        tokenizer,
+        compression: CompressionConfig,
+        sampling: SamplingConfig,
+        distill: DistillOptions | None = None,
+        mask_backend: str = "auto",
+        **kwargs,
+    ):
+        """compression: the student's cache; sampling: the temperature of the log-probs and of the divergence,
+        and for on-policy samples max_new_tokens, top_p and the seed; distill: mode, divergence, chunking."""
+        if sampling.temperature <= 0:
+            raise ValueError(f"distillation temperature must be positive, got {sampling.temperature}")
         super().__init__(*args, processing_class=tokenizer, data_collator=lambda rows: {"rows": rows}, **kwargs)
         self.teacher = teacher.eval().requires_grad_(False)
         self.tokenizer = tokenizer
-        self.distill = distill
-        self.seed = seed
+        self.compression = compression
+        self.sampling = sampling
+        self.distill = distill or DistillOptions()
+        self.mask_backend = mask_backend
         self._last_metrics: dict[str, list[float]] = {}
 
     def _rollout(self, rows):
         """Replay the traces (offline) or sample (on-policy) with the current student and its compression."""
         student = self.accelerator.unwrap_model(self.model)
-        engine = RolloutEngine(student, self.tokenizer, self.distill.compression)
-        was_training = student.training
-        student.eval()
-        try:
-            prompts = [row["prompt"] for row in rows]
-            if self.distill.mode == "offline":
-                return engine.replay(prompts, [row["completion_ids"] for row in rows],
-                                     SamplingConfig(temperature=self.distill.temperature))
-            sampling = SamplingConfig(
-                max_new_tokens=self.distill.max_new_tokens, temperature=self.distill.temperature,
-                top_p=self.distill.top_p, seed=self.seed * 100_003 + self.state.global_step * 1_009
-                + self.accelerator.process_index,
-            )
-            return engine.generate(prompts, sampling)
-        finally:
-            student.train(was_training)
+        engine = RolloutEngine(student, self.tokenizer, self.compression)
+        prompts = [row["prompt"] for row in rows]
+        if self.distill.mode == "offline":
+            return engine.replay(prompts, [row["completion_ids"] for row in rows], self.sampling)
+        seed = rollout_seed(self.sampling.seed, self.state.global_step, self.accelerator.process_index)
+        return engine.generate(prompts, dataclasses.replace(self.sampling, num_samples=1, seed=seed))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         start = time.perf_counter()
@@ -126,7 +77,7 @@ class CompressedDistillationTrainer(Trainer):
         rollout_seconds = time.perf_counter() - start
         ids, mask = out.sequences, out.attention_mask
         positions = logical_positions(mask)
-        context = attention_context(self.accelerator.unwrap_model(model), out.record, mask, self.distill.mask_backend)
+        context = attention_context(out.record, self.accelerator.unwrap_model(model), mask, self.mask_backend)
         hidden = model(
             input_ids=ids, attention_mask=mask, position_ids=positions, kv_context=context, use_cache=False,
             logits_to_keep=1, output_hidden_states=True,
@@ -145,12 +96,12 @@ class CompressedDistillationTrainer(Trainer):
                 ).last_hidden_state[:, -C - 1 : -1][targets_mask]
         total = chunked_divergence(
             student_hidden, teacher_hidden, student_head, teacher_head, targets, self.distill.divergence,
-            self.distill.temperature, self.distill.chunk_tokens,
+            self.sampling.temperature, self.distill.chunk_tokens,
         )
         loss = total / targets_mask.sum().clamp_min(1)
         with torch.no_grad():
             student_logps = head_logprobs(
-                student_hidden, student_head, targets, self.distill.temperature, self.distill.chunk_tokens
+                student_hidden, student_head, targets, self.sampling.temperature, self.distill.chunk_tokens
             )
         mismatch = mismatch_stats(student_logps, out.logprobs[targets_mask], torch.ones_like(targets, dtype=torch.bool))
         metrics = {f"mismatch/{k}": v for k, v in mismatch.items()}

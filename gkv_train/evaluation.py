@@ -13,8 +13,8 @@ import torch
 from tqdm import tqdm
 
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
-from gkv_train.s4r import S4RRecord, unpack_bits
-from rewards.extract import extract_answer
+from gkv_train.logprobs import chunked_divergence, decoder_and_head, hidden_states
+from rewards.grading import grade_completions
 from rewards.verify import MathVerifier
 from rollout.config import CompressionConfig, SamplingConfig
 from rollout.engine import RolloutEngine
@@ -35,18 +35,13 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def kept_at_end(record, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, b: int) -> torch.Tensor:
-    """bool [rows, T_b]: which of sequence b's tokens each (layer, KV head) -- each layer for S4R -- still
-    attends to at its end. G-KV family: not evicted by the last token; S4R: the sinks and what the last
-    decoding query reconstructed; full cache (None): everything."""
-    length = int(prompt_lengths[b] + completion_lengths[b])
+    """bool [parts, T_b - 1]: which of sequence b's tokens its last decoding query (at position T_b - 2: the
+    final token is sampled, never fed) attended to, per (layer, KV head) or layer (``Record.kept_at``);
+    everything for the full cache (None)."""
+    position = max(int(prompt_lengths[b] + completion_lengths[b]) - 2, 0)
     if record is None:
-        return torch.ones(1, length, dtype=torch.bool)
-    if isinstance(record, S4RRecord):
-        last = max(int(completion_lengths[b]) - 2, 0)
-        rows = unpack_bits(record.selected[b, :, last], length)
-        rows[:, : int(record.sinks[b])] = True
-        return rows
-    return (record[b, :, :, :length] > length - 1).reshape(-1, length)
+        return torch.ones(1, position + 1, dtype=torch.bool)
+    return record.kept_at(b, position)
 
 
 def retained_density(record, prompt_lengths, completion_lengths, bins: int = DENSITY_BINS) -> list[float]:
@@ -59,6 +54,36 @@ def retained_density(record, prompt_lengths, completion_lengths, bins: int = DEN
         which = ((torch.arange(length).float() + 0.5) / length * bins).long().clamp_max(bins - 1)
         counts += torch.bincount(which, weights=kept.sum(0).double(), minlength=bins)
     return counts.tolist()
+
+
+def compressed_kl(
+    teacher, model, tokenizer, traces: list[dict], compression: CompressionConfig, batch: int = 8,
+    chunk_tokens: int = 512,
+) -> dict:
+    """Mean per-token KL(teacher with the full cache || ``model`` under ``compression``) over the completion
+    tokens of ``traces`` (rows with ``prompt`` and ``completion_ids``, e.g. teacher traces of held-out problems).
+    Each trace is replayed through the model's compressed cache (``RolloutEngine.replay``: the record a rollout
+    of those tokens would have), and the model attends under that record; distributions at temperature 1.
+
+    Returns {"kl": mean over tokens, "tokens": count, "traces": count}.
+    """
+    engine = RolloutEngine(model, tokenizer, compression)
+    _, head = decoder_and_head(model)
+    _, teacher_head = decoder_and_head(teacher)
+    total, tokens = 0.0, 0
+    for start in range(0, len(traces), batch):
+        rows = traces[start : start + batch]
+        out = engine.replay([r["prompt"] for r in rows], [r["completion_ids"] for r in rows])
+        C, real = out.num_completion_tokens, out.completion_mask.bool()
+        targets = out.sequences[:, -C:][real]
+        with torch.no_grad():
+            student = hidden_states(model, out.sequences, out.attention_mask, out.record)[:, -C - 1 : -1][real]
+            reference = hidden_states(teacher, out.sequences, out.attention_mask)[:, -C - 1 : -1][real]
+            total += chunked_divergence(
+                student, reference, head, teacher_head, targets, "forward_kl", 1.0, chunk_tokens
+            ).item()
+        tokens += int(real.sum())
+    return {"kl": total / max(tokens, 1), "tokens": tokens, "traces": len(traces)}
 
 
 def fingerprint(settings: dict) -> str:
@@ -161,23 +186,19 @@ def evaluate_compression(
         batch = problems.select(rows)
         prompts = [prompt_template.format(problem=p) for p in batch["problem"]]
         out = engine.generate(prompts, SamplingConfig(**{**asdict(sampling), "seed": sampling.seed + index}))
-        texts = tokenizer.batch_decode(out.completions(), skip_special_tokens=True)
         n = sampling.num_samples
+        golds = [gold for gold in batch["answer"] for _ in range(n)]
         lines = []
-        for i, text in enumerate(texts):
-            row = i // n
-            answer = extract_answer(text)
-            timeouts = verify.stats["timeouts"]
-            correct = verify(answer, batch["answer"][row])
+        for i, grade in enumerate(grade_completions(tokenizer, out.completions(), golds, verify)):
             lines.append({
                 "batch": index,
-                "problem_id": batch["id"][row],
+                "problem_id": batch["id"][i // n],
                 "sample": i % n,
-                "completion": text,
-                "extracted": answer,
-                "gold": batch["answer"][row],
-                "correct": correct,
-                "check_timed_out": verify.stats["timeouts"] > timeouts,
+                "completion": grade.text,
+                "extracted": grade.answer,
+                "gold": golds[i],
+                "correct": grade.correct,
+                "check_timed_out": grade.timed_out,
                 "length": int(out.completion_lengths[i]),
                 "retention": out.retention[i].item(),
                 "tokens_per_s": out.stats["tokens_per_s"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import os
@@ -15,18 +16,25 @@ from transformers import TrainerCallback, TrainingArguments
 from trl import GRPOConfig, GRPOTrainer
 
 from gkv_train.checkpoints import (
-    EVAL, METRICS, AtomicCheckpoints, checkpoint_step, clear_run, clear_staging, complete_checkpoints, run_artefacts,
+    EVAL,
+    METRICS,
+    AtomicCheckpoints,
+    checkpoint_step,
+    clear_run,
+    clear_staging,
+    complete_checkpoints,
+    run_artefacts,
     truncate_metrics,
 )
-from gkv_train.config import TrainConfig
 from gkv_train.data import load_problems
-from gkv_train.distill import CompressedDistillationTrainer, DistillOptions
-from gkv_train.grpo import CompressedGRPOTrainer, SparseRLOptions
+from gkv_train.distill import CompressedDistillationTrainer
+from gkv_train.grpo import CompressedGRPOTrainer
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import check_model, load_model
+from gkv_train.run_config import TrainConfig
 from gkv_train.traces import generate_traces, load_traces, write_traces
-from rewards.extract import extract_answer
-from rewards.functions import completion_text, verifier_stats
+from rewards.functions import verifier_stats
+from rewards.grading import grade_completions
 from rewards.verify import MathVerifier
 from rollout.config import SamplingConfig
 from rollout.engine import RolloutEngine
@@ -59,10 +67,7 @@ class JsonlLogger(TrainerCallback):
 
 def prompt_dataset(config: TrainConfig, data) -> "datasets.Dataset":  # noqa: F821
     """Problems -> rows with ``prompt`` (the problem in the prompt template) and ``answer``."""
-    problems = load_problems(
-        data.path, data.name, data.question_field, data.answer_field, data.split, data.limit, config.seed,
-        tuple(data.levels),
-    )
+    problems = load_problems(data, config.seed)
     return problems.map(lambda row: {"prompt": data.prompt_template.format(problem=row["problem"])})
 
 
@@ -145,7 +150,7 @@ def prepare_output_dir(config: TrainConfig, state) -> str | None:
     no step is logged twice. Every process decides the same; only the main one changes files.
     """
     out = Path(config.output_dir)
-    found = run_artefacts(out, keep=config.traces)
+    found = run_artefacts(out, keep=config.distill.traces)
     if found and config.resume is None and not config.overwrite:
         raise FileExistsError(
             f"output_dir {out} holds another run ({', '.join(found)}): pass resume=last to continue it, overwrite=true "
@@ -156,7 +161,7 @@ def prepare_output_dir(config: TrainConfig, state) -> str | None:
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
         if config.overwrite:
-            clear_run(out, keep=config.traces)
+            clear_run(out, keep=config.distill.traces)
         else:
             clear_staging(out)
             truncate_metrics(out / METRICS, checkpoint_step(checkpoint) if checkpoint else 0)
@@ -177,14 +182,10 @@ def evaluate(model, tokenizer, config: TrainConfig, problems) -> dict:
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
         num_samples=config.eval_samples, seed=config.seed,
     )
-    was_training = model.training
-    model.eval()
     out = engine.generate(list(problems["prompt"]), sampling)
-    model.train(was_training)
     verify = MathVerifier()
-    texts = tokenizer.batch_decode(out.completions(), skip_special_tokens=True)
     golds = [a for a in problems["answer"] for _ in range(config.eval_samples)]
-    correct = [verify(extract_answer(completion_text(t)), g) for t, g in zip(texts, golds)]
+    correct = [grade.correct for grade in grade_completions(tokenizer, out.completions(), golds, verify)]
     verify.close()
     if verify.stats["timeouts"]:
         print(f"held-out evaluation: {verify.stats['timeouts']} answer checks timed out (scored 0)", file=sys.stderr)
@@ -232,7 +233,7 @@ def run(config: TrainConfig) -> dict:
     from accelerate import PartialState
 
     state = PartialState(cpu=not torch.cuda.is_available())  # several CPU processes talk through gloo
-    for name in (config.model, config.teacher):
+    for name in (config.model, config.distill.teacher):
         if name is not None:
             check_model(name)
     data = training_data(config)
@@ -269,14 +270,10 @@ def run(config: TrainConfig) -> dict:
 def training_data(config: TrainConfig):
     """What the trainer learns from, loaded (and so checked) before any work: prompts; for offline distillation
     the traces file, or the problems to generate teacher traces for."""
-    if config.algorithm == "distill" and config.distill_mode == "offline":
-        if config.traces is not None:
-            return load_traces(config.traces)
-        data = config.data
-        return load_problems(
-            data.path, data.name, data.question_field, data.answer_field, data.split, config.trace_problems,
-            config.seed, tuple(data.levels),
-        )
+    if config.algorithm == "distill" and config.distill.mode == "offline":
+        if config.distill.traces is not None:
+            return load_traces(config.distill.traces)
+        return load_problems(dataclasses.replace(config.data, limit=config.distill.trace_problems), config.seed)
     return prompt_dataset(config, config.data)
 
 
@@ -293,22 +290,15 @@ def grpo_trainer(config: TrainConfig, model, tokenizer, state, callbacks, data, 
     )
     if config.use_vllm:  # RL-Full through TRL's own vLLM generation (validated: full cache only)
         return atomic(GRPOTrainer)(**common)
-    sparse = SparseRLOptions(
-        compression=config.compression,
-        train_with_record=config.train_with_record,
-        overlong_advantage_clip=config.overlong_advantage_clip,
-        rollout_is=config.rollout_is,
-        rollout_is_cap=config.rollout_is_cap,
-        mask_backend=config.mask_backend,
+    return atomic(CompressedGRPOTrainer)(
+        **common, compression=config.compression, sparse=config.rl, mask_backend=config.mask_backend
     )
-    return atomic(CompressedGRPOTrainer)(**common, sparse=sparse)
 
 
 def distill_trainer(config: TrainConfig, model, tokenizer, state, callbacks, dtype, data):
-    teacher = model if config.teacher is None else load_model(config.teacher, dtype=dtype)[0]
-    if teacher is model:  # the frozen teacher is the initial student
-        teacher = load_model(config.model, dtype=dtype)[0]
-    if config.distill_mode == "offline" and config.traces is None:
+    # the teacher is frozen; by default a copy of the initial student
+    teacher = load_model(config.distill.teacher or config.model, dtype=dtype)[0]
+    if config.distill.mode == "offline" and config.distill.traces is None:
         data = offline_traces(config, teacher, tokenizer, state, data)
     peft = lora_config(config)
     if peft is not None:
@@ -320,18 +310,12 @@ def distill_trainer(config: TrainConfig, model, tokenizer, state, callbacks, dty
         per_device_train_batch_size=batch_rows(config, config.prompts_per_step, state.num_processes),
         remove_unused_columns=False,
     )
-    options = DistillOptions(
-        mode=config.distill_mode,
-        divergence=config.divergence,
-        temperature=config.temperature,
-        compression=config.compression,
-        max_new_tokens=config.max_new_tokens,
-        top_p=config.top_p,
-        mask_backend=config.mask_backend,
+    sampling = SamplingConfig(
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p, seed=config.seed
     )
     return atomic(CompressedDistillationTrainer)(
-        model=model, teacher=teacher, tokenizer=tokenizer, distill=options, seed=config.seed, args=args,
-        train_dataset=data, callbacks=callbacks,
+        model=model, teacher=teacher, tokenizer=tokenizer, compression=config.compression, sampling=sampling,
+        distill=config.distill, mask_backend=config.mask_backend, args=args, train_dataset=data, callbacks=callbacks,
     )
 
 
@@ -342,13 +326,13 @@ def offline_traces(config: TrainConfig, teacher, tokenizer, state, problems):
     if state.is_main_process and not path.is_file():
         sampling = SamplingConfig(
             max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-            num_samples=config.trace_samples, seed=config.seed,
+            num_samples=config.distill.trace_samples, seed=config.seed,
         )
         rows = generate_traces(teacher, tokenizer, problems, sampling, config.data.prompt_template)
         if not rows:
             raise RuntimeError(
-                f"the teacher solved none of {len(problems)} problems x {config.trace_samples} samples: raise "
-                "trace_problems / trace_samples, use easier data, or pass traces=<file>"
+                f"the teacher solved none of {len(problems)} problems x {config.distill.trace_samples} samples: "
+                "raise distill.trace_problems / distill.trace_samples, use easier data, or pass distill.traces=<file>"
             )
         write_traces(rows, path)
         print(f"wrote {len(rows)} correct teacher traces to {path}", flush=True)

@@ -10,7 +10,7 @@ import datasets
 from tqdm import tqdm
 
 from gkv_train.data import read_records
-from rewards.extract import extract_answer
+from rewards.grading import grade_completions
 from rewards.verify import MathVerifier
 from rollout.config import CompressionConfig, SamplingConfig
 from rollout.engine import RolloutEngine
@@ -34,14 +34,14 @@ def generate_traces(
         batch = problems.select(range(start, min(start + batch_problems, len(problems))))
         prompts = [prompt_template.format(problem=p) for p in batch["problem"]]
         out = engine.generate(prompts, replace(sampling, seed=sampling.seed + start))
-        for i, ids in enumerate(out.completions()):
+        completions = out.completions()
+        golds = [gold for gold in batch["answer"] for _ in range(sampling.num_samples)]
+        for i, (ids, grade) in enumerate(zip(completions, grade_completions(tokenizer, completions, golds, verify))):
             row = i // sampling.num_samples
-            text = tokenizer.decode(ids, skip_special_tokens=True)
-            correct = verify(extract_answer(text), batch["answer"][row])
-            if correct or keep_incorrect:
+            if grade.correct or keep_incorrect:
                 rows.append({
-                    "id": batch["id"][row], "prompt": prompts[row], "completion": text, "completion_ids": ids,
-                    "answer": batch["answer"][row], "correct": correct,
+                    "id": batch["id"][row], "prompt": prompts[row], "completion": grade.text, "completion_ids": ids,
+                    "answer": golds[i], "correct": grade.correct,
                 })
     verify.close()
     return rows

@@ -28,7 +28,7 @@ class CompressionConfig:
         (window attention, pooled), ``h2o`` (newest query's attention, normalised and accumulated),
         ``rkv`` (attention minus key redundancy), ``gkv`` (normalised attention blended with its history,
         minus key redundancy); or ``s4r`` (low-rank cache with sparse reconstruction, scored every step: see
-        ``rollout.s4r``).
+        ``rollout.s4r_cache``).
     budget: tokens each (layer, KV head) keeps after a compression, the window included (eviction methods).
     window: the last ``window`` queries score the cache, and the last ``window`` keys are always kept and never
         scored (16; 1 for ``h2o``; 32 for ``s4r``, its W).

@@ -1,8 +1,8 @@
 """Batched sampling with a compressed KV cache, returning what the trainer needs to reproduce it.
 
 The engine drives an HF causal LM (any model whose attention goes through ``AttentionInterface``: Llama,
-Qwen2, Qwen3, ...) token by token with its own cache as attention context (``RolloutCache`` for the G-KV
-family, ``S4RCache`` for S4R). Prompts are left-padded;
+Qwen2, Qwen3, ...) token by token with its own cache as attention context (``EvictionCache`` for the G-KV
+family, ``S4RCache`` for S4R; any ``rollout.kv_cache.KVCache`` can be injected). Prompts are left-padded;
 every sequence keeps its own logical positions, length and end-of-sequence state.
 """
 
@@ -11,16 +11,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from gkv_train.attention import use_kv_attention
-from gkv_train.record import logical_positions
-from gkv_train.s4r import S4RRecord
-from rollout.cache import RolloutCache
 from rollout.config import CompressionConfig, SamplingConfig
-from rollout.s4r import S4RCache
+from rollout.contract.attention import use_kv_attention
+from rollout.contract.record import Record, logical_positions
+from rollout.eviction_cache import EvictionCache
+from rollout.kv_cache import KVCache
+from rollout.s4r_cache import S4RCache
 from rollout.sampling import sample_tokens, token_logprobs_of
 
 Prompt = str | Sequence[int] | Sequence[dict]
@@ -33,8 +33,8 @@ class RolloutOutput:
     sequences, attention_mask: int64 [N, P + C]: left-padded prompts then right-padded completions;
     prompt_lengths, completion_lengths: int64 [N] real tokens (a completion includes its stop token);
     logprobs: float32 [N, C] log-prob of each sampled token under softmax(logits / T), 0 past the end;
-    record: what the generated tokens could see: for the G-KV family the eviction record ``evict_at`` int32
-        [N, L, Hkv, P + C] in logical positions, for ``s4r`` an ``S4RRecord``, None for ``full``;
+    record: what the generated tokens could see (``rollout.contract.record.Record``): an ``EvictionRecord``
+        (``evict_at`` int32 [N, L, Hkv, P + C]) for the G-KV family, an ``S4RRecord`` for s4r, None for full;
     retention: float32 [N] cache length / sequence length at the last token, mean over layers and heads.
     """
 
@@ -43,14 +43,9 @@ class RolloutOutput:
     prompt_lengths: torch.Tensor
     completion_lengths: torch.Tensor
     logprobs: torch.Tensor
-    record: torch.Tensor | S4RRecord | None
+    record: Record | None
     retention: torch.Tensor
     stats: dict = field(default_factory=dict)
-
-    @property
-    def evict_at(self) -> torch.Tensor | None:
-        """The G-KV family's eviction record (None for ``full`` and ``s4r``)."""
-        return self.record if isinstance(self.record, torch.Tensor) else None
 
     @property
     def num_completion_tokens(self) -> int:
@@ -74,13 +69,19 @@ class RolloutOutput:
         return [row[width - n : width].tolist() for row, n in zip(self.sequences, self.prompt_lengths)]
 
 
-def record_bytes(record) -> int:
-    """Bytes of one sequence's record."""
-    if record is None:
-        return 0
-    if isinstance(record, S4RRecord):
-        return record.nbytes()
-    return record[0].numel() * record.element_size()
+CacheFactory = Callable[..., KVCache]  # (model, compression, batch, prompt_width, max_new, device) -> KVCache
+
+
+def make_cache(model, compression: CompressionConfig, batch: int, prompt_width: int, max_new: int, device) -> KVCache:
+    """The cache of ``compression.method``: ``S4RCache`` for s4r, else an ``EvictionCache`` sized to the most
+    it ever holds (budget + interval tokens after the first compression; everything for ``full``)."""
+    if compression.method == "s4r":
+        return S4RCache(model, compression, batch, prompt_width, max_new, device)
+    capacity = prompt_width + max_new
+    if compression.compresses:
+        capacity = min(capacity, max(prompt_width, compression.budget) + compression.interval)
+    dtype = next(model.parameters()).dtype
+    return EvictionCache(model.config, compression, batch, capacity, prompt_width + max_new, dtype, device)
 
 
 def stop_ids_of(model, tokenizer, sampling: SamplingConfig) -> list[int]:
@@ -129,11 +130,19 @@ def left_pad(rows: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, 
 class RolloutEngine:
     """Samples completions with a compressed KV cache and records what every generated token could see."""
 
-    def __init__(self, model, tokenizer=None, compression: CompressionConfig | None = None, chat: bool = True):
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        compression: CompressionConfig | None = None,
+        chat: bool = True,
+        cache_factory: CacheFactory = make_cache,
+    ):
         self.model = use_kv_attention(model)
         self.tokenizer = tokenizer
         self.compression = compression or CompressionConfig()
         self.chat = chat
+        self.cache_factory = cache_factory
 
     def pad_id(self) -> int:
         for candidate in (
@@ -163,15 +172,23 @@ class RolloutEngine:
         )
         return self.generate(prompts, sampling, forced=completions)
 
-    @torch.no_grad()
     def generate(
         self,
         prompts: Sequence[Prompt],
         sampling: SamplingConfig | None = None,
         forced: Sequence[Sequence[int]] | None = None,
     ) -> RolloutOutput:
-        """Sample completions (or, with ``forced``, feed the given ones: see ``replay``)."""
-        sampling = sampling or SamplingConfig()
+        """Sample completions (or, with ``forced``, feed the given ones: see ``replay``). The model runs in
+        eval mode (no dropout) without gradients; its training mode is restored on return."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                return self._generate(prompts, sampling or SamplingConfig(), forced)
+        finally:
+            self.model.train(was_training)
+
+    def _generate(self, prompts, sampling: SamplingConfig, forced) -> RolloutOutput:
         model, cfg = self.model, self.compression
         device = next(model.parameters()).device
         rows = [r for r in encode_prompts(self.tokenizer, prompts, self.chat) for _ in range(sampling.num_samples)]
@@ -182,7 +199,7 @@ class RolloutEngine:
         if forced is not None:
             forced_lengths = torch.tensor([len(c) for c in forced], device=device)
             forced = torch.tensor([list(c) + [pad_id] * (max_new - len(c)) for c in forced], device=device)
-        cache = self._cache(N, P, max_new, device)
+        cache = self.cache_factory(model, cfg, N, P, max_new, device)
         stop_ids = torch.tensor(stop_ids_of(model, self.tokenizer, sampling), dtype=torch.long, device=device)
         banned = stop_ids if sampling.ignore_eos and len(stop_ids) else None
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
@@ -235,20 +252,9 @@ class RolloutEngine:
             "compressions": cache.compressions,
             "tokens_per_s": new_tokens / seconds if seconds > 0 else float("nan"),
             "kv_cache_bytes": cache.nbytes(),
-            "record_bytes_per_sample": record_bytes(record),
+            "record_bytes_per_sample": 0 if record is None else record.nbytes(),
         }
         return RolloutOutput(sequences, attention_mask, prompt_lengths, lengths, logprobs[:, :steps], record, kept, stats)
-
-    def _cache(self, batch: int, prompt_width: int, max_new: int, device):
-        """The attention context that holds this rollout's KV cache."""
-        cfg = self.compression
-        if cfg.method == "s4r":
-            return S4RCache(self.model, cfg, batch, prompt_width, max_new, device)
-        capacity = prompt_width + max_new
-        if cfg.compresses:  # never more than budget + interval tokens after the first compression
-            capacity = min(capacity, max(prompt_width, cfg.budget) + cfg.interval)
-        dtype = next(self.model.parameters()).dtype
-        return RolloutCache(self.model.config, cfg, batch, capacity, prompt_width + max_new, dtype, device)
 
     def _forward(self, cache, ids, positions, valid) -> torch.Tensor:
         """Run the model over new tokens ids [N, Q] at logical positions [N, Q]; returns last logits [N, V]."""

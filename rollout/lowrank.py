@@ -11,6 +11,8 @@ import math
 import torch
 import torch.nn.functional as F
 
+from rollout.scoring import mean_over_window, window_softmax
+
 
 def s4r_rank(eta: float, sinks: int, length: int, dim: int, groups: int, window: int) -> int:
     """The rank r that makes the persistent memory a share ``eta`` of the full cache at ``length`` tokens:
@@ -47,42 +49,6 @@ def low_rank_bases(samples: torch.Tensor, rank: int, normalize: bool) -> torch.T
     return vh[:, :rank].transpose(-1, -2)
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding of x [B, H, T, D] with cos/sin [B, T, D] (as the model's rotary module returns them)."""
-    return x * cos[:, None] + rotate_half(x) * sin[:, None]
-
-
-def inverse_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Undo ``apply_rope``: rotating back by the same angles recovers the pre-RoPE states exactly (up to float
-    error), which is how S4R gets pre-RoPE keys and queries from what the attention function receives."""
-    return x * cos[:, None] - rotate_half(x) * sin[:, None]
-
-
-def heads_to_concat(x: torch.Tensor) -> torch.Tensor:
-    """[B, Hkv, T, D] -> [B, T, Hkv * D]: a layer's KV heads side by side."""
-    B, H, T, D = x.shape
-    return x.transpose(1, 2).reshape(B, T, H * D)
-
-
-def concat_to_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
-    """[B, T, Hkv * D] -> [B, Hkv, T, D]."""
-    B, T, DD = x.shape
-    return x.view(B, T, heads, DD // heads).transpose(1, 2)
-
-
-def group_queries(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
-    """Queries [B, H, T, D] -> [B, G, T, Hkv * D]: member g of every GQA group side by side (query head
-    h * G + g belongs to KV head h), so that q_g . k = sum over KV heads of the attention logits."""
-    B, H, T, D = query.shape
-    G = H // kv_heads
-    return query.view(B, kv_heads, G, T, D).permute(0, 2, 3, 1, 4).reshape(B, G, T, kv_heads * D)
-
-
 def latent_scores(
     cq: torch.Tensor, q_pos: torch.Tensor, q_ok: torch.Tensor, ck: torch.Tensor, k_pos: torch.Tensor,
     k_ok: torch.Tensor, rank: torch.Tensor,
@@ -95,10 +61,7 @@ def latent_scores(
     """
     z = cq.float() @ ck.float().transpose(-1, -2)[:, None] / rank.float().sqrt()[:, None, None, None]
     visible = k_ok[:, None, None, :] & (k_pos[:, None, None, :] <= q_pos[:, None, :, None])
-    visible = visible | ~q_ok[:, None, :, None]  # invalid rows: anything finite, weighted 0 below
-    probs = z.masked_fill(~visible, float("-inf")).softmax(-1)
-    weight = q_ok.float() / q_ok.sum(-1, keepdim=True).clamp_min(1)
-    return (weight[:, None, None, :] @ probs).squeeze(-2)
+    return mean_over_window(window_softmax(z, visible, q_ok[:, None, :, None]), q_ok)
 
 
 def select_tokens(

@@ -1,6 +1,6 @@
 """The eviction methods of the G-KV family: one small class each, implementing only its score.
 
-A compression (``rollout.cache.RolloutCache.compress``) builds a ``LayerState`` per layer, asks the method
+A compression (``rollout.eviction_cache.EvictionCache.compress``) builds a ``LayerState`` per layer, asks the method
 for a score per cached token, and keeps the sinks, the window and the best-scored candidates within the
 budget (``rollout.scoring.select_keep``, shared by every method). Defaults reproduce the reference
 implementation (microsoft/G-KV at 6db3b2e: ``ScoreBasedKV`` / ``StreamingLLMKV`` with the recipes of its

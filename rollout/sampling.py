@@ -7,6 +7,11 @@ import torch
 _NUCLEUS_PROBE = 256  # candidates tried before falling back to a full sort
 
 
+def rollout_seed(seed: int, step: int, process: int) -> int:
+    """The sampling seed of a training rollout: distinct per run seed, optimizer step and process."""
+    return seed * 100_003 + step * 1_009 + process
+
+
 def inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """Sample one index per row of non-negative weights probs [B, V] (need not sum to 1); returns int64 [B].
 

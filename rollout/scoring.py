@@ -26,6 +26,26 @@ def candidate_slots(key_pos: torch.Tensor, key_ok: torch.Tensor, lengths: torch.
     return key_ok[:, None, :] & (key_pos < (lengths - window)[:, None, None]) & (key_pos >= sinks)
 
 
+def window_softmax(logits: torch.Tensor, visible: torch.Tensor, query_ok: torch.Tensor) -> torch.Tensor:
+    """Softmax of scoring queries' logits [..., W, S] over the keys each may see.
+
+    visible bool, broadcastable to ``logits``; query_ok bool, broadcastable to [..., W, 1]: the rows of invalid
+    queries come out finite (not NaN) and must be given weight 0 (``mean_over_window``).
+    """
+    return logits.masked_fill(~(visible | ~query_ok), float("-inf")).softmax(-1)
+
+
+def mean_over_window(probs: torch.Tensor, query_ok: torch.Tensor) -> torch.Tensor:
+    """probs [B, X, W, S] -> [B, X, S]: the mean over the valid scoring queries (query_ok bool [B, W])."""
+    weight = query_ok.float() / query_ok.sum(-1, keepdim=True).clamp_min(1)
+    return (weight[:, None, None, :] @ probs).squeeze(-2)
+
+
+def aggregate_group(x: torch.Tensor, dim: int, how: str) -> torch.Tensor:
+    """Combine the query heads of a GQA group along ``dim``: ``max`` (the reference) or ``mean``."""
+    return x.amax(dim) if how == "max" else x.mean(dim)
+
+
 def window_attention(
     query: torch.Tensor,
     query_pos: torch.Tensor,
@@ -49,11 +69,8 @@ def window_attention(
     scaled = query.float().reshape(B, Hkv, G * W, D) * scale
     logits = (scaled @ keys.float().transpose(-1, -2)).view(B, Hkv, G, W, -1)
     visible = key_ok[:, None, None, None, :] & (key_pos[:, :, None, None, :] <= query_pos[:, None, None, :, None])
-    visible = visible | ~query_ok[:, None, None, :, None]  # invalid rows: anything finite, weighted 0 below
-    probs = logits.masked_fill_(~visible, float("-inf")).softmax(-1)
-    probs = probs.amax(2) if group_agg == "max" else probs.mean(2)  # [B, Hkv, W, S]
-    weight = query_ok.float() / query_ok.sum(-1, keepdim=True).clamp_min(1)
-    return (weight[:, None, None, :] @ probs).squeeze(-2)
+    probs = window_softmax(logits, visible, query_ok[:, None, None, :, None])  # [B, Hkv, G, W, S]
+    return mean_over_window(aggregate_group(probs, 2, group_agg), query_ok)
 
 
 def pool_scores(scores: torch.Tensor, ok: torch.Tensor, kernel: int, mode: str) -> torch.Tensor:

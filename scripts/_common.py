@@ -7,13 +7,14 @@ from pathlib import Path
 
 import torch
 
+from gkv_train.data import DATA_DIR
 from gkv_train.jsonio import dumps
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
-def gsm8k_questions(n: int, path: Path = SHARED_DATA / "gsm8k_test.jsonl") -> list[str]:
+
+def gsm8k_questions(n: int, path: Path = DATA_DIR / "gsm8k_test.jsonl") -> list[str]:
     """The first ``n`` GSM8K test questions."""
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: the scripts read the benchmark data from ../shared/data/")

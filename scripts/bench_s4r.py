@@ -20,7 +20,7 @@ import random
 import re
 
 import torch
-from _common import SHARED_DATA, print_json
+from _common import DATA_DIR, print_json
 
 from gkv_train.models import load_model
 from rollout.config import CompressionConfig, SamplingConfig
@@ -32,7 +32,7 @@ FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. Th
 def long_prompt(tokenizer, context: int) -> str:
     """About ``context`` tokens of MATH-500 problems, one after another."""
     parts, size = [], 0
-    with open(SHARED_DATA / "math500_test.jsonl") as f:
+    with open(DATA_DIR / "math500_test.jsonl") as f:
         for line in f:
             text = json.loads(line)["problem"] + "\n\n"
             size += len(tokenizer(text, add_special_tokens=False)["input_ids"])

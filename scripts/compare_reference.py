@@ -67,10 +67,10 @@ def _project_root(argv) -> Path:
 
 sys.path.insert(0, str(_project_root(sys.argv[1:])))
 
-from gkv_train.config import PROMPT_TEMPLATE  # noqa: E402
+from gkv_train.data import PROMPT_TEMPLATE  # noqa: E402
 from gkv_train.models import load_model  # noqa: E402
-from gkv_train.record import NEVER  # noqa: E402
 from rollout.config import CompressionConfig, SamplingConfig  # noqa: E402
+from rollout.contract.eviction import NEVER  # noqa: E402
 from rollout.engine import RolloutEngine, encode_prompts  # noqa: E402
 
 METHODS = ("streaming", "snapkv", "rkv", "h2o", "gkv-max", "gkv-mean", "gkv-sum")
@@ -246,12 +246,12 @@ def replay_project(model, tokenizer, name: str, args, interval: int, cases: list
     t0 = time.perf_counter()
     if args.project_batch:  # left-padded: logical positions unchanged, the record covers the longest prompt
         out = engine.replay([c["prompt"] for c in cases], [c["completion"] for c in cases])
-        rows = [(out.record[i], out.logprobs[i, : len(c["completion"])]) for i, c in enumerate(cases)]
+        rows = [(out.record.evict_at[i], out.logprobs[i, : len(c["completion"])]) for i, c in enumerate(cases)]
     else:
         rows = []
         for c in cases:
             out = engine.replay([c["prompt"]], [c["completion"]])
-            rows.append((out.record[0], out.logprobs[0]))  # [L, Hkv, T], [C]
+            rows.append((out.record.evict_at[0], out.logprobs[0]))  # [L, Hkv, T], [C]
     return {"rows": rows, "seconds": time.perf_counter() - t0}
 
 

@@ -21,11 +21,16 @@ from omegaconf import DictConfig, OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from gkv_train.config import EvalConfig  # noqa: E402
 from gkv_train.data import load_problems  # noqa: E402
-from gkv_train.evaluation import claim_run_dir, evaluate_compression, plot_summaries, run_name  # noqa: E402
+from gkv_train.evaluation import (  # noqa: E402
+    claim_run_dir,
+    evaluate_compression,
+    plot_summaries,
+    run_name,
+)
 from gkv_train.jsonio import dumps, write_atomically  # noqa: E402
 from gkv_train.models import check_model, load_model  # noqa: E402
+from gkv_train.run_config import EvalConfig  # noqa: E402
 from rollout.config import SamplingConfig  # noqa: E402
 
 ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
@@ -39,10 +44,7 @@ def main(cfg: DictConfig) -> None:
         if name is not None:
             check_model(name)
     data = config.data
-    problems = load_problems(
-        data.path, data.name, data.question_field, data.answer_field, data.split, data.limit, config.seed,
-        tuple(data.levels),
-    )
+    problems = load_problems(data, config.seed)
     out_dir = Path(config.output_dir)
     for compression in runs:
         claim_run_dir(out_dir / run_name(compression), config.run_settings(compression), config.overwrite)

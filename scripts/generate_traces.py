@@ -13,8 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from gkv_train.config import PROMPT_TEMPLATE
-from gkv_train.data import load_problems
+from gkv_train.data import PROMPT_TEMPLATE, DataConfig, load_problems
 from gkv_train.models import load_model
 from gkv_train.traces import generate_traces, write_traces
 from rollout.config import SamplingConfig
@@ -42,9 +41,8 @@ def main() -> None:
 
     name = None if args.data_path else args.data_name
     fields = args.question_field[0] if len(args.question_field) == 1 else args.question_field
-    problems = load_problems(
-        args.data_path, name, fields, args.answer_field, args.split, args.limit, args.seed, tuple(args.levels)
-    )
+    data = DataConfig(args.data_path, name, fields, args.answer_field, args.split, args.limit, list(args.levels))
+    problems = load_problems(data, args.seed)
     model, tokenizer = load_model(args.model)
     sampling = SamplingConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,

@@ -1,12 +1,10 @@
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from gkv_train.data import DATA_DIR
 from gkv_train.models import TINY_VOCAB, load_model, tiny_model
-
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 torch.set_num_threads(max(1, torch.get_num_threads()))
 
@@ -29,5 +27,5 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def gsm8k_questions():
-    with open(SHARED_DATA / "gsm8k_test.jsonl") as f:
+    with open(DATA_DIR / "gsm8k_test.jsonl") as f:
         return [json.loads(line)["question"] for line in f]

@@ -78,7 +78,7 @@ def test_missing_model_path(path):
     ],
 )
 def test_bad_sampling_settings_fail_before_training(kwargs, message):
-    from gkv_train.config import EvalConfig, TrainConfig
+    from gkv_train.run_config import EvalConfig, TrainConfig
 
     with pytest.raises(ValueError) as err:
         TrainConfig(**kwargs)

@@ -5,7 +5,7 @@ of two prompts longer than the budget, 33 generated tokens: 5 compressions with 
 kept logical positions that the reference's own ``update_kv`` produced for each method, compression, layer,
 sequence and KV head (``scripts/reference/make_fixtures.py`` regenerates it from a reference checkout).
 
-Here the same states go through the project's ``RolloutCache`` (prefill, then one token at a time, with the
+Here the same states go through the project's ``EvictionCache`` (prefill, then one token at a time, with the
 compressions it triggers itself), configured with the method name and the sizes only: every other setting
 is the project's default. Kept sets must be equal; where the reference had a tie at its top-k boundary, the
 two may break it differently, and then (only then) the difference must lie within the tied scores, and
@@ -20,9 +20,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gkv_train.record import logical_positions
-from rollout.cache import RolloutCache
 from rollout.config import CompressionConfig
+from rollout.contract.record import logical_positions
+from rollout.eviction_cache import EvictionCache
 
 FIXTURE = torch.load(Path(__file__).parent / "fixtures" / "gkv_reference.pt", weights_only=False)
 
@@ -40,7 +40,7 @@ class RecordingMethod:
 
 
 def run_project(cfg: CompressionConfig):
-    """Feed the fixture's states through a RolloutCache; returns per compression (generated tokens,
+    """Feed the fixture's states through a EvictionCache; returns per compression (generated tokens,
     kept positions per (layer, sequence, head) as sets, {(layer, b, h): {position: score}}) and the cache."""
     queries, keys = FIXTURE["queries"], FIXTURE["keys"]  # [L, B, H, T, D], [L, B, Hkv, T, D]
     L, B, H, T, D = queries.shape
@@ -51,7 +51,7 @@ def run_project(cfg: CompressionConfig):
         num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=Hkv, head_dim=D, hidden_size=H * D
     )
     new = FIXTURE["new_tokens"]
-    cache = RolloutCache(model_config, cfg, B, P + new, P + new, torch.float32, torch.device("cpu"))
+    cache = EvictionCache(model_config, cfg, B, P + new, P + new, torch.float32, torch.device("cpu"))
     recorder = cache.method = RecordingMethod(cache.method)
     modules = [SimpleNamespace(layer_idx=layer, num_key_value_groups=H // Hkv, is_causal=True) for layer in range(L)]
     prompt_mask = torch.arange(P)[None, :] >= torch.tensor([P - p for p in prompts])[:, None]
@@ -130,7 +130,7 @@ def test_kept_sets_equal_the_reference(name):
         stamp = prompt + step
         for (layer, bb, h), ours in kept.items():
             if bb == b:
-                visible = (cache.record[layer, b, h, :stamp] > stamp).nonzero().flatten().tolist()
+                visible = (cache.evict_at[layer, b, h, :stamp] > stamp).nonzero().flatten().tolist()
                 assert set(visible) == ours
 
 

@@ -2,14 +2,13 @@
 
 import pytest
 import torch
+from conftest import random_prompts
 
 from gkv_train.consistency import consistency_report
 from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_model
 from rollout.config import CompressionConfig, SamplingConfig
 from rollout.engine import RolloutEngine
-
-from conftest import random_prompts
 
 TOL = 1e-4
 
@@ -35,7 +34,7 @@ def check(model, out, cfg):
     assert causal > 1e-2, f"{cfg}: a plain causal mask should not reproduce the rollout ({causal})"
     if cfg.method == "streaming":
         # Sinks + recency evict the same tokens in every layer and head: rotating layers cannot change anything.
-        assert (out.evict_at == out.evict_at[:, :1, :1]).all()
+        assert (out.record.evict_at == out.record.evict_at[:, :1, :1]).all()
     else:
         assert rotated > 1e-2, f"{cfg}: masks rotated by one layer should not reproduce the rollout ({rotated})"
 
@@ -57,7 +56,7 @@ def test_consistency_other_architectures(kind):
 
 def test_full_consistency_and_chunking(tiny_llama):
     out = RolloutEngine(tiny_llama).generate(random_prompts([5, 23, 12]), SamplingConfig(max_new_tokens=20, seed=4))
-    assert out.evict_at is None and (out.retention == 1).all()
+    assert out.record is None and (out.retention == 1).all()
     args = (tiny_llama, out.sequences, out.attention_mask, out.num_completion_tokens)
     whole = token_logprobs(*args)
     chunked = token_logprobs(*args, chunk_tokens=7)
@@ -69,7 +68,7 @@ def test_full_consistency_and_chunking(tiny_llama):
 def test_flex_backend_matches_sdpa(tiny_llama):
     cfg = CompressionConfig("gkv", budget=12, window=4, interval=4)
     out = RolloutEngine(tiny_llama, compression=cfg).generate(random_prompts([5, 14]), SamplingConfig(max_new_tokens=12))
-    args = (tiny_llama, out.sequences, out.attention_mask, out.num_completion_tokens, out.evict_at)
+    args = (tiny_llama, out.sequences, out.attention_mask, out.num_completion_tokens, out.record)
     with torch.no_grad():  # FlexAttention has no backward on CPU
         flex = token_logprobs(*args, backend="flex")
     mask = out.completion_mask.bool()
@@ -79,7 +78,7 @@ def test_flex_backend_matches_sdpa(tiny_llama):
 def test_masked_logprobs_are_differentiable(tiny_llama):
     cfg = CompressionConfig("gkv", budget=12, window=4, interval=4)
     out = RolloutEngine(tiny_llama, compression=cfg).generate(random_prompts([5, 14]), SamplingConfig(max_new_tokens=12))
-    lp = token_logprobs(tiny_llama, out.sequences, out.attention_mask, out.num_completion_tokens, out.evict_at, chunk_tokens=5)
+    lp = token_logprobs(tiny_llama, out.sequences, out.attention_mask, out.num_completion_tokens, out.record, chunk_tokens=5)
     (lp * out.completion_mask).sum().backward()
     grads = [p.grad for p in tiny_llama.parameters()]
     assert all(g is not None for g in grads) and sum(g.abs().sum() for g in grads) > 0

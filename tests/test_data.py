@@ -1,6 +1,6 @@
 import pytest
 
-from gkv_train.data import arithmetic_task, load_problems
+from gkv_train.data import DataConfig, arithmetic_task, load_problems
 
 
 @pytest.mark.parametrize(
@@ -8,7 +8,7 @@ from gkv_train.data import arithmetic_task, load_problems
     [("gsm8k", 1319, "18"), ("svamp", 1000, "145"), ("amc23", 40, "27"), ("aime24", 30, "204"), ("math500", 500, None)],
 )
 def test_presets_load_gold_answers(name, rows, first_answer):
-    data = load_problems(name=name)
+    data = load_problems(DataConfig(name=name, limit=None))
     assert len(data) == rows and set(data.column_names) >= {"id", "problem", "answer"}
     if first_answer is not None:
         assert data[0]["answer"] == first_answer
@@ -16,19 +16,19 @@ def test_presets_load_gold_answers(name, rows, first_answer):
 
 
 def test_svamp_question_joins_body_and_question():
-    row = load_problems(name="svamp", limit=1)[0]
+    row = load_problems(DataConfig(name="svamp", limit=1))[0]
     assert row["problem"].startswith("There are 87 oranges") and row["problem"].endswith("each group of bananas?")
 
 
 def test_local_file_with_field_mapping(tmp_path):
     path = tmp_path / "mine.jsonl"
     path.write_text('{"q": "1+1?", "a": 2.0}\n{"q": "2+2?", "a": 4}\n')
-    data = load_problems(path=str(path), question_field="q", answer_field="a")
+    data = load_problems(DataConfig(path=str(path), name=None, question_field="q", answer_field="a", limit=None))
     assert data["problem"] == ["1+1?", "2+2?"] and data["answer"] == ["2", "4"]
     with pytest.raises(ValueError, match=r"no field\(s\) \['question', 'answer'\]"):
-        load_problems(path=str(path))
+        load_problems(DataConfig(path=str(path), name=None, limit=None))
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_problems(path=str(tmp_path / "none.jsonl"))
+        load_problems(DataConfig(path=str(tmp_path / "none.jsonl"), name=None, limit=None))
 
 
 def test_arithmetic_task_is_deterministic_and_held_out():
@@ -61,7 +61,7 @@ def test_level_one_is_one_operation():
 def test_bad_data_files_name_file_and_line(tmp_path, name, text, message):
     (tmp_path / name).write_text(text)
     with pytest.raises(ValueError) as err:
-        load_problems(path=str(tmp_path / name))
+        load_problems(DataConfig(path=str(tmp_path / name), name=None, limit=None))
     assert message in str(err.value)
 
 
@@ -72,5 +72,5 @@ def test_local_files_leave_no_datasets_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
     path = tmp_path / "mine.jsonl"
     path.write_text('{"question": "1+1?", "answer": 2}\n')
-    assert load_problems(path=str(path))["answer"] == ["2"]
+    assert load_problems(DataConfig(path=str(path), name=None, limit=None))["answer"] == ["2"]
     assert not cache.exists()

@@ -3,14 +3,15 @@
 import datasets
 import pytest
 import torch
+from conftest import random_prompts  # noqa: F401  (fixtures)
 from transformers import TrainingArguments
 
-from gkv_train.distill import CompressedDistillationTrainer, DistillOptions, token_divergence
+from gkv_train.distill import CompressedDistillationTrainer
+from gkv_train.logprobs import token_divergence
 from gkv_train.models import load_model
+from gkv_train.run_config import DistillOptions
 from gkv_train.traces import generate_traces, load_traces, write_traces
 from rollout.config import CompressionConfig, SamplingConfig
-
-from conftest import random_prompts  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +35,11 @@ def make_trainer(tmp_path, data, mode="offline", divergence="forward_kl", lr=1e-
         output_dir=str(tmp_path), per_device_train_batch_size=8, max_steps=steps, learning_rate=lr, report_to=[],
         logging_steps=1, save_strategy="no", use_cpu=True, remove_unused_columns=False, seed=0,
     )
-    options = DistillOptions(mode=mode, divergence=divergence, temperature=0.8, max_new_tokens=20,
-                             compression=CompressionConfig("gkv", budget=10, window=2, interval=4))
-    return CompressedDistillationTrainer(model=student, teacher=teacher, tokenizer=tokenizer, distill=options,
-                                         args=args, train_dataset=data)
+    return CompressedDistillationTrainer(
+        model=student, teacher=teacher, tokenizer=tokenizer, distill=DistillOptions(mode=mode, divergence=divergence),
+        compression=CompressionConfig("gkv", budget=10, window=2, interval=4),
+        sampling=SamplingConfig(max_new_tokens=20, temperature=0.8), args=args, train_dataset=data,
+    )
 
 
 def test_token_divergence_is_kl():

@@ -1,12 +1,11 @@
 import pytest
 import torch
+from conftest import random_prompts
 
-from gkv_train.attention import ATTENTION_NAME
 from gkv_train.models import tiny_model
 from rollout.config import CompressionConfig, SamplingConfig
+from rollout.contract.attention import ATTENTION_NAME
 from rollout.engine import RolloutEngine, encode_prompts, left_pad
-
-from conftest import random_prompts
 
 
 def hf_greedy(model, prompts, pad_id, max_new_tokens, eos):
@@ -74,7 +73,7 @@ def test_sampling_is_seeded_and_repeats_prompts(tiny_llama):
     b = engine.generate(prompts, SamplingConfig(max_new_tokens=12, num_samples=3, seed=5, top_p=0.9))
     c = engine.generate(prompts, SamplingConfig(max_new_tokens=12, num_samples=3, seed=6, top_p=0.9))
     assert a.sequences.shape[0] == 6 and a.prompt_lengths.tolist() == [4, 4, 4, 7, 7, 7]
-    assert torch.equal(a.sequences, b.sequences) and torch.equal(a.evict_at, b.evict_at)
+    assert torch.equal(a.sequences, b.sequences) and torch.equal(a.record.evict_at, b.record.evict_at)
     assert not torch.equal(a.sequences, c.sequences)
     assert not torch.equal(a.completion_ids[0], a.completion_ids[1])  # samples of one prompt differ
 
@@ -100,7 +99,7 @@ def test_padding_changes_nothing(tiny_llama, method):
         alone = engine.generate([prompt], sampling)
         assert torch.equal(alone.completion_ids[0], batch.completion_ids[row])
         T = len(prompt) + 25
-        assert torch.equal(alone.evict_at[0, ..., :T], batch.evict_at[row, ..., :T])
+        assert torch.equal(alone.record.evict_at[0, ..., :T], batch.record.evict_at[row, ..., :T])
 
 
 @pytest.mark.parametrize("scale", [0.01, 1.0, 6.0])  # flat rows need the full-sort fallback
@@ -136,4 +135,4 @@ def test_replay_reproduces_a_sampled_rollout(tiny_llama, method):
     assert torch.equal(replayed.completion_lengths, sampled.completion_lengths)
     assert torch.allclose(replayed.logprobs, sampled.logprobs, atol=1e-6)
     if method != "full":
-        assert torch.equal(replayed.evict_at, sampled.evict_at)
+        assert torch.equal(replayed.record.evict_at, sampled.record.evict_at)

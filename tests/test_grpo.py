@@ -7,8 +7,9 @@ import pytest
 import torch
 from trl import GRPOConfig
 
-from gkv_train.grpo import CompressedGRPOTrainer, SparseRLOptions, clip_overlong_advantages, truncated_is_weights
+from gkv_train.grpo import CompressedGRPOTrainer, clip_overlong_advantages, truncated_is_weights
 from gkv_train.models import load_model
+from gkv_train.run_config import SparseRLOptions
 from rollout.config import CompressionConfig
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -39,7 +40,7 @@ def make_trainer(
     return CompressedGRPOTrainer(
         model=model, reward_funcs=[reward], args=config, processing_class=tokenizer,
         train_dataset=datasets.Dataset.from_list([{"prompt": p} for p in PROMPTS]),
-        sparse=SparseRLOptions(compression=compression, train_with_record=train_with_record, rollout_is=rollout_is),
+        compression=compression, sparse=SparseRLOptions(train_with_record=train_with_record, rollout_is=rollout_is),
     )
 
 

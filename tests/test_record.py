@@ -1,11 +1,11 @@
 import pytest
 import torch
-
-from gkv_train.record import NEVER, logical_positions, record_to_columns, visibility_mask, visible_counts
-from rollout.config import CompressionConfig, SamplingConfig
-from rollout.engine import RolloutEngine
-
 from conftest import random_prompts
+
+from rollout.config import CompressionConfig, SamplingConfig
+from rollout.contract.eviction import NEVER, record_to_columns, visibility_mask, visible_counts
+from rollout.contract.record import logical_positions
+from rollout.engine import RolloutEngine
 
 
 def test_logical_positions_ignore_padding():
@@ -47,7 +47,7 @@ def test_every_compression_keeps_budget_window_and_sinks(tiny_llama, cfg):
     out = RolloutEngine(tiny_llama, compression=cfg).generate(
         prompts, SamplingConfig(max_new_tokens=30, seed=2, ignore_eos=True)
     )
-    rec = out.evict_at
+    rec = out.record.evict_at
     N, L, H, T = rec.shape
     assert rec.dtype == torch.int32 and (N, L) == (4, tiny_llama.config.num_hidden_layers)
     assert H == tiny_llama.config.num_key_value_heads and T == out.sequences.shape[1]
@@ -74,5 +74,5 @@ def test_every_compression_keeps_budget_window_and_sinks(tiny_llama, cfg):
 def test_heads_and_layers_evict_differently(tiny_llama):
     cfg = CompressionConfig("gkv", budget=20, window=4, interval=6)
     out = RolloutEngine(tiny_llama, compression=cfg).generate(random_prompts([40, 33]), SamplingConfig(max_new_tokens=20))
-    rec = out.evict_at
+    rec = out.record.evict_at
     assert not torch.equal(rec[:, 0], rec[:, 1]) and not torch.equal(rec[:, :, 0], rec[:, :, 1])

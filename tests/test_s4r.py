@@ -2,16 +2,14 @@
 
 import pytest
 import torch
+from conftest import random_prompts
 
 from gkv_train.consistency import consistency_report
-from gkv_train.models import tiny_model
-from gkv_train.s4r import pack_bits, unpack_bits
 from rollout.config import CompressionConfig, SamplingConfig
-from rollout.engine import RolloutEngine
-from rollout.lowrank import apply_rope, inverse_rope, persistent_elements, s4r_rank, sample_positions, select_tokens
-from rollout.s4r import S4RCache
-
-from conftest import random_prompts
+from rollout.contract.bits import pack_bits, unpack_bits
+from rollout.contract.rope import apply_rope, inverse_rope
+from rollout.engine import RolloutEngine, make_cache
+from rollout.lowrank import persistent_elements, s4r_rank, sample_positions, select_tokens
 
 TOL = 1e-4
 PROMPTS = [40, 63, 52, 71, 45]
@@ -58,9 +56,8 @@ def test_replay_reproduces_an_s4r_rollout(tiny_llama):
 
 def test_persistent_bytes_follow_the_formula(tiny_llama):
     cfg = CompressionConfig("s4r", eta=0.25, window=4)
-    engine = RolloutEngine(tiny_llama, compression=cfg)
     caches = []
-    engine._cache = (lambda make: lambda *a, **k: caches.append(make(*a, **k)) or caches[-1])(engine._cache)
+    engine = RolloutEngine(tiny_llama, compression=cfg, cache_factory=lambda *a: caches.append(make_cache(*a)) or caches[-1])
     prompts = random_prompts([60, 90])
     out = engine.generate(prompts, SamplingConfig(max_new_tokens=1))  # prefill only: the state at the prompt
     cache = caches[0]

@@ -92,7 +92,7 @@ def test_distillation_recipes(tmp_path, recipe):
         subprocess.run([sys.executable, str(ROOT / "scripts" / "generate_traces.py"), "--model", "tiny", "--limit", "4",
                         "--samples", "2", "--max-new-tokens", "16", "--keep-incorrect", "--output", str(traces)],
                        cwd=ROOT, check=True, capture_output=True, timeout=600)
-        args.append(f"traces={traces}")
+        args.append(f"distill.traces={traces}")
     proc = run(args)
     steps = metrics(tmp_path)
     assert [r["step"] for r in steps] == [1, 2] and max(r["mismatch/max_abs"] for r in steps) <= 1e-4

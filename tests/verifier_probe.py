@@ -47,10 +47,10 @@ def write_problems(path):
 EVALUATE_WITH_ANSWERS = """
 import itertools, runpy, sys
 sys.path.insert(0, {tests!r})
-import gkv_train.evaluation as evaluation
+import rewards.grading as grading
 from verifier_probe import PAIRS
 answers = itertools.cycle([a for _, a, _ in PAIRS])
-evaluation.extract_answer = lambda text: next(answers)
+grading.extract_answer = lambda text: next(answers)
 sys.argv = [{script!r}, *sys.argv[1:]]
 runpy.run_path({script!r}, run_name="__main__")
 """

@@ -21,26 +21,12 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from gkv_train.attention import sdpa_with_head_mask
-from gkv_train.record import logical_positions
-from rollout.lowrank import apply_rope, concat_to_heads, heads_to_concat, inverse_rope
+from rollout.contract.attention import base_model, sdpa_with_head_mask
+from rollout.contract.bits import unpack_bits
+from rollout.contract.record import logical_positions
+from rollout.contract.rope import apply_rope, concat_to_heads, heads_to_concat, inverse_rope
 
 BATCH_PREFIX = "s4r_"
-
-
-def pack_bits(mask: torch.Tensor) -> torch.Tensor:
-    """bool [..., n] -> uint8 [..., ceil(n / 8)] (little-endian bit order within each byte)."""
-    n = mask.shape[-1]
-    padded = torch.nn.functional.pad(mask.to(torch.uint8), (0, (-n) % 8))
-    weights = torch.tensor([1, 2, 4, 8, 16, 32, 64, 128], dtype=torch.uint8, device=mask.device)
-    return (padded.view(*mask.shape[:-1], -1, 8) * weights).sum(-1, dtype=torch.uint8)
-
-
-def unpack_bits(packed: torch.Tensor, n: int) -> torch.Tensor:
-    """uint8 [..., m] -> bool [..., n]: the inverse of ``pack_bits``."""
-    shifts = torch.arange(8, dtype=torch.uint8, device=packed.device)
-    bits = (packed[..., None] >> shifts) & 1
-    return bits.reshape(*packed.shape[:-1], -1)[..., :n].bool()
 
 
 @dataclass
@@ -59,6 +45,7 @@ class S4RRecord:
     sinks: torch.Tensor
 
     def __getitem__(self, rows) -> "S4RRecord":
+        rows = slice(rows, rows + 1) if isinstance(rows, int) else rows  # keep the batch dimension
         return S4RRecord(*(getattr(self, f.name)[rows] for f in fields(self)))
 
     def roll_layers(self, shift: int) -> "S4RRecord":
@@ -80,6 +67,21 @@ class S4RRecord:
     def nbytes(self, row: int = 0) -> int:
         """Bytes of one sequence's record."""
         return sum(getattr(self, f.name)[row].numel() * getattr(self, f.name).element_size() for f in fields(self))
+
+    def attention_context(self, model, attention_mask: torch.Tensor, backend: str = "auto") -> "S4RMasks":
+        """``S4RMasks`` (SDPA on every device: ``backend`` applies to eviction records only)."""
+        return S4RMasks.build(self, attention_mask, base_model(model).get_decoder().rotary_emb)
+
+    def kept_at(self, row: int, position: int) -> torch.Tensor:
+        """bool [L, position + 1]: the exact sinks and the tokens the query at ``position`` reconstructed (every
+        earlier token for a prompt query, which attends exactly)."""
+        step = position - int(self.prompt_lengths[row])
+        L = self.selected.shape[1]
+        if step < 0:
+            return torch.ones(L, position + 1, dtype=torch.bool, device=self.selected.device)
+        kept = unpack_bits(self.selected[row, :, step], position + 1)
+        kept[:, : int(self.sinks[row])] = True
+        return kept
 
 
 @dataclass

@@ -1,11 +1,11 @@
 """The rollout's KV cache: preallocated per-layer buffers, compressed in place, that write the eviction record.
 
-``RolloutCache`` is the attention context (``gkv_train.attention``) of the rollout's forward calls: each layer
+``EvictionCache`` is the attention context (``rollout.contract.attention``) of the rollout's forward calls: each layer
 appends its new keys/values (after RoPE) to its buffer, keeps the last ``window`` queries for scoring, and
 attends over the occupied slots. Every slot carries the logical position of its token, so eviction never
 shifts a RoPE position, and ``compress`` keeps, per layer and KV head, the sinks, the window and the best
 scored others, compacting them into the first ``budget`` slots in position order and stamping the evicted ones in
-the record (see ``gkv_train.record`` for the timing).
+the record (see ``rollout.contract.eviction`` for the timing).
 
 Occupancy is per sequence, not per layer or head: after a compression every (layer, KV head) of sequence ``b``
 keeps exactly ``min(budget, length_b)`` tokens, so one [B, S] validity mask serves all layers.
@@ -18,8 +18,10 @@ import time
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from gkv_train.record import NEVER, after_end_is_never, retention
 from rollout.config import CompressionConfig
+from rollout.contract.attention import head_dim
+from rollout.contract.eviction import NEVER, EvictionRecord, after_end_is_never
+from rollout.kv_cache import KVCache
 from rollout.methods import LayerState, method_class
 from rollout.scoring import candidate_slots, select_keep
 
@@ -36,7 +38,7 @@ def gather_slots(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.reshape(B * H * S, *rest).index_select(0, flat).view(B, H, index.shape[-1], *rest)
 
 
-class RolloutCache:
+class EvictionCache(KVCache):
     """KV buffers of one batched rollout.
 
     model_config: the HF config (layers, heads, head dim); capacity: slots per buffer; record_len: logical
@@ -57,7 +59,7 @@ class RolloutCache:
         L = model_config.num_hidden_layers
         H = model_config.num_attention_heads
         Hkv = model_config.num_key_value_heads
-        D = getattr(model_config, "head_dim", None) or model_config.hidden_size // H
+        D = head_dim(model_config)
         B, S = batch_size, capacity
         self.scale = D**-0.5
         self.keys = torch.zeros(L, B, Hkv, S, D, dtype=dtype, device=device)
@@ -68,7 +70,7 @@ class RolloutCache:
         self._pending = 0  # slots being written by the forward in flight
         self.compressions = 0
         self.seconds = 0.0  # time spent compressing
-        self.record = None
+        self.evict_at = None
         if compression.compresses:
             W = compression.window
             self.method = method_class(compression.method)(compression)
@@ -79,7 +81,8 @@ class RolloutCache:
             self.query_pos = torch.zeros(B, W, dtype=torch.long, device=device)
             self.query_ok = torch.zeros(B, W, dtype=torch.bool, device=device)
             self._query_slot = 0
-            self.record = torch.full((L, B, Hkv, record_len), NEVER, dtype=torch.int32, device=device)
+            # the eviction stamps, layer first: [L, B, Hkv, T] (``finish`` returns them as an EvictionRecord)
+            self.evict_at = torch.full((L, B, Hkv, record_len), NEVER, dtype=torch.int32, device=device)
 
     @property
     def capacity(self) -> int:
@@ -150,13 +153,13 @@ class RolloutCache:
             self.compress()
 
     def finish(self, prompt_lengths, completion_lengths, width: int):
-        """(record, retention) of the rollout: the canonical ``evict_at`` [N, L, Hkv, width] (None without
-        compression) and cache length / sequence length at each sequence's last token."""
+        """(record, retention) of the rollout: an ``EvictionRecord`` of ``evict_at`` [N, L, Hkv, width] (None
+        without compression) and cache length / sequence length at each sequence's last token."""
         total = prompt_lengths + completion_lengths
-        if self.record is None:
+        if self.evict_at is None:
             return None, torch.ones(total.shape[0], dtype=torch.float32, device=total.device)
-        evict_at = after_end_is_never(self.record[..., :width].permute(1, 0, 2, 3), total)
-        return evict_at, retention(evict_at, total)
+        record = EvictionRecord(after_end_is_never(self.evict_at[..., :width].permute(1, 0, 2, 3), total))
+        return record, record.retention(total)
 
     def compress(self) -> None:
         """Keep ``min(budget, length)`` tokens per (sequence, layer, KV head); stamp the evicted ones.
@@ -188,7 +191,7 @@ class RolloutCache:
             )
             evicted = key_ok[:, None, :] & ~kept
             stamps = torch.where(evicted, stamp[:, None, None], NEVER)
-            self.record[layer].scatter_reduce_(-1, positions.clamp_max(self.record.shape[-1] - 1), stamps, "amin")
+            self.evict_at[layer].scatter_reduce_(-1, positions.clamp_max(self.evict_at.shape[-1] - 1), stamps, "amin")
             self.keys[layer, :, :, :K] = gather_slots(keys, index)
             self.values[layer, :, :, :K] = gather_slots(values, index)
             self.positions[layer, :, :, :K] = positions.gather(-1, index)

@@ -4,7 +4,7 @@
 ``AttentionMaskInterface``) under ``ATTENTION_NAME``. A model set to it behaves exactly like ``sdpa`` unless a
 forward call passes ``kv_context=...``: an object with an ``attend(module, query, key, value, attention_mask,
 scaling, dropout)`` method, which then owns the attention of every layer (it reads ``module.layer_idx``). The
-rollout caches and the record masks are such contexts. No modeling file is forked and no library global is
+rollout caches and the records' attention contexts (masks) are such contexts. No modeling file is forked and no library global is
 patched.
 """
 
@@ -41,6 +41,16 @@ def sdpa_with_head_mask(query, key, value, mask, scaling, dropout=0.0):
         query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=groups > 1
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def base_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under a PEFT wrapper (the model itself when unwrapped)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def head_dim(config) -> int:
+    """Per-head dimension of an HF config (``head_dim`` when set, else hidden size / heads)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 def register() -> str:

@@ -11,17 +11,19 @@ import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from omegaconf import OmegaConf
 
-from gkv_train.distill import DistillOptions
+from gkv_train.data import DataConfig
 from rollout.config import CompressionConfig
 
 ALGORITHMS = ("grpo", "distill")
+# TRL's GRPO losses; each is ratio x advantage, so truncated importance sampling (``rl.rollout_is``) applies
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo")
+IS_MODES = ("token_truncate", "sequence_truncate")
+DISTILL_MODES = ("offline", "onpolicy")
+DIVERGENCES = ("forward_kl", "sft")
 PRECISIONS = ("fp32", "bf16")
-PROMPT_TEMPLATE = "{problem}\nPut your final answer in \\boxed{{}}."
 
 
 def slug(name: str | None) -> str:
@@ -53,27 +55,56 @@ def check_sampling(temperature: float, top_p: float, greedy: bool) -> None:
 
 
 @dataclass
-class DataConfig:
-    """Where problems come from: ``path`` (local JSONL/JSON/Parquet) or ``name`` (preset: aime24, amc23,
-    math500, gsm8k, svamp; ``arithmetic``, the built-in task; or a hub dataset)."""
+class SparseRLOptions:
+    """What RL-Sparse adds to TRL's GRPO options (``rl.*`` keys of ``train.py``).
 
-    path: str | None = None
-    name: str | None = "arithmetic"
-    question_field: Any = "question"  # a field, or a list of fields joined with a space
-    answer_field: str = "answer"
-    split: str = "train"
-    limit: int | None = 256
-    levels: list[int] = field(default_factory=lambda: [1])  # built-in task difficulty levels (1-4)
-    prompt_template: str = PROMPT_TEMPLATE
+    train_with_record: attend under the rollout's record in every trainer forward (False drops the masks: a
+        control that must show a large mismatch, and RL-Full's setting).
+    overlong_advantage_clip: clamp the advantage of completions that hit ``max_new_tokens`` to >= 0.
+    rollout_is: ``token_truncate`` or ``sequence_truncate`` importance sampling between rollout and trainer
+        log-probs, ratio capped at ``rollout_is_cap``; None disables it.
+    """
 
-    def identity(self) -> dict:
-        """Everything that determines the problems and prompts: these settings and, for a local file (or a
-        preset's), the file's identity (path, size, modification time)."""
-        from gkv_train.data import local_file
-        from gkv_train.jsonio import file_identity
+    train_with_record: bool = True
+    overlong_advantage_clip: bool = True
+    rollout_is: str | None = None
+    rollout_is_cap: float = 2.0
 
-        file = local_file(self.path, self.name)
-        return {**asdict(self), "file": file_identity(file) if file is not None and file.is_file() else None}
+    def __post_init__(self):
+        if self.rollout_is is not None and self.rollout_is not in IS_MODES:
+            raise ValueError(f"unknown rollout_is mode {self.rollout_is!r}; choose one of {IS_MODES} or null")
+        if self.rollout_is_cap <= 0:
+            raise ValueError(f"rollout_is_cap must be positive, got {self.rollout_is_cap}")
+
+
+@dataclass
+class DistillOptions:
+    """Distillation (``algorithm=distill``; ``distill.*`` keys of ``train.py``).
+
+    mode: ``offline`` (teacher traces replayed through the student's compressed cache) or ``onpolicy``
+        (the student samples under compression, the teacher scores the same tokens).
+    divergence: ``forward_kl`` (KL(teacher || student) at the sampling temperature, x T^2) or ``sft``.
+    teacher: the full-attention teacher; None: a frozen copy of the initial model.
+    traces: a traces JSONL (``scripts/generate_traces.py``) for offline mode; None: generated at start from
+        the first ``trace_problems`` training problems, ``trace_samples`` samples each (correct ones kept).
+    chunk_tokens: tokens per LM-head chunk of the loss (memory: chunk_tokens x vocab logits at once).
+    """
+
+    mode: str = "offline"
+    divergence: str = "forward_kl"
+    teacher: str | None = None
+    traces: str | None = None
+    trace_problems: int = 64
+    trace_samples: int = 4
+    chunk_tokens: int = 512
+
+    def __post_init__(self):
+        if self.mode not in DISTILL_MODES:
+            raise ValueError(f"unknown distillation mode {self.mode!r}; choose one of {DISTILL_MODES}")
+        if self.divergence not in DIVERGENCES:
+            raise ValueError(f"unknown divergence {self.divergence!r}; choose one of {DIVERGENCES}")
+        if min(self.trace_problems, self.trace_samples, self.chunk_tokens) < 1:
+            raise ValueError("distill.trace_problems, trace_samples and chunk_tokens must be at least 1")
 
 
 @dataclass
@@ -97,7 +128,6 @@ class TrainConfig:
     compression: CompressionConfig = field(
         default_factory=lambda: CompressionConfig("gkv", budget=64, window=8, interval=16)
     )
-    train_with_record: bool = True  # rl_sparse: attend under the rollout's record; False drops the masks
     # GRPO
     prompts_per_step: int = 2
     samples_per_prompt: int = 8
@@ -111,17 +141,10 @@ class TrainConfig:
     scale_rewards: str = "group"
     rewards: list[str] = field(default_factory=lambda: ["rewards.functions.accuracy"])
     reward_weights: list[float] | None = None
-    overlong_advantage_clip: bool = True
-    rollout_is: str | None = None  # token_truncate | sequence_truncate
-    rollout_is_cap: float = 2.0
+    rl: SparseRLOptions = field(default_factory=SparseRLOptions)
     use_vllm: bool = False  # rl_full on a GPU with the vllm extra: generate through TRL's vLLM integration
     # distillation (algorithm=distill); prompts_per_step is then the number of traces / prompts per step
-    distill_mode: str = "offline"  # offline (teacher traces, replayed) | onpolicy (student samples)
-    divergence: str = "forward_kl"  # forward_kl (at temperature, x T^2) | sft
-    teacher: str | None = None  # default: a frozen copy of the initial model
-    traces: str | None = None  # a traces JSONL (scripts/generate_traces.py); None: generated at start
-    trace_problems: int = 64
-    trace_samples: int = 4
+    distill: DistillOptions = field(default_factory=DistillOptions)
     # optimisation
     max_steps: int = 6
     learning_rate: float = 2e-6
@@ -151,8 +174,6 @@ class TrainConfig:
             raise ValueError(f"overwrite=true and resume={self.resume} contradict each other: choose one")
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of {ALGORITHMS}")
-        if self.algorithm == "distill":
-            DistillOptions(mode=self.distill_mode, divergence=self.divergence, temperature=self.temperature)
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"unknown loss_type {self.loss_type!r}; choose one of {LOSS_TYPES}")
         if self.precision not in PRECISIONS:

@@ -10,7 +10,7 @@ Decode step: latent logits C_Q C_K^T / sqrt(r) (causal) are softmaxed over the c
 queries, pooled along the sequence and averaged over the GQA group; the last W tokens and the top
 max(floor(rho L_t) - W, 0) others are reconstructed (C B^T), RoPE applied at their original positions, and
 the new token attends exactly to them and the sinks. The selection is recorded per layer and generated
-token; ``gkv_train.s4r.S4RMasks`` replays it in training.
+token; ``rollout.contract.s4r_record.S4RMasks`` replays it in training.
 
 Pre-RoPE keys and queries come from rotating back what the attention function receives (exact up to float
 error); sink keys are kept as received (after RoPE), which is their pre-RoPE value rotated once.
@@ -23,14 +23,13 @@ import time
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from gkv_train.s4r import S4RRecord, pack_bits, unpack_bits
 from rollout.config import CompressionConfig
+from rollout.contract.attention import head_dim
+from rollout.contract.bits import pack_bits, unpack_bits
+from rollout.contract.rope import apply_rope, concat_to_heads, group_queries, heads_to_concat, inverse_rope
+from rollout.contract.s4r_record import S4RRecord
+from rollout.kv_cache import KVCache
 from rollout.lowrank import (
-    apply_rope,
-    concat_to_heads,
-    group_queries,
-    heads_to_concat,
-    inverse_rope,
     latent_scores,
     low_rank_bases,
     persistent_elements,
@@ -38,10 +37,10 @@ from rollout.lowrank import (
     sample_positions,
     select_tokens,
 )
-from rollout.scoring import pool_scores
+from rollout.scoring import aggregate_group, pool_scores
 
 
-class S4RCache:
+class S4RCache(KVCache):
     """S4R attention context of one batched rollout. Slot i of the coefficient buffers holds logical position
     ``i + sinks`` (nothing is evicted: every token is kept, low-rank)."""
 
@@ -51,7 +50,7 @@ class S4RCache:
         self.rotary = model.get_decoder().rotary_emb
         self.L = cfg.num_hidden_layers
         self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-        self.D = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.H
+        self.D = head_dim(cfg)
         self.dim = self.Hkv * self.D
         self.G = self.H // self.Hkv
         self.s, self.W = compression.sinks, compression.window
@@ -86,12 +85,6 @@ class S4RCache:
 
     def end(self) -> None:
         self.step += 1
-
-    def after_prefill(self) -> None:
-        return None
-
-    def after_step(self, generated: int) -> None:
-        return None
 
     def nbytes(self) -> int:
         """Bytes of the persistent state (per ``persistent_elements``, summed over sequences and layers)."""
@@ -185,7 +178,7 @@ class S4RCache:
         k_ok = self.valid[:, self.s : self.s + S] & (k_pos <= pos)
         score = latent_scores(self.cq[layer], self.q_pos, self.q_ok, self.coef_k[layer][:, :S], k_pos, k_ok, self.rank_k)
         score = pool_scores(score, k_ok[:, None, :], cfg.pool_kernel, cfg.pool)  # [B, G, S]
-        score = score.mean(1) if cfg.group_agg == "mean" else score.amax(1)
+        score = aggregate_group(score, 1, cfg.group_agg)
         chosen = select_tokens(score, k_pos, k_ok, pos[:, 0], k_ok.sum(-1), self.W, cfg.rho, layer in cfg.full_layers)
         self.selected[layer, :, self.step] = pack_bits(torch.nn.functional.pad(chosen, (self.s, self.length - self.s - S)))
 

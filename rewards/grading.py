@@ -1,0 +1,36 @@
+"""Scoring sampled completions against gold answers: decode, extract the final answer, verify. The one path used
+by training's held-out evaluation, ``scripts/evaluate.py`` and teacher traces."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from rewards.extract import extract_answer
+from rewards.verify import MathVerifier
+
+
+@dataclass(frozen=True)
+class Grade:
+    """One completion's text, extracted answer (None: none found), verdict, and whether the check timed out
+    (then ``correct`` is False)."""
+
+    text: str
+    answer: str | None
+    correct: bool
+    timed_out: bool
+
+
+def grade_completions(
+    tokenizer, completion_ids: Sequence[Sequence[int]], golds: Sequence[str], verify: MathVerifier
+) -> list[Grade]:
+    """Grade token-id completions (special tokens dropped when decoding) against ``golds``, one per completion."""
+    if len(golds) != len(completion_ids):
+        raise ValueError(f"{len(golds)} gold answers for {len(completion_ids)} completions")
+    grades = []
+    for text, gold in zip(tokenizer.batch_decode(completion_ids, skip_special_tokens=True), golds):
+        answer = extract_answer(text)
+        timeouts = verify.stats["timeouts"]
+        correct = verify(answer, gold)
+        grades.append(Grade(text, answer, correct, verify.stats["timeouts"] > timeouts))
+    return grades

@@ -1,0 +1,196 @@
+"""The eviction record of the G-KV family: what every generated token could see, per layer and KV head.
+
+Format. For a batch of ``B`` sequences, a model with ``L`` layers and ``Hkv`` KV heads:
+
+    evict_at: int32 [B, L, Hkv, T]
+
+``evict_at[b, l, h, k]`` is the *logical* position of the first query that can no longer see the key at
+logical position ``k`` in layer ``l``, KV head ``h`` of sequence ``b``; ``NEVER`` if no query ever loses it.
+Logical positions count the real tokens of a sequence from 0 (left padding excluded), so the record does not
+depend on how a batch is padded, and RoPE positions never shift when tokens are evicted.
+
+A key ``k`` is visible to a query ``q`` iff ``k <= q < evict_at[..., k]``. Entries at positions past a
+sequence's end are meaningless and ignored.
+
+Timing (shared by the rollout engine and the masks): a compression runs *after* the forward pass of the token
+that triggers it, so that token's own attention still used the uncompressed cache; the evicted keys are stamped
+with the position of the next query. After prefill of a prompt of ``P`` tokens the stamp is ``P``; after the
+forward of the ``n``-th generated token it is ``P + n``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rollout.contract.attention import sdpa_with_head_mask
+from rollout.contract.record import causal_mask, logical_positions
+
+NEVER = torch.iinfo(torch.int32).max
+
+
+def after_end_is_never(evict_at: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Canonical form of a record: evictions stamped after a sequence's last token (which no query of the
+    sequence observes: they come from decoding past its end in a batch) become ``NEVER``.
+
+    evict_at int32 [B, L, Hkv, T]; lengths int64 [B] real tokens per sequence. Returns a new contiguous tensor.
+    """
+    last = (lengths - 1).to(evict_at.dtype)[:, None, None, None]
+    return torch.where(evict_at > last, NEVER, evict_at).contiguous()
+
+
+def record_to_columns(evict_at: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """Re-index a record from logical positions to the columns of a padded batch.
+
+    evict_at: int32 [B, L, Hkv, T_rec] (logical key positions);
+    positions: int64 [B, T] logical position of each column (``logical_positions``).
+    Returns int32 [B, L, Hkv, T]: the eviction stamp of the key held by each column.
+    """
+    B, L, H, T_rec = evict_at.shape
+    if int(positions.max()) >= T_rec:
+        raise ValueError(f"record covers {T_rec} positions but the batch has sequences of {int(positions.max()) + 1}")
+    index = positions[:, None, None, :].expand(B, L, H, positions.shape[-1])
+    return evict_at.gather(-1, index)
+
+
+def visibility_mask(
+    evict_cols: torch.Tensor, key_positions: torch.Tensor, key_valid: torch.Tensor, query_positions: torch.Tensor
+) -> torch.Tensor:
+    """Attention mask of one layer under the record: causal, padding and eviction.
+
+    evict_cols: int32 [B, Hkv, K] eviction stamp of the key in each key column (one layer of
+    ``record_to_columns``); key_positions: int64 [B, K]; key_valid: bool [B, K]; query_positions: int64 [B, Q].
+    Returns bool [B, Hkv, Q, K]: True where the query may attend to the key.
+    """
+    alive = evict_cols[:, :, None, :] > query_positions[:, None, :, None]
+    return alive & causal_mask(key_positions, key_valid, query_positions)
+
+
+def visible_counts(evict_at: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
+    """Number of keys each (layer, KV head) holds when a query is processed, the query itself included.
+
+    evict_at: int32 [B, L, Hkv, T]; query_positions: int64 [B] one logical query position per sequence.
+    Returns int64 [B, L, Hkv].
+    """
+    T = evict_at.shape[-1]
+    keys = torch.arange(T, device=evict_at.device)
+    q = query_positions[:, None, None, None]
+    return ((keys <= q) & (evict_at > q)).sum(-1)
+
+
+def retention(evict_at: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Token retention of each sequence: cache length / sequence length at its last token, mean over layers and heads.
+
+    evict_at: int32 [B, L, Hkv, T]; lengths: int64 [B] real tokens per sequence (prompt + completion).
+    Returns float32 [B] in (0, 1].
+    """
+    counts = visible_counts(evict_at, lengths - 1).float().mean(dim=(1, 2))
+    return counts / lengths.float()
+
+
+BACKENDS = ("auto", "sdpa", "flex")
+
+
+@dataclass
+class EvictionMasks:
+    """Attention context (``rollout.contract.attention``) of a forward over a padded batch under an eviction
+    record. Every layer builds its own mask from its slice of the record when it runs, so no [B, L, T, T] tensor
+    is ever held: on CPU a dense boolean mask for SDPA; with ``backend="flex"`` (default on CUDA) a FlexAttention
+    ``BlockMask`` whose mask function reads the record directly.
+
+    evict_cols: int32 [B, L, Hkv, T] eviction stamp of the key in each column, per layer and KV head;
+    positions: int64 [B, T] logical position of each column; valid: bool [B, T] real (non-padding) columns.
+    """
+
+    evict_cols: torch.Tensor
+    positions: torch.Tensor
+    valid: torch.Tensor
+    backend: str = "auto"
+
+    @classmethod
+    def build(cls, evict_at: torch.Tensor, attention_mask: torch.Tensor, backend: str = "auto") -> "EvictionMasks":
+        """evict_at: int32 [B, L, Hkv, T_rec] record; attention_mask: [B, T] padding mask of the batch."""
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r}; choose one of {BACKENDS}")
+        if evict_at.shape[0] != attention_mask.shape[0]:
+            raise ValueError(f"record has {evict_at.shape[0]} rows but the batch has {attention_mask.shape[0]}")
+        positions = logical_positions(attention_mask)
+        evict_cols = record_to_columns(evict_at.to(attention_mask.device), positions)
+        return cls(evict_cols, positions, attention_mask.bool(), backend)
+
+    def layer_mask(self, layer_idx: int, num_queries: int) -> torch.Tensor:
+        """Dense bool mask [B, Hkv, Q, T] of one layer for the last ``num_queries`` columns."""
+        return visibility_mask(
+            self.evict_cols[:, layer_idx], self.positions, self.valid, self.positions[:, -num_queries:]
+        )
+
+    def layer_block_mask(self, layer_idx: int, num_heads: int, num_queries: int):
+        """FlexAttention BlockMask of one layer (query heads ``num_heads``) for the last ``num_queries`` columns."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        evict = self.evict_cols[:, layer_idx]
+        pos, valid = self.positions, self.valid
+        groups = num_heads // evict.shape[1]
+        offset = pos.shape[-1] - num_queries
+
+        def mask_mod(b, h, q_idx, kv_idx):
+            q_pos = pos[b, q_idx + offset]
+            return valid[b, kv_idx] & (pos[b, kv_idx] <= q_pos) & (evict[b, h // groups, kv_idx] > q_pos)
+
+        B, T = pos.shape
+        return create_block_mask(mask_mod, B, num_heads, num_queries, T, device=pos.device)
+
+    def attend(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0):
+        num_queries = query.shape[2]
+        backend = self.backend
+        if backend == "auto":
+            backend = "flex" if query.is_cuda else "sdpa"
+        if backend == "flex":
+            from transformers.integrations.flex_attention import flex_attention_forward
+
+            block_mask = self.layer_block_mask(module.layer_idx, query.shape[1], num_queries)
+            return flex_attention_forward(module, query, key, value, block_mask, scaling=scaling, dropout=dropout)
+        mask = self.layer_mask(module.layer_idx, num_queries)
+        return sdpa_with_head_mask(query, key, value, mask, scaling, dropout if module.training else 0.0)
+
+
+@dataclass
+class EvictionRecord:
+    """The eviction records of a batch (``rollout.contract.record.Record``).
+
+    evict_at int32 [B, L, Hkv, T]: the logical position of the first query that no longer sees each key
+    (``NEVER``: none), in the canonical form of ``after_end_is_never``.
+    """
+
+    evict_at: torch.Tensor
+
+    BATCH_KEY = "evict_at"
+
+    def __getitem__(self, rows) -> "EvictionRecord":
+        rows = slice(rows, rows + 1) if isinstance(rows, int) else rows  # keep the batch dimension
+        return EvictionRecord(self.evict_at[rows])
+
+    def to_batch(self) -> dict[str, torch.Tensor]:
+        return {self.BATCH_KEY: self.evict_at}
+
+    @classmethod
+    def from_batch(cls, batch) -> "EvictionRecord | None":
+        return cls(batch[cls.BATCH_KEY]) if cls.BATCH_KEY in batch else None
+
+    def roll_layers(self, shift: int) -> "EvictionRecord":
+        return EvictionRecord(self.evict_at.roll(shift, dims=1))
+
+    def nbytes(self, row: int = 0) -> int:
+        return self.evict_at[row].numel() * self.evict_at.element_size()
+
+    def attention_context(self, model, attention_mask: torch.Tensor, backend: str = "auto") -> EvictionMasks:
+        return EvictionMasks.build(self.evict_at, attention_mask, backend)
+
+    def kept_at(self, row: int, position: int) -> torch.Tensor:
+        """bool [L * Hkv, position + 1]: the keys each (layer, KV head) held for the query at ``position``."""
+        return (self.evict_at[row, :, :, : position + 1] > position).reshape(-1, position + 1)
+
+    def retention(self, lengths: torch.Tensor) -> torch.Tensor:
+        """float32 [B]: cache length / sequence length at each sequence's last token (``retention``)."""
+        return retention(self.evict_at, lengths)

@@ -1,0 +1,42 @@
+"""The protocol of a rollout's KV cache, which the engine drives token by token."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class KVCache(Protocol):
+    """The attention context (``rollout.contract.attention``) holding one batched rollout's KV cache.
+
+    The engine calls, per forward: ``begin`` (reserve the new tokens, get the forward's mask), the model
+    (every layer calls ``attend``), ``end``; then ``after_prefill`` once or ``after_step`` after each generated
+    token's forward (where compression happens); ``finish`` at the end.
+    """
+
+    compressions: int  # compressions run so far
+    seconds: float  # time spent compressing (or, for S4R, building bases, scoring and reconstructing)
+
+    def begin(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        """positions int64 [B, Q] logical positions of the new tokens, valid bool [B, Q] -> bool mask
+        [B, 1, Q, K] for the forward."""
+
+    def attend(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0):
+        """One layer's attention over the cache and the new keys/values: (out [B, Q, H, D], None)."""
+
+    def end(self) -> None:
+        """Commit the tokens of the forward that just ran."""
+
+    def after_prefill(self) -> None:
+        """Called once after the prompt's forward (a compression point); nothing by default."""
+
+    def after_step(self, generated: int) -> None:
+        """Called after the forward of the ``generated``-th generated token (a compression point); nothing by
+        default."""
+
+    def finish(self, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, width: int):
+        """(record or None, retention float32 [N]) of the rollout, record positions < ``width``."""
+
+    def nbytes(self) -> int:
+        """Bytes of the cache's tensors."""
