@@ -50,7 +50,7 @@ class DataConfig:
     answer_field: str = "answer"
     split: str = "train"
     limit: int | None = 256
-    levels: list[int] = field(default_factory=lambda: [1])  # built-in task difficulty levels (1-4)
+    levels: list[int] = field(default_factory=lambda: [1])  # built-in task difficulty levels (0-4)
     distractors: int = 0  # built-in task: facts about others placed between a problem's first fact and the rest
     prompt_template: str = PROMPT_TEMPLATE
 
@@ -176,7 +176,8 @@ ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "shells",
 def _problem(rng: random.Random, level: int, distractors: int = 0) -> tuple[str, int]:
     """One word problem of a difficulty level and its integer answer.
 
-    1: one addition or subtraction of two numbers up to 20; 2: one multiplication, or two additions/subtractions;
+    0: no operation (recall the first fact: with ``distractors``, a lookup); 1: one addition or subtraction of two
+    numbers up to 20; 2: one multiplication, or two additions/subtractions;
     3: a chain of three operations; 4: four or five operations, with a division that comes out even.
     ``distractors``: that many sentences about other people's other items ("Ben has 12 marbles.") between the
     first fact and the rest, so that the fact the answer needs sits far back in the prompt: a tight KV budget
@@ -189,7 +190,9 @@ def _problem(rng: random.Random, level: int, distractors: int = 0) -> tuple[str,
     other_items = [i for i in ITEMS if i != item]
     for _ in range(distractors):
         text.append(f"{rng.choice(others)} has {rng.randint(2, 20)} {rng.choice(other_items)}.")
-    if level == 1:
+    if level == 0:
+        steps = []
+    elif level == 1:
         steps = [rng.choice("+-")]
     elif level == 2:
         steps = ["*"] if rng.random() < 0.4 else [rng.choice("+-"), rng.choice("+-")]
@@ -230,9 +233,9 @@ def arithmetic_task(
     never share a problem."""
     if split not in ("train", "test"):
         raise ValueError(f"the built-in task has splits train and test, not {split!r}")
-    bad = [lv for lv in levels if lv not in (1, 2, 3, 4)]
+    bad = [lv for lv in levels if lv not in (0, 1, 2, 3, 4)]
     if bad or not levels:
-        raise ValueError(f"built-in task levels are 1-4, got {list(levels)}")
+        raise ValueError(f"built-in task levels are 0-4, got {list(levels)}")
     if distractors < 0:
         raise ValueError(f"distractors must be >= 0, got {distractors}")
 

@@ -28,6 +28,7 @@ def main() -> None:
     parser.add_argument("--answer-field", default="answer")
     parser.add_argument("--split", default="train")
     parser.add_argument("--levels", type=int, nargs="+", default=[1], help="built-in task levels")
+    parser.add_argument("--distractors", type=int, default=0, help="built-in task distractor sentences")
     parser.add_argument("--limit", type=int, default=64)
     parser.add_argument("--samples", type=int, default=4, help="completions per problem")
     parser.add_argument("--max-new-tokens", type=int, default=256)
@@ -41,7 +42,9 @@ def main() -> None:
 
     name = None if args.data_path else args.data_name
     fields = args.question_field[0] if len(args.question_field) == 1 else args.question_field
-    data = DataConfig(args.data_path, name, fields, args.answer_field, args.split, args.limit, list(args.levels))
+    data = DataConfig(
+        args.data_path, name, fields, args.answer_field, args.split, args.limit, list(args.levels), args.distractors
+    )
     problems = load_problems(data, args.seed)
     model, tokenizer = load_model(args.model)
     sampling = SamplingConfig(
