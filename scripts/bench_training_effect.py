@@ -16,7 +16,7 @@ Stages (each resumable: a finished stage is read back, an interrupted one contin
    held-out problems, replayed through the model's compressed cache.
 5. ``summary.json``, ``training_effect.png`` and the JSON line.
 
-    python scripts/bench_training_effect.py                 # the full bench (about 2 hours on 2 CPU cores)
+    python scripts/bench_training_effect.py                 # the full bench (about 2 hours on 2 free CPU cores)
     python scripts/bench_training_effect.py --quick         # every stage on tiny settings (minutes)
 """
 
@@ -134,7 +134,7 @@ def train_keys(recipe: str, chosen: dict, root: Path, args) -> list[str]:
         f"eval_data.levels=[{args.level}]", f"eval_data.distractors={chosen['distractors']}", "eval_data.limit=8",
         template_key("data", args), template_key("eval_data", args),
         f"max_steps={args.steps}", f"learning_rate={args.lr}", f"max_new_tokens={args.max_new_tokens}",
-        f"temperature={args.temperature}", f"top_p={args.top_p}", f"seed={args.seed}", f"save_steps={args.steps}",
+        f"temperature={args.temperature}", f"top_p={args.top_p}", f"seed={args.seed}", f"save_steps={args.save_steps}",
         f"lora.enabled={str(args.lora).lower()}", "resume=last",
         f"prompts_per_step={rows if distill else args.prompts_per_step}",
     ]  # fmt: skip
@@ -254,12 +254,13 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=8)
     parser.add_argument("--interval", type=int, default=16)
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=RECIPES)
-    parser.add_argument("--steps", type=int, default=50, help="optimizer steps of every recipe")
-    parser.add_argument("--prompts-per-step", type=int, default=4, help="GRPO prompts per step")
+    parser.add_argument("--steps", type=int, default=30, help="optimizer steps of every recipe")
+    parser.add_argument("--save-steps", type=int, default=5, help="checkpoint interval (an interrupted recipe resumes)")
+    parser.add_argument("--prompts-per-step", type=int, default=2, help="GRPO prompts per step")
     parser.add_argument("--samples", type=int, default=8, help="GRPO samples per prompt (distillation: rows x this)")
     parser.add_argument("--train-problems", type=int, default=256)
     parser.add_argument("--trace-problems", type=int, default=128, help="offline distillation: teacher problems")
-    parser.add_argument("--lr", type=float, default=2e-4)
+    parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--max-new-tokens", type=int, default=10)
     parser.add_argument("--overlong-clip", action=argparse.BooleanOptionalAction, default=False,
@@ -274,7 +275,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.model, args.candidates, args.min_full, args.min_gap = "tiny", ["4:gkv:24"], 0.0, -1.0
-        args.probe_problems, args.steps, args.prompts_per_step, args.samples = 4, 1, 1, 2
+        args.probe_problems, args.steps, args.save_steps, args.prompts_per_step, args.samples = 4, 1, 1, 1, 2
         args.train_problems, args.trace_problems, args.max_new_tokens = 8, 4, 12
         args.eval_problems, args.kl_problems, args.batch_problems = 4, 2, 4
     torch.set_num_threads(max(1, torch.get_num_threads()))
