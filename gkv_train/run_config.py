@@ -238,6 +238,20 @@ class EvalConfig:
             "precision": self.precision,
         }
 
+    def warnings(self) -> list[str]:
+        """Settings that run but measure less than they seem to: an eviction interval longer than the
+        completion, so the budget applies at most once (after the prompt) and never while generating."""
+        found = []
+        for run in self.compressions():
+            resolved = run.resolved()
+            if resolved.compresses and run.method != "s4r" and resolved.interval > self.max_new_tokens:
+                found.append(
+                    f"{run.method} budget {run.budget}: compression.interval={resolved.interval} exceeds "
+                    f"max_new_tokens={self.max_new_tokens}, so it compresses only after the prompt, never while "
+                    "generating (the training recipes use interval 16); set compression.interval to compare"
+                )
+        return found
+
     def compressions(self) -> list[CompressionConfig]:
         """Every compression to evaluate (validated)."""
         base = asdict(self.compression)

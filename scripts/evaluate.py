@@ -40,6 +40,8 @@ ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
 def main(cfg: DictConfig) -> None:
     config: EvalConfig = OmegaConf.to_object(cfg)
     runs = config.compressions()  # everything is checked before the model loads
+    for warning in config.warnings():
+        print(f"warning: {warning}", file=sys.stderr)
     for name in (config.model, config.adapter):
         if name is not None:
             check_model(name)

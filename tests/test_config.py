@@ -88,3 +88,13 @@ def test_bad_sampling_settings_fail_before_training(kwargs, message):
     else:
         with pytest.raises(ValueError):
             EvalConfig(**kwargs)
+
+
+def test_evaluation_warns_when_the_interval_outlasts_the_completion():
+    from gkv_train.run_config import EvalConfig
+
+    trap = EvalConfig(methods=["full", "gkv", "s4r"], budgets=[64], max_new_tokens=96)  # reference interval 128
+    assert len(trap.warnings()) == 1 and "compression.interval=128 exceeds max_new_tokens=96" in trap.warnings()[0]
+    assert EvalConfig(methods=["gkv"], budgets=[64], max_new_tokens=96, compression=CompressionConfig(
+        "full", interval=16)).warnings() == []
+    assert EvalConfig(methods=["gkv"], budgets=[64], max_new_tokens=256).warnings() == []
