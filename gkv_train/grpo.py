@@ -224,5 +224,5 @@ class CompressedGRPOTrainer(GRPOTrainer):
         the forward and backward of the micro-batch only."""
         loss = super().training_step(model, inputs, num_items_in_batch)
         seconds = time.perf_counter() - self._loss_start
-        self._metrics["train"]["train/tokens_per_s"].append(self._loss_tokens / seconds)
+        self._metrics["train"]["forward_backward/tokens_per_s"].append(self._loss_tokens / seconds)
         return loss

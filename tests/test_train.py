@@ -68,7 +68,7 @@ def test_train_writes_logs_checkpoints_and_evaluation(tmp_path, recipe):
     for r in steps:
         assert r["mismatch/max_abs"] <= 1e-4  # training saw what the rollout saw
         assert {"reward", "reward_std", "rewards/accuracy/mean", "completions/mean_length", "rollout/retention",
-                "rollout/tokens_per_s", "train/tokens_per_s", "mismatch/kl", "verifier_timeouts"} <= set(r)
+                "rollout/tokens_per_s", "forward_backward/tokens_per_s", "mismatch/kl", "verifier_timeouts"} <= set(r)
         assert (r["rollout/retention"] < 1) == (recipe == "rl_sparse")
         assert r["verifier_checks"] > 0 and r["verifier_timeouts"] == 0
     assert (out / "checkpoint-2" / "optimizer.pt").is_file() and (out / "model.safetensors").is_file()
