@@ -58,7 +58,10 @@ class DataConfig:
         """Everything that determines the problems and prompts: these settings and, for a local file (or a
         preset's), the file's identity (path, size, modification time)."""
         file = local_file(self.path, self.name)
-        return {**asdict(self), "file": file_identity(file) if file is not None and file.is_file() else None}
+        settings = asdict(self)
+        if not self.distractors:  # added later: at its default it leaves earlier identities (and results) valid
+            del settings["distractors"]
+        return {**settings, "file": file_identity(file) if file is not None and file.is_file() else None}
 
 
 def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:

@@ -28,7 +28,7 @@ from trl import GRPOTrainer
 
 from gkv_train.consistency import mismatch_stats
 from gkv_train.logprobs import logical_forward
-from gkv_train.run_config import SparseRLOptions
+from gkv_train.run_config import LOSS_TYPES, SparseRLOptions
 from rollout.config import CompressionConfig, SamplingConfig
 from rollout.contract import attention_context, record_from_batch
 from rollout.contract.attention import use_kv_attention
@@ -93,6 +93,8 @@ class CompressedGRPOTrainer(GRPOTrainer):
         self.mask_backend = mask_backend
         self._scope: LogpsScope | None = None  # set only inside ``scoped``
         super().__init__(*args, rollout_func=self._rollout, **kwargs)
+        if self.sparse.rollout_is is not None and self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"rollout_is scales advantages, right for the losses {LOSS_TYPES}, not {self.loss_type}")
         use_kv_attention(self.accelerator.unwrap_model(self.model))
         if self.ref_model is not None:
             use_kv_attention(self.ref_model)

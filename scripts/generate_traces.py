@@ -1,7 +1,7 @@
 """Teacher traces for offline distillation: full-cache completions, checked, the correct ones written as JSONL.
 
     python scripts/generate_traces.py --data-name gsm8k --limit 200 --samples 4 --output traces/gsm8k.jsonl
-    accelerate launch train.py recipe=distill traces=traces/gsm8k.jsonl
+    accelerate launch train.py recipe=distill distill.traces=traces/gsm8k.jsonl
 
 Each line: id, prompt (the problem in the prompt template), completion (text), completion_ids (with the stop
 token), answer (gold), correct. Prints one JSON line with the counts.

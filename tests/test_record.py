@@ -76,3 +76,17 @@ def test_heads_and_layers_evict_differently(tiny_llama):
     out = RolloutEngine(tiny_llama, compression=cfg).generate(random_prompts([40, 33]), SamplingConfig(max_new_tokens=20))
     rec = out.record.evict_at
     assert not torch.equal(rec[:, 0], rec[:, 1]) and not torch.equal(rec[:, :, 0], rec[:, :, 1])
+
+
+def test_row_selection_keeps_the_batch_dimension():
+    import numpy as np
+
+    from rollout.contract import record_from_batch
+    from rollout.contract.eviction import EvictionRecord
+
+    record = EvictionRecord(torch.arange(24, dtype=torch.int32).view(3, 2, 2, 2))
+    for rows, first in ((-1, 16), (1, 8), (np.int64(2), 16), (torch.tensor(0), 0)):
+        assert record[rows].evict_at.shape == (1, 2, 2, 2) and record[rows].evict_at.flatten()[0] == first
+    assert record[1:].evict_at.shape[0] == 2
+    assert torch.equal(record_from_batch(record.to_batch()).evict_at, record.evict_at)
+    assert record_from_batch({"prompt_ids": torch.zeros(1)}) is None

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from rollout.contract.attention import sdpa_with_head_mask
-from rollout.contract.record import causal_mask, logical_positions
+from rollout.contract.record import batch_rows, causal_mask, logical_positions
 
 NEVER = torch.iinfo(torch.int32).max
 
@@ -168,8 +168,7 @@ class EvictionRecord:
     BATCH_KEY = "evict_at"
 
     def __getitem__(self, rows) -> "EvictionRecord":
-        rows = slice(rows, rows + 1) if isinstance(rows, int) else rows  # keep the batch dimension
-        return EvictionRecord(self.evict_at[rows])
+        return EvictionRecord(self.evict_at[batch_rows(rows)])
 
     def to_batch(self) -> dict[str, torch.Tensor]:
         return {self.BATCH_KEY: self.evict_at}

@@ -11,6 +11,7 @@ depend on how a batch is padded, and RoPE positions never shift when tokens are 
 
 from __future__ import annotations
 
+import numbers
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -44,6 +45,13 @@ class Record(Protocol):
     def kept_at(self, row: int, position: int) -> torch.Tensor:
         """bool [parts, position + 1]: the keys (logical positions 0..position) the query at logical
         ``position`` of sequence ``row`` attended to, one row per layer (and KV head, for eviction)."""
+
+
+def batch_rows(rows):
+    """Row selector that keeps the batch dimension: an integer (Python, numpy or 0-d tensor) becomes a list."""
+    if isinstance(rows, numbers.Integral) or (isinstance(rows, torch.Tensor) and rows.dim() == 0):
+        return [int(rows)]
+    return rows
 
 
 def logical_positions(attention_mask: torch.Tensor) -> torch.Tensor:

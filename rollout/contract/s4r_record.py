@@ -23,7 +23,7 @@ import torch
 
 from rollout.contract.attention import base_model, sdpa_with_head_mask
 from rollout.contract.bits import unpack_bits
-from rollout.contract.record import logical_positions
+from rollout.contract.record import batch_rows, logical_positions
 from rollout.contract.rope import apply_rope, concat_to_heads, heads_to_concat, inverse_rope
 
 BATCH_PREFIX = "s4r_"
@@ -45,7 +45,7 @@ class S4RRecord:
     sinks: torch.Tensor
 
     def __getitem__(self, rows) -> "S4RRecord":
-        rows = slice(rows, rows + 1) if isinstance(rows, int) else rows  # keep the batch dimension
+        rows = batch_rows(rows)
         return S4RRecord(*(getattr(self, f.name)[rows] for f in fields(self)))
 
     def roll_layers(self, shift: int) -> "S4RRecord":
