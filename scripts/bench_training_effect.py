@@ -14,7 +14,7 @@ Stages (each resumable: a finished stage is read back, an interrupted one contin
    completion length, retention.
 4. ``kl/<model>``: mean per-token KL(full-cache teacher || model under the compression) on teacher traces of
    held-out problems, replayed through the model's compressed cache.
-5. ``summary.json``, ``training_effect.png`` and the JSON line.
+5. ``summary.json``, ``summary.md`` (the results table), ``training_effect.png`` and the JSON line.
 
     python scripts/bench_training_effect.py                 # the full bench (about 2 hours on 2 free CPU cores)
     python scripts/bench_training_effect.py --quick         # every stage on tiny settings (minutes)
@@ -41,6 +41,7 @@ from gkv_train.traces import generate_traces
 from rollout.config import CompressionConfig, SamplingConfig
 
 RECIPES = ("rl_sparse", "rl_full", "distill", "distill_onpolicy")
+CACHES = ("compressed", "full")
 
 
 def wilson(correct: int, n: int, z: float = 1.96) -> list[float]:
@@ -212,6 +213,24 @@ def held_out_traces(chosen: dict, root: Path, args) -> list[dict]:
     return rows
 
 
+def markdown_table(summary: dict) -> str:
+    """The README table: per model, pass@1 [95% interval] under the compression and with the full cache, the gap,
+    mean completion length and retention under the compression, and the compressed KL to the teacher."""
+    c = summary["compression"]
+    lines = [
+        f"| model | {c['method']} budget {c['budget']} | full cache | gap | length | retention | KL to teacher |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, m in summary["models"].items():
+        cell = {k: f"{m[k]['pass@1']:.3f} [{m[k]['ci95'][0]:.3f}, {m[k]['ci95'][1]:.3f}]" for k in CACHES}
+        compressed, kl = m["compressed"], m["kl_full_teacher_vs_compressed"]["kl"]
+        lines.append(
+            f"| {name} | {cell['compressed']} | {cell['full']} | {m['gap']:+.3f} | {compressed['mean_length']:.1f} "
+            f"| {compressed['retention']:.2f} | {kl:.4f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def plot(summary: dict, path: Path) -> None:
     import matplotlib
 
@@ -325,6 +344,7 @@ def main() -> None:
     }  # fmt: skip
     write_atomically(root / "summary.json", dumps(summary, indent=2))
     plot(summary, root / "training_effect.png")
+    write_atomically(root / "summary.md", markdown_table(summary))
     print_json(summary)
 
 
