@@ -124,6 +124,13 @@ def test_rollout_importance_sampling_runs(tmp_path, mode):
     assert log["mismatch/max_abs"] <= 1e-4
 
 
+def test_rollout_importance_sampling_refuses_a_loss_it_does_not_fit(tmp_path):
+    """vespo weights sequences with its own function of the importance ratio: scaling its advantages is not TRL's
+    correction, so the trainer refuses before any work (the ratio losses are accepted above)."""
+    with pytest.raises(ValueError, match="rollout_is scales advantages.*not vespo"):
+        make_trainer(tmp_path, rollout_is="token_truncate", loss_type="vespo", importance_sampling_level="sequence")
+
+
 def test_overlong_advantages_are_clamped():
     advantages = torch.tensor([-1.0, -1.0, 0.5, -0.3])
     lengths = torch.tensor([24, 24, 24, 10])
