@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import random
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -44,16 +45,44 @@ def kept_at_end(record, prompt_lengths: torch.Tensor, completion_lengths: torch.
     return record.kept_at(b, position)
 
 
-def retained_density(record, prompt_lengths, completion_lengths, bins: int = DENSITY_BINS) -> list[float]:
-    """Where the kept tokens sit: a histogram over the normalised position k / T of the tokens still attended to
-    at each sequence's end (``kept_at_end``), summed over the batch."""
-    counts = torch.zeros(bins, dtype=torch.float64)
+def position_overlap(length: int, bins: int = DENSITY_BINS) -> torch.Tensor:
+    """float64 [length, bins]: the share of bin j's span [j/bins, (j+1)/bins) covered by token k's span
+    [k/length, (k+1)/length), times ``bins`` (so each bin's column sums to 1 when every token is present; no
+    binning artefacts whether or not ``length`` is a multiple of ``bins``)."""
+    k = torch.arange(length, dtype=torch.float64)[:, None]
+    j = torch.arange(bins, dtype=torch.float64)[None, :]
+    low = torch.maximum(k / length, j / bins)
+    high = torch.minimum((k + 1) / length, (j + 1) / bins)
+    return (high - low).clamp_min(0) * bins
+
+
+def retained_by_position(
+    record, prompt_lengths, completion_lengths, bins: int = DENSITY_BINS
+) -> tuple[list[float], list[float]]:
+    """Where the tokens still attended to at each sequence's end (``kept_at_end``) sit, over the normalised
+    position k / T in ``bins`` bins, summed over the batch: (kept, present), each [bins]. ``kept`` counts a token
+    by the share of (layer, KV head) parts that keep it; ``present`` counts every token. kept / present is the
+    absolute retention at that relative position (1 for the full cache); kept / sum(kept) * bins is the density
+    of retained positions (the G-KV paper's Figure 7)."""
+    kept = torch.zeros(bins, dtype=torch.float64)
+    present = torch.zeros(bins, dtype=torch.float64)
     for b in range(prompt_lengths.shape[0]):
-        kept = kept_at_end(record, prompt_lengths, completion_lengths, b)
-        length = kept.shape[-1]
-        which = ((torch.arange(length).float() + 0.5) / length * bins).long().clamp_max(bins - 1)
-        counts += torch.bincount(which, weights=kept.sum(0).double(), minlength=bins)
-    return counts.tolist()
+        share = kept_at_end(record, prompt_lengths, completion_lengths, b).double().mean(0)  # [T_b - 1]
+        overlap = position_overlap(share.shape[0], bins)
+        kept += share @ overlap
+        present += overlap.sum(0)
+    return kept.tolist(), present.tolist()
+
+
+def bootstrap_interval(per_problem: list[float], resamples: int = 4000, seed: int = 0) -> list[float]:
+    """95% percentile bootstrap interval of the mean of ``per_problem`` (each problem's share of correct
+    samples: the samples of one problem are not independent, so problems are resampled)."""
+    if not per_problem:
+        return [None, None]
+    rng = random.Random(seed)
+    n = len(per_problem)
+    means = sorted(sum(rng.choices(per_problem, k=n)) / n for _ in range(resamples))
+    return [means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]]
 
 
 def compressed_kl(
@@ -140,7 +169,8 @@ def finished_batches(samples_path: Path, density_path: Path, batches: list, n: i
     written: dict[int, int] = {}
     for line in samples:
         written[line.get("batch")] = written.get(line.get("batch"), 0) + 1
-    densities = {r.get("batch"): r for r in read_jsonl(density_path)}  # a re-run batch's line replaces the old
+    # a re-run batch's line replaces the old; lines of an older format (no "kept") count as missing
+    densities = {r.get("batch"): r for r in read_jsonl(density_path) if "kept" in r}
     done = {i for i, rows in enumerate(batches) if written.get(i) == len(rows) * n and i in densities}
     redo = sorted(b for b in written if b not in done)
     if redo:
@@ -203,9 +233,9 @@ def evaluate_compression(
                 "retention": out.retention[i].item(),
                 "tokens_per_s": out.stats["tokens_per_s"],
             })
-        density = retained_density(out.record, out.prompt_lengths, out.completion_lengths)
+        kept, present = retained_by_position(out.record, out.prompt_lengths, out.completion_lengths)
         with open(density_path, "a") as f:  # before the samples: a batch counts as done once its samples are in
-            f.write(dumps({"batch": index, "density": density}) + "\n")
+            f.write(dumps({"batch": index, "kept": kept, "present": present}) + "\n")
         with open(samples_path, "a") as f:
             f.write("".join(dumps(line) + "\n" for line in lines))
         tally[0] += sum(line["correct"] for line in lines)
@@ -223,17 +253,19 @@ def evaluate_compression(
 
 
 def summarize(samples_path: Path, density_path: Path, n: int) -> dict:
-    """pass@k (k = 1..n, averaged over problems), lengths, retention (all / correct samples), tokens/s, answer
-    checks and their timeouts. Empty means are None (null in JSON)."""
+    """pass@k (k = 1..n, averaged over problems), pass@1's 95% bootstrap interval and standard error over
+    problems, lengths,
+    retention (all / correct samples; and by relative position, ``retained_by_position``), tokens/s, answer checks
+    and their timeouts. Empty means are None (null in JSON)."""
     samples = read_jsonl(samples_path)
     by_problem: dict = {}
     for s in samples:
         by_problem.setdefault(s["problem_id"], []).append(s["correct"])
+    per_problem = [sum(c) / len(c) for c in by_problem.values()]
     correct = [s for s in samples if s["correct"]]
-    batches = {}
-    for record in read_jsonl(density_path):
-        batches[record["batch"]] = record["density"]  # a re-run batch replaces its partial line
-    density = torch.tensor(list(batches.values()), dtype=torch.float64).sum(0)
+    batches = {record["batch"]: record for record in read_jsonl(density_path) if "kept" in record}
+    kept = torch.tensor([r["kept"] for r in batches.values()], dtype=torch.float64).sum(0)
+    present = torch.tensor([r["present"] for r in batches.values()], dtype=torch.float64).sum(0)
 
     def mean(values):
         return sum(values) / len(values) if values else None
@@ -242,55 +274,170 @@ def summarize(samples_path: Path, density_path: Path, n: int) -> dict:
         "problems": len(by_problem),
         "samples_per_problem": n,
         **{f"pass@{k}": mean([pass_at_k(n, sum(c), k) for c in by_problem.values()]) for k in range(1, n + 1)},
+        "pass@1_ci95": bootstrap_interval(per_problem),
+        "pass@1_stderr": standard_error(per_problem),
         "mean_completion_length": mean([s["length"] for s in samples]),
         "retention": mean([s["retention"] for s in samples]),
         "retention_correct": mean([s["retention"] for s in correct]),
         "tokens_per_s": mean([s["tokens_per_s"] for s in samples]),
         "verifier_checks": len(samples),
         "verifier_timeouts": sum(s.get("check_timed_out", False) for s in samples),
-        "retained_density": (density / density.sum().clamp_min(1)).tolist(),
+        "retention_by_position": (kept / present.clamp_min(1e-12)).tolist(),
+        "retained_density": (kept / kept.sum().clamp_min(1e-12) * kept.numel()).tolist(),
     }
 
 
-def plot_summaries(summaries: list[dict], out_dir: Path) -> list[Path]:
-    """pass@1 against budget per method, and the density of retained positions per run (PNG files)."""
+def standard_error(values: list[float]) -> float | None:
+    """Standard error of the mean of ``values`` (sample standard deviation / sqrt(n)); None below two values."""
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
+
+
+def results_table(summaries: list[dict]) -> str:
+    """pass@1 [95% interval] and retention, one row per method and one column per budget (plain text)."""
+    budgets = sorted({s["compression"]["budget"] for s in summaries if s["run"] != "full"})
+    methods = list(dict.fromkeys(s["compression"]["method"] for s in summaries))
+
+    def cell(s):
+        low, high = s["pass@1_ci95"]
+        ci = "" if low is None else f" [{low:.2f},{high:.2f}]"
+        return f"{s['pass@1']:.3f}{ci} r{s['retention']:.2f}" if s["pass@1"] is not None else "-"
+
+    rows = [["method", *(["all"] if not budgets else [f"budget {b}" for b in budgets])]]
+    for method in methods:
+        runs = [s for s in summaries if s["compression"]["method"] == method]
+        if method == "full" or not budgets:
+            rows.append([method, *[cell(runs[0])] * max(len(budgets), 1)])
+        else:
+            by_budget = {s["compression"]["budget"]: s for s in runs}
+            rows.append([method, *[cell(by_budget[b]) if b in by_budget else "-" for b in budgets]])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(["pass@1 [95% interval] r<retention>", *lines])
+
+
+def plot_summaries(summaries: list[dict], out_dir: Path, title: str) -> list[Path]:
+    """``pass_at_1_vs_budget.png``: pass@1 with 95% intervals against budget per method (full: a line with its
+    band); ``retained_density.png``: absolute retention by relative position, and the density of retained
+    positions, per run. ``title`` names the model, data and n."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     paths = []
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    methods = sorted({s["compression"]["method"] for s in summaries})
-    budgets = sorted({s["compression"]["budget"] for s in summaries if s["compression"]["method"] != "full"})
-    for method in methods:
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    budgets = sorted({s["compression"]["budget"] for s in summaries if s["run"] != "full"})
+    for method in dict.fromkeys(s["compression"]["method"] for s in summaries):
         runs = sorted((s for s in summaries if s["compression"]["method"] == method), key=lambda s: s["compression"]["budget"])
         if method == "full":
-            for run in runs:
-                ax.axhline(run["pass@1"], color="black", linestyle="--", label="full")
-        else:
-            ax.plot([r["compression"]["budget"] for r in runs], [r["pass@1"] for r in runs], marker="o", label=method)
+            run = runs[0]
+            ax.axhline(run["pass@1"], color="black", linestyle="--", label="full cache")
+            if run["pass@1_ci95"][0] is not None:
+                ax.axhspan(*run["pass@1_ci95"], color="black", alpha=0.08)
+            continue
+        x = [r["compression"]["budget"] for r in runs]
+        y = [r["pass@1"] for r in runs]
+        err = [[r["pass@1"] - r["pass@1_ci95"][0] for r in runs], [r["pass@1_ci95"][1] - r["pass@1"] for r in runs]]
+        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=method)
     ax.set_xlabel("budget (tokens per layer and KV head)")
-    ax.set_ylabel("pass@1")
+    ax.set_ylabel("pass@1 (95% bootstrap interval)")
+    ax.set_ylim(0, 1)
     if budgets:
-        ax.set_xticks(budgets)
-    ax.legend()
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(budgets, [str(b) for b in budgets])
+        ax.minorticks_off()
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=8, frameon=False)
     fig.tight_layout()
     paths.append(out_dir / "pass_at_1_vs_budget.png")
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    colours = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(s["compression"]["method"] for s in summaries))}
+    styles = {b: ("-", "--", ":", "-.")[i % 4] for i, b in enumerate(budgets)}
     for s in summaries:
-        density = s["retained_density"]
-        centres = [(i + 0.5) / len(density) for i in range(len(density))]
-        ax.plot(centres, [d * len(density) for d in density], label=s["run"])
-    ax.set_xlabel("position / sequence length")
-    ax.set_ylabel("density of retained tokens")
-    ax.legend(fontsize=7)
+        share = s["retention_by_position"]
+        centres = [(i + 0.5) / len(share) for i in range(len(share))]
+        label = f"{s['run']} (retention {s['retention']:.2f})" if s["retention"] is not None else s["run"]
+        style = dict(color="black" if s["run"] == "full" else colours[s["compression"]["method"]],
+                     linestyle=styles.get(s["compression"]["budget"], "-"), linewidth=1.2)  # fmt: skip
+        top.plot(centres, share, label=label, **style)
+        bottom.plot(centres, s["retained_density"], **style)
+    top.set_ylabel("share of tokens retained")
+    top.set_ylim(0, 1.05)
+    bottom.set_ylabel("density of retained tokens")
+    bottom.set_ylim(bottom=0)
+    bottom.set_xlabel("position / sequence length (at the last decoding step)")
+    top.set_title(title, fontsize=9)
+    top.legend(loc="center left", bbox_to_anchor=(1.02, 0.0), fontsize=8, frameon=False)
     fig.tight_layout()
     paths.append(out_dir / "retained_density.png")
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
     return paths
 
+
+def software_versions() -> dict:
+    """Python and the packages that determine results, and the source tree's git commit when there is one."""
+    import platform
+    import subprocess
+    from importlib import metadata
+
+    found = {"python": platform.python_version()}
+    for package in ("gkv-train", "torch", "transformers", "trl", "peft", "accelerate", "math-verify"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = None
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                                text=True, timeout=10)  # fmt: skip
+        found["git_commit"] = commit.stdout.strip() if commit.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired):
+        found["git_commit"] = None
+    return found
+
+
+def lm_eval_results(summaries: list[dict], task: str, config: dict, versions: dict) -> dict:
+    """The evaluation in lm-evaluation-harness's results layout (``results``, ``configs``, ``versions``,
+    ``n-shot``, ``higher_is_better``, ``n-samples``, ``config``), one task per run named ``<task>_<run>``,
+    metrics keyed ``<metric>,<filter>`` with filter ``none`` (pass@k, pass@1's standard error over problems,
+    retention, mean completion length)."""
+    tasks = {f"{task}_{s['run']}": s for s in summaries}
+    results, configs = {}, {}
+    for name, s in tasks.items():
+        results[name] = {
+            "alias": name,
+            **{f"{k},none": v for k, v in s.items() if k.startswith("pass@") and k[5:].isdigit()},
+            "pass@1_stderr,none": s["pass@1_stderr"],
+            "retention,none": s["retention"],
+            "mean_completion_length,none": s["mean_completion_length"],
+        }
+        configs[name] = {
+            "task": name,
+            "dataset_path": config["data"].get("path") or config["data"].get("name"),
+            "output_type": "generate_until",
+            "num_fewshot": 0,
+            "repeats": s["samples_per_problem"],
+            "generation_kwargs": {k: config[k] for k in ("max_new_tokens", "temperature", "top_p")},
+            "compression": s["compression"],
+            "metric_list": [{"metric": "pass@1", "aggregation": "mean", "higher_is_better": True}],
+        }
+    return {
+        "results": results,
+        "configs": configs,
+        "versions": {name: 1.0 for name in tasks},
+        "n-shot": {name: 0 for name in tasks},
+        "higher_is_better": {name: {"pass@1": True} for name in tasks},
+        "n-samples": {name: {"original": s["problems"], "effective": s["problems"]} for name, s in tasks.items()},
+        "config": {"model": "gkv-train", "model_args": f"pretrained={config['model']},adapter={config['adapter']}",
+                   "batch_size": config["batch_problems"], "random_seed": config["seed"]},
+        "model_name": config["model"],
+        "transformers_version": versions.get("transformers"),
+        "git_hash": versions.get("git_commit"),
+    }

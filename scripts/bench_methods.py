@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import subprocess
 import sys
 import time
@@ -26,13 +25,7 @@ from pathlib import Path
 
 from _common import ROOT, print_json
 
-
-def bootstrap_interval(per_problem: list[float], resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
-    """95% percentile interval of the mean of ``per_problem`` (each problem's share of correct samples)."""
-    rng = random.Random(seed)
-    n = len(per_problem)
-    means = sorted(sum(rng.choices(per_problem, k=n)) / n for _ in range(resamples))
-    return means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+from gkv_train.evaluation import bootstrap_interval
 
 
 def read_run(run_dir: Path) -> dict:

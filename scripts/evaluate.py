@@ -6,12 +6,15 @@
 
 Writes, under ``output_dir`` (default ``outputs/eval/<model>_<data>``): ``<run>/samples.jsonl`` (one line per
 sample), ``<run>/summary.json``, ``<run>/run.json`` (the settings that produced them), ``summary.json`` (all
-runs), ``pass_at_1_vs_budget.png`` and ``retained_density.png``; prints one JSON line. An interrupted call
+runs with the full configuration, the model's identity and the software versions), ``results.json`` (the same in
+lm-evaluation-harness's layout), ``pass_at_1_vs_budget.png`` and ``retained_density.png``; prints a method x
+budget table (stderr) and one JSON line (stdout). An interrupted call
 continues where it stopped when run again with the same settings; a folder holding results made with other
 settings (model weights, data, sampling, compression, ...) is refused unless ``overwrite=true``.
 """
 
 import sys
+import time
 from pathlib import Path
 
 import hydra
@@ -25,11 +28,14 @@ from gkv_train.data import load_problems  # noqa: E402
 from gkv_train.evaluation import (  # noqa: E402
     claim_run_dir,
     evaluate_compression,
+    lm_eval_results,
     plot_summaries,
+    results_table,
     run_name,
+    software_versions,
 )
 from gkv_train.jsonio import dumps, write_atomically  # noqa: E402
-from gkv_train.models import check_model, load_model  # noqa: E402
+from gkv_train.models import check_model, load_model, model_identity  # noqa: E402
 from gkv_train.run_config import EvalConfig  # noqa: E402
 from rollout.config import SamplingConfig  # noqa: E402
 
@@ -66,11 +72,25 @@ def main(cfg: DictConfig) -> None:
         )
         for compression in runs
     ]
-    write_atomically(out_dir / "summary.json", dumps(summaries, indent=2))
+    settings = OmegaConf.to_container(cfg, resolve=True)
+    versions = software_versions()
+    identity = {"model": model_identity(config.model),
+                "adapter": None if config.adapter is None else model_identity(config.adapter)}  # fmt: skip
+    data_name = data.name or Path(data.path).stem
+    write_atomically(out_dir / "summary.json", dumps(
+        {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": settings, **identity, "data": data.identity(),
+         "versions": versions, "runs": summaries}, indent=2,
+    ))  # fmt: skip
+    results = lm_eval_results(summaries, data_name, settings, versions)
+    write_atomically(out_dir / "results.json", dumps({**results, "date": time.time()}, indent=2))
+    title = f"{config.model}{' + ' + config.adapter if config.adapter else ''} · {data_name} · " \
+            f"{summaries[0]['problems']} problems x {config.n_samples} samples"
     if config.plots:
-        plot_summaries(summaries, out_dir)
-    compact = [{k: v for k, v in s.items() if k not in ("retained_density", "compression")} for s in summaries]
-    result = {"evaluation": data.name or data.path, "model": config.model, "output_dir": str(out_dir), "runs": compact}
+        plot_summaries(summaries, out_dir, title)
+    print(title + "\n" + results_table(summaries), file=sys.stderr, flush=True)
+    hidden = ("retained_density", "retention_by_position", "compression")
+    compact = [{k: v for k, v in s.items() if k not in hidden} for s in summaries]
+    result = {"evaluation": data_name, "model": config.model, "output_dir": str(out_dir), "runs": compact}
     print(dumps(result), flush=True)
 
 

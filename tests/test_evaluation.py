@@ -1,11 +1,13 @@
 import itertools
 import json
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from verifier_probe import EVALUATE_WITH_ANSWERS, PAIRS, write_problems
 
 from gkv_train.data import arithmetic_task
@@ -48,8 +50,45 @@ def test_evaluate_script_writes_every_output(tmp_path):
         assert set(samples[0]) >= {"problem_id", "completion", "extracted", "correct", "length", "retention"}
         assert {"pass@1", "pass@2", "retention", "retention_correct", "mean_completion_length", "tokens_per_s"} <= set(run)
         assert (run["retention"] == 1.0) == (run["run"] == "full")
+        low, high = run["pass@1_ci95"]
+        assert 0 <= low <= run["pass@1"] <= high <= 1
     assert (tmp_path / "pass_at_1_vs_budget.png").stat().st_size > 0
     assert (tmp_path / "retained_density.png").stat().st_size > 0
+    summary = strict_json((tmp_path / "summary.json").read_text())  # what produced the results, and with what
+    assert summary["config"]["compression"]["window"] == 2 and summary["config"]["n_samples"] == 2
+    assert summary["model"]["model"] == "tiny" and summary["data"]["name"] == "arithmetic"
+    assert {"torch", "transformers", "trl", "python"} <= set(summary["versions"])
+    full = summary["runs"][0]["retention_by_position"]
+    assert full == pytest.approx([1.0] * len(full))  # no binning artefacts, whatever the sequence lengths
+    results = strict_json((tmp_path / "results.json").read_text())  # lm-evaluation-harness's layout
+    assert {"results", "configs", "versions", "n-shot", "higher_is_better", "n-samples", "config"} <= set(results)
+    task = results["results"]["arithmetic_gkv-b8"]
+    assert task["pass@1,none"] == result["runs"][1]["pass@1"] and "pass@1_stderr,none" in task
+    assert results["configs"]["arithmetic_gkv-b8"]["compression"]["budget"] == 8
+    table = proc.stderr[proc.stderr.index("pass@1 [95% interval]"):].splitlines()  # method x budget on the console
+    assert table[1].split() == ["method", "budget", "8", "budget", "10"]
+    assert [row.split()[0] for row in table[2:5]] == ["full", "gkv", "streaming"]
+
+
+def test_retention_by_position_is_exact_for_any_length():
+    """Each token spreads over the bins it overlaps: with every token kept, every bin's retention is exactly 1
+    (plain binning of k / T gives 0.9-1.1 when T is not a multiple of the bin count), and a kept prefix of
+    half the sequence shows as 1 then 0."""
+    from gkv_train.evaluation import position_overlap
+
+    for length in (7, 49, 50, 51, 333):
+        overlap = position_overlap(length, 50)
+        assert overlap.sum() == pytest.approx(50)  # every token counted once in all
+        present = overlap.sum(0)
+        assert present == pytest.approx(torch.ones(50, dtype=torch.float64))  # every bin fully covered
+        half = (torch.arange(length) < length / 2).double() @ overlap
+        share = half / present
+        cut = math.ceil(length / 2) / length  # the kept tokens cover [0, cut)
+        bins = torch.arange(50)
+        assert share[(bins + 1) / 50 <= cut] == pytest.approx(1.0)
+        assert share[bins / 50 >= cut] == pytest.approx(0.0)
+    plain = torch.bincount(((torch.arange(333) + 0.5) / 333 * 50).long(), minlength=50).double() * 50 / 333
+    assert plain.max() - plain.min() > 0.1  # the artefact the overlap removes
 
 
 @pytest.mark.parametrize(
