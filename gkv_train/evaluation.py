@@ -396,7 +396,7 @@ def software_versions() -> dict:
             found[package] = None
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                                text=True, timeout=10)  # fmt: skip
+                                text=True, timeout=10, check=False)  # fmt: skip
         found["git_commit"] = commit.stdout.strip() if commit.returncode == 0 else None
     except (OSError, subprocess.TimeoutExpired):
         found["git_commit"] = None

@@ -26,6 +26,7 @@ from gkv_train.checkpoints import (
     run_artefacts,
     truncate_metrics,
 )
+from gkv_train.console import log_console_to
 from gkv_train.data import load_problems
 from gkv_train.distill import CompressedDistillationTrainer
 from gkv_train.grpo import CompressedGRPOTrainer
@@ -98,6 +99,7 @@ def common_args(config: TrainConfig) -> dict:
         save_total_limit=config.save_total_limit,
         logging_steps=config.logging_steps,
         report_to=config.report_to,
+        run_name=config.run_name or Path(config.output_dir).name,
         seed=config.seed,
         use_cpu=not torch.cuda.is_available(),
     )
@@ -240,6 +242,8 @@ def run(config: TrainConfig) -> dict:
     held_out = prompt_dataset(config, config.eval_data)
     checkpoint = prepare_output_dir(config, state)
     out = Path(config.output_dir)
+    if state.is_main_process:
+        log_console_to(out / "train.log")
     finished = checkpoint is not None and checkpoint_step(checkpoint) >= config.max_steps
     if finished and (out / EVAL).is_file():
         result = json.loads((out / EVAL).read_text())

@@ -162,7 +162,8 @@ class TrainConfig:
     eval_steps: int | None = None  # also evaluate on eval_data every N steps (TRL's GRPO evaluation)
     save_total_limit: int | None = 2
     logging_steps: int = 1
-    report_to: list[str] = field(default_factory=list)
+    report_to: list[str] = field(default_factory=list)  # trackers (TRACKERS): e.g. [tensorboard], [wandb]
+    run_name: str | None = None  # the run's name in the trackers (default: the output folder)
     eval_samples: int = 1  # completions per held-out problem in the final evaluation
     seed: int = 0
     resume: str | None = None  # a checkpoint directory, or "last" for the newest complete one in output_dir
@@ -170,6 +171,7 @@ class TrainConfig:
 
     def __post_init__(self):
         check_sampling(self.temperature, self.top_p, greedy=False)
+        check_trackers(self.report_to)
         if self.overwrite and self.resume is not None:
             raise ValueError(f"overwrite=true and resume={self.resume} contradict each other: choose one")
         if self.algorithm not in ALGORITHMS:
@@ -187,6 +189,29 @@ class TrainConfig:
             raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
             raise ValueError(f"{len(self.reward_weights)} reward_weights for {len(self.rewards)} rewards")
+
+
+TRACKERS = {  # report_to name -> the modules that provide it (any one)
+    "tensorboard": ("tensorboard", "tensorboardX"),
+    "wandb": ("wandb",),
+    "mlflow": ("mlflow",),
+    "trackio": ("trackio",),
+}
+
+
+def check_trackers(report_to: list[str]) -> None:
+    """Every tracker in ``report_to`` is known and installed (checked before the model loads, where
+    transformers would fail only once training starts)."""
+    from importlib.util import find_spec
+
+    for name in report_to:
+        if name not in TRACKERS:
+            raise ValueError(f"unknown tracker {name!r} in report_to; choose from {sorted(TRACKERS)}")
+        if not any(find_spec(module) for module in TRACKERS[name]):
+            raise ValueError(
+                f"report_to={name} needs the {TRACKERS[name][0]} package, which is not installed: "
+                "pip install 'gkv-train[tracking]' (tensorboard and wandb)"
+            )
 
 
 @dataclass

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from gkv_train.console import log_console_to  # noqa: E402
 from gkv_train.data import load_problems  # noqa: E402
 from gkv_train.evaluation import (  # noqa: E402
     claim_run_dir,
@@ -46,8 +47,6 @@ ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
 def main(cfg: DictConfig) -> None:
     config: EvalConfig = OmegaConf.to_object(cfg)
     runs = config.compressions()  # everything is checked before the model loads
-    for warning in config.warnings():
-        print(f"warning: {warning}", file=sys.stderr)
     for name in (config.model, config.adapter):
         if name is not None:
             check_model(name)
@@ -56,6 +55,9 @@ def main(cfg: DictConfig) -> None:
     out_dir = Path(config.output_dir)
     for compression in runs:
         claim_run_dir(out_dir / run_name(compression), config.run_settings(compression), config.overwrite)
+    log_console_to(out_dir / "evaluate.log")
+    for warning in config.warnings():
+        print(f"warning: {warning}", file=sys.stderr)
     model, tokenizer = load_model(config.model, dtype=torch.bfloat16 if config.precision == "bf16" else torch.float32)
     if config.adapter is not None:
         from peft import PeftModel

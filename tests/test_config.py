@@ -98,3 +98,14 @@ def test_evaluation_warns_when_the_interval_outlasts_the_completion():
     assert EvalConfig(methods=["gkv"], budgets=[64], max_new_tokens=96, compression=CompressionConfig(
         "full", interval=16)).warnings() == []
     assert EvalConfig(methods=["gkv"], budgets=[64], max_new_tokens=256).warnings() == []
+
+
+def test_a_tracker_that_is_not_installed_is_refused_with_the_fix(monkeypatch):
+    import importlib.util
+
+    from gkv_train.run_config import TrainConfig
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match=r"report_to=wandb needs the wandb package.*gkv-train\[tracking\]"):
+        TrainConfig(report_to=["wandb"])
+    TrainConfig(report_to=[])  # control: no tracker, nothing to check

@@ -68,6 +68,7 @@ def test_evaluate_script_writes_every_output(tmp_path):
     table = proc.stderr[proc.stderr.index("pass@1 [95% interval]"):].splitlines()  # method x budget on the console
     assert table[1].split() == ["method", "budget", "8", "budget", "10"]
     assert [row.split()[0] for row in table[2:5]] == ["full", "gkv", "streaming"]
+    assert "pass@1 [95% interval]" in (tmp_path / "evaluate.log").read_text()  # the console, kept
 
 
 def test_retention_by_position_is_exact_for_any_length():

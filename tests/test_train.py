@@ -84,6 +84,41 @@ def test_train_writes_logs_checkpoints_and_evaluation(tmp_path, recipe):
     assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))
 
 
+def test_trackers_and_console_log(tmp_path):
+    """report_to=[tensorboard,wandb] (wandb offline): both receive the step metrics, TensorBoard's tags carry one
+    ``train/`` prefix; everything printed is also in train.log, progress bars as their last state."""
+    out = tmp_path / "out"
+    env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    proc = run(["recipe=rl_sparse", *TINY, "max_steps=2", f"output_dir={out}", "report_to=[tensorboard,wandb]",
+                "run_name=probe"], env=env)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = sorted(out.rglob("events.out.tfevents.*"))
+    assert events, "no TensorBoard event file"
+    tags = EventAccumulator(str(events[0].parent)).Reload().Tags()["scalars"]
+    assert {"train/reward", "train/mismatch/max_abs", "train/rollout/retention"} <= set(tags)
+    assert not [t for t in tags if t.startswith("train/train/")]
+    runs = sorted((tmp_path / "wandb").glob("offline-run-*"))
+    assert runs and list(runs[0].glob("*.wandb")), "no offline wandb run"
+    log = (out / "train.log").read_text()
+    assert proc.stdout.strip().splitlines()[-1] in log and "\r" not in log
+    assert "100%" in log  # the progress bar's final state
+
+
+def test_console_tee_keeps_a_transcript():
+    import io
+
+    from gkv_train.console import LineTee
+
+    console, log = io.StringIO(), io.StringIO()
+    tee = LineTee(console, log)
+    for text in ["start\n", "\r 10%|#", "\r 50%|#####", "\r100%|##########", "\n", "done: 1", "\n", "bar\r 1/2\r 2/2"]:
+        tee.write(text)
+    tee.close_line()
+    assert console.getvalue().endswith("bar\r 1/2\r 2/2")  # the console sees everything as written
+    assert log.getvalue() == "start\n100%|##########\ndone: 1\n 2/2\n"
+
+
 @pytest.mark.parametrize("recipe", ["distill", "distill_onpolicy"])
 def test_distillation_recipes(tmp_path, recipe):
     args = [f"recipe={recipe}", *TINY, "max_steps=2", f"output_dir={tmp_path}"]
@@ -203,6 +238,7 @@ def test_killed_agent_takes_its_workers(tmp_path):
         ("model=no-such-model", "not a built-in model (smollm2-135m, tiny, tiny-llama"),
         ("temperature=0", "temperature must be a finite number > 0 in training"),
         ("data.path=BAD", "bad.jsonl:2: not valid JSON"),
+        ("report_to=[neptune_x]", "unknown tracker 'neptune_x' in report_to"),
     ],
 )
 def test_bad_config_fails_clearly(tmp_path, override, message):

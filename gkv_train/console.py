@@ -1,0 +1,66 @@
+"""The console, also kept in the run's log file (``train.log`` / ``evaluate.log`` in the output folder)."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+
+
+class LineTee(io.TextIOBase):
+    """A text stream that writes to ``console`` as it comes and to ``log`` line by line: of a line rewritten in
+    place with carriage returns (a progress bar) only its last state, so the log reads as a transcript."""
+
+    def __init__(self, console, log):
+        self.console, self.log = console, log
+        self.pending = ""  # the current line, not yet ended
+
+    def write(self, text: str) -> int:
+        self.console.write(text)
+        *lines, pending = (self.pending + text).split("\n")
+        for line in lines:
+            self.log.write(line.rstrip("\r").rsplit("\r", 1)[-1] + "\n")
+        if lines:
+            self.log.flush()
+        self.pending = pending.rstrip("\r").rsplit("\r", 1)[-1]  # only the bar's latest state is kept
+        return len(text)
+
+    def flush(self) -> None:
+        self.console.flush()
+
+    def close_line(self) -> None:
+        """Write out an unfinished last line (a progress bar's final state)."""
+        if self.pending:
+            self.log.write(self.pending + "\n")
+            self.pending = ""
+        self.log.flush()
+
+    def isatty(self) -> bool:
+        return self.console.isatty()
+
+    def fileno(self) -> int:
+        return self.console.fileno()
+
+    @property
+    def encoding(self):
+        return getattr(self.console, "encoding", "utf-8")
+
+
+def log_console_to(path: Path) -> None:
+    """From now on, everything this process prints to stdout and stderr also goes to ``path`` (appended; one
+    file for both, in the order written). Records of the ``logging`` module reach the file through Hydra's own
+    file handler, which writes to the same path."""
+    import atexit
+
+    log = open(path, "a", encoding="utf-8")  # noqa: SIM115 (open for the life of the process)
+    consoles = sys.stdout, sys.stderr
+    tees = [LineTee(sys.stdout, log), LineTee(sys.stderr, log)]
+    sys.stdout, sys.stderr = tees
+
+    def close() -> None:
+        sys.stdout, sys.stderr = consoles
+        for tee in tees:
+            tee.close_line()
+        log.close()
+
+    atexit.register(close)
