@@ -26,6 +26,7 @@ class Preset:
     file: str
     question_field: tuple[str, ...]
     answer_field: str
+    split: str = "test"  # the one split the file holds
 
 
 PRESETS = {
@@ -48,19 +49,21 @@ class DataConfig:
     name: str | None = "arithmetic"
     question_field: Any = "question"  # a field, or a list of fields joined with a space
     answer_field: str = "answer"
-    split: str = "train"
+    split: str = "train"  # hub datasets and the built-in task; a preset holds only its test split
     limit: int | None = 256
     levels: list[int] = field(default_factory=lambda: [1])  # built-in task difficulty levels (0-4)
     distractors: int = 0  # built-in task: facts about others placed between a problem's first fact and the rest
     prompt_template: str = PROMPT_TEMPLATE
+    config: str | None = None  # a hub dataset's configuration (subset), e.g. "main" for openai/gsm8k
 
     def identity(self) -> dict:
         """Everything that determines the problems and prompts: these settings and, for a local file (or a
         preset's), the file's identity (path, size, modification time)."""
         file = local_file(self.path, self.name)
         settings = asdict(self)
-        if not self.distractors:  # added later: at its default it leaves earlier identities (and results) valid
-            del settings["distractors"]
+        for key in ("distractors", "config"):  # added later: at their defaults they leave earlier identities valid
+            if not settings[key]:
+                del settings[key]
         return {**settings, "file": file_identity(file) if file is not None and file.is_file() else None}
 
 
@@ -73,8 +76,17 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
         raise ValueError("give exactly one of data.path (a local file) or data.name (a preset or hub dataset)")
     if name == BUILTIN:
         return arithmetic_task(limit or 256, split, seed, tuple(data.levels), data.distractors)
+    if data.config is not None and (path is not None or name in PRESETS):
+        raise ValueError(
+            f"data.config={data.config!r} selects a hub dataset's configuration; {path or name} is a local file"
+        )
     if name in PRESETS:
         preset = PRESETS[name]
+        if split != preset.split:
+            raise ValueError(
+                f"{name} in {DATA_DIR} holds only its {preset.split} split, not {split!r}: set data.split={preset.split} "
+                "(or data.path to your own file)"
+            )
         path, question_field, answer_field = str(local_file(None, name)), list(preset.question_field), preset.answer_field
     fields = [question_field] if isinstance(question_field, str) else list(question_field)
     if path is not None:
@@ -84,7 +96,7 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
         check_fields(records, [*fields, answer_field], path)
         raw = [row for _, row in records]
     else:
-        raw = datasets.load_dataset(name, split=split)
+        raw = datasets.load_dataset(name, data.config, split=split)
         missing = [f for f in [*fields, answer_field] if f not in raw.column_names]
         if missing:
             raise ValueError(

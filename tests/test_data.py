@@ -8,15 +8,37 @@ from gkv_train.data import DataConfig, arithmetic_task, load_problems
     [("gsm8k", 1319, "18"), ("svamp", 1000, "145"), ("amc23", 40, "27"), ("aime24", 30, "204"), ("math500", 500, None)],
 )
 def test_presets_load_gold_answers(name, rows, first_answer):
-    data = load_problems(DataConfig(name=name, limit=None))
+    data = load_problems(DataConfig(name=name, split="test", limit=None))
     assert len(data) == rows and set(data.column_names) >= {"id", "problem", "answer"}
     if first_answer is not None:
         assert data[0]["answer"] == first_answer
     assert all(isinstance(a, str) and a for a in data["answer"])
 
 
+def test_split_and_config_are_honoured_or_refused(monkeypatch):
+    """A preset holds one split: asking for another is an error naming the fix (not the test file silently); a
+    hub dataset gets its configuration (subset) and split; a configuration for a local file is refused."""
+    with pytest.raises(ValueError, match="gsm8k in .* holds only its test split, not 'train': set data.split=test"):
+        load_problems(DataConfig(name="gsm8k", split="train", limit=1))
+    with pytest.raises(ValueError, match="data.config='main' selects a hub dataset's configuration"):
+        load_problems(DataConfig(name="gsm8k", split="test", config="main", limit=1))
+    import datasets
+
+    calls = []
+
+    def fake_load_dataset(name, config=None, split=None):
+        calls.append((name, config, split))
+        return datasets.Dataset.from_list([{"question": "1+1?", "answer": "#### 2"}])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load_dataset)
+    rows = load_problems(DataConfig(name="openai/gsm8k", config="main", split="test", limit=1))
+    assert calls == [("openai/gsm8k", "main", "test")] and rows[0]["answer"] == "2"
+    assert "config" not in DataConfig(name="svamp").identity()  # unset: earlier run identities stay valid
+    assert DataConfig(name="openai/gsm8k", config="main").identity()["config"] == "main"
+
+
 def test_svamp_question_joins_body_and_question():
-    row = load_problems(DataConfig(name="svamp", limit=1))[0]
+    row = load_problems(DataConfig(name="svamp", split="test", limit=1))[0]
     assert row["problem"].startswith("There are 87 oranges") and row["problem"].endswith("each group of bananas?")
 
 
