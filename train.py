@@ -8,7 +8,10 @@
     accelerate launch --num_processes 2 train.py recipe=rl_sparse
 
 Any key of ``gkv_train.run_config.TrainConfig`` can be overridden: ``compression.budget=64``, ``data.name=gsm8k``,
-``max_steps=50``, ``lora.enabled=true``, ...
+``max_steps=50``, ``lora.enabled=true``, ... TRL's names work too: ``max_completion_length`` and ``bf16`` are
+read as ``max_new_tokens`` and ``precision``; a GRPOConfig field without a key here (``weight_decay=0.01``,
+``num_iterations=2``, ``log_completions=true``, ``push_to_hub=true``, ...) is handed to the trainer as
+``trl.<field>``.
 """
 
 from gkv_train.process import die_with_parent, launched_by_agent
@@ -22,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from gkv_train.distributed import relaunch_cpu_processes  # noqa: E402
 from gkv_train.launch import run  # noqa: E402
-from gkv_train.run_config import TrainConfig  # noqa: E402
+from gkv_train.run_config import TrainConfig, apply_overrides  # noqa: E402
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 
@@ -34,5 +37,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    apply_overrides(TrainConfig, passthrough=True)  # TRL's names, "did you mean"
     relaunch_cpu_processes()
     main()

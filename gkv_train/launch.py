@@ -32,7 +32,7 @@ from gkv_train.distill import CompressedDistillationTrainer
 from gkv_train.grpo import CompressedGRPOTrainer
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import check_model, load_model
-from gkv_train.run_config import TrainConfig
+from gkv_train.run_config import DERIVED, TrainConfig, trainer_fields
 from gkv_train.traces import generate_traces, load_traces, write_traces
 from rewards.functions import verifier_stats
 from rewards.grading import grade_completions
@@ -105,12 +105,35 @@ def common_args(config: TrainConfig) -> dict:
     )
 
 
-def grpo_args(config: TrainConfig, num_processes: int) -> GRPOConfig:
-    rows = config.prompts_per_step * config.samples_per_prompt
-    return GRPOConfig(
+def trainer_args(config: TrainConfig, num_processes: int) -> TrainingArguments:
+    """The trainer's arguments (GRPOConfig or TrainingArguments), with the ``trl`` pass-through options; built
+    before any work, so that a bad option fails first. An option that duplicates a key of this project names it."""
+    own = grpo_args(config, num_processes) if config.algorithm == "grpo" else distill_args(config, num_processes)
+    fields = trainer_fields(config.algorithm)
+    for key in config.trl:
+        if key not in fields:
+            kind = "GRPOConfig" if config.algorithm == "grpo" else "TrainingArguments (distillation)"
+            raise ValueError(f"trl.{key} is not a field of {kind}")
+        if key in own:
+            raise ValueError(f"trl.{key} is set by this project from its own keys: {DERIVED.get(key, f'set {key}')}")
+    args_class = GRPOConfig if config.algorithm == "grpo" else TrainingArguments
+    return args_class(**own, **config.trl)
+
+
+def distill_args(config: TrainConfig, num_processes: int) -> dict:
+    return dict(
+        **common_args(config),
+        per_device_train_batch_size=batch_rows(config, config.prompts_per_step, num_processes),
+        remove_unused_columns=False,
+    )
+
+
+def grpo_args(config: TrainConfig, num_processes: int) -> dict:
+    rows = config.prompts_per_step * config.num_generations
+    return dict(
         **common_args(config),
         per_device_train_batch_size=batch_rows(config, rows, num_processes),
-        num_generations=config.samples_per_prompt,
+        num_generations=config.num_generations,
         max_completion_length=config.max_new_tokens,
         temperature=config.temperature,
         top_p=config.top_p,
@@ -124,7 +147,6 @@ def grpo_args(config: TrainConfig, num_processes: int) -> GRPOConfig:
         eval_steps=config.eval_steps,
         per_device_eval_batch_size=rows // num_processes,
         use_vllm=config.use_vllm,
-        log_completions=False,
     )
 
 
@@ -240,6 +262,7 @@ def run(config: TrainConfig) -> dict:
             check_model(name)
     data = training_data(config)
     held_out = prompt_dataset(config, config.eval_data)
+    args = trainer_args(config, state.num_processes)  # trl.* pass-through options checked too
     checkpoint = prepare_output_dir(config, state)
     out = Path(config.output_dir)
     if state.is_main_process:
@@ -258,9 +281,9 @@ def run(config: TrainConfig) -> dict:
     model, tokenizer = load_model(config.model, dtype=dtype)
     callbacks = [JsonlLogger(out / METRICS)]
     if config.algorithm == "distill":
-        trainer = distill_trainer(config, model, tokenizer, state, callbacks, dtype, data)
+        trainer = distill_trainer(config, args, model, tokenizer, state, callbacks, dtype, data)
     else:
-        trainer = grpo_trainer(config, model, tokenizer, state, callbacks, data, held_out)
+        trainer = grpo_trainer(config, args, model, tokenizer, callbacks, data, held_out)
     if finished:  # trained to the end, but stopped before the final save and evaluation
         trainer._load_from_checkpoint(checkpoint)
         trainer.state.global_step = checkpoint_step(checkpoint)
@@ -281,11 +304,11 @@ def training_data(config: TrainConfig):
     return prompt_dataset(config, config.data)
 
 
-def grpo_trainer(config: TrainConfig, model, tokenizer, state, callbacks, data, held_out):
+def grpo_trainer(config: TrainConfig, args: GRPOConfig, model, tokenizer, callbacks, data, held_out):
     common = dict(
         model=model,
         reward_funcs=[import_callable(path) for path in config.rewards],
-        args=grpo_args(config, state.num_processes),
+        args=args,
         train_dataset=data,
         eval_dataset=None if config.eval_steps is None else held_out,
         processing_class=tokenizer,
@@ -299,7 +322,7 @@ def grpo_trainer(config: TrainConfig, model, tokenizer, state, callbacks, data, 
     )
 
 
-def distill_trainer(config: TrainConfig, model, tokenizer, state, callbacks, dtype, data):
+def distill_trainer(config: TrainConfig, args: TrainingArguments, model, tokenizer, state, callbacks, dtype, data):
     # the teacher is frozen; by default a copy of the initial student
     teacher = load_model(config.distill.teacher or config.model, dtype=dtype)[0]
     if config.distill.mode == "offline" and config.distill.traces is None:
@@ -309,11 +332,6 @@ def distill_trainer(config: TrainConfig, model, tokenizer, state, callbacks, dty
         from peft import get_peft_model
 
         model = get_peft_model(model, peft)
-    args = TrainingArguments(
-        **common_args(config),
-        per_device_train_batch_size=batch_rows(config, config.prompts_per_step, state.num_processes),
-        remove_unused_columns=False,
-    )
     sampling = SamplingConfig(
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p, seed=config.seed
     )

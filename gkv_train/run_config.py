@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field
+from typing import Any
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -130,7 +131,7 @@ class TrainConfig:
     )
     # GRPO
     prompts_per_step: int = 2
-    samples_per_prompt: int = 8
+    num_generations: int = 8
     max_new_tokens: int = 96
     temperature: float = 0.6
     top_p: float = 0.95
@@ -163,6 +164,10 @@ class TrainConfig:
     save_total_limit: int | None = 2
     logging_steps: int = 1
     report_to: list[str] = field(default_factory=list)  # trackers (TRACKERS): e.g. [tensorboard], [wandb]
+    # TRL's GRPOConfig (distillation: transformers' TrainingArguments) fields without a key here, handed to the
+    # trainer as is: weight_decay, num_iterations, log_completions, push_to_hub, ... (train.py takes them as
+    # top-level keys too: weight_decay=0.01 becomes trl.weight_decay=0.01)
+    trl: dict[str, Any] = field(default_factory=dict)
     run_name: str | None = None  # the run's name in the trackers (default: the output folder)
     eval_samples: int = 1  # completions per held-out problem in the final evaluation
     seed: int = 0
@@ -180,11 +185,11 @@ class TrainConfig:
             raise ValueError(f"unknown loss_type {self.loss_type!r}; choose one of {LOSS_TYPES}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
-        for name in ("prompts_per_step", "samples_per_prompt", "max_new_tokens", "max_steps", "save_steps"):
+        for name in ("prompts_per_step", "num_generations", "max_new_tokens", "max_steps", "save_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if self.algorithm == "grpo" and self.samples_per_prompt < 2:
-            raise ValueError("samples_per_prompt must be at least 2: GRPO compares samples of one prompt")
+        if self.algorithm == "grpo" and self.num_generations < 2:
+            raise ValueError("num_generations must be at least 2: GRPO compares samples of one prompt")
         if self.use_vllm and self.compression.compresses:
             raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
@@ -228,11 +233,11 @@ class EvalConfig:
     compression: CompressionConfig = field(default_factory=lambda: CompressionConfig("full"))
     methods: list[str] | None = None
     budgets: list[int] | None = None
-    n_samples: int = 4
+    num_generations: int = 4  # samples per problem (TRL's name; n_samples is an alias)
     max_new_tokens: int = 256
     temperature: float = 0.6
     top_p: float = 0.95
-    batch_problems: int = 4  # problems per rollout batch (x n_samples sequences)
+    batch_problems: int = 4  # problems per rollout batch (x num_generations sequences)
     precision: str = "fp32"
     seed: int = 0
     output_dir: str = "outputs/eval"  # evaluate.yaml: outputs/eval/<model>_<data>
@@ -241,8 +246,8 @@ class EvalConfig:
 
     def __post_init__(self):
         check_sampling(self.temperature, self.top_p, greedy=True)
-        if self.n_samples < 1 or self.max_new_tokens < 1 or self.batch_problems < 1:
-            raise ValueError("n_samples, max_new_tokens and batch_problems must be at least 1")
+        if self.num_generations < 1 or self.max_new_tokens < 1 or self.batch_problems < 1:
+            raise ValueError("num_generations, max_new_tokens and batch_problems must be at least 1")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
 
@@ -257,7 +262,8 @@ class EvalConfig:
             "adapter": None if self.adapter is None else model_identity(self.adapter),
             "data": self.data.identity(),
             "compression": asdict(compression.resolved()),
-            "sampling": dict(n_samples=self.n_samples, max_new_tokens=self.max_new_tokens,
+            # "n_samples": the key of earlier identities, kept so that their results stay valid
+            "sampling": dict(n_samples=self.num_generations, max_new_tokens=self.max_new_tokens,
                              temperature=self.temperature, top_p=self.top_p, seed=self.seed),
             "batch_problems": self.batch_problems,
             "precision": self.precision,
@@ -287,3 +293,102 @@ class EvalConfig:
             for budget in [None] if method == "full" else budgets:
                 runs.append(CompressionConfig(**{**base, "method": method, "budget": budget or base["budget"]}))
         return runs
+
+
+# TRL's (and earlier) names for keys that have another canonical name here: alias -> canonical key.
+ALIASES = {
+    "max_completion_length": "max_new_tokens",  # TRL
+    "bf16": "precision",  # TRL: bf16=true -> precision=bf16, bf16=false -> precision=fp32
+    "samples_per_prompt": "num_generations",  # this project's earlier name
+    "n_samples": "num_generations",  # evaluate.py's earlier name
+}
+# GRPOConfig / TrainingArguments fields this project sets from its own keys (not passed through ``trl``).
+DERIVED = {
+    "per_device_train_batch_size": "rows per step are prompts_per_step x num_generations (per process: divided by "
+    "processes x gradient_accumulation_steps); set prompts_per_step",
+    "per_device_eval_batch_size": "set from prompts_per_step x num_generations",
+    "output_dir": "a key here too", "use_cpu": "set when no GPU is present", "eval_strategy": "set by eval_steps",
+    "save_strategy": "checkpoints every save_steps", "activation_checkpointing": "set gradient_checkpointing",
+    "fp16": "set precision (fp32 or bf16)",
+}
+
+
+def schema_keys(schema) -> set[str]:
+    """Every dotted key of a config dataclass, nested groups included (``compression.budget``, ...)."""
+    import dataclasses
+    import typing
+
+    keys = set()
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        keys.add(f.name)
+        if dataclasses.is_dataclass(hints[f.name]):
+            keys |= {f"{f.name}.{sub}" for sub in schema_keys(hints[f.name])}
+    return keys
+
+
+def trainer_fields(algorithm: str = "grpo") -> set[str]:
+    """The fields of TRL's ``GRPOConfig`` (GRPO) or transformers' ``TrainingArguments`` (distillation)."""
+    import dataclasses
+
+    if algorithm == "grpo":
+        from trl import GRPOConfig as args_class
+    else:
+        from transformers import TrainingArguments as args_class
+    return {f.name for f in dataclasses.fields(args_class)}
+
+
+def translate_overrides(argv: list[str], schema, passthrough: bool) -> tuple[list[str], list[str]]:
+    """Command-line ``key=value`` overrides as Hydra should read them, and notes for the user.
+
+    * an alias (``ALIASES``: TRL's ``max_completion_length``, ``bf16``; earlier names) becomes its canonical key,
+      with a note;
+    * with ``passthrough`` (train.py), a field of TRL's ``GRPOConfig`` that has no key here (``weight_decay``,
+      ``num_iterations``, ``log_completions``, ``push_to_hub``, ...) goes to the ``trl`` group, which is handed to
+      the trainer's arguments as is; one that this project derives from its own keys (``DERIVED``) is an error
+      that names them;
+    * any other unknown key is an error with the closest known names ("did you mean").
+    Hydra's own syntax (``+key``, ``~key``, ``hydra.*``) is left alone."""
+    import difflib
+
+    known = schema_keys(schema)
+    out, notes = [], []
+    trl_fields: set[str] | None = None
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq or key.startswith(("+", "~", "hydra.")) or key in known or key.startswith("trl."):
+            out.append(arg)
+            continue
+        if key in ALIASES and ALIASES[key] in known:
+            canonical = ALIASES[key]
+            if key == "bf16":
+                value = "bf16" if value.strip().lower() in ("true", "1", "yes") else "fp32"
+            notes.append(f"{key}={value if key != 'bf16' else arg.partition('=')[2]} is read as {canonical}={value} "
+                         f"({canonical} is the name used here; {key} is an alias)")  # fmt: skip
+            out.append(f"{canonical}={value}")
+            continue
+        if passthrough:
+            trl_fields = trainer_fields() if trl_fields is None else trl_fields
+            if key in DERIVED:
+                raise ValueError(f"{key} is not set directly here: {DERIVED[key]}")
+            if key in trl_fields:
+                out.append(f"+trl.{key}={value}")
+                continue
+        candidates = known | set(ALIASES) | (trl_fields or set())
+        close = difflib.get_close_matches(key, sorted(candidates), n=3, cutoff=0.6)
+        hint = f"; did you mean {' or '.join(close)}?" if close else ""
+        raise ValueError(f"unknown configuration key {key!r}{hint}")
+    return out, notes
+
+
+def apply_overrides(schema, passthrough: bool) -> None:
+    """``translate_overrides`` on this process's command line (before Hydra parses it): notes go to stderr; an
+    unknown key ends the process with its message."""
+    import sys
+
+    try:
+        sys.argv[1:], notes = translate_overrides(sys.argv[1:], schema, passthrough)
+    except ValueError as err:
+        sys.exit(f"error: {err}")
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)

@@ -81,7 +81,7 @@ def main() -> None:
             out = root / f"{dataset}_i{interval}"
             command = [
                 sys.executable, str(args.evaluate), f"model={args.model}", f"data.name={dataset}",
-                f"data.limit={args.limit}", f"n_samples={args.samples}", f"max_new_tokens={args.max_new_tokens}",
+                f"data.limit={args.limit}", f"num_generations={args.samples}", f"max_new_tokens={args.max_new_tokens}",
                 f"temperature={args.temperature}", f"top_p={args.top_p}", f"batch_problems={args.batch_problems}",
                 f"methods=[{','.join(methods)}]", f"budgets=[{','.join(map(str, args.budgets))}]",
                 f"compression.interval={interval}", f"output_dir={out}", "plots=false",

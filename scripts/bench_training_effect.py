@@ -75,7 +75,7 @@ def evaluate(
     interval, mean completion length, retention."""
     command = [
         sys.executable, str(ROOT / "scripts" / "evaluate.py"), *model_args, *data_keys,
-        f"n_samples={args.samples_eval}", f"max_new_tokens={args.max_new_tokens}", f"temperature={args.temperature}",
+        f"num_generations={args.samples_eval}", f"max_new_tokens={args.max_new_tokens}", f"temperature={args.temperature}",
         f"top_p={args.top_p}",
         f"batch_problems={args.batch_problems}", f"methods=[full,{method}]", f"budgets=[{budget}]",
         f"compression.window={args.window}", f"compression.interval={args.interval}", f"output_dir={out}",
@@ -140,7 +140,7 @@ def train_keys(recipe: str, chosen: dict, root: Path, args) -> list[str]:
         f"prompts_per_step={rows if distill else args.prompts_per_step}",
     ]  # fmt: skip
     if not distill:
-        keys += [f"samples_per_prompt={args.samples}", f"rl.overlong_advantage_clip={str(args.overlong_clip).lower()}"]
+        keys += [f"num_generations={args.samples}", f"rl.overlong_advantage_clip={str(args.overlong_clip).lower()}"]
     if recipe != "rl_full":
         keys += compression_keys(chosen["method"], chosen["budget"], args)
     if recipe == "distill":

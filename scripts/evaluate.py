@@ -37,7 +37,7 @@ from gkv_train.evaluation import (  # noqa: E402
 )
 from gkv_train.jsonio import dumps, write_atomically  # noqa: E402
 from gkv_train.models import check_model, load_model, model_identity  # noqa: E402
-from gkv_train.run_config import EvalConfig  # noqa: E402
+from gkv_train.run_config import EvalConfig, apply_overrides  # noqa: E402
 from rollout.config import SamplingConfig  # noqa: E402
 
 ConfigStore.instance().store(name="eval_schema", node=EvalConfig)
@@ -65,7 +65,7 @@ def main(cfg: DictConfig) -> None:
         model = PeftModel.from_pretrained(model, config.adapter).merge_and_unload()
     sampling = SamplingConfig(
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-        num_samples=config.n_samples, seed=config.seed,
+        num_samples=config.num_generations, seed=config.seed,
     )
     summaries = [
         evaluate_compression(
@@ -86,7 +86,7 @@ def main(cfg: DictConfig) -> None:
     results = lm_eval_results(summaries, data_name, settings, versions)
     write_atomically(out_dir / "results.json", dumps({**results, "date": time.time()}, indent=2))
     title = f"{config.model}{' + ' + config.adapter if config.adapter else ''} · {data_name} · " \
-            f"{summaries[0]['problems']} problems x {config.n_samples} samples"
+            f"{summaries[0]['problems']} problems x {config.num_generations} samples"
     if config.plots:
         plot_summaries(summaries, out_dir, title)
     print(title + "\n" + results_table(summaries), file=sys.stderr, flush=True)
@@ -97,4 +97,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    apply_overrides(EvalConfig, passthrough=False)  # aliases (n_samples), "did you mean"
     main()

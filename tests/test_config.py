@@ -109,3 +109,25 @@ def test_a_tracker_that_is_not_installed_is_refused_with_the_fix(monkeypatch):
     with pytest.raises(ValueError, match=r"report_to=wandb needs the wandb package.*gkv-train\[tracking\]"):
         TrainConfig(report_to=["wandb"])
     TrainConfig(report_to=[])  # control: no tracker, nothing to check
+
+
+def test_overrides_take_trl_names_and_suggest_on_typos():
+    from gkv_train.run_config import EvalConfig, TrainConfig, translate_overrides
+
+    argv = ["recipe=rl_full", "compression.budget=64", "max_completion_length=32", "bf16=true", "samples_per_prompt=4",
+            "weight_decay=0.01", "num_iterations=2", "log_completions=true", "push_to_hub=false", "+x=1", "trl.seed=3"]
+    out, notes = translate_overrides(argv, TrainConfig, passthrough=True)
+    assert out == ["recipe=rl_full", "compression.budget=64", "max_new_tokens=32", "precision=bf16", "num_generations=4",
+                   "+trl.weight_decay=0.01", "+trl.num_iterations=2", "+trl.log_completions=true",
+                   "+trl.push_to_hub=false", "+x=1", "trl.seed=3"]
+    assert len(notes) == 3 and "max_new_tokens is the name used here" in notes[0]
+    with pytest.raises(ValueError, match="unknown configuration key 'num_generation'; did you mean num_generations"):
+        translate_overrides(["num_generation=4"], TrainConfig, passthrough=True)
+    with pytest.raises(ValueError, match="'compression.bugdet'; did you mean compression.budget"):
+        translate_overrides(["compression.bugdet=4"], TrainConfig, passthrough=True)
+    with pytest.raises(ValueError, match="per_device_train_batch_size is not set directly here: rows per step"):
+        translate_overrides(["per_device_train_batch_size=8"], TrainConfig, passthrough=True)
+    # evaluate.py: one sample-count name (n_samples is an alias), no trainer pass-through
+    assert translate_overrides(["n_samples=2"], EvalConfig, passthrough=False)[0] == ["num_generations=2"]
+    with pytest.raises(ValueError, match="unknown configuration key 'weight_decay'"):
+        translate_overrides(["weight_decay=0.1"], EvalConfig, passthrough=False)

@@ -36,7 +36,7 @@ def test_pass_at_k_matches_brute_force(n, c):
 
 def test_evaluate_script_writes_every_output(tmp_path):
     args = [
-        "model=tiny", "data.limit=5", "n_samples=2", "max_new_tokens=12", "methods=[full,gkv,streaming]",
+        "model=tiny", "data.limit=5", "num_generations=2", "max_new_tokens=12", "methods=[full,gkv,streaming]",
         "budgets=[8,10]", "compression.window=2", "compression.interval=4", f"output_dir={tmp_path}",
     ]
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args], cwd=ROOT,
@@ -55,7 +55,7 @@ def test_evaluate_script_writes_every_output(tmp_path):
     assert (tmp_path / "pass_at_1_vs_budget.png").stat().st_size > 0
     assert (tmp_path / "retained_density.png").stat().st_size > 0
     summary = strict_json((tmp_path / "summary.json").read_text())  # what produced the results, and with what
-    assert summary["config"]["compression"]["window"] == 2 and summary["config"]["n_samples"] == 2
+    assert summary["config"]["compression"]["window"] == 2 and summary["config"]["num_generations"] == 2
     assert summary["model"]["model"] == "tiny" and summary["data"]["name"] == "arithmetic"
     assert {"torch", "transformers", "trl", "python"} <= set(summary["versions"])
     full = summary["runs"][0]["retention_by_position"]
@@ -140,7 +140,7 @@ def test_evaluate_script_checks_answers_and_keys_results_by_settings(tmp_path):
     another temperature is refused, naming the difference."""
     data = write_problems(tmp_path / "latex.jsonl")
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
-    args = ["model=tiny", "data.name=null", f"data.path={data}", "n_samples=1", "max_new_tokens=4", "plots=false"]
+    args = ["model=tiny", "data.name=null", f"data.path={data}", "num_generations=1", "max_new_tokens=4", "plots=false"]
     code = EVALUATE_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=str(ROOT / "scripts" / "evaluate.py"))
     proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)

@@ -105,6 +105,22 @@ def test_trackers_and_console_log(tmp_path):
     assert "100%" in log  # the progress bar's final state
 
 
+def test_trl_names_and_options_pass_through(tmp_path):
+    """A TRL user's keys: aliases (max_completion_length, samples_per_prompt) read as the canonical keys, and
+    GRPOConfig fields without a key here (num_iterations, weight_decay, log_completions) reach the trainer; with
+    two optimizer iterations per generation, training still sees what the rollout saw."""
+    import torch
+
+    proc = run(["recipe=rl_sparse", *TINY, "max_steps=2", f"output_dir={tmp_path}", "max_completion_length=20",
+                "samples_per_prompt=4", "num_iterations=2", "weight_decay=0.01", "log_completions=true"])
+    assert "max_completion_length=20 is read as max_new_tokens=20" in proc.stderr
+    args = torch.load(tmp_path / "checkpoint-2" / "training_args.bin", weights_only=False)
+    assert (args.num_iterations, args.weight_decay, args.log_completions) == (2, 0.01, True)
+    assert (args.max_completion_length, args.num_generations) == (20, 4)
+    steps = metrics(tmp_path)
+    assert [r["step"] for r in steps] == [1, 2] and max(r["mismatch/max_abs"] for r in steps) <= 1e-4
+
+
 def test_console_tee_keeps_a_transcript():
     import io
 
@@ -239,6 +255,9 @@ def test_killed_agent_takes_its_workers(tmp_path):
         ("temperature=0", "temperature must be a finite number > 0 in training"),
         ("data.path=BAD", "bad.jsonl:2: not valid JSON"),
         ("report_to=[neptune_x]", "unknown tracker 'neptune_x' in report_to"),
+        ("num_generation=4", "unknown configuration key 'num_generation'; did you mean num_generations"),
+        ("trl.learning_rate=0.1", "trl.learning_rate is set by this project from its own keys"),
+        ("trl.no_such_field=1", "trl.no_such_field is not a field of GRPOConfig"),
     ],
 )
 def test_bad_config_fails_clearly(tmp_path, override, message):
