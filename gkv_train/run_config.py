@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 from omegaconf import OmegaConf
 
@@ -356,7 +356,7 @@ def translate_overrides(argv: list[str], schema, passthrough: bool) -> tuple[lis
     trl_fields: set[str] | None = None
     for arg in argv:
         key, eq, value = arg.partition("=")
-        if not eq or key.startswith(("+", "~", "hydra.")) or key in known or key.startswith("trl."):
+        if not eq or key.startswith(("+", "~", "hydra.", "trl.")) or key in known:
             out.append(arg)
             continue
         if key in ALIASES and ALIASES[key] in known:
