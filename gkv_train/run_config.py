@@ -356,8 +356,11 @@ def translate_overrides(argv: list[str], schema, passthrough: bool) -> tuple[lis
     trl_fields: set[str] | None = None
     for arg in argv:
         key, eq, value = arg.partition("=")
-        if not eq or key.startswith(("+", "~", "hydra.", "trl.")) or key in known:
+        if not eq or key.startswith(("+", "~", "hydra.")) or key in known:
             out.append(arg)
+            continue
+        if key.startswith("trl."):  # a new key of the trl group: Hydra wants it prefixed
+            out.append(f"+{arg}")
             continue
         if key in ALIASES and ALIASES[key] in known:
             canonical = ALIASES[key]

@@ -119,7 +119,7 @@ def test_overrides_take_trl_names_and_suggest_on_typos():
     out, notes = translate_overrides(argv, TrainConfig, passthrough=True)
     assert out == ["recipe=rl_full", "compression.budget=64", "max_new_tokens=32", "precision=bf16", "num_generations=4",
                    "+trl.weight_decay=0.01", "+trl.num_iterations=2", "+trl.log_completions=true",
-                   "+trl.push_to_hub=false", "+x=1", "trl.seed=3"]
+                   "+trl.push_to_hub=false", "+x=1", "+trl.seed=3"]
     assert len(notes) == 3 and "max_new_tokens is the name used here" in notes[0]
     with pytest.raises(ValueError, match="unknown configuration key 'num_generation'; did you mean num_generations"):
         translate_overrides(["num_generation=4"], TrainConfig, passthrough=True)
