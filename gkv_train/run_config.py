@@ -196,6 +196,27 @@ class TrainConfig:
             raise ValueError(f"{len(self.reward_weights)} reward_weights for {len(self.rewards)} rewards")
 
 
+@dataclass
+class TracesConfig:
+    """One call of ``scripts/generate_traces.py``: full-cache completions of a teacher, checked; the correct ones
+    (``keep_incorrect``: all) written as JSONL for offline distillation (``distill.traces``)."""
+
+    model: str = "smollm2-135m"  # the teacher
+    data: DataConfig = field(default_factory=lambda: DataConfig(limit=64))
+    num_generations: int = 4  # completions per problem
+    max_new_tokens: int = 256
+    temperature: float = 0.6
+    top_p: float = 0.95
+    seed: int = 0
+    keep_incorrect: bool = False  # write wrong completions too
+    output: str = "outputs/traces.jsonl"
+
+    def __post_init__(self):
+        check_sampling(self.temperature, self.top_p, greedy=True)
+        if self.num_generations < 1 or self.max_new_tokens < 1:
+            raise ValueError("num_generations and max_new_tokens must be at least 1")
+
+
 TRACKERS = {  # report_to name -> the modules that provide it (any one)
     "tensorboard": ("tensorboard", "tensorboardX"),
     "wandb": ("wandb",),

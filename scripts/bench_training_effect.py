@@ -155,13 +155,12 @@ def training_traces(chosen: dict, root: Path, args) -> None:
     if path.is_file():
         return
     command = [
-        sys.executable, str(ROOT / "scripts" / "generate_traces.py"), "--model", args.model, "--data-name",
-        "arithmetic", "--levels", str(args.level), "--distractors", str(chosen["distractors"]), "--limit",
-        str(args.trace_problems), "--samples", str(args.samples), "--max-new-tokens", str(args.max_new_tokens),
-        "--temperature", str(args.temperature), "--top-p", str(args.top_p), "--seed", str(args.seed),
-        "--prompt-template", args.prompt_template, "--output", str(path.with_suffix(".partial")),
+        sys.executable, str(ROOT / "scripts" / "generate_traces.py"), f"model={args.model}", "data.name=arithmetic",
+        f"data.levels=[{args.level}]", f"data.distractors={chosen['distractors']}", f"data.limit={args.trace_problems}",
+        f"num_generations={args.samples}", f"max_new_tokens={args.max_new_tokens}", f"temperature={args.temperature}",
+        f"top_p={args.top_p}", f"seed={args.seed}", template_key("data", args), f"output={path.with_suffix('.partial')}",
     ]  # fmt: skip
-    run(command + (["--keep-incorrect"] if args.quick else []), "train/teacher_traces")
+    run(command + (["keep_incorrect=true"] if args.quick else []), "train/teacher_traces")
     path.with_suffix(".partial").rename(path)
 
 

@@ -1,62 +1,51 @@
-"""Teacher traces for offline distillation: full-cache completions, checked, the correct ones written as JSONL.
+"""Teacher traces for offline distillation: full-cache completions, checked, the correct ones written as JSONL
+(Hydra, like train.py and evaluate.py; keys: ``gkv_train.run_config.TracesConfig``).
 
-    python scripts/generate_traces.py --data-name gsm8k --limit 200 --samples 4 --output traces/gsm8k.jsonl
+    python scripts/generate_traces.py data.name=gsm8k data.split=test data.limit=200 num_generations=4 \
+        output=traces/gsm8k.jsonl
     accelerate launch train.py recipe=distill distill.traces=traces/gsm8k.jsonl
 
-Each line: id, prompt (the problem in the prompt template), completion (text), completion_ids (with the stop
-token), answer (gold), correct. Prints one JSON line with the counts.
+Each line: id, prompt (the problem in the prompt template ``data.prompt_template``), completion (text),
+completion_ids (with the stop token), answer (gold), correct. Prints one JSON line with the counts.
 """
 
-from __future__ import annotations
-
-import argparse
-import json
+import sys
 from pathlib import Path
 
-from gkv_train.data import PROMPT_TEMPLATE, DataConfig, load_problems
-from gkv_train.models import load_model
-from gkv_train.traces import generate_traces, write_traces
-from rollout.config import SamplingConfig
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from gkv_train.data import load_problems  # noqa: E402
+from gkv_train.jsonio import dumps  # noqa: E402
+from gkv_train.models import check_model, load_model  # noqa: E402
+from gkv_train.run_config import TracesConfig, apply_overrides  # noqa: E402
+from gkv_train.traces import generate_traces, write_traces  # noqa: E402
+from rollout.config import SamplingConfig  # noqa: E402
+
+ConfigStore.instance().store(name="traces_schema", node=TracesConfig)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="smollm2-135m", help="the teacher")
-    parser.add_argument("--data-name", default="arithmetic", help="preset, built-in task or hub dataset")
-    parser.add_argument("--data-path", default=None, help="a local JSONL/JSON/Parquet file instead of --data-name")
-    parser.add_argument("--question-field", nargs="+", default=["question"])
-    parser.add_argument("--answer-field", default="answer")
-    parser.add_argument("--split", default="train")
-    parser.add_argument("--levels", type=int, nargs="+", default=[1], help="built-in task levels")
-    parser.add_argument("--distractors", type=int, default=0, help="built-in task distractor sentences")
-    parser.add_argument("--limit", type=int, default=64)
-    parser.add_argument("--samples", type=int, default=4, help="completions per problem")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.6)
-    parser.add_argument("--top-p", type=float, default=0.95)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--prompt-template", default=PROMPT_TEMPLATE)
-    parser.add_argument("--keep-incorrect", action="store_true", help="write wrong completions too")
-    parser.add_argument("--output", type=Path, default=Path("outputs/traces.jsonl"))
-    args = parser.parse_args()
-
-    name = None if args.data_path else args.data_name
-    fields = args.question_field[0] if len(args.question_field) == 1 else args.question_field
-    data = DataConfig(
-        args.data_path, name, fields, args.answer_field, args.split, args.limit, list(args.levels), args.distractors
-    )
-    problems = load_problems(data, args.seed)
-    model, tokenizer = load_model(args.model)
+@hydra.main(version_base=None, config_path="../recipes", config_name="traces")
+def main(cfg: DictConfig) -> None:
+    config: TracesConfig = OmegaConf.to_object(cfg)  # validated before any work
+    check_model(config.model)
+    problems = load_problems(config.data, config.seed)
+    model, tokenizer = load_model(config.model)
     sampling = SamplingConfig(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-        num_samples=args.samples, seed=args.seed,
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+        num_samples=config.num_generations, seed=config.seed,
     )
-    rows = generate_traces(model, tokenizer, problems, sampling, args.prompt_template, keep_incorrect=args.keep_incorrect)
-    write_traces(rows, args.output)
-    correct = sum(r["correct"] for r in rows)
-    print(json.dumps({"traces": str(args.output), "problems": len(problems), "samples": len(problems) * args.samples,
-                      "written": len(rows), "correct": correct}), flush=True)
+    rows = generate_traces(
+        model, tokenizer, problems, sampling, config.data.prompt_template, keep_incorrect=config.keep_incorrect
+    )
+    write_traces(rows, Path(config.output))
+    print(dumps({"traces": config.output, "problems": len(problems), "samples": len(problems) * config.num_generations,
+                 "written": len(rows), "correct": sum(r["correct"] for r in rows)}), flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":
+    apply_overrides(TracesConfig, passthrough=False)  # aliases (n_samples, samples_per_prompt), "did you mean"
     main()

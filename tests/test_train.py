@@ -140,8 +140,8 @@ def test_distillation_recipes(tmp_path, recipe):
     args = [f"recipe={recipe}", *TINY, "max_steps=2", f"output_dir={tmp_path}"]
     if recipe == "distill":  # a random teacher solves nothing: give it traces with wrong answers kept
         traces = tmp_path / "traces.jsonl"
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "generate_traces.py"), "--model", "tiny", "--limit", "4",
-                        "--samples", "2", "--max-new-tokens", "16", "--keep-incorrect", "--output", str(traces)],
+        subprocess.run([sys.executable, str(ROOT / "scripts" / "generate_traces.py"), "model=tiny", "data.limit=4",
+                        "num_generations=2", "max_new_tokens=16", "keep_incorrect=true", f"output={traces}"],
                        cwd=ROOT, check=True, capture_output=True, timeout=600)
         args.append(f"distill.traces={traces}")
     proc = run(args)
