@@ -131,3 +131,17 @@ def test_overrides_take_trl_names_and_suggest_on_typos():
     assert translate_overrides(["n_samples=2"], EvalConfig, passthrough=False)[0] == ["num_generations=2"]
     with pytest.raises(ValueError, match="unknown configuration key 'weight_decay'"):
         translate_overrides(["weight_decay=0.1"], EvalConfig, passthrough=False)
+
+
+def test_trl_pass_through_is_checked_against_the_trainer_arguments():
+    from gkv_train.launch import trainer_args
+    from gkv_train.run_config import TrainConfig
+
+    args = trainer_args(TrainConfig(trl={"weight_decay": 0.01, "num_iterations": 2}), 1)  # control: accepted
+    assert (args.weight_decay, args.num_iterations) == (0.01, 2)
+    with pytest.raises(ValueError, match="trl.no_such_field is not a field of GRPOConfig"):
+        trainer_args(TrainConfig(trl={"no_such_field": 1}), 1)
+    with pytest.raises(ValueError, match="trl.num_iterations is not a field of TrainingArguments"):
+        trainer_args(TrainConfig(algorithm="distill", trl={"num_iterations": 2}), 1)
+    with pytest.raises(ValueError, match="trl.per_device_train_batch_size is set by this project"):
+        trainer_args(TrainConfig(trl={"per_device_train_batch_size": 4}), 1)

@@ -89,7 +89,7 @@ def test_trackers_and_console_log(tmp_path):
     ``train/`` prefix; everything printed is also in train.log, progress bars as their last state."""
     out = tmp_path / "out"
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
-    proc = run(["recipe=rl_sparse", *TINY, "max_steps=2", f"output_dir={out}", "report_to=[tensorboard,wandb]",
+    proc = run(["recipe=rl_sparse", *TINY, "max_steps=1", f"output_dir={out}", "report_to=[tensorboard,wandb]",
                 "run_name=probe"], env=env)
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -111,14 +111,14 @@ def test_trl_names_and_options_pass_through(tmp_path):
     two optimizer iterations per generation, training still sees what the rollout saw."""
     import torch
 
-    proc = run(["recipe=rl_sparse", *TINY, "max_steps=2", f"output_dir={tmp_path}", "max_completion_length=20",
+    proc = run(["recipe=rl_sparse", *TINY, "max_steps=1", f"output_dir={tmp_path}", "max_completion_length=20",
                 "samples_per_prompt=4", "num_iterations=2", "weight_decay=0.01", "log_completions=true"])
     assert "max_completion_length=20 is read as max_new_tokens=20" in proc.stderr
-    args = torch.load(tmp_path / "checkpoint-2" / "training_args.bin", weights_only=False)
+    args = torch.load(tmp_path / "checkpoint-1" / "training_args.bin", weights_only=False)
     assert (args.num_iterations, args.weight_decay, args.log_completions) == (2, 0.01, True)
     assert (args.max_completion_length, args.num_generations) == (20, 4)
     steps = metrics(tmp_path)
-    assert [r["step"] for r in steps] == [1, 2] and max(r["mismatch/max_abs"] for r in steps) <= 1e-4
+    assert [r["step"] for r in steps] == [1] and steps[0]["mismatch/max_abs"] <= 1e-4
 
 
 def test_console_tee_keeps_a_transcript():
@@ -255,9 +255,7 @@ def test_killed_agent_takes_its_workers(tmp_path):
         ("temperature=0", "temperature must be a finite number > 0 in training"),
         ("data.path=BAD", "bad.jsonl:2: not valid JSON"),
         ("report_to=[neptune_x]", "unknown tracker 'neptune_x' in report_to"),
-        ("num_generation=4", "unknown configuration key 'num_generation'; did you mean num_generations"),
         ("trl.learning_rate=0.1", "trl.learning_rate is set by this project from its own keys"),
-        ("trl.no_such_field=1", "trl.no_such_field is not a field of GRPOConfig"),
     ],
 )
 def test_bad_config_fails_clearly(tmp_path, override, message):
