@@ -114,7 +114,7 @@ def trainer_args(config: TrainConfig, num_processes: int) -> TrainingArguments:
         if key not in fields:
             kind = "GRPOConfig" if config.algorithm == "grpo" else "TrainingArguments (distillation)"
             raise ValueError(f"trl.{key} is not a field of {kind}")
-        if key in own:
+        if key in own or key in DERIVED:
             raise ValueError(f"trl.{key} is set by this project from its own keys: {DERIVED.get(key, f'set {key}')}")
     args_class = GRPOConfig if config.algorithm == "grpo" else TrainingArguments
     return args_class(**own, **config.trl)

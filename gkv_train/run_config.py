@@ -328,7 +328,7 @@ DERIVED = {
     "per_device_train_batch_size": "rows per step are prompts_per_step x num_generations (per process: divided by "
     "processes x gradient_accumulation_steps); set prompts_per_step",
     "per_device_eval_batch_size": "set from prompts_per_step x num_generations",
-    "output_dir": "a key here too", "use_cpu": "set when no GPU is present", "eval_strategy": "set by eval_steps",
+    "use_cpu": "set when no GPU is present", "eval_strategy": "set by eval_steps",
     "save_strategy": "checkpoints every save_steps", "activation_checkpointing": "set gradient_checkpointing",
     "fp16": "set precision (fp32 or bf16)",
 }
@@ -384,12 +384,11 @@ def translate_overrides(argv: list[str], schema, passthrough: bool) -> tuple[lis
             out.append(f"+{arg}")
             continue
         if key in ALIASES and ALIASES[key] in known:
-            canonical = ALIASES[key]
+            canonical, read = ALIASES[key], value
             if key == "bf16":
-                value = "bf16" if value.strip().lower() in ("true", "1", "yes") else "fp32"
-            notes.append(f"{key}={value if key != 'bf16' else arg.partition('=')[2]} is read as {canonical}={value} "
-                         f"({canonical} is the name used here; {key} is an alias)")  # fmt: skip
-            out.append(f"{canonical}={value}")
+                read = "bf16" if value.strip().lower() in ("true", "1", "yes") else "fp32"
+            notes.append(f"{arg} is read as {canonical}={read} ({canonical} is the name used here; {key} is an alias)")
+            out.append(f"{canonical}={read}")
             continue
         if passthrough:
             trl_fields = trainer_fields() if trl_fields is None else trl_fields

@@ -145,3 +145,5 @@ def test_trl_pass_through_is_checked_against_the_trainer_arguments():
         trainer_args(TrainConfig(algorithm="distill", trl={"num_iterations": 2}), 1)
     with pytest.raises(ValueError, match="trl.per_device_train_batch_size is set by this project"):
         trainer_args(TrainConfig(trl={"per_device_train_batch_size": 4}), 1)
+    with pytest.raises(ValueError, match=r"trl.fp16 is set by this project from its own keys: set precision"):
+        trainer_args(TrainConfig(trl={"fp16": True}), 1)  # not among the arguments set, but derived from precision
