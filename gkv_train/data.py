@@ -58,7 +58,7 @@ class DataConfig:
 
     def identity(self) -> dict:
         """Everything that determines the problems and prompts: these settings and, for a local file (or a
-        preset's), the file's identity (path, size, modification time)."""
+        preset's), the file's identity (name, size, content hash)."""
         file = local_file(self.path, self.name)
         settings = asdict(self)
         for key in ("distractors", "config"):  # added later: at their defaults they leave earlier identities valid

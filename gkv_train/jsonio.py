@@ -3,6 +3,7 @@ atomic writes."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -38,10 +39,22 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def file_identity(path: Path) -> list:
-    """What identifies a file's content without reading it: resolved path, size, modification time (ns)."""
-    stat = Path(path).stat()
-    return [str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns]
+def file_identity(path: Path, sample_bytes: int = 16 << 20) -> list:
+    """What identifies a file's content wherever it lies: its name, size and the SHA-256 of its bytes (of the
+    first and last ``sample_bytes`` when it is larger than twice that, so multi-GB weights cost two reads of
+    16 MiB). Neither the folder nor the modification time counts: a copied or re-created data folder is the
+    same data, and resuming an evaluation there must not be refused."""
+    path = Path(path)
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        if size <= 2 * sample_bytes:
+            digest.update(f.read())
+        else:
+            digest.update(f.read(sample_bytes))
+            f.seek(size - sample_bytes)
+            digest.update(f.read(sample_bytes))
+    return [path.name, size, digest.hexdigest()[:16]]
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -148,7 +148,7 @@ def check_model(name_or_path: str) -> None:
 
 def model_identity(name_or_path: str) -> dict:
     """What identifies a model's weights without reading them: built-in tiny models by name and version; files
-    (GGUF, safetensors, ...) by path, size and modification time; other hub names by name."""
+    (GGUF, safetensors, ...) by name, size and content hash; other hub names by name."""
     if name_or_path == TINY_ALIAS or name_or_path in TINY_MODELS:
         return {"model": name_or_path, "tiny_version": TINY_VERSION}
     directory, gguf_file = resolve(name_or_path)

@@ -12,7 +12,7 @@ from verifier_probe import EVALUATE_WITH_ANSWERS, PAIRS, write_problems
 
 from gkv_train.data import arithmetic_task
 from gkv_train.evaluation import claim_run_dir, evaluate_compression, pass_at_k
-from gkv_train.jsonio import read_jsonl
+from gkv_train.jsonio import file_identity, read_jsonl
 from gkv_train.models import load_model
 from rollout.config import CompressionConfig, SamplingConfig
 from rollout.engine import RolloutEngine
@@ -158,6 +158,24 @@ def test_evaluate_script_checks_answers_and_keys_results_by_settings(tmp_path):
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert other.returncode != 0 and "sampling.temperature" in other.stderr and "overwrite=true" in other.stderr
     assert read_jsonl(run_dir / "samples.jsonl") == samples
+
+
+def test_file_identity_follows_content_not_place_or_time(tmp_path):
+    data = tmp_path / "a" / "svamp.jsonl"
+    data.parent.mkdir()
+    data.write_text('{"question": "1+1", "answer": "2"}\n')
+    copy = tmp_path / "b" / "svamp.jsonl"  # a re-created data folder: another place, another mtime
+    copy.parent.mkdir()
+    copy.write_bytes(data.read_bytes())
+    os.utime(copy, (0, 0))
+    assert file_identity(copy) == file_identity(data)
+    copy.write_text('{"question": "1+1", "answer": "3"}\n')  # control: the same size, other content
+    assert file_identity(copy) != file_identity(data)
+    big = tmp_path / "weights.bin"  # larger than two samples: the first and last bytes are read
+    big.write_bytes(bytes(300))
+    before = file_identity(big, sample_bytes=100)
+    big.write_bytes(bytes(299) + b"x")
+    assert file_identity(big, sample_bytes=100) != before
 
 
 def test_run_folders_are_keyed_by_settings(tmp_path):
