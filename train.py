@@ -24,7 +24,6 @@ from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from gkv_train.distributed import relaunch_cpu_processes  # noqa: E402
-from gkv_train.launch import run  # noqa: E402
 from gkv_train.run_config import TrainConfig, apply_overrides  # noqa: E402
 
 ConfigStore.instance().store(name="train_schema", node=TrainConfig)
@@ -33,6 +32,8 @@ ConfigStore.instance().store(name="train_schema", node=TrainConfig)
 @hydra.main(version_base=None, config_path="recipes", config_name="train")
 def main(cfg: DictConfig) -> None:
     config: TrainConfig = OmegaConf.to_object(cfg)  # validated: bad values fail here, before any work
+    from gkv_train.launch import run  # trl, transformers, peft: imported once the configuration holds
+
     run(config)
 
 

@@ -25,6 +25,7 @@ import torch
 from transformers import Trainer
 
 from gkv_train.consistency import mismatch_stats
+from gkv_train.distributed import generation_model
 from gkv_train.logprobs import chunked_divergence, decoder_and_head, head_logprobs
 from gkv_train.run_config import DistillOptions
 from rollout.config import CompressionConfig, SamplingConfig
@@ -63,13 +64,13 @@ class CompressedDistillationTrainer(Trainer):
 
     def _rollout(self, rows):
         """Replay the traces (offline) or sample (on-policy) with the current student and its compression."""
-        student = self.accelerator.unwrap_model(self.model)
-        engine = RolloutEngine(student, self.tokenizer, self.compression)
         prompts = [row["prompt"] for row in rows]
-        if self.distill.mode == "offline":
-            return engine.replay(prompts, [row["completion_ids"] for row in rows], self.sampling)
-        seed = rollout_seed(self.sampling.seed, self.state.global_step, self.accelerator.process_index)
-        return engine.generate(prompts, dataclasses.replace(self.sampling, num_samples=1, seed=seed))
+        with generation_model(self) as student:  # ZeRO-3: the weights gathered
+            engine = RolloutEngine(student, self.tokenizer, self.compression)
+            if self.distill.mode == "offline":
+                return engine.replay(prompts, [row["completion_ids"] for row in rows], self.sampling)
+            seed = rollout_seed(self.sampling.seed, self.state.global_step, self.accelerator.process_index)
+            return engine.generate(prompts, dataclasses.replace(self.sampling, num_samples=1, seed=seed))
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         start = time.perf_counter()

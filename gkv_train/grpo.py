@@ -24,9 +24,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
 from gkv_train.consistency import mismatch_stats
+from gkv_train.distributed import generation_model, is_zero3
 from gkv_train.logprobs import logical_forward
 from gkv_train.run_config import LOSS_TYPES, SparseRLOptions
 from rollout.config import CompressionConfig, SamplingConfig
@@ -95,6 +97,11 @@ class CompressedGRPOTrainer(GRPOTrainer):
         super().__init__(*args, rollout_func=self._rollout, **kwargs)
         if self.sparse.rollout_is is not None and self.loss_type not in LOSS_TYPES:
             raise ValueError(f"rollout_is scales advantages, right for the losses {LOSS_TYPES}, not {self.loss_type}")
+        if is_zero3(self.accelerator) and not self.args.ds3_gather_for_generation:
+            raise ValueError(
+                "ds3_gather_for_generation=false is not supported: the rollout engine decodes a different number of "
+                "steps in each process, so it needs the whole weights (gathered once per generation) under ZeRO-3"
+            )
         use_kv_attention(self.accelerator.unwrap_model(self.model))
         if self.ref_model is not None:
             use_kv_attention(self.ref_model)
@@ -113,8 +120,6 @@ class CompressedGRPOTrainer(GRPOTrainer):
     # ---- generation -------------------------------------------------------------------------------------
     def _rollout(self, prompts, trainer) -> dict:
         """``rollout_func``: sample with the compressed cache; the scope keeps the output for this batch."""
-        model = self.accelerator.unwrap_model(self.model)
-        engine = RolloutEngine(model, self.processing_class, self.compression)
         sampling = SamplingConfig(
             max_new_tokens=self.max_completion_length,
             temperature=self.temperature,
@@ -122,10 +127,15 @@ class CompressedGRPOTrainer(GRPOTrainer):
             seed=rollout_seed(self.args.seed, self.state.global_step, self.accelerator.process_index),
             stop_token_ids=tuple(self.eos_token_ids),
         )
-        out = engine.generate(prompts, sampling)
+        with generation_model(self) as model:  # ZeRO-3: the weights gathered
+            out = RolloutEngine(model, self.processing_class, self.compression).generate(prompts, sampling)
         self._scope.generation = out
         self._scope.record = out.record if self.sparse.train_with_record else None
         completions = out.completions()
+        # distinct prompts over all processes this step: prompts_per_step when each process has its own share
+        everyone = gather_object(list(dict.fromkeys(map(repr, prompts))))
+        mode = "train" if self.model.training else "eval"
+        self._metrics[mode]["prompts/distinct"].append(float(len(set(everyone))))
         return {
             "prompt_ids": out.prompts(),
             "completion_ids": completions,

@@ -29,6 +29,7 @@ from gkv_train.checkpoints import (
 from gkv_train.console import log_console_to
 from gkv_train.data import load_problems
 from gkv_train.distill import CompressedDistillationTrainer
+from gkv_train.distributed import generation_model
 from gkv_train.grpo import CompressedGRPOTrainer
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import check_model, load_model
@@ -241,9 +242,10 @@ def lora_config(config: TrainConfig):
 def finish(trainer, tokenizer, config: TrainConfig, held_out, is_main_process: bool) -> dict:
     """Save the final model, evaluate it on the held-out problems, print and write the evaluation line."""
     trainer.save_model(config.output_dir)
-    if not is_main_process:
-        return {}
-    result = evaluate(trainer.accelerator.unwrap_model(trainer.model), tokenizer, config, held_out)
+    with generation_model(trainer) as model:  # every process enters (ZeRO-3 gathers); the main one evaluates
+        if not is_main_process:
+            return {}
+        result = evaluate(model, tokenizer, config, held_out)
     result["recipe"] = config.recipe
     result["steps"] = trainer.state.global_step
     write_atomically(Path(config.output_dir) / EVAL, dumps(result, indent=2))

@@ -197,6 +197,30 @@ def test_two_processes(tmp_path):
     assert step["processes"] == 2 and step["mismatch/max_abs"] <= 1e-4
 
 
+@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+def test_deepspeed(tmp_path, stage):
+    """The DeepSpeed recipes through `accelerate launch`, 2 CPU processes (gloo): each trains on its own prompts,
+    the rollout-trainer mismatch stays fp32-exact, checkpoints load; under ZeRO-3 the rollout engine decodes with
+    the gathered weights (the final evaluation, on the main process alone, deadlocked without) and the run resumes."""
+    from transformers import AutoModelForCausalLM
+
+    launcher = (
+        str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
+        str(ROOT / "recipes" / "accelerate" / f"{stage}.yaml"), "--num_processes", "2", "--mixed_precision", "no",
+    )  # fmt: skip
+    run([*TINY, "max_steps=2", f"output_dir={tmp_path}"], launcher=launcher)
+    steps = metrics(tmp_path)
+    assert [s["processes"] for s in steps] == [2, 2]
+    assert all(s["prompts/distinct"] == 2 for s in steps)  # prompts_per_step=2: one per process, not the same
+    assert max(s["mismatch/max_abs"] for s in steps) <= 1e-4
+    assert (tmp_path / "checkpoint-2" / "global_step2").is_dir()  # DeepSpeed's own optimizer shards
+    AutoModelForCausalLM.from_pretrained(tmp_path / "checkpoint-2")
+    assert json.loads((tmp_path / "eval.json").read_text())["steps"] == 2
+    if stage == "zero3":
+        resumed = run([*TINY, "max_steps=3", "resume=last", f"output_dir={tmp_path}"], launcher=launcher)
+        assert "resuming from" in resumed.stderr and [s["step"] for s in metrics(tmp_path)] == [1, 2, 3]
+
+
 def children(pid):
     """Process ids whose parent is ``pid`` (zombies excluded)."""
     found = []
@@ -247,21 +271,17 @@ def test_killed_agent_takes_its_workers(tmp_path):
     "override, message",
     [
         ("compression.method=quest", "unknown compression method 'quest'"),
-        ("compression.budget=4", "budget (4) must be larger than window (8)"),
         ("loss_type=ppo", "unknown loss_type 'ppo'"),
         ("data.path=/nonexistent.jsonl", "dataset file /nonexistent.jsonl does not exist"),
         ("model=/no/such/model", "model path /no/such/model does not exist"),
         ("model=no-such-model", "not a built-in model (smollm2-135m, tiny, tiny-llama"),
-        ("temperature=0", "temperature must be a finite number > 0 in training"),
-        ("data.path=BAD", "bad.jsonl:2: not valid JSON"),
         ("report_to=[neptune_x]", "unknown tracker 'neptune_x' in report_to"),
-        ("trl.learning_rate=0.1", "trl.learning_rate is set by this project from its own keys"),
     ],
 )
 def test_bad_config_fails_clearly(tmp_path, override, message):
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": \n')
-    args = ["model=tiny", f"output_dir={tmp_path}", "max_steps=1", override.replace("BAD", str(bad))]
+    """One case per place a configuration is checked (the schema, data, model, trackers); the other messages are
+    tested in-process (test_config.py, test_data.py)."""
+    args = ["model=tiny", f"output_dir={tmp_path}", "max_steps=1", override]
     if override.startswith("data.path"):
         args.append("data.name=null")
     start = time.monotonic()
