@@ -7,26 +7,32 @@ import torch
 from gkv_train.logprobs import token_logprobs
 
 
-def logprob_mismatch(model, out, record, temperature: float = 1.0) -> float:
-    """Max |trainer - rollout| log-prob over the real completion tokens of a rollout ``out``
-    (``rollout.engine.RolloutOutput``) when the trainer attends under ``record`` (None: plain causal)."""
+def logprob_mismatch(model, out, record, temperature: float = 1.0, backend: str = "auto") -> dict[str, float]:
+    """``mismatch_stats`` of the trainer's log-probs against a rollout ``out``'s (``rollout.engine.RolloutOutput``)
+    over its real completion tokens, the trainer attending under ``record`` (None: plain causal) with the mask
+    ``backend`` (auto, sdpa, flex)."""
     with torch.no_grad():
         trainer = token_logprobs(
-            model, out.sequences, out.attention_mask, out.num_completion_tokens, record, temperature=temperature
+            model, out.sequences, out.attention_mask, out.num_completion_tokens, record, temperature=temperature,
+            backend=backend,
         )
-    return (trainer - out.logprobs)[out.completion_mask.bool()].abs().max().item()
+    return mismatch_stats(trainer, out.logprobs, out.completion_mask)
 
 
-def consistency_report(model, out, temperature: float = 1.0) -> dict:
-    """The rollout's record against two controls that must fail: a plain causal mask, and the per-layer masks
-    rotated by one layer (None for ``full``, which has no record)."""
+def consistency_report(model, out, temperature: float = 1.0, backend: str = "auto") -> dict:
+    """The rollout's record (max and mean |diff|, KL) against two controls that must fail: a plain causal mask,
+    and the per-layer masks rotated by one layer (None for ``full``, which has no record)."""
+    own = logprob_mismatch(model, out, out.record, temperature, backend)
     report = {
-        "max_abs_logprob_diff": logprob_mismatch(model, out, out.record, temperature),
-        "causal_mask_diff": logprob_mismatch(model, out, None, temperature),
+        "max_abs_logprob_diff": own["max_abs"],
+        "mean_abs_logprob_diff": own["mean_abs"],
+        "kl": own["kl"],
+        "causal_mask_diff": logprob_mismatch(model, out, None, temperature, backend)["max_abs"],
         "rotated_layers_diff": None,
     }
     if out.record is not None:
-        report["rotated_layers_diff"] = logprob_mismatch(model, out, out.record.roll_layers(1), temperature)
+        rotated = logprob_mismatch(model, out, out.record.roll_layers(1), temperature, backend)
+        report["rotated_layers_diff"] = rotated["max_abs"]
     return report
 
 

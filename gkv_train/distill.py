@@ -76,6 +76,13 @@ class CompressedDistillationTrainer(Trainer):
         start = time.perf_counter()
         out = self._rollout(inputs["rows"])
         rollout_seconds = time.perf_counter() - start
+        with self.accelerator.autocast():  # precision=bf16: the LM heads too run as in the rollout's forward
+            loss, hidden = self._student_loss(model, out, rollout_seconds)
+        return (loss, {"hidden": hidden}) if return_outputs else loss
+
+    def _student_loss(self, model, out, rollout_seconds: float):
+        """The divergence from the teacher on the rollout's tokens, the student under the rollout's record;
+        logs the rollout-trainer mismatch. Returns the loss and the student's last hidden states."""
         ids, mask = out.sequences, out.attention_mask
         positions = logical_positions(mask)
         context = attention_context(out.record, self.accelerator.unwrap_model(model), mask, self.mask_backend)
@@ -115,7 +122,7 @@ class CompressedDistillationTrainer(Trainer):
         })
         for name, value in metrics.items():
             self._last_metrics.setdefault(name, []).append(value)
-        return (loss, {"hidden": hidden}) if return_outputs else loss
+        return loss, hidden
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Adds the mean of the per-step metrics gathered since the last log."""

@@ -394,12 +394,18 @@ def software_versions() -> dict:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             found[package] = None
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                                text=True, timeout=10, check=False)  # fmt: skip
-        found["git_commit"] = commit.stdout.strip() if commit.returncode == 0 else None
-    except (OSError, subprocess.TimeoutExpired):
-        found["git_commit"] = None
+    def git(*args) -> str | None:
+        try:
+            done = subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True,
+                                  timeout=10, check=False)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    found["git_commit"] = git("rev-parse", "HEAD")
+    # uncommitted changes to tracked files: the commit alone does not say what ran (None outside a checkout)
+    changes = git("status", "--porcelain", "--untracked-files=no") if found["git_commit"] else None
+    found["git_dirty"] = None if changes is None else bool(changes)
     return found
 
 

@@ -279,8 +279,11 @@ def run(config: TrainConfig) -> dict:
             )
             print(dumps(result), flush=True)
         return result
+    # The trained model keeps fp32 weights (the optimizer's master copy: a bf16 weight would drop updates below
+    # 2^-8 of its size, i.e. all of them at RL learning rates); precision=bf16 runs its forwards under bf16
+    # autocast (TrainingArguments.bf16), the rollout's included. A frozen teacher is held in the compute dtype.
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
-    model, tokenizer = load_model(config.model, dtype=dtype)
+    model, tokenizer = load_model(config.model, dtype=torch.float32)
     callbacks = [JsonlLogger(out / METRICS)]
     if config.algorithm == "distill":
         trainer = distill_trainer(config, args, model, tokenizer, state, callbacks, dtype, data)

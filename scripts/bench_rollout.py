@@ -26,7 +26,8 @@ from rollout.engine import RolloutEngine, encode_prompts, left_pad
 
 def hf_generate(model, tokenizer, prompts, sampling: SamplingConfig) -> dict:
     """Stock ``generate`` (SDPA, dynamic cache) on the same prompts and sampling settings."""
-    ids, mask = left_pad(prompts, tokenizer.pad_token_id, "cpu")
+    weight = next(model.parameters())
+    ids, mask = left_pad(prompts, tokenizer.pad_token_id, weight.device)
     model.set_attn_implementation("sdpa")
     torch.manual_seed(sampling.seed)
     try:
@@ -42,7 +43,9 @@ def hf_generate(model, tokenizer, prompts, sampling: SamplingConfig) -> dict:
         model.set_attn_implementation(ATTENTION_NAME)
     new_tokens = (out.shape[1] - ids.shape[1]) * ids.shape[0]
     cfg = model.config
-    kv_bytes = 2 * cfg.num_hidden_layers * ids.shape[0] * cfg.num_key_value_heads * out.shape[1] * cfg.head_dim * 4
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    kv_bytes = 2 * cfg.num_hidden_layers * ids.shape[0] * cfg.num_key_value_heads * out.shape[1] * head_dim
+    kv_bytes *= weight.element_size()
     return {"tokens_per_s": new_tokens / seconds, "seconds": seconds, "peak_kv_cache_bytes": kv_bytes}
 
 

@@ -2,6 +2,10 @@
 
     python scripts/check_consistency.py --model tiny --method gkv
     python scripts/check_consistency.py --model smollm2-135m --method rkv --budget 64 --window 8 --interval 16
+    python scripts/check_consistency.py --model smollm2-135m --method gkv --precision bf16
+
+``--precision bf16`` runs as training does (``precision=bf16``): fp32 weights, rollout and trainer forwards under
+bf16 autocast.
 """
 
 from __future__ import annotations
@@ -9,6 +13,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+import torch
 from _common import gsm8k_questions, print_json, random_prompts
 
 from gkv_train.consistency import consistency_report
@@ -24,6 +29,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     add_compression_args(parser, method="gkv", budget=32, window=8, interval=16)
     args = parser.parse_args()
     compression = compression_from_args(args)
@@ -36,12 +42,15 @@ def main() -> None:
     sampling = SamplingConfig(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, ignore_eos=True
     )
-    out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling)
-    report = consistency_report(model, out, args.temperature)
+    device = next(model.parameters()).device.type
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+        out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling)
+        report = consistency_report(model, out, args.temperature)
     print_json(
         {
             "method": compression.method,
             "model": args.model,
+            "precision": args.precision,
             **report,
             "consistent": report["max_abs_logprob_diff"] <= 1e-4,
             "compressions": out.stats["compressions"],

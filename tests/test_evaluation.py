@@ -58,6 +58,7 @@ def test_evaluate_script_writes_every_output(tmp_path):
     assert summary["config"]["compression"]["window"] == 2 and summary["config"]["num_generations"] == 2
     assert summary["model"]["model"] == "tiny" and summary["data"]["name"] == "arithmetic"
     assert {"torch", "transformers", "trl", "python"} <= set(summary["versions"])
+    assert summary["versions"]["git_dirty"] in (True, False) and len(summary["versions"]["git_commit"]) == 40
     full = summary["runs"][0]["retention_by_position"]
     assert full == pytest.approx([1.0] * len(full))  # no binning artefacts, whatever the sequence lengths
     results = strict_json((tmp_path / "results.json").read_text())  # lm-evaluation-harness's layout

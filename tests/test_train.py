@@ -197,6 +197,25 @@ def test_two_processes(tmp_path):
     assert step["processes"] == 2 and step["mismatch/max_abs"] <= 1e-4
 
 
+@pytest.mark.parametrize("recipe", ["rl_sparse", "distill_onpolicy"])
+def test_bf16_end_to_end(tmp_path, recipe):
+    """precision=bf16: rollout and trainer forwards under bf16 autocast (so their mismatch is bf16's, above fp32's
+    1e-6 but small), the trained weights kept in fp32: at a learning rate of 1e-6 a bf16 weight could not move."""
+    import torch
+    from safetensors.torch import load_file
+
+    from gkv_train.models import load_model
+
+    args = [a for a in TINY if not a.startswith("learning_rate=")]
+    run([*args, f"recipe={recipe}", "precision=bf16", "learning_rate=1e-6", "max_steps=2", f"output_dir={tmp_path}"])
+    steps = metrics(tmp_path)
+    assert all(1e-5 < s["mismatch/mean_abs"] < 1e-2 and s["mismatch/max_abs"] < 0.1 for s in steps)
+    trained, initial = load_file(tmp_path / "model.safetensors"), load_model("tiny")[0].state_dict()
+    assert all(trained[name].dtype == torch.float32 for name in trained)
+    moved = max((trained[name] - initial[name]).abs().max().item() for name in trained)
+    assert 0 < moved < 1e-4  # Adam moves a weight by about the learning rate per step
+
+
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])
 def test_deepspeed(tmp_path, stage):
     """The DeepSpeed recipes through `accelerate launch`, 2 CPU processes (gloo): each trains on its own prompts,
