@@ -19,6 +19,7 @@ What the subclass changes (TRL 1.16, pinned):
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -95,6 +96,9 @@ class CompressedGRPOTrainer(GRPOTrainer):
         self.mask_backend = mask_backend
         self._scope: LogpsScope | None = None  # set only inside ``scoped``
         super().__init__(*args, rollout_func=self._rollout, **kwargs)
+        if self.sparse.rollout_is == "auto":  # on where bf16 rounding makes rollout and trainer differ
+            mode = "token_truncate" if self.args.bf16 and self.loss_type in LOSS_TYPES else None
+            self.sparse = dataclasses.replace(self.sparse, rollout_is=mode)
         if self.sparse.rollout_is is not None and self.loss_type not in LOSS_TYPES:
             raise ValueError(f"rollout_is scales advantages, right for the losses {LOSS_TYPES}, not {self.loss_type}")
         if is_zero3(self.accelerator) and not self.args.ds3_gather_for_generation:

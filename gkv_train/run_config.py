@@ -63,17 +63,20 @@ class SparseRLOptions:
         control that must show a large mismatch, and RL-Full's setting).
     overlong_advantage_clip: clamp the advantage of completions that hit ``max_new_tokens`` to >= 0.
     rollout_is: ``token_truncate`` or ``sequence_truncate`` importance sampling between rollout and trainer
-        log-probs, ratio capped at ``rollout_is_cap``; None disables it.
+        log-probs, ratio capped at ``rollout_is_cap``; None disables it. ``auto`` (default): ``token_truncate``
+        with ``precision=bf16``, where rollout and trainer log-probs differ by bf16 rounding (measured on
+        SmolLM2: mean |diff| 0.027, max 0.25, the size of PPO's clip range), None in fp32, where they agree to
+        1e-4 and every weight would be 1 (so the extra old-policy forward it needs is saved).
     """
 
     train_with_record: bool = True
     overlong_advantage_clip: bool = True
-    rollout_is: str | None = None
+    rollout_is: str | None = "auto"
     rollout_is_cap: float = 2.0
 
     def __post_init__(self):
-        if self.rollout_is is not None and self.rollout_is not in IS_MODES:
-            raise ValueError(f"unknown rollout_is mode {self.rollout_is!r}; choose one of {IS_MODES} or null")
+        if self.rollout_is is not None and self.rollout_is not in (*IS_MODES, "auto"):
+            raise ValueError(f"unknown rollout_is mode {self.rollout_is!r}; choose one of {IS_MODES}, auto or null")
         if self.rollout_is_cap <= 0:
             raise ValueError(f"rollout_is_cap must be positive, got {self.rollout_is_cap}")
 

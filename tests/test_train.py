@@ -71,6 +71,7 @@ def test_train_writes_logs_checkpoints_and_evaluation(tmp_path, recipe):
                 "rollout/tokens_per_s", "forward_backward/tokens_per_s", "mismatch/kl", "verifier_timeouts"} <= set(r)
         assert (r["rollout/retention"] < 1) == (recipe == "rl_sparse")
         assert r["verifier_checks"] > 0 and r["verifier_timeouts"] == 0
+        assert "sampling/rollout_is_weight/mean" not in r  # rl.rollout_is=auto is off in fp32
     assert (out / "checkpoint-2" / "optimizer.pt").is_file() and (out / "model.safetensors").is_file()
     final = strict_json(proc.stdout.strip().splitlines()[-1])
     assert final["eval"] == "held_out" and final["recipe"] == recipe and 0 <= final["accuracy"] <= 1
@@ -210,6 +211,8 @@ def test_bf16_end_to_end(tmp_path, recipe):
     run([*args, f"recipe={recipe}", "precision=bf16", "learning_rate=1e-6", "max_steps=2", f"output_dir={tmp_path}"])
     steps = metrics(tmp_path)
     assert all(1e-5 < s["mismatch/mean_abs"] < 1e-2 and s["mismatch/max_abs"] < 0.1 for s in steps)
+    if recipe == "rl_sparse":  # rl.rollout_is=auto: on in bf16 (off in fp32: test_train_writes_logs_...)
+        assert all(abs(s["sampling/rollout_is_weight/mean"] - 1) < 0.05 for s in steps)
     trained, initial = load_file(tmp_path / "model.safetensors"), load_model("tiny")[0].state_dict()
     assert all(trained[name].dtype == torch.float32 for name in trained)
     moved = max((trained[name] - initial[name]).abs().max().item() for name in trained)
