@@ -293,7 +293,7 @@ def run(config: TrainConfig) -> dict:
         trainer._load_from_checkpoint(checkpoint)
         trainer.state.global_step = checkpoint_step(checkpoint)
     else:
-        if checkpoint is not None:
+        if checkpoint is not None and state.is_main_process:
             print(f"resuming from {checkpoint}", file=sys.stderr)
         trainer.train(resume_from_checkpoint=checkpoint)
     return finish(trainer, tokenizer, config, held_out, state.is_main_process)
