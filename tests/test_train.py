@@ -85,14 +85,26 @@ def test_train_writes_logs_checkpoints_and_evaluation(tmp_path, recipe):
     assert not cache.exists() or not any(p.is_file() for p in cache.rglob("*"))
 
 
-def test_trackers_and_console_log(tmp_path):
-    """report_to=[tensorboard,wandb] (wandb offline): both receive the step metrics, TensorBoard's tags carry one
-    ``train/`` prefix; everything printed is also in train.log, progress bars as their last state."""
+def test_trl_users_keys_trackers_and_console_log(tmp_path):
+    """A TRL user's run: aliases (max_completion_length, samples_per_prompt) read as the canonical keys, GRPOConfig
+    fields without a key here (num_iterations, weight_decay, log_completions) reach the trainer, and with two
+    optimizer iterations per generation training still sees what the rollout saw; report_to=[tensorboard,wandb]
+    (wandb offline): both receive the step metrics, TensorBoard's tags carry one ``train/`` prefix; everything
+    printed is also in train.log, progress bars as their last state."""
+    import torch
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     out = tmp_path / "out"
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
     proc = run(["recipe=rl_sparse", *TINY, "max_steps=1", f"output_dir={out}", "report_to=[tensorboard,wandb]",
-                "run_name=probe"], env=env)
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+                "run_name=probe", "max_completion_length=20", "samples_per_prompt=4", "num_iterations=2",
+                "weight_decay=0.01", "log_completions=true"], env=env)  # fmt: skip
+    assert "max_completion_length=20 is read as max_new_tokens=20" in proc.stderr
+    args = torch.load(out / "checkpoint-1" / "training_args.bin", weights_only=False)
+    assert (args.num_iterations, args.weight_decay, args.log_completions) == (2, 0.01, True)
+    assert (args.max_completion_length, args.num_generations) == (20, 4)
+    steps = metrics(out)
+    assert [r["step"] for r in steps] == [1] and steps[0]["mismatch/max_abs"] <= 1e-4
 
     events = sorted(out.rglob("events.out.tfevents.*"))
     assert events, "no TensorBoard event file"
@@ -104,22 +116,6 @@ def test_trackers_and_console_log(tmp_path):
     log = (out / "train.log").read_text()
     assert proc.stdout.strip().splitlines()[-1] in log and "\r" not in log
     assert "100%" in log  # the progress bar's final state
-
-
-def test_trl_names_and_options_pass_through(tmp_path):
-    """A TRL user's keys: aliases (max_completion_length, samples_per_prompt) read as the canonical keys, and
-    GRPOConfig fields without a key here (num_iterations, weight_decay, log_completions) reach the trainer; with
-    two optimizer iterations per generation, training still sees what the rollout saw."""
-    import torch
-
-    proc = run(["recipe=rl_sparse", *TINY, "max_steps=1", f"output_dir={tmp_path}", "max_completion_length=20",
-                "samples_per_prompt=4", "num_iterations=2", "weight_decay=0.01", "log_completions=true"])
-    assert "max_completion_length=20 is read as max_new_tokens=20" in proc.stderr
-    args = torch.load(tmp_path / "checkpoint-1" / "training_args.bin", weights_only=False)
-    assert (args.num_iterations, args.weight_decay, args.log_completions) == (2, 0.01, True)
-    assert (args.max_completion_length, args.num_generations) == (20, 4)
-    steps = metrics(tmp_path)
-    assert [r["step"] for r in steps] == [1] and steps[0]["mismatch/max_abs"] <= 1e-4
 
 
 def test_console_tee_keeps_a_transcript():
@@ -297,13 +293,12 @@ def test_killed_agent_takes_its_workers(tmp_path):
         ("loss_type=ppo", "unknown loss_type 'ppo'"),
         ("data.path=/nonexistent.jsonl", "dataset file /nonexistent.jsonl does not exist"),
         ("model=/no/such/model", "model path /no/such/model does not exist"),
-        ("model=no-such-model", "not a built-in model (smollm2-135m, tiny, tiny-llama"),
         ("report_to=[neptune_x]", "unknown tracker 'neptune_x' in report_to"),
     ],
 )
 def test_bad_config_fails_clearly(tmp_path, override, message):
     """One case per place a configuration is checked (the schema, data, model, trackers); the other messages are
-    tested in-process (test_config.py, test_data.py)."""
+    tested in-process (test_config.py, test_data.py, test_models.py)."""
     args = ["model=tiny", f"output_dir={tmp_path}", "max_steps=1", override]
     if override.startswith("data.path"):
         args.append("data.name=null")
