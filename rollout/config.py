@@ -163,6 +163,9 @@ class SamplingConfig:
         cut, the distribution the trainer recomputes.
     stop_token_ids: tokens that end a completion (the model's EOS when None); the stop token is kept.
     ignore_eos: never sample a stop token (forces ``max_new_tokens``, for benchmarks).
+    drop_finished_at: finished sequences leave the batch (the cache of the others is copied without them) once
+        they are at least this share of it; 1 keeps every sequence to the end. Only speed depends on it: each
+        sequence's tokens, log-probs and record are the same (its random draw is taken from a full-batch draw).
     """
 
     max_new_tokens: int = 256
@@ -172,6 +175,7 @@ class SamplingConfig:
     seed: int = 0
     stop_token_ids: tuple[int, ...] | None = None
     ignore_eos: bool = False
+    drop_finished_at: float = 0.25
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -182,6 +186,8 @@ class SamplingConfig:
             raise ValueError(f"top_p must lie in (0, 1], got {self.top_p}")
         if self.num_samples < 1:
             raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
+        if not 0.0 < self.drop_finished_at <= 1.0:
+            raise ValueError(f"drop_finished_at must lie in (0, 1], got {self.drop_finished_at}")
 
 
 def _parse_bool(text: str) -> bool:

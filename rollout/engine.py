@@ -214,26 +214,40 @@ class RolloutEngine:
         positions = logical_positions(prompt_mask)
         logits = self._forward(cache, ids, positions, prompt_mask.bool())
         cache.after_prefill()
+        cache_bytes = 0  # the most the cache held
         t_prefill = time.perf_counter() - t0
+        in_cache = torch.arange(N, device=device)  # the rows the cache holds, in its order (finished ones leave)
         steps = 0
         for n in range(max_new):
             if forced is None:
-                token, logprob = sample_tokens(logits, sampling.temperature, sampling.top_p, generator, banned)
+                uniform = None if sampling.temperature == 0 else torch.rand(N, generator=generator, device=device)
+                token, logprob = sample_tokens(
+                    logits, sampling.temperature, sampling.top_p, None if uniform is None else uniform[in_cache], banned
+                )
             else:
-                token = forced[:, n]
+                token = forced[in_cache, n]
                 logprob = token_logprobs_of(logits, token, sampling.temperature)
-            live = ~finished
-            tokens[:, n] = torch.where(live, token, pad_id)
-            logprobs[:, n] = torch.where(live, logprob, 0.0)
-            lengths += live.long()
-            finished |= torch.isin(token, stop_ids) if forced is None else forced_lengths <= n + 1
+            live = ~finished[in_cache]
+            tokens[in_cache, n] = torch.where(live, token, pad_id)
+            logprobs[in_cache, n] = torch.where(live, logprob, 0.0)
+            lengths[in_cache] += live.long()
+            stop = torch.isin(token, stop_ids) if forced is None else forced_lengths[in_cache] <= n + 1
+            finished[in_cache] |= stop
             steps = n + 1
             if n == max_new - 1 or bool(finished.all()):
                 break
-            step_positions = (prompt_lengths + n)[:, None]
-            logits = self._forward(cache, tokens[:, n : n + 1], step_positions, torch.ones_like(step_positions, dtype=torch.bool))
+            done = finished[in_cache]
+            if int(done.sum()) >= sampling.drop_finished_at * len(in_cache):
+                keep = (~done).nonzero().squeeze(-1)
+                cache_bytes = max(cache_bytes, cache.nbytes())
+                cache.select_rows(keep)
+                in_cache = in_cache[keep]
+            step_positions = (prompt_lengths[in_cache] + n)[:, None]
+            step_valid = torch.ones_like(step_positions, dtype=torch.bool)
+            logits = self._forward(cache, tokens[in_cache, n : n + 1], step_positions, step_valid)
             cache.after_step(n + 1)
         seconds = time.perf_counter() - t0
+        cache_bytes = max(cache_bytes, cache.nbytes())
 
         completion_mask = torch.arange(steps, device=device)[None, :] < lengths[:, None]
         sequences = torch.cat([ids, tokens[:, :steps]], dim=1)
@@ -251,7 +265,7 @@ class RolloutEngine:
             "compress_seconds": cache.seconds,
             "compressions": cache.compressions,
             "tokens_per_s": new_tokens / seconds if seconds > 0 else float("nan"),
-            "kv_cache_bytes": cache.nbytes(),
+            "kv_cache_bytes": cache_bytes,
             "record_bytes_per_sample": 0 if record is None else record.nbytes(),
         }
         return RolloutOutput(sequences, attention_mask, prompt_lengths, lengths, logprobs[:, :steps], record, kept, stats)

@@ -71,6 +71,7 @@ class EvictionCache(KVCache):
         self.compressions = 0
         self.seconds = 0.0  # time spent compressing
         self.evict_at = None
+        self.rows = None  # the batch rows held, when finished ones have left (None: all, in order)
         if compression.compresses:
             W = compression.window
             self.method = method_class(compression.method)(compression)
@@ -152,6 +153,17 @@ class EvictionCache(KVCache):
         if self.compression.compresses and generated % self.compression.interval == 0 and self.over_budget():
             self.compress()
 
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Keep the sequences at indices keep int64 [B'] of the rows held now; the record keeps every row."""
+        held = torch.arange(self.valid.shape[0], device=keep.device) if self.rows is None else self.rows
+        self.rows = held[keep]
+        self.keys, self.values = self.keys.index_select(1, keep), self.values.index_select(1, keep)
+        self.valid, self.lengths = self.valid[keep], self.lengths[keep]
+        if self.compression.compresses:
+            self.positions, self.history = self.positions.index_select(1, keep), self.history.index_select(1, keep)
+            self.queries = self.queries.index_select(1, keep)
+            self.query_pos, self.query_ok = self.query_pos[keep], self.query_ok[keep]
+
     def finish(self, prompt_lengths, completion_lengths, width: int):
         """(record, retention) of the rollout: an ``EvictionRecord`` of ``evict_at`` [N, L, Hkv, width] (None
         without compression) and cache length / sequence length at each sequence's last token."""
@@ -191,7 +203,10 @@ class EvictionCache(KVCache):
             )
             evicted = key_ok[:, None, :] & ~kept
             stamps = torch.where(evicted, stamp[:, None, None], NEVER)
-            self.evict_at[layer].scatter_reduce_(-1, positions.clamp_max(self.evict_at.shape[-1] - 1), stamps, "amin")
+            record = self.evict_at[layer] if self.rows is None else self.evict_at[layer].index_select(0, self.rows)
+            record.scatter_reduce_(-1, positions.clamp_max(self.evict_at.shape[-1] - 1), stamps, "amin")
+            if self.rows is not None:
+                self.evict_at[layer].index_copy_(0, self.rows, record)
             self.keys[layer, :, :, :K] = gather_slots(keys, index)
             self.values[layer, :, :, :K] = gather_slots(values, index)
             self.positions[layer, :, :, :K] = positions.gather(-1, index)

@@ -12,7 +12,8 @@ class KVCache(Protocol):
 
     The engine calls, per forward: ``begin`` (reserve the new tokens, get the forward's mask), the model
     (every layer calls ``attend``), ``end``; then ``after_prefill`` once or ``after_step`` after each generated
-    token's forward (where compression happens); ``finish`` at the end.
+    token's forward (where compression happens); ``select_rows`` when finished sequences leave the batch;
+    ``finish`` at the end.
     """
 
     compressions: int  # compressions run so far
@@ -34,6 +35,10 @@ class KVCache(Protocol):
     def after_step(self, generated: int) -> None:
         """Called after the forward of the ``generated``-th generated token (a compression point); nothing by
         default."""
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Keep only the sequences at indices keep int64 [B'] (of the rows held now, in this order): the engine
+        drops finished sequences. What ``finish`` returns still covers every sequence of the batch."""
 
     def finish(self, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, width: int):
         """(record or None, retention float32 [N]) of the rollout, record positions < ``width``."""

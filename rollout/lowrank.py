@@ -69,7 +69,8 @@ def select_tokens(
     window: int, rho: float, full: bool,
 ) -> torch.Tensor:
     """Which slots a decode step reconstructs: the last ``window`` positions (the current one included) plus the
-    top k = max(floor(rho * count) - window, 0) others by score; every occupied slot when ``full``.
+    top k = max(floor(rho * count) - window, 0) others by score (of equal scores, the earlier slot); every
+    occupied slot when ``full``.
 
     score [B, S]; k_pos int64 [B, S]; k_ok bool [B, S]; position int64 [B] the current query's position;
     count int64 [B] occupied slots (the cache length L_t). Returns bool [B, S].
@@ -79,10 +80,12 @@ def select_tokens(
     local = k_ok & (k_pos > (position - window)[:, None])
     k = (torch.floor(rho * count.double()).long() - window).clamp_min(0)
     ranked = score.float().masked_fill(~k_ok | local, float("-inf"))
-    top = int(k.max())
+    top = min(int(k.max()), ranked.shape[-1])
     chosen = torch.zeros_like(k_ok)
     if top > 0:
-        values, index = ranked.topk(min(top, ranked.shape[-1]), dim=-1)
-        keep = (torch.arange(index.shape[-1], device=k.device)[None, :] < k[:, None]) & torch.isfinite(values)
+        # a stable sort: equal scores (max pooling makes many) go to the earlier slot, whatever the batch's width
+        values, index = ranked.sort(dim=-1, descending=True, stable=True)
+        values, index = values[:, :top], index[:, :top]
+        keep = (torch.arange(top, device=k.device)[None, :] < k[:, None]) & torch.isfinite(values)
         chosen.scatter_(-1, index, keep)
     return local | chosen

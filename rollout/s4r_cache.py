@@ -64,6 +64,8 @@ class S4RCache(KVCache):
         self.step = -1  # generated tokens whose query has attended (-1: prefill)
         self._positions = None
         self._buffers_ready = False
+        self.rows = None  # the batch rows held, when finished ones have left (None: all, in order)
+        self._all_bases = None  # (bases_k, bases_v) of every row, for the record, once rows have left
 
     # ---- engine interface ----------------------------------------------------------------------------
     def begin(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -85,6 +87,17 @@ class S4RCache(KVCache):
 
     def end(self) -> None:
         self.step += 1
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Keep the sequences at indices keep int64 [B'] of the rows held now; the record keeps every row."""
+        if self.rows is None:
+            self.rows = torch.arange(self.B, device=keep.device)
+            self._all_bases = (self.bases_k, self.bases_v)  # fixed after prefill
+        self.rows, self.B = self.rows[keep], len(keep)
+        for name in ("sink_k", "sink_v", "bases_k", "bases_v", "coef_k", "coef_v", "cq"):
+            setattr(self, name, getattr(self, name).index_select(1, keep))
+        for name in ("valid", "lengths", "q_pos", "q_ok", "rank_k", "rank_v"):
+            setattr(self, name, getattr(self, name)[keep])
 
     def nbytes(self) -> int:
         """Bytes of the persistent state (per ``persistent_elements``, summed over sequences and layers)."""
@@ -180,7 +193,7 @@ class S4RCache(KVCache):
         score = pool_scores(score, k_ok[:, None, :], cfg.pool_kernel, cfg.pool)  # [B, G, S]
         score = aggregate_group(score, 1, cfg.group_agg)
         chosen = select_tokens(score, k_pos, k_ok, pos[:, 0], k_ok.sum(-1), self.W, cfg.rho, layer in cfg.full_layers)
-        self.selected[layer, :, self.step] = pack_bits(torch.nn.functional.pad(chosen, (self.s, self.length - self.s - S)))
+        self.selected[layer, slice(None) if self.rows is None else self.rows, self.step] = pack_bits(torch.nn.functional.pad(chosen, (self.s, self.length - self.s - S)))
 
         # Reconstruct the chosen tokens, RoPE at their positions, and attend with the sinks.
         n = int(chosen.sum(-1).max())
@@ -202,16 +215,21 @@ class S4RCache(KVCache):
     def finish(self, prompt_lengths, completion_lengths, width: int):
         """(record, retention): the ``S4RRecord`` (selections of the generated tokens, positions < width) and the
         tokens the last decoding query attended to (sinks + reconstructed) / sequence length, mean over layers."""
-        steps = int(completion_lengths.max())
+        steps, N = int(completion_lengths.max()), completion_lengths.shape[0]
+        bases_k, bases_v = (self.bases_k, self.bases_v) if self._all_bases is None else self._all_bases
+        selected = self.selected[:, :, :steps, : (width + 7) // 8].transpose(0, 1).clone()
+        # canonical: no selection for steps past a sequence's end (decoded only while its batch went on)
+        past_end = torch.arange(steps, device=self.device)[None, :] >= (completion_lengths - 1)[:, None]
+        selected[past_end[:, None, :, None].expand_as(selected)] = 0
         record = S4RRecord(
-            bases_k=self.bases_k.transpose(0, 1).contiguous(),
-            bases_v=self.bases_v.transpose(0, 1).contiguous(),
-            selected=self.selected[:, :, :steps, : (width + 7) // 8].transpose(0, 1).contiguous(),
+            bases_k=bases_k.transpose(0, 1).contiguous(),
+            bases_v=bases_v.transpose(0, 1).contiguous(),
+            selected=selected,
             prompt_lengths=prompt_lengths.clone(),
-            sinks=torch.full((self.B,), self.s, dtype=torch.long, device=self.device),
+            sinks=torch.full((N,), self.s, dtype=torch.long, device=self.device),
         )
         last = (completion_lengths - 2).clamp_min(0)  # the last generated token whose query attended
-        rows = self.selected[:, torch.arange(self.B), last]  # [L, B, bytes]
+        rows = self.selected[:, torch.arange(N), last]  # [L, B, bytes]
         counts = unpack_bits(rows, rows.shape[-1] * 8).sum(-1).float().mean(0)
         total = prompt_lengths + completion_lengths
         return record, ((counts + self.s) / total.float()).clamp_max(1.0)

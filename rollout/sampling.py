@@ -12,13 +12,14 @@ def rollout_seed(seed: int, step: int, process: int) -> int:
     return seed * 100_003 + step * 1_009 + process
 
 
-def inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Sample one index per row of non-negative weights probs [B, V] (need not sum to 1); returns int64 [B].
+def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Sample one index per row of non-negative weights probs [B, V] (need not sum to 1) with the uniform draws
+    uniform float [B] in [0, 1); returns int64 [B].
 
     A cumulative sum and a binary search: much cheaper on CPU than ``torch.multinomial`` over a large vocabulary.
     """
     cdf = probs.cumsum(-1)
-    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device) * cdf[:, -1:]
+    u = uniform[:, None].to(cdf.dtype) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(probs.shape[-1] - 1)
 
 
@@ -52,12 +53,12 @@ def sample_tokens(
     logits: torch.Tensor,
     temperature: float,
     top_p: float,
-    generator: torch.Generator | None,
+    uniform: torch.Tensor | None,
     banned: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row.
 
-    logits [B, V]; banned int64 [n] token ids never sampled (their probability still counts in the log-probs).
+    logits [B, V]; uniform float [B] in [0, 1): each row's random draw (unused, may be None, when greedy); banned int64 [n] token ids never sampled (their probability still counts in the log-probs).
     Returns (tokens int64 [B], logprobs float32 [B]) where the log-prob is that of softmax(logits / temperature)
     (temperature 0: greedy, log-prob of softmax(logits)) without the top-p cut, the distribution a trainer
     recomputes from the same logits.
@@ -71,7 +72,7 @@ def sample_tokens(
         probs = pick.softmax(-1)
         if top_p < 1.0:
             weights, ids = nucleus(probs, top_p)
-            tokens = ids.gather(-1, inverse_cdf(weights, generator)[:, None]).squeeze(-1)
+            tokens = ids.gather(-1, inverse_cdf(weights, uniform)[:, None]).squeeze(-1)
         else:
-            tokens = inverse_cdf(probs, generator)
+            tokens = inverse_cdf(probs, uniform)
     return tokens, logprobs.gather(-1, tokens[:, None]).squeeze(-1)

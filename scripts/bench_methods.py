@@ -1,17 +1,17 @@
 """Method ordering at tight budgets: pass@1 with 95% intervals for every compression method, one JSON line.
 
-For each dataset and interval, one ``scripts/evaluate.py`` call sweeps ``--methods`` x ``--budgets`` (every
-other setting at the method's default: the reference recipes), n samples per problem; then pass@1 per run
-with a 95% bootstrap interval over problems (the samples of one problem are not independent), mean completion
-length and retention. Resumable: ``evaluate.py`` continues an interrupted sweep batch by batch, and a finished
-sweep is read back, not rerun.
+Every run (dataset x interval x method x budget, every other setting at the method's default: the reference
+recipes) is one ``scripts/evaluate.py`` call with n samples per problem; its pass@1 with a 95% bootstrap
+interval over problems (the samples of one problem are not independent), each problem's share of correct
+samples, mean completion length and retention go to one small file, ``<results>/<tag>/<dataset>_<run>.json``.
+A run whose file exists (with the same settings) is not run again, so the benchmark continues across
+interrupted sessions when those files are kept (committed); an interrupted ``evaluate.py`` call continues
+batch by batch from its folder under ``--work-root``. When every run has its file, the JSON line (also
+``<results>/bench_methods_<tag>.json``) gathers them.
 
     python scripts/bench_methods.py                                     # SVAMP and GSM8K, 64 problems, n 4
     python scripts/bench_methods.py --datasets svamp --limit 16 --samples 2 --max-new-tokens 64   # quick
-    python scripts/bench_methods.py --evaluate /path/to/other/checkout/scripts/evaluate.py --tag before
-
-Writes ``<output-root>/<tag>/<dataset>_i<interval>/`` (evaluate.py's folders) and prints the JSON line (also
-``<output-root>/<tag>/bench_methods.json``).
+    python scripts/bench_methods.py --evaluate /other/checkout/scripts/evaluate.py --samples-key n_samples --tag before
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from gkv_train.evaluation import bootstrap_interval
 
 
 def read_run(run_dir: Path) -> dict:
-    """pass@1, its interval, length and retention of one evaluate.py run folder."""
+    """pass@1, its interval, each problem's share of correct samples, length and retention of one
+    evaluate.py run folder."""
     by_problem: dict = {}
     lengths, retention = [], []
     with open(run_dir / "samples.jsonl") as f:
@@ -47,7 +48,26 @@ def read_run(run_dir: Path) -> dict:
         "samples": len(lengths),
         "mean_length": sum(lengths) / len(lengths),
         "retention": sum(retention) / len(retention),
+        "per_problem": per_problem,
     }
+
+
+def planned_runs(args) -> list[tuple[str, int, str, int | None]]:
+    """(dataset, interval, method, budget) of every run; ``full`` once per dataset (it has no interval)."""
+    runs = []
+    for dataset in args.datasets:
+        for i, interval in enumerate(args.intervals):
+            for method in args.methods:
+                if method == "full":
+                    if i == 0:
+                        runs.append((dataset, interval, method, None))
+                    continue
+                runs.extend((dataset, interval, method, budget) for budget in args.budgets)
+    return runs
+
+
+def run_key(method: str, budget: int | None, interval: int) -> str:
+    return "full" if method == "full" else f"{method}-b{budget}-i{interval}"
 
 
 def main() -> None:
@@ -63,37 +83,58 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--batch-problems", type=int, default=16)
-    parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "bench_methods")
-    parser.add_argument("--tag", default="current", help="a name for this code version (a folder under the root)")
+    parser.add_argument("--results", type=Path, default=ROOT / "results" / "bench_methods", help="one file per run")
+    parser.add_argument("--work-root", type=Path, default=ROOT / "outputs" / "bench_methods", help="evaluate.py output")
+    parser.add_argument("--tag", default="current", help="a name for this code version (a folder under the roots)")
     parser.add_argument("--evaluate", type=Path, default=ROOT / "scripts" / "evaluate.py", help="evaluate.py to run")
+    parser.add_argument("--samples-key", default="num_generations", help="evaluate.py's sample-count key")
+    parser.add_argument("--plan-only", action="store_true", help="print the runs still to do and stop")
     args = parser.parse_args()
 
-    root = args.output_root / args.tag
-    result = {
-        "benchmark": "methods", "model": args.model, "tag": args.tag, "problems": args.limit, "n": args.samples,
-        "max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-        "budgets": args.budgets, "intervals": args.intervals, "runs": {},
+    settings = {
+        "model": args.model, "problems": args.limit, "n": args.samples, "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature, "top_p": args.top_p,
     }  # fmt: skip
-    start = time.perf_counter()
-    for dataset in args.datasets:
-        for i, interval in enumerate(args.intervals):
-            methods = [m for m in args.methods if m != "full" or i == 0]  # full does not depend on the interval
-            out = root / f"{dataset}_i{interval}"
-            command = [
-                sys.executable, str(args.evaluate), f"model={args.model}", f"data.name={dataset}",
-                f"data.limit={args.limit}", f"num_generations={args.samples}", f"max_new_tokens={args.max_new_tokens}",
-                f"temperature={args.temperature}", f"top_p={args.top_p}", f"batch_problems={args.batch_problems}",
-                f"methods=[{','.join(methods)}]", f"budgets=[{','.join(map(str, args.budgets))}]",
-                f"compression.interval={interval}", f"output_dir={out}", "plots=false",
-            ]  # fmt: skip
-            print(f"[bench_methods] {dataset} interval {interval}: {' '.join(command[2:])}", file=sys.stderr, flush=True)
-            subprocess.run(command, check=True, cwd=args.evaluate.parents[1])
-            for run_dir in sorted(p for p in out.iterdir() if (p / "samples.jsonl").is_file()):
-                name = run_dir.name if run_dir.name == "full" else f"{run_dir.name}-i{interval}"
-                result["runs"][f"{dataset}/{name}"] = read_run(run_dir)
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "bench_methods.json").write_text(json.dumps(result, indent=2))
+    results_dir = args.results / args.tag
+    results_dir.mkdir(parents=True, exist_ok=True)
+    todo = []
+    for dataset, interval, method, budget in planned_runs(args):
+        path = results_dir / f"{dataset}_{run_key(method, budget, interval)}.json"
+        if path.is_file():
+            done = json.loads(path.read_text())
+            if done["settings"] != settings:
+                sys.exit(f"{path} was measured with other settings ({done['settings']}); move it away to rerun")
+            continue
+        todo.append((path, dataset, interval, method, budget))
+    if args.plan_only:
+        print("\n".join(str(t[0]) for t in todo))
+        return
+
+    for path, dataset, interval, method, budget in todo:
+        out = args.work_root / args.tag / path.stem
+        command = [
+            sys.executable, str(args.evaluate), f"model={args.model}", f"data.name={dataset}", f"data.limit={args.limit}",
+            f"{args.samples_key}={args.samples}", f"max_new_tokens={args.max_new_tokens}",
+            f"temperature={args.temperature}", f"top_p={args.top_p}", f"batch_problems={args.batch_problems}",
+            f"methods=[{method}]", f"budgets=[{budget or 64}]", f"compression.interval={interval}",
+            f"output_dir={out}", "plots=false",
+        ]  # fmt: skip
+        print(f"[bench_methods] {path.name}: {' '.join(command[2:])}", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        subprocess.run(command, check=True, cwd=args.evaluate.parents[1])
+        (run_dir,) = [p for p in out.iterdir() if (p / "samples.jsonl").is_file()]
+        result = {"settings": settings, "dataset": dataset, "run": run_key(method, budget, interval), **read_run(run_dir)}
+        result["seconds"] = round(time.perf_counter() - start, 1)  # of this call (less when it resumed)
+        result["command"] = " ".join(command[1:])
+        path.write_text(json.dumps(result, indent=1) + "\n")
+
+    runs = {}
+    for dataset, interval, method, budget in planned_runs(args):
+        done = json.loads((results_dir / f"{dataset}_{run_key(method, budget, interval)}.json").read_text())
+        runs[f"{dataset}/{done['run']}"] = {k: v for k, v in done.items() if k not in ("settings", "per_problem", "command")}
+    result = {"benchmark": "methods", "tag": args.tag, **settings, "budgets": args.budgets, "intervals": args.intervals}
+    result["runs"] = runs
+    (args.results.parent / f"bench_methods_{args.tag}.json").write_text(json.dumps(result, indent=2) + "\n")
     print_json(result)
 
 

@@ -82,7 +82,7 @@ def test_top_p_keeps_sampling_inside_the_nucleus():
     from rollout.sampling import sample_tokens
 
     logits = torch.tensor([[4.0, 3.0, 0.0, -1.0]]).repeat(200, 1)
-    tokens, logprobs = sample_tokens(logits, 1.0, 0.7, torch.Generator().manual_seed(0))
+    tokens, logprobs = sample_tokens(logits, 1.0, 0.7, torch.rand(200, generator=torch.Generator().manual_seed(0)))
     assert set(tokens.tolist()) <= {0, 1}
     assert torch.allclose(logprobs, logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1))
 
@@ -118,7 +118,7 @@ def test_inverse_cdf_follows_the_weights():
     from rollout.sampling import inverse_cdf
 
     weights = torch.tensor([[0.0, 3.0, 0.0, 1.0]]).repeat(4000, 1)
-    draws = inverse_cdf(weights, torch.Generator().manual_seed(0))
+    draws = inverse_cdf(weights, torch.rand(4000, generator=torch.Generator().manual_seed(0)))
     assert set(draws.tolist()) == {1, 3}
     assert abs((draws == 1).float().mean().item() - 0.75) < 0.03
 
@@ -136,3 +136,32 @@ def test_replay_reproduces_a_sampled_rollout(tiny_llama, method):
     assert torch.allclose(replayed.logprobs, sampled.logprobs, atol=1e-6)
     if method != "full":
         assert torch.equal(replayed.record.evict_at, sampled.record.evict_at)
+
+
+@pytest.mark.parametrize("method", ["full", "gkv", "snapkv", "s4r"])
+def test_dropping_finished_rows_changes_nothing(tiny_llama, method):
+    """Finished sequences leaving the batch (at every finish) give the same tokens, log-probs and record as
+    keeping them to the end; the control: a different seed gives different tokens."""
+    cfg = CompressionConfig(method, window=3) if method == "s4r" else CompressionConfig(method, budget=12, window=3, interval=5)
+    engine = RolloutEngine(tiny_llama, compression=cfg)
+    prompts = random_prompts([9, 30, 17, 12, 25, 8], seed=2)
+    stops = tuple(range(10, 24))  # about one token in nine: rows end at many different steps
+    runs = {}
+    for drop in (1.0, 0.01):
+        sampling = SamplingConfig(max_new_tokens=40, temperature=1.0, top_p=0.95, num_samples=2, seed=1,
+                                  stop_token_ids=stops, drop_finished_at=drop)  # fmt: skip
+        runs[drop] = engine.generate(prompts, sampling)
+    kept, dropped = runs[1.0], runs[0.01]
+    assert len(set(kept.completion_lengths.tolist())) > 4 and int(kept.completion_lengths.min()) < 20
+    assert torch.equal(kept.sequences, dropped.sequences) and torch.equal(kept.attention_mask, dropped.attention_mask)
+    assert torch.allclose(kept.logprobs, dropped.logprobs, atol=1e-5)
+    assert torch.allclose(kept.retention, dropped.retention)
+    if method != "full":
+        for name, value in kept.record.to_batch().items():
+            assert torch.equal(value, dropped.record.to_batch()[name]), name
+    replayed = engine.replay(
+        [p for p in prompts for _ in range(2)], dropped.completions(), SamplingConfig(temperature=1.0, drop_finished_at=0.01)
+    )
+    assert torch.equal(replayed.sequences, kept.sequences) and torch.allclose(replayed.logprobs, kept.logprobs, atol=1e-5)
+    other = engine.generate(prompts, SamplingConfig(max_new_tokens=40, temperature=1.0, num_samples=2, seed=2, stop_token_ids=stops))
+    assert not torch.equal(other.sequences, kept.sequences)
