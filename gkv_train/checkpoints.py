@@ -11,6 +11,7 @@ import json
 import os
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 from transformers.trainer import TRAINER_STATE_NAME
@@ -93,10 +94,37 @@ def publish(staged: Path, final: Path) -> None:
         os.replace(staged, final)
 
 
+@contextmanager
+def named(model, name: str | None):
+    """Within the block, ``model`` (and its PEFT adapters) call their base ``name`` (None: unchanged)."""
+    configs = [model.config] + list(getattr(model, "peft_config", {}).values())
+    attributes = ["_name_or_path"] + ["base_model_name_or_path"] * (len(configs) - 1)
+    before = [getattr(c, a, None) for c, a in zip(configs, attributes)]
+    if name is not None:
+        for c, a in zip(configs, attributes):
+            setattr(c, a, name)
+    try:
+        yield
+    finally:
+        for c, a, value in zip(configs, attributes, before):
+            setattr(c, a, value)
+
+
 class AtomicCheckpoints:
-    """Mixin for a transformers ``Trainer``: checkpoints are staged and renamed into place when complete."""
+    """Mixin for a transformers ``Trainer``: checkpoints are staged and renamed into place when complete, and
+    saved files (adapter config, model card) name the base model as the user did (``base_model_name``), not the
+    local folder it was loaded from (which TRL's reference model needs during training)."""
 
     _staging = False
+    base_model_name: str | None = None
+
+    def _save(self, output_dir=None, state_dict=None) -> None:
+        with named(self.accelerator.unwrap_model(self.model), self.base_model_name):
+            super()._save(output_dir, state_dict)
+
+    def create_model_card(self, *args, **kwargs) -> None:
+        with named(self.accelerator.unwrap_model(self.model), self.base_model_name):
+            super().create_model_card(*args, **kwargs)
 
     def _get_output_dir(self, trial) -> str:
         run_dir = super()._get_output_dir(trial)

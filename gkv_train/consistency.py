@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+
 import torch
 
+from gkv_train.data import gsm8k_questions
+from gkv_train.jsonio import dumps
 from gkv_train.logprobs import token_logprobs
+from gkv_train.models import load_model, random_prompts
+from gkv_train.rollout.config import SamplingConfig, add_compression_args, compression_from_args
+from gkv_train.rollout.engine import RolloutEngine
 
 
 def logprob_mismatch(model, out, record, temperature: float = 1.0, backend: str = "auto") -> dict[str, float]:
-    """``mismatch_stats`` of the trainer's log-probs against a rollout ``out``'s (``rollout.engine.RolloutOutput``)
+    """``mismatch_stats`` of the trainer's log-probs against a rollout ``out``'s (``gkv_train.rollout.engine.RolloutOutput``)
     over its real completion tokens, the trainer attending under ``record`` (None: plain causal) with the mask
     ``backend`` (auto, sdpa, flex)."""
     with torch.no_grad():
@@ -44,3 +52,58 @@ def mismatch_stats(trainer_logps, rollout_logps, mask) -> dict[str, float]:
     if d.numel() == 0:
         return {"mean_abs": 0.0, "max_abs": 0.0, "kl": 0.0}
     return {"mean_abs": d.abs().mean().item(), "max_abs": d.abs().max().item(), "kl": (d.exp() - d - 1).mean().item()}
+
+
+CHECK_USAGE = """Roll out with a compressed cache, recompute the log-probs as the trainer does, print one JSON line.
+
+    gkv-train check --model tiny --method gkv                 (or: python scripts/check_consistency.py ...)
+    gkv-train check --model smollm2-135m --method rkv --budget 64 --window 8 --interval 16
+    gkv-train check --model smollm2-135m --method gkv --precision bf16
+
+--precision bf16 runs as training does (precision=bf16): fp32 weights, rollout and trainer forwards under
+bf16 autocast."""
+
+
+def check(argv: list[str] | None = None) -> dict:
+    """``scripts/check_consistency.py`` / ``gkv-train check``: roll out with a compressed cache, recompute the
+    log-probs as the trainer does, print one JSON line (returned too)."""
+    parser = argparse.ArgumentParser(
+        prog="gkv-train check", description=CHECK_USAGE, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", default="tiny", help="tiny, tiny-qwen2, tiny-qwen3, smollm2-135m, HF name or path")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    add_compression_args(parser, method="gkv", budget=32, window=8, interval=16)
+    args = parser.parse_args(argv)
+    compression = compression_from_args(args)
+
+    model, tokenizer = load_model(args.model)
+    if args.model.startswith("tiny"):
+        prompts = random_prompts([7 + 11 * i for i in range(args.batch)], model.config.vocab_size, args.seed)
+    else:
+        prompts = gsm8k_questions(args.batch)
+    sampling = SamplingConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, ignore_eos=True
+    )
+    device = next(model.parameters()).device.type
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+        out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling)
+        report = consistency_report(model, out, args.temperature)
+    result = {
+        "method": compression.method,
+        "model": args.model,
+        "precision": args.precision,
+        **report,
+        "consistent": report["max_abs_logprob_diff"] <= 1e-4,
+        "compressions": out.stats["compressions"],
+        "batch": out.sequences.shape[0],
+        "prompt_lengths": out.prompt_lengths.tolist(),
+        "new_tokens": out.stats["new_tokens"],
+        "retention": round(out.retention.mean().item(), 4),
+        "config": dataclasses.asdict(compression.resolved()),
+    }
+    print(dumps(result), flush=True)
+    return result

@@ -16,9 +16,21 @@ from typing import Any
 import datasets
 
 from gkv_train.jsonio import file_identity
-from rewards.extract import gold_answer
+from gkv_train.rewards.extract import gold_answer
 
-DATA_DIR = Path(os.environ.get("GKV_DATA_DIR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+def find_data_dir() -> Path:
+    """The folder of the presets' files: ``$GKV_DATA_DIR`` when set; else the first ``shared/data`` found beside
+    the source checkout (``../shared/data`` from the repository) or from the working folder (``./shared/data``,
+    ``../shared/data``); else the first of those (a missing preset file then names it and the variable)."""
+    if os.environ.get("GKV_DATA_DIR"):
+        return Path(os.environ["GKV_DATA_DIR"])
+    candidates = [Path(__file__).resolve().parents[2] / "shared" / "data"]  # an installed package has none there
+    candidates += [Path.cwd() / "shared" / "data", Path.cwd().parent / "shared" / "data"]
+    return next((c for c in candidates if c.is_dir()), candidates[0])
+
+
+DATA_DIR = find_data_dir()
 
 
 @dataclass(frozen=True)
@@ -43,13 +55,18 @@ PROMPT_TEMPLATE = "{problem}\nPut your final answer in \\boxed{{}}."
 @dataclass
 class DataConfig:
     """Where problems come from: ``path`` (local JSONL/JSON/Parquet) or ``name`` (preset: aime24, amc23,
-    math500, gsm8k, svamp; ``arithmetic``, the built-in task; or a hub dataset)."""
+    math500, gsm8k, svamp; ``arithmetic``, the built-in task; or a hub dataset).
+
+    ``split`` picks a hub dataset's split or the built-in task's (train/test); a preset's file holds only its
+    test split (another is refused); a local file is split by its name: ``path=data/{split}.jsonl`` reads
+    ``data/test.jsonl`` for ``split=test``, and a path without ``{split}`` is read whole.
+    """
 
     path: str | None = None
     name: str | None = "arithmetic"
     question_field: Any = "question"  # a field, or a list of fields joined with a space
     answer_field: str = "answer"
-    split: str = "train"  # hub datasets and the built-in task; a preset holds only its test split
+    split: str = "train"  # a hub dataset's or the built-in task's; a preset holds only test; {split} in a path
     limit: int | None = 256
     levels: list[int] = field(default_factory=lambda: [1])  # built-in task difficulty levels (0-4)
     distractors: int = 0  # built-in task: facts about others placed between a problem's first fact and the rest
@@ -59,7 +76,7 @@ class DataConfig:
     def identity(self) -> dict:
         """Everything that determines the problems and prompts: these settings and, for a local file (or a
         preset's), the file's identity (name, size, content hash)."""
-        file = local_file(self.path, self.name)
+        file = local_file(self.path, self.name, self.split)
         settings = asdict(self)
         for key in ("distractors", "config"):  # added later: at their defaults they leave earlier identities valid
             if not settings[key]:
@@ -87,11 +104,13 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
                 f"{name} in {DATA_DIR} holds only its {preset.split} split, not {split!r}: set data.split={preset.split} "
                 "(or data.path to your own file)"
             )
-        path, question_field, answer_field = str(local_file(None, name)), list(preset.question_field), preset.answer_field
+        question_field, answer_field = list(preset.question_field), preset.answer_field
     fields = [question_field] if isinstance(question_field, str) else list(question_field)
+    path = local_file(path, name, split)
     if path is not None:
         if not Path(path).is_file():
-            raise FileNotFoundError(f"dataset file {path} does not exist")
+            hint = f" (the {name} preset's file; set GKV_DATA_DIR to the folder holding it)" if name in PRESETS else ""
+            raise FileNotFoundError(f"dataset file {path} does not exist{hint}")
         records = read_records(Path(path))
         check_fields(records, [*fields, answer_field], path)
         raw = [row for _, row in records]
@@ -112,12 +131,12 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
     return datasets.Dataset.from_list(rows)
 
 
-def local_file(path: str | None, name: str | None) -> Path | None:
-    """The local file problems are read from: ``path``, or a preset's file under ``DATA_DIR``; None for the
-    built-in task and hub datasets."""
+def local_file(path: str | None, name: str | None, split: str) -> Path | None:
+    """The local file problems are read from: ``path`` (with ``{split}`` replaced by the split), or a preset's
+    file under ``DATA_DIR``; None for the built-in task and hub datasets."""
     if name in PRESETS:
         return DATA_DIR / PRESETS[name].file
-    return None if path is None else Path(path)
+    return None if path is None else Path(path.replace("{split}", split))
 
 
 def read_records(path: Path) -> list[tuple[str, dict]]:
@@ -275,3 +294,12 @@ def arithmetic_task(
         if len(rows) == n:
             break
     return datasets.Dataset.from_list(rows)
+
+
+def gsm8k_questions(n: int) -> list[str]:
+    """The first ``n`` GSM8K test questions (the preset's file), for benchmarks and checks."""
+    path = DATA_DIR / PRESETS["gsm8k"].file
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: set GKV_DATA_DIR to the folder of the benchmark files")
+    with open(path) as f:
+        return [json.loads(line)["question"] for _, line in zip(range(n), f)]

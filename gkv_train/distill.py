@@ -27,12 +27,12 @@ from transformers import Trainer
 from gkv_train.consistency import mismatch_stats
 from gkv_train.distributed import generation_model
 from gkv_train.logprobs import chunked_divergence, decoder_and_head, head_logprobs
+from gkv_train.rollout.config import CompressionConfig, SamplingConfig
+from gkv_train.rollout.contract import attention_context
+from gkv_train.rollout.contract.record import logical_positions
+from gkv_train.rollout.engine import RolloutEngine
+from gkv_train.rollout.sampling import rollout_seed
 from gkv_train.run_config import DistillOptions
-from rollout.config import CompressionConfig, SamplingConfig
-from rollout.contract import attention_context
-from rollout.contract.record import logical_positions
-from rollout.engine import RolloutEngine
-from rollout.sampling import rollout_seed
 
 
 class CompressedDistillationTrainer(Trainer):

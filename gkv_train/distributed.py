@@ -34,13 +34,14 @@ def requested_cpu_processes() -> int:
     return args.num_processes or 1
 
 
-def relaunch_cpu_processes() -> None:
-    """Re-execute this script under ``torch.distributed.run`` when more CPU processes were asked for."""
+def relaunch_cpu_processes(script: list[str]) -> None:
+    """Re-execute ``script`` (a file, or ``-m module [command]``) with this process's arguments under
+    ``torch.distributed.run`` when more CPU processes were asked for."""
     n = requested_cpu_processes()
     if n > 1:
         port = os.environ.get("MASTER_PORT", "29500")
         command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={n}", f"--master_port={port}"]
-        os.execv(sys.executable, command + sys.argv)
+        os.execv(sys.executable, command + script + sys.argv[1:])
 
 
 def is_zero3(accelerator) -> bool:

@@ -7,18 +7,22 @@ import json
 import math
 import random
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
+from gkv_train.console import log_console_to
+from gkv_train.data import load_problems
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.logprobs import chunked_divergence, decoder_and_head, hidden_states
-from rewards.grading import grade_completions
-from rewards.verify import MathVerifier
-from rollout.config import CompressionConfig, SamplingConfig
-from rollout.engine import RolloutEngine
+from gkv_train.models import check_model, load_model, model_identity
+from gkv_train.rewards.grading import grade_completions
+from gkv_train.rewards.verify import MathVerifier
+from gkv_train.rollout.config import CompressionConfig, SamplingConfig
+from gkv_train.rollout.engine import RolloutEngine
 
 DENSITY_BINS = 50
 RUN_SETTINGS = "run.json"
@@ -447,3 +451,58 @@ def lm_eval_results(summaries: list[dict], task: str, config: dict, versions: di
         "transformers_version": versions.get("transformers"),
         "git_hash": versions.get("git_commit"),
     }
+
+
+def run_evaluation(config, settings: dict) -> dict:
+    """``scripts/evaluate.py`` / ``gkv-train evaluate``: every run of ``config`` (an ``EvalConfig``, whose
+    ``settings`` as plain values go into the summaries), the files described there; returns the JSON line's
+    record (also printed)."""
+    runs = config.compressions()  # everything is checked before the model loads
+    for name in (config.model, config.adapter):
+        if name is not None:
+            check_model(name)
+    data = config.data
+    problems = load_problems(data, config.seed)
+    out_dir = Path(config.output_dir)
+    for compression in runs:
+        claim_run_dir(out_dir / run_name(compression), config.run_settings(compression), config.overwrite)
+    log_console_to(out_dir / "evaluate.log")
+    for warning in config.warnings():
+        print(f"warning: {warning}", file=sys.stderr)
+    model, tokenizer = load_model(config.model, dtype=torch.bfloat16 if config.precision == "bf16" else torch.float32)
+    if config.adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, config.adapter).merge_and_unload()
+    sampling = SamplingConfig(
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+        num_samples=config.num_generations, seed=config.seed,
+    )
+    summaries = [
+        evaluate_compression(
+            model, tokenizer, problems, compression, sampling, out_dir / run_name(compression),
+            config.batch_problems, data.prompt_template,
+        )
+        for compression in runs
+    ]
+    versions = software_versions()
+    identity = {"model": model_identity(config.model),
+                "adapter": None if config.adapter is None else model_identity(config.adapter)}  # fmt: skip
+    data_name = data.name or Path(data.path).stem
+    write_atomically(out_dir / "summary.json", dumps(
+        {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": settings, **identity, "data": data.identity(),
+         "versions": versions, "runs": summaries}, indent=2,
+    ))  # fmt: skip
+    results = lm_eval_results(summaries, data_name, settings, versions)
+    write_atomically(out_dir / "results.json", dumps({**results, "date": time.time()}, indent=2))
+    title = f"{config.model}{' + ' + config.adapter if config.adapter else ''} · {data_name} · " \
+            f"{summaries[0]['problems']} problems x {config.num_generations} samples"
+    if config.plots:
+        plot_summaries(summaries, out_dir, title)
+    print(title + "\n" + results_table(summaries), file=sys.stderr, flush=True)
+    hidden = ("retained_density", "retention_by_position", "compression")
+    compact = [{k: v for k, v in s.items() if k not in hidden} for s in summaries]
+    result = {"evaluation": data_name, "model": config.model, "output_dir": str(out_dir), "runs": compact}
+    print(dumps(result), flush=True)
+    return result
+

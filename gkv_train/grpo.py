@@ -31,13 +31,13 @@ from trl import GRPOTrainer
 from gkv_train.consistency import mismatch_stats
 from gkv_train.distributed import generation_model, is_zero3
 from gkv_train.logprobs import logical_forward
+from gkv_train.rollout.config import CompressionConfig, SamplingConfig
+from gkv_train.rollout.contract import attention_context, record_from_batch
+from gkv_train.rollout.contract.attention import use_kv_attention
+from gkv_train.rollout.contract.record import Record
+from gkv_train.rollout.engine import RolloutEngine, RolloutOutput
+from gkv_train.rollout.sampling import rollout_seed
 from gkv_train.run_config import LOSS_TYPES, SparseRLOptions
-from rollout.config import CompressionConfig, SamplingConfig
-from rollout.contract import attention_context, record_from_batch
-from rollout.contract.attention import use_kv_attention
-from rollout.contract.record import Record
-from rollout.engine import RolloutEngine, RolloutOutput
-from rollout.sampling import rollout_seed
 
 
 def truncated_is_weights(trainer_logps, rollout_logps, mask, mode: str, cap: float) -> torch.Tensor:

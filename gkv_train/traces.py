@@ -9,11 +9,13 @@ from pathlib import Path
 import datasets
 from tqdm import tqdm
 
-from gkv_train.data import read_records
-from rewards.grading import grade_completions
-from rewards.verify import MathVerifier
-from rollout.config import CompressionConfig, SamplingConfig
-from rollout.engine import RolloutEngine
+from gkv_train.data import load_problems, read_records
+from gkv_train.jsonio import dumps
+from gkv_train.models import check_model, load_model
+from gkv_train.rewards.grading import grade_completions
+from gkv_train.rewards.verify import MathVerifier
+from gkv_train.rollout.config import CompressionConfig, SamplingConfig
+from gkv_train.rollout.engine import RolloutEngine
 
 TRACE_FIELDS = ("id", "prompt", "completion", "completion_ids", "answer", "correct")
 
@@ -62,3 +64,24 @@ def load_traces(path: str) -> datasets.Dataset:
     if missing:
         raise ValueError(f"traces file {path} lacks the fields {missing}")
     return datasets.Dataset.from_list(rows)
+
+
+def run_traces(config) -> dict:
+    """``scripts/generate_traces.py`` / ``gkv-train traces``: the traces of ``config`` (a ``TracesConfig``)
+    written to ``config.output``; returns the JSON line's record (also printed)."""
+    check_model(config.model)
+    problems = load_problems(config.data, config.seed)
+    model, tokenizer = load_model(config.model)
+    sampling = SamplingConfig(
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+        num_samples=config.num_generations, seed=config.seed,
+    )
+    rows = generate_traces(
+        model, tokenizer, problems, sampling, config.data.prompt_template, keep_incorrect=config.keep_incorrect
+    )
+    write_traces(rows, Path(config.output))
+    result = {"traces": config.output, "problems": len(problems), "samples": len(problems) * config.num_generations,
+              "written": len(rows), "correct": sum(r["correct"] for r in rows)}  # fmt: skip
+    print(dumps(result), flush=True)
+    return result
+

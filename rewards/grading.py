@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from rewards.extract import extract_answer
-from rewards.verify import MathVerifier
+from gkv_train.rewards.extract import extract_answer
+from gkv_train.rewards.verify import MathVerifier
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The answer-check worker: ``python -m rewards.worker PARENT_PID MODULE:FUNCTION`` (started by ``MathVerifier``).
+"""The answer-check worker: ``python -m gkv_train.rewards.worker PARENT_PID MODULE:FUNCTION`` (started by ``MathVerifier``).
 
 Prints ``ready`` once the check is imported, then answers each stdin line ``[gold, pred]`` with one stdout line:
 ``true`` / ``false``, or ``null`` when the check raised. Exits at end of input, and is killed with its parent.

@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from rollout.scoring import mean_over_window, window_softmax
+from gkv_train.rollout.scoring import mean_over_window, window_softmax
 
 
 def s4r_rank(eta: float, sinks: int, length: int, dim: int, groups: int, window: int) -> int:

@@ -1,8 +1,8 @@
 """The eviction methods of the G-KV family: one small class each, implementing only its score.
 
-A compression (``rollout.eviction_cache.EvictionCache.compress``) builds a ``LayerState`` per layer, asks the method
+A compression (``gkv_train.rollout.eviction_cache.EvictionCache.compress``) builds a ``LayerState`` per layer, asks the method
 for a score per cached token, and keeps the sinks, the window and the best-scored candidates within the
-budget (``rollout.scoring.select_keep``, shared by every method). Defaults reproduce the reference
+budget (``gkv_train.rollout.scoring.select_keep``, shared by every method). Defaults reproduce the reference
 implementation (microsoft/G-KV at 6db3b2e: ``ScoreBasedKV`` / ``StreamingLLMKV`` with the recipes of its
 ``scripts/inference.sh``); options that depart from it are listed in the README with their reasons.
 
@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from rollout.scoring import key_redundancy, merge_history, normalize_max, pool_scores, window_attention
+from gkv_train.rollout.scoring import key_redundancy, merge_history, normalize_max, pool_scores, window_attention
 
 if TYPE_CHECKING:
-    from rollout.config import CompressionConfig
+    from gkv_train.rollout.config import CompressionConfig
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ Decode step: latent logits C_Q C_K^T / sqrt(r) (causal) are softmaxed over the c
 queries, pooled along the sequence and averaged over the GQA group; the last W tokens and the top
 max(floor(rho L_t) - W, 0) others are reconstructed (C B^T), RoPE applied at their original positions, and
 the new token attends exactly to them and the sinks. The selection is recorded per layer and generated
-token; ``rollout.contract.s4r_record.S4RMasks`` replays it in training.
+token; ``gkv_train.rollout.contract.s4r_record.S4RMasks`` replays it in training.
 
 Pre-RoPE keys and queries come from rotating back what the attention function receives (exact up to float
 error); sink keys are kept as received (after RoPE), which is their pre-RoPE value rotated once.
@@ -23,13 +23,13 @@ import time
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from rollout.config import CompressionConfig
-from rollout.contract.attention import head_dim
-from rollout.contract.bits import pack_bits, unpack_bits
-from rollout.contract.rope import apply_rope, concat_to_heads, group_queries, heads_to_concat, inverse_rope
-from rollout.contract.s4r_record import S4RRecord
-from rollout.kv_cache import KVCache
-from rollout.lowrank import (
+from gkv_train.rollout.config import CompressionConfig
+from gkv_train.rollout.contract.attention import head_dim
+from gkv_train.rollout.contract.bits import pack_bits, unpack_bits
+from gkv_train.rollout.contract.rope import apply_rope, concat_to_heads, group_queries, heads_to_concat, inverse_rope
+from gkv_train.rollout.contract.s4r_record import S4RRecord
+from gkv_train.rollout.kv_cache import KVCache
+from gkv_train.rollout.lowrank import (
     latent_scores,
     low_rank_bases,
     persistent_elements,
@@ -37,7 +37,7 @@ from rollout.lowrank import (
     sample_positions,
     select_tokens,
 )
-from rollout.scoring import aggregate_group, pool_scores
+from gkv_train.rollout.scoring import aggregate_group, pool_scores
 
 
 class S4RCache(KVCache):

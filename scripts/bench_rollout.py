@@ -19,9 +19,9 @@ import torch
 from _common import gsm8k_questions, print_json
 
 from gkv_train.models import load_model
-from rollout.config import CompressionConfig, SamplingConfig, add_compression_args, compression_from_args
-from rollout.contract.attention import ATTENTION_NAME
-from rollout.engine import RolloutEngine, encode_prompts, left_pad
+from gkv_train.rollout.config import CompressionConfig, SamplingConfig, add_compression_args, compression_from_args
+from gkv_train.rollout.contract.attention import ATTENTION_NAME
+from gkv_train.rollout.engine import RolloutEngine, encode_prompts, left_pad
 
 
 def hf_generate(model, tokenizer, prompts, sampling: SamplingConfig) -> dict:

@@ -1,5 +1,6 @@
-"""The layers import one way: contract (rollout/contract) <- rollout <- trainers (gkv_train); module names are
-unique; record formats are told apart in one place only."""
+"""The layers import one way: contract (gkv_train.rollout.contract, folder rollout/contract) <- rollout
+(gkv_train.rollout, folder rollout/) <- trainers (gkv_train); everything is imported under the one package
+``gkv_train``; module names are unique; record formats are told apart in one place only."""
 
 import ast
 from pathlib import Path
@@ -7,16 +8,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("rollout", "gkv_train", "rewards")
+FOLDERS = {"gkv_train": "gkv_train", "rollout": "gkv_train.rollout", "rewards": "gkv_train.rewards"}
 TRAINERS = ("gkv_train.grpo", "gkv_train.distill")
 
 
 def modules() -> dict[str, Path]:
+    """Module name -> file, for the three top-level folders (gkv_train/rollout and gkv_train/rewards are links
+    to the folders rollout/ and rewards/, which the package installs as gkv_train.rollout, gkv_train.rewards)."""
     found = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for folder, package in FOLDERS.items():
+        for path in sorted((ROOT / folder).glob("**/*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts[0] in ("rollout", "rewards") and folder == "gkv_train":
+                continue  # the links
+            name = ".".join((package, *parts[:-1]) if parts[-1] == "__init__" else (package, *parts))
+            found[name] = path
     return found
 
 
@@ -28,13 +34,16 @@ def project_imports(source: str) -> set[str]:
             names.add(node.module)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-    return {n for n in names if n.split(".")[0] in PACKAGES}
+    return {n for n in names if n.split(".")[0] in FOLDERS}
 
 
 def layer(module: str) -> int:
-    if module.startswith("rollout.contract"):
+    """0 the contract, 1 the rollout, 2 the trainers and jobs; -1 the rewards (outside the layers)."""
+    if module.startswith("gkv_train.rollout.contract"):
         return 0
-    return {"rollout": 1, "gkv_train": 2}.get(module.split(".")[0], -1)
+    if module.startswith("gkv_train.rollout"):
+        return 1
+    return -1 if module.startswith("gkv_train.rewards") else 2
 
 
 def upward_imports(module: str, source: str) -> list[str]:
@@ -42,8 +51,13 @@ def upward_imports(module: str, source: str) -> list[str]:
     imported = project_imports(source)
     upward = [m for m in imported if layer(m) > layer(module)]
     if layer(module) <= 1:
-        upward += [m for m in imported if m.startswith("rewards")]
+        upward += [m for m in imported if m.startswith("gkv_train.rewards")]
     return sorted(upward)
+
+
+def unpackaged_imports(source: str) -> list[str]:
+    """Imports of the folders by their bare names (``rollout.engine``), which an installed package lacks."""
+    return sorted(m for m in project_imports(source) if m.split(".")[0] != "gkv_train")
 
 
 MODULES = modules()
@@ -53,6 +67,12 @@ MODULES = modules()
 def test_imports_run_one_way(module):
     upward = upward_imports(module, MODULES[module].read_text())
     assert not upward, f"{module} (layer {layer(module)}) imports a higher layer: {upward}"
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("*.py")) + sorted((ROOT / "scripts").glob("*.py")) + sorted(
+    (ROOT / "tests").glob("*.py")) + sorted(MODULES.values()), ids=lambda p: str(p.relative_to(ROOT)))
+def test_everything_imports_the_package(path):
+    assert not unpackaged_imports(path.read_text()), f"{path} imports {unpackaged_imports(path.read_text())}"
 
 
 def test_no_trainer_imports_another():
@@ -81,15 +101,17 @@ def record_switches(source: str) -> list[int]:
 def test_record_formats_are_told_apart_in_one_place():
     """No ``isinstance`` on a record's type outside the registry (rollout/contract/__init__.py)."""
     for module, path in MODULES.items():
-        if module != "rollout.contract":
+        if module != "gkv_train.rollout.contract":
             assert not record_switches(path.read_text()), f"{module} switches on a record type"
 
 
 def test_the_controls_would_fail():
     """The checks see a violation when there is one."""
-    assert upward_imports("rollout.contract.record", "from rollout.engine import RolloutEngine\n") == ["rollout.engine"]
-    assert upward_imports("rollout.engine", "def f():\n    from gkv_train.grpo import x\n") == ["gkv_train.grpo"]
-    assert upward_imports("rollout.cache", "import rewards.verify\n") == ["rewards.verify"]
-    assert upward_imports("gkv_train.grpo", "from rollout.engine import RolloutEngine\n") == []
+    contract, engine = "gkv_train.rollout.contract.record", "gkv_train.rollout.engine"
+    assert upward_imports(contract, "from gkv_train.rollout.engine import RolloutEngine\n") == [engine]
+    assert upward_imports(engine, "def f():\n    from gkv_train.grpo import x\n") == ["gkv_train.grpo"]
+    assert upward_imports(engine, "import gkv_train.rewards.verify\n") == ["gkv_train.rewards.verify"]
+    assert upward_imports("gkv_train.grpo", "from gkv_train.rollout.engine import RolloutEngine\n") == []
+    assert unpackaged_imports("from rollout.engine import RolloutEngine\nimport rewards\n") == ["rewards", "rollout.engine"]
     assert record_switches("if isinstance(out.record, S4RRecord):\n    pass\n") == [1]
     assert record_switches("x = isinstance(record, torch.Tensor)\n") == [1]

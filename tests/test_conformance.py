@@ -20,9 +20,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rollout.config import CompressionConfig
-from rollout.contract.record import logical_positions
-from rollout.eviction_cache import EvictionCache
+from gkv_train.rollout.config import CompressionConfig
+from gkv_train.rollout.contract.record import logical_positions
+from gkv_train.rollout.eviction_cache import EvictionCache
 
 FIXTURE = torch.load(Path(__file__).parent / "fixtures" / "gkv_reference.pt", weights_only=False)
 
@@ -163,7 +163,7 @@ def test_control_departing_options_do_not_match(name, departure):
 def test_select_keep_with_a_sequence_shorter_than_the_window():
     """A left-padded sequence with fewer tokens than the window keeps all of them; its batch-mate keeps its
     window and its best candidates."""
-    from rollout.scoring import candidate_slots, select_keep
+    from gkv_train.rollout.scoring import candidate_slots, select_keep
 
     S, W, budget = 12, 4, 6
     key_ok = torch.ones(2, S, dtype=torch.bool)

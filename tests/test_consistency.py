@@ -7,8 +7,8 @@ from conftest import random_prompts
 from gkv_train.consistency import consistency_report
 from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_model
-from rollout.config import CompressionConfig, SamplingConfig
-from rollout.engine import RolloutEngine
+from gkv_train.rollout.config import CompressionConfig, SamplingConfig
+from gkv_train.rollout.engine import RolloutEngine
 
 TOL = 1e-4
 

@@ -37,6 +37,22 @@ def test_split_and_config_are_honoured_or_refused(monkeypatch):
     assert DataConfig(name="openai/gsm8k", config="main").identity()["config"] == "main"
 
 
+def test_local_split_by_name_and_data_dir(tmp_path, monkeypatch):
+    """{split} in a local path picks the file of the split; the presets' folder comes from GKV_DATA_DIR, and a
+    missing preset file names that variable."""
+    for split, answer in (("train", "2"), ("test", "3")):
+        (tmp_path / f"{split}.jsonl").write_text(f'{{"question": "q", "answer": "{answer}"}}\n')
+    for split, answer in (("train", "2"), ("test", "3")):
+        assert load_problems(DataConfig(path=str(tmp_path / "{split}.jsonl"), name=None, split=split))[0]["answer"] == answer
+    from gkv_train import data
+
+    monkeypatch.setenv("GKV_DATA_DIR", str(tmp_path / "elsewhere"))
+    assert data.find_data_dir() == tmp_path / "elsewhere"
+    monkeypatch.setattr(data, "DATA_DIR", data.find_data_dir())
+    with pytest.raises(FileNotFoundError, match="svamp preset's file; set GKV_DATA_DIR"):
+        load_problems(DataConfig(name="svamp", split="test"))
+
+
 def test_svamp_question_joins_body_and_question():
     row = load_problems(DataConfig(name="svamp", split="test", limit=1))[0]
     assert row["problem"].startswith("There are 87 oranges") and row["problem"].endswith("each group of bananas?")

@@ -14,8 +14,8 @@ from gkv_train.data import arithmetic_task
 from gkv_train.evaluation import claim_run_dir, evaluate_compression, pass_at_k
 from gkv_train.jsonio import file_identity, read_jsonl
 from gkv_train.models import load_model
-from rollout.config import CompressionConfig, SamplingConfig
-from rollout.engine import RolloutEngine
+from gkv_train.rollout.config import CompressionConfig, SamplingConfig
+from gkv_train.rollout.engine import RolloutEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 

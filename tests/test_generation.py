@@ -3,9 +3,9 @@ import torch
 from conftest import random_prompts
 
 from gkv_train.models import tiny_model
-from rollout.config import CompressionConfig, SamplingConfig
-from rollout.contract.attention import ATTENTION_NAME
-from rollout.engine import RolloutEngine, encode_prompts, left_pad
+from gkv_train.rollout.config import CompressionConfig, SamplingConfig
+from gkv_train.rollout.contract.attention import ATTENTION_NAME
+from gkv_train.rollout.engine import RolloutEngine, encode_prompts, left_pad
 
 
 def hf_greedy(model, prompts, pad_id, max_new_tokens, eos):
@@ -79,7 +79,7 @@ def test_sampling_is_seeded_and_repeats_prompts(tiny_llama):
 
 
 def test_top_p_keeps_sampling_inside_the_nucleus():
-    from rollout.sampling import sample_tokens
+    from gkv_train.rollout.sampling import sample_tokens
 
     logits = torch.tensor([[4.0, 3.0, 0.0, -1.0]]).repeat(200, 1)
     tokens, logprobs = sample_tokens(logits, 1.0, 0.7, torch.rand(200, generator=torch.Generator().manual_seed(0)))
@@ -104,7 +104,7 @@ def test_padding_changes_nothing(tiny_llama, method):
 
 @pytest.mark.parametrize("scale", [0.01, 1.0, 6.0])  # flat rows need the full-sort fallback
 def test_nucleus_is_exact(scale):
-    from rollout.sampling import nucleus
+    from gkv_train.rollout.sampling import nucleus
 
     probs = (torch.randn(8, 3000, generator=torch.Generator().manual_seed(1)) * scale).softmax(-1)
     weights, ids = nucleus(probs, 0.9)
@@ -115,7 +115,7 @@ def test_nucleus_is_exact(scale):
 
 
 def test_inverse_cdf_follows_the_weights():
-    from rollout.sampling import inverse_cdf
+    from gkv_train.rollout.sampling import inverse_cdf
 
     weights = torch.tensor([[0.0, 3.0, 0.0, 1.0]]).repeat(4000, 1)
     draws = inverse_cdf(weights, torch.rand(4000, generator=torch.Generator().manual_seed(0)))

@@ -9,8 +9,8 @@ from trl import GRPOConfig
 
 from gkv_train.grpo import CompressedGRPOTrainer, clip_overlong_advantages, truncated_is_weights
 from gkv_train.models import load_model
+from gkv_train.rollout.config import CompressionConfig
 from gkv_train.run_config import SparseRLOptions
-from rollout.config import CompressionConfig
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 PROMPTS = ["abc", "hello there", "x = 1", "12345678", "The cat", "Q: ok?", "zz", "Once upon"]

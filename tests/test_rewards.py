@@ -2,9 +2,9 @@ import time
 
 import pytest
 
-from rewards.extract import extract_answer, gold_answer, last_boxed
-from rewards.functions import accuracy, boxed_format
-from rewards.verify import MathVerifier, as_number, numbers_equal
+from gkv_train.rewards.extract import extract_answer, gold_answer, last_boxed
+from gkv_train.rewards.functions import accuracy, boxed_format
+from gkv_train.rewards.verify import MathVerifier, as_number, numbers_equal
 
 
 def test_extraction_order_and_nesting():

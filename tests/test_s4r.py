@@ -5,11 +5,11 @@ import torch
 from conftest import random_prompts
 
 from gkv_train.consistency import consistency_report
-from rollout.config import CompressionConfig, SamplingConfig
-from rollout.contract.bits import pack_bits, unpack_bits
-from rollout.contract.rope import apply_rope, inverse_rope
-from rollout.engine import RolloutEngine, make_cache
-from rollout.lowrank import persistent_elements, s4r_rank, sample_positions, select_tokens
+from gkv_train.rollout.config import CompressionConfig, SamplingConfig
+from gkv_train.rollout.contract.bits import pack_bits, unpack_bits
+from gkv_train.rollout.contract.rope import apply_rope, inverse_rope
+from gkv_train.rollout.engine import RolloutEngine, make_cache
+from gkv_train.rollout.lowrank import persistent_elements, s4r_rank, sample_positions, select_tokens
 
 TOL = 1e-4
 PROMPTS = [40, 63, 52, 71, 45]

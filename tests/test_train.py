@@ -62,7 +62,7 @@ def test_train_writes_logs_checkpoints_and_evaluation(tmp_path, recipe):
     data = write_problems(tmp_path / "latex.jsonl")
     env = {"PROBE_OUT": str(tmp_path / "probe.jsonl"), "PYTHONPATH": str(ROOT / "tests"), "HF_DATASETS_CACHE": str(cache)}
     proc = run([f"recipe={recipe}", *TINY, "max_steps=2", f"output_dir={out}", "data.name=null", f"data.path={data}",
-                "rewards=[rewards.functions.accuracy,verifier_probe.latex_probe]"], env=env)
+                "rewards=[gkv_train.rewards.functions.accuracy,verifier_probe.latex_probe]"], env=env)
     steps = metrics(out)
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
@@ -155,6 +155,11 @@ def test_lora_and_periodic_evaluation(tmp_path):
     assert [r["step"] for r in evals] == [1, 2]
     assert max(r["mismatch/max_abs"] for r in metrics(tmp_path)) <= 1e-4
     assert (tmp_path / "adapter_model.safetensors").is_file()
+    # the adapter and the model card name the base as given, not the folder it was loaded from
+    for folder in (tmp_path, tmp_path / "checkpoint-2"):
+        assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny"
+    card = (tmp_path / "README.md").read_text()
+    assert "fine-tuned version of [tiny]" in card and "[None]" not in card
 
 
 def test_crashed_saves_resume_exactly(tmp_path):

@@ -6,7 +6,7 @@ import json
 import os
 import time
 
-from rewards.functions import accuracy
+from gkv_train.rewards.functions import accuracy
 
 # (gold, answer, equal): LaTeX, fractions, intervals, sets, scientific notation and huge exponents.
 PAIRS = [
@@ -47,7 +47,7 @@ def write_problems(path):
 EVALUATE_WITH_ANSWERS = """
 import itertools, runpy, sys
 sys.path.insert(0, {tests!r})
-import rewards.grading as grading
+import gkv_train.rewards.grading as grading
 from verifier_probe import PAIRS
 answers = itertools.cycle([a for _, a, _ in PAIRS])
 grading.extract_answer = lambda text: next(answers)
