@@ -1,0 +1,165 @@
+"""One training step, side by side: plain TRL ``GRPOTrainer``, ``rl_full``, ``rl_sparse`` and on-policy
+distillation at identical settings, each step split into generation, log-prob forwards, backward, optimizer
+and the rest; one JSON line.
+
+Every trainer is built the way ``train.py`` builds it (the recipe's configuration with the overrides below),
+on the same model, prompts, rows per step (GRPO: 1 prompt x 8 samples; distillation: 8 prompts x 1), new
+tokens, loss, learning rate and no gradient checkpointing; plain TRL gets the same ``GRPOConfig`` and generates
+with ``transformers``' ``generate`` (full cache). ``--steps`` steps are timed after ``--warmup`` untimed ones.
+
+    python scripts/bench_train_step.py                       # SmolLM2-135M, 1 x 8 x 128, 2 timed steps
+    python scripts/bench_train_step.py --model tiny --max-new-tokens 16 --steps 1 --warmup 0   # quick
+
+Phases: ``generation`` (TRL's ``_generate``, which calls the rollout engine for the project's trainers; the
+distillation rollout), ``logprob_forward`` (every log-prob forward: old / reference ones without gradients and
+the loss's with them; for distillation the teacher's and the student's forward with its KL), ``backward``
+(``accelerator.backward``), ``optimizer`` (clipping excluded: from the optimizer step's start to its end) and
+``other`` (the rest of the step: rewards, advantages, data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from _common import ROOT, print_json
+from transformers import TrainerCallback
+
+from gkv_train.jsonio import dumps
+
+PHASES = ("generation", "logprob_forward", "backward", "optimizer", "other")
+
+
+class StepTimer(TrainerCallback):
+    """Wall time of each optimizer step and of its phases (phase timers add into ``current``)."""
+
+    def __init__(self):
+        self.steps: list[dict] = []
+        self.current: dict = defaultdict(float)
+        self._step_start = self._opt_start = 0.0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.current = defaultdict(float)
+        self._step_start = time.perf_counter()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self._opt_start = time.perf_counter()
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self.current["optimizer"] += time.perf_counter() - self._opt_start
+
+    def on_step_end(self, args, state, control, **kwargs):
+        total = time.perf_counter() - self._step_start
+        step = {phase: self.current[phase] for phase in PHASES[:-1]}
+        step["other"] = total - sum(step.values())
+        step["total"] = total
+        self.steps.append(step)
+
+    def timed(self, phase: str, function):
+        """``function`` with its time added to ``phase`` (nested timed calls count once, in the outer phase)."""
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.current[phase] += time.perf_counter() - start
+
+        return wrapper
+
+
+def configuration(recipe: str, args, output_dir: Path):
+    """The recipe's ``TrainConfig`` as ``train.py`` resolves it, with the benchmark's settings."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from gkv_train.cli import RECIPES, _schemas
+
+    rows = "prompts_per_step=8" if recipe.startswith("distill") else "prompts_per_step=1"
+    samples = "num_generations=1" if recipe.startswith("distill") else "num_generations=8"
+    overrides = [
+        f"recipe={recipe}", f"model={args.model}", rows, samples, f"max_new_tokens={args.max_new_tokens}",
+        f"max_steps={args.warmup + args.steps}", "gradient_checkpointing=false", "save_steps=100000",
+        "eval_steps=null", f"output_dir={output_dir}", "report_to=[]", f"compression.budget={args.budget}",
+        f"compression.window={args.window}", f"compression.interval={args.interval}", "data.limit=64",
+    ]  # fmt: skip
+    if recipe.startswith("distill"):
+        overrides.append("distill.mode=onpolicy")
+    _schemas()
+    with initialize_config_dir(config_dir=RECIPES, version_base=None):
+        return OmegaConf.to_object(compose(config_name="train", overrides=overrides))
+
+
+def time_trainer(name: str, args, workdir: Path) -> dict:
+    from accelerate import PartialState
+    from trl import GRPOTrainer
+
+    from gkv_train.launch import distill_trainer, grpo_trainer, import_callable, trainer_args, training_data
+    from gkv_train.models import load_model
+
+    recipe = {"trl": "rl_full", "distill": "distill_onpolicy"}.get(name, name)
+    config = configuration(recipe, args, workdir / name)
+    state = PartialState(cpu=not torch.cuda.is_available())
+    training_args = trainer_args(config, state.num_processes)
+    data = training_data(config)
+    model, tokenizer = load_model(config.model, dtype=torch.float32)
+    timer = StepTimer()
+    if name == "trl":
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=[import_callable(p) for p in config.rewards], args=training_args,
+            train_dataset=data, processing_class=tokenizer, callbacks=[timer],
+        )  # fmt: skip
+        trainer._generate = timer.timed("generation", trainer._generate)
+    elif name == "distill":
+        trainer = distill_trainer(config, training_args, model, tokenizer, state, [timer], torch.float32, data)
+        trainer._rollout = timer.timed("generation", trainer._rollout)
+        trainer._student_loss = timer.timed("logprob_forward", trainer._student_loss)
+    else:
+        trainer = grpo_trainer(config, training_args, model, tokenizer, [timer], data, None)
+        trainer._generate = timer.timed("generation", trainer._generate)
+    if name != "distill":
+        forward = trainer._get_per_token_logps_and_entropies
+        trainer._get_per_token_logps_and_entropies = timer.timed("logprob_forward", forward)
+    trainer.accelerator.backward = timer.timed("backward", trainer.accelerator.backward)
+    trainer.train()
+    timed = timer.steps[args.warmup :]
+    result = {k: sum(s[k] for s in timed) / len(timed) for k in (*PHASES, "total")}
+    return {k: round(v, 3) for k, v in result.items()} | {"steps": len(timed)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--budget", type=int, default=64, help="rl_sparse / distillation: gkv budget")
+    parser.add_argument("--window", type=int, default=8)
+    parser.add_argument("--interval", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=2, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--trainers", nargs="+", default=["trl", "rl_full", "rl_sparse", "distill"])
+    parser.add_argument("--output", type=Path, default=None, help="also write the JSON line here")
+    args = parser.parse_args()
+
+    result = {
+        "benchmark": "train_step", "model": args.model, "rows": 8, "max_new_tokens": args.max_new_tokens,
+        "compression": f"gkv budget {args.budget} window {args.window} interval {args.interval}",
+        "threads": torch.get_num_threads(), "trainers": {},
+    }  # fmt: skip
+    with tempfile.TemporaryDirectory(dir=ROOT / "outputs" if (ROOT / "outputs").is_dir() else None) as workdir:
+        for name in args.trainers:
+            torch.manual_seed(0)
+            result["trainers"][name] = time_trainer(name, args, Path(workdir))
+    if "trl" in result["trainers"]:
+        base = result["trainers"]["trl"]["total"]
+        result["step_time_vs_trl"] = {n: round(t["total"] / base, 3) for n, t in result["trainers"].items()}
+    if args.output is not None:
+        args.output.write_text(dumps(result) + "\n")
+    print_json(result)
+
+
+if __name__ == "__main__":
+    main()
