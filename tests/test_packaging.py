@@ -33,7 +33,7 @@ def run(target: Path, folder: Path, *args: str, **env) -> subprocess.CompletedPr
     """``gkv-train ARGS`` from the installed copy only: PYTHONPATH is the install folder, never the checkout."""
     environ = {**os.environ, "PYTHONPATH": str(target), "OMP_NUM_THREADS": "1", **env}
     command = [sys.executable, str(target / "bin" / "gkv-train"), *args]
-    return subprocess.run(command, cwd=folder, env=environ, capture_output=True, text=True, timeout=600)
+    return subprocess.run(command, check=False, cwd=folder, env=environ, capture_output=True, text=True, timeout=600)
 
 
 def test_wheel_holds_one_package_with_recipes(installed):
@@ -71,5 +71,5 @@ def _module_files(target: Path, folder: Path) -> list[str]:
     """Where the command's Python imports gkv_train and its rollout from (the install folder, not the checkout)."""
     code = "import importlib.util as u; print(*(u.find_spec(m).origin for m in ('gkv_train.cli', 'gkv_train.rollout.engine')))"
     environ = {**os.environ, "PYTHONPATH": str(target)}
-    out = subprocess.run([sys.executable, "-c", code], cwd=folder, env=environ, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code], check=True, cwd=folder, env=environ, capture_output=True, text=True)
     return out.stdout.split()
