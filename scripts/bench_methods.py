@@ -12,6 +12,14 @@ batch by batch from its folder under ``--work-root``. When every run has its fil
     python scripts/bench_methods.py                                     # SVAMP and GSM8K, 64 problems, n 4
     python scripts/bench_methods.py --datasets svamp --limit 16 --samples 2 --max-new-tokens 64   # quick
     python scripts/bench_methods.py --evaluate /other/checkout/scripts/evaluate.py --samples-key n_samples --tag before
+    python scripts/bench_methods.py --datasets recall-d8 --limit 128 --budgets 32 48 --intervals 32 --max-new-tokens 10
+
+A dataset is a preset name (``svamp``, ``gsm8k``, ...) or ``recall-d<N>``: the built-in task's level 0 (test
+split: "Eli has 20 cards." then N distractor facts about others, then "How many cards does Eli have now?"),
+prompted "Reply with only the number.", written to a JSONL file under ``--work-root`` and given to
+``evaluate.py`` as ``data.path`` (so that another code version reads the same problems). Its prompts are long
+and its answers a few tokens: the prompt is compressed right after prefill, and a method scores by whether it
+kept the one fact asked about. It tells methods apart where SmolLM2 scores a few percent on SVAMP and GSM8K.
 """
 
 from __future__ import annotations
@@ -66,6 +74,23 @@ def planned_runs(args) -> list[tuple[str, int, str, int | None]]:
     return runs
 
 
+RECALL_PROMPT = "{problem} Reply with only the number."
+
+
+def data_overrides(dataset: str, limit: int, work_root: Path) -> list[str]:
+    """evaluate.py's data options for ``dataset`` (see the module's docstring)."""
+    if not dataset.startswith("recall-d"):
+        return [f"data.name={dataset}", f"data.limit={limit}"]
+    from gkv_train.data import arithmetic_task
+
+    problems = arithmetic_task(limit, "test", seed=0, levels=(0,), distractors=int(dataset.removeprefix("recall-d")))
+    path = work_root / f"{dataset}_{limit}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"question": p["problem"], "answer": p["answer"]}) + "\n" for p in problems))
+    return [f"data.path={path}", "data.name=null", "data.question_field=question", "data.answer_field=answer",
+            f"data.limit={limit}", f"data.prompt_template='{RECALL_PROMPT}'"]  # fmt: skip
+
+
 def run_key(method: str, budget: int | None, interval: int) -> str:
     return "full" if method == "full" else f"{method}-b{budget}-i{interval}"
 
@@ -113,8 +138,8 @@ def main() -> None:
     for path, dataset, interval, method, budget in todo:
         out = args.work_root / args.tag / path.stem
         command = [
-            sys.executable, str(args.evaluate), f"model={args.model}", f"data.name={dataset}", f"data.limit={args.limit}",
-            f"{args.samples_key}={args.samples}", f"max_new_tokens={args.max_new_tokens}",
+            sys.executable, str(args.evaluate), f"model={args.model}",
+            *data_overrides(dataset, args.limit, args.work_root), f"{args.samples_key}={args.samples}", f"max_new_tokens={args.max_new_tokens}",
             f"temperature={args.temperature}", f"top_p={args.top_p}", f"batch_problems={args.batch_problems}",
             f"methods=[{method}]", f"budgets=[{budget or 64}]", f"compression.interval={interval}",
             f"output_dir={out}", "plots=false",
