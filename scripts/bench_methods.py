@@ -34,6 +34,7 @@ from pathlib import Path
 from _common import ROOT, print_json
 
 from gkv_train.evaluation import bootstrap_interval
+from gkv_train.jsonio import write_atomically
 
 
 def read_run(run_dir: Path) -> dict:
@@ -86,7 +87,7 @@ def data_overrides(dataset: str, limit: int, work_root: Path) -> list[str]:
     problems = arithmetic_task(limit, "test", seed=0, levels=(0,), distractors=int(dataset.removeprefix("recall-d")))
     path = work_root / f"{dataset}_{limit}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps({"question": p["problem"], "answer": p["answer"]}) + "\n" for p in problems))
+    write_atomically(path, "".join(json.dumps({"question": p["problem"], "answer": p["answer"]}) + "\n" for p in problems))
     return [f"data.path={path}", "data.name=null", "data.question_field=question", "data.answer_field=answer",
             f"data.limit={limit}", f"data.prompt_template='{RECALL_PROMPT}'"]  # fmt: skip
 
