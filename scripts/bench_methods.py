@@ -96,6 +96,40 @@ def run_key(method: str, budget: int | None, interval: int) -> str:
     return "full" if method == "full" else f"{method}-b{budget}-i{interval}"
 
 
+def report(results: Path, tags: list[str]) -> str:
+    """Markdown tables, one per dataset: every run found under ``results/<tag>/``, pass@1 [95% interval] per tag,
+    with the settings, completion length and retention of the first tag that has the run."""
+    found: dict = {}
+    for tag in tags:
+        for path in sorted((results / tag).glob("*.json")):
+            run = json.loads(path.read_text())
+            found.setdefault(run["dataset"], {}).setdefault(run["run"], {})[tag] = run
+    order = {m: i for i, m in enumerate(["full", "streaming", "snapkv", "h2o", "rkv", "gkv"])}
+
+    def sort_key(name: str):
+        method, *rest = name.split("-")
+        numbers = [int(part[1:]) for part in rest]  # b<budget>, i<interval>
+        return (numbers[1] if numbers else 0, numbers[0] if numbers else 0, order.get(method, 99))
+
+    lines = []
+    for dataset, runs in found.items():
+        settings = next(iter(next(iter(runs.values())).values()))["settings"]
+        lines += [f"### {dataset}: {settings['problems']} problems x {settings['n']} samples, {settings['model']}, "
+                  f"temperature {settings['temperature']}, top-p {settings['top_p']}, up to "
+                  f"{settings['max_new_tokens']} new tokens", ""]  # fmt: skip
+        lines += ["| run | " + " | ".join(f"pass@1 {t} [95%]" for t in tags) + " | length | retention |",
+                  "|---|" + "---|" * (len(tags) + 2)]  # fmt: skip
+        for name in sorted(runs, key=sort_key):
+            cells = []
+            for tag in tags:
+                run = runs[name].get(tag)
+                cells.append("-" if run is None else f"{run['pass@1']:.3f} [{run['ci95'][0]:.3f}, {run['ci95'][1]:.3f}]")
+            first = next(iter(runs[name].values()))
+            lines.append(f"| {name} | " + " | ".join(cells) + f" | {first['mean_length']:.0f} | {first['retention']:.2f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -115,7 +149,14 @@ def main() -> None:
     parser.add_argument("--evaluate", type=Path, default=ROOT / "scripts" / "evaluate.py", help="evaluate.py to run")
     parser.add_argument("--samples-key", default="num_generations", help="evaluate.py's sample-count key")
     parser.add_argument("--plan-only", action="store_true", help="print the runs still to do and stop")
+    parser.add_argument("--report", nargs="+", metavar="TAG", help="write <results>.md: the run files of these "
+                        "tags side by side (whatever is there), and stop")  # fmt: skip
     args = parser.parse_args()
+    if args.report:
+        path = args.results.parent / f"{args.results.name}.md"
+        path.write_text(report(args.results, args.report))
+        print(path.read_text())
+        return
 
     settings = {
         "model": args.model, "problems": args.limit, "n": args.samples, "max_new_tokens": args.max_new_tokens,
