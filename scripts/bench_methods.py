@@ -114,9 +114,10 @@ def report(results: Path, tags: list[str]) -> str:
     lines = []
     for dataset, runs in found.items():
         settings = next(iter(next(iter(runs.values())).values()))["settings"]
-        lines += [f"### {dataset}: {settings['problems']} problems x {settings['n']} samples, {settings['model']}, "
-                  f"temperature {settings['temperature']}, top-p {settings['top_p']}, up to "
-                  f"{settings['max_new_tokens']} new tokens", ""]  # fmt: skip
+        title = (f"### {dataset}: {settings['problems']} problems x {settings['n']} samples, {settings['model']}, "
+                 f"temperature {settings['temperature']}, top-p {settings['top_p']}, up to "
+                 f"{settings['max_new_tokens']} new tokens")  # fmt: skip
+        lines += [title, ""]
         lines += ["| run | " + " | ".join(f"pass@1 {t} [95%]" for t in tags) + " | length | retention |",
                   "|---|" + "---|" * (len(tags) + 2)]  # fmt: skip
         for name in sorted(runs, key=sort_key):
