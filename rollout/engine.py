@@ -217,6 +217,7 @@ class RolloutEngine:
         cache_bytes = 0  # the most the cache held
         t_prefill = time.perf_counter() - t0
         in_cache = torch.arange(N, device=device)  # the rows the cache holds, in its order (finished ones leave)
+        drop = sampling.drop_finished_at < 1.0
         steps = 0
         for n in range(max_new):
             if forced is None:
@@ -237,11 +238,14 @@ class RolloutEngine:
             if n == max_new - 1 or bool(finished.all()):
                 break
             done = finished[in_cache]
-            if int(done.sum()) >= sampling.drop_finished_at * len(in_cache):
+            if drop and int(done.sum()) >= sampling.drop_finished_at * len(in_cache):
                 keep = (~done).nonzero().squeeze(-1)
                 cache_bytes = max(cache_bytes, cache.nbytes())
-                cache.select_rows(keep)
-                in_cache = in_cache[keep]
+                try:
+                    cache.select_rows(keep)
+                    in_cache = in_cache[keep]
+                except NotImplementedError:  # an injected cache that keeps its rows: decode them all to the end
+                    drop = False
             step_positions = (prompt_lengths[in_cache] + n)[:, None]
             step_valid = torch.ones_like(step_positions, dtype=torch.bool)
             logits = self._forward(cache, tokens[in_cache, n : n + 1], step_positions, step_valid)

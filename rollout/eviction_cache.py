@@ -72,6 +72,7 @@ class EvictionCache(KVCache):
         self.seconds = 0.0  # time spent compressing
         self.evict_at = None
         self.rows = None  # the batch rows held, when finished ones have left (None: all, in order)
+        self.left_length = 0  # the length the longest row that left would have now (it would still be fed)
         if compression.compresses:
             W = compression.window
             self.method = method_class(compression.method)(compression)
@@ -106,6 +107,7 @@ class EvictionCache(KVCache):
             raise RuntimeError(f"rollout cache overflow: {end} slots needed, {self.capacity} allocated")
         self.valid[:, start:end] = valid
         self.lengths += valid.sum(-1)
+        self.left_length += Q if self.left_length else 0
         self._pending = Q
         if self.compression.compresses:
             self.positions[..., start:end] = positions[None, :, None, :]
@@ -141,7 +143,10 @@ class EvictionCache(KVCache):
         self._pending = 0
 
     def over_budget(self) -> bool:
-        return bool((self.lengths > self.compression.budget).any())
+        """Whether a sequence of the batch, held or left, exceeds the budget. Rows that left count: a
+        compression compacts every row's slots, which changes how later top-k ties are broken, so compressions
+        run at the same steps whether finished rows are kept to the end or not."""
+        return bool((self.lengths > self.compression.budget).any()) or self.left_length > self.compression.budget
 
     def after_prefill(self) -> None:
         """Compress right after prefill when a prompt exceeds the budget."""
@@ -157,10 +162,16 @@ class EvictionCache(KVCache):
         """Keep the sequences at indices keep int64 [B'] of the rows held now; the record keeps every row."""
         held = torch.arange(self.valid.shape[0], device=keep.device) if self.rows is None else self.rows
         self.rows = held[keep]
-        self.keys, self.values = self.keys.index_select(1, keep), self.values.index_select(1, keep)
+        leaving = torch.ones_like(self.lengths, dtype=torch.bool).index_fill_(0, keep, False)
+        if bool(leaving.any()):
+            self.left_length = max(self.left_length, int(self.lengths[leaving].max()))
+        # one buffer at a time, so that the cache never needs much more than its size while it shrinks
+        self.keys = self.keys.index_select(1, keep)
+        self.values = self.values.index_select(1, keep)
         self.valid, self.lengths = self.valid[keep], self.lengths[keep]
         if self.compression.compresses:
-            self.positions, self.history = self.positions.index_select(1, keep), self.history.index_select(1, keep)
+            self.positions = self.positions.index_select(1, keep)
+            self.history = self.history.index_select(1, keep)
             self.queries = self.queries.index_select(1, keep)
             self.query_pos, self.query_ok = self.query_pos[keep], self.query_ok[keep]
 
@@ -182,8 +193,8 @@ class EvictionCache(KVCache):
         start = time.perf_counter()
         cfg, S = self.compression, self.used
         key_ok, stamp = self.valid[:, :S], self.lengths.to(torch.int32)
-        # Sequences within budget lose nothing and keep their score history untouched, so what a sequence
-        # keeps never depends on the other sequences of its batch.
+        # Sequences within budget lose nothing and keep their score history untouched. (What a sequence keeps
+        # depends on its batch only through top-k ties: the slots' layout follows the batch's compressions.)
         active = (self.lengths > cfg.budget)[:, None, None]
         index = n_keep = None
         for layer in range(self.keys.shape[0]):

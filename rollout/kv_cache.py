@@ -38,7 +38,9 @@ class KVCache(Protocol):
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keep only the sequences at indices keep int64 [B'] (of the rows held now, in this order): the engine
-        drops finished sequences. What ``finish`` returns still covers every sequence of the batch."""
+        drops finished sequences. What ``finish`` returns still covers every sequence of the batch. A cache
+        that does not implement it (raises NotImplementedError) has every sequence decoded to the end."""
+        raise NotImplementedError
 
     def finish(self, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, width: int):
         """(record or None, retention float32 [N]) of the rollout, record positions < ``width``."""

@@ -94,7 +94,7 @@ class S4RCache(KVCache):
             self.rows = torch.arange(self.B, device=keep.device)
             self._all_bases = (self.bases_k, self.bases_v)  # fixed after prefill
         self.rows, self.B = self.rows[keep], len(keep)
-        for name in ("sink_k", "sink_v", "bases_k", "bases_v", "coef_k", "coef_v", "cq"):
+        for name in ("sink_k", "sink_v", "bases_k", "bases_v", "coef_k", "coef_v", "cq"):  # one at a time
             setattr(self, name, getattr(self, name).index_select(1, keep))
         for name in ("valid", "lengths", "q_pos", "q_ok", "rank_k", "rank_v"):
             setattr(self, name, getattr(self, name)[keep])
@@ -229,10 +229,12 @@ class S4RCache(KVCache):
             sinks=torch.full((N,), self.s, dtype=torch.long, device=self.device),
         )
         last = (completion_lengths - 2).clamp_min(0)  # the last generated token whose query attended
-        rows = self.selected[:, torch.arange(N), last]  # [L, B, bytes]
+        rows = selected.transpose(0, 1)[:, torch.arange(N), last]  # [L, B, bytes]
         counts = unpack_bits(rows, rows.shape[-1] * 8).sum(-1).float().mean(0)
         total = prompt_lengths + completion_lengths
-        return record, ((counts + self.s) / total.float()).clamp_max(1.0)
+        retention = ((counts + self.s) / total.float()).clamp_max(1.0)
+        # a one-token completion: only the prefill's queries attended, to every prompt token
+        return record, torch.where(completion_lengths < 2, 1.0, retention)
 
     def _persistent_elements(self) -> int:
         return sum(

@@ -7,7 +7,7 @@ samples, mean completion length and retention go to one small file, ``<results>/
 A run whose file exists (with the same settings) is not run again, so the benchmark continues across
 interrupted sessions when those files are kept (committed); an interrupted ``evaluate.py`` call continues
 batch by batch from its folder under ``--work-root``. When every run has its file, the JSON line (also
-``<results>/bench_methods_<tag>.json``) gathers them.
+``bench_methods_<tag>.json`` beside ``--results``) gathers them.
 
     python scripts/bench_methods.py                                     # SVAMP and GSM8K, 64 problems, n 4
     python scripts/bench_methods.py --datasets svamp --limit 16 --samples 2 --max-new-tokens 64   # quick
@@ -118,6 +118,8 @@ def report(results: Path, tags: list[str]) -> str:
                  f"temperature {settings['temperature']}, top-p {settings['top_p']}, up to "
                  f"{settings['max_new_tokens']} new tokens")  # fmt: skip
         lines += [title, ""]
+        others = {t: r[t]["settings"] for r in runs.values() for t in r if r[t]["settings"] != settings}
+        lines += [f"(measured with other settings: {', '.join(sorted(others))})", ""] if others else []
         lines += ["| run | " + " | ".join(f"pass@1 {t} [95%]" for t in tags) + " | length | retention |",
                   "|---|" + "---|" * (len(tags) + 2)]  # fmt: skip
         for name in sorted(runs, key=sort_key):
@@ -153,6 +155,7 @@ def main() -> None:
     parser.add_argument("--report", nargs="+", metavar="TAG", help="write <results>.md: the run files of these "
                         "tags side by side (whatever is there), and stop")  # fmt: skip
     args = parser.parse_args()
+    args.results, args.work_root, args.evaluate = args.results.resolve(), args.work_root.resolve(), args.evaluate.resolve()
     if args.report:
         path = args.results.parent / f"{args.results.name}.md"
         path.write_text(report(args.results, args.report))

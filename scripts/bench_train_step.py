@@ -60,7 +60,7 @@ class StepTimer(TrainerCallback):
         self.steps.append(step)
 
     def timed(self, phase: str, function):
-        """``function`` with its time added to ``phase`` (nested timed calls count once, in the outer phase)."""
+        """``function`` with its time added to ``phase`` (timed functions must not call one another)."""
 
         def wrapper(*args, **kwargs):
             start = time.perf_counter()

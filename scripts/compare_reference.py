@@ -67,11 +67,19 @@ def _project_root(argv) -> Path:
 
 sys.path.insert(0, str(_project_root(sys.argv[1:])))
 
-from gkv_train.data import PROMPT_TEMPLATE  # noqa: E402
 from gkv_train.models import load_model  # noqa: E402
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig  # noqa: E402
-from gkv_train.rollout.contract.eviction import NEVER  # noqa: E402
-from gkv_train.rollout.engine import RolloutEngine, encode_prompts  # noqa: E402
+
+try:  # this layout: one package
+    from gkv_train.data import PROMPT_TEMPLATE
+    from gkv_train.rollout.config import CompressionConfig, SamplingConfig
+    from gkv_train.rollout.contract.eviction import NEVER
+    from gkv_train.rollout.engine import RolloutEngine, encode_prompts
+except ModuleNotFoundError:  # an older tree given as --project-root (f27a70f, the "before" of issue 8)
+    from gkv_train.config import PROMPT_TEMPLATE
+    from gkv_train.record import NEVER
+
+    from rollout.config import CompressionConfig, SamplingConfig
+    from rollout.engine import RolloutEngine, encode_prompts
 
 METHODS = ("streaming", "snapkv", "rkv", "h2o", "gkv-max", "gkv-mean", "gkv-sum")
 REFERENCE_SCRIPT = ROOT / "scripts" / "reference" / "reference_generation.py"
@@ -363,7 +371,7 @@ def main(argv=None):
         "completion_lens": [len(c["completion"]) for c in cases],
         "similarity": args.similarity,
         "project": project_description(args),
-        "project_rollout": str(Path(sys.modules["gkv_train.rollout.config"].__file__).parent),
+        "project_rollout": str(Path(sys.modules[CompressionConfig.__module__].__file__).parent),
         "project_batch": args.project_batch,
         "by_interval": {},
     }

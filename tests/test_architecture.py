@@ -72,6 +72,8 @@ def test_imports_run_one_way(module):
 @pytest.mark.parametrize("path", sorted(ROOT.glob("*.py")) + sorted((ROOT / "scripts").glob("*.py")) + sorted(
     (ROOT / "tests").glob("*.py")) + sorted(MODULES.values()), ids=lambda p: str(p.relative_to(ROOT)))
 def test_everything_imports_the_package(path):
+    if path == ROOT / "scripts" / "compare_reference.py":
+        pytest.skip("falls back to the layout of an older tree given as --project-root (the 'before' of a comparison)")
     assert not unpackaged_imports(path.read_text()), f"{path} imports {unpackaged_imports(path.read_text())}"
 
 

@@ -165,3 +165,18 @@ def test_dropping_finished_rows_changes_nothing(tiny_llama, method):
     assert torch.equal(replayed.sequences, kept.sequences) and torch.allclose(replayed.logprobs, kept.logprobs, atol=1e-5)
     other = engine.generate(prompts, SamplingConfig(max_new_tokens=40, temperature=1.0, num_samples=2, seed=2, stop_token_ids=stops))
     assert not torch.equal(other.sequences, kept.sequences)
+
+
+@pytest.mark.parametrize("method", ["snapkv", "rkv"])
+def test_rows_leaving_keep_the_compression_steps(tiny_llama, method):
+    """Long prompts that end at once leave short-prompt rows within budget: the batch still compresses on the
+    same steps (a compression compacts every row's slots, which decides how later top-k ties are broken), so
+    dropping the finished rows changes no record. Max pooling makes ties common."""
+    engine = RolloutEngine(tiny_llama, compression=CompressionConfig(method, budget=24, window=3, interval=4))
+    prompts = random_prompts([60, 6, 60, 5], seed=3)
+    completions = [c[:n] for c, n in zip(random_prompts([70] * 4, seed=4), [2, 70, 3, 70])]
+    runs = [engine.replay(prompts, completions, SamplingConfig(temperature=1.0, drop_finished_at=d)) for d in (1.0, 0.01)]
+    assert runs[0].stats["compressions"] == runs[1].stats["compressions"] > 10
+    assert torch.equal(runs[0].record.evict_at, runs[1].record.evict_at)
+    assert torch.allclose(runs[0].logprobs, runs[1].logprobs, atol=1e-5)
+
