@@ -111,10 +111,13 @@ def similarity_sums(keys: torch.Tensor, key_ok: torch.Tensor, kind: str, thresho
     S = keys.shape[-2]
     cos = unit @ unit.transpose(-1, -2)  # [B, Hkv, S(m), S(n)]
     cos.diagonal(dim1=-2, dim2=-1).zero_()
-    cos = cos * (ok[:, :, :, None] & ok[:, :, None, :])
-    rows = torch.arange(S, device=keys.device)
-    latest = torch.where(cos > threshold, rows[:, None], -1).amax(-2)  # [B, Hkv, S(n)]: most recent similar m
-    cos = cos.masked_fill(rows[:, None] == latest[:, :, None, :], 0.0)
+    cos.masked_fill_(~(ok[:, :, :, None] & ok[:, :, None, :]), 0.0)
+    # for every key n, the most recent other key m with cos > threshold: the last True down each column
+    similar = (cos > threshold).to(torch.uint8)
+    last = (S - 1) - similar.flip(-2).argmax(-2)  # [B, Hkv, S(n)] (S - 1 where the column has none)
+    found = similar.gather(-2, last[:, :, None, :]).squeeze(-2).bool()
+    dropped = torch.where(found, 0.0, cos.gather(-2, last[:, :, None, :]).squeeze(-2))
+    cos.scatter_(-2, last[:, :, None, :], dropped[:, :, None, :])  # that entry counts 0
     return cos.sum(-1)
 
 
