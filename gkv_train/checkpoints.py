@@ -130,9 +130,14 @@ class AtomicCheckpoints:
         if self.args.should_save:
             name_adapter_base(output_dir or self.args.output_dir, self.base_model_name)
 
+    base_weights_note: str | None = None  # appended to the model card (where the base weights are not the hub's)
+
     def create_model_card(self, *args, **kwargs) -> None:
         with card_base(self.accelerator.unwrap_model(self.model), self.card_base_model):
             super().create_model_card(*args, **kwargs)
+        card = Path(self.args.output_dir) / "README.md"
+        if self.args.should_save and self.base_weights_note and card.is_file():
+            write_atomically(card, card.read_text().rstrip("\n") + "\n\n" + self.base_weights_note)
 
     def _get_output_dir(self, trial) -> str:
         run_dir = super()._get_output_dir(trial)

@@ -32,7 +32,7 @@ from gkv_train.distill import CompressedDistillationTrainer
 from gkv_train.distributed import generation_model
 from gkv_train.grpo import CompressedGRPOTrainer
 from gkv_train.jsonio import dumps, write_atomically
-from gkv_train.models import base_model_name, card_model_name, check_model, load_model
+from gkv_train.models import base_model_name, base_weights_note, card_model_name, check_model, load_model
 from gkv_train.rewards.functions import verifier_stats
 from gkv_train.rewards.grading import grade_completions
 from gkv_train.rewards.verify import MathVerifier
@@ -48,7 +48,7 @@ def import_callable(path: str):
     """``package.module.name`` -> the object (reward functions are named this way in recipes). The project's
     own are ``gkv_train.rewards...``; the bare ``rewards...`` of earlier versions is read as that, with a note."""
     if path.startswith("rewards."):
-        print(f"note: reward {path} is now gkv_train.{path} (the rewards are in the gkv_train package)", file=sys.stderr)
+        print(f"note: reward {path} is now gkv_train.{path} (the rewards moved into gkv_train)", file=sys.stderr)
         path = "gkv_train." + path
     module, _, name = path.rpartition(".")
     try:
@@ -294,6 +294,7 @@ def run(config: TrainConfig) -> dict:
     else:
         trainer = grpo_trainer(config, args, model, tokenizer, callbacks, data, held_out)
     trainer.base_model_name, trainer.card_base_model = base_model_name(config.model), card_model_name(config.model)
+    trainer.base_weights_note = base_weights_note(config.model)
     if finished:  # trained to the end, but stopped before the final save and evaluation
         trainer._load_from_checkpoint(checkpoint)
         trainer.state.global_step = checkpoint_step(checkpoint)

