@@ -4,8 +4,11 @@ and the rest; one JSON line.
 
 Every trainer is built the way ``train.py`` builds it (the recipe's configuration with the overrides below),
 on the same model, prompts, rows per step (GRPO: 1 prompt x 8 samples; distillation: 8 prompts x 1), new
-tokens, loss, learning rate and no gradient checkpointing; plain TRL gets the same ``GRPOConfig`` and generates
-with ``transformers``' ``generate`` (full cache). ``--steps`` steps are timed after ``--warmup`` untimed ones.
+tokens, loss, learning rate and no gradient checkpointing; plain TRL gets the same ``GRPOConfig`` and prompts
+(as chat messages, so the same chat template applies) and generates with ``transformers``' ``generate`` (full
+cache). Every completion runs to ``--max-new-tokens`` (stop tokens are never sampled: TRL's ``min_new_tokens``,
+the engine's ``ignore_eos``), so every trainer does the same work. ``--steps`` steps are timed after
+``--warmup`` untimed ones.
 
     python scripts/bench_train_step.py                       # SmolLM2-135M, 1 x 8 x 128, 2 timed steps
     python scripts/bench_train_step.py --model tiny --max-new-tokens 16 --steps 1 --warmup 0   # quick
@@ -20,6 +23,8 @@ the loss's with them; for distillation the teacher's and the student's forward w
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import tempfile
 import time
 from collections import defaultdict
@@ -98,8 +103,10 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     from accelerate import PartialState
     from trl import GRPOTrainer
 
+    from gkv_train import grpo
     from gkv_train.launch import distill_trainer, grpo_trainer, import_callable, trainer_args, training_data
     from gkv_train.models import load_model
+    from gkv_train.rollout.config import SamplingConfig
 
     recipe = {"trl": "rl_full", "distill": "distill_onpolicy"}.get(name, name)
     config = configuration(recipe, args, workdir / name)
@@ -108,27 +115,37 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     data = training_data(config)
     model, tokenizer = load_model(config.model, dtype=torch.float32)
     timer = StepTimer()
+    # Every completion runs to max_new_tokens (stop tokens are never sampled), so all trainers do the same work.
     if name == "trl":
+        if tokenizer.chat_template:  # the chat template, as the engine applies it
+            data = data.map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]})
         trainer = GRPOTrainer(
             model=model, reward_funcs=[import_callable(p) for p in config.rewards], args=training_args,
             train_dataset=data, processing_class=tokenizer, callbacks=[timer],
         )  # fmt: skip
+        trainer.generation_config.min_new_tokens = args.max_new_tokens
         trainer._generate = timer.timed("generation", trainer._generate)
     elif name == "distill":
         trainer = distill_trainer(config, training_args, model, tokenizer, state, [timer], torch.float32, data)
+        trainer.sampling = dataclasses.replace(trainer.sampling, ignore_eos=True)
         trainer._rollout = timer.timed("generation", trainer._rollout)
         trainer._student_loss = timer.timed("logprob_forward", trainer._student_loss)
     else:
         trainer = grpo_trainer(config, training_args, model, tokenizer, [timer], data, None)
+        grpo.SamplingConfig = functools.partial(SamplingConfig, ignore_eos=True)  # what its rollout samples with
         trainer._generate = timer.timed("generation", trainer._generate)
     if name != "distill":
         forward = trainer._get_per_token_logps_and_entropies
         trainer._get_per_token_logps_and_entropies = timer.timed("logprob_forward", forward)
     trainer.accelerator.backward = timer.timed("backward", trainer.accelerator.backward)
-    trainer.train()
+    try:
+        trainer.train()
+    finally:
+        grpo.SamplingConfig = SamplingConfig
     timed = timer.steps[args.warmup :]
-    result = {k: sum(s[k] for s in timed) / len(timed) for k in (*PHASES, "total")}
-    return {k: round(v, 3) for k, v in result.items()} | {"steps": len(timed)}
+    result = {k: round(sum(s[k] for s in timed) / len(timed), 3) for k in (*PHASES, "total")}
+    lengths = [r["completions/mean_length"] for r in trainer.state.log_history if "completions/mean_length" in r]
+    return result | {"steps": len(timed), "mean_completion_length": sum(lengths) / max(len(lengths), 1)}
 
 
 def main() -> None:
