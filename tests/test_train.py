@@ -191,12 +191,20 @@ def test_crashed_saves_resume_exactly(tmp_path):
     assert fresh.returncode != 0 and "holds another run" in fresh.stderr and "overwrite=true" in fresh.stderr
 
 
-def test_two_processes(tmp_path):
-    """`accelerate launch --num_processes 2` on a CPU-only machine: two gloo processes, not one."""
+@pytest.mark.parametrize("entry", ["train.py", "module"])
+def test_two_processes(tmp_path, entry):
+    """`accelerate launch --num_processes 2` on a CPU-only machine: two gloo processes, not one; through train.py
+    and through the package's command (`accelerate launch -m gkv_train.cli train`, relaunched as a module)."""
     launcher = (str(Path(sys.executable).parent / "accelerate"), "launch", "--num_processes", "2")
-    run([*TINY, "max_steps=1", f"output_dir={tmp_path}"], launcher=launcher)
+    args = [*TINY, "max_steps=1", f"output_dir={tmp_path}"]
+    if entry == "train.py":
+        run(args, launcher=launcher)
+    else:
+        proc = subprocess.run([*launcher, "-m", "gkv_train.cli", "train", *args], cwd=tmp_path, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
     (step,) = metrics(tmp_path)
-    assert step["processes"] == 2 and step["mismatch/max_abs"] <= 1e-4
+    assert step["processes"] == 2 and step["mismatch/max_abs"] <= 1e-4 and step["prompts/distinct"] == 2
 
 
 @pytest.mark.parametrize("recipe", ["rl_sparse", "distill_onpolicy"])
