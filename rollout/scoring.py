@@ -112,12 +112,14 @@ def similarity_sums(keys: torch.Tensor, key_ok: torch.Tensor, kind: str, thresho
     cos = unit @ unit.transpose(-1, -2)  # [B, Hkv, S(m), S(n)]
     cos.diagonal(dim1=-2, dim2=-1).zero_()
     cos.masked_fill_(~(ok[:, :, :, None] & ok[:, :, None, :]), 0.0)
-    # for every key n, the most recent other key m with cos > threshold: the last True down each column
-    similar = (cos > threshold).to(torch.uint8)
-    last = (S - 1) - similar.flip(-2).argmax(-2)  # [B, Hkv, S(n)] (S - 1 where the column has none)
-    found = similar.gather(-2, last[:, :, None, :]).squeeze(-2).bool()
-    dropped = torch.where(found, 0.0, cos.gather(-2, last[:, :, None, :]).squeeze(-2))
-    cos.scatter_(-2, last[:, :, None, :], dropped[:, :, None, :])  # that entry counts 0
+    # for every key n, the most recent other key m with cos > threshold (-1: none), as the largest m + 1 of a
+    # small-integer mask (much faster on CPU than an argmax or an int64 index tensor over S x S)
+    small = torch.int16 if S < 2**15 else torch.int32
+    order = torch.arange(1, S + 1, dtype=small, device=keys.device)[:, None]
+    latest = ((cos > threshold).to(small) * order).amax(-2).long() - 1  # [B, Hkv, S(n)]
+    at = latest.clamp_min(0)[:, :, None, :]
+    dropped = torch.where(latest >= 0, 0.0, cos.gather(-2, at).squeeze(-2))
+    cos.scatter_(-2, at, dropped[:, :, None, :])  # that entry counts 0
     return cos.sum(-1)
 
 
