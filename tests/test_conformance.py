@@ -175,3 +175,25 @@ def test_select_keep_with_a_sequence_shorter_than_the_window():
     index, n_keep = select_keep(score, candidates, key_ok, budget, W)
     kept = [set(index[b, 0, index.shape[-1] - int(n_keep[b]) :].tolist()) for b in range(2)]
     assert kept[0] == {4, 2} | {8, 9, 10, 11} and kept[1] == {9, 10, 11}
+
+
+def test_similarity_sums_follow_their_definition():
+    """The vectorised ``rkv`` similarity sums against a loop over the definition: cosines to the other occupied
+    keys, each key's most recent near-duplicate (cos > 0.5) not counted against that duplicate."""
+    from gkv_train.rollout.scoring import similarity_sums
+
+    g = torch.Generator().manual_seed(0)
+    base = torch.randn(2, 2, 1, 8, generator=g)
+    keys = base + 0.7 * torch.randn(2, 2, 12, 8, generator=g)  # many pairs above the threshold, some below
+    ok = torch.rand(2, 12, generator=g) > 0.2
+    got = similarity_sums(keys, ok, "rkv")
+    unit = keys / (keys.norm(dim=-1, keepdim=True) + 1e-6)
+    for b in range(2):
+        for h in range(2):
+            cos = [[float(unit[b, h, m] @ unit[b, h, n]) if m != n and ok[b, m] and ok[b, n] else 0.0
+                    for n in range(12)] for m in range(12)]  # fmt: skip
+            latest = [max((m for m in range(12) if cos[m][n] > 0.5), default=-1) for n in range(12)]
+            for m in range(12):
+                want = sum(cos[m][n] for n in range(12) if latest[n] != m)
+                assert abs(float(got[b, h, m]) - want) < 1e-5, (b, h, m)
+    assert any(v >= 0 for v in latest) and any(v < 0 for v in latest)  # both cases occurred
