@@ -33,67 +33,62 @@ def _schemas() -> None:
     store.store(name="traces_schema", node=TracesConfig)
 
 
-def train(script: list[str]) -> None:
-    """Train with the overrides in ``sys.argv[1:]``; ``script`` re-runs this command (with the same overrides)
-    under ``torch.distributed.run`` when more CPU processes were asked for."""
+def _hydra_job(config_name: str, schema_name: str, passthrough: bool, work, before_run=None) -> None:
+    """Run ``work(config, cfg)`` on the recipe ``config_name`` with the overrides in ``sys.argv[1:]``: TRL's
+    names and aliases translated, "did you mean" on a misspelled key, the configuration validated before any
+    work (``schema_name``: the ``gkv_train.run_config`` class); ``before_run`` runs after the translation."""
     import hydra
     from omegaconf import DictConfig, OmegaConf
 
-    from gkv_train.distributed import relaunch_cpu_processes
-    from gkv_train.run_config import TrainConfig, apply_overrides
+    from gkv_train import run_config
 
     _schemas()
 
-    @hydra.main(version_base=None, config_path=RECIPES, config_name="train")
+    @hydra.main(version_base=None, config_path=RECIPES, config_name=config_name)
     def main(cfg: DictConfig) -> None:
-        config: TrainConfig = OmegaConf.to_object(cfg)  # validated: bad values fail here, before any work
+        work(OmegaConf.to_object(cfg), cfg)  # validated: bad values fail here, before any work
+
+    run_config.apply_overrides(getattr(run_config, schema_name), passthrough=passthrough)
+    if before_run is not None:
+        before_run()
+    main()
+
+
+def train(script: list[str]) -> None:
+    """Train with the overrides in ``sys.argv[1:]``; ``script`` re-runs this command (with the same overrides)
+    under ``torch.distributed.run`` when more CPU processes were asked for."""
+    from gkv_train.distributed import relaunch_cpu_processes
+
+    def work(config, cfg) -> None:
         from gkv_train.launch import run  # trl, transformers, peft: imported once the configuration holds
 
         run(config)
 
-    apply_overrides(TrainConfig, passthrough=True)  # TRL's names, "did you mean"
-    relaunch_cpu_processes(script)
-    main()
+    _hydra_job("train", "TrainConfig", True, work, before_run=lambda: relaunch_cpu_processes(script))
 
 
 def evaluate() -> None:
     """Evaluate with the overrides in ``sys.argv[1:]`` (``gkv_train.evaluation.run_evaluation``)."""
-    import hydra
-    from omegaconf import DictConfig, OmegaConf
 
-    from gkv_train.run_config import EvalConfig, apply_overrides
+    def work(config, cfg) -> None:
+        from omegaconf import OmegaConf
 
-    _schemas()
-
-    @hydra.main(version_base=None, config_path=RECIPES, config_name="evaluate")
-    def main(cfg: DictConfig) -> None:
-        config: EvalConfig = OmegaConf.to_object(cfg)  # validated before any work
         from gkv_train.evaluation import run_evaluation
 
         run_evaluation(config, OmegaConf.to_container(cfg, resolve=True))
 
-    apply_overrides(EvalConfig, passthrough=False)  # aliases (n_samples), "did you mean"
-    main()
+    _hydra_job("evaluate", "EvalConfig", False, work)
 
 
 def traces() -> None:
     """Teacher traces with the overrides in ``sys.argv[1:]`` (``gkv_train.traces.run_traces``)."""
-    import hydra
-    from omegaconf import DictConfig, OmegaConf
 
-    from gkv_train.run_config import TracesConfig, apply_overrides
-
-    _schemas()
-
-    @hydra.main(version_base=None, config_path=RECIPES, config_name="traces")
-    def main(cfg: DictConfig) -> None:
-        config: TracesConfig = OmegaConf.to_object(cfg)  # validated before any work
+    def work(config, cfg) -> None:
         from gkv_train.traces import run_traces
 
         run_traces(config)
 
-    apply_overrides(TracesConfig, passthrough=False)  # aliases (n_samples, samples_per_prompt), "did you mean"
-    main()
+    _hydra_job("traces", "TracesConfig", False, work)
 
 
 def main(argv: list[str] | None = None) -> None:
