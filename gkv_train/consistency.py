@@ -76,6 +76,7 @@ def check(argv: list[str] | None = None) -> dict:
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--compile-decode", action="store_true", help="decode steps as compiled graphs")
     add_compression_args(parser, method="gkv", budget=32, window=8, interval=16)
     args = parser.parse_args(argv)
     compression = compression_from_args(args)
@@ -86,7 +87,8 @@ def check(argv: list[str] | None = None) -> dict:
     else:
         prompts = gsm8k_questions(args.batch)
     sampling = SamplingConfig(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, ignore_eos=True
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, ignore_eos=True,
+        compile_decode=args.compile_decode,
     )
     device = next(model.parameters()).device.type
     with torch.autocast(device, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
@@ -96,6 +98,7 @@ def check(argv: list[str] | None = None) -> dict:
         "method": compression.method,
         "model": args.model,
         "precision": args.precision,
+        "compile_decode": args.compile_decode,
         **report,
         "consistent": report["max_abs_logprob_diff"] <= 1e-4,
         "compressions": out.stats["compressions"],

@@ -476,7 +476,7 @@ def run_evaluation(config, settings: dict) -> dict:
         model = PeftModel.from_pretrained(model, config.adapter).merge_and_unload()
     sampling = SamplingConfig(
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-        num_samples=config.num_generations, seed=config.seed,
+        num_samples=config.num_generations, seed=config.seed, compile_decode=config.compile_decode,
     )
     summaries = [
         evaluate_compression(

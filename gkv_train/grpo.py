@@ -84,16 +84,19 @@ class CompressedGRPOTrainer(GRPOTrainer):
         compression: CompressionConfig | None = None,
         sparse: SparseRLOptions | None = None,
         mask_backend: str = "auto",
+        compile_decode: bool = False,
         **kwargs,
     ):
         """compression: the rollout's cache compression (default G-KV; ``full`` for RL-Full); sparse: what
-        RL-Sparse adds to GRPO; mask_backend: ``auto`` (FlexAttention on CUDA, SDPA elsewhere), ``sdpa``, ``flex``.
+        RL-Sparse adds to GRPO; mask_backend: ``auto`` (FlexAttention on CUDA, SDPA elsewhere), ``sdpa``, ``flex``;
+        compile_decode: rollout decode steps as compiled graphs (``SamplingConfig.compile_decode``).
         Everything else is ``GRPOTrainer``'s."""
         if kwargs.get("rollout_func") is not None:
             raise ValueError("CompressedGRPOTrainer generates with its own rollout engine")
         self.compression = compression or CompressionConfig("gkv")
         self.sparse = sparse or SparseRLOptions()
         self.mask_backend = mask_backend
+        self.compile_decode = compile_decode
         self._scope: LogpsScope | None = None  # set only inside ``scoped``
         super().__init__(*args, rollout_func=self._rollout, **kwargs)
         if self.sparse.rollout_is == "auto":  # on where bf16 rounding makes rollout and trainer differ
@@ -130,6 +133,7 @@ class CompressedGRPOTrainer(GRPOTrainer):
             top_p=self.top_p,
             seed=rollout_seed(self.args.seed, self.state.global_step, self.accelerator.process_index),
             stop_token_ids=tuple(self.eos_token_ids),
+            compile_decode=self.compile_decode,
         )
         with generation_model(self) as model:  # ZeRO-3: the weights gathered
             out = RolloutEngine(model, self.processing_class, self.compression).generate(prompts, sampling)

@@ -209,7 +209,7 @@ def evaluate(model, tokenizer, config: TrainConfig, problems) -> dict:
     engine = RolloutEngine(model, tokenizer, config.compression)
     sampling = SamplingConfig(
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-        num_samples=config.eval_samples, seed=config.seed,
+        num_samples=config.eval_samples, seed=config.seed, compile_decode=config.compile_decode,
     )
     out = engine.generate(list(problems["prompt"]), sampling)
     verify = MathVerifier()
@@ -329,7 +329,8 @@ def grpo_trainer(config: TrainConfig, args: GRPOConfig, model, tokenizer, callba
     if config.use_vllm:  # RL-Full through TRL's own vLLM generation (validated: full cache only)
         return atomic(GRPOTrainer)(**common)
     return atomic(CompressedGRPOTrainer)(
-        **common, compression=config.compression, sparse=config.rl, mask_backend=config.mask_backend
+        **common, compression=config.compression, sparse=config.rl, mask_backend=config.mask_backend,
+        compile_decode=config.compile_decode,
     )
 
 
@@ -344,7 +345,8 @@ def distill_trainer(config: TrainConfig, args: TrainingArguments, model, tokeniz
 
         model = get_peft_model(model, peft)
     sampling = SamplingConfig(
-        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p, seed=config.seed
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p, seed=config.seed,
+        compile_decode=config.compile_decode,
     )
     return atomic(CompressedDistillationTrainer)(
         model=model, teacher=teacher, tokenizer=tokenizer, compression=config.compression, sampling=sampling,
@@ -359,7 +361,7 @@ def offline_traces(config: TrainConfig, teacher, tokenizer, state, problems):
     if state.is_main_process and not path.is_file():
         sampling = SamplingConfig(
             max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-            num_samples=config.distill.trace_samples, seed=config.seed,
+            num_samples=config.distill.trace_samples, seed=config.seed, compile_decode=config.compile_decode,
         )
         rows = generate_traces(teacher, tokenizer, problems, sampling, config.data.prompt_template)
         if not rows:

@@ -138,6 +138,7 @@ class TrainConfig:
     max_new_tokens: int = 96
     temperature: float = 0.6
     top_p: float = 0.95
+    compile_decode: bool = False  # rollout decode steps as compiled graphs (SamplingConfig.compile_decode)
     loss_type: str = "dapo"
     beta: float = 0.0
     epsilon: float = 0.2
@@ -193,6 +194,7 @@ class TrainConfig:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.algorithm == "grpo" and self.num_generations < 2:
             raise ValueError("num_generations must be at least 2: GRPO compares samples of one prompt")
+        check_compile_decode(self.compile_decode, [self.compression])
         if self.use_vllm and self.compression.compresses:
             raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
@@ -212,6 +214,7 @@ class TracesConfig:
     top_p: float = 0.95
     seed: int = 0
     keep_incorrect: bool = False  # write wrong completions too
+    compile_decode: bool = False  # decode steps as compiled graphs (SamplingConfig.compile_decode)
     output: str = "outputs/traces.jsonl"
 
     def __post_init__(self):
@@ -226,6 +229,13 @@ TRACKERS = {  # report_to name -> the modules that provide it (any one)
     "mlflow": ("mlflow",),
     "trackio": ("trackio",),
 }
+
+
+def check_compile_decode(compile_decode: bool, compressions: list[CompressionConfig]) -> None:
+    """``compile_decode`` only with caches that have a static decode step (not s4r); raises ValueError."""
+    if compile_decode and any(c.method == "s4r" for c in compressions):
+        raise ValueError("compile_decode=true does not apply to s4r, which scores and reconstructs at every step "
+                         "outside any graph; drop it or choose another method")
 
 
 def check_trackers(report_to: list[str]) -> None:
@@ -262,6 +272,7 @@ class EvalConfig:
     temperature: float = 0.6
     top_p: float = 0.95
     batch_problems: int = 4  # problems per rollout batch (x num_generations sequences)
+    compile_decode: bool = False  # decode steps as compiled graphs (SamplingConfig.compile_decode)
     precision: str = "fp32"
     seed: int = 0
     output_dir: str = "outputs/eval"  # evaluate.yaml: outputs/eval/<model>_<data>
@@ -272,6 +283,7 @@ class EvalConfig:
         check_sampling(self.temperature, self.top_p, greedy=True)
         if self.num_generations < 1 or self.max_new_tokens < 1 or self.batch_problems < 1:
             raise ValueError("num_generations, max_new_tokens and batch_problems must be at least 1")
+        check_compile_decode(self.compile_decode, self.compressions())
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
 

@@ -74,7 +74,7 @@ def run_traces(config) -> dict:
     model, tokenizer = load_model(config.model)
     sampling = SamplingConfig(
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-        num_samples=config.num_generations, seed=config.seed,
+        num_samples=config.num_generations, seed=config.seed, compile_decode=config.compile_decode,
     )
     rows = generate_traces(
         model, tokenizer, problems, sampling, config.data.prompt_template, keep_incorrect=config.keep_incorrect

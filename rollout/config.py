@@ -168,6 +168,13 @@ class SamplingConfig:
         size depend on it: each sequence's tokens, log-probs and record are the same up to floating-point
         differences of the smaller batch's kernels (its random draw is taken from a full-batch draw;
         compressions run at the same steps); on CPU in fp32 the same tokens and records, log-probs within 1e-5.
+    compile_decode: run each decode step's forward and sampling as compiled graphs (``torch.compile``; CUDA
+        graphs on a GPU). The step has static shapes: attention runs over a fixed-width prefix of the cache's
+        slots under a mask, and the new token is written at a slot held in a tensor; prefill and compression
+        stay eager. The first rollout pays the compile (tens of seconds on CPU, a few more for each new batch
+        width); later rollouts in the process reuse the graphs. Tokens and records follow the same method;
+        log-probs differ from the eager step only by float rounding (masked slots). The full cache and the
+        G-KV family only (s4r scores and reconstructs at every step, outside any graph).
     """
 
     max_new_tokens: int = 256
@@ -178,6 +185,7 @@ class SamplingConfig:
     stop_token_ids: tuple[int, ...] | None = None
     ignore_eos: bool = False
     drop_finished_at: float = 0.25
+    compile_decode: bool = False
 
     def __post_init__(self):
         if self.max_new_tokens < 1:

@@ -9,6 +9,7 @@ every sequence keeps its own logical positions, length and end-of-sequence state
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -82,6 +83,22 @@ def make_cache(model, compression: CompressionConfig, batch: int, prompt_width: 
         capacity = min(capacity, max(prompt_width, compression.budget) + compression.interval)
     dtype = next(model.parameters()).dtype
     return EvictionCache(model.config, compression, batch, capacity, prompt_width + max_new, dtype, device)
+
+
+def decode_logits(model, ids, positions, mask, cache) -> torch.Tensor:
+    """The model's last logits [N, V] for one decode token per sequence ids [N, 1] at positions [N, 1]."""
+    out = model(
+        input_ids=ids, position_ids=positions, attention_mask=mask, kv_context=cache, use_cache=False, logits_to_keep=1
+    )
+    return out.logits[:, -1]
+
+
+@functools.cache
+def compiled(fn: Callable, device_type: str) -> Callable:
+    """``fn`` under ``torch.compile``, one per function and device type (graphs are reused across rollouts):
+    CUDA graphs on a GPU (``reduce-overhead``), Inductor's default elsewhere. Shapes start static; a dimension
+    that changes (batch width as finished rows leave, attention width) is made dynamic at the next compile."""
+    return torch.compile(fn, mode="reduce-overhead" if device_type == "cuda" else None)
 
 
 def stop_ids_of(model, tokenizer, sampling: SamplingConfig) -> list[int]:
@@ -200,6 +217,14 @@ class RolloutEngine:
             forced_lengths = torch.tensor([len(c) for c in forced], device=device)
             forced = torch.tensor([list(c) + [pad_id] * (max_new - len(c)) for c in forced], device=device)
         cache = self.cache_factory(model, cfg, N, P, max_new, device)
+        static = sampling.compile_decode
+        if static and not getattr(cache, "static_decode", False):
+            raise ValueError(
+                f"compile_decode: the {type(cache).__name__} of method {cfg.method!r} has no static decode step "
+                "(the full cache and the G-KV family have one)"
+            )
+        sample = compiled(sample_tokens, device.type) if static else sample_tokens
+        logprob_of = compiled(token_logprobs_of, device.type) if static else token_logprobs_of
         stop_ids = torch.tensor(stop_ids_of(model, self.tokenizer, sampling), dtype=torch.long, device=device)
         banned = stop_ids if sampling.ignore_eos and len(stop_ids) else None
         generator = torch.Generator(device=device).manual_seed(sampling.seed)
@@ -222,12 +247,12 @@ class RolloutEngine:
         for n in range(max_new):
             if forced is None:
                 uniform = None if sampling.temperature == 0 else torch.rand(N, generator=generator, device=device)
-                token, logprob = sample_tokens(
+                token, logprob = sample(
                     logits, sampling.temperature, sampling.top_p, None if uniform is None else uniform[in_cache], banned
                 )
             else:
                 token = forced[in_cache, n]
-                logprob = token_logprobs_of(logits, token, sampling.temperature)
+                logprob = logprob_of(logits, token, sampling.temperature)
             live = ~finished[in_cache]
             tokens[in_cache, n] = torch.where(live, token, pad_id)
             logprobs[in_cache, n] = torch.where(live, logprob, 0.0)
@@ -248,7 +273,12 @@ class RolloutEngine:
                     drop = False
             step_positions = (prompt_lengths[in_cache] + n)[:, None]
             step_valid = torch.ones_like(step_positions, dtype=torch.bool)
-            logits = self._forward(cache, tokens[in_cache, n : n + 1], step_positions, step_valid)
+            if static:
+                mask = cache.begin(step_positions, step_valid, static=True)
+                logits = compiled(decode_logits, device.type)(model, tokens[in_cache, n : n + 1], step_positions, mask, cache)
+                cache.end()
+            else:
+                logits = self._forward(cache, tokens[in_cache, n : n + 1], step_positions, step_valid)
             cache.after_step(n + 1)
         seconds = time.perf_counter() - t0
         cache_bytes = max(cache_bytes, cache.nbytes())

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 
 import torch
+import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from gkv_train.rollout.config import CompressionConfig
@@ -24,6 +25,8 @@ from gkv_train.rollout.contract.eviction import NEVER, EvictionRecord, after_end
 from gkv_train.rollout.kv_cache import KVCache
 from gkv_train.rollout.methods import LayerState, method_class
 from gkv_train.rollout.scoring import candidate_slots, select_keep
+
+STATIC_WIDTH_STEP = 64  # a static decode step attends over a multiple of this many slots
 
 
 def gather_slots(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -38,12 +41,27 @@ def gather_slots(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     return x.reshape(B * H * S, *rest).index_select(0, flat).view(B, H, index.shape[-1], *rest)
 
 
+def decode_attention(query, keys, values, mask, scaling):
+    """One decode query per sequence over a buffer prefix, grouped-query without copying the keys.
+
+    query [B, H, 1, D]; keys/values [B, Hkv, W, D]; mask bool [B, 1, 1, W]. The H = Hkv x G query heads are
+    folded into Hkv groups of G queries (query head h reads KV head h // G, as ``repeat_kv`` assigns them).
+    Returns (out [B, 1, H, D], None).
+    """
+    B, H, _, D = query.shape
+    Hkv = keys.shape[1]
+    out = F.scaled_dot_product_attention(query.reshape(B, Hkv, H // Hkv, D), keys, values, attn_mask=mask, scale=scaling)
+    return out.reshape(B, 1, H, D), None
+
+
 class EvictionCache(KVCache):
     """KV buffers of one batched rollout.
 
     model_config: the HF config (layers, heads, head dim); capacity: slots per buffer; record_len: logical
     positions the record covers (longest prompt + max new tokens).
     """
+
+    static_decode = True  # ``begin(..., static=True)`` is supported
 
     def __init__(
         self,
@@ -62,8 +80,9 @@ class EvictionCache(KVCache):
         D = head_dim(model_config)
         B, S = batch_size, capacity
         self.scale = D**-0.5
-        self.keys = torch.zeros(L, B, Hkv, S, D, dtype=dtype, device=device)
-        self.values = torch.zeros(L, B, Hkv, S, D, dtype=dtype, device=device)
+        # one buffer per layer [B, Hkv, S, D], so that a compiled step writes a layer's buffer, not a view of all
+        self.keys = [torch.zeros(B, Hkv, S, D, dtype=dtype, device=device) for _ in range(L)]
+        self.values = [torch.zeros(B, Hkv, S, D, dtype=dtype, device=device) for _ in range(L)]
         self.valid = torch.zeros(B, S, dtype=torch.bool, device=device)
         self.lengths = torch.zeros(B, dtype=torch.long, device=device)  # tokens seen = next logical position
         self.used = 0  # occupied prefix of the buffers (some slots in it may be empty for some sequences)
@@ -73,13 +92,16 @@ class EvictionCache(KVCache):
         self.evict_at = None
         self.rows = None  # the batch rows held, when finished ones have left (None: all, in order)
         self.left_length = 0  # the length the longest row that left would have now (it would still be fed)
+        self.static = False  # the forward in flight has static shapes (``begin(..., static=True)``)
+        self._slot = torch.zeros(1, dtype=torch.long, device=device)  # static: the new token's slot
+        self._ring_slot = torch.zeros(1, dtype=torch.long, device=device)  # static: its query's window slot
         if compression.compresses:
             W = compression.window
             self.method = method_class(compression.method)(compression)
             self.positions = torch.zeros(L, B, Hkv, S, dtype=torch.long, device=device)
             # each token's global score from the last compression; NaN: none (new since, or in the window then)
             self.history = torch.full((L, B, Hkv, S), float("nan"), dtype=torch.float32, device=device)
-            self.queries = torch.zeros(L, B, H, W, D, dtype=dtype, device=device)
+            self.queries = [torch.zeros(B, H, W, D, dtype=dtype, device=device) for _ in range(L)]
             self.query_pos = torch.zeros(B, W, dtype=torch.long, device=device)
             self.query_ok = torch.zeros(B, W, dtype=torch.bool, device=device)
             self._query_slot = 0
@@ -88,20 +110,31 @@ class EvictionCache(KVCache):
 
     @property
     def capacity(self) -> int:
-        return self.keys.shape[3]
+        return self.keys[0].shape[2]
 
     def nbytes(self) -> int:
         """Bytes held by the key/value buffers."""
-        return self.keys.numel() * self.keys.element_size() * 2
+        return sum(k.numel() * k.element_size() for k in self.keys) * 2
 
-    def begin(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def begin(self, positions: torch.Tensor, valid: torch.Tensor, static: bool = False) -> torch.Tensor:
         """Reserve slots for the next forward's Q new tokens; returns its attention mask.
 
         positions int64 [B, Q] logical positions of the new tokens; valid bool [B, Q] (False for padding).
         Returns bool [B, 1, Q, used + Q]: every occupied slot for every query, causal inside the new tokens;
         a padding query also sees itself so that no row is empty.
+
+        static: a one-token decode step whose shapes do not follow the cache's fill (``compile_decode``): the
+        mask is bool [B, 1, 1, W] over the first W = ``static_width(used + 1)`` slots, the new slot included,
+        and ``attend`` writes at the slot held in a tensor. Prompt forwards are never static.
         """
         Q = positions.shape[1]
+        self.static = static
+        if static:
+            if Q != 1:
+                raise ValueError(f"a static forward is a one-token decode step, got {Q} tokens")
+            self._slot.fill_(self.used)
+            if self.compression.compresses:
+                self._ring_slot.fill_(self._query_slot)
         start, end = self.used, self.used + Q
         if end > self.capacity:
             raise RuntimeError(f"rollout cache overflow: {end} slots needed, {self.capacity} allocated")
@@ -115,30 +148,45 @@ class EvictionCache(KVCache):
             slots = (self._query_slot + torch.arange(min(W, Q), device=positions.device)) % W
             self.query_pos[:, slots] = positions[:, -len(slots) :]
             self.query_ok[:, slots] = valid[:, -len(slots) :]
+        if static:
+            return self.valid[:, None, None, : self.static_width(end)]
         new = torch.arange(Q, device=positions.device)
         cols = torch.arange(end, device=positions.device)
         causal = cols[None, :] <= (start + new)[:, None]
         mask = (self.valid[:, None, :end] & causal) | (cols[None, :] == (start + new)[:, None])
         return mask[:, None]
 
+    def static_width(self, end: int) -> int:
+        """Slots a static decode step attends over when ``end`` are in use: ``end`` rounded up to a multiple of
+        ``STATIC_WIDTH_STEP`` (at most the capacity), so that shapes change rarely (and a CUDA graph is
+        captured for a few widths only)."""
+        return min(self.capacity, -(-end // STATIC_WIDTH_STEP) * STATIC_WIDTH_STEP)
+
     def attend(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0):
         """Append this layer's new keys/values, remember its last queries, and attend over the occupied slots."""
         layer, Q = module.layer_idx, query.shape[2]
+        keys, values = self.keys[layer], self.values[layer]
+        if self.static:  # only tensors index the buffers: nothing here changes from one step to the next
+            keys.index_copy_(2, self._slot, key)
+            values.index_copy_(2, self._slot, value)
+            if self.compression.compresses:
+                self.queries[layer].index_copy_(2, self._ring_slot, query)
+            width = attention_mask.shape[-1]
+            return decode_attention(query, keys[:, :, :width], values[:, :, :width], attention_mask, scaling)
         start, end = self.used, self.used + Q
-        self.keys[layer, :, :, start:end] = key
-        self.values[layer, :, :, start:end] = value
+        keys[:, :, start:end] = key
+        values[:, :, start:end] = value
         if self.compression.compresses:
-            W = self.queries.shape[3]
+            W = self.queries[layer].shape[2]
             slots = (self._query_slot + torch.arange(min(W, Q), device=query.device)) % W
             self.queries[layer][:, :, slots] = query[:, :, -len(slots) :]
-        return sdpa_attention_forward(
-            module, query, self.keys[layer, :, :, :end], self.values[layer, :, :, :end], attention_mask, scaling=scaling
-        )
+        return sdpa_attention_forward(module, query, keys[:, :, :end], values[:, :, :end], attention_mask, scaling=scaling)
 
     def end(self) -> None:
         """Commit the slots written by the forward that just ran."""
         if self.compression.compresses:
-            self._query_slot = (self._query_slot + min(self._pending, self.queries.shape[3])) % self.queries.shape[3]
+            W = self.queries[0].shape[2]
+            self._query_slot = (self._query_slot + min(self._pending, W)) % W
         self.used += self._pending
         self._pending = 0
 
@@ -166,13 +214,14 @@ class EvictionCache(KVCache):
         if bool(leaving.any()):
             self.left_length = max(self.left_length, int(self.lengths[leaving].max()))
         # one buffer at a time, so that the cache never needs much more than its size while it shrinks
-        self.keys = self.keys.index_select(1, keep)
-        self.values = self.values.index_select(1, keep)
+        buffers = (self.keys, self.values) + ((self.queries,) if self.compression.compresses else ())
+        for layers in buffers:
+            for layer, x in enumerate(layers):
+                layers[layer] = x.index_select(0, keep)
         self.valid, self.lengths = self.valid[keep], self.lengths[keep]
         if self.compression.compresses:
             self.positions = self.positions.index_select(1, keep)
             self.history = self.history.index_select(1, keep)
-            self.queries = self.queries.index_select(1, keep)
             self.query_pos, self.query_ok = self.query_pos[keep], self.query_ok[keep]
 
     def finish(self, prompt_lengths, completion_lengths, width: int):
@@ -197,13 +246,13 @@ class EvictionCache(KVCache):
         # depends on its batch only through top-k ties: the slots' layout follows the batch's compressions.)
         active = (self.lengths > cfg.budget)[:, None, None]
         index = n_keep = None
-        for layer in range(self.keys.shape[0]):
-            keys, values = self.keys[layer, :, :, :S], self.values[layer, :, :, :S]
+        for layer in range(len(self.keys)):
+            keys, values = self.keys[layer][:, :, :S], self.values[layer][:, :, :S]
             positions, history = self.positions[layer, :, :, :S], self.history[layer, :, :, :S]
             B, Hkv, _, D = keys.shape
             candidates = candidate_slots(positions, key_ok, self.lengths, cfg.window, cfg.sinks)
             state = LayerState(
-                self.queries[layer].view(B, Hkv, -1, self.queries.shape[3], D), self.query_pos, self.query_ok,
+                self.queries[layer].view(B, Hkv, -1, self.query_pos.shape[1], D), self.query_pos, self.query_ok,
                 keys, positions, key_ok, candidates, history, self.scale,
             )  # fmt: skip
             score, new_history = self.method.score(state)
@@ -218,8 +267,8 @@ class EvictionCache(KVCache):
             record.scatter_reduce_(-1, positions.clamp_max(self.evict_at.shape[-1] - 1), stamps, "amin")
             if self.rows is not None:
                 self.evict_at[layer].index_copy_(0, self.rows, record)
-            self.keys[layer, :, :, :K] = gather_slots(keys, index)
-            self.values[layer, :, :, :K] = gather_slots(values, index)
+            self.keys[layer][:, :, :K] = gather_slots(keys, index)
+            self.values[layer][:, :, :K] = gather_slots(values, index)
             self.positions[layer, :, :, :K] = positions.gather(-1, index)
             if new_history is not None:
                 # only the scored tokens carry their score on; the window's start afresh, as in the reference

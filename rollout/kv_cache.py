@@ -16,12 +16,14 @@ class KVCache(Protocol):
     ``finish`` at the end.
     """
 
+    static_decode: bool = False  # whether ``begin`` takes static=True (``SamplingConfig.compile_decode``)
     compressions: int  # compressions run so far
     seconds: float  # time spent compressing (or, for S4R, building bases, scoring and reconstructing)
 
-    def begin(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    def begin(self, positions: torch.Tensor, valid: torch.Tensor, static: bool = False) -> torch.Tensor:
         """positions int64 [B, Q] logical positions of the new tokens, valid bool [B, Q] -> bool mask
-        [B, 1, Q, K] for the forward."""
+        [B, 1, Q, K] for the forward. static (only when ``static_decode``): a one-token decode step whose
+        attention shapes and write slot do not depend on Python state, for a compiled step."""
 
     def attend(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0):
         """One layer's attention over the cache and the new keys/values: (out [B, Q, H, D], None)."""

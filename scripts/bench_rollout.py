@@ -7,6 +7,11 @@ budget 128, interval 32, every other setting the method's default.
     python scripts/bench_rollout.py                      # gkv; 1024 new tokens, about 10 minutes on 2 cores
     python scripts/bench_rollout.py --max-new-tokens 256
     python scripts/bench_rollout.py --methods streaming snapkv rkv h2o gkv --skip-hf   # every method
+    python scripts/bench_rollout.py --max-new-tokens 512 --compile-decode   # also compiled decode steps
+
+With --compile-decode every engine run is repeated with ``compile_decode``: a first (cold) rollout that compiles
+and a second (warm) one that reuses the graphs; ``compile_seconds`` is cold minus warm time, and
+``tokens_per_s_with_compile`` counts the compile in one rollout.
 """
 
 from __future__ import annotations
@@ -64,6 +69,16 @@ def engine_run(model, tokenizer, prompts, sampling: SamplingConfig, compression:
     }
 
 
+def compiled_run(model, tokenizer, prompts, sampling: SamplingConfig, compression: CompressionConfig) -> dict:
+    """``engine_run`` with compiled decode steps: cold (compiling) then warm."""
+    sampling = dataclasses.replace(sampling, compile_decode=True)
+    cold = engine_run(model, tokenizer, prompts, sampling, compression)
+    warm = engine_run(model, tokenizer, prompts, sampling, compression)
+    new_tokens = warm["tokens_per_s"] * warm["seconds"]
+    return {**warm, "compile_seconds": cold["seconds"] - warm["seconds"],
+            "tokens_per_s_with_compile": new_tokens / cold["seconds"]}  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -72,6 +87,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-hf", action="store_true", help="do not time HF generate")
     parser.add_argument("--methods", nargs="+", default=None, help="compressed methods to time (default: --method)")
+    parser.add_argument("--compile-decode", action="store_true", help="also time compiled decode steps")
     add_compression_args(parser, method="gkv", budget=128, interval=32)
     args = parser.parse_args()
     compression = compression_from_args(args)
@@ -90,15 +106,18 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "compression": {c.method: dataclasses.asdict(c.resolved()) for c in methods},
     }
-    result["engine_full"] = engine_run(model, tokenizer, prompts, sampling, CompressionConfig("full"))
-    for c in methods:
+    for c in [CompressionConfig("full"), *methods]:
         result["engine_" + c.method] = engine_run(model, tokenizer, prompts, sampling, c)
+        if args.compile_decode:
+            result[f"engine_{c.method}_compiled"] = compiled_run(model, tokenizer, prompts, sampling, c)
     if not args.skip_hf:
         result["hf_generate"] = hf_generate(model, tokenizer, prompts, sampling)
         hf = result["hf_generate"]["tokens_per_s"]
         result["speedup_full_vs_hf"] = result["engine_full"]["tokens_per_s"] / hf
         for c in methods:
             result[f"speedup_{c.method}_vs_hf"] = result["engine_" + c.method]["tokens_per_s"] / hf
+        for name in [n for n in result if n.endswith("_compiled")]:
+            result[f"speedup_{name[len('engine_'):]}_vs_hf"] = result[name]["tokens_per_s"] / hf
     print_json(result)
 
 

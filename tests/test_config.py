@@ -147,3 +147,13 @@ def test_trl_pass_through_is_checked_against_the_trainer_arguments():
         trainer_args(TrainConfig(trl={"per_device_train_batch_size": 4}), 1)
     with pytest.raises(ValueError, match=r"trl.fp16 is set by this project from its own keys: set precision"):
         trainer_args(TrainConfig(trl={"fp16": True}), 1)  # not among the arguments set, but derived from precision
+
+
+def test_compile_decode_with_s4r_is_refused_before_work():
+    from gkv_train.run_config import EvalConfig, TrainConfig
+
+    with pytest.raises(ValueError, match="compile_decode=true does not apply to s4r"):
+        TrainConfig(compile_decode=True, compression=CompressionConfig("s4r"))
+    with pytest.raises(ValueError, match="compile_decode=true does not apply to s4r"):
+        EvalConfig(compile_decode=True, methods=["gkv", "s4r"])
+    assert EvalConfig(compile_decode=True, methods=["full", "gkv"]).compile_decode

@@ -106,3 +106,35 @@ def test_consistency_smollm2(smollm2, gsm8k_questions, cfg):
     )
     assert len(set(out.prompt_lengths.tolist())) > 1
     check(model, out, cfg)
+
+
+@pytest.mark.parametrize("method", ["full", "gkv"])
+def test_compiled_decode_matches_eager_and_trainer(tiny_llama, method):
+    """compile_decode (static-shape step under torch.compile) samples the eager step's tokens and records, its
+    log-probs agree to float rounding, and the trainer reproduces them; rows finish early, so the batch narrows
+    (a recompile with a dynamic batch) and the attention width grows past one static width step."""
+    cfg = CompressionConfig(method, budget=16, window=4, interval=8)
+    prompts = random_prompts([5, 17, 40, 9])
+    runs = [
+        RolloutEngine(tiny_llama, compression=cfg).generate(
+            prompts,
+            SamplingConfig(max_new_tokens=40, temperature=1.0, num_samples=2, stop_token_ids=(2,), compile_decode=c),
+        )
+        for c in (False, True)
+    ]
+    eager, compiled = runs
+    assert (compiled.completion_lengths < 40).sum() >= 2  # rows left the batch
+    assert torch.equal(eager.sequences, compiled.sequences)
+    assert (eager.logprobs - compiled.logprobs).abs().max() <= 1e-5
+    if method == "full":
+        assert compiled.record is None
+        assert consistency_report(tiny_llama, compiled)["max_abs_logprob_diff"] <= TOL
+    else:
+        assert torch.equal(eager.record.evict_at, compiled.record.evict_at)
+        check(tiny_llama, compiled, cfg)
+
+
+def test_compiled_decode_refuses_s4r(tiny_llama):
+    cfg = CompressionConfig("s4r", budget=16, window=4, interval=8)
+    with pytest.raises(ValueError, match="no static decode step"):
+        RolloutEngine(tiny_llama, compression=cfg).generate(random_prompts([5]), SamplingConfig(max_new_tokens=4, compile_decode=True))
