@@ -34,12 +34,23 @@ def sdpa_with_head_mask(query, key, value, mask, scaling, dropout=0.0):
     query [B, H, Q, D]; key/value [B, Hkv, K, D]; mask bool [B, 1 or Hkv, Q, K].
     Returns (out [B, Q, H, D], None), as attention functions return.
     """
-    groups = query.shape[1] // key.shape[1]
+    B, H, Q, D = query.shape
+    Hkv, K = key.shape[1], key.shape[2]
+    groups = H // Hkv
     if mask.shape[1] > 1:
-        mask = mask.repeat_interleave(groups, dim=1)
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=groups > 1
-    )
+        # Fold the KV heads into the batch: each (sequence, KV head) attends with its G query heads to its one key
+        # head (expanded, not copied) under its own mask, which broadcasts over the G heads. Repeating the mask to
+        # H heads instead costs a copy and SDPA's conversion of a G times larger mask.
+        out = F.scaled_dot_product_attention(
+            query.reshape(B * Hkv, groups, Q, D),
+            key.reshape(B * Hkv, 1, K, D).expand(-1, groups, -1, -1),
+            value.reshape(B * Hkv, 1, K, value.shape[-1]).expand(-1, groups, -1, -1),
+            attn_mask=mask.reshape(B * Hkv, 1, Q, K), dropout_p=dropout, scale=scaling,
+        ).view(B, H, Q, -1)
+    else:
+        out = F.scaled_dot_product_attention(
+            query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=groups > 1
+        )
     return out.transpose(1, 2).contiguous(), None
 
 
