@@ -12,6 +12,10 @@ the engine's ``ignore_eos``), so every trainer does the same work. ``--steps`` s
 
     python scripts/bench_train_step.py                       # SmolLM2-135M, 1 x 8 x 128, 2 timed steps
     python scripts/bench_train_step.py --model tiny --max-new-tokens 16 --steps 1 --warmup 0   # quick
+    python scripts/bench_train_step.py --trainers trl rl_sparse rl_sparse+compile   # compile_decode=true too
+
+A trainer name ending in ``+compile`` runs with ``compile_decode=true``; its warm-up step pays the compile
+(``warmup_total``, reported for every trainer).
 
 Phases: ``generation`` (TRL's ``_generate``, which calls the rollout engine for the project's trainers; the
 distillation rollout), ``logprob_forward`` (every log-prob forward: old / reference ones without gradients and
@@ -77,7 +81,7 @@ class StepTimer(TrainerCallback):
         return wrapper
 
 
-def configuration(recipe: str, args, output_dir: Path):
+def configuration(recipe: str, args, output_dir: Path, compile_decode: bool = False):
     """The recipe's ``TrainConfig`` as ``train.py`` resolves it, with the benchmark's settings."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -94,6 +98,8 @@ def configuration(recipe: str, args, output_dir: Path):
     ]  # fmt: skip
     if recipe.startswith("distill"):
         overrides.append("distill.mode=onpolicy")
+    if compile_decode:
+        overrides.append("compile_decode=true")
     _schemas()
     with initialize_config_dir(config_dir=RECIPES, version_base=None):
         return OmegaConf.to_object(compose(config_name="train", overrides=overrides))
@@ -108,8 +114,12 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     from gkv_train.models import load_model
     from gkv_train.rollout.config import SamplingConfig
 
-    recipe = {"trl": "rl_full", "distill": "distill_onpolicy"}.get(name, name)
-    config = configuration(recipe, args, workdir / name)
+    base, _, variant = name.partition("+")
+    if variant not in ("", "compile") or (variant and base == "trl"):
+        raise ValueError(f"unknown trainer {name!r}: trl, rl_full, rl_sparse or distill, the last three with +compile")
+    recipe = {"trl": "rl_full", "distill": "distill_onpolicy"}.get(base, base)
+    config = configuration(recipe, args, workdir / name.replace("+", "_"), compile_decode=variant == "compile")
+    name = base
     state = PartialState(cpu=not torch.cuda.is_available())
     training_args = trainer_args(config, state.num_processes)
     data = training_data(config)
@@ -145,7 +155,10 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     timed = timer.steps[args.warmup :]
     result = {k: round(sum(s[k] for s in timed) / len(timed), 3) for k in (*PHASES, "total")}
     lengths = [r["completions/mean_length"] for r in trainer.state.log_history if "completions/mean_length" in r]
-    return result | {"steps": len(timed), "mean_completion_length": sum(lengths) / max(len(lengths), 1)}
+    return result | {
+        "steps": len(timed), "mean_completion_length": sum(lengths) / max(len(lengths), 1),
+        "warmup_total": round(sum(s["total"] for s in timer.steps[: args.warmup]), 3),
+    }  # fmt: skip
 
 
 def main() -> None:
