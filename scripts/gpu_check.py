@@ -7,8 +7,9 @@ On models built from real configurations with random weights (a GPU machine may 
   the records rotated by one layer);
 * training cost: forward + backward of the same batch under the record (FlexAttention) against plain causal
   SDPA, time and peak memory;
-* rollout: the engine with ``gkv`` (budget 512) against HF ``generate``, batch 64, 2048 new tokens, tokens/s and
-  peak memory.
+* rollout: the engine with ``full`` and ``gkv`` (budget 512) against HF ``generate``, batch 64, 2048 new tokens,
+  tokens/s and peak memory; on CUDA (or with ``--compile-decode``) also with ``compile_decode`` (decode steps as
+  CUDA graphs), cold (compiling and capturing) and warm.
 
     python scripts/gpu_check.py                    # CUDA: Qwen2.5-1.5B and Llama-3.2-1B shapes, < 8 minutes on an H200
     python scripts/gpu_check.py --shapes qwen2.5-1.5b --batch 32
@@ -23,7 +24,7 @@ import time
 
 import torch
 from _common import print_json, random_prompts
-from bench_rollout import engine_run, hf_generate
+from bench_rollout import compiled_run, engine_run, hf_generate
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from gkv_train.consistency import consistency_report
@@ -123,17 +124,23 @@ def training_cost(model, tokenizer, prompts, args, backend: str) -> dict:
 
 
 def rollout_speed(model, tokenizer, prompts, args) -> dict:
-    """Engine (gkv) against HF generate: tokens/s and peak memory at the same batch and length."""
+    """Engine (full, gkv; eager and, with ``args.compile_decode``, compiled) against HF generate: tokens/s and
+    peak memory at the same batch and length."""
     sampling = SamplingConfig(max_new_tokens=args.rollout_tokens, temperature=0.6, top_p=0.95, seed=0,
                               ignore_eos=True)  # fmt: skip
-    compression = CompressionConfig("gkv", budget=args.rollout_budget, window=args.rollout_window)
-    reset_peak(args.device)
-    engine = engine_run(model, tokenizer, prompts, sampling, compression)
-    engine["peak_bytes"] = peak_memory(args.device)
+    gkv = CompressionConfig("gkv", budget=args.rollout_budget, window=args.rollout_window)
+    result = {}
+    for compression in (CompressionConfig("full"), gkv):
+        runs = [("", engine_run)] + ([("_compiled", compiled_run)] if args.compile_decode else [])
+        for suffix, run in runs:
+            reset_peak(args.device)
+            result[f"engine_{compression.method}{suffix}"] = run(model, tokenizer, prompts, sampling, compression)
+            result[f"engine_{compression.method}{suffix}"]["peak_bytes"] = peak_memory(args.device)
     reset_peak(args.device)
     hf = hf_generate(model, tokenizer, prompts, sampling)
     hf["peak_bytes"] = peak_memory(args.device)
-    return {"engine_gkv": engine, "hf_generate": hf, "speedup": engine["tokens_per_s"] / hf["tokens_per_s"]}
+    speedups = {f"speedup_{name[len('engine_'):]}": run["tokens_per_s"] / hf["tokens_per_s"] for name, run in result.items()}
+    return {**result, "hf_generate": hf, **speedups}
 
 
 def main() -> None:
@@ -141,11 +148,13 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="CPU-sized: tiny shapes, small batches and lengths")
     parser.add_argument("--shapes", nargs="+", default=None, choices=sorted(SHAPES))
     parser.add_argument("--batch", type=int, default=None, help="rollout-speed batch (64; --tiny 4)")
+    parser.add_argument("--compile-decode", action="store_true", help="time compiled decode steps (default on CUDA)")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     if not cuda and not args.tiny:
         parser.error("no CUDA device: run with --tiny on CPU")
     args.device = "cuda" if cuda else "cpu"
+    args.compile_decode = args.compile_decode or cuda
     tiny = args.tiny
     args.shapes = args.shapes or (["tiny-llama", "tiny-qwen2"] if tiny else ["qwen2.5-1.5b", "llama-3.2-1b"])
     args.batch = args.batch or (4 if tiny else 64)
