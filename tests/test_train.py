@@ -90,7 +90,8 @@ def test_trl_users_keys_trackers_and_console_log(tmp_path):
     fields without a key here (num_iterations, weight_decay, log_completions) reach the trainer, and with two
     optimizer iterations per generation training still sees what the rollout saw; report_to=[tensorboard,wandb]
     (wandb offline): both receive the step metrics, TensorBoard's tags carry one ``train/`` prefix; everything
-    printed is also in train.log, progress bars as their last state."""
+    printed is also in train.log, progress bars as their last state. The rollouts run with compile_decode=true
+    (compiled decode steps), which keeps training consistent with them."""
     import torch
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -98,7 +99,7 @@ def test_trl_users_keys_trackers_and_console_log(tmp_path):
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
     proc = run(["recipe=rl_sparse", *TINY, "max_steps=1", f"output_dir={out}", "report_to=[tensorboard,wandb]",
                 "run_name=probe", "max_completion_length=20", "samples_per_prompt=4", "num_iterations=2",
-                "weight_decay=0.01", "log_completions=true"], env=env)  # fmt: skip
+                "weight_decay=0.01", "log_completions=true", "compile_decode=true"], env=env)  # fmt: skip
     assert "max_completion_length=20 is read as max_new_tokens=20" in proc.stderr
     args = torch.load(out / "checkpoint-1" / "training_args.bin", weights_only=False)
     assert (args.num_iterations, args.weight_decay, args.log_completions) == (2, 0.01, True)
