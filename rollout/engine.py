@@ -101,6 +101,13 @@ def compiled(fn: Callable, device_type: str) -> Callable:
     return torch.compile(fn, mode="reduce-overhead" if device_type == "cuda" else None)
 
 
+def mark_static(cache) -> None:
+    """Tell ``torch.compile`` that the buffers a static decode step writes keep their address (so that a CUDA
+    graph may write them in place instead of being skipped for mutating its inputs)."""
+    for buffer in cache.step_buffers():
+        torch._dynamo.mark_static_address(buffer)
+
+
 def stop_ids_of(model, tokenizer, sampling: SamplingConfig) -> list[int]:
     """Token ids that end a completion: the configured ones, else the model's (and tokenizer's) EOS."""
     if sampling.stop_token_ids is not None:
@@ -223,6 +230,9 @@ class RolloutEngine:
                 f"compile_decode: the {type(cache).__name__} of method {cfg.method!r} has no static decode step "
                 "(the full cache and the G-KV family have one)"
             )
+        graphs = static and device.type == "cuda"  # CUDA graphs: the buffers the step writes keep their address
+        if graphs:
+            mark_static(cache)
         sample = compiled(sample_tokens, device.type) if static else sample_tokens
         logprob_of = compiled(token_logprobs_of, device.type) if static else token_logprobs_of
         stop_ids = torch.tensor(stop_ids_of(model, self.tokenizer, sampling), dtype=torch.long, device=device)
@@ -269,6 +279,8 @@ class RolloutEngine:
                 try:
                     cache.select_rows(keep)
                     in_cache = in_cache[keep]
+                    if graphs:
+                        mark_static(cache)
                 except NotImplementedError:  # an injected cache that keeps its rows: decode them all to the end
                     drop = False
             step_positions = (prompt_lengths[in_cache] + n)[:, None]

@@ -156,6 +156,11 @@ class EvictionCache(KVCache):
         mask = (self.valid[:, None, :end] & causal) | (cols[None, :] == (start + new)[:, None])
         return mask[:, None]
 
+    def step_buffers(self) -> list[torch.Tensor]:
+        """The tensors a static decode step writes in place (for CUDA graphs: their addresses are fixed)."""
+        queries = self.queries if self.compression.compresses else []
+        return [*self.keys, *self.values, *queries, self._slot, self._ring_slot]
+
     def static_width(self, end: int) -> int:
         """Slots a static decode step attends over when ``end`` are in use: ``end`` rounded up to a multiple of
         ``STATIC_WIDTH_STEP`` (at most the capacity), so that shapes change rarely (and a CUDA graph is

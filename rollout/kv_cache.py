@@ -28,6 +28,11 @@ class KVCache(Protocol):
     def attend(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0):
         """One layer's attention over the cache and the new keys/values: (out [B, Q, H, D], None)."""
 
+    def step_buffers(self) -> list[torch.Tensor]:
+        """(Only when ``static_decode``) the tensors a static step writes in place; on CUDA the engine marks
+        their addresses static, so that the step runs as a CUDA graph."""
+        raise NotImplementedError
+
     def end(self) -> None:
         """Commit the tokens of the forward that just ran."""
 
