@@ -13,6 +13,7 @@ from gkv_train.logprobs import token_logprobs
 from gkv_train.models import load_model, random_prompts
 from gkv_train.rollout.config import SamplingConfig, add_compression_args, compression_from_args
 from gkv_train.rollout.engine import RolloutEngine
+from gkv_train.run_config import check_compile_decode
 
 
 def logprob_mismatch(model, out, record, temperature: float = 1.0, backend: str = "auto") -> dict[str, float]:
@@ -80,6 +81,7 @@ def check(argv: list[str] | None = None) -> dict:
     add_compression_args(parser, method="gkv", budget=32, window=8, interval=16)
     args = parser.parse_args(argv)
     compression = compression_from_args(args)
+    check_compile_decode(args.compile_decode, [compression])
 
     model, tokenizer = load_model(args.model)
     if args.model.startswith("tiny"):

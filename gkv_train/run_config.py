@@ -195,6 +195,8 @@ class TrainConfig:
         if self.algorithm == "grpo" and self.num_generations < 2:
             raise ValueError("num_generations must be at least 2: GRPO compares samples of one prompt")
         check_compile_decode(self.compile_decode, [self.compression])
+        if self.use_vllm and self.compile_decode:
+            raise ValueError("use_vllm generates through vLLM: compile_decode=true (the engine's option) has no effect")
         if self.use_vllm and self.compression.compresses:
             raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):

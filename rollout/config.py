@@ -172,8 +172,9 @@ class SamplingConfig:
         graphs on a GPU). The step has static shapes: attention runs over a fixed-width prefix of the cache's
         slots under a mask, and the new token is written at a slot held in a tensor; prefill and compression
         stay eager. The first rollout pays the compile (tens of seconds on CPU, a few more for each new batch
-        width); later rollouts in the process reuse the graphs. Tokens and records follow the same method;
-        log-probs differ from the eager step only by float rounding (masked slots). The full cache and the
+        width); later rollouts in the process reuse the graphs. The method is the same; log-probs differ from
+        the eager step by float rounding (masked slots, fused kernels), which may rarely flip a sampled token
+        near a tie or the top-p cut (the trainer still reproduces whatever was sampled). The full cache and the
         G-KV family only (s4r scores and reconstructs at every step, outside any graph).
     """
 

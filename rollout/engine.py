@@ -288,6 +288,7 @@ class RolloutEngine:
             if static:
                 mask = cache.begin(step_positions, step_valid, static=True)
                 logits = compiled(decode_logits, device.type)(model, tokens[in_cache, n : n + 1], step_positions, mask, cache)
+                logits = logits.clone() if graphs else logits  # a CUDA graph's output is freed by its next replay
                 cache.end()
             else:
                 logits = self._forward(cache, tokens[in_cache, n : n + 1], step_positions, step_valid)

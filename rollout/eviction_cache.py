@@ -90,6 +90,7 @@ class EvictionCache(KVCache):
         self.compressions = 0
         self.seconds = 0.0  # time spent compressing
         self.evict_at = None
+        self.queries = None  # the last ``window`` queries per layer, when the method compresses
         self.rows = None  # the batch rows held, when finished ones have left (None: all, in order)
         self.left_length = 0  # the length the longest row that left would have now (it would still be fed)
         self.static = False  # the forward in flight has static shapes (``begin(..., static=True)``)
@@ -172,10 +173,11 @@ class EvictionCache(KVCache):
         layer, Q = module.layer_idx, query.shape[2]
         keys, values = self.keys[layer], self.values[layer]
         if self.static:  # only tensors index the buffers: nothing here changes from one step to the next
-            keys.index_copy_(2, self._slot, key)
-            values.index_copy_(2, self._slot, value)
-            if self.compression.compresses:
-                self.queries[layer].index_copy_(2, self._ring_slot, query)
+            # (under bf16 autocast the new states are bf16 while the buffers keep the model's dtype)
+            keys.index_copy_(2, self._slot, key.to(keys.dtype))
+            values.index_copy_(2, self._slot, value.to(values.dtype))
+            if self.queries is not None:  # a plain attribute: no guard on the method's name
+                self.queries[layer].index_copy_(2, self._ring_slot, query.to(self.queries[layer].dtype))
             width = attention_mask.shape[-1]
             return decode_attention(query, keys[:, :, :width], values[:, :, :width], attention_mask, scaling)
         start, end = self.used, self.used + Q

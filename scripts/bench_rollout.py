@@ -27,6 +27,7 @@ from gkv_train.models import load_model
 from gkv_train.rollout.config import CompressionConfig, SamplingConfig, add_compression_args, compression_from_args
 from gkv_train.rollout.contract.attention import ATTENTION_NAME
 from gkv_train.rollout.engine import RolloutEngine, encode_prompts, left_pad
+from gkv_train.run_config import check_compile_decode
 
 
 def hf_generate(model, tokenizer, prompts, sampling: SamplingConfig) -> dict:
@@ -92,6 +93,8 @@ def main() -> None:
     args = parser.parse_args()
     compression = compression_from_args(args)
     methods = [dataclasses.replace(compression, method=m) for m in args.methods or [compression.method]]
+    if args.compile_decode:
+        check_compile_decode(True, methods)
 
     model, tokenizer = load_model(args.model)
     prompts = encode_prompts(tokenizer, gsm8k_questions(args.batch))

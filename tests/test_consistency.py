@@ -138,3 +138,14 @@ def test_compiled_decode_refuses_s4r(tiny_llama):
     cfg = CompressionConfig("s4r", budget=16, window=4, interval=8)
     with pytest.raises(ValueError, match="no static decode step"):
         RolloutEngine(tiny_llama, compression=cfg).generate(random_prompts([5]), SamplingConfig(max_new_tokens=4, compile_decode=True))
+
+
+def test_compiled_decode_under_bf16_autocast(tiny_llama):
+    """precision=bf16 rolls out fp32 weights under bf16 autocast: the static step writes bf16 states into the
+    fp32 buffers (a dtype mismatch failed the first decode step)."""
+    cfg = CompressionConfig("gkv", budget=16, window=4, interval=8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = RolloutEngine(tiny_llama, compression=cfg).generate(
+            random_prompts([5, 30]), SamplingConfig(max_new_tokens=20, compile_decode=True)
+        )
+    assert out.stats["compressions"] >= 2 and (out.completion_lengths == 20).all()

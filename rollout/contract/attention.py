@@ -46,7 +46,7 @@ def sdpa_with_head_mask(query, key, value, mask, scaling, dropout=0.0):
             key.reshape(B * Hkv, 1, K, D).expand(-1, groups, -1, -1),
             value.reshape(B * Hkv, 1, K, value.shape[-1]).expand(-1, groups, -1, -1),
             attn_mask=mask.reshape(B * Hkv, 1, Q, K), dropout_p=dropout, scale=scaling,
-        ).view(B, H, Q, -1)
+        ).reshape(B, H, Q, -1)  # a kernel may return another layout (CUDA's memory-efficient one does)
     else:
         out = F.scaled_dot_product_attention(
             query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=groups > 1
