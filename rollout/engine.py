@@ -233,6 +233,7 @@ class RolloutEngine:
         graphs = static and device.type == "cuda"  # CUDA graphs: the buffers the step writes keep their address
         if graphs:
             mark_static(cache)
+        step_logits = compiled(decode_logits, device.type) if static else None
         sample = compiled(sample_tokens, device.type) if static else sample_tokens
         logprob_of = compiled(token_logprobs_of, device.type) if static else token_logprobs_of
         stop_ids = torch.tensor(stop_ids_of(model, self.tokenizer, sampling), dtype=torch.long, device=device)
@@ -287,7 +288,7 @@ class RolloutEngine:
             step_valid = torch.ones_like(step_positions, dtype=torch.bool)
             if static:
                 mask = cache.begin(step_positions, step_valid, static=True)
-                logits = compiled(decode_logits, device.type)(model, tokens[in_cache, n : n + 1], step_positions, mask, cache)
+                logits = step_logits(model, tokens[in_cache, n : n + 1], step_positions, mask, cache)
                 logits = logits.clone() if graphs else logits  # a CUDA graph's output is freed by its next replay
                 cache.end()
             else:

@@ -159,8 +159,7 @@ class EvictionCache(KVCache):
 
     def step_buffers(self) -> list[torch.Tensor]:
         """The tensors a static decode step writes in place (for CUDA graphs: their addresses are fixed)."""
-        queries = self.queries if self.compression.compresses else []
-        return [*self.keys, *self.values, *queries, self._slot, self._ring_slot]
+        return [*self.keys, *self.values, *(self.queries or []), self._slot, self._ring_slot]
 
     def static_width(self, end: int) -> int:
         """Slots a static decode step attends over when ``end`` are in use: ``end`` rounded up to a multiple of
