@@ -1,4 +1,4 @@
-"""Pure functions of S4R's low-rank cache: rank, sampling, bases, RoPE, latent scores, selection.
+"""Pure functions of S4R's low-rank cache: rank, sampling, bases, latent scores, selection.
 
 Shapes: ``B`` batch, ``Hkv`` KV heads, ``D`` head dim, ``D' = Hkv * D`` (all KV heads of a layer side by side),
 ``G`` query heads per KV head, ``W`` query window, ``S`` cache slots, ``r`` rank.
@@ -10,8 +10,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-
-from gkv_train.rollout.scoring import mean_over_window, window_softmax
 
 
 def s4r_rank(eta: float, sinks: int, length: int, dim: int, groups: int, window: int) -> int:
@@ -49,43 +47,66 @@ def low_rank_bases(samples: torch.Tensor, rank: int, normalize: bool) -> torch.T
     return vh[:, :rank].transpose(-1, -2)
 
 
-def latent_scores(
+def latent_probs(
     cq: torch.Tensor, q_pos: torch.Tensor, q_ok: torch.Tensor, ck: torch.Tensor, k_pos: torch.Tensor,
     k_ok: torch.Tensor, rank: torch.Tensor,
 ) -> torch.Tensor:
-    """S4R token scores in the latent space: softmax(C_Q C_K^T / sqrt(r)) with a causal mask, averaged over the
-    valid window queries.
+    """Each query's causal softmax over the cache in the latent space, softmax(C_Q C_K^T / sqrt(r)).
 
-    cq [B, G, W, r]; q_pos int64 [B, W]; q_ok bool [B, W]; ck [B, S, r]; k_pos int64 [B, S]; k_ok bool [B, S];
-    rank [B] each sequence's rank. Returns float32 [B, G, S].
+    cq [B, G, Q, r]; q_pos int64 [B, Q]; q_ok bool [B, Q]; ck [B, S, r]; k_pos int64 [B, S]; k_ok bool [B, S];
+    rank [B] each sequence's rank. Returns float32 [B, G, Q, S], the rows of invalid queries 0.
+    A key's probability under a query never changes once written (later keys are hidden from it), so the
+    window's sum of them moves by one query in and one out per step (``S4RCache``).
     """
-    z = cq.float() @ ck.float().transpose(-1, -2)[:, None] / rank.float().sqrt()[:, None, None, None]
-    visible = k_ok[:, None, None, :] & (k_pos[:, None, None, :] <= q_pos[:, None, :, None])
-    return mean_over_window(window_softmax(z, visible, q_ok[:, None, :, None]), q_ok)
+    B, G, Q, r = cq.shape
+    scaled = cq.float() * rank.float().rsqrt()[:, None, None, None]
+    logits = (scaled.reshape(B, G * Q, r) @ ck.float().transpose(-1, -2)).view(B, G, Q, -1)
+    visible = (k_ok[:, None, :] & (k_pos[:, None, :] <= q_pos[:, :, None])) | ~q_ok[:, :, None]  # finite rows
+    return logits.masked_fill_(~visible[:, None], float("-inf")).softmax(-1) * q_ok[:, None, :, None]
 
 
-def select_tokens(
-    score: torch.Tensor, k_pos: torch.Tensor, k_ok: torch.Tensor, position: torch.Tensor, count: torch.Tensor,
-    window: int, rho: float, full: bool,
-) -> torch.Tensor:
-    """Which slots a decode step reconstructs: the last ``window`` positions (the current one included) plus the
-    top k = max(floor(rho * count) - window, 0) others by score (of equal scores, the earlier slot); every
-    occupied slot when ``full``.
+def selection_budget(
+    k_pos: torch.Tensor, k_ok: torch.Tensor, position: torch.Tensor, window: int, rho: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """What a decode step reconstructs besides its choice, the same for every layer: (local bool [B, S], the
+    last ``window`` positions, the current one included; excluded bool [B, S], the slots not to choose from
+    (empty or local); k int64 [B] = max(floor(rho * L_t) - window, 0) other slots to choose by score, L_t the
+    occupied slots, at most the slots there are to choose from).
 
-    score [B, S]; k_pos int64 [B, S]; k_ok bool [B, S]; position int64 [B] the current query's position;
-    count int64 [B] occupied slots (the cache length L_t). Returns bool [B, S].
+    k_pos int64 [B, S]; k_ok bool [B, S]; position int64 [B] the current query's position.
     """
-    if full:
-        return k_ok.clone()
     local = k_ok & (k_pos > (position - window)[:, None])
-    k = (torch.floor(rho * count.double()).long() - window).clamp_min(0)
-    ranked = score.float().masked_fill(~k_ok | local, float("-inf"))
-    top = min(int(k.max()), ranked.shape[-1])
-    chosen = torch.zeros_like(k_ok)
-    if top > 0:
-        # a stable sort: equal scores (max pooling makes many) go to the earlier slot, whatever the batch's width
-        values, index = ranked.sort(dim=-1, descending=True, stable=True)
-        values, index = values[:, :top], index[:, :top]
-        keep = (torch.arange(top, device=k.device)[None, :] < k[:, None]) & torch.isfinite(values)
-        chosen.scatter_(-1, index, keep)
-    return local | chosen
+    excluded = ~k_ok | local
+    k = (torch.floor(rho * k_ok.sum(-1).double()).long() - window).clamp(min=0)
+    return local, excluded, torch.minimum(k, (~excluded).sum(-1))
+
+
+def select_tokens(score: torch.Tensor, local: torch.Tensor, excluded: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Which slots a decode step reconstructs: the ``local`` ones plus the top ``k`` of the others by score (of
+    equal scores, the earlier slot, as a stable descending sort orders them).
+
+    score [B, S] finite; local, excluded bool [B, S], k int64 [B] (``selection_budget``). Returns bool [B, S].
+    """
+    ranked = score.float().masked_fill(excluded, float("-inf"))
+    top = int(k.max())
+    if top == 0:
+        return local.clone()
+    # the k-th best score of each row; everything above it is chosen, and of the slots tied with it the earliest
+    # ones (max pooling makes many ties), so the choice does not depend on topk's order among equals; a row
+    # with k = 0 takes nothing (nothing lies above its best, and it takes 0 of the tied ones)
+    kth = ranked.topk(top, dim=-1).values.gather(-1, (k.clamp_min(1) - 1)[:, None])  # [B, 1]
+    above = ranked > kth
+    tied = ranked == kth
+    return local | above | (tied & (tied.cumsum(-1) <= k[:, None] - above.sum(-1, keepdim=True)))
+
+
+def chosen_in_order(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chosen slots of bool chosen [B, S] in increasing order: (order int64 [B, n], picked bool [B, n]) with n
+    the most any row chose; a row that chose fewer is padded with slot 0, not picked."""
+    B, S = chosen.shape
+    count = chosen.sum(-1)
+    n = int(count.max())
+    place = torch.where(chosen, chosen.cumsum(-1) - 1, n)  # each chosen slot's place; the others go to column n
+    order = torch.zeros(B, n + 1, dtype=torch.long, device=chosen.device)
+    order.scatter_(-1, place, torch.arange(S, device=chosen.device).expand(B, -1))
+    return order[:, :n], torch.arange(n, device=chosen.device)[None, :] < count[:, None]

@@ -7,7 +7,9 @@ bases B_K, B_V; every non-sink token, and later every generated one, is stored a
 unnormalised states; the last W queries are kept projected into B_K, per GQA group member.
 
 Decode step: latent logits C_Q C_K^T / sqrt(r) (causal) are softmaxed over the cache and averaged over the W
-queries, pooled along the sequence and averaged over the GQA group; the last W tokens and the top
+queries, pooled along the sequence and averaged over the GQA group (a query's softmax over the keys before it
+never changes, so the window's sum is kept per layer and moves by the query that enters and the one that leaves:
+two query rows per step instead of W); the last W tokens and the top
 max(floor(rho L_t) - W, 0) others are reconstructed (C B^T), RoPE applied at their original positions, and
 the new token attends exactly to them and the sinks. The selection is recorded per layer and generated
 token; ``gkv_train.rollout.contract.s4r_record.S4RMasks`` replays it in training.
@@ -19,25 +21,47 @@ error); sink keys are kept as received (after RoPE), which is their pre-RoPE val
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from gkv_train.rollout.config import CompressionConfig
 from gkv_train.rollout.contract.attention import head_dim
 from gkv_train.rollout.contract.bits import pack_bits, unpack_bits
-from gkv_train.rollout.contract.rope import apply_rope, concat_to_heads, group_queries, heads_to_concat, inverse_rope
+from gkv_train.rollout.contract.rope import group_queries, heads_to_concat, inverse_rope, rotate_half
 from gkv_train.rollout.contract.s4r_record import S4RRecord
 from gkv_train.rollout.kv_cache import KVCache
 from gkv_train.rollout.lowrank import (
-    latent_scores,
+    chosen_in_order,
+    latent_probs,
     low_rank_bases,
     persistent_elements,
     s4r_rank,
     sample_positions,
     select_tokens,
+    selection_budget,
 )
 from gkv_train.rollout.scoring import aggregate_group, pool_scores
+
+
+class DecodeStep(NamedTuple):
+    """What every layer of one decode step shares (computed at its first layer)."""
+
+    step: int
+    cos: torch.Tensor  # [B, 1, D] RoPE of the new token
+    sin: torch.Tensor
+    slot: torch.Tensor  # int64 [B, 1, 1]: its coefficient slot
+    ring: int  # its place in the query window, where the oldest query leaves
+    pair_pos: torch.Tensor  # int64 [B, 2], bool [B, 2]: positions and validity of the query entering the window
+    pair_ok: torch.Tensor  # and of the one leaving it
+    S: int  # slots scored: up to the newest position
+    k_pos: torch.Tensor  # int64 [B, S] their positions
+    k_ok: torch.Tensor  # bool [B, S] occupied slots up to each sequence's position
+    local: torch.Tensor  # bool [B, S] (twice), k int64 [B]: the selection budget (``selection_budget``)
+    excluded: torch.Tensor
+    k: torch.Tensor
 
 
 class S4RCache(KVCache):
@@ -66,6 +90,11 @@ class S4RCache(KVCache):
         self._buffers_ready = False
         self.rows = None  # the batch rows held, when finished ones have left (None: all, in order)
         self._all_bases = None  # (bases_k, bases_v) of every row, for the record, once rows have left
+        self._now: DecodeStep | None = None
+        # RoPE by position from a table when the rotary embedding does not depend on the sequence length
+        rope_type = getattr(self.rotary, "rope_type", None)
+        self._rope_static = isinstance(rope_type, str) and rope_type not in ("dynamic", "longrope")
+        self._rope_table = None
 
     # ---- engine interface ----------------------------------------------------------------------------
     def begin(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -94,14 +123,29 @@ class S4RCache(KVCache):
             self.rows = torch.arange(self.B, device=keep.device)
             self._all_bases = (self.bases_k, self.bases_v)  # fixed after prefill
         self.rows, self.B = self.rows[keep], len(keep)
-        for name in ("sink_k", "sink_v", "bases_k", "bases_v", "coef_k", "coef_v", "cq"):  # one at a time
+        for name in ("sink_k", "sink_v", "bases_k", "bases_v", "coef_k", "coef_v", "cq", "window_sum"):  # one at a time
             setattr(self, name, getattr(self, name).index_select(1, keep))
         for name in ("valid", "lengths", "q_pos", "q_ok", "rank_k", "rank_v"):
             setattr(self, name, getattr(self, name)[keep])
+        self._now = None
 
     def nbytes(self) -> int:
-        """Bytes of the persistent state (per ``persistent_elements``, summed over sequences and layers)."""
-        return self._persistent_elements() * 4
+        """Bytes of the persistent state (per ``persistent_elements``, summed over sequences and layers), and of
+        the window's score sums (G per stored token)."""
+        stored = int((self.lengths - self.s).clamp_min(0).sum())
+        return (self._persistent_elements() + self.G * stored * self.L) * 4
+
+    def _rope(self, like: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, T, D] (dtype of ``like``) at logical positions int64 [B, T], as the model's rotary module
+        computes them (elementwise in the position, so a table of every position holds the same values)."""
+        if not self._rope_static:
+            return self.rotary(like, positions)
+        if self._rope_table is None or self._rope_table[0].dtype != like.dtype:
+            cos, sin = self.rotary(like, torch.arange(self.length, device=positions.device)[None])
+            self._rope_table = cos[0], sin[0]
+        cos, sin = self._rope_table
+        index = positions.reshape(-1)
+        return cos.index_select(0, index).view(*positions.shape, -1), sin.index_select(0, index).view(*positions.shape, -1)
 
     # ---- prefill -------------------------------------------------------------------------------------
     def _prefill(self, module, query, key, value, attention_mask, scaling):
@@ -126,6 +170,7 @@ class S4RCache(KVCache):
         self.bases_k, self.bases_v = torch.zeros(L, B, self.dim, rk, **f32), torch.zeros(L, B, self.dim, rv, **f32)
         self.coef_k, self.coef_v = torch.zeros(L, B, S, rk, **f32), torch.zeros(L, B, S, rv, **f32)
         self.cq = torch.zeros(L, B, self.G, self.W, rk, **f32)
+        self.window_sum = torch.zeros(L, B, self.G, S, **f32)  # sum over the window of its queries' softmaxes
         self.q_pos = torch.zeros(B, self.W, dtype=torch.long, device=self.device)
         self.q_ok = torch.zeros(B, self.W, dtype=torch.bool, device=self.device)
         # Bit-packed selection of every layer and generated token, over logical positions.
@@ -137,7 +182,7 @@ class S4RCache(KVCache):
         if not self._buffers_ready:
             self._allocate(key.dtype)
         cfg, pos, valid = self.compression, self._positions, self._valid_new
-        cos, sin = self.rotary(value, pos)
+        cos, sin = self._rope(value, pos)
         k_pre = heads_to_concat(inverse_rope(key, cos, sin)).float()  # [B, P, D']
         v_cat = heads_to_concat(value).float()
         q_pre = group_queries(inverse_rope(query, cos, sin), self.Hkv).float()  # [B, G, P, D']
@@ -162,9 +207,15 @@ class S4RCache(KVCache):
         self.coef_k[layer].scatter_add_(1, slots[..., None].expand_as(ck), ck)
         self.coef_v[layer].scatter_add_(1, slots[..., None].expand_as(cv), cv)
         self._push_queries(layer, q_pre[:, :, -self.W :], pos[:, -self.W :], valid[:, -self.W :])
+        S = int(self.lengths.max()) - self.s
+        k_pos = torch.arange(self.s, self.s + S, device=pos.device).expand(self.B, -1)
+        probs = latent_probs(self.cq[layer], self.q_pos, self.q_ok, self.coef_k[layer][:, :S], k_pos,
+                             self.valid[:, self.s : self.s + S], self.rank_k)
+        self.window_sum[layer][:, :, :S] = probs.sum(2)
 
     def _push_queries(self, layer, q_pre, pos, ok) -> None:
-        """Append the newest projected queries q_pre [B, G, n, D'] to the FIFO of the last W."""
+        """Fill the window with the prefill's last projected queries q_pre [B, G, n, D'] (n <= W), oldest first:
+        decode step t then replaces slot t mod W, the oldest."""
         n = q_pre.shape[2]
         cq = q_pre @ self.bases_k[layer][:, None]  # [B, G, n, r]
         self.cq[layer] = torch.cat([self.cq[layer][:, :, n:], cq], dim=2)[:, :, -self.W :]
@@ -173,41 +224,67 @@ class S4RCache(KVCache):
             self.q_ok = torch.cat([self.q_ok[:, n:], ok], dim=1)[:, -self.W :]
 
     # ---- decode --------------------------------------------------------------------------------------
-    def _decode(self, module, query, key, value, scaling):
-        start = time.perf_counter()
-        layer, cfg = module.layer_idx, self.compression
+    def _begin_step(self, like: torch.Tensor) -> DecodeStep:
+        """The new token's RoPE, slot and window place, the queries entering and leaving the window, the
+        slots to score and the selection budget."""
         pos = self._positions  # [B, 1]
-        cos, sin = self.rotary(value, pos)
-        k_pre = heads_to_concat(inverse_rope(key, cos, sin)).float()  # [B, 1, D']
-        slot = pos - self.s  # prompts are longer than the sinks: every generated token is stored low-rank
-        self.coef_k[layer].scatter_(1, slot[..., None].expand(-1, -1, self.coef_k.shape[-1]), k_pre @ self.bases_k[layer])
-        cv = heads_to_concat(value).float() @ self.bases_v[layer]
-        self.coef_v[layer].scatter_(1, slot[..., None].expand(-1, -1, self.coef_v.shape[-1]), cv)
-        self._push_queries(layer, group_queries(inverse_rope(query, cos, sin), self.Hkv).float(), pos, self._valid_new)
-
-        # Score the non-sink cache in the latent space and pick what to reconstruct.
+        cos, sin = self._rope(like, pos)
+        ring = self.step % self.W
+        pair_pos = torch.stack([pos[:, 0], self.q_pos[:, ring]], dim=1)
+        pair_ok = torch.stack([self._valid_new[:, 0], self.q_ok[:, ring]], dim=1)
+        self.q_pos[:, ring], self.q_ok[:, ring] = pos[:, 0], self._valid_new[:, 0]
         S = int(pos.max()) + 1 - self.s
         k_pos = torch.arange(self.s, self.s + S, device=pos.device).expand(self.B, -1)
         k_ok = self.valid[:, self.s : self.s + S] & (k_pos <= pos)
-        score = latent_scores(self.cq[layer], self.q_pos, self.q_ok, self.coef_k[layer][:, :S], k_pos, k_ok, self.rank_k)
-        score = pool_scores(score, k_ok[:, None, :], cfg.pool_kernel, cfg.pool)  # [B, G, S]
-        score = aggregate_group(score, 1, cfg.group_agg)
-        chosen = select_tokens(score, k_pos, k_ok, pos[:, 0], k_ok.sum(-1), self.W, cfg.rho, layer in cfg.full_layers)
-        self.selected[layer, slice(None) if self.rows is None else self.rows, self.step] = pack_bits(torch.nn.functional.pad(chosen, (self.s, self.length - self.s - S)))
+        budget = selection_budget(k_pos, k_ok, pos[:, 0], self.W, self.compression.rho)
+        # prompts are longer than the sinks: every generated token is stored low-rank
+        slot = (pos - self.s)[..., None]
+        return DecodeStep(self.step, cos, sin, slot, ring, pair_pos, pair_ok, S, k_pos, k_ok, *budget)
 
-        # Reconstruct the chosen tokens, RoPE at their positions, and attend with the sinks.
-        n = int(chosen.sum(-1).max())
-        order = (~chosen).to(torch.int8).argsort(dim=-1, stable=True)[:, :n]  # chosen slots first, in position order
-        picked = chosen.gather(-1, order)
-        ck = self.coef_k[layer].gather(1, order[..., None].expand(-1, -1, self.coef_k.shape[-1]))
-        cv = self.coef_v[layer].gather(1, order[..., None].expand(-1, -1, self.coef_v.shape[-1]))
-        rec_pos = order + self.s
-        rc, rs = self.rotary(value, rec_pos)
-        keys = apply_rope(concat_to_heads(ck @ self.bases_k[layer].transpose(-1, -2), self.Hkv).to(key.dtype), rc, rs)
-        values = concat_to_heads(cv @ self.bases_v[layer].transpose(-1, -2), self.Hkv).to(value.dtype)
-        keys = torch.cat([self.sink_k[layer], keys], dim=2)
-        values = torch.cat([self.sink_v[layer], values], dim=2)
-        mask = torch.cat([torch.ones_like(picked[:, :1]).expand(-1, self.s), picked], dim=1)[:, None, None, :]
+    def _decode(self, module, query, key, value, scaling):
+        start = time.perf_counter()
+        layer, cfg = module.layer_idx, self.compression
+        if self._now is None or self._now.step != self.step:
+            self._now = self._begin_step(value)
+        now = self._now
+        coef_k, coef_v, bases_k, bases_v = self.coef_k[layer], self.coef_v[layer], self.bases_k[layer], self.bases_v[layer]
+
+        # Store the new token low-rank and put its projected query in the window.
+        k_pre = heads_to_concat(inverse_rope(key, now.cos, now.sin)).float()  # [B, 1, D']
+        coef_k.scatter_(1, now.slot.expand(-1, -1, coef_k.shape[-1]), k_pre @ bases_k)
+        coef_v.scatter_(1, now.slot.expand(-1, -1, coef_v.shape[-1]), heads_to_concat(value).float() @ bases_v)
+        q_pre = group_queries(inverse_rope(query, now.cos, now.sin), self.Hkv).float()  # [B, G, 1, D']
+        cq_new = (q_pre @ bases_k[:, None])[:, :, 0]  # [B, G, r]
+        pair = torch.stack([cq_new, self.cq[layer, :, :, now.ring]], dim=2)  # entering, leaving: [B, G, 2, r]
+        self.cq[layer, :, :, now.ring] = cq_new
+
+        # Score the non-sink cache in the latent space (the window's sum of softmaxes: the mean times the number
+        # of valid queries, the same order) and pick what to reconstruct.
+        probs = latent_probs(pair, now.pair_pos, now.pair_ok, coef_k[:, : now.S], now.k_pos, now.k_ok, self.rank_k)
+        score = self.window_sum[layer][:, :, : now.S].add_(probs[:, :, 0]).sub_(probs[:, :, 1])  # [B, G, S]
+        # scores outside k_ok are exactly 0, so max pooling needs no mask there
+        ok = None if cfg.pool == "max" else now.k_ok[:, None, :]
+        score = aggregate_group(pool_scores(score, ok, cfg.pool_kernel, cfg.pool), 1, cfg.group_agg)
+        chosen = now.k_ok if layer in cfg.full_layers else select_tokens(score, now.local, now.excluded, now.k)
+        packed = pack_bits(F.pad(chosen, (self.s, 0)))  # over logical positions
+        self.selected[layer, slice(None) if self.rows is None else self.rows, self.step, : packed.shape[-1]] = packed
+
+        # Reconstruct the chosen tokens, RoPE at their positions (rotate_half folded into the key bases: one
+        # matmul gives x and rotate_half(x)), and attend with the sinks.
+        order, picked = chosen_in_order(chosen)  # [B, n]
+        B, n = order.shape
+        rows = (order + torch.arange(B, device=order.device)[:, None] * coef_k.shape[1]).view(-1)
+        ck = coef_k.view(-1, coef_k.shape[-1]).index_select(0, rows).view(B, n, -1)
+        cv = coef_v.view(-1, coef_v.shape[-1]).index_select(0, rows).view(B, n, -1)
+        basis_t = bases_k.transpose(-1, -2).view(B, -1, self.Hkv, self.D)  # [B, r, Hkv, D]
+        x = ck @ torch.cat([basis_t, rotate_half(basis_t)], dim=2).view(B, -1, 2 * self.dim)  # [B, n, 2 D']
+        x = x.to(key.dtype).view(B, n, 2 * self.Hkv, self.D)
+        cos, sin = self._rope(value, order + self.s)  # [B, n, D]
+        keys = (x[:, :, : self.Hkv] * cos[:, :, None]).addcmul_(x[:, :, self.Hkv :], sin[:, :, None])
+        values = (cv @ bases_v.transpose(-1, -2)).to(value.dtype).view(B, n, self.Hkv, self.D)
+        keys = torch.cat([self.sink_k[layer], keys.transpose(1, 2)], dim=2)
+        values = torch.cat([self.sink_v[layer], values.transpose(1, 2)], dim=2)
+        mask = F.pad(picked, (self.s, 0), value=True)[:, None, None, :]
         self.seconds += time.perf_counter() - start
         return sdpa_attention_forward(module, query, keys, values, mask, scaling=scaling)
 

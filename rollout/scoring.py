@@ -78,10 +78,13 @@ def pool_scores(scores: torch.Tensor, ok: torch.Tensor, kernel: int, mode: str) 
 
     ok bool, broadcastable to ``scores``. Slots outside ``ok`` take no part (the reference pools the candidate
     region only, padded with -inf); a kernel of 1 is the identity. Scores are non-negative attention.
+    ``ok=None`` with ``max``: every slot takes part (the same result where the slots outside are 0).
     """
     if kernel == 1:
         return scores
     shape = scores.shape
+    if ok is None and mode == "max":
+        return F.max_pool1d(scores.reshape(-1, 1, shape[-1]), kernel, stride=1, padding=kernel // 2).view(shape)
     ok = ok.expand(shape).reshape(-1, 1, shape[-1]).float()
     flat = scores.reshape(-1, 1, shape[-1])
     if mode == "max":

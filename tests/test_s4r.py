@@ -9,7 +9,15 @@ from gkv_train.rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.rollout.contract.bits import pack_bits, unpack_bits
 from gkv_train.rollout.contract.rope import apply_rope, inverse_rope
 from gkv_train.rollout.engine import RolloutEngine, make_cache
-from gkv_train.rollout.lowrank import persistent_elements, s4r_rank, sample_positions, select_tokens
+from gkv_train.rollout.lowrank import (
+    chosen_in_order,
+    latent_probs,
+    persistent_elements,
+    s4r_rank,
+    sample_positions,
+    select_tokens,
+    selection_budget,
+)
 
 TOL = 1e-4
 PROMPTS = [40, 63, 52, 71, 45]
@@ -72,7 +80,7 @@ def test_persistent_bytes_follow_the_formula(tiny_llama):
         assert held == formula == persistent_elements(cfg.resolved().sinks, L, dim, groups, cfg.resolved().window, r, r)
         ratio = formula / (2 * (cfg.resolved().sinks + L) * dim)
         assert ratio <= cfg.eta < formula / (2 * (cfg.resolved().sinks + L) * dim) + (L + groups * cfg.resolved().window / 2 + dim) / ((cfg.resolved().sinks + L) * dim)
-        total += held
+        total += held + groups * L  # and the window's score sums
     assert cache.nbytes() == total * c.num_hidden_layers * 4
 
 
@@ -108,10 +116,79 @@ def test_selection_keeps_window_and_top_k():
     score = torch.tensor([[0.9, 0.1, 0.8, 0.2, 0.3, 0.0, 0.05, 0.5]])
     k_pos = torch.arange(4, 12)[None]
     k_ok = torch.ones(1, 8, dtype=torch.bool)
-    chosen = select_tokens(score, k_pos, k_ok, torch.tensor([11]), torch.tensor([8]), window=2, rho=0.5, full=False)
+    local, excluded, k = selection_budget(k_pos, k_ok, torch.tensor([11]), window=2, rho=0.5)
     # window: positions 10, 11 (slots 6, 7); k = floor(0.5 * 8) - 2 = 2 others: slots 0 and 2
-    assert chosen[0].nonzero().squeeze(-1).tolist() == [0, 2, 6, 7]
-    assert select_tokens(score, k_pos, k_ok, torch.tensor([11]), torch.tensor([8]), 2, 0.5, full=True).all()
+    assert k.tolist() == [2] and local[0].nonzero().squeeze(-1).tolist() == [6, 7]
+    assert select_tokens(score, local, excluded, k)[0].nonzero().squeeze(-1).tolist() == [0, 2, 6, 7]
+
+
+def stable_sort_selection(score, k_ok, local, k):
+    """The selection by a stable descending sort (of equal scores, the earlier slot), the top k = floor(rho *
+    L_t) - window at most: what select_tokens does with one topk and a tie rule."""
+    ranked = score.masked_fill(~k_ok | local, float("-inf"))
+    values, index = ranked.sort(dim=-1, descending=True, stable=True)
+    keep = (torch.arange(ranked.shape[-1])[None, :] < k[:, None]) & values.isfinite()
+    return local | torch.zeros_like(k_ok).scatter(-1, index, keep)
+
+
+def test_selection_breaks_ties_like_a_stable_sort():
+    torch.manual_seed(0)
+    for _ in range(50):
+        B, S = 3, 40
+        score = torch.randint(0, 5, (B, S)).float() / 4  # many ties, as after max pooling
+        lengths = torch.randint(10, S + 1, (B,))
+        k_pos = torch.arange(4, 4 + S).expand(B, -1)
+        k_ok = torch.arange(S)[None, :] < lengths[:, None]
+        rho = float(torch.rand(1))
+        local, excluded, k = selection_budget(k_pos, k_ok, lengths + 3, window=4, rho=rho)
+        k_uncapped = (torch.floor(rho * lengths.double()).long() - 4).clamp_min(0)
+        expected = stable_sort_selection(score, k_ok, local, k_uncapped)
+        assert torch.equal(select_tokens(score, local, excluded, k), expected)
+    # all tied: the earliest slots, not topk's own order among equals
+    score, local = torch.zeros(1, 40), torch.zeros(1, 40, dtype=torch.bool)
+    assert select_tokens(score, local, local, torch.tensor([5]))[0].nonzero().squeeze(-1).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_chosen_in_order():
+    chosen = torch.tensor([[1, 0, 1, 1, 0], [0, 0, 0, 1, 0]], dtype=torch.bool)
+    order, picked = chosen_in_order(chosen)
+    assert order[picked].tolist() == [0, 2, 3, 3] and picked.sum(-1).tolist() == [3, 1]
+
+
+def test_latent_probs_are_causal_softmaxes():
+    torch.manual_seed(0)
+    B, G, Q, S, r = 2, 2, 3, 12, 4
+    cq, ck, rank = torch.randn(B, G, Q, r), torch.randn(B, S, r), torch.tensor([4, 3])
+    q_pos = torch.tensor([[10, 12, 15], [6, 7, 9]])
+    q_ok = torch.tensor([[True, True, True], [False, True, True]])
+    k_pos = torch.arange(4, 4 + S).expand(B, -1)
+    k_ok = k_pos <= torch.tensor([[15], [9]])
+    probs = latent_probs(cq, q_pos, q_ok, ck, k_pos, k_ok, rank)
+    logits = cq @ ck.transpose(-1, -2)[:, None] / rank.float().sqrt()[:, None, None, None]
+    for b in range(B):
+        for q in range(Q):
+            seen = k_ok[b] & (k_pos[b] <= q_pos[b, q])
+            expected = logits[b, :, q, seen].softmax(-1) if q_ok[b, q] else torch.zeros(G, int(seen.sum()))
+            torch.testing.assert_close(probs[b, :, q, seen], expected)
+            assert not probs[b, :, q, ~seen].any()
+
+
+def test_window_sum_follows_the_window(tiny_llama):
+    """The running sum of the window's softmaxes (one query in, one out per step) equals the sum computed from
+    scratch over the last W queries, rows that finished early included; the control: the previous window's."""
+    cfg = CompressionConfig("s4r", eta=0.3, window=4)
+    caches = []
+    engine = RolloutEngine(tiny_llama, compression=cfg, cache_factory=lambda *a: caches.append(make_cache(*a)) or caches[-1])
+    engine.generate(random_prompts([40, 25]), SamplingConfig(max_new_tokens=12, seed=3))
+    cache = caches[0]
+    S = int(cache.lengths.max()) - cache.s
+    k_pos = torch.arange(cache.s, cache.s + S).expand(cache.B, -1)
+    k_ok = cache.valid[:, cache.s : cache.s + S]
+    for layer in range(cache.L):
+        probs = latent_probs(cache.cq[layer], cache.q_pos, cache.q_ok, cache.coef_k[layer][:, :S], k_pos, k_ok, cache.rank_k)
+        torch.testing.assert_close(cache.window_sum[layer][:, :, :S], probs.sum(2), rtol=1e-4, atol=1e-6)
+        stale = probs[:, :, :-1].sum(2)  # without the newest query
+        assert not torch.allclose(cache.window_sum[layer][:, :, :S], stale, rtol=1e-4, atol=1e-6)
 
 
 def test_short_prompt_is_a_clear_error(tiny_llama):
