@@ -7,6 +7,7 @@ Shapes: ``B`` batch, ``Hkv`` KV heads, ``D`` head dim, ``D' = Hkv * D`` (all KV 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -47,66 +48,78 @@ def low_rank_bases(samples: torch.Tensor, rank: int, normalize: bool) -> torch.T
     return vh[:, :rank].transpose(-1, -2)
 
 
-def latent_probs(
-    cq: torch.Tensor, q_pos: torch.Tensor, q_ok: torch.Tensor, ck: torch.Tensor, k_pos: torch.Tensor,
-    k_ok: torch.Tensor, rank: torch.Tensor,
-) -> torch.Tensor:
+def hidden_keys(q_pos: torch.Tensor, q_ok: torch.Tensor, k_pos: torch.Tensor, k_ok: torch.Tensor) -> torch.Tensor:
+    """The keys each query may not see: bool [B, 1, Q, S], later positions and empty slots (an invalid query sees
+    every key, so that its softmax stays finite; it must be given weight 0).
+
+    q_pos int64 [B, Q]; q_ok bool [B, Q]; k_pos int64 [B, S]; k_ok bool [B, S].
+    """
+    return (~(k_ok[:, None, :] & (k_pos[:, None, :] <= q_pos[:, :, None])) & q_ok[:, :, None])[:, None]
+
+
+def latent_probs(cq: torch.Tensor, ck: torch.Tensor, scale: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
     """Each query's causal softmax over the cache in the latent space, softmax(C_Q C_K^T / sqrt(r)).
 
-    cq [B, G, Q, r]; q_pos int64 [B, Q]; q_ok bool [B, Q]; ck [B, S, r]; k_pos int64 [B, S]; k_ok bool [B, S];
-    rank [B] each sequence's rank. Returns float32 [B, G, Q, S], the rows of invalid queries 0.
+    cq [B, G, Q, r]; ck [B, S, r]; scale float32 [B, 1, 1, 1] = r^-1/2 of each sequence's rank; hidden bool
+    [B, 1, Q, S] (``hidden_keys``). Returns float32 [B, G, Q, S].
     A key's probability under a query never changes once written (later keys are hidden from it), so the
     window's sum of them moves by one query in and one out per step (``S4RCache``).
     """
     B, G, Q, r = cq.shape
-    scaled = cq.float() * rank.float().rsqrt()[:, None, None, None]
-    logits = (scaled.reshape(B, G * Q, r) @ ck.float().transpose(-1, -2)).view(B, G, Q, -1)
-    visible = (k_ok[:, None, :] & (k_pos[:, None, :] <= q_pos[:, :, None])) | ~q_ok[:, :, None]  # finite rows
-    return logits.masked_fill_(~visible[:, None], float("-inf")).softmax(-1) * q_ok[:, None, :, None]
+    logits = ((cq.float() * scale).reshape(B, G * Q, r) @ ck.float().transpose(-1, -2)).view(B, G, Q, -1)
+    return logits.masked_fill_(hidden, float("-inf")).softmax(-1)
+
+
+class SelectionBudget(NamedTuple):
+    """What a decode step reconstructs besides its choice by score, the same for every layer."""
+
+    local: torch.Tensor  # bool [B, S] the last ``window`` positions, the current one included
+    excluded: torch.Tensor  # bool [B, S] the slots not to choose from (empty or local)
+    k: torch.Tensor  # int64 [B] how many of the others to choose by score
+    top: int  # the most any row chooses
+    count: torch.Tensor  # int64 [B] slots reconstructed in all (local + k)
+    n: int  # the most any row reconstructs
 
 
 def selection_budget(
     k_pos: torch.Tensor, k_ok: torch.Tensor, position: torch.Tensor, window: int, rho: float
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """What a decode step reconstructs besides its choice, the same for every layer: (local bool [B, S], the
-    last ``window`` positions, the current one included; excluded bool [B, S], the slots not to choose from
-    (empty or local); k int64 [B] = max(floor(rho * L_t) - window, 0) other slots to choose by score, L_t the
-    occupied slots, at most the slots there are to choose from).
+) -> SelectionBudget:
+    """The last ``window`` positions are reconstructed, and k = max(floor(rho * L_t) - window, 0) others chosen by
+    score, L_t the occupied slots (at most as many as there are to choose from).
 
     k_pos int64 [B, S]; k_ok bool [B, S]; position int64 [B] the current query's position.
     """
     local = k_ok & (k_pos > (position - window)[:, None])
     excluded = ~k_ok | local
     k = (torch.floor(rho * k_ok.sum(-1).double()).long() - window).clamp(min=0)
-    return local, excluded, torch.minimum(k, (~excluded).sum(-1))
+    k = torch.minimum(k, (~excluded).sum(-1))
+    count = local.sum(-1) + k
+    return SelectionBudget(local, excluded, k, int(k.max()), count, int(count.max()))
 
 
-def select_tokens(score: torch.Tensor, local: torch.Tensor, excluded: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+def select_tokens(score: torch.Tensor, budget: SelectionBudget) -> torch.Tensor:
     """Which slots a decode step reconstructs: the ``local`` ones plus the top ``k`` of the others by score (of
-    equal scores, the earlier slot, as a stable descending sort orders them).
+    equal scores, the earlier slot, as a stable descending sort orders them); ``count`` in all.
 
-    score [B, S] finite; local, excluded bool [B, S], k int64 [B] (``selection_budget``). Returns bool [B, S].
+    score [B, S] finite; budget from ``selection_budget``. Returns bool [B, S].
     """
-    ranked = score.float().masked_fill(excluded, float("-inf"))
-    top = int(k.max())
-    if top == 0:
+    local, k = budget.local, budget.k
+    if budget.top == 0:
         return local.clone()
+    ranked = score.float().masked_fill(budget.excluded, float("-inf"))
     # the k-th best score of each row; everything above it is chosen, and of the slots tied with it the earliest
     # ones (max pooling makes many ties), so the choice does not depend on topk's order among equals; a row
     # with k = 0 takes nothing (nothing lies above its best, and it takes 0 of the tied ones)
-    kth = ranked.topk(top, dim=-1).values.gather(-1, (k.clamp_min(1) - 1)[:, None])  # [B, 1]
+    kth = ranked.topk(budget.top, dim=-1).values.gather(-1, (k.clamp_min(1) - 1)[:, None])  # [B, 1]
     above = ranked > kth
     tied = ranked == kth
     return local | above | (tied & (tied.cumsum(-1) <= k[:, None] - above.sum(-1, keepdim=True)))
 
 
-def chosen_in_order(chosen: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chosen slots of bool chosen [B, S] in increasing order: (order int64 [B, n], picked bool [B, n]) with n
-    the most any row chose; a row that chose fewer is padded with slot 0, not picked."""
+def chosen_in_order(chosen: torch.Tensor, n: int) -> torch.Tensor:
+    """The chosen slots of bool chosen [B, S] in increasing order: int64 [B, n], n at least the most any row
+    chose; a row that chose fewer is padded with slot 0."""
     B, S = chosen.shape
-    count = chosen.sum(-1)
-    n = int(count.max())
     place = torch.where(chosen, chosen.cumsum(-1) - 1, n)  # each chosen slot's place; the others go to column n
     order = torch.zeros(B, n + 1, dtype=torch.long, device=chosen.device)
-    order.scatter_(-1, place, torch.arange(S, device=chosen.device).expand(B, -1))
-    return order[:, :n], torch.arange(n, device=chosen.device)[None, :] < count[:, None]
+    return order.scatter_(-1, place, torch.arange(S, device=chosen.device).expand(B, -1))[:, :n]

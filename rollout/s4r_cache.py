@@ -34,7 +34,9 @@ from gkv_train.rollout.contract.rope import group_queries, heads_to_concat, inve
 from gkv_train.rollout.contract.s4r_record import S4RRecord
 from gkv_train.rollout.kv_cache import KVCache
 from gkv_train.rollout.lowrank import (
+    SelectionBudget,
     chosen_in_order,
+    hidden_keys,
     latent_probs,
     low_rank_bases,
     persistent_elements,
@@ -54,14 +56,14 @@ class DecodeStep(NamedTuple):
     sin: torch.Tensor
     slot: torch.Tensor  # int64 [B, 1, 1]: its coefficient slot
     ring: int  # its place in the query window, where the oldest query leaves
-    pair_pos: torch.Tensor  # int64 [B, 2], bool [B, 2]: positions and validity of the query entering the window
-    pair_ok: torch.Tensor  # and of the one leaving it
     S: int  # slots scored: up to the newest position
-    k_pos: torch.Tensor  # int64 [B, S] their positions
     k_ok: torch.Tensor  # bool [B, S] occupied slots up to each sequence's position
-    local: torch.Tensor  # bool [B, S] (twice), k int64 [B]: the selection budget (``selection_budget``)
-    excluded: torch.Tensor
-    k: torch.Tensor
+    pair_hidden: torch.Tensor  # bool [B, 1, 2, S]: keys hidden from the query entering the window and the one leaving
+    pair_weight: torch.Tensor  # float32 [B, 1, 1, 2]: +1 entering, -1 leaving, 0 for an invalid query
+    budget: SelectionBudget
+    mask: torch.Tensor | None  # bool [B, s + n]: sinks and reconstructed slots each row attends (None: all)
+    full: tuple | None  # (n, mask) for ``full_layers``, which reconstruct every occupied slot
+    row_offsets: torch.Tensor  # int64 [B, 1]: each row's first slot in a layer's flattened coefficients
 
 
 class S4RCache(KVCache):
@@ -125,7 +127,7 @@ class S4RCache(KVCache):
         self.rows, self.B = self.rows[keep], len(keep)
         for name in ("sink_k", "sink_v", "bases_k", "bases_v", "coef_k", "coef_v", "cq", "window_sum"):  # one at a time
             setattr(self, name, getattr(self, name).index_select(1, keep))
-        for name in ("valid", "lengths", "q_pos", "q_ok", "rank_k", "rank_v"):
+        for name in ("valid", "lengths", "q_pos", "q_ok", "rank_k", "rank_v", "latent_scale"):
             setattr(self, name, getattr(self, name)[keep])
         self._now = None
 
@@ -171,6 +173,7 @@ class S4RCache(KVCache):
         self.coef_k, self.coef_v = torch.zeros(L, B, S, rk, **f32), torch.zeros(L, B, S, rv, **f32)
         self.cq = torch.zeros(L, B, self.G, self.W, rk, **f32)
         self.window_sum = torch.zeros(L, B, self.G, S, **f32)  # sum over the window of its queries' softmaxes
+        self.latent_scale = self.rank_k.float().rsqrt()[:, None, None, None]  # [B, 1, 1, 1]
         self.q_pos = torch.zeros(B, self.W, dtype=torch.long, device=self.device)
         self.q_ok = torch.zeros(B, self.W, dtype=torch.bool, device=self.device)
         # Bit-packed selection of every layer and generated token, over logical positions.
@@ -209,9 +212,9 @@ class S4RCache(KVCache):
         self._push_queries(layer, q_pre[:, :, -self.W :], pos[:, -self.W :], valid[:, -self.W :])
         S = int(self.lengths.max()) - self.s
         k_pos = torch.arange(self.s, self.s + S, device=pos.device).expand(self.B, -1)
-        probs = latent_probs(self.cq[layer], self.q_pos, self.q_ok, self.coef_k[layer][:, :S], k_pos,
-                             self.valid[:, self.s : self.s + S], self.rank_k)
-        self.window_sum[layer][:, :, :S] = probs.sum(2)
+        hidden = hidden_keys(self.q_pos, self.q_ok, k_pos, self.valid[:, self.s : self.s + S])
+        probs = latent_probs(self.cq[layer], self.coef_k[layer][:, :S], self.latent_scale, hidden)
+        self.window_sum[layer][:, :, :S] = (self.q_ok.float()[:, None, None, :] @ probs).squeeze(2)
 
     def _push_queries(self, layer, q_pre, pos, ok) -> None:
         """Fill the window with the prefill's last projected queries q_pre [B, G, n, D'] (n <= W), oldest first:
@@ -226,7 +229,7 @@ class S4RCache(KVCache):
     # ---- decode --------------------------------------------------------------------------------------
     def _begin_step(self, like: torch.Tensor) -> DecodeStep:
         """The new token's RoPE, slot and window place, the queries entering and leaving the window, the
-        slots to score and the selection budget."""
+        slots to score, the selection budget and the attention mask."""
         pos = self._positions  # [B, 1]
         cos, sin = self._rope(like, pos)
         ring = self.step % self.W
@@ -236,57 +239,87 @@ class S4RCache(KVCache):
         S = int(pos.max()) + 1 - self.s
         k_pos = torch.arange(self.s, self.s + S, device=pos.device).expand(self.B, -1)
         k_ok = self.valid[:, self.s : self.s + S] & (k_pos <= pos)
+        pair_weight = (pair_ok.float() * torch.tensor([1.0, -1.0], device=pos.device))[:, None, None, :]
         budget = selection_budget(k_pos, k_ok, pos[:, 0], self.W, self.compression.rho)
-        # prompts are longer than the sinks: every generated token is stored low-rank
-        slot = (pos - self.s)[..., None]
-        return DecodeStep(self.step, cos, sin, slot, ring, pair_pos, pair_ok, S, k_pos, k_ok, *budget)
+        full = None
+        if self.compression.full_layers:
+            count = k_ok.sum(-1)
+            full = int(count.max()), self._attention_mask(count, int(count.max()))
+        return DecodeStep(
+            self.step, cos, sin, (pos - self.s)[..., None], ring, S, k_ok, hidden_keys(pair_pos, pair_ok, k_pos, k_ok),
+            pair_weight, budget, self._attention_mask(budget.count, budget.n), full,
+            torch.arange(self.B, device=pos.device)[:, None] * self.coef_k.shape[2],
+        )  # the slot: prompts are longer than the sinks, so every generated token is stored low-rank
+
+    def _attention_mask(self, count: torch.Tensor, n: int) -> torch.Tensor | None:
+        """bool [B, s + n]: the sinks and each row's first count [B] reconstructed slots; None when all are."""
+        if bool((count == n).all()):
+            return None
+        return F.pad(torch.arange(n, device=count.device)[None, :] < count[:, None], (self.s, 0), value=True)
 
     def _decode(self, module, query, key, value, scaling):
         start = time.perf_counter()
-        layer, cfg = module.layer_idx, self.compression
-        if self._now is None or self._now.step != self.step:
-            self._now = self._begin_step(value)
-        now = self._now
+        layer, cfg, now = module.layer_idx, self.compression, self._now
+        if now is None or now.step != self.step:
+            now = self._now = self._begin_step(value)
+        B, G, Hkv, D = self.B, self.G, self.Hkv, self.D
         coef_k, coef_v, bases_k, bases_v = self.coef_k[layer], self.coef_v[layer], self.bases_k[layer], self.bases_v[layer]
 
-        # Store the new token low-rank and put its projected query in the window.
-        k_pre = heads_to_concat(inverse_rope(key, now.cos, now.sin)).float()  # [B, 1, D']
-        coef_k.scatter_(1, now.slot.expand(-1, -1, coef_k.shape[-1]), k_pre @ bases_k)
+        # The new token's pre-RoPE query and key (rotated back together) onto B_K, its value onto B_V.
+        pre = inverse_rope(torch.cat([query, key], dim=1), now.cos, now.sin).float()  # [B, H + Hkv, 1, D]
+        pre = torch.cat([group_queries(pre[:, : self.H], Hkv), heads_to_concat(pre[:, self.H :])[:, None]], dim=1)
+        proj = pre @ bases_k[:, None]  # [B, G + 1, 1, r]: the G query members, then the key
+        coef_k.scatter_(1, now.slot.expand(-1, -1, coef_k.shape[-1]), proj[:, G])
         coef_v.scatter_(1, now.slot.expand(-1, -1, coef_v.shape[-1]), heads_to_concat(value).float() @ bases_v)
-        q_pre = group_queries(inverse_rope(query, now.cos, now.sin), self.Hkv).float()  # [B, G, 1, D']
-        cq_new = (q_pre @ bases_k[:, None])[:, :, 0]  # [B, G, r]
-        pair = torch.stack([cq_new, self.cq[layer, :, :, now.ring]], dim=2)  # entering, leaving: [B, G, 2, r]
-        self.cq[layer, :, :, now.ring] = cq_new
+        pair = torch.cat([proj[:, :G], self.cq[layer, :, :, now.ring, None]], dim=2)  # [B, G, 2, r]: in, out
+        self.cq[layer, :, :, now.ring] = proj[:, :G, 0]
 
-        # Score the non-sink cache in the latent space (the window's sum of softmaxes: the mean times the number
-        # of valid queries, the same order) and pick what to reconstruct.
-        probs = latent_probs(pair, now.pair_pos, now.pair_ok, coef_k[:, : now.S], now.k_pos, now.k_ok, self.rank_k)
-        score = self.window_sum[layer][:, :, : now.S].add_(probs[:, :, 0]).sub_(probs[:, :, 1])  # [B, G, S]
-        # scores outside k_ok are exactly 0, so max pooling needs no mask there
+        # Score the non-sink cache in the latent space: the window's sum of softmaxes (the mean times the number
+        # of valid queries, the same order) moves by the query entering and the one leaving.
+        probs = latent_probs(pair, coef_k[:, : now.S], self.latent_scale, now.pair_hidden)  # [B, G, 2, S]
+        score = self.window_sum[layer][:, :, : now.S]
+        score += (now.pair_weight @ probs).squeeze(2)  # [B, G, S]
+        # scores outside k_ok are 0 (nothing was ever added there), so max pooling needs no mask
         ok = None if cfg.pool == "max" else now.k_ok[:, None, :]
         score = aggregate_group(pool_scores(score, ok, cfg.pool_kernel, cfg.pool), 1, cfg.group_agg)
-        chosen = now.k_ok if layer in cfg.full_layers else select_tokens(score, now.local, now.excluded, now.k)
+        if layer in cfg.full_layers:
+            chosen, (n, mask) = now.k_ok, now.full
+        else:
+            chosen, n, mask = select_tokens(score, now.budget), now.budget.n, now.mask
         packed = pack_bits(F.pad(chosen, (self.s, 0)))  # over logical positions
         self.selected[layer, slice(None) if self.rows is None else self.rows, self.step, : packed.shape[-1]] = packed
 
-        # Reconstruct the chosen tokens, RoPE at their positions (rotate_half folded into the key bases: one
-        # matmul gives x and rotate_half(x)), and attend with the sinks.
-        order, picked = chosen_in_order(chosen)  # [B, n]
-        B, n = order.shape
-        rows = (order + torch.arange(B, device=order.device)[:, None] * coef_k.shape[1]).view(-1)
+        # Reconstruct the chosen keys (C B_K^T, RoPE at their positions) and attend with the sinks.
+        order = chosen_in_order(chosen, n)  # [B, n]
+        rows = (order + now.row_offsets).view(-1)
         ck = coef_k.view(-1, coef_k.shape[-1]).index_select(0, rows).view(B, n, -1)
         cv = coef_v.view(-1, coef_v.shape[-1]).index_select(0, rows).view(B, n, -1)
-        basis_t = bases_k.transpose(-1, -2).view(B, -1, self.Hkv, self.D)  # [B, r, Hkv, D]
-        x = ck @ torch.cat([basis_t, rotate_half(basis_t)], dim=2).view(B, -1, 2 * self.dim)  # [B, n, 2 D']
-        x = x.to(key.dtype).view(B, n, 2 * self.Hkv, self.D)
         cos, sin = self._rope(value, order + self.s)  # [B, n, D]
-        keys = (x[:, :, : self.Hkv] * cos[:, :, None]).addcmul_(x[:, :, self.Hkv :], sin[:, :, None])
-        values = (cv @ bases_v.transpose(-1, -2)).to(value.dtype).view(B, n, self.Hkv, self.D)
-        keys = torch.cat([self.sink_k[layer], keys.transpose(1, 2)], dim=2)
-        values = torch.cat([self.sink_v[layer], values.transpose(1, 2)], dim=2)
-        mask = F.pad(picked, (self.s, 0), value=True)[:, None, None, :]
+        x = (ck @ bases_k.transpose(-1, -2)).to(key.dtype).view(B, n, Hkv, D)
+        x = x * cos[:, :, None] + rotate_half(x) * sin[:, :, None]
+        keys = torch.cat([self.sink_k[layer], x.transpose(1, 2)], dim=2)  # [B, Hkv, s + n, D]
+        out = self._attend(query, keys, self.sink_v[layer], cv, bases_v, mask, scaling)
         self.seconds += time.perf_counter() - start
-        return sdpa_attention_forward(module, query, keys, values, mask, scaling=scaling)
+        return out, None
+
+    def _attend(self, query, keys, sink_v, cv, bases_v, mask, scaling) -> torch.Tensor:
+        """The new token's attention output [B, 1, H, D] (the attention interface's layout) from queries
+        [B, H, 1, D] over keys [B, Hkv, s + n, D] (mask bool [B, s + n] or None), with exact sink values sink_v
+        [B, Hkv, s, D] and the reconstructed tokens' values taken in the latent space: the weights a of a query
+        head give sum_j a_j C_V[j] B_V^T = (a C_V) B_V^T, restricted to its KV head's columns, so no value is
+        reconstructed. cv [B, n, r_v] coefficients, bases_v [B, D', r_v]. Computed in float32."""
+        B, H, _, D = query.shape
+        Hkv, G, s = self.Hkv, self.G, self.s
+        scale = D**-0.5 if scaling is None else scaling
+        logits = (query.float().view(B, Hkv, G, D) * scale) @ keys.float().transpose(-1, -2)  # [B, Hkv, G, s + n]
+        if mask is not None:
+            logits.masked_fill_(~mask[:, None, None, :], float("-inf"))
+        weights = logits.softmax(-1)
+        out = weights[..., :s] @ sink_v.float()  # [B, Hkv, G, D]
+        latent = weights[..., s:].reshape(B, H, -1) @ cv  # [B, H, r_v]
+        per_head = bases_v.transpose(-1, -2).view(B, -1, Hkv, D).transpose(1, 2)  # [B, Hkv, r_v, D]
+        out = out + latent.view(B, Hkv, G, -1) @ per_head
+        return out.to(query.dtype).view(B, 1, H, D)
 
     # ---- results -------------------------------------------------------------------------------------
     def finish(self, prompt_lengths, completion_lengths, width: int):

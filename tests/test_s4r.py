@@ -11,6 +11,7 @@ from gkv_train.rollout.contract.rope import apply_rope, inverse_rope
 from gkv_train.rollout.engine import RolloutEngine, make_cache
 from gkv_train.rollout.lowrank import (
     chosen_in_order,
+    hidden_keys,
     latent_probs,
     persistent_elements,
     s4r_rank,
@@ -116,10 +117,10 @@ def test_selection_keeps_window_and_top_k():
     score = torch.tensor([[0.9, 0.1, 0.8, 0.2, 0.3, 0.0, 0.05, 0.5]])
     k_pos = torch.arange(4, 12)[None]
     k_ok = torch.ones(1, 8, dtype=torch.bool)
-    local, excluded, k = selection_budget(k_pos, k_ok, torch.tensor([11]), window=2, rho=0.5)
+    budget = selection_budget(k_pos, k_ok, torch.tensor([11]), window=2, rho=0.5)
     # window: positions 10, 11 (slots 6, 7); k = floor(0.5 * 8) - 2 = 2 others: slots 0 and 2
-    assert k.tolist() == [2] and local[0].nonzero().squeeze(-1).tolist() == [6, 7]
-    assert select_tokens(score, local, excluded, k)[0].nonzero().squeeze(-1).tolist() == [0, 2, 6, 7]
+    assert budget.k.tolist() == [2] and budget.local[0].nonzero().squeeze(-1).tolist() == [6, 7] and budget.n == 4
+    assert select_tokens(score, budget)[0].nonzero().squeeze(-1).tolist() == [0, 2, 6, 7]
 
 
 def stable_sort_selection(score, k_ok, local, k):
@@ -140,19 +141,21 @@ def test_selection_breaks_ties_like_a_stable_sort():
         k_pos = torch.arange(4, 4 + S).expand(B, -1)
         k_ok = torch.arange(S)[None, :] < lengths[:, None]
         rho = float(torch.rand(1))
-        local, excluded, k = selection_budget(k_pos, k_ok, lengths + 3, window=4, rho=rho)
+        budget = selection_budget(k_pos, k_ok, lengths + 3, window=4, rho=rho)
         k_uncapped = (torch.floor(rho * lengths.double()).long() - 4).clamp_min(0)
-        expected = stable_sort_selection(score, k_ok, local, k_uncapped)
-        assert torch.equal(select_tokens(score, local, excluded, k), expected)
+        expected = stable_sort_selection(score, k_ok, budget.local, k_uncapped)
+        chosen = select_tokens(score, budget)
+        assert torch.equal(chosen, expected) and torch.equal(chosen.sum(-1), budget.count)
     # all tied: the earliest slots, not topk's own order among equals
-    score, local = torch.zeros(1, 40), torch.zeros(1, 40, dtype=torch.bool)
-    assert select_tokens(score, local, local, torch.tensor([5]))[0].nonzero().squeeze(-1).tolist() == [0, 1, 2, 3, 4]
+    k_pos, k_ok = torch.arange(4, 44)[None], torch.ones(1, 40, dtype=torch.bool)
+    budget = selection_budget(k_pos, k_ok, torch.tensor([43]), window=1, rho=6 / 40)
+    chosen = select_tokens(torch.zeros(1, 40), budget)
+    assert chosen[0].nonzero().squeeze(-1).tolist() == [0, 1, 2, 3, 4, 39]
 
 
 def test_chosen_in_order():
     chosen = torch.tensor([[1, 0, 1, 1, 0], [0, 0, 0, 1, 0]], dtype=torch.bool)
-    order, picked = chosen_in_order(chosen)
-    assert order[picked].tolist() == [0, 2, 3, 3] and picked.sum(-1).tolist() == [3, 1]
+    assert chosen_in_order(chosen, 3).tolist() == [[0, 2, 3], [3, 0, 0]]
 
 
 def test_latent_probs_are_causal_softmaxes():
@@ -163,14 +166,16 @@ def test_latent_probs_are_causal_softmaxes():
     q_ok = torch.tensor([[True, True, True], [False, True, True]])
     k_pos = torch.arange(4, 4 + S).expand(B, -1)
     k_ok = k_pos <= torch.tensor([[15], [9]])
-    probs = latent_probs(cq, q_pos, q_ok, ck, k_pos, k_ok, rank)
+    probs = latent_probs(cq, ck, rank.float().rsqrt()[:, None, None, None], hidden_keys(q_pos, q_ok, k_pos, k_ok))
     logits = cq @ ck.transpose(-1, -2)[:, None] / rank.float().sqrt()[:, None, None, None]
     for b in range(B):
         for q in range(Q):
             seen = k_ok[b] & (k_pos[b] <= q_pos[b, q])
-            expected = logits[b, :, q, seen].softmax(-1) if q_ok[b, q] else torch.zeros(G, int(seen.sum()))
-            torch.testing.assert_close(probs[b, :, q, seen], expected)
-            assert not probs[b, :, q, ~seen].any()
+            if q_ok[b, q]:
+                torch.testing.assert_close(probs[b, :, q, seen], logits[b, :, q, seen].softmax(-1))
+                assert not probs[b, :, q, ~seen].any()
+            else:  # an invalid query sees everything: a finite row, weighted 0 by the caller
+                assert probs[b, :, q].isfinite().all()
 
 
 def test_window_sum_follows_the_window(tiny_llama):
@@ -185,9 +190,11 @@ def test_window_sum_follows_the_window(tiny_llama):
     k_pos = torch.arange(cache.s, cache.s + S).expand(cache.B, -1)
     k_ok = cache.valid[:, cache.s : cache.s + S]
     for layer in range(cache.L):
-        probs = latent_probs(cache.cq[layer], cache.q_pos, cache.q_ok, cache.coef_k[layer][:, :S], k_pos, k_ok, cache.rank_k)
+        hidden = hidden_keys(cache.q_pos, cache.q_ok, k_pos, k_ok)
+        probs = latent_probs(cache.cq[layer], cache.coef_k[layer][:, :S], cache.latent_scale, hidden)
+        probs = probs * cache.q_ok[:, None, :, None]
         torch.testing.assert_close(cache.window_sum[layer][:, :, :S], probs.sum(2), rtol=1e-4, atol=1e-6)
-        stale = probs[:, :, :-1].sum(2)  # without the newest query
+        stale = probs[:, :, :-1].sum(2)  # without one of the window's queries
         assert not torch.allclose(cache.window_sum[layer][:, :, :S], stale, rtol=1e-4, atol=1e-6)
 
 
