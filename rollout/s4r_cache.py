@@ -59,7 +59,7 @@ class DecodeStep(NamedTuple):
     S: int  # slots scored: up to the newest position
     k_ok: torch.Tensor  # bool [B, S] occupied slots up to each sequence's position
     pair_hidden: torch.Tensor  # bool [B, 1, 2, S]: keys hidden from the query entering the window and the one leaving
-    pair_weight: torch.Tensor  # float32 [B, 1, 1, 2]: +1 entering, -1 leaving, 0 for an invalid query
+    pair_weight: torch.Tensor  # float64 [B, 1, 1, 2]: +1 entering, -1 leaving, 0 for an invalid query
     budget: SelectionBudget
     mask: torch.Tensor | None  # bool [B, s + n]: sinks and reconstructed slots each row attends (None: all)
     full: tuple | None  # (n, mask) for ``full_layers``, which reconstruct every occupied slot
@@ -133,9 +133,9 @@ class S4RCache(KVCache):
 
     def nbytes(self) -> int:
         """Bytes of the persistent state (per ``persistent_elements``, summed over sequences and layers), and of
-        the window's score sums (G per stored token)."""
+        the window's score sums (G float64 per stored token)."""
         stored = int((self.lengths - self.s).clamp_min(0).sum())
-        return (self._persistent_elements() + self.G * stored * self.L) * 4
+        return self._persistent_elements() * 4 + self.G * stored * self.L * 8
 
     def _rope(self, like: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin [B, T, D] (dtype of ``like``) at logical positions int64 [B, T], as the model's rotary module
@@ -172,7 +172,10 @@ class S4RCache(KVCache):
         self.bases_k, self.bases_v = torch.zeros(L, B, self.dim, rk, **f32), torch.zeros(L, B, self.dim, rv, **f32)
         self.coef_k, self.coef_v = torch.zeros(L, B, S, rk, **f32), torch.zeros(L, B, S, rv, **f32)
         self.cq = torch.zeros(L, B, self.G, self.W, rk, **f32)
-        self.window_sum = torch.zeros(L, B, self.G, S, **f32)  # sum over the window of its queries' softmaxes
+        # the sum over the window of its queries' softmaxes, in float64: adding a query's probabilities and later
+        # subtracting them leaves a rounding residue, which float64 keeps far below float32's resolution, so the
+        # score does not depend on the rounding of queries long gone (e.g. under a different batch size)
+        self.window_sum = torch.zeros(L, B, self.G, S, dtype=torch.float64, device=self.device)
         self.latent_scale = self.rank_k.float().rsqrt()[:, None, None, None]  # [B, 1, 1, 1]
         self.q_pos = torch.zeros(B, self.W, dtype=torch.long, device=self.device)
         self.q_ok = torch.zeros(B, self.W, dtype=torch.bool, device=self.device)
@@ -209,16 +212,17 @@ class S4RCache(KVCache):
         cv = (v_cat @ self.bases_v[layer]) * keep
         self.coef_k[layer].scatter_add_(1, slots[..., None].expand_as(ck), ck)
         self.coef_v[layer].scatter_add_(1, slots[..., None].expand_as(cv), cv)
-        self._push_queries(layer, q_pre[:, :, -self.W :], pos[:, -self.W :], valid[:, -self.W :])
+        self._push_queries(layer, q_pre[:, :, -self.W :], pos[:, -self.W :], (valid & (pos >= self.s))[:, -self.W :])
         S = int(self.lengths.max()) - self.s
         k_pos = torch.arange(self.s, self.s + S, device=pos.device).expand(self.B, -1)
         hidden = hidden_keys(self.q_pos, self.q_ok, k_pos, self.valid[:, self.s : self.s + S])
         probs = latent_probs(self.cq[layer], self.coef_k[layer][:, :S], self.latent_scale, hidden)
-        self.window_sum[layer][:, :, :S] = (self.q_ok.float()[:, None, None, :] @ probs).squeeze(2)
+        self.window_sum[layer][:, :, :S] = (self.q_ok.double()[:, None, None, :] @ probs.double()).squeeze(2)
 
     def _push_queries(self, layer, q_pre, pos, ok) -> None:
         """Fill the window with the prefill's last projected queries q_pre [B, G, n, D'] (n <= W), oldest first:
-        decode step t then replaces slot t mod W, the oldest."""
+        decode step t then replaces slot t mod W, the oldest. ok bool [B, n]: the scoring queries, real and past
+        the sinks (a query at a sink position sees no stored key: it takes no part in the scores)."""
         n = q_pre.shape[2]
         cq = q_pre @ self.bases_k[layer][:, None]  # [B, G, n, r]
         self.cq[layer] = torch.cat([self.cq[layer][:, :, n:], cq], dim=2)[:, :, -self.W :]
@@ -239,7 +243,8 @@ class S4RCache(KVCache):
         S = int(pos.max()) + 1 - self.s
         k_pos = torch.arange(self.s, self.s + S, device=pos.device).expand(self.B, -1)
         k_ok = self.valid[:, self.s : self.s + S] & (k_pos <= pos)
-        pair_weight = (pair_ok.float() * torch.tensor([1.0, -1.0], device=pos.device))[:, None, None, :]
+        sign = torch.tensor([1.0, -1.0], dtype=torch.float64, device=pos.device)
+        pair_weight = (pair_ok.double() * sign)[:, None, None, :]
         budget = selection_budget(k_pos, k_ok, pos[:, 0], self.W, self.compression.rho)
         full = None
         if self.compression.full_layers:
@@ -277,8 +282,9 @@ class S4RCache(KVCache):
         # Score the non-sink cache in the latent space: the window's sum of softmaxes (the mean times the number
         # of valid queries, the same order) moves by the query entering and the one leaving.
         probs = latent_probs(pair, coef_k[:, : now.S], self.latent_scale, now.pair_hidden)  # [B, G, 2, S]
-        score = self.window_sum[layer][:, :, : now.S]
-        score += (now.pair_weight @ probs).squeeze(2)  # [B, G, S]
+        window_sum = self.window_sum[layer][:, :, : now.S]
+        window_sum += (now.pair_weight @ probs.double()).squeeze(2)  # [B, G, S]
+        score = window_sum.float()
         # scores outside k_ok are 0 (nothing was ever added there), so max pooling needs no mask
         ok = None if cfg.pool == "max" else now.k_ok[:, None, :]
         score = aggregate_group(pool_scores(score, ok, cfg.pool_kernel, cfg.pool), 1, cfg.group_agg)

@@ -81,8 +81,8 @@ def test_persistent_bytes_follow_the_formula(tiny_llama):
         assert held == formula == persistent_elements(cfg.resolved().sinks, L, dim, groups, cfg.resolved().window, r, r)
         ratio = formula / (2 * (cfg.resolved().sinks + L) * dim)
         assert ratio <= cfg.eta < formula / (2 * (cfg.resolved().sinks + L) * dim) + (L + groups * cfg.resolved().window / 2 + dim) / ((cfg.resolved().sinks + L) * dim)
-        total += held + groups * L  # and the window's score sums
-    assert cache.nbytes() == total * c.num_hidden_layers * 4
+        total += 4 * held + 8 * groups * L  # float32 state, and the window's float64 score sums
+    assert cache.nbytes() == total * c.num_hidden_layers
 
 
 def test_rank_solves_the_memory_equation():
@@ -193,9 +193,28 @@ def test_window_sum_follows_the_window(tiny_llama):
         hidden = hidden_keys(cache.q_pos, cache.q_ok, k_pos, k_ok)
         probs = latent_probs(cache.cq[layer], cache.coef_k[layer][:, :S], cache.latent_scale, hidden)
         probs = probs * cache.q_ok[:, None, :, None]
-        torch.testing.assert_close(cache.window_sum[layer][:, :, :S], probs.sum(2), rtol=1e-4, atol=1e-6)
+        window_sum = cache.window_sum[layer][:, :, :S].float()
+        torch.testing.assert_close(window_sum, probs.sum(2), rtol=1e-4, atol=1e-6)
         stale = probs[:, :, :-1].sum(2)  # without one of the window's queries
-        assert not torch.allclose(cache.window_sum[layer][:, :, :S], stale, rtol=1e-4, atol=1e-6)
+        assert not torch.allclose(window_sum, stale, rtol=1e-4, atol=1e-6)
+
+
+def test_prompts_shorter_than_sinks_plus_window(tiny_llama):
+    """A prompt of s + 1 tokens puts queries at sink positions in the first window: they see no stored key and
+    take no part in the scores (no NaN, which would break the top-k count and the attention mask), and the
+    trainer reproduces the rollout. The control: counting them as scoring queries gives NaN sums."""
+    cfg = CompressionConfig("s4r", eta=0.4, window=4, sinks=1)
+    caches = []
+    engine = RolloutEngine(tiny_llama, compression=cfg, cache_factory=lambda *a: caches.append(make_cache(*a)) or caches[-1])
+    prompts = random_prompts([2, 3, 7, 2, 5], seed=4)
+    out = engine.generate(prompts, SamplingConfig(max_new_tokens=20, temperature=1.0, seed=3, ignore_eos=True))
+    cache = caches[0]
+    assert cache.window_sum.isfinite().all()
+    assert consistency_report(tiny_llama, out)["max_abs_logprob_diff"] <= 1e-4
+    k_pos = torch.arange(cache.s, cache.s + 4).expand(1, -1)
+    sink_query = hidden_keys(torch.tensor([[0]]), torch.tensor([[True]]), k_pos, torch.ones(1, 4, dtype=torch.bool))
+    probs = latent_probs(cache.cq[0, :1, :, :1], cache.coef_k[0, :1, :4], cache.latent_scale[:1], sink_query)
+    assert probs.isnan().all()
 
 
 def test_short_prompt_is_a_clear_error(tiny_llama):
