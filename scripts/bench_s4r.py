@@ -2,6 +2,7 @@
 
     python scripts/bench_s4r.py                    # ~4k-token prompts, 128 new tokens, eta 0.2, 20 passkey cases
     python scripts/bench_s4r.py --cases 4 --context 2000
+    python scripts/bench_s4r.py --cases 0                       # timing and memory only
 
 * prefill: S4R (sampling + SVD + projection) against plain prefill of the same ~4k-token prompt;
 * decode time per token over 128 forced tokens: ``full``, ``s4r`` and a low-rank baseline that reconstructs
@@ -88,7 +89,7 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=4000)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--eta", type=float, default=0.2)
-    parser.add_argument("--cases", type=int, default=20)
+    parser.add_argument("--cases", type=int, default=20, help="passkey cases (0: timing and memory only)")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -101,16 +102,18 @@ def main() -> None:
     sparse = timed(model, tokenizer, prompt, s4r, args.new_tokens)
     everything = timed(model, tokenizer, prompt, CompressionConfig("s4r", eta=args.eta, rho=1.0), args.new_tokens)
 
-    rng = random.Random(args.seed)
-    cases = [passkey_case(tokenizer, args.context, rng) for _ in range(args.cases)]
-    budget = int(args.eta * len(tokenizer(cases[0][0])["input_ids"]))
-    methods = {
-        "full": CompressionConfig("full"),
-        "s4r": s4r,
-        "streaming": CompressionConfig("streaming", budget=budget, window=16, interval=32),
-        "gkv": CompressionConfig("gkv", budget=budget, window=16, interval=32),
-    }
-    passkey = {name: passkey_accuracy(model, tokenizer, cases, c, args.batch) for name, c in methods.items()}
+    budget, passkey = None, None
+    if args.cases > 0:
+        rng = random.Random(args.seed)
+        cases = [passkey_case(tokenizer, args.context, rng) for _ in range(args.cases)]
+        budget = int(args.eta * len(tokenizer(cases[0][0])["input_ids"]))
+        methods = {
+            "full": CompressionConfig("full"),
+            "s4r": s4r,
+            "streaming": CompressionConfig("streaming", budget=budget, window=16, interval=32),
+            "gkv": CompressionConfig("gkv", budget=budget, window=16, interval=32),
+        }
+        passkey = {name: passkey_accuracy(model, tokenizer, cases, c, args.batch) for name, c in methods.items()}
     print_json({
         "benchmark": "s4r",
         "model": args.model,
@@ -120,6 +123,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "prefill_seconds": {"full": full["prefill_seconds"], "s4r": sparse["prefill_seconds"]},
         "prefill_ratio_s4r_vs_full": sparse["prefill_seconds"] / full["prefill_seconds"],
+        "decode_ratio_s4r_vs_full": sparse["decode_seconds_per_token"] / full["decode_seconds_per_token"],
         "decode_seconds_per_token": {
             "full": full["decode_seconds_per_token"],
             "s4r": sparse["decode_seconds_per_token"],
