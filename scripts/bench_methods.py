@@ -6,8 +6,8 @@ interval over problems (the samples of one problem are not independent), each pr
 samples, mean completion length and retention go to one small file, ``<results>/<tag>/<dataset>_<run>.json``.
 A run whose file exists (with the same settings) is not run again, so the benchmark continues across
 interrupted sessions when those files are kept (committed); an interrupted ``evaluate.py`` call continues
-batch by batch from its folder under ``--work-root``. When every run has its file, the JSON line (also
-``bench_methods_<tag>.json`` beside ``--results``) gathers them.
+batch by batch from its folder under ``--work-root``. When every planned run has its file, the JSON line (also
+``bench_methods_<tag>.json`` beside ``--results``) gathers every run file of the tag, each with its settings.
 
     python scripts/bench_methods.py                                     # SVAMP and GSM8K, 64 problems, n 4
     python scripts/bench_methods.py --datasets svamp --limit 16 --samples 2 --max-new-tokens 64   # quick
@@ -199,12 +199,13 @@ def main() -> None:
         result["command"] = " ".join(command[1:])
         path.write_text(json.dumps(result, indent=1) + "\n")
 
+    # every run file of the tag, also those of earlier calls with other datasets or settings: a call that ran
+    # a subset does not shrink the summary
     runs = {}
-    for dataset, interval, method, budget in planned_runs(args):
-        done = json.loads((results_dir / f"{dataset}_{run_key(method, budget, interval)}.json").read_text())
-        runs[f"{dataset}/{done['run']}"] = {k: v for k, v in done.items() if k not in ("settings", "per_problem", "command")}
-    result = {"benchmark": "methods", "tag": args.tag, **settings, "budgets": args.budgets, "intervals": args.intervals}
-    result["runs"] = runs
+    for path in sorted(results_dir.glob("*.json")):
+        done = json.loads(path.read_text())
+        runs[f"{done['dataset']}/{done['run']}"] = {k: v for k, v in done.items() if k not in ("per_problem", "command")}
+    result = {"benchmark": "methods", "tag": args.tag, "runs": runs}
     (args.results.parent / f"bench_methods_{args.tag}.json").write_text(json.dumps(result, indent=2) + "\n")
     print_json(result)
 

@@ -31,3 +31,7 @@ def test_runs_once_and_reads_back(tmp_path):
     assert again.returncode == 0 and "evaluate.py" not in again.stderr  # read back, nothing run
     other = bench(tmp_path, "--temperature", "0.3")
     assert other.returncode != 0 and "measured with other settings" in other.stderr
+    subset = bench(tmp_path, "--methods", "streaming", "--budgets", "24")  # a call for one more run
+    assert subset.returncode == 0, subset.stderr
+    summary = json.loads((tmp_path / "bench_methods_t.json").read_text())
+    assert set(summary["runs"]) == {"arithmetic/full", "arithmetic/streaming-b24-i8"}  # the summary keeps the first
