@@ -79,6 +79,7 @@ class SelectionBudget(NamedTuple):
     top: int  # the most any row chooses
     count: torch.Tensor  # int64 [B] slots reconstructed in all (local + k)
     n: int  # the most any row reconstructs
+    same_k: bool  # every row chooses ``top``: its k-th best is the least of an unsorted top k
 
 
 def selection_budget(
@@ -94,7 +95,8 @@ def selection_budget(
     k = (torch.floor(rho * k_ok.sum(-1).double()).long() - window).clamp(min=0)
     k = torch.minimum(k, (~excluded).sum(-1))
     count = local.sum(-1) + k
-    return SelectionBudget(local, excluded, k, int(k.max()), count, int(count.max()))
+    top = int(k.max())
+    return SelectionBudget(local, excluded, k, top, count, int(count.max()), bool((k == top).all()))
 
 
 def select_tokens(score: torch.Tensor, budget: SelectionBudget) -> torch.Tensor:
@@ -110,7 +112,10 @@ def select_tokens(score: torch.Tensor, budget: SelectionBudget) -> torch.Tensor:
     # the k-th best score of each row; everything above it is chosen, and of the slots tied with it the earliest
     # ones (max pooling makes many ties), so the choice does not depend on topk's order among equals; a row
     # with k = 0 takes nothing (nothing lies above its best, and it takes 0 of the tied ones)
-    kth = ranked.topk(budget.top, dim=-1).values.gather(-1, (k.clamp_min(1) - 1)[:, None])  # [B, 1]
+    if budget.same_k:  # the same set of values, no sort needed
+        kth = ranked.topk(budget.top, dim=-1, sorted=False).values.amin(-1, keepdim=True)  # [B, 1]
+    else:
+        kth = ranked.topk(budget.top, dim=-1).values.gather(-1, (k.clamp_min(1) - 1)[:, None])
     above = ranked > kth
     tied = ranked == kth
     return local | above | (tied & (tied.cumsum(-1) <= k[:, None] - above.sum(-1, keepdim=True)))

@@ -30,7 +30,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from gkv_train.rollout.config import CompressionConfig
 from gkv_train.rollout.contract.attention import head_dim
 from gkv_train.rollout.contract.bits import pack_bits, unpack_bits
-from gkv_train.rollout.contract.rope import group_queries, heads_to_concat, inverse_rope, rotate_half
+from gkv_train.rollout.contract.rope import group_queries, heads_to_concat, inverse_rope
 from gkv_train.rollout.contract.s4r_record import S4RRecord
 from gkv_train.rollout.kv_cache import KVCache
 from gkv_train.rollout.lowrank import (
@@ -117,6 +117,12 @@ class S4RCache(KVCache):
         return self._decode(module, query, key, value, scaling)
 
     def end(self) -> None:
+        now = self._now
+        if now is not None and now.step == self.step:  # a decode step: its selections of every layer
+            start = time.perf_counter()
+            packed = pack_bits(F.pad(self.chosen[:, :, : now.S], (self.s, 0)))  # [L, B, bytes] over positions
+            self.selected[:, slice(None) if self.rows is None else self.rows, self.step, : packed.shape[-1]] = packed
+            self.seconds += time.perf_counter() - start
         self.step += 1
 
     def select_rows(self, keep: torch.Tensor) -> None:
@@ -125,7 +131,8 @@ class S4RCache(KVCache):
             self.rows = torch.arange(self.B, device=keep.device)
             self._all_bases = (self.bases_k, self.bases_v)  # fixed after prefill
         self.rows, self.B = self.rows[keep], len(keep)
-        for name in ("sink_k", "sink_v", "bases_k", "bases_v", "coef_k", "coef_v", "cq", "window_sum"):  # one at a time
+        state = ("sink_k", "sink_v", "bases_k", "bases_v", "coef_k", "coef_v", "cq", "window_sum", "chosen")
+        for name in state:  # one at a time
             setattr(self, name, getattr(self, name).index_select(1, keep))
         for name in ("valid", "lengths", "q_pos", "q_ok", "rank_k", "rank_v", "latent_scale"):
             setattr(self, name, getattr(self, name)[keep])
@@ -142,12 +149,30 @@ class S4RCache(KVCache):
         computes them (elementwise in the position, so a table of every position holds the same values)."""
         if not self._rope_static:
             return self.rotary(like, positions)
-        if self._rope_table is None or self._rope_table[0].dtype != like.dtype:
-            cos, sin = self.rotary(like, torch.arange(self.length, device=positions.device)[None])
-            self._rope_table = cos[0], sin[0]
-        cos, sin = self._rope_table
+        table = self._table(like, positions.device)
         index = positions.reshape(-1)
-        return cos.index_select(0, index).view(*positions.shape, -1), sin.index_select(0, index).view(*positions.shape, -1)
+        cos, sin = table[:, 0].index_select(0, index), table[:, 2].index_select(0, index)
+        return cos.view(*positions.shape, -1), sin.view(*positions.shape, -1)
+
+    def _key_rope(self, like: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """cos and the signed sin [B, T, 2, D] at positions int64 [B, T], for RoPE as
+        x * cos + swap_halves(x) * signed_sin (rotate_half(x) = swap_halves(x) * (-1 on the first half))."""
+        if not self._rope_static:
+            cos, sin = self.rotary(like, positions)
+            return torch.stack([cos, sin * self._sign(like)], dim=2)
+        table = self._table(like, positions.device)
+        return table[:, :2].index_select(0, positions.reshape(-1)).view(*positions.shape, 2, -1)
+
+    def _sign(self, like: torch.Tensor) -> torch.Tensor:
+        half = self.D // 2
+        return torch.cat([-torch.ones(half, dtype=like.dtype), torch.ones(self.D - half, dtype=like.dtype)]).to(like.device)
+
+    def _table(self, like: torch.Tensor, device) -> torch.Tensor:
+        """[length, 3, D]: cos, the signed sin and sin of every logical position (dtype of ``like``)."""
+        if self._rope_table is None or self._rope_table.dtype != like.dtype:
+            cos, sin = self.rotary(like, torch.arange(self.length, device=device)[None])
+            self._rope_table = torch.stack([cos[0], sin[0] * self._sign(like), sin[0]], dim=1).contiguous()
+        return self._rope_table
 
     # ---- prefill -------------------------------------------------------------------------------------
     def _prefill(self, module, query, key, value, attention_mask, scaling):
@@ -181,6 +206,7 @@ class S4RCache(KVCache):
         self.q_ok = torch.zeros(B, self.W, dtype=torch.bool, device=self.device)
         # Bit-packed selection of every layer and generated token, over logical positions.
         self.selected = torch.zeros(L, B, self.max_new, (self.length + 7) // 8, dtype=torch.uint8, device=self.device)
+        self.chosen = torch.zeros(L, B, S, dtype=torch.bool, device=self.device)  # this step's, by slot
         self._buffers_ready = True
 
     def _build(self, layer, query, key, value) -> None:
@@ -292,32 +318,33 @@ class S4RCache(KVCache):
             chosen, (n, mask) = now.k_ok, now.full
         else:
             chosen, n, mask = select_tokens(score, now.budget), now.budget.n, now.mask
-        packed = pack_bits(F.pad(chosen, (self.s, 0)))  # over logical positions
-        self.selected[layer, slice(None) if self.rows is None else self.rows, self.step, : packed.shape[-1]] = packed
+        self.chosen[layer, :, : now.S] = chosen  # packed into the record once per step (``end``)
 
         # Reconstruct the chosen keys (C B_K^T, RoPE at their positions) and attend with the sinks.
         order = chosen_in_order(chosen, n)  # [B, n]
         rows = (order + now.row_offsets).view(-1)
         ck = coef_k.view(-1, coef_k.shape[-1]).index_select(0, rows).view(B, n, -1)
         cv = coef_v.view(-1, coef_v.shape[-1]).index_select(0, rows).view(B, n, -1)
-        cos, sin = self._rope(value, order + self.s)  # [B, n, D]
-        x = (ck @ bases_k.transpose(-1, -2)).to(key.dtype).view(B, n, Hkv, D)
-        x = x * cos[:, :, None] + rotate_half(x) * sin[:, :, None]
-        keys = torch.cat([self.sink_k[layer], x.transpose(1, 2)], dim=2)  # [B, Hkv, s + n, D]
-        out = self._attend(query, keys, self.sink_v[layer], cv, bases_v, mask, scaling)
+        x = (ck[:, None] @ bases_k.view(B, Hkv, D, -1).transpose(-1, -2)).to(key.dtype)  # [B, Hkv, n, D]
+        rope = self._key_rope(x, order + self.s)[:, None]  # [B, 1, n, 2, D]: cos, signed sin
+        swapped = x.view(B, Hkv, n, 2, D // 2).flip(-2).view(B, Hkv, n, D)
+        keys = torch.addcmul(x * rope[..., 0, :], swapped, rope[..., 1, :])  # RoPE at their positions
+        out = self._attend(query, self.sink_k[layer], keys, self.sink_v[layer], cv, bases_v, mask, scaling)
         self.seconds += time.perf_counter() - start
         return out, None
 
-    def _attend(self, query, keys, sink_v, cv, bases_v, mask, scaling) -> torch.Tensor:
+    def _attend(self, query, sink_k, keys, sink_v, cv, bases_v, mask, scaling) -> torch.Tensor:
         """The new token's attention output [B, 1, H, D] (the attention interface's layout) from queries
-        [B, H, 1, D] over keys [B, Hkv, s + n, D] (mask bool [B, s + n] or None), with exact sink values sink_v
-        [B, Hkv, s, D] and the reconstructed tokens' values taken in the latent space: the weights a of a query
-        head give sum_j a_j C_V[j] B_V^T = (a C_V) B_V^T, restricted to its KV head's columns, so no value is
+        [B, H, 1, D] over the exact sink keys sink_k [B, Hkv, s, D] and the reconstructed keys [B, Hkv, n, D]
+        (mask bool [B, s + n] or None), with exact sink values sink_v [B, Hkv, s, D] and the reconstructed
+        tokens' values taken in the latent space: the weights a of a query head give
+        sum_j a_j C_V[j] B_V^T = (a C_V) B_V^T, restricted to its KV head's columns, so no value is
         reconstructed. cv [B, n, r_v] coefficients, bases_v [B, D', r_v]. Computed in float32."""
         B, H, _, D = query.shape
         Hkv, G, s = self.Hkv, self.G, self.s
         scale = D**-0.5 if scaling is None else scaling
-        logits = (query.float().view(B, Hkv, G, D) * scale) @ keys.float().transpose(-1, -2)  # [B, Hkv, G, s + n]
+        q = query.float().view(B, Hkv, G, D) * scale
+        logits = torch.cat([q @ sink_k.float().transpose(-1, -2), q @ keys.float().transpose(-1, -2)], dim=-1)
         if mask is not None:
             logits.masked_fill_(~mask[:, None, None, :], float("-inf"))
         weights = logits.softmax(-1)

@@ -113,6 +113,28 @@ def test_rope_round_trip_and_bits():
     assert torch.equal(unpack_bits(pack_bits(mask), 21), mask)
 
 
+def test_key_rope_matches_the_rotary_module(tiny_llama):
+    """Reconstructed keys get RoPE as x * cos + swap_halves(x) * signed_sin, from the position table or (for a
+    rotary embedding that depends on the length) from the module: both equal apply_rope with the module's
+    cos and sin. The control: unsigned sin differs."""
+    caches = []
+    engine = RolloutEngine(
+        tiny_llama, compression=CompressionConfig("s4r", window=4),
+        cache_factory=lambda *a: caches.append(make_cache(*a)) or caches[-1],
+    )
+    engine.generate(random_prompts([20, 12]), SamplingConfig(max_new_tokens=2))
+    cache = caches[0]
+    x = torch.randn(2, cache.Hkv, 7, cache.D)
+    positions = torch.randint(0, cache.length, (2, 7))
+    expected = apply_rope(x, *cache.rotary(x, positions))  # [B, Hkv, T, D]
+    swapped = x.view(2, cache.Hkv, 7, 2, -1).flip(-2).view_as(x)
+    for static in (True, False):
+        cache._rope_static = static
+        rope = cache._key_rope(x, positions)[:, None]  # [B, 1, T, 2, D]
+        torch.testing.assert_close(x * rope[..., 0, :] + swapped * rope[..., 1, :], expected)
+    assert not torch.allclose(x * rope[..., 0, :] + swapped * rope[..., 1, :].abs(), expected)
+
+
 def test_selection_keeps_window_and_top_k():
     score = torch.tensor([[0.9, 0.1, 0.8, 0.2, 0.3, 0.0, 0.05, 0.5]])
     k_pos = torch.arange(4, 12)[None]
@@ -134,10 +156,12 @@ def stable_sort_selection(score, k_ok, local, k):
 
 def test_selection_breaks_ties_like_a_stable_sort():
     torch.manual_seed(0)
-    for _ in range(50):
+    for i in range(60):
         B, S = 3, 40
         score = torch.randint(0, 5, (B, S)).float() / 4  # many ties, as after max pooling
         lengths = torch.randint(10, S + 1, (B,))
+        if i % 2:  # every row chooses as many: the k-th best from an unsorted topk
+            lengths[:] = lengths[0]
         k_pos = torch.arange(4, 4 + S).expand(B, -1)
         k_ok = torch.arange(S)[None, :] < lengths[:, None]
         rho = float(torch.rand(1))
@@ -146,6 +170,7 @@ def test_selection_breaks_ties_like_a_stable_sort():
         expected = stable_sort_selection(score, k_ok, budget.local, k_uncapped)
         chosen = select_tokens(score, budget)
         assert torch.equal(chosen, expected) and torch.equal(chosen.sum(-1), budget.count)
+        assert budget.same_k == bool((budget.k == budget.top).all()) and (budget.same_k or i % 2 == 0)
     # all tied: the earliest slots, not topk's own order among equals
     k_pos, k_ok = torch.arange(4, 44)[None], torch.ones(1, 40, dtype=torch.bool)
     budget = selection_budget(k_pos, k_ok, torch.tensor([43]), window=1, rho=6 / 40)
