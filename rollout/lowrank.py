@@ -44,7 +44,7 @@ def low_rank_bases(samples: torch.Tensor, rank: int, normalize: bool) -> torch.T
     ``rank`` the remaining columns complete the basis orthonormally, so a rank of D' always reconstructs
     exactly."""
     x = F.normalize(samples.float(), dim=-1) if normalize else samples.float()
-    _, _, vh = torch.linalg.svd(x, full_matrices=True)
+    _, _, vh = torch.linalg.svd(x, full_matrices=x.shape[-2] < rank)  # the full V only when it must complete
     return vh[:, :rank].transpose(-1, -2)
 
 
