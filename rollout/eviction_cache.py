@@ -248,40 +248,42 @@ class EvictionCache(KVCache):
         start = time.perf_counter()
         cfg, S = self.compression, self.used
         key_ok, stamp = self.valid[:, :S], self.lengths.to(torch.int32)
-        # Sequences within budget lose nothing and keep their score history untouched. (What a sequence keeps
-        # depends on its batch only through top-k ties: the slots' layout follows the batch's compressions.)
-        active = (self.lengths > cfg.budget)[:, None, None]
-        index = n_keep = None
-        for layer in range(len(self.keys)):
-            keys, values = self.keys[layer][:, :, :S], self.values[layer][:, :, :S]
-            positions, history = self.positions[layer, :, :, :S], self.history[layer, :, :, :S]
-            B, Hkv, _, D = keys.shape
-            candidates = candidate_slots(positions, key_ok, self.lengths, cfg.window, cfg.sinks)
+        positions, history = self.positions[..., :S], self.history[..., :S]  # [L, B, Hkv, S]
+        L, B, Hkv, _ = positions.shape
+        candidates = candidate_slots(positions, key_ok, self.lengths, cfg.window, cfg.sinks)
+        # each layer's score; what follows (selection, record, positions, history) runs for all layers at once
+        scores, histories = [], []
+        for layer in range(L):
             state = LayerState(
-                self.queries[layer].view(B, Hkv, -1, self.query_pos.shape[1], D), self.query_pos, self.query_ok,
-                keys, positions, key_ok, candidates, history, self.scale,
+                self.queries[layer].view(B, Hkv, -1, self.query_pos.shape[1], self.keys[layer].shape[-1]),
+                self.query_pos, self.query_ok, self.keys[layer][:, :, :S], positions[layer], key_ok,
+                candidates[layer], history[layer], self.scale,
             )  # fmt: skip
             score, new_history = self.method.score(state)
-            index, n_keep = select_keep(score, candidates, key_ok, cfg.budget, cfg.window)
-            K = index.shape[-1]
-            kept = torch.zeros_like(positions, dtype=torch.bool).scatter_(
-                -1, index, (torch.arange(K, device=index.device) >= (K - n_keep)[:, None, None]).expand_as(index)
-            )
-            evicted = key_ok[:, None, :] & ~kept
-            stamps = torch.where(evicted, stamp[:, None, None], NEVER)
-            record = self.evict_at[layer] if self.rows is None else self.evict_at[layer].index_select(0, self.rows)
-            record.scatter_reduce_(-1, positions.clamp_max(self.evict_at.shape[-1] - 1), stamps, "amin")
-            if self.rows is not None:
-                self.evict_at[layer].index_copy_(0, self.rows, record)
-            self.keys[layer][:, :, :K] = gather_slots(keys, index)
-            self.values[layer][:, :, :K] = gather_slots(values, index)
-            self.positions[layer, :, :, :K] = positions.gather(-1, index)
-            if new_history is not None:
-                # only the scored tokens carry their score on; the window's start afresh, as in the reference
-                new_history = new_history.masked_fill(~candidates, float("nan"))
-                self.history[layer, :, :, :K] = torch.where(active, new_history, history).gather(-1, index)
-            self.history[layer, :, :, K:] = float("nan")
+            scores.append(score)
+            histories.append(new_history)
+        index, n_keep = select_keep(torch.stack(scores), candidates, key_ok, cfg.budget, cfg.window)  # [L, B, Hkv, K]
         K = index.shape[-1]
+        kept = torch.zeros_like(positions, dtype=torch.bool).scatter_(
+            -1, index, (torch.arange(K, device=index.device) >= (K - n_keep)[:, None, None]).expand_as(index)
+        )
+        stamps = torch.where(key_ok[:, None, :] & ~kept, stamp[:, None, None], NEVER)
+        record = self.evict_at if self.rows is None else self.evict_at.index_select(1, self.rows)
+        record.scatter_reduce_(-1, positions.clamp_max(self.evict_at.shape[-1] - 1), stamps, "amin")
+        if self.rows is not None:
+            self.evict_at.index_copy_(1, self.rows, record)
+        for layer in range(L):
+            self.keys[layer][:, :, :K] = gather_slots(self.keys[layer][:, :, :S], index[layer])
+            self.values[layer][:, :, :K] = gather_slots(self.values[layer][:, :, :S], index[layer])
+        self.positions[..., :K] = positions.gather(-1, index)
+        if histories[0] is not None:
+            # Sequences within budget lose nothing and keep their score history untouched; only the scored tokens
+            # carry their score on, the window's start afresh, as in the reference. (What a sequence keeps depends
+            # on its batch only through top-k ties: the slots' layout follows the batch's compressions.)
+            new_history = torch.stack(histories).masked_fill(~candidates, float("nan"))
+            active = (self.lengths > cfg.budget)[:, None, None]
+            self.history[..., :K] = torch.where(active, new_history, history).gather(-1, index)
+        self.history[..., K:] = float("nan")
         self.valid[:, :K] = torch.arange(K, device=self.valid.device) >= (K - n_keep)[:, None]
         self.valid[:, K:] = False
         self.used = K

@@ -19,9 +19,10 @@ _EPS = 1e-12
 
 
 def candidate_slots(key_pos: torch.Tensor, key_ok: torch.Tensor, lengths: torch.Tensor, window: int, sinks: int) -> torch.Tensor:
-    """Occupied slots outside the window and the sinks: bool [B, Hkv, S].
+    """Occupied slots outside the window and the sinks: bool [..., B, Hkv, S].
 
-    key_pos int64 [B, Hkv, S]; key_ok bool [B, S]; lengths int64 [B] tokens seen (the next logical position).
+    key_pos int64 [..., B, Hkv, S] (leading dims: e.g. layers); key_ok bool [B, S]; lengths int64 [B] tokens
+    seen (the next logical position).
     """
     return key_ok[:, None, :] & (key_pos < (lengths - window)[:, None, None]) & (key_pos >= sinks)
 
@@ -106,24 +107,23 @@ def similarity_sums(keys: torch.Tensor, key_ok: torch.Tensor, kind: str, thresho
     Empty slots give 0.
     """
     keys = keys.float()
-    unit = keys / (keys.norm(dim=-1, keepdim=True) + 1e-6)
-    ok = key_ok[:, None, :]  # [B, 1, S]
+    # empty slots get a zero unit key, so that every cosine with them is exactly 0
+    unit = keys / (keys.norm(dim=-1, keepdim=True) + 1e-6) * key_ok[:, None, :, None]
     if kind == "mean_cosine":
-        total = (unit * ok[..., None]).sum(-2, keepdim=True)  # [B, Hkv, 1, D]
-        return ((unit @ total.transpose(-1, -2)).squeeze(-1) - unit.square().sum(-1)) * ok
+        total = unit.sum(-2, keepdim=True)  # [B, Hkv, 1, D]
+        return (unit @ total.transpose(-1, -2)).squeeze(-1) - unit.square().sum(-1)
     S = keys.shape[-2]
     cos = unit @ unit.transpose(-1, -2)  # [B, Hkv, S(m), S(n)]
     cos.diagonal(dim1=-2, dim2=-1).zero_()
-    cos.masked_fill_(~(ok[:, :, :, None] & ok[:, :, None, :]), 0.0)
     # for every key n, the most recent other key m with cos > threshold (-1: none), as the largest m + 1 of a
     # small-integer mask (much faster on CPU than an argmax or an int64 index tensor over S x S)
     small = torch.int16 if S < 2**15 else torch.int32
     order = torch.arange(1, S + 1, dtype=small, device=keys.device)[:, None]
     latest = ((cos > threshold).to(small) * order).amax(-2).long() - 1  # [B, Hkv, S(n)]
-    at = latest.clamp_min(0)[:, :, None, :]
-    dropped = torch.where(latest >= 0, 0.0, cos.gather(-2, at).squeeze(-2))
-    cos.scatter_(-2, at, dropped[:, :, None, :])  # that entry counts 0
-    return cos.sum(-1)
+    at = latest.clamp_min(0)
+    dropped = torch.where(latest >= 0, cos.gather(-2, at[:, :, None, :]).squeeze(-2), 0.0)  # [B, Hkv, S(n)]
+    # row sums less the dropped entries (each S x S pass costs: no second pass over the matrix)
+    return cos.sum(-1) - torch.zeros_like(dropped).scatter_add_(-1, at, dropped)
 
 
 def key_redundancy(keys: torch.Tensor, key_ok: torch.Tensor, kind: str) -> torch.Tensor:
@@ -161,20 +161,21 @@ def select_keep(
     """Slots to keep: every occupied non-candidate slot (window, sinks), then the best-scored candidates,
     ``budget`` in all.
 
-    score float [B, Hkv, S]; candidates bool [B, Hkv, S]; key_ok bool [B, S]. Every sequence appends a token per
-    step, so its newest ``window`` tokens fill the buffer's last ``window`` slots: those are kept, and the
-    others are ranked by one ``topk`` over the slots before them, as the reference ranks its cache without the
+    score float [..., B, Hkv, S] (leading dims: e.g. layers); candidates bool, the same shape; key_ok bool [B, S].
+    Every sequence appends a token per step, so its newest ``window`` tokens fill the buffer's last ``window``
+    slots: those are kept, and the others are ranked by one ``topk`` over the slots before them, as the reference ranks its cache without the
     window (the same call, so that tied scores, common after max pooling, are broken the same way).
-    Returns (index int64 [B, Hkv, K] with K = min(budget, S), n_keep int64 [B] = min(budget, occupied slots)).
+    Returns (index int64 [..., B, Hkv, K] with K = min(budget, S), n_keep int64 [B] = min(budget, occupied slots)).
     The last ``n_keep[b]`` indices of each row are the kept slots in increasing position, after the empty ones:
     gathered in this order, every sequence's occupied slots stay one contiguous run ending at the buffer's end,
     as after left-padded prefill, so pooling along the slots never straddles a gap.
     """
-    B, H, S = score.shape
+    S = score.shape[-1]
     ok = key_ok[:, None, :].expand_as(score)
     ranked = score.float().masked_fill(ok & ~candidates, float("inf")).masked_fill(~ok, float("-inf"))
     best = ranked[..., : S - window].topk(min(budget, S) - window, dim=-1).indices
-    index = torch.cat([best, torch.arange(S - window, S, device=score.device).expand(B, H, window)], dim=-1)
+    newest = torch.arange(S - window, S, device=score.device).expand(*best.shape[:-1], window)
+    index = torch.cat([best, newest], dim=-1)
     empty_first = index + S * ok.gather(-1, index)
     index = index.gather(-1, empty_first.argsort(-1))
     n_keep = key_ok.sum(-1).clamp_max(budget)
