@@ -148,6 +148,16 @@ def test_distillation_recipes(tmp_path, recipe):
     assert json.loads(proc.stdout.strip().splitlines()[-1])["recipe"] == recipe
 
 
+def test_s4r_through_train_py(tmp_path):
+    """RL-Sparse under S4R's record, train.py as the main module: the trainer reproduces the rollout's log-probs,
+    and the held-out evaluation runs with the same compression."""
+    proc = run(["recipe=rl_sparse", *TINY, "compression.method=s4r", "max_steps=1", f"output_dir={tmp_path}"])
+    (step,) = metrics(tmp_path)
+    assert step["mismatch/max_abs"] <= 1e-4 and step["rollout/retention"] < 1
+    final = strict_json(proc.stdout.strip().splitlines()[-1])
+    assert final["eval"] == "held_out" and final["compression"] == "s4r" and final["retention"] < 1
+
+
 def test_lora_and_periodic_evaluation(tmp_path):
     run([*TINY, "max_steps=2", "lora.enabled=true", "lora.r=4", "eval_steps=1", "eval_data.limit=2",
          f"output_dir={tmp_path}"])
