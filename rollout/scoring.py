@@ -119,7 +119,7 @@ def similarity_sums(keys: torch.Tensor, key_ok: torch.Tensor, kind: str, thresho
     # small-integer mask (much faster on CPU than an argmax or an int64 index tensor over S x S)
     small = torch.int16 if S < 2**15 else torch.int32
     order = torch.arange(1, S + 1, dtype=small, device=keys.device)[:, None]
-    latest = ((cos > threshold).to(small) * order).amax(-2).long() - 1  # [B, Hkv, S(n)]
+    latest = ((cos > threshold) * order).amax(-2).long() - 1  # [B, Hkv, S(n)] (bool * int16: int16)
     at = latest.clamp_min(0)
     dropped = torch.where(latest >= 0, cos.gather(-2, at[:, :, None, :]).squeeze(-2), 0.0)  # [B, Hkv, S(n)]
     # row sums less the dropped entries (each S x S pass costs: no second pass over the matrix)

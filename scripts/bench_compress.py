@@ -1,0 +1,88 @@
+"""One compression of the rollout cache, per method, at SmolLM2's shapes: milliseconds per compression; one
+JSON line.
+
+The cache holds ``budget + interval`` occupied slots of random keys (each KV head's keys share a direction, so
+that the redundancy term finds near-duplicates), values and window queries, as at a decode-time compression;
+``EvictionCache.compress`` is timed on a fresh fill each repeat (median and minimum). Divided by ``interval``
+decode steps, it is the compression share of decode that ``bench_rollout.py`` measures inside a rollout, without
+the rollout.
+
+    python scripts/bench_compress.py                                  # every eviction method, batch 16
+    python scripts/bench_compress.py --methods gkv rkv --batch 8 --repeats 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from types import SimpleNamespace
+
+import torch
+from _common import print_json
+
+from gkv_train.rollout.config import CompressionConfig
+from gkv_train.rollout.eviction_cache import EvictionCache
+from gkv_train.rollout.methods import METHODS
+
+
+def time_compression(shape: SimpleNamespace, compression: CompressionConfig, batch: int, repeats: int) -> list[float]:
+    """Seconds of ``repeats`` compressions of a cache holding budget + interval tokens per sequence."""
+    cfg = compression.resolved()
+    slots, start = cfg.budget + cfg.interval, 1000  # logical positions start..start+slots-1
+    cache = EvictionCache(shape, compression, batch, slots, start + slots, torch.float32, torch.device("cpu"))
+    g = torch.Generator().manual_seed(0)
+    seconds = []
+    for _ in range(repeats):
+        for layer in range(shape.num_hidden_layers):
+            direction = torch.randn(batch, shape.num_key_value_heads, 1, shape.head_dim, generator=g)
+            cache.keys[layer].copy_(direction + torch.randn(cache.keys[layer].shape, generator=g))
+            cache.values[layer].normal_(generator=g)
+            cache.queries[layer].normal_(generator=g)
+        cache.valid.fill_(True)
+        cache.lengths.fill_(start + slots)
+        cache.used = slots
+        cache.positions.copy_(torch.arange(start, start + slots))
+        cache.history.fill_(float("nan"))
+        cache.query_pos.copy_(torch.arange(start + slots - cfg.window, start + slots))
+        cache.query_ok.fill_(True)
+        begin = time.perf_counter()
+        cache.compress()
+        seconds.append(time.perf_counter() - begin)
+        if cache.used != cfg.budget or not bool(cache.evict_at.eq(start + slots).any()):
+            raise RuntimeError(f"{compression.method}: the compression did not evict down to the budget")
+    return seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--methods", nargs="+", default=[m for m in METHODS if m != "full"])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--budget", type=int, default=128)
+    parser.add_argument("--interval", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--layers", type=int, default=30, help="default: SmolLM2-135M's shapes")
+    parser.add_argument("--heads", type=int, default=9)
+    parser.add_argument("--kv-heads", type=int, default=3)
+    parser.add_argument("--head-dim", type=int, default=64)
+    args = parser.parse_args()
+    shape = SimpleNamespace(
+        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim, hidden_size=args.heads * args.head_dim,
+    )  # fmt: skip
+    result = {
+        "benchmark": "compress", "batch": args.batch, "budget": args.budget, "interval": args.interval,
+        "slots": args.budget + args.interval, "layers": args.layers, "heads": args.heads, "kv_heads": args.kv_heads,
+        "head_dim": args.head_dim, "threads": torch.get_num_threads(), "ms_per_compression": {},
+    }  # fmt: skip
+    for method in args.methods:
+        compression = CompressionConfig(method, budget=args.budget, interval=args.interval)
+        seconds = time_compression(shape, compression, args.batch, args.repeats)
+        result["ms_per_compression"][method] = {
+            "median": round(statistics.median(seconds) * 1e3, 1), "min": round(min(seconds) * 1e3, 1),
+        }  # fmt: skip
+    print_json(result)
+
+
+if __name__ == "__main__":
+    main()
