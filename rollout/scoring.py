@@ -33,7 +33,10 @@ def window_softmax(logits: torch.Tensor, visible: torch.Tensor, query_ok: torch.
     visible bool, broadcastable to ``logits``; query_ok bool, broadcastable to [..., W, 1]: the rows of invalid
     queries come out finite (not NaN) and must be given weight 0 (``mean_over_window``).
     """
-    return logits.masked_fill(~(visible | ~query_ok), float("-inf")).softmax(-1)
+    # an additive bias of 0 / -inf over the broadcast shape: on CPU several times faster than a broadcast
+    # masked_fill of the G times larger logits, and the same values (x + 0 = x)
+    bias = torch.where(visible | ~query_ok, 0.0, float("-inf"))
+    return (logits + bias).softmax(-1)
 
 
 def mean_over_window(probs: torch.Tensor, query_ok: torch.Tensor) -> torch.Tensor:

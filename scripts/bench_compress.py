@@ -9,11 +9,13 @@ the rollout.
 
     python scripts/bench_compress.py                                  # every eviction method, batch 16
     python scripts/bench_compress.py --methods gkv rkv --batch 8 --repeats 20
+    python scripts/bench_compress.py --methods gkv --similarity mean_cosine   # any CompressionConfig option
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from types import SimpleNamespace
@@ -21,7 +23,7 @@ from types import SimpleNamespace
 import torch
 from _common import print_json
 
-from gkv_train.rollout.config import CompressionConfig
+from gkv_train.rollout.config import CompressionConfig, add_compression_args, compression_from_args
 from gkv_train.rollout.eviction_cache import EvictionCache
 from gkv_train.rollout.methods import METHODS
 
@@ -58,26 +60,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=[m for m in METHODS if m != "full"])
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--budget", type=int, default=128)
-    parser.add_argument("--interval", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--layers", type=int, default=30, help="default: SmolLM2-135M's shapes")
     parser.add_argument("--heads", type=int, default=9)
     parser.add_argument("--kv-heads", type=int, default=3)
     parser.add_argument("--head-dim", type=int, default=64)
+    add_compression_args(parser, method="gkv", budget=128, interval=32)
     args = parser.parse_args()
+    compression = compression_from_args(args)
     shape = SimpleNamespace(
         num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
         head_dim=args.head_dim, hidden_size=args.heads * args.head_dim,
     )  # fmt: skip
     result = {
-        "benchmark": "compress", "batch": args.batch, "budget": args.budget, "interval": args.interval,
-        "slots": args.budget + args.interval, "layers": args.layers, "heads": args.heads, "kv_heads": args.kv_heads,
-        "head_dim": args.head_dim, "threads": torch.get_num_threads(), "ms_per_compression": {},
+        "benchmark": "compress", "batch": args.batch, "slots": args.budget + args.interval, "layers": args.layers, "heads": args.heads, "kv_heads": args.kv_heads,
+        "head_dim": args.head_dim, "threads": torch.get_num_threads(), "compression": {}, "ms_per_compression": {},
     }  # fmt: skip
     for method in args.methods:
-        compression = CompressionConfig(method, budget=args.budget, interval=args.interval)
-        seconds = time_compression(shape, compression, args.batch, args.repeats)
+        config = dataclasses.replace(compression, method=method)
+        seconds = time_compression(shape, config, args.batch, args.repeats)
+        result["compression"][method] = dataclasses.asdict(config.resolved())
         result["ms_per_compression"][method] = {
             "median": round(statistics.median(seconds) * 1e3, 1), "min": round(min(seconds) * 1e3, 1),
         }  # fmt: skip
