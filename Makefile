@@ -30,7 +30,7 @@ rollout-demo: $(STAMP)
 	$(PY) scripts/demo_rollout.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=15
 
 bench: $(STAMP)
 	$(PY) scripts/bench_rollout.py
