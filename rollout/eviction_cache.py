@@ -251,7 +251,9 @@ class EvictionCache(KVCache):
         positions, history = self.positions[..., :S], self.history[..., :S]  # [L, B, Hkv, S]
         L, B, Hkv, _ = positions.shape
         candidates = candidate_slots(positions, key_ok, self.lengths, cfg.window, cfg.sinks)
-        # each layer's score; what follows (selection, record, positions, history) runs for all layers at once
+        # each layer's score; what follows (selection, record, positions, history) runs for all layers at once.
+        # (What a sequence keeps depends on its batch only through top-k ties: the slots' layout follows the
+        # batch's compressions.)
         scores, histories = [], []
         for layer in range(L):
             state = LayerState(
@@ -278,8 +280,7 @@ class EvictionCache(KVCache):
         self.positions[..., :K] = positions.gather(-1, index)
         if histories[0] is not None:
             # Sequences within budget lose nothing and keep their score history untouched; only the scored tokens
-            # carry their score on, the window's start afresh, as in the reference. (What a sequence keeps depends
-            # on its batch only through top-k ties: the slots' layout follows the batch's compressions.)
+            # carry their score on, the window's start afresh, as in the reference.
             new_history = torch.stack(histories).masked_fill(~candidates, float("nan"))
             active = (self.lengths > cfg.budget)[:, None, None]
             self.history[..., :K] = torch.where(active, new_history, history).gather(-1, index)

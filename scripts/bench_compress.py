@@ -24,6 +24,7 @@ import torch
 from _common import print_json
 
 from gkv_train.rollout.config import CompressionConfig, add_compression_args, compression_from_args
+from gkv_train.rollout.contract.eviction import NEVER
 from gkv_train.rollout.eviction_cache import EvictionCache
 from gkv_train.rollout.methods import METHODS
 
@@ -46,6 +47,7 @@ def time_compression(shape: SimpleNamespace, compression: CompressionConfig, bat
         cache.used = slots
         cache.positions.copy_(torch.arange(start, start + slots))
         cache.history.fill_(float("nan"))
+        cache.evict_at.fill_(NEVER)
         cache.query_pos.copy_(torch.arange(start + slots - cfg.window, start + slots))
         cache.query_ok.fill_(True)
         begin = time.perf_counter()
@@ -73,8 +75,8 @@ def main() -> None:
         head_dim=args.head_dim, hidden_size=args.heads * args.head_dim,
     )  # fmt: skip
     result = {
-        "benchmark": "compress", "batch": args.batch, "slots": args.budget + args.interval, "layers": args.layers, "heads": args.heads, "kv_heads": args.kv_heads,
-        "head_dim": args.head_dim, "threads": torch.get_num_threads(), "compression": {}, "ms_per_compression": {},
+        "benchmark": "compress", "batch": args.batch, "slots": args.budget + args.interval, "layers": args.layers,
+        "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "threads": torch.get_num_threads(), "compression": {}, "ms_per_compression": {},
     }  # fmt: skip
     for method in args.methods:
         config = dataclasses.replace(compression, method=method)
