@@ -150,12 +150,17 @@ def test_distillation_recipes(tmp_path, recipe):
 
 def test_s4r_through_train_py(tmp_path):
     """RL-Sparse under S4R's record, train.py as the main module: the trainer reproduces the rollout's log-probs,
-    and the held-out evaluation runs with the same compression."""
-    proc = run(["recipe=rl_sparse", *TINY, "compression.method=s4r", "max_steps=1", f"output_dir={tmp_path}"])
-    (step,) = metrics(tmp_path)
+    and the held-out evaluation runs with the same compression. The control: without the record (plain causal
+    attention in the trainer) the same run logs a large mismatch."""
+    args = ["recipe=rl_sparse", *TINY, "compression.method=s4r", "max_steps=1"]
+    proc = run([*args, f"output_dir={tmp_path / 'record'}"])
+    (step,) = metrics(tmp_path / "record")
     assert step["mismatch/max_abs"] <= 1e-4 and step["rollout/retention"] < 1
     final = strict_json(proc.stdout.strip().splitlines()[-1])
     assert final["eval"] == "held_out" and final["compression"] == "s4r" and final["retention"] < 1
+    run([*args, "rl.train_with_record=false", "eval_data.limit=1", f"output_dir={tmp_path / 'causal'}"])
+    (control,) = metrics(tmp_path / "causal")
+    assert control["mismatch/max_abs"] > 1e-2
 
 
 def test_lora_and_periodic_evaluation(tmp_path):
