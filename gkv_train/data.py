@@ -114,6 +114,7 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
             raise FileNotFoundError(f"dataset file {path} does not exist{hint}")
         records = read_records(Path(path))
         check_fields(records, [*fields, answer_field], path)
+        locations = [where for where, _ in records]
         raw = [row for _, row in records]
     else:
         raw = datasets.load_dataset(name, data.config, split=split)
@@ -123,13 +124,28 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
                 f"dataset {name} has no field(s) {missing}; its fields are {raw.column_names} "
                 "(set data.question_field / data.answer_field)"
             )
+        locations = None
     if limit is not None:
         raw = raw[:limit] if isinstance(raw, list) else raw.select(range(min(limit, len(raw))))
     rows = [
-        {"id": i, "problem": " ".join(str(row[f]).strip() for f in fields), "answer": gold_answer(row[answer_field])}
+        {
+            "id": i, "problem": " ".join(str(row[f]).strip() for f in fields),
+            "answer": checked_gold(
+                row, answer_field, locations[i] if locations else f"dataset {name} ({split}) row {i}"
+            ),
+        }
         for i, row in enumerate(raw)
     ]
     return datasets.Dataset.from_list(rows)
+
+
+def checked_gold(row: dict, answer_field: str, where: str) -> str:
+    """``row``'s gold answer as ``gold_answer`` writes it; ValueError naming ``where`` (file and line, or dataset
+    and row) and the field for a gold that is no answer (null, NaN, empty, a list...)."""
+    try:
+        return gold_answer(row[answer_field])
+    except ValueError as err:
+        raise ValueError(f"{where}: field {answer_field!r}: {err}") from None
 
 
 def local_file(path: str | None, name: str | None, split: str) -> Path | None:

@@ -233,6 +233,7 @@ def evaluate_compression(
                 "gold": golds[i],
                 "correct": grade.correct,
                 "check_timed_out": grade.timed_out,
+                "check_error": grade.error,
                 "length": int(out.completion_lengths[i]),
                 "retention": out.retention[i].item(),
                 "tokens_per_s": out.stats["tokens_per_s"],
@@ -252,6 +253,9 @@ def evaluate_compression(
     summary.update(run=run_name(compression), compression=asdict(compression.resolved()))
     if summary["verifier_timeouts"]:
         print(f"{run_name(compression)}: {summary['verifier_timeouts']} answer checks timed out (scored 0)", file=sys.stderr)
+    if summary["verifier_errors"]:
+        print(f"{run_name(compression)}: {summary['verifier_errors']} answer checks have no verdict (their worker died "
+              "twice; scored 0, check_error in samples.jsonl)", file=sys.stderr)
     write_atomically(out_dir / "summary.json", dumps(summary, indent=2))
     return summary
 
@@ -259,8 +263,8 @@ def evaluate_compression(
 def summarize(samples_path: Path, density_path: Path, n: int) -> dict:
     """pass@k (k = 1..n, averaged over problems), pass@1's 95% bootstrap interval and standard error over
     problems, lengths,
-    retention (all / correct samples; and by relative position, ``retained_by_position``), tokens/s, answer checks
-    and their timeouts. Empty means are None (null in JSON)."""
+    retention (all / correct samples; and by relative position, ``retained_by_position``), tokens/s, answer checks,
+    their timeouts and their errors (no verdict). Empty means are None (null in JSON)."""
     samples = read_jsonl(samples_path)
     by_problem: dict = {}
     for s in samples:
@@ -286,6 +290,7 @@ def summarize(samples_path: Path, density_path: Path, n: int) -> dict:
         "tokens_per_s": mean([s["tokens_per_s"] for s in samples]),
         "verifier_checks": len(samples),
         "verifier_timeouts": sum(s.get("check_timed_out", False) for s in samples),
+        "verifier_errors": sum(s.get("check_error", False) for s in samples),
         "retention_by_position": (kept / present.clamp_min(1e-12)).tolist(),
         "retained_density": (kept / kept.sum().clamp_min(1e-12) * kept.numel()).tolist(),
     }

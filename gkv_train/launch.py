@@ -218,6 +218,9 @@ def evaluate(model, tokenizer, config: TrainConfig, problems) -> dict:
     verify.close()
     if verify.stats["timeouts"]:
         print(f"held-out evaluation: {verify.stats['timeouts']} answer checks timed out (scored 0)", file=sys.stderr)
+    if verify.stats["errors"]:
+        print(f"held-out evaluation: {verify.stats['errors']} answer checks have no verdict (their worker died twice; "
+              "scored 0)", file=sys.stderr)
     return {
         "eval": "held_out",
         "problems": len(problems),

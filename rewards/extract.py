@@ -1,11 +1,27 @@
-"""Pull the final answer out of a model completion or a dataset's gold field. Pure string functions."""
+"""Pull the final answer out of a model completion or a dataset's gold field. Pure string functions.
+
+A comma is a thousands separator only inside a well-formed number (``1,000``, ``12,345,678``, ``-1,234.5``);
+anywhere else (``1,2``, ``1,0``, ``12,34``, ``-2,1``) it separates the items of a list, which is kept as written
+and compared as one (by math-verify: a bare list as a set, ``(a, b)`` as a tuple).
+"""
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?|-?\.\d+")
-_ANSWER_IS = re.compile(r"answer\s*(?:is|:)\s*\$?\s*(-?[\d,]*\.?\d+(?:/\d+)?)", re.IGNORECASE)
+_THOUSANDS = re.compile(r"(?<![\d.,])(\d{1,3})((?:,\d{3})+)(?!\d|,\d)")
+_ITEM = r"-?(?:\d+(?:\.\d+)?|\.\d+)(?:/\d+)?"
+_NUMBERS = re.compile(rf"{_ITEM}(?:,{_ITEM})*")  # a number, or numbers joined by commas without spaces
+_ANSWER_IS = re.compile(rf"answer\s*(?:is|:)\s*\$?\s*({_NUMBERS.pattern})", re.IGNORECASE)
+_MISSING = {"nan", "none", "null"}  # how a missing value reads once written as text
+
+
+def drop_thousands_separators(text: str) -> str:
+    """``text`` with the commas of its well-formed numbers removed ('1,234.5' -> '1234.5', '$1,000' -> '$1000');
+    every other comma kept ('1,2', '1,0', '12,34', '1,000,2' unchanged)."""
+    return _THOUSANDS.sub(lambda m: m[1] + m[2].replace(",", ""), text)
 
 
 def last_boxed(text: str) -> str | None:
@@ -29,17 +45,18 @@ def last_boxed(text: str) -> str | None:
 
 
 def after_hashes(text: str) -> str | None:
-    """GSM8K style: what follows the last ``####``, without thousands separators."""
+    """GSM8K style: what follows the last ``####`` on its line, without thousands separators."""
     if "####" not in text:
         return None
     tail = text.rsplit("####", 1)[1].strip()
-    return tail.split("\n")[0].replace(",", "").strip() or None
+    return drop_thousands_separators(tail.split("\n")[0].strip()) or None
 
 
 def last_number(text: str) -> str | None:
-    """The last number written in the text (commas dropped), e.g. '1,234.5' -> '1234.5'."""
-    found = _NUMBER.findall(text)
-    return found[-1].replace(",", "").rstrip(".") if found else None
+    """The last number written in the text, without thousands separators ('1,234.5' -> '1234.5'); numbers joined
+    by commas are kept together as a list ('x = 1,-2' -> '1,-2')."""
+    found = _NUMBERS.findall(text)
+    return drop_thousands_separators(found[-1]) if found else None
 
 
 def extract_answer(text: str) -> str | None:
@@ -51,15 +68,26 @@ def extract_answer(text: str) -> str | None:
             return found
     stated = _ANSWER_IS.findall(text)
     if stated:
-        return stated[-1].replace(",", "")
+        return drop_thousands_separators(stated[-1])
     return last_number(text)
 
 
 def gold_answer(value) -> str:
-    """Normalise a dataset's gold field to a string: GSM8K ``#### 42`` solutions, floats such as AMC's ``27.0``
-    (written ``27``), zero-padded AIME strings (kept as written; compared numerically)."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
+    """A dataset's gold field as a string: GSM8K ``#### 42`` solutions, floats such as AMC's ``27.0`` (written
+    ``27``), zero-padded AIME strings (kept as written; compared numerically). ValueError for a gold that is no
+    answer: null, NaN or infinite, empty, 'nan' / 'None' / 'null' (a missing value written as text), a boolean, or
+    anything but a string or a number (a list, a dict: write the answer as the text the model should give)."""
+    if isinstance(value, bool) or not isinstance(value, (str, numbers.Real)):
+        raise ValueError(f"gold answer {value!r} is a {type(value).__name__}, not a string or a number")
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):  # numpy's floats too
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"gold answer {value!r} is not a finite number")
+        if value.is_integer():
+            return str(int(value))
     text = str(value).strip()
-    hashed = after_hashes(text)
-    return hashed if hashed is not None else text
+    if "####" in text:
+        text = after_hashes(text) or ""
+    if not text or text.lower() in _MISSING:
+        raise ValueError(f"gold answer {value!r} is empty or a missing value")
+    return text

@@ -23,7 +23,8 @@ def completion_text(completion) -> str:
 
 
 def accuracy(prompts=None, completions=(), answer=(), **_) -> list[float]:
-    """1.0 when the completion's final answer equals the gold ``answer`` column, else 0.0."""
+    """1.0 when the completion's final answer equals the gold ``answer`` column, else 0.0 (also for a check that
+    timed out or ended in an error: both are counted in ``verifier_stats``)."""
     return [float(_VERIFIER(extract_answer(completion_text(c)), gold)) for c, gold in zip(completions, answer)]
 
 
@@ -33,5 +34,6 @@ def boxed_format(prompts=None, completions=(), **_) -> list[float]:
 
 
 def verifier_stats() -> dict:
-    """Checks, timeouts and errors of the shared verifier since start-up (for the logs)."""
+    """The shared verifier's ``stats`` since start-up (checks, timeouts, errors, retries, malformed; for the
+    logs)."""
     return dict(_VERIFIER.stats)

@@ -12,13 +12,14 @@ from gkv_train.rewards.verify import MathVerifier
 
 @dataclass(frozen=True)
 class Grade:
-    """One completion's text, extracted answer (None: none found), verdict, and whether the check timed out
-    (then ``correct`` is False)."""
+    """One completion's text, extracted answer (None: none found), verdict, whether the check timed out, and
+    whether it ended in an error (its worker died twice: no verdict); in both cases ``correct`` is False."""
 
     text: str
     answer: str | None
     correct: bool
     timed_out: bool
+    error: bool
 
 
 def grade_completions(
@@ -30,7 +31,6 @@ def grade_completions(
     grades = []
     for text, gold in zip(tokenizer.batch_decode(completion_ids, skip_special_tokens=True), golds):
         answer = extract_answer(text)
-        timeouts = verify.stats["timeouts"]
-        correct = verify(answer, gold)
-        grades.append(Grade(text, answer, correct, verify.stats["timeouts"] > timeouts))
+        verdict = verify.judge(answer, gold)
+        grades.append(Grade(text, answer, verdict.correct, verdict.timed_out, verdict.error))
     return grades

@@ -2,7 +2,10 @@
 
 Every comparison of model output, plain numbers included, runs in a worker process (``gkv_train.rewards.worker``) that is
 killed when a check overruns ``timeout``: the check then counts as wrong (reward 0) and as a timeout in
-``stats``, a warning is logged, and the run goes on with a fresh worker. The worker is a plain
+``stats``, a warning is logged, and the run goes on with a fresh worker. A worker that dies during a check (killed,
+out of memory) is restarted and the check retried once; a check whose worker dies again has no verdict: it is
+counted as an error (``stats["errors"]``, ``Verdict.error``), never as a wrong answer. A check that raises on its
+input (a malformed expression) is a wrong answer, counted in ``stats["malformed"]``. The worker is a plain
 ``python -m gkv_train.rewards.worker`` child: it imports only this module and math-verify (about a second), never the
 launching script (``train.py``, with torch and transformers), and it dies with its parent.
 """
@@ -17,8 +20,9 @@ import select
 import subprocess
 import sys
 from fractions import Fraction
+from typing import NamedTuple
 
-from gkv_train.rewards.extract import gold_answer
+from gkv_train.rewards.extract import drop_thousands_separators, gold_answer
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +36,10 @@ _NUMBER = re.compile(
 def as_number(text: str) -> tuple[int, int, int] | None:
     """A plain number ('42', '-3.50', '1,000', '3/4', '$5', '20%', '2.5e-3', '1e100000000') as
     (numerator, power of ten, denominator) with the value numerator * 10^power / denominator, else None.
-    The power is kept apart, so a huge exponent costs nothing; overlong digit strings are not numbers."""
-    cleaned = text.strip().replace(",", "").replace("\\$", "").replace("$", "").rstrip("%").rstrip(".").strip()
+    The power is kept apart, so a huge exponent costs nothing; overlong digit strings are not numbers; a comma
+    outside a well-formed thousands group makes a list, not a number ('1,2', '1,0': None)."""
+    cleaned = drop_thousands_separators(text.strip()).replace("\\$", "").replace("$", "")
+    cleaned = cleaned.rstrip("%").rstrip(".").strip()
     match = _NUMBER.fullmatch(cleaned)
     if match is None or not (match["int"] or match["frac"]):
         return None
@@ -101,47 +107,74 @@ def answers_match(gold: str, pred: str) -> bool:
     return _math_verify(gold, pred)
 
 
+class Verdict(NamedTuple):
+    """One check's outcome: ``correct``; ``timed_out`` (then not correct); ``error``: no verdict, the worker died
+    twice (then not correct either, and not to be read as a wrong answer)."""
+
+    correct: bool
+    timed_out: bool = False
+    error: bool = False
+
+
 class MathVerifier:
-    """``verifier(pred, gold) -> bool``: is the predicted answer equal to the gold one? Each check runs in the
-    worker process, which is killed after ``timeout`` seconds. ``stats`` counts checks, timeouts and errors.
+    """``verifier(pred, gold) -> bool``: is the predicted answer equal to the gold one? (``judge`` tells a wrong
+    answer from a timeout or an error.) Each check runs in the worker process, which is killed after ``timeout``
+    seconds. ``stats`` counts checks, timeouts, errors (no verdict: the worker died, and died again on the retry),
+    retries (checks retried after their worker died) and malformed (checks that raised: wrong answers).
     ``check`` is the import path (``module:function``) of the comparison ``f(gold, pred) -> bool`` the worker
     runs."""
 
     def __init__(self, timeout: float = 5.0, check: str = CHECK):
         self.timeout = timeout
         self.check = check
-        self.stats = {"checks": 0, "timeouts": 0, "errors": 0}
+        self.stats = {"checks": 0, "timeouts": 0, "errors": 0, "retries": 0, "malformed": 0}
         self._process = None
         self._buffer = b""
 
     def __call__(self, pred: str | None, gold) -> bool:
-        self.stats["checks"] += 1
-        if pred is None or not pred.strip():
-            return False
-        return self._ask_worker(gold_answer(gold), pred)
+        return self.judge(pred, gold).correct
 
-    def _ask_worker(self, gold: str, pred: str) -> bool:
+    def judge(self, pred: str | None, gold) -> Verdict:
+        """The verdict on ``pred`` (None: no answer found, wrong) against ``gold`` (normalised by ``gold_answer``:
+        ValueError for a gold that is no answer)."""
+        self.stats["checks"] += 1
+        gold = gold_answer(gold)
+        if pred is None or not pred.strip():
+            return Verdict(False)
+        for attempt in range(2):
+            reply = self._ask_worker(gold, pred)
+            if reply is None:
+                self.stats["timeouts"] += 1
+                log.warning("answer check timed out after %.1f s, scored 0 (gold %.80r, answer %.80r)", self.timeout,
+                            gold, pred)
+                self.close()  # a stuck worker is killed; the next check starts a fresh one
+                return Verdict(False, timed_out=True)
+            if reply:
+                result = json.loads(reply)
+                if result is None:  # the check raised: a malformed expression is a wrong answer, not a crash
+                    self.stats["malformed"] += 1
+                return Verdict(bool(result))
+            self.close()  # the worker died: the next attempt (or check) starts a fresh one
+            if attempt == 0:
+                self.stats["retries"] += 1
+                log.warning("the answer-check worker died; restarted, check retried (gold %.80r, answer %.80r)",
+                            gold, pred)
+        self.stats["errors"] += 1
+        log.warning("the answer-check worker died again: no verdict, counted as an error (gold %.80r, answer %.80r)",
+                    gold, pred)
+        return Verdict(False, error=True)
+
+    def _ask_worker(self, gold: str, pred: str) -> bytes | None:
+        """The worker's reply line to ``[gold, pred]``; None when it does not come within ``timeout`` seconds, b""
+        when the worker died (exited, or its pipe broke) before replying."""
         if self._process is None or self._process.poll() is not None:
             self._start()
         try:
             self._process.stdin.write((json.dumps([gold, pred]) + "\n").encode())
             self._process.stdin.flush()
-            reply = self._read_line(self.timeout)
+            return self._read_line(self.timeout)
         except OSError:
-            reply = b""
-        if reply:
-            result = json.loads(reply)
-            if result is None:  # the check raised: a malformed expression is a wrong answer, not a crash
-                self.stats["errors"] += 1
-            return bool(result)
-        if reply is None:
-            self.stats["timeouts"] += 1
-            log.warning("answer check timed out after %.1f s, scored 0 (gold %.80r, answer %.80r)", self.timeout, gold, pred)
-        else:
-            self.stats["errors"] += 1
-            log.warning("the answer-check worker died, scored 0 (gold %.80r, answer %.80r)", gold, pred)
-        self.close()  # a stuck or broken worker is killed; the next check starts a fresh one
-        return False
+            return b""
 
     def _read_line(self, timeout: float) -> bytes | None:
         """The worker's next line (without the newline); None when it does not come within ``timeout`` seconds,

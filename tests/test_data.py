@@ -94,6 +94,11 @@ def test_level_one_is_one_operation():
         ("null.jsonl", '{"question": "a", "answer": 1}\n{"question": "b", "answer": null}\n', "null.jsonl:2: record has no value"),
         ("array.json", '[{"question": "a", "answer": 1},\n {"question": "b" "answer": 2}]', "array.json:2: not valid JSON"),
         ("broken.parquet", "not parquet", "cannot read dataset file"),
+        ("nan.jsonl", '{"question": "a", "answer": 1}\n{"question": "b", "answer": NaN}\n',
+         "nan.jsonl:2: field 'answer': gold answer nan is not a finite number"),
+        ("list.json", '[{"question": "a", "answer": 1},\n {"question": "b", "answer": [2]}]',
+         "list.json: record 2: field 'answer': gold answer [2] is a list, not a string or a number"),
+        ("none.jsonl", '{"question": "a", "answer": "None"}\n', "none.jsonl:1: field 'answer': gold answer 'None' is empty"),
     ],
 )
 def test_bad_data_files_name_file_and_line(tmp_path, name, text, message):
@@ -101,6 +106,16 @@ def test_bad_data_files_name_file_and_line(tmp_path, name, text, message):
     with pytest.raises(ValueError) as err:
         load_problems(DataConfig(path=str(tmp_path / name), name=None, limit=None))
     assert message in str(err.value)
+
+
+def test_hub_golds_that_are_no_answer_name_dataset_and_row(monkeypatch):
+    import datasets
+
+    rows = [{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": None}]
+    monkeypatch.setattr(datasets, "load_dataset", lambda *_, **__: datasets.Dataset.from_list(rows))
+    assert load_problems(DataConfig(name="someone/golds", split="test", limit=1))["answer"] == ["2"]
+    with pytest.raises(ValueError, match=r"dataset someone/golds \(test\) row 1: field 'answer': gold answer None"):
+        load_problems(DataConfig(name="someone/golds", split="test", limit=None))
 
 
 def test_local_files_leave_no_datasets_cache(tmp_path, monkeypatch):

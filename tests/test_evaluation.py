@@ -14,6 +14,7 @@ from gkv_train.data import arithmetic_task
 from gkv_train.evaluation import claim_run_dir, evaluate_compression, pass_at_k
 from gkv_train.jsonio import file_identity, read_jsonl
 from gkv_train.models import load_model
+from gkv_train.rewards.verify import CHECK
 from gkv_train.rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.rollout.engine import RolloutEngine
 
@@ -142,7 +143,8 @@ def test_evaluate_script_checks_answers_and_keys_results_by_settings(tmp_path):
     data = write_problems(tmp_path / "latex.jsonl")
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
     args = ["model=tiny", "data.name=null", f"data.path={data}", "num_generations=1", "max_new_tokens=4", "plots=false"]
-    code = EVALUATE_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=str(ROOT / "scripts" / "evaluate.py"))
+    code = EVALUATE_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=str(ROOT / "scripts" / "evaluate.py"),
+                                        answers=[a for _, a, _ in PAIRS], check=CHECK)
     proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -151,7 +153,7 @@ def test_evaluate_script_checks_answers_and_keys_results_by_settings(tmp_path):
     assert (tmp_path / result["output_dir"]).resolve() == run_dir.parent
     samples = read_jsonl(run_dir / "samples.jsonl")
     assert [s["correct"] for s in samples] == [equal for _, _, equal in PAIRS]
-    assert result["runs"][0]["verifier_timeouts"] == 0
+    assert result["runs"][0]["verifier_timeouts"] == 0 and result["runs"][0]["verifier_errors"] == 0
     summary = strict_json((run_dir / "summary.json").read_text())
     assert summary["pass@1"] == pytest.approx(sum(e for _, _, e in PAIRS) / len(PAIRS))
 
@@ -159,6 +161,30 @@ def test_evaluate_script_checks_answers_and_keys_results_by_settings(tmp_path):
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert other.returncode != 0 and "sampling.temperature" in other.stderr and "overwrite=true" in other.stderr
     assert read_jsonl(run_dir / "samples.jsonl") == samples
+
+
+def test_evaluate_script_saves_a_check_whose_worker_died_as_an_error(tmp_path):
+    """Inside scripts/evaluate.py, with the real worker: a check whose worker is killed (and killed again on the
+    retry) is saved with check_error, counted in verifier_errors and named on stderr, not taken for a wrong answer;
+    a comma outside a thousands group is a list (gold 1,0 is no 10), the other checks keep their verdicts."""
+    cases = [("1,0", "10", False), ("-2,1", "1,-2", True), ("5", "die", None), ("1234", "1,234", True)]
+    data = write_problems(tmp_path / "died.jsonl", [g for g, _, _ in cases])
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    args = ["model=tiny", "data.name=null", f"data.path={data}", "num_generations=1", "max_new_tokens=4", "plots=false",
+            f"output_dir={tmp_path / 'out'}"]
+    code = EVALUATE_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=str(ROOT / "scripts" / "evaluate.py"),
+                                        answers=[a for _, a, _ in cases], check="verifier_probe:answers_or_die")
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    samples = read_jsonl(tmp_path / "out" / "full" / "samples.jsonl")
+    assert [s["correct"] for s in samples] == [bool(equal) for _, _, equal in cases]
+    assert [s["check_error"] for s in samples] == [equal is None for _, _, equal in cases]
+    assert not any(s["check_timed_out"] for s in samples)
+    summary = strict_json((tmp_path / "out" / "full" / "summary.json").read_text())
+    assert summary["verifier_errors"] == 1 and summary["verifier_timeouts"] == 0 and summary["verifier_checks"] == 4
+    assert strict_json(proc.stdout.strip().splitlines()[-1])["runs"][0]["verifier_errors"] == 1
+    assert "full: 1 answer checks have no verdict" in proc.stderr
 
 
 def test_file_identity_follows_content_not_place_or_time(tmp_path):

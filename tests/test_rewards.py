@@ -1,10 +1,22 @@
+import json
+import re
 import time
+from pathlib import Path
 
 import pytest
 
-from gkv_train.rewards.extract import extract_answer, gold_answer, last_boxed
-from gkv_train.rewards.functions import accuracy, boxed_format
-from gkv_train.rewards.verify import MathVerifier, as_number, numbers_equal
+from gkv_train.data import DataConfig, load_problems
+from gkv_train.rewards import functions
+from gkv_train.rewards.extract import drop_thousands_separators, extract_answer, gold_answer, last_boxed, last_number
+from gkv_train.rewards.functions import accuracy, boxed_format, verifier_stats
+from gkv_train.rewards.grading import grade_completions
+from gkv_train.rewards.verify import MathVerifier, Verdict, as_number, numbers_equal
+
+# Completions with known verdicts against their gold; "defect": the case failed before commas were read as list
+# separators outside well-formed numbers and golds that are no answer were refused (45bc814).
+CASES = [json.loads(line) for line in open(Path(__file__).parent / "fixtures" / "grading_cases.jsonl")]
+GRADED = [c for c in CASES if "correct" in c]
+REJECTED = [c for c in CASES if c.get("rejected")]
 
 
 def test_extraction_order_and_nesting():
@@ -14,6 +26,50 @@ def test_extraction_order_and_nesting():
     assert extract_answer("So the answer is 42.") == "42"
     assert extract_answer("We get 3 apples and then 5 pears.") == "5"
     assert extract_answer("no digits here") is None
+    assert extract_answer("the answer is 1,2") == "1,2" and extract_answer("#### 1,2") == "1,2"
+    assert last_number("so x = 1,-2, done") == "1,-2" and last_number("it costs $12,345,678.") == "12345678"
+    assert last_number("between 3 and 5, then 7") == "7"
+
+
+@pytest.mark.parametrize(
+    "text, kept",
+    [("1,000", "1000"), ("12,345,678", "12345678"), ("-1,234.5", "-1234.5"), ("$1,000", "$1000"), ("1,2", "1,2"),
+     ("1,0", "1,0"), ("3,5", "3,5"), ("12,34", "12,34"), ("1,000,2", "1,000,2"), ("1,0000", "1,0000"),
+     ("0.1,234", "0.1,234"), ("(1,000, 2)", "(1000, 2)")],
+)
+def test_thousands_separators_only_in_well_formed_numbers(text, kept):
+    assert drop_thousands_separators(text) == kept
+    assert (as_number(text) is None) == ("," in kept or "(" in kept)
+
+
+@pytest.fixture(scope="module")
+def verifier():
+    verify = MathVerifier(timeout=30)
+    yield verify
+    verify.close()
+
+
+@pytest.mark.parametrize("case", GRADED, ids=[f"{i}-{c['note']}" for i, c in enumerate(GRADED)])
+def test_grading_corpus(case, verifier):
+    """Each completion, through extraction and the worker, gets its verdict against its gold, in time."""
+    timeouts = verifier.stats["timeouts"]
+    assert verifier(extract_answer(case["completion"]), case["gold"]) is case["correct"]
+    assert verifier.stats["timeouts"] == timeouts
+
+
+@pytest.mark.parametrize("case", REJECTED, ids=[f"{i}-{c['note']}" for i, c in enumerate(REJECTED)])
+def test_golds_that_are_no_answer_are_refused(case, verifier, tmp_path):
+    """A gold that is null, NaN, empty, a missing value written as text, or not a string or a number is refused
+    by the verifier and, at load, with the file and line of its record."""
+    with pytest.raises(ValueError, match="gold answer"):
+        gold_answer(case["gold"])
+    with pytest.raises(ValueError, match="gold answer"):
+        verifier(extract_answer(case["completion"]), case["gold"])
+    path = tmp_path / "golds.jsonl"
+    records = [{"question": "q1", "answer": "2"}, {"question": "q2", "answer": case["gold"]}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(ValueError, match=re.escape(f"{path}:2: ")):
+        load_problems(DataConfig(path=str(path), name=None, limit=None))
 
 
 def test_gold_answers_of_each_dataset():
@@ -44,7 +100,7 @@ def test_verifier_numbers_and_latex():
         assert verify(r"\frac{14}{3}", r"\frac{14}{3}")
         assert verify(r"\dfrac{1}{2}", "0.5")
         assert not verify(r"\frac{1}{3}", "0.5")
-        assert verify.stats == {"checks": 9, "timeouts": 0, "errors": 0}
+        assert verify.stats == {"checks": 9, "timeouts": 0, "errors": 0, "retries": 0, "malformed": 0}
     finally:
         verify.close()
 
@@ -68,3 +124,41 @@ def test_reward_callables():
     completions = [r"... \boxed{6}", "#### 5", [{"role": "assistant", "content": "the answer is 6"}]]
     assert accuracy(completions=completions, answer=["6", "6", "6"]) == [1.0, 0.0, 1.0]
     assert boxed_format(completions=completions) == [1.0, 0.0, 0.0]
+
+
+class _Texts:
+    """A tokenizer stand-in whose completions decode to the given texts."""
+
+    def __init__(self, texts):
+        self.texts = texts
+
+    def batch_decode(self, ids, skip_special_tokens):
+        return [self.texts[i] for i, in ids]
+
+
+def test_a_died_worker_is_restarted_and_the_check_retried_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIE_ONCE", str(tmp_path / "died"))
+    verify = MathVerifier(timeout=30, check="verifier_probe:answers_or_die")
+    try:
+        assert verify.judge("1,-2", "-2,1") == Verdict(True)  # killed once, then answered
+        assert (tmp_path / "died").exists() and verify.stats["retries"] == 1 and verify.stats["errors"] == 0
+        assert verify.judge("raise", "5") == Verdict(False) and verify.stats["malformed"] == 1  # a wrong answer
+    finally:
+        verify.close()
+
+
+def test_a_check_whose_worker_dies_twice_is_an_error_not_a_wrong_answer(monkeypatch):
+    """In grading (evaluation, traces) and in the training reward, whose stats the metrics log."""
+    verify = MathVerifier(timeout=30, check="verifier_probe:answers_or_die")
+    try:
+        texts = [r"\boxed{die}", r"\boxed{5}", r"\boxed{4}"]
+        grades = grade_completions(_Texts(texts), [[0], [1], [2]], ["5", "5", "5"], verify)
+        assert [(g.correct, g.timed_out, g.error) for g in grades] == [(False, False, True), (True, False, False),
+                                                                         (False, False, False)]
+        assert verify.stats == {"checks": 3, "timeouts": 0, "errors": 1, "retries": 1, "malformed": 0}
+        monkeypatch.setattr(functions, "_VERIFIER", verify)
+        assert accuracy(completions=texts, answer=["5", "5", "5"]) == [0.0, 1.0, 0.0]
+        assert verifier_stats()["errors"] == 2
+    finally:
+        verify.close()
+

@@ -70,12 +70,12 @@ def test_train_writes_logs_checkpoints_and_evaluation(tmp_path, recipe):
         assert {"reward", "reward_std", "rewards/accuracy/mean", "completions/mean_length", "rollout/retention",
                 "rollout/tokens_per_s", "forward_backward/tokens_per_s", "mismatch/kl", "verifier_timeouts"} <= set(r)
         assert (r["rollout/retention"] < 1) == (recipe == "rl_sparse")
-        assert r["verifier_checks"] > 0 and r["verifier_timeouts"] == 0
+        assert r["verifier_checks"] > 0 and r["verifier_timeouts"] == 0 and r["verifier_errors"] == 0
         assert "sampling/rollout_is_weight/mean" not in r  # rl.rollout_is=auto is off in fp32
     assert (out / "checkpoint-2" / "optimizer.pt").is_file() and (out / "model.safetensors").is_file()
     final = strict_json(proc.stdout.strip().splitlines()[-1])
     assert final["eval"] == "held_out" and final["recipe"] == recipe and 0 <= final["accuracy"] <= 1
-    assert final["verifier_timeouts"] == 0
+    assert final["verifier_timeouts"] == 0 and final["verifier_errors"] == 0
     assert strict_json((out / "eval.json").read_text())["accuracy"] == final["accuracy"]
     probes = [json.loads(line) for line in open(tmp_path / "probe.jsonl")]
     assert len(probes) >= 2

@@ -1,12 +1,16 @@
 """Answers with known verdicts, checked inside train.py / scripts/evaluate.py processes (not a bare import): the
-reward ``latex_probe`` (named in ``rewards=``) and the answer list that ``scripts/evaluate.py`` is given by
-``run_evaluate_with_answers``."""
+reward ``latex_probe`` (named in ``rewards=``), the answer list that ``scripts/evaluate.py`` is given by
+``EVALUATE_WITH_ANSWERS``; ``answers_or_die``, a check that kills its own worker, and ``always_equal``, one that
+takes every answer for right."""
 
 import json
 import os
+import signal
 import time
+from pathlib import Path
 
 from gkv_train.rewards.functions import accuracy
+from gkv_train.rewards.verify import answers_match
 
 # (gold, answer, equal): LaTeX, fractions, intervals, sets, scientific notation and huge exponents.
 PAIRS = [
@@ -23,6 +27,10 @@ PAIRS = [
     ("5", "1e10000000", False),
     ("5", "1e100000000", False),
     ("1e100000000", "10e99999999", True),
+    ("1,0", "10", False),  # a comma outside a thousands group makes a list
+    ("-2,1", "1,-2", True),  # a bare list of solutions is a set
+    ("-2,1", "-21", False),
+    ("1234", "1,234", True),
 ]
 
 
@@ -36,21 +44,42 @@ def latex_probe(prompts=None, completions=(), **_):
     return [0.0] * len(completions)
 
 
-def write_problems(path):
-    """A JSONL problem file whose gold answers are the ``PAIRS`` golds."""
-    path.write_text("".join(json.dumps({"question": f"Problem {i}?", "answer": g}) + "\n" for i, (g, _, _) in enumerate(PAIRS)))
+def answers_or_die(gold, pred):
+    """``answers_match``, except that the answer ``die`` kills the worker (SIGKILL, as the OOM killer does), the
+    answer ``raise`` raises, and with ``$DIE_ONCE`` set the first check kills its worker (creating that file)."""
+    once = os.environ.get("DIE_ONCE")
+    if once and not Path(once).exists():
+        Path(once).touch()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if pred == "die":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if pred == "raise":
+        raise ValueError("a check that raises")
+    return answers_match(gold, pred)
+
+
+def always_equal(gold, pred):
+    """A check that takes every answer for right (a control: a sweep must catch it)."""
+    return True
+
+
+def write_problems(path, golds=tuple(g for g, _, _ in PAIRS)):
+    """A JSONL problem file with these gold answers (the ``PAIRS`` golds)."""
+    path.write_text("".join(json.dumps({"question": f"Problem {i}?", "answer": g}) + "\n" for i, g in enumerate(golds)))
     return path
 
 
 # scripts/evaluate.py run as __main__ (as `python scripts/evaluate.py` does), each problem's completion read as
-# its PAIRS answer (one sample per problem, in order).
+# the next of `answers` (one sample per problem, in order; the PAIRS answers), checked by `check`.
 EVALUATE_WITH_ANSWERS = """
 import itertools, runpy, sys
 sys.path.insert(0, {tests!r})
+import gkv_train.evaluation as evaluation
 import gkv_train.rewards.grading as grading
-from verifier_probe import PAIRS
-answers = itertools.cycle([a for _, a, _ in PAIRS])
+from gkv_train.rewards.verify import MathVerifier
+answers = itertools.cycle({answers!r})
 grading.extract_answer = lambda text: next(answers)
+evaluation.MathVerifier = lambda: MathVerifier(check={check!r})
 sys.argv = [{script!r}, *sys.argv[1:]]
 runpy.run_path({script!r}, run_name="__main__")
 """
