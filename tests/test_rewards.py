@@ -1,5 +1,8 @@
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -14,6 +17,7 @@ from gkv_train.rewards.verify import MathVerifier, Verdict, as_number, numbers_e
 
 # Completions with known verdicts against their gold; "defect": the case failed before commas were read as list
 # separators outside well-formed numbers and golds that are no answer were refused (45bc814).
+ROOT = Path(__file__).resolve().parents[1]
 CASES = [json.loads(line) for line in open(Path(__file__).parent / "fixtures" / "grading_cases.jsonl")]
 GRADED = [c for c in CASES if "correct" in c]
 REJECTED = [c for c in CASES if c.get("rejected")]
@@ -162,3 +166,30 @@ def test_a_check_whose_worker_dies_twice_is_an_error_not_a_wrong_answer(monkeypa
     finally:
         verify.close()
 
+
+@pytest.mark.parametrize("check, failures", [(None, 0), ("verifier_probe:always_equal", None)])
+def test_sweep_golds_script_on_a_subset(tmp_path, check, failures):
+    """scripts/sweep_golds.py as a script: its JSON line (also in --output, with command, date and commit) counts
+    golds, self-matches, rewritings and perturbations; a check that takes everything for right (the control) fails
+    every perturbation, each listed with its line, and the script exits with 1."""
+    out = tmp_path / "sweep.json"
+    command = [sys.executable, str(ROOT / "scripts" / "sweep_golds.py"), "--datasets", "math500", "aime24",
+               "--limit", "3", "--output", str(out), *(["--check", check] if check else [])]
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == json.loads(out.read_text()) and "--limit 3" in result["command"] and result["date"]
+    assert result["commit"] is not None
+    math500 = result["datasets"]["math500"]
+    assert math500["golds"] == 3 and math500["self_match"] == 3 and result["datasets"]["aime24"]["golds"] == 3
+    assert {"boxed", "dfrac"} <= set(math500["rewritings"])
+    assert {"tuple_reversed", "plus_one"} <= set(math500["perturbed"])
+    if failures == 0:
+        assert proc.returncode == 0 and result["failures"] == 0
+        assert all(t["matched"] == t["tried"] for t in math500["rewritings"].values())
+        assert all(t["rejected"] == t["tried"] for t in math500["perturbed"].values())
+    else:
+        perturbed = sum(t["tried"] for d in result["datasets"].values() for t in d["perturbed"].values())
+        assert proc.returncode == 1 and result["failures"] == perturbed > 0
+        assert {f["line"] for f in math500["failures"]} == {1, 2, 3}
+        assert all(f["expected"] is False and f["got"] is True for f in math500["failures"])
