@@ -27,7 +27,8 @@ class CompressionConfig:
         every ``interval`` tokens, keeping ``budget`` tokens): ``streaming`` (sinks + most recent), ``snapkv``
         (window attention, pooled), ``h2o`` (newest query's attention, normalised and accumulated),
         ``rkv`` (attention minus key redundancy), ``gkv`` (normalised attention blended with its history,
-        minus key redundancy); or ``s4r`` (low-rank cache with sparse reconstruction, scored every step: see
+        minus key redundancy), ``random`` (a fresh uniform draw per token at each compression: the control);
+        or ``s4r`` (low-rank cache with sparse reconstruction, scored every step: see
         ``gkv_train.rollout.s4r_cache``).
     budget: tokens each (layer, KV head) keeps after a compression, the window included (eviction methods).
     window: the last ``window`` queries score the cache, and the last ``window`` keys are always kept and never

@@ -70,19 +70,22 @@ class RolloutOutput:
         return [row[width - n : width].tolist() for row, n in zip(self.sequences, self.prompt_lengths)]
 
 
-CacheFactory = Callable[..., KVCache]  # (model, compression, batch, prompt_width, max_new, device) -> KVCache
+CacheFactory = Callable[..., KVCache]  # (model, compression, batch, prompt_width, max_new, device, seed) -> KVCache
 
 
-def make_cache(model, compression: CompressionConfig, batch: int, prompt_width: int, max_new: int, device) -> KVCache:
+def make_cache(
+    model, compression: CompressionConfig, batch: int, prompt_width: int, max_new: int, device, seed: int = 0
+) -> KVCache:
     """The cache of ``compression.method``: ``S4RCache`` for s4r, else an ``EvictionCache`` sized to the most
-    it ever holds (budget + interval tokens after the first compression; everything for ``full``)."""
+    it ever holds (budget + interval tokens after the first compression; everything for ``full``); ``seed``: the
+    rollout's sampling seed (the ``random`` method draws from it)."""
     if compression.method == "s4r":
         return S4RCache(model, compression, batch, prompt_width, max_new, device)
     capacity = prompt_width + max_new
     if compression.compresses:
         capacity = min(capacity, max(prompt_width, compression.budget) + compression.interval)
     dtype = next(model.parameters()).dtype
-    return EvictionCache(model.config, compression, batch, capacity, prompt_width + max_new, dtype, device)
+    return EvictionCache(model.config, compression, batch, capacity, prompt_width + max_new, dtype, device, seed)
 
 
 def decode_logits(model, ids, positions, mask, cache) -> torch.Tensor:
@@ -223,7 +226,7 @@ class RolloutEngine:
         if forced is not None:
             forced_lengths = torch.tensor([len(c) for c in forced], device=device)
             forced = torch.tensor([list(c) + [pad_id] * (max_new - len(c)) for c in forced], device=device)
-        cache = self.cache_factory(model, cfg, N, P, max_new, device)
+        cache = self.cache_factory(model, cfg, N, P, max_new, device, sampling.seed)
         static = sampling.compile_decode
         if static and not getattr(cache, "static_decode", False):
             raise ValueError(

@@ -58,7 +58,8 @@ class EvictionCache(KVCache):
     """KV buffers of one batched rollout.
 
     model_config: the HF config (layers, heads, head dim); capacity: slots per buffer; record_len: logical
-    positions the record covers (longest prompt + max new tokens).
+    positions the record covers (longest prompt + max new tokens); seed: the rollout's sampling seed (for a
+    method that draws at random).
     """
 
     static_decode = True  # ``begin(..., static=True)`` is supported
@@ -72,6 +73,7 @@ class EvictionCache(KVCache):
         record_len: int,
         dtype: torch.dtype,
         device: torch.device,
+        seed: int = 0,
     ):
         self.compression = compression = compression.resolved()
         L = model_config.num_hidden_layers
@@ -98,7 +100,7 @@ class EvictionCache(KVCache):
         self._ring_slot = torch.zeros(1, dtype=torch.long, device=device)  # static: its query's window slot
         if compression.compresses:
             W = compression.window
-            self.method = method_class(compression.method)(compression)
+            self.method = method_class(compression.method)(compression, seed)
             self.positions = torch.zeros(L, B, Hkv, S, dtype=torch.long, device=device)
             # each token's global score from the last compression; NaN: none (new since, or in the window then)
             self.history = torch.full((L, B, Hkv, S), float("nan"), dtype=torch.float32, device=device)
@@ -255,11 +257,12 @@ class EvictionCache(KVCache):
         # (What a sequence keeps depends on its batch only through top-k ties: the slots' layout follows the
         # batch's compressions.)
         scores, histories = [], []
+        rows = torch.arange(B, device=stamp.device) if self.rows is None else self.rows
         for layer in range(L):
             state = LayerState(
                 self.queries[layer].view(B, Hkv, -1, self.query_pos.shape[1], self.keys[layer].shape[-1]),
                 self.query_pos, self.query_ok, self.keys[layer][:, :, :S], positions[layer], key_ok,
-                candidates[layer], history[layer], self.scale,
+                candidates[layer], history[layer], self.scale, layer, rows, self.lengths,
             )  # fmt: skip
             score, new_history = self.method.score(state)
             scores.append(score)

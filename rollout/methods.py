@@ -18,7 +18,14 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from gkv_train.rollout.scoring import key_redundancy, merge_history, normalize_max, pool_scores, window_attention
+from gkv_train.rollout.scoring import (
+    hashed_uniform,
+    key_redundancy,
+    merge_history,
+    normalize_max,
+    pool_scores,
+    window_attention,
+)
 
 if TYPE_CHECKING:
     from gkv_train.rollout.config import CompressionConfig
@@ -32,7 +39,8 @@ class LayerState:
     keys [B, Hkv, S, D] (after RoPE); key_pos int64 [B, Hkv, S] logical positions; key_ok bool [B, S];
     candidates bool [B, Hkv, S]: occupied slots outside the window and sinks (the only ones a score decides);
     history float32 [B, Hkv, S]: each token's global score from the last compression, NaN where it has none;
-    scale: the attention scale (1 / sqrt(D)).
+    scale: the attention scale (1 / sqrt(D)); layer: the layer's index; rows int64 [B]: each sequence's row in the
+    rollout (the batch it started with); lengths int64 [B]: tokens each sequence has seen (the compression's time).
     """
 
     query: torch.Tensor
@@ -44,6 +52,9 @@ class LayerState:
     candidates: torch.Tensor
     history: torch.Tensor
     scale: float
+    layer: int = 0
+    rows: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
 
 
 class EvictionMethod:
@@ -56,8 +67,9 @@ class EvictionMethod:
         redundancy=False, similarity="rkv",
     )  # fmt: skip
 
-    def __init__(self, config: CompressionConfig):
+    def __init__(self, config: CompressionConfig, seed: int = 0):
         self.config = config  # resolved: no option is None
+        self.seed = seed  # the rollout's sampling seed (for methods that draw at random)
 
     def score(self, state: LayerState) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(score float32 [B, Hkv, S], new history [B, Hkv, S] or None); higher scores are kept first.
@@ -156,3 +168,21 @@ class H2O(GKV):
 
     name = "h2o"
     defaults = {**GKV.defaults, "window": 1, "form": "sum", "redundancy": False}
+
+
+@register
+class Random(EvictionMethod):
+    """Random eviction, per layer and KV head (the control every scorer must beat; reported to match the best
+    scorers on reasoning benchmarks, arXiv 2609.03430): at each compression every candidate gets a fresh uniform
+    score, a pure function of the rollout's seed, the sequence's row, the layer, the KV head, the token's position
+    and the compression's time (``hashed_uniform``), so a rollout is reproducible and independent of padding.
+    Sinks and the window are kept as for every method."""
+
+    name = "random"
+
+    def score(self, state):
+        B, Hkv, _ = state.key_pos.shape
+        rows = (torch.arange(B, device=state.key_pos.device) if state.rows is None else state.rows)[:, None, None]
+        time = (state.key_pos.new_zeros(B) if state.lengths is None else state.lengths)[:, None, None]
+        heads = torch.arange(Hkv, device=state.key_pos.device)[None, :, None]
+        return hashed_uniform(self.seed, rows, time, state.layer * Hkv + heads, state.key_pos), None

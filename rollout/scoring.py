@@ -156,6 +156,27 @@ def merge_history(old: torch.Tensor, new: torch.Tensor, form: str, alpha: float)
     return torch.where(old.isnan(), new, merged)
 
 
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(x):
+    """A 32-bit integer hash of values in [0, 2^32), an int or an int64 tensor (two xor-shift-multiply rounds;
+    the products stay below 2^63, so int64 arithmetic never overflows on any device)."""
+    for _ in range(2):
+        x = (((x >> 16) ^ x) * 0x45D9F3B) & _MASK32
+    return (x >> 16) ^ x
+
+
+def hashed_uniform(seed: int, *coordinates: torch.Tensor) -> torch.Tensor:
+    """Uniform draws in [0, 1), a pure function of ``seed`` and the integer ``coordinates`` (int64 tensors
+    broadcast together): float32 of the broadcast shape, 24 random bits each. The same coordinates give the same
+    draw whatever the batch, its padding or the device."""
+    h = _mix32(seed & _MASK32)
+    for c in coordinates:
+        h = _mix32((c & _MASK32) ^ h)
+    return (h >> 8).float() * 2.0**-24
+
+
 def select_keep(
     score: torch.Tensor, candidates: torch.Tensor, key_ok: torch.Tensor, budget: int, window: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -166,7 +187,8 @@ def select_keep(
     Every sequence appends a token per step, so its newest ``window`` tokens fill the buffer's last ``window``
     slots: those are kept, and the others are ranked by one ``topk`` over the slots before them, as the
     reference ranks its cache without the window (the same call, so that tied scores, common after max pooling,
-    are broken the same way).
+    are broken the same way); a shorter row of a padded batch is ranked over its own slots, so that ties are
+    broken as when it is ranked alone.
     Returns (index int64 [..., B, Hkv, K] with K = min(budget, S), n_keep int64 [B] = min(budget, occupied slots)).
     The last ``n_keep[b]`` indices of each row are the kept slots in increasing position, after the empty ones:
     gathered in this order, every sequence's occupied slots stay one contiguous run ending at the buffer's end,
@@ -175,7 +197,15 @@ def select_keep(
     S = score.shape[-1]
     ok = key_ok[:, None, :].expand_as(score)
     ranked = score.float().masked_fill(ok & ~candidates, float("inf")).masked_fill(~ok, float("-inf"))
-    best = ranked[..., : S - window].topk(min(budget, S) - window, dim=-1).indices
+    room = min(budget, S) - window
+    best = ranked[..., : S - window].topk(room, dim=-1).indices
+    # ``topk`` breaks ties depending on the whole row it ranks. A row with empty leading slots (a shorter, padded
+    # sequence) that must drop some of its tokens is ranked over its own slots only, as it is ranked alone (and as
+    # the reference ranks its unpadded cache): what a sequence keeps does not depend on padding or on the batch.
+    occupied = key_ok.sum(-1)
+    for b in ((occupied > budget) & (occupied < S)).nonzero().flatten().tolist():
+        start = S - int(occupied[b])
+        best[..., b, :, :] = ranked[..., b, :, start : S - window].topk(room, dim=-1).indices + start
     newest = torch.arange(S - window, S, device=score.device).expand(*best.shape[:-1], window)
     index = torch.cat([best, newest], dim=-1)
     empty_first = index + S * ok.gather(-1, index)

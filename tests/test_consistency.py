@@ -9,18 +9,15 @@ from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_model
 from gkv_train.rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.rollout.engine import RolloutEngine
+from gkv_train.rollout.methods import METHODS
 
 TOL = 1e-4
 
 
 def tiny_methods(budget, window, interval):
+    """Every registered eviction method at its defaults, and G-KV's other history forms."""
     common = dict(budget=budget, window=window, interval=interval)
-    return [
-        CompressionConfig("streaming", **common),
-        CompressionConfig("snapkv", **common),
-        CompressionConfig("h2o", **common),
-        CompressionConfig("rkv", **common),
-        CompressionConfig("gkv", form="max", **common),
+    return [CompressionConfig(name, **common) for name in METHODS] + [
         CompressionConfig("gkv", form="mean", **common),
         CompressionConfig("gkv", form="sum", redundancy=False, **common),
     ]

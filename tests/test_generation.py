@@ -6,6 +6,8 @@ from gkv_train.models import tiny_model
 from gkv_train.rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.rollout.contract.attention import ATTENTION_NAME
 from gkv_train.rollout.engine import RolloutEngine, encode_prompts, left_pad
+from gkv_train.rollout.methods import METHODS as EVICTION_METHODS
+from gkv_train.rollout.scoring import hashed_uniform
 
 
 def hf_greedy(model, prompts, pad_id, max_new_tokens, eos):
@@ -87,19 +89,43 @@ def test_top_p_keeps_sampling_inside_the_nucleus():
     assert torch.allclose(logprobs, logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1))
 
 
-@pytest.mark.parametrize("method", ["gkv", "snapkv"])
+@pytest.mark.parametrize("method", [*EVICTION_METHODS, "gkv-avg"])
 def test_padding_changes_nothing(tiny_llama, method):
-    """Positions are logical: a prompt generates the same tokens and record alone and in a padded batch."""
-    cfg = CompressionConfig(method, budget=12, window=3, interval=5, pool="avg")
+    """Positions are logical and ties are broken over a row's own tokens: a prompt generates the same tokens and
+    record alone and in a padded batch, for every method at its defaults (max pooling makes ties common: with
+    one ``topk`` over the padded rows, snapkv's shorter rows keep other tokens than alone)."""
+    name, _, pool = method.partition("-")
+    cfg = CompressionConfig(name, budget=12, window=3, interval=5, pool=pool or "max")
     prompts = random_prompts([9, 30, 17], seed=4)
     sampling = SamplingConfig(max_new_tokens=25, temperature=0, stop_token_ids=())
     engine = RolloutEngine(tiny_llama, compression=cfg)
     batch = engine.generate(prompts, sampling)
-    for row, prompt in enumerate(prompts):
-        alone = engine.generate([prompt], sampling)
+    # random draws per row of the rollout: alone, a prompt is row 0, so only the batch's row 0 compares
+    rows = [0] if name == "random" else range(len(prompts))
+    for row in rows:
+        alone = engine.generate([prompts[row]], sampling)
         assert torch.equal(alone.completion_ids[0], batch.completion_ids[row])
-        T = len(prompt) + 25
+        T = len(prompts[row]) + 25
         assert torch.equal(alone.record.evict_at[0, ..., :T], batch.record.evict_at[row, ..., :T])
+
+
+def test_random_eviction_is_seeded_and_per_head(tiny_llama):
+    """``random`` keeps other tokens with another seed, the same with the same seed, and different ones in each
+    layer and KV head; its draws depend only on their coordinates."""
+    cfg = CompressionConfig("random", budget=12, window=3, interval=5)
+    prompts = random_prompts([9, 30], seed=4)
+    engine = RolloutEngine(tiny_llama, compression=cfg)
+
+    def record(seed):
+        return engine.generate(prompts, SamplingConfig(max_new_tokens=20, temperature=0, seed=seed)).record.evict_at
+
+    first = record(1)
+    assert torch.equal(first, record(1)) and not torch.equal(first, record(2))
+    parts = first[1].flatten(0, 1)  # [L * Hkv, T] of the longer sequence
+    assert len({tuple(p.tolist()) for p in parts}) == parts.shape[0]
+    coords = torch.arange(50)[:, None], torch.arange(4)[None, :]
+    assert torch.equal(hashed_uniform(7, *coords)[10:20, 1:3], hashed_uniform(7, coords[0][10:20], coords[1][:, 1:3]))
+    assert not torch.equal(hashed_uniform(7, *coords), hashed_uniform(8, *coords))
 
 
 @pytest.mark.parametrize("scale", [0.01, 1.0, 6.0])  # flat rows need the full-sort fallback
