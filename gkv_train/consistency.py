@@ -45,14 +45,29 @@ def consistency_report(model, out, temperature: float = 1.0, backend: str = "aut
     return report
 
 
+RATIO_QUANTILES = (0.01, 0.05, 0.5, 0.95, 0.99)
+
+
 def mismatch_stats(trainer_logps, rollout_logps, mask) -> dict[str, float]:
-    """Rollout vs trainer log-probs over the completion tokens: mean and max |diff|, and KL(rollout || trainer)
-    estimated from the rollout's own samples with the non-negative k3 estimator exp(d) - d - 1, d = t - r."""
+    """Rollout vs trainer log-probs over the completion tokens (trainer_logps, rollout_logps float [B, T]; mask
+    [B, T]): mean and max |d| with d = trainer - rollout; KL(rollout || trainer) estimated from the rollout's own
+    samples with the non-negative k3 estimator exp(d) - d - 1; the quantiles of the per-token probability ratio
+    exp(d) (``ratio_p1`` ... ``ratio_p99``); and the tail of the per-token agreement min(exp(d), exp(-d)) =
+    exp(-|d|), its 5th percentile (``agreement_p5``: Sparrow's stability statistic, arXiv 2606.08446; training
+    stayed stable above ~0.86). For a learner under the exact record these show float rounding only; for a dense
+    learner of compressed rollouts, what importance sampling has to correct."""
     mask = mask.bool()
     d = (trainer_logps - rollout_logps)[mask].double()  # float64: the k3 terms cancel to ~1e-12
-    if d.numel() == 0:
-        return {"mean_abs": 0.0, "max_abs": 0.0, "kl": 0.0}
-    return {"mean_abs": d.abs().mean().item(), "max_abs": d.abs().max().item(), "kl": (d.exp() - d - 1).mean().item()}
+    if d.numel() == 0:  # no completion token: no mismatch
+        d = torch.zeros(1, dtype=torch.float64, device=d.device)
+    quantiles = torch.quantile(d, torch.tensor(RATIO_QUANTILES, dtype=d.dtype, device=d.device)).exp().tolist()
+    return {
+        "mean_abs": d.abs().mean().item(),
+        "max_abs": d.abs().max().item(),
+        "kl": (d.exp() - d - 1).mean().item(),
+        **{f"ratio_p{round(q * 100)}": value for q, value in zip(RATIO_QUANTILES, quantiles)},
+        "agreement_p5": torch.quantile(-d.abs(), 0.05).exp().item(),
+    }
 
 
 CHECK_USAGE = """Roll out with a compressed cache, recompute the log-probs as the trainer does, print one JSON line.

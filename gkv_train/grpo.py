@@ -11,15 +11,19 @@ What the subclass changes (TRL 1.16, pinned):
   computation opens a scope with the record read back from its batch. ``_get_per_token_logps_and_entropies``
   runs each chunk of rows inside ``logical_forward`` with the attention context of those rows.
 * Advantages of completions that hit the length limit are clamped to >= 0 (``overlong_advantage_clip``).
-* Optional truncated importance sampling between rollout and trainer log-probs (``rollout_is``), applied by
-  scaling the per-token advantages, which equals TRL's multiplication of the per-token loss for the
-  ratio-times-advantage losses (grpo, dapo, dr_grpo, bnpo, cispo, sapo).
+* Optional correction of the rollout-trainer mismatch (``rollout_correction``): truncated importance sampling
+  (``rollout_is``), applied by scaling the per-token advantages, which equals TRL's multiplication of the
+  per-token loss for the ratio-times-advantage losses (grpo, dapo, dr_grpo, bnpo, cispo, sapo); token rejection
+  and a sequence veto (``rollout_rejection``, ``rollout_veto``), applied through TRL's loss mask (``tool_mask``).
+  With ``train_with_record=false`` and a compressed rollout these make Sparse-RL's dense learner (recipe
+  ``sparse_rl``).
 * Every step logs the rollout-trainer log-prob mismatch (mean / max abs diff, KL), retention and tokens/s.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -40,15 +44,33 @@ from gkv_train.rollout.sampling import rollout_seed
 from gkv_train.run_config import LOSS_TYPES, SparseRLOptions
 
 
-def truncated_is_weights(trainer_logps, rollout_logps, mask, mode: str, cap: float) -> torch.Tensor:
-    """Importance weights min(exp(trainer - rollout), cap): per token [B, T] or per sequence [B, 1].
+def rollout_correction(trainer_logps, rollout_logps, mask, options: SparseRLOptions):
+    """How the mismatch between trainer and rollout log-probs is corrected (``SparseRLOptions``): (importance
+    weights float [B, T] per token, [B, 1] per sequence, or None; keep float [B, T]: 1 for the completion tokens
+    that stay in the loss, 0 for padding, rejected tokens and vetoed completions).
 
-    trainer_logps, rollout_logps float [B, T]; mask [B, T] completion tokens.
+    trainer_logps, rollout_logps float [B, T]; mask [B, T] completion tokens. With the Sparse-RL settings (recipe
+    ``sparse_rl``) this is its correction: token weights truncated at 1.5 and normalised to mean 1 over the batch,
+    tokens outside [0.5, 1.5] rejected, a completion with a token ratio below 1e-4 vetoed.
     """
-    diff = (trainer_logps - rollout_logps) * mask
-    if mode == "sequence_truncate":
-        diff = diff.sum(-1, keepdim=True)
-    return diff.exp().clamp(max=cap)
+    mask = mask.float()
+    d = (trainer_logps - rollout_logps) * mask
+    weights = None
+    if options.rollout_is is not None:
+        per_sequence = options.rollout_is == "sequence_truncate"
+        weights = (d.sum(-1, keepdim=True) if per_sequence else d).exp().clamp(max=options.rollout_is_cap)
+        if options.rollout_is_normalize:
+            mean = weights.mean() if per_sequence else (weights * mask).sum() / mask.sum().clamp_min(1.0)
+            weights = weights / mean.clamp_min(1e-8)
+    keep = mask
+    if options.rollout_rejection is not None:
+        low, high = options.rollout_rejection
+        ratio = d.exp()
+        keep = keep * ((ratio >= low) & (ratio <= high))
+    if options.rollout_veto is not None:
+        vetoed = ((d < math.log(options.rollout_veto)) & mask.bool()).any(-1, keepdim=True)
+        keep = keep * ~vetoed
+    return weights, keep
 
 
 def clip_overlong_advantages(advantages, lengths, ended, limit: int) -> torch.Tensor:
@@ -163,16 +185,23 @@ class CompressedGRPOTrainer(GRPOTrainer):
         if self.sparse.overlong_advantage_clip:
             ended = torch.tensor([c[-1] in self.eos_token_ids for c in out.completions()], device=advantages.device)
             advantages = clip_overlong_advantages(advantages, out.completion_lengths, ended, self.max_completion_length)
-        if self.sparse.rollout_is is not None:
+        if self.sparse.corrects_rollout:
             if "old_per_token_logps" not in output:
                 with torch.no_grad():
                     output["old_per_token_logps"] = self._trainer_logps(output)
-            weights = truncated_is_weights(
-                output["old_per_token_logps"], output["sampling_per_token_logps"], mask,
-                self.sparse.rollout_is, self.sparse.rollout_is_cap,
+            weights, keep = rollout_correction(
+                output["old_per_token_logps"], output["sampling_per_token_logps"], mask, self.sparse
             )
-            advantages = advantages[:, None] * weights
-            self._metrics[mode]["sampling/rollout_is_weight/mean"].append(weights.mean().item())
+            if weights is not None:
+                advantages = advantages[:, None] * weights
+                self._metrics[mode]["sampling/rollout_is_weight/mean"].append(weights.mean().item())
+            if self.sparse.rollout_rejection is not None or self.sparse.rollout_veto is not None:
+                # TRL's loss mask beside the attention mask: left-out tokens leave the loss and its normaliser
+                output["tool_mask"] = keep if "tool_mask" not in output else output["tool_mask"] * keep
+                loss_mask = mask * output["tool_mask"]
+                output["num_items_in_batch"] = self.accelerator.gather(loss_mask.sum()).sum()
+                dropped = 1.0 - loss_mask.sum().item() / max(mask.sum().item(), 1.0)
+                self._metrics[mode]["sampling/rollout_tokens_dropped"].append(dropped)
         output["advantages"] = advantages
         stats = out.stats
         self._metrics[mode]["rollout/tokens_per_s"].append(stats["tokens_per_s"])

@@ -59,26 +59,51 @@ def check_sampling(temperature: float, top_p: float, greedy: bool) -> None:
 class SparseRLOptions:
     """What RL-Sparse adds to TRL's GRPO options (``rl.*`` keys of ``train.py``).
 
-    train_with_record: attend under the rollout's record in every trainer forward (False drops the masks: a
-        control that must show a large mismatch, and RL-Full's setting).
+    train_with_record: attend under the rollout's record in every trainer forward. False: a dense learner
+        (plain causal attention), RL-Full's setting, and with a compressed rollout Sparse-RL's design (recipe
+        ``sparse_rl``: the mismatch is then corrected by the options below).
     overlong_advantage_clip: clamp the advantage of completions that hit ``max_new_tokens`` to >= 0.
-    rollout_is: ``token_truncate`` or ``sequence_truncate`` importance sampling between rollout and trainer
-        log-probs, ratio capped at ``rollout_is_cap``; None disables it. ``auto`` (default): ``token_truncate``
+    rollout_is: importance sampling between the trainer's (old-policy) and the rollout's log-probs:
+        ``token_truncate`` (per-token weights min(exp(trainer - rollout), cap)) or ``sequence_truncate`` (one
+        weight per completion, of the summed difference); None disables it. ``auto`` (default): ``token_truncate``
         with ``precision=bf16``, where rollout and trainer log-probs differ by bf16 rounding (measured on
         SmolLM2: mean |diff| 0.027, max 0.25, the size of PPO's clip range), None in fp32, where they agree to
         1e-4 and every weight would be 1 (so the extra old-policy forward it needs is saved).
+    rollout_is_cap: the truncation cap of the weights (Sparse-RL: 1.5).
+    rollout_is_normalize: divide the weights by their mean over the generation batch's completion tokens
+        (per completion for ``sequence_truncate``), so they average 1 (Sparse-RL: true).
+    rollout_rejection: [low, high]: completion tokens whose ratio exp(trainer - rollout) lies outside are left out
+        of the loss and of its normaliser (Sparse-RL: [0.5, 1.5]); None keeps every token.
+    rollout_veto: a completion with any token ratio below this is left out of the loss entirely (Sparse-RL:
+        1e-4); None vetoes nothing.
     """
 
     train_with_record: bool = True
     overlong_advantage_clip: bool = True
     rollout_is: str | None = "auto"
     rollout_is_cap: float = 2.0
+    rollout_is_normalize: bool = False
+    rollout_rejection: list[float] | None = None
+    rollout_veto: float | None = None
 
     def __post_init__(self):
         if self.rollout_is is not None and self.rollout_is not in (*IS_MODES, "auto"):
             raise ValueError(f"unknown rollout_is mode {self.rollout_is!r}; choose one of {IS_MODES}, auto or null")
         if self.rollout_is_cap <= 0:
             raise ValueError(f"rollout_is_cap must be positive, got {self.rollout_is_cap}")
+        if self.rollout_is_normalize and self.rollout_is is None:
+            raise ValueError("rl.rollout_is_normalize=true normalises importance weights: set rl.rollout_is too")
+        if self.rollout_rejection is not None:
+            band = list(self.rollout_rejection)
+            if len(band) != 2 or not 0 <= band[0] < 1 < band[1]:
+                raise ValueError(f"rl.rollout_rejection must be [low, high] with 0 <= low < 1 < high, got {band}")
+        if self.rollout_veto is not None and not 0 < self.rollout_veto < 1:
+            raise ValueError(f"rl.rollout_veto must lie in (0, 1), got {self.rollout_veto}")
+
+    @property
+    def corrects_rollout(self) -> bool:
+        """Whether the trainer's old-policy log-probs are compared with the rollout's to weight or drop tokens."""
+        return self.rollout_is is not None or self.rollout_rejection is not None or self.rollout_veto is not None
 
 
 @dataclass

@@ -7,7 +7,7 @@ import pytest
 import torch
 from trl import GRPOConfig
 
-from gkv_train.grpo import CompressedGRPOTrainer, clip_overlong_advantages, truncated_is_weights
+from gkv_train.grpo import CompressedGRPOTrainer, clip_overlong_advantages, rollout_correction
 from gkv_train.models import load_model
 from gkv_train.rollout.config import CompressionConfig
 from gkv_train.run_config import SparseRLOptions
@@ -143,7 +143,26 @@ def test_truncated_importance_weights():
     trainer_lp = torch.tensor([[-1.0, -1.0, -2.0], [-1.0, -1.0, 0.0]])
     rollout_lp = torch.tensor([[-1.0, -2.0, -1.0], [-1.0, -1.0, -5.0]])
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
-    token = truncated_is_weights(trainer_lp, rollout_lp, mask, "token_truncate", cap=2.0)
+    token, keep = rollout_correction(trainer_lp, rollout_lp, mask, SparseRLOptions(rollout_is="token_truncate"))
     assert torch.allclose(token, torch.tensor([[1.0, 2.0, torch.e**-1], [1.0, 1.0, 1.0]]))
-    seq = truncated_is_weights(trainer_lp, rollout_lp, mask, "sequence_truncate", cap=2.0)
+    assert torch.equal(keep, mask.float())  # nothing rejected without rejection or veto
+    seq, _ = rollout_correction(trainer_lp, rollout_lp, mask, SparseRLOptions(rollout_is="sequence_truncate"))
     assert seq.shape == (2, 1) and torch.allclose(seq, torch.tensor([[1.0], [1.0]]))
+
+
+def test_sparse_rl_correction():
+    """Sparse-RL's settings: weights truncated at 1.5 and normalised to mean 1 over the batch's tokens, tokens
+    outside [0.5, 1.5] rejected, a completion with a token ratio below 1e-4 vetoed."""
+    ratios = torch.tensor([[1.0, 1.2, 3.0, 0.4], [1.0, 1e-5, 1.0, 1.0], [0.9, 1.1, 1.0, 5.0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]])
+    options = SparseRLOptions(rollout_is="token_truncate", rollout_is_cap=1.5, rollout_is_normalize=True,
+                              rollout_rejection=[0.5, 1.5], rollout_veto=1e-4)  # fmt: skip
+    weights, keep = rollout_correction(ratios.log(), torch.zeros(3, 4), mask, options)
+    truncated = ratios.clamp(max=1.5) * mask
+    assert torch.allclose(weights * mask, truncated / (truncated.sum() / mask.sum()))
+    assert torch.allclose((weights * mask).sum() / mask.sum(), torch.tensor(1.0))
+    assert torch.equal(keep, torch.tensor([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0], [1.0, 1.0, 1.0, 0.0]]))
+    with pytest.raises(ValueError, match="rollout_rejection"):
+        SparseRLOptions(rollout_rejection=[1.2, 1.5])
+    with pytest.raises(ValueError, match="rollout_veto"):
+        SparseRLOptions(rollout_veto=2.0)

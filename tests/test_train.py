@@ -163,6 +163,17 @@ def test_s4r_through_train_py(tmp_path):
     assert control["mismatch/max_abs"] > 1e-2
 
 
+def test_sparse_rl_dense_learner_through_train_py(tmp_path):
+    """Sparse-RL's design (recipe sparse_rl): the same compressed rollout, a dense learner, the mismatch corrected
+    by truncated, normalised importance weights, token rejection and a sequence veto. Every step logs the ratio
+    quantiles and the agreement tail; for the dense learner they show a real mismatch (for RL-Sparse, rounding)."""
+    run(["recipe=sparse_rl", *TINY, "max_steps=1", "eval_data.limit=1", f"output_dir={tmp_path}"])
+    (step,) = metrics(tmp_path)
+    assert step["mismatch/max_abs"] > 1e-2 and step["rollout/retention"] < 1  # dense: attends to evicted keys
+    assert step["mismatch/agreement_p5"] < 1 and step["mismatch/ratio_p1"] < 1 < step["mismatch/ratio_p99"]
+    assert step["sampling/rollout_is_weight/mean"] > 0 and 0 <= step["sampling/rollout_tokens_dropped"] < 1
+
+
 def test_lora_and_periodic_evaluation(tmp_path):
     run([*TINY, "max_steps=2", "lora.enabled=true", "lora.r=4", "eval_steps=1", "eval_data.limit=2",
          f"output_dir={tmp_path}"])
