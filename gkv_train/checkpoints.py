@@ -1,8 +1,10 @@
-"""Crash-safe training outputs: atomic checkpoints, the newest complete one, and what a run folder holds.
+"""Crash-safe training outputs: atomic checkpoints, the newest complete one, what a run folder holds, and a clean
+stop on SIGTERM / SIGINT.
 
 A checkpoint is written under ``<output_dir>/.staging/checkpoint-N`` and renamed to ``<output_dir>/checkpoint-N``
 once every process has written its part, so a ``checkpoint-N`` folder is always complete; a save killed half
-way (or failing on a full disk) leaves only the staging folder, removed at the next start.
+way (or failing on a full disk, which the error names with the space free and needed) leaves only the staging
+folder, removed at the next start. ``StopOnSignal`` ends training at a step boundary with such a checkpoint.
 """
 
 from __future__ import annotations
@@ -11,20 +13,26 @@ import json
 import os
 import re
 import shutil
+import signal
 from contextlib import contextmanager
 from pathlib import Path
 
+import torch
+from transformers import TrainerCallback
 from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import rotate_checkpoints
 
+from gkv_train.exits import Preempted
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
+from gkv_train.storage import FULL, disk_full, free_bytes
 
 STAGING = ".staging"
 METRICS = "metrics.jsonl"
 EVAL = "eval.json"
 TRACES = "traces.jsonl"
 _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
-# What a training run leaves in its output folder (besides Hydra's own ``hydra/``): removed by overwrite=true.
+# What a training run leaves in its output folder (besides its resolved configuration, ``hydra/``, rewritten at each
+# start, and the lock file ``.run.lock``): removed by overwrite=true.
 RUN_FILES = (
     "checkpoint-*", STAGING, METRICS, EVAL, TRACES, "runs", "README.md", "*.safetensors", "*.bin", "*.pt",
     "adapter_config.json", "config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json",
@@ -143,15 +151,27 @@ class AtomicCheckpoints:
         run_dir = super()._get_output_dir(trial)
         return os.path.join(run_dir, STAGING) if self._staging else run_dir
 
+    def checkpoint_bytes(self) -> int:
+        """About how much a checkpoint takes: the newest complete one's size, else the weights plus two optimizer
+        states (Adam's) of the trainable ones."""
+        found = complete_checkpoints(self.args.output_dir)
+        if found:
+            return sum(f.stat().st_size for f in found[-1].rglob("*") if f.is_file())
+        params = list(self.model.parameters())
+        return sum(p.numel() * p.element_size() for p in params) + 8 * sum(p.numel() for p in params if p.requires_grad)
+
     def _save_checkpoint(self, model, trial) -> None:
         run_dir = Path(super()._get_output_dir(trial))
         name = f"checkpoint-{self.state.global_step}"
         self._staging = True
         try:
             super()._save_checkpoint(model, trial)
-        except BaseException:  # e.g. a full disk: nothing half-written stays behind
+        except BaseException as err:  # e.g. a full disk: nothing half-written stays behind
+            full = self._disk_full(err, run_dir / STAGING / name)  # before the staged files are gone
             if self.args.should_save:
                 clear_staging(run_dir)
+            if full is not None:
+                raise full from err
             raise
         finally:
             self._staging = False
@@ -164,3 +184,82 @@ class AtomicCheckpoints:
                 best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False,
             )
         self.accelerator.wait_for_everyone()
+
+    def _disk_full(self, err: BaseException, staged: Path):
+        """The ``DiskFull`` error naming the disk when a save failed for lack of space, else None: an OSError
+        saying so, or a write error of torch's C++ writer (``basic_ios::clear: iostream error``, no errno) with
+        less space free than a checkpoint needs."""
+        needed = self.checkpoint_bytes()
+        full = isinstance(err, OSError) and err.errno in FULL
+        if not full and isinstance(err, RuntimeError) and not isinstance(err, NotImplementedError):
+            full = free_bytes(staged) < needed
+        return disk_full(staged, staged.name, needed) if full else None
+
+
+class StopOnSignal(TrainerCallback):
+    """SIGTERM (a scheduler's preemption) or SIGINT (Ctrl-C) during training: the handler only notes the signal
+    (and says so on stderr); at the end of the optimizer step in flight every process learns whether any got one
+    (``agreed``), the trainer saves a complete checkpoint of that step and stops, and the caller raises
+    ``preempted(...)``. Outside the training loop (loading, the final save and evaluation) the signal stops the
+    process at once with ``Preempted``: nothing since the newest complete checkpoint is lost. Further signals
+    while stopping are ignored (SIGKILL stops at once; the newest complete checkpoint stays)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.received: int | None = None  # the signal this process got
+        self.in_loop = False
+        self.stopped_at: int | None = None  # the step whose checkpoint the stop saved
+        self._previous = {}
+
+    def __enter__(self) -> StopOnSignal:
+        for signum in self.SIGNALS:
+            self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    def _handle(self, signum, frame) -> None:
+        if self.received is not None:
+            return
+        self.received = signum
+        name = signal.Signals(signum).name
+        if not self.in_loop:
+            raise Preempted(signum, f"stopped by {name} outside training: nothing since the newest complete "
+                                    "checkpoint is lost; resume=last continues from it")  # fmt: skip
+        # os.write, not print: the handler may have interrupted a print to the same stream
+        os.write(2, f"{name} received: stopping at the end of this step, with a checkpoint\n".encode())
+
+    def agreed(self, device) -> bool:
+        """Whether any process got a signal (a collective: every process calls it at the same point)."""
+        flag = self.received is not None
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            any_flag = torch.tensor([int(flag)], device=device)
+            dist.all_reduce(any_flag, op=dist.ReduceOp.MAX)
+            flag = bool(any_flag.item())
+        return flag
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.in_loop = True
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.agreed(args.device):
+            control.should_save = control.should_training_stop = True
+            self.stopped_at = state.global_step
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.in_loop = False
+
+    def preempted(self, output_dir: Path, step: int, device) -> Preempted | None:
+        """After training (every process calls it): the ``Preempted`` to raise when any process got a signal, with
+        the checkpoint of ``step`` complete in ``output_dir``; else None."""
+        if self.stopped_at is None and not self.agreed(device):
+            return None
+        signum = self.received or signal.SIGTERM  # another process got it
+        name = signal.Signals(signum).name
+        return Preempted(signum, f"stopped by {name} after step {step}: {Path(output_dir) / f'checkpoint-{step}'} is "
+                                 "complete; resume=last continues from it")  # fmt: skip

@@ -14,8 +14,13 @@ in the repository call these same functions.
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 from pathlib import Path
+from typing import NoReturn
+
+from gkv_train.exits import REFUSED
 
 RECIPES = str(Path(__file__).resolve().parent / "recipes")  # absolute: the same folder however this is run
 USAGE = "\n\n".join(__doc__.split("\n\n")[:2])
@@ -33,49 +38,118 @@ def _schemas() -> None:
     store.store(name="traces_schema", node=TracesConfig)
 
 
-def _hydra_job(config_name: str, schema_name: str, passthrough: bool, work, before_run=None) -> None:
-    """Run ``work(config, cfg)`` on the recipe ``config_name`` with the overrides in ``sys.argv[1:]``: TRL's
-    names and aliases translated, "did you mean" on a misspelled key, the configuration validated before any
-    work (``schema_name``: the ``gkv_train.run_config`` class); ``before_run`` runs after the translation."""
+class ConsoleHandler(logging.StreamHandler):
+    """A logging handler that writes to whatever ``sys.stderr`` is when a record comes (so records also reach a
+    run's log file once the console is kept there: ``gkv_train.console.log_console_to``); Hydra's job logging
+    (``recipes/hydra/job_logging/console.yaml``) uses it, and writes no file of its own."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # logging.StreamHandler sets it; the current sys.stderr is used instead
+        pass
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    """End the process with one line on stderr (from the main process of a multi-process run only)."""
+    if os.environ.get("RANK", "0") == "0":
+        print(message, file=sys.stderr, flush=True)
+    sys.exit(code)
+
+
+def _composes(config_name: str, overrides: list[str]) -> None:
+    """Compose ``config_name`` with ``overrides`` as Hydra will (a bad value, type or recipe name fails here), so
+    that such an error is one line and exit code 2 like every other check, not Hydra's report."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if any(arg.startswith("-") for arg in overrides):  # Hydra's own flags (--help, --cfg, -m): left to Hydra
+        return
+    try:
+        with initialize_config_dir(config_dir=RECIPES, version_base=None):
+            compose(config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as err:
+        cause = err.__cause__
+        detail = f": {str(cause).splitlines()[0]}" if isinstance(cause, OmegaConfBaseException) else ""
+        message = " ".join(str(err).split()).split(" Config search path:")[0]  # the search path says nothing here
+        _fail(f"error: {message}{detail}", REFUSED)
+
+
+def _hydra_job(config_name: str, schema_name: str, passthrough: bool, work, before_work=None) -> None:
+    """Run ``work(config, cfg, config_files)`` on the recipe ``config_name`` with the overrides in ``sys.argv[1:]``:
+    TRL's names and aliases translated, "did you mean" on a misspelled key, the configuration validated
+    (``schema_name``: the ``gkv_train.run_config`` class) and ``before_work(config)`` run before any work.
+    Hydra creates no folder and writes no file (``hydra.run.dir`` is the working folder, no ``output_subdir``):
+    ``work`` gets the resolved configuration as ``config_files`` (name -> text) to write once its checks pass.
+
+    A run refused before any work (a bad value, a failed check: ``Refused``) prints one line ``error: ...`` and
+    exits with 2; a signal that stops it (``Preempted``) one line and 128 + the signal; a full disk ``error: ...``
+    and 1 (``gkv_train.exits``)."""
     import hydra
     from omegaconf import DictConfig, OmegaConf
 
     from gkv_train import run_config
+    from gkv_train.exits import Preempted, Refused, refusing
+    from gkv_train.storage import DiskFull
 
     _schemas()
 
     @hydra.main(version_base=None, config_path=RECIPES, config_name=config_name)
     def main(cfg: DictConfig) -> None:
-        work(OmegaConf.to_object(cfg), cfg)  # validated: bad values fail here, before any work
+        from hydra.core.hydra_config import HydraConfig
 
-    run_config.apply_overrides(getattr(run_config, schema_name), passthrough=passthrough)
-    if before_run is not None:
-        before_run()
+        try:
+            with refusing():
+                config = OmegaConf.to_object(cfg)  # validated: bad values fail here, before any work
+            if before_work is not None:
+                before_work(config)
+            overrides = list(HydraConfig.get().overrides.task)
+            files = {"config.yaml": OmegaConf.to_yaml(cfg, resolve=True),
+                     "overrides.yaml": OmegaConf.to_yaml(overrides)}  # fmt: skip
+            work(config, cfg, files)
+        except Refused as err:
+            _fail(f"error: {err}", REFUSED)
+        except Preempted as err:
+            _fail(str(err), err.code)
+        except DiskFull as err:
+            _fail(f"error: {err}", 1)
+
+    try:
+        run_config.apply_overrides(getattr(run_config, schema_name), passthrough=passthrough)
+    except ValueError as err:
+        _fail(f"error: {err}", REFUSED)
+    _composes(config_name, sys.argv[1:])
     main()
 
 
 def train(script: list[str]) -> None:
     """Train with the overrides in ``sys.argv[1:]``; ``script`` re-runs this command (with the same overrides)
-    under ``torch.distributed.run`` when more CPU processes were asked for."""
+    under ``torch.distributed.run`` when more CPU processes were asked for (once the configuration holds)."""
     from gkv_train.distributed import relaunch_cpu_processes
 
-    def work(config, cfg) -> None:
+    def work(config, cfg, files) -> None:
         from gkv_train.launch import run  # trl, transformers, peft: imported once the configuration holds
 
-        run(config)
+        run(config, files)
 
-    _hydra_job("train", "TrainConfig", True, work, before_run=lambda: relaunch_cpu_processes(script))
+    _hydra_job("train", "TrainConfig", True, work, before_work=lambda config: relaunch_cpu_processes(script))
 
 
 def evaluate() -> None:
     """Evaluate with the overrides in ``sys.argv[1:]`` (``gkv_train.evaluation.run_evaluation``)."""
 
-    def work(config, cfg) -> None:
+    def work(config, cfg, files) -> None:
         from omegaconf import OmegaConf
 
         from gkv_train.evaluation import run_evaluation
 
-        run_evaluation(config, OmegaConf.to_container(cfg, resolve=True))
+        run_evaluation(config, OmegaConf.to_container(cfg, resolve=True), files)
 
     _hydra_job("evaluate", "EvalConfig", False, work)
 
@@ -83,10 +157,10 @@ def evaluate() -> None:
 def traces() -> None:
     """Teacher traces with the overrides in ``sys.argv[1:]`` (``gkv_train.traces.run_traces``)."""
 
-    def work(config, cfg) -> None:
+    def work(config, cfg, files) -> None:
         from gkv_train.traces import run_traces
 
-        run_traces(config)
+        run_traces(config)  # one output file, no folder: the configuration is not written
 
     _hydra_job("traces", "TracesConfig", False, work)
 
@@ -105,10 +179,12 @@ def main(argv: list[str] | None = None) -> None:
         check(rest)
         return
     if command == "train":
+        import signal
+
         from gkv_train.process import die_with_parent, launched_by_agent
 
-        if launched_by_agent():  # first of all: a killed launcher / agent takes its workers along
-            die_with_parent()
+        if launched_by_agent():  # first of all: a killed launcher / agent stops its workers (with a checkpoint)
+            die_with_parent(signum=signal.SIGTERM)
     sys.argv = [f"{sys.argv[0]} {command}", *rest]
     if command == "train":
         train(["-m", "gkv_train.cli", "train"])

@@ -74,6 +74,10 @@ class DataConfig:
     prompt_template: str = PROMPT_TEMPLATE
     config: str | None = None  # a hub dataset's configuration (subset), e.g. "main" for openai/gsm8k
 
+    def __post_init__(self):
+        if self.limit is not None and self.limit < 1:
+            raise ValueError(f"data.limit must be at least 1, or null for every problem; got {self.limit}")
+
     def identity(self) -> dict:
         """Everything that determines the problems and prompts: these settings and, for a local file (or a
         preset's), the file's identity (name, size, content hash)."""
@@ -93,7 +97,7 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
     if (path is None) == (name is None):
         raise ValueError("give exactly one of data.path (a local file) or data.name (a preset or hub dataset)")
     if name == BUILTIN:
-        return arithmetic_task(limit or 256, split, seed, tuple(data.levels), data.distractors)
+        return arithmetic_task(limit, split, seed, tuple(data.levels), data.distractors)
     if data.config is not None and (path is not None or name in PRESETS):
         raise ValueError(
             f"data.config={data.config!r} selects a hub dataset's configuration; {path or name} is a local file"
@@ -109,6 +113,8 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
     fields = [question_field] if isinstance(question_field, str) else list(question_field)
     path = local_file(path, name, split)
     if path is not None:
+        if Path(path).is_dir():
+            raise IsADirectoryError(f"dataset file {path} is a folder, not a file")
         if not Path(path).is_file():
             hint = f" (the {name} preset's file; set GKV_DATA_DIR to the folder holding it)" if name in PRESETS else ""
             raise FileNotFoundError(f"dataset file {path} does not exist{hint}")
@@ -136,6 +142,10 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
         }
         for i, row in enumerate(raw)
     ]
+    for i, row in enumerate(rows):
+        if not row["problem"].strip():
+            where = records[i][0] if path is not None else f"dataset {name} ({split}) row {i}"
+            raise ValueError(f"{where}: the question ({', '.join(fields)}) is empty")
     return datasets.Dataset.from_list(rows)
 
 
@@ -224,6 +234,40 @@ NAMES = ["Ava", "Ben", "Cleo", "Dan", "Eli", "Fay", "Gus", "Hana", "Ivan", "June
 ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards", "stamps", "cookies"]
 
 
+# The operations each level draws: one or more patterns, each a list of the operation sets its steps draw from
+# (``_pattern`` picks one); "-" with nothing left becomes "+".
+LEVEL_PATTERNS = {
+    0: [[]], 1: [["+-"]], 2: [["*"], ["+-", "+-"]], 3: [["+-*", "+-", "+-"]],
+    4: [["+-*"] * 3 + ["/"], ["+-*"] * 4 + ["/"]],
+}
+DISTRACTOR_SENTENCES = (len(NAMES) - 1) * 19 * (len(ITEMS) - 1)  # another name, 2-20, another item
+
+
+def _pattern(rng: random.Random, level: int) -> list[str]:
+    """The operation sets of one problem's steps at ``level`` (a pattern of ``LEVEL_PATTERNS``)."""
+    patterns = LEVEL_PATTERNS[level]
+    if level == 2:
+        return patterns[0] if rng.random() < 0.4 else patterns[1]
+    if level == 4:
+        return patterns[rng.randint(3, 4) - 3]
+    return patterns[0]
+
+
+def _step_options(op: str, total: int, who: str, item: str) -> list[tuple[str, int]]:
+    """Every (sentence, new total) one step of operation ``op`` can write when ``who`` holds ``total`` ``item``."""
+    if op == "-" and total == 0:
+        op = "+"  # nothing left to give away: answers stay non-negative
+    if op == "+":
+        return [(f"{who} gets {n} more {item}.", total + n) for n in range(1, 21)]
+    if op == "-":
+        return [(f"{who} gives away {n} {item}.", total - n) for n in range(1, min(total, 20) + 1)]
+    if op == "*":
+        return [(f"Then the number of {item} {who} has becomes {n} times as large.", total * n) for n in range(2, 6)]
+    divisors = [d for d in range(2, 7) if total % d == 0] or [1]
+    return [(f"{who} splits the {item} into {n} equal groups and keeps one group." if n > 1 else
+             f"{who} keeps all the {item}.", total // n) for n in divisors]  # fmt: skip
+
+
 def _problem(rng: random.Random, level: int, distractors: int = 0) -> tuple[str, int]:
     """One word problem of a difficulty level and its integer answer.
 
@@ -241,47 +285,40 @@ def _problem(rng: random.Random, level: int, distractors: int = 0) -> tuple[str,
     other_items = [i for i in ITEMS if i != item]
     for _ in range(distractors):
         text.append(f"{rng.choice(others)} has {rng.randint(2, 20)} {rng.choice(other_items)}.")
-    if level == 0:
-        steps = []
-    elif level == 1:
-        steps = [rng.choice("+-")]
-    elif level == 2:
-        steps = ["*"] if rng.random() < 0.4 else [rng.choice("+-"), rng.choice("+-")]
-    elif level == 3:
-        steps = [rng.choice("+-*"), rng.choice("+-"), rng.choice("+-")]
-    else:
-        steps = [rng.choice("+-*") for _ in range(rng.randint(3, 4))] + ["/"]
+    steps = [ops if len(ops) == 1 else rng.choice(ops) for ops in _pattern(rng, level)]
     for op in steps:
-        if op == "-" and total == 0:
-            op = "+"  # nothing left to give away: answers stay non-negative
-        if op == "+":
-            n = rng.randint(1, 20)
-            total += n
-            text.append(f"{who} gets {n} more {item}.")
-        elif op == "-":
-            n = rng.randint(1, min(total, 20))
-            total -= n
-            text.append(f"{who} gives away {n} {item}.")
-        elif op == "*":
-            n = rng.randint(2, 5)
-            total *= n
-            text.append(f"Then the number of {item} {who} has becomes {n} times as large.")
-        else:
-            divisors = [d for d in range(2, 7) if total % d == 0] or [1]
-            n = rng.choice(divisors)
-            total //= n
-            text.append(f"{who} splits the {item} into {n} equal groups and keeps one group." if n > 1 else
-                        f"{who} keeps all the {item}.")
+        sentence, total = rng.choice(_step_options(op, total, who, item))  # as randint over the numbers
+        text.append(sentence)
     text.append(f"How many {item} does {who} have now?")
     return " ".join(text), total
 
 
+def problem_count(levels: tuple[int, ...], distractors: int = 0) -> int:
+    """How many distinct problems ``_problem`` can write at ``levels`` with ``distractors``: per level and pattern,
+    the distinct sentence sequences from every start (2-20), x names x items x distractor sentences."""
+    count = 0
+    for level in set(levels):
+        for pattern in LEVEL_PATTERNS[level]:
+            paths = {start: 1 for start in range(2, 21)}  # total -> distinct sentence sequences reaching it
+            for ops in pattern:
+                after: dict[int, int] = {}
+                for total, ways in paths.items():
+                    options = {s: t for op in ops for s, t in _step_options(op, total, "W", "I")}  # distinct texts
+                    for new_total in options.values():
+                        after[new_total] = after.get(new_total, 0) + ways
+                paths = after
+            count += sum(paths.values())
+    return count * len(NAMES) * len(ITEMS) * DISTRACTOR_SENTENCES**distractors
+
+
 def arithmetic_task(
-    n: int, split: str = "train", seed: int = 0, levels: tuple[int, ...] = (1, 2), distractors: int = 0
+    n: int | None, split: str = "train", seed: int = 0, levels: tuple[int, ...] = (1, 2), distractors: int = 0
 ) -> datasets.Dataset:
-    """The built-in task: procedural arithmetic word problems with exact integer answers, deterministic in
+    """The built-in task: ``n`` procedural arithmetic word problems with exact integer answers, deterministic in
     ``seed`` (``distractors``: see ``_problem``). ``train`` and ``test`` come from separate random streams and
-    never share a problem."""
+    never share a problem: the test split is the distinct problems of the first ``TEST_POOL`` draws of its stream
+    (n None: all of them), and train draws from the rest of the space (``problem_count``). ValueError when ``n``
+    exceeds what the split can hold."""
     if split not in ("train", "test"):
         raise ValueError(f"the built-in task has splits train and test, not {split!r}")
     bad = [lv for lv in levels if lv not in (0, 1, 2, 3, 4)]
@@ -289,6 +326,8 @@ def arithmetic_task(
         raise ValueError(f"built-in task levels are 0-4, got {list(levels)}")
     if distractors < 0:
         raise ValueError(f"distractors must be >= 0, got {distractors}")
+    if n is not None and n < 1:
+        raise ValueError(f"the built-in task needs at least 1 problem, {n} requested")
 
     def stream(which: str):
         rng = random.Random(f"{seed}:{which}")
@@ -296,20 +335,34 @@ def arithmetic_task(
             level = levels[rng.randrange(len(levels))]
             yield (*_problem(rng, level, distractors), level)
 
-    if split == "test" and n > TEST_POOL:
-        raise ValueError(f"the built-in test split holds {TEST_POOL} problems, {n} requested")
-    held_out = set()
-    if split == "train":  # exclude every problem the test split can produce
-        test_stream = stream("test")
-        held_out = {next(test_stream)[0] for _ in range(TEST_POOL)}
-    rows, seen = [], set()
-    for text, answer, level in stream(split):
-        if text in held_out or text in seen:
-            continue
-        seen.add(text)
-        rows.append({"id": len(rows), "problem": text, "answer": str(answer), "level": level})
-        if len(rows) == n:
-            break
+    test_stream = stream("test")
+    draws = (next(test_stream) for _ in range(TEST_POOL))
+    pool = list({text: (text, answer, level) for text, answer, level in draws}.values())  # distinct, in order
+    task = f"the built-in task at levels {sorted(set(levels))} with {distractors} distractors"
+    if split == "test":
+        if n is not None and n > len(pool):
+            raise ValueError(
+                f"the test split of {task} holds {len(pool)} distinct problems, data.limit={n} asks for more"
+            )
+        chosen = pool[:n]
+    else:
+        available = problem_count(levels, distractors) - len(pool)
+        if n is None or n > available:
+            asked = "data.limit=null asks for all of them" if n is None else f"data.limit={n} asks for more"
+            raise ValueError(
+                f"{task} has {available + len(pool)} distinct problems, {len(pool)} of them held out for the test "
+                f"split, so the train split can give at most {available}: {asked} (or add levels / distractors)"
+            )
+        held_out, seen, chosen = {row[0] for row in pool}, set(), []
+        for text, answer, level in stream(split):
+            if text in held_out or text in seen:
+                continue
+            seen.add(text)
+            chosen.append((text, answer, level))
+            if len(chosen) == n:
+                break
+    rows = [{"id": i, "problem": text, "answer": str(answer), "level": level}
+            for i, (text, answer, level) in enumerate(chosen)]  # fmt: skip
     return datasets.Dataset.from_list(rows)
 
 

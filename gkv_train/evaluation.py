@@ -16,13 +16,17 @@ from tqdm import tqdm
 
 from gkv_train.console import log_console_to
 from gkv_train.data import load_problems, local_file
+from gkv_train.exits import refusing
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.logprobs import chunked_divergence, decoder_and_head, hidden_states
 from gkv_train.models import check_model, load_model, model_identity
+from gkv_train.preflight import Generation, check_generations
 from gkv_train.rewards.grading import grade_completions
 from gkv_train.rewards.verify import MathVerifier
 from gkv_train.rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.rollout.engine import RolloutEngine
+from gkv_train.runlock import RunLock
+from gkv_train.storage import check_output_dir, naming_full_disk
 
 DENSITY_BINS = 50
 RUN_SETTINGS = "run.json"
@@ -239,10 +243,11 @@ def evaluate_compression(
                 "tokens_per_s": out.stats["tokens_per_s"],
             })
         kept, present = retained_by_position(out.record, out.prompt_lengths, out.completion_lengths)
-        with open(density_path, "a") as f:  # before the samples: a batch counts as done once its samples are in
-            f.write(dumps({"batch": index, "kept": kept, "present": present}) + "\n")
-        with open(samples_path, "a") as f:
-            f.write("".join(dumps(line) + "\n" for line in lines))
+        with naming_full_disk(out_dir, "evaluation samples"):
+            with open(density_path, "a") as f:  # before the samples: a batch counts as done once its samples are in
+                f.write(dumps({"batch": index, "kept": kept, "present": present}) + "\n")
+            with open(samples_path, "a") as f:
+                f.write("".join(dumps(line) + "\n" for line in lines))
         tally[0] += sum(line["correct"] for line in lines)
         tally[1] += len(lines)
         progress.set_postfix(accuracy=f"{tally[0] / tally[1]:.3f}")
@@ -458,19 +463,43 @@ def lm_eval_results(summaries: list[dict], task: str, config: dict, versions: di
     }
 
 
-def run_evaluation(config, settings: dict) -> dict:
+def run_evaluation(config, settings: dict, config_files: dict[str, str] | None = None) -> dict:
     """``scripts/evaluate.py`` / ``gkv-train evaluate``: every run of ``config`` (an ``EvalConfig``, whose
     ``settings`` as plain values go into the summaries), the files described there; returns the JSON line's
-    record (also printed)."""
-    runs = config.compressions()  # everything is checked before the model loads
-    for name in (config.model, config.adapter):
-        if name is not None:
-            check_model(name)
-    data = config.data
-    problems = load_problems(data, config.seed)
+    record (also printed). Everything is checked before any work (``refusing``): the runs, model, data, the
+    context and memory the rollouts need, ``output_dir``; then ``output_dir`` is locked for this call
+    (``RunLock``: a second evaluation into it is refused while this one runs), its run folders claimed, and
+    ``config_files`` (name -> text: the resolved configuration) written under ``output_dir/hydra``."""
     out_dir = Path(config.output_dir)
-    for compression in runs:
-        claim_run_dir(out_dir / run_name(compression), config.run_settings(compression), config.overwrite)
+    with refusing():
+        runs = config.compressions()
+        for name in (config.model, config.adapter):
+            if name is not None:
+                check_model(name)
+        problems = load_problems(config.data, config.seed)
+        check_output_dir(out_dir, "output_dir")
+        prompts = [config.data.prompt_template.format(problem=p) for p in problems["problem"]]
+        rows = min(config.batch_problems, len(problems)) * config.num_generations
+        generation = Generation("evaluation", prompts, problems["id"], rows, config.max_new_tokens, runs)
+        check_generations(config.model, [generation], dtype_bytes=2 if config.precision == "bf16" else 4, device="cpu")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        lock = RunLock.acquire(out_dir, "output_dir")
+        try:
+            for compression in runs:
+                claim_run_dir(out_dir / run_name(compression), config.run_settings(compression), config.overwrite)
+        except BaseException:
+            lock.release()
+            raise
+    with lock:
+        for name, text in (config_files or {}).items():
+            (out_dir / "hydra").mkdir(exist_ok=True)
+            write_atomically(out_dir / "hydra" / name, text)
+        return _evaluate(config, settings, runs, problems, out_dir)
+
+
+def _evaluate(config, settings: dict, runs: list[CompressionConfig], problems, out_dir: Path) -> dict:
+    """The work of ``run_evaluation`` once everything is checked and ``out_dir`` is locked and claimed."""
+    data = config.data
     log_console_to(out_dir / "evaluate.log")
     for warning in config.warnings():
         print(f"warning: {warning}", file=sys.stderr)

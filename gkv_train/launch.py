@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -19,6 +20,7 @@ from gkv_train.checkpoints import (
     EVAL,
     METRICS,
     AtomicCheckpoints,
+    StopOnSignal,
     checkpoint_step,
     clear_run,
     clear_staging,
@@ -30,16 +32,20 @@ from gkv_train.console import log_console_to
 from gkv_train.data import load_problems
 from gkv_train.distill import CompressedDistillationTrainer
 from gkv_train.distributed import generation_model
+from gkv_train.exits import Refused, refusing
 from gkv_train.grpo import CompressedGRPOTrainer
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import base_model_name, base_weights_note, card_model_name, check_model, load_model
+from gkv_train.preflight import Generation, check_generations
 from gkv_train.rewards.functions import verifier_stats
 from gkv_train.rewards.grading import grade_completions
 from gkv_train.rewards.verify import MathVerifier
-from gkv_train.rollout.config import SamplingConfig
+from gkv_train.rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.rollout.engine import RolloutEngine
 from gkv_train.run_config import DERIVED, TrainConfig, trainer_fields
-from gkv_train.traces import generate_traces, load_traces, write_traces
+from gkv_train.runlock import RunLock, RunLocked
+from gkv_train.storage import check_output_dir, naming_full_disk
+from gkv_train.traces import TRACE_BATCH, generate_traces, load_traces, write_traces
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is how TRL takes a custom generator
 
@@ -66,7 +72,7 @@ class JsonlLogger(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if state.is_world_process_zero and logs:
             extra = {"verifier_" + k: v for k, v in verifier_stats().items()}
-            with open(self.path, "a") as f:
+            with naming_full_disk(self.path, "the metrics log"), open(self.path, "a") as f:
                 record = {"step": state.global_step, "time": time.time(), "processes": args.world_size}
                 f.write(dumps({**record, **logs, **extra}) + "\n")
 
@@ -248,7 +254,8 @@ def lora_config(config: TrainConfig):
 
 def finish(trainer, tokenizer, config: TrainConfig, held_out, is_main_process: bool) -> dict:
     """Save the final model, evaluate it on the held-out problems, print and write the evaluation line."""
-    trainer.save_model(config.output_dir)
+    with naming_full_disk(Path(config.output_dir), "the final model", trainer.checkpoint_bytes()):
+        trainer.save_model(config.output_dir)
     with generation_model(trainer) as model:  # every process enters (ZeRO-3 gathers); the main one evaluates
         if not is_main_process:
             return {}
@@ -260,19 +267,90 @@ def finish(trainer, tokenizer, config: TrainConfig, held_out, is_main_process: b
     return result
 
 
-def run(config: TrainConfig) -> dict:
+def lock_output_dir(out: Path, state) -> RunLock | None:
+    """The main process creates ``out`` and locks it for this run (``RunLock``: one run per folder); every process
+    learns the outcome, and all raise the same ``Refused`` when it failed (another run holds the folder, or it
+    cannot be created). Returns the lock (None in the other processes)."""
+    lock, refusal = None, None
+    if state.is_main_process:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            lock = RunLock.acquire(out, "output_dir")
+        except (OSError, RunLocked) as err:
+            refusal = str(err)
+    if state.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        refusal = broadcast_object_list([refusal])[0]
+    if refusal is not None:
+        raise Refused(refusal)
+    return lock
+
+
+def generations(config: TrainConfig, data, held_out, num_processes: int) -> list[Generation]:
+    """The kinds of rollouts a training run makes (each process: its share of a step's rows), for
+    ``check_generations``: the training rollouts (GRPO, on-policy distillation), the replayed traces (offline
+    distillation) or the teacher's traces generated at start, and the held-out evaluation."""
+    found = [Generation("held-out evaluation", list(held_out["prompt"]), held_out["id"],
+                        len(held_out) * config.eval_samples, config.max_new_tokens, [config.compression])]  # fmt: skip
+    per_process = -(-config.prompts_per_step // num_processes)
+    if config.algorithm == "grpo" or config.distill.mode == "onpolicy":
+        samples = config.num_generations if config.algorithm == "grpo" else 1
+        rows = -(-config.prompts_per_step * samples // num_processes)
+        found.append(Generation("training rollouts", list(data["prompt"]), data["id"], rows, config.max_new_tokens,
+                                [config.compression]))  # fmt: skip
+    elif config.distill.traces is not None:
+        found.append(Generation("replayed traces", list(data["prompt"]), list(range(len(data))), per_process,
+                                [len(c) for c in data["completion_ids"]], [config.compression],
+                                key="the traces' completion lengths"))  # fmt: skip
+    else:
+        prompts = [config.data.prompt_template.format(problem=p) for p in data["problem"]]
+        found.append(Generation("teacher traces", prompts, data["id"], TRACE_BATCH * config.distill.trace_samples,
+                                config.max_new_tokens, [CompressionConfig("full")]))  # fmt: skip
+    return found
+
+
+def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict:
     """Train as configured (``config.algorithm``: grpo or distill), checkpointing as it goes; returns the final
-    evaluation. Models, data and the output folder are checked before any work."""
+    evaluation. Everything is checked before any work (``refusing``): models, data, trainer arguments, the
+    context and memory the rollouts need, ``output_dir`` (its kind; locked for this run, so a second run into it
+    is refused while this one lives; another run's files refused unless resume / overwrite). Then
+    ``config_files`` (name -> text: the resolved configuration) are written under ``output_dir/hydra``.
+    SIGTERM / SIGINT stop training at the next step boundary with a complete checkpoint (``StopOnSignal``),
+    raising ``Preempted``."""
     from accelerate import PartialState
 
-    state = PartialState(cpu=not torch.cuda.is_available())  # several CPU processes talk through gloo
-    for name in (config.model, config.distill.teacher):
-        if name is not None:
-            check_model(name)
-    data = training_data(config)
-    held_out = prompt_dataset(config, config.eval_data)
-    args = trainer_args(config, state.num_processes)  # trl.* pass-through options checked too
-    checkpoint = prepare_output_dir(config, state)
+    out = Path(config.output_dir)
+    with refusing():
+        state = PartialState(cpu=not torch.cuda.is_available())  # several CPU processes talk through gloo
+        for name in (config.model, config.distill.teacher):
+            if name is not None:
+                check_model(name)
+        check_output_dir(out, "output_dir")
+        data = training_data(config)
+        held_out = prompt_dataset(config, config.eval_data)
+        args = trainer_args(config, state.num_processes)  # trl.* pass-through options checked too
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        rollouts = generations(config, data, held_out, state.num_processes)
+        for name in dict.fromkeys(n for n in (config.model, config.distill.teacher) if n is not None):
+            check_generations(name, rollouts, dtype_bytes=4, device=device, processes=local)  # weights stay fp32
+        lock = lock_output_dir(out, state)
+    with lock or contextlib.nullcontext():
+        with refusing():
+            checkpoint = prepare_output_dir(config, state)
+        if state.is_main_process:
+            for name, text in (config_files or {}).items():
+                (out / "hydra").mkdir(exist_ok=True)
+                write_atomically(out / "hydra" / name, text)
+        with StopOnSignal() as stop:
+            return train_and_evaluate(config, state, args, data, held_out, checkpoint, stop)
+
+
+def train_and_evaluate(
+    config: TrainConfig, state, args, data, held_out, checkpoint: str | None, stop: StopOnSignal
+) -> dict:
+    """The work of ``run`` once everything is checked and the output folder is locked and prepared."""
     out = Path(config.output_dir)
     if state.is_main_process:
         log_console_to(out / "train.log")
@@ -291,7 +369,7 @@ def run(config: TrainConfig) -> dict:
     # autocast (TrainingArguments.bf16), the rollout's included. A frozen teacher is held in the compute dtype.
     dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
     model, tokenizer = load_model(config.model, dtype=torch.float32)
-    callbacks = [JsonlLogger(out / METRICS)]
+    callbacks = [JsonlLogger(out / METRICS), stop]
     if config.algorithm == "distill":
         trainer = distill_trainer(config, args, model, tokenizer, state, callbacks, dtype, data)
     else:
@@ -305,6 +383,9 @@ def run(config: TrainConfig) -> dict:
         if checkpoint is not None and state.is_main_process:
             print(f"resuming from {checkpoint}", file=sys.stderr)
         trainer.train(resume_from_checkpoint=checkpoint)
+        preempted = stop.preempted(out, trainer.state.global_step, trainer.args.device)
+        if preempted is not None:
+            raise preempted
     return finish(trainer, tokenizer, config, held_out, state.is_main_process)
 
 

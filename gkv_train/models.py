@@ -320,6 +320,26 @@ def load_model(name_or_path: str = SMOLLM2_ALIAS, dtype: torch.dtype = torch.flo
     return model.eval(), tokenizer
 
 
+def load_config_and_tokenizer(name_or_path: str = SMOLLM2_ALIAS):
+    """(config, tokenizer) of a model without its weights, for the checks before any work (context length, cache
+    sizes): the tiny models from their definition, a GGUF model from its converted copy when there is one (else
+    from the file's metadata: a few seconds), local folders and hub models from their config and tokenizer files."""
+    if name_or_path == TINY_ALIAS:
+        name_or_path = TINY_MODELS[0]
+    if name_or_path in TINY_MODELS:
+        return tiny_config(name_or_path), tiny_tokenizer()
+    from transformers import AutoConfig
+
+    directory, gguf_file = resolve(name_or_path)
+    if gguf_file is not None:
+        cached = _gguf_cache_dir(Path(directory) / gguf_file)
+        if (cached / "config.json").is_file():
+            return AutoConfig.from_pretrained(cached), AutoTokenizer.from_pretrained(cached)
+        return (AutoConfig.from_pretrained(directory, gguf_file=gguf_file),
+                AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file))  # fmt: skip
+    return AutoConfig.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
+
+
 def random_prompts(lengths: list[int], vocab: int = TINY_VOCAB, seed: int = 0) -> list[list[int]]:
     """Token-id prompts of the given lengths for tokenizer-less test models (ids >= 3: never BOS/EOS)."""
     g = torch.Generator().manual_seed(seed)

@@ -10,8 +10,9 @@ import sys
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def die_with_parent(parent_pid: int | None = None) -> None:
-    """Ask the kernel to kill this process (SIGKILL) when its parent dies (Linux; elsewhere nothing happens).
+def die_with_parent(parent_pid: int | None = None, signum: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send this process ``signum`` (SIGKILL: kill it) when its parent dies (Linux; elsewhere
+    nothing happens). Training processes ask for SIGTERM, which they answer by stopping with a checkpoint.
 
     ``parent_pid``: the parent this process expects; when it has already died (this process was re-parented
     before the request took effect), exit at once.
@@ -20,7 +21,7 @@ def die_with_parent(parent_pid: int | None = None) -> None:
         return
     expected = os.getppid() if parent_pid is None else parent_pid
     libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+    if libc.prctl(PR_SET_PDEATHSIG, signum, 0, 0, 0) != 0:
         return
     if os.getppid() != expected:
         os._exit(1)

@@ -44,6 +44,23 @@ def run_folder(model: str, data_name: str | None, data_path: str | None) -> str:
 OmegaConf.register_new_resolver("gkv_dir", run_folder, replace=True)
 
 
+def check_range(
+    key: str, value, low=None, high=None, low_open: bool = False, high_open: bool = False, note: str = ""
+) -> None:
+    """``value`` (of the configuration key ``key``) a finite number within [low, high] (``low_open`` /
+    ``high_open``: the bound itself excluded; None: unbounded); ValueError naming the key and the range."""
+    below = low is not None and (value <= low if low_open else value < low)
+    above = high is not None and (value >= high if high_open else value > high)
+    if not math.isfinite(value) or below or above:
+        if high is None:
+            wanted = f"{'>' if low_open else '>='} {low}"
+        elif low is None:
+            wanted = f"{'<' if high_open else '<='} {high}"
+        else:
+            wanted = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        raise ValueError(f"{key} must be a finite number {wanted}{note}, got {value}")
+
+
 def check_sampling(temperature: float, top_p: float, greedy: bool) -> None:
     """Sampling settings: a finite ``temperature`` > 0 (>= 0 when ``greedy`` decoding is allowed, i.e. in
     evaluation) and 0 < ``top_p`` <= 1; raises ValueError naming the problem."""
@@ -60,8 +77,9 @@ class SparseRLOptions:
     """What RL-Sparse adds to TRL's GRPO options (``rl.*`` keys of ``train.py``).
 
     train_with_record: attend under the rollout's record in every trainer forward. False: a dense learner
-        (plain causal attention), RL-Full's setting, and with a compressed rollout Sparse-RL's design (recipe
-        ``sparse_rl``: the mismatch is then corrected by the options below).
+        (plain causal attention): a control that must show a large mismatch; RL-Full's setting; and with a
+        compressed rollout Sparse-RL's design (recipe ``sparse_rl``: the mismatch is then corrected by the options
+        below). With ``recipe=rl_full`` and a compressing method it must be given explicitly.
     overlong_advantage_clip: clamp the advantage of completions that hit ``max_new_tokens`` to >= 0.
     rollout_is: importance sampling between the trainer's (old-policy) and the rollout's log-probs:
         ``token_truncate`` (per-token weights min(exp(trainer - rollout), cap)) or ``sequence_truncate`` (one
@@ -89,8 +107,7 @@ class SparseRLOptions:
     def __post_init__(self):
         if self.rollout_is is not None and self.rollout_is not in (*IS_MODES, "auto"):
             raise ValueError(f"unknown rollout_is mode {self.rollout_is!r}; choose one of {IS_MODES}, auto or null")
-        if self.rollout_is_cap <= 0:
-            raise ValueError(f"rollout_is_cap must be positive, got {self.rollout_is_cap}")
+        check_range("rl.rollout_is_cap", self.rollout_is_cap, low=0, low_open=True)
         if self.rollout_is_normalize and self.rollout_is is None:
             raise ValueError("rl.rollout_is_normalize=true normalises importance weights: set rl.rollout_is too")
         if self.rollout_rejection is not None:
@@ -143,6 +160,11 @@ class LoraOptions:
     alpha: int = 32
     dropout: float = 0.0
     target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+    def __post_init__(self):
+        check_range("lora.r", self.r, low=1)
+        check_range("lora.alpha", self.alpha, low=0, low_open=True)
+        check_range("lora.dropout", self.dropout, low=0, high=1, high_open=True)
 
 
 @dataclass
@@ -214,9 +236,23 @@ class TrainConfig:
             raise ValueError(f"unknown loss_type {self.loss_type!r}; choose one of {LOSS_TYPES}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
-        for name in ("prompts_per_step", "num_generations", "max_new_tokens", "max_steps", "save_steps"):
+        for name in ("prompts_per_step", "num_generations", "max_new_tokens", "max_steps", "save_steps",
+                     "gradient_accumulation_steps", "logging_steps", "eval_samples"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("eval_steps", "save_total_limit"):  # None: off / no limit
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 or null, got {getattr(self, name)}")
+        check_range("learning_rate", self.learning_rate, low=0, low_open=True)
+        check_range("warmup_steps", self.warmup_steps, low=0)
+        check_range("max_grad_norm", self.max_grad_norm, low=0, note=" (0 turns gradient clipping off)")
+        check_range("beta", self.beta, low=0, note=" (the KL weight; 0: no reference model)")
+        check_range("epsilon", self.epsilon, low=0, low_open=True)
+        check_range("epsilon_high", self.epsilon_high, low=0, low_open=True)
+        if self.reward_weights is not None:
+            for weight in self.reward_weights:
+                check_range("reward_weights", weight)
+        check_recipe(self.recipe, self.compression, self.rl)
         if self.algorithm == "grpo" and self.num_generations < 2:
             raise ValueError("num_generations must be at least 2: GRPO compares samples of one prompt")
         check_compile_decode(self.compile_decode, [self.compression])
@@ -248,6 +284,18 @@ class TracesConfig:
         check_sampling(self.temperature, self.top_p, greedy=True)
         if self.num_generations < 1 or self.max_new_tokens < 1:
             raise ValueError("num_generations and max_new_tokens must be at least 1")
+
+
+def check_recipe(recipe: str, compression: CompressionConfig, rl: SparseRLOptions) -> None:
+    """``recipe=rl_full`` (full-cache rollouts, full-attention training) with a compressing method contradicts
+    itself, unless ``rl.train_with_record=false`` asks for a dense learner on compressed rollouts (a baseline);
+    training under the record is ``recipe=rl_sparse``. ValueError naming both ways."""
+    if recipe == "rl_full" and compression.compresses and rl.train_with_record:
+        raise ValueError(
+            f"recipe=rl_full trains on full-cache rollouts, but compression.method={compression.method} compresses "
+            "them: use recipe=rl_sparse to train under the rollouts' record, or add rl.train_with_record=false to "
+            "train a full-attention learner on the compressed rollouts (the dense-learner baseline)"
+        )
 
 
 TRACKERS = {  # report_to name -> the modules that provide it (any one)
@@ -310,6 +358,11 @@ class EvalConfig:
         check_sampling(self.temperature, self.top_p, greedy=True)
         if self.num_generations < 1 or self.max_new_tokens < 1 or self.batch_problems < 1:
             raise ValueError("num_generations, max_new_tokens and batch_problems must be at least 1")
+        for key in ("methods", "budgets"):
+            if getattr(self, key) is not None and not getattr(self, key):
+                raise ValueError(f"{key}=[] names no run: give at least one, or leave {key} unset (null)")
+        if self.budgets is not None and any(b < 1 for b in self.budgets):
+            raise ValueError(f"budgets are token counts: each must be at least 1, got {list(self.budgets)}")
         check_compile_decode(self.compile_decode, self.compressions())
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
@@ -354,7 +407,7 @@ class EvalConfig:
         runs = []
         for method in methods:
             for budget in [None] if method == "full" else budgets:
-                runs.append(CompressionConfig(**{**base, "method": method, "budget": budget or base["budget"]}))
+                runs.append(CompressionConfig(**{**base, "method": method, "budget": budget}))
         return runs
 
 
@@ -448,12 +501,9 @@ def translate_overrides(argv: list[str], schema, passthrough: bool) -> tuple[lis
 
 def apply_overrides(schema, passthrough: bool) -> None:
     """``translate_overrides`` on this process's command line (before Hydra parses it): notes go to stderr; an
-    unknown key ends the process with its message."""
+    unknown key raises its ValueError."""
     import sys
 
-    try:
-        sys.argv[1:], notes = translate_overrides(sys.argv[1:], schema, passthrough)
-    except ValueError as err:
-        sys.exit(f"error: {err}")
+    sys.argv[1:], notes = translate_overrides(sys.argv[1:], schema, passthrough)
     for note in notes:
         print(f"note: {note}", file=sys.stderr)

@@ -21,3 +21,16 @@ def gsm8k_questions():
     from gkv_train.data import gsm8k_questions
 
     return gsm8k_questions(10**6)
+
+
+@pytest.fixture(scope="session")
+def weightless_model(tmp_path_factory):
+    """A model folder with the tiny model's configuration and tokenizer but no weights: checks that read only the
+    configuration pass, and anything that loads the model fails (so a check that fails with its own message ran
+    before the model loaded)."""
+    from gkv_train.models import tiny_config, tiny_tokenizer
+
+    folder = tmp_path_factory.mktemp("weightless")
+    tiny_config().save_pretrained(folder)
+    tiny_tokenizer().save_pretrained(folder)
+    return str(folder)

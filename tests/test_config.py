@@ -157,3 +157,122 @@ def test_compile_decode_with_s4r_is_refused_before_work():
     with pytest.raises(ValueError, match="compile_decode=true does not apply to s4r"):
         EvalConfig(compile_decode=True, methods=["gkv", "s4r"])
     assert EvalConfig(compile_decode=True, methods=["full", "gkv"]).compile_decode
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(gradient_accumulation_steps=0), "gradient_accumulation_steps must be at least 1, got 0"),
+        (dict(max_grad_norm=-1.0), "max_grad_norm must be a finite number >= 0 (0 turns gradient clipping off)"),
+        (dict(beta=-0.1), "beta must be a finite number >= 0"),
+        (dict(epsilon=0.0), "epsilon must be a finite number > 0"),
+        (dict(epsilon_high=-0.2), "epsilon_high must be a finite number > 0"),
+        (dict(learning_rate=-1.0), "learning_rate must be a finite number > 0, got -1.0"),
+        (dict(learning_rate=float("inf")), "learning_rate must be a finite number > 0"),
+        (dict(warmup_steps=-1), "warmup_steps must be a finite number >= 0"),
+        (dict(save_total_limit=0), "save_total_limit must be at least 1 or null"),
+        (dict(eval_steps=0), "eval_steps must be at least 1 or null"),
+        (dict(logging_steps=0), "logging_steps must be at least 1"),
+        (dict(eval_samples=0), "eval_samples must be at least 1"),
+        (dict(reward_weights=[float("nan")]), "reward_weights must be a finite number"),
+    ],
+)
+def test_numeric_options_outside_their_range_are_refused(kwargs, message):
+    from gkv_train.run_config import TrainConfig
+
+    with pytest.raises(ValueError) as err:
+        TrainConfig(**kwargs)
+    assert message in str(err.value)
+
+
+def test_lora_options_are_checked_and_range_edges_accepted():
+    """lora.r=0 used to fail only once the model had loaded. Controls: the edges of each range run
+    (max_grad_norm=0 is transformers' "no clipping")."""
+    from gkv_train.run_config import LoraOptions, TrainConfig
+
+    for kwargs, message in [
+        (dict(r=0), "lora.r must be a finite number >= 1, got 0"),
+        (dict(alpha=0), "lora.alpha must be a finite number > 0"),
+        (dict(dropout=1.0), "lora.dropout must be a finite number in [0, 1)"),
+    ]:
+        with pytest.raises(ValueError) as err:
+            LoraOptions(**kwargs)
+        assert message in str(err.value)
+    TrainConfig(max_grad_norm=0.0, beta=0.0, warmup_steps=0, save_total_limit=None, eval_steps=None)
+    LoraOptions(r=1, alpha=1, dropout=0.0)
+
+
+def test_rl_full_with_a_compressing_method_is_refused_unless_the_dense_learner_is_asked_for():
+    """recipe=rl_full compression.method=s4r used to roll out compressed and train without the record, silently;
+    it runs only with rl.train_with_record=false given (the dense-learner baseline)."""
+    from gkv_train.run_config import SparseRLOptions, TrainConfig
+
+    s4r = CompressionConfig("s4r")
+    with pytest.raises(ValueError, match="recipe=rl_full trains on full-cache rollouts, but compression.method=s4r"):
+        TrainConfig(recipe="rl_full", compression=s4r)
+    TrainConfig(recipe="rl_full", compression=s4r, rl=SparseRLOptions(train_with_record=False))
+    TrainConfig(recipe="rl_full", compression=CompressionConfig("full"))  # the recipe as shipped
+    TrainConfig(recipe="rl_sparse", compression=s4r)
+
+
+def test_recipes_compose_to_what_they_say():
+    """rl_full sets no record option (a full cache writes none); with a compressing method on the command line it
+    is refused, with rl.train_with_record=false accepted."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from gkv_train import cli
+
+    cli._schemas()
+    with initialize_config_dir(config_dir=cli.RECIPES, version_base=None):
+        full = OmegaConf.to_object(compose("train", overrides=["recipe=rl_full"]))
+        assert (full.compression.method, full.rl.train_with_record) == ("full", True)
+        with pytest.raises(ValueError, match="recipe=rl_full trains on full-cache rollouts"):
+            OmegaConf.to_object(compose("train", overrides=["recipe=rl_full", "compression.method=gkv"]))
+        dense = compose("train", overrides=["recipe=rl_full", "compression.method=gkv", "rl.train_with_record=false"])
+        assert OmegaConf.to_object(dense).rl.train_with_record is False
+
+
+def test_evaluation_budgets_and_methods_are_never_replaced():
+    """budgets=[0] used to run at the default budget (2048): refused, as is an empty list."""
+    from gkv_train.run_config import EvalConfig
+
+    with pytest.raises(ValueError, match=r"budgets are token counts: each must be at least 1, got \[0\]"):
+        EvalConfig(methods=["gkv"], budgets=[0])
+    for key in ("methods", "budgets"):
+        with pytest.raises(ValueError, match=f"{key}=\\[\\] names no run"):
+            EvalConfig(**{key: []})
+    assert [c.budget for c in EvalConfig(methods=["gkv"], budgets=[64, 128]).compressions()] == [64, 128]
+
+
+def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model):
+    """Prompt + new tokens against the context, an S4R rank against D', and the rollout's KV memory against what the
+    machine has, from the model's configuration only (a model folder without weights)."""
+    from gkv_train import preflight
+    from gkv_train.preflight import Generation, check_generations
+
+    prompts, ids = ["short question", "x" * 5000], [7, 8]
+    full = [CompressionConfig("full")]
+
+    def check(prompts=prompts, new=24, compressions=full, rows=4):
+        check_generations(weightless_model, [Generation("evaluation", prompts, ids, rows, new, compressions)], 4, "cpu")
+
+    with pytest.raises(ValueError, match="the prompt of problem 8 \\(5000 tokens\\) plus 24 new tokens"):
+        check()
+    check(prompts=prompts[:1])  # control
+    with pytest.raises(ValueError, match="max_new_tokens=5000 does not fit .* at most 4082 does after the longest"):
+        check(prompts=prompts[:1], new=5000)
+    with pytest.raises(ValueError, match="compression.rank_v=33 exceeds"):
+        check(prompts=prompts[:1], compressions=[CompressionConfig("s4r", rank_v=33)])
+    check(prompts=prompts[:1], compressions=[CompressionConfig("s4r", rank_v=32)])
+    with pytest.raises(ValueError, match=r"compression.full_layers=\[1, 4\]: .* has layers 0-3"):
+        check(prompts=prompts[:1], compressions=[CompressionConfig("s4r", full_layers=[1, 4])])
+    # 2 x 4 layers x 2 KV heads x 16 x 4 bytes = 1 kB per token and row (full cache)
+    one = preflight.rollout_bytes(preflight.ModelShape("m", 4096, 4, 6, 2, 16), full[0], 1, 10, 90, 4)
+    assert one == 100 * 1024 + 90 * 12
+    monkeypatch.setattr(preflight, "available_memory", lambda device: (20 * 10**6, "test memory"))
+    with pytest.raises(ValueError, match=r"the evaluation \(64 sequences, full cache, max_new_tokens=900\) needs about "
+                                         r"60.\d MB .* more than the 20.0 MB of test memory"):
+        check(prompts=["q" * 5], new=900, rows=64)
+    check(prompts=["q" * 5], new=900, rows=16)  # controls: fewer rows; a compressed cache (budget + interval slots)
+    check(prompts=["q" * 5], new=900, rows=64, compressions=[CompressionConfig("gkv", budget=64, interval=16)])

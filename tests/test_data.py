@@ -127,3 +127,50 @@ def test_local_files_leave_no_datasets_cache(tmp_path, monkeypatch):
     path.write_text('{"question": "1+1?", "answer": 2}\n')
     assert load_problems(DataConfig(path=str(path), name=None, limit=None))["answer"] == ["2"]
     assert not cache.exists()
+
+
+def test_limit_below_one_is_refused(tmp_path):
+    """data.limit=0 used to become 256 problems of the built-in task (and crash in a file's plot); -1 looped forever
+    on the built-in task and dropped a file's last record. Control: a file's limit is taken as given."""
+    for limit in (0, -1):
+        with pytest.raises(ValueError, match=f"data.limit must be at least 1, or null for every problem; got {limit}"):
+            DataConfig(limit=limit)
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(f'{{"question": "{i} + 1?", "answer": {i + 1}}}\n' for i in range(3)))
+    for limit, rows in ((None, 3), (1, 1), (2, 2), (9, 3)):
+        assert len(load_problems(DataConfig(path=str(path), name=None, limit=limit))) == rows
+
+
+def test_builtin_task_size_is_known_and_never_exceeded():
+    """The generator's space is finite (level 0: 14 names x 10 items x 19 numbers): asking for more than the train
+    split can give (the space less the held-out test problems) is an error that says how many it can, where it
+    used to loop forever; the count is exact (the generator reaches every problem it counts)."""
+    import random
+
+    from gkv_train.data import _problem, problem_count
+
+    assert problem_count((0,)) == 2660 and problem_count((1,)) == 82460
+    assert problem_count((0, 1)) == 2660 + 82460 and problem_count((0,), distractors=1) == 2660 * 13 * 19 * 9
+    rng = random.Random(0)
+    assert len({_problem(rng, 0)[0] for _ in range(40000)}) == 2660  # saturated: all of them, no more
+    test = arithmetic_task(None, "test", levels=(0,))
+    assert 800 < len(test) < 1024  # the distinct problems of the 1024 test draws
+    with pytest.raises(ValueError, match=f"2660 distinct problems, {len(test)} of them held out for the test split, so "
+                                         f"the train split can give at most {2660 - len(test)}: data.limit=3000"):
+        arithmetic_task(3000, "train", levels=(0,))
+    train = arithmetic_task(2660 - len(test), "train", levels=(0,))  # every one of them
+    assert not set(train["problem"]) & set(test["problem"])
+    with pytest.raises(ValueError, match=f"holds {len(test)} distinct problems, data.limit=1000 asks for more"):
+        arithmetic_task(1000, "test", levels=(0,))
+    with pytest.raises(ValueError, match="data.limit=null asks for all of them"):
+        arithmetic_task(None, "train")
+
+
+def test_a_folder_named_like_a_data_file_and_empty_questions_are_named(tmp_path):
+    (tmp_path / "folder.jsonl").mkdir()
+    with pytest.raises(IsADirectoryError, match="folder.jsonl is a folder, not a file"):
+        load_problems(DataConfig(path=str(tmp_path / "folder.jsonl"), name=None, limit=None))
+    path = tmp_path / "blank.jsonl"
+    path.write_text('{"question": "1 + 1?", "answer": 2}\n{"question": "  ", "answer": 3}\n')
+    with pytest.raises(ValueError, match=r"blank.jsonl:2: the question \(question\) is empty"):
+        load_problems(DataConfig(path=str(path), name=None, limit=None))

@@ -4,6 +4,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,7 @@ def test_evaluate_script_writes_every_output(tmp_path):
         assert (run["retention"] == 1.0) == (run["run"] == "full")
         low, high = run["pass@1_ci95"]
         assert 0 <= low <= run["pass@1"] <= high <= 1
+    assert "window: 2" in (tmp_path / "hydra" / "config.yaml").read_text()  # the resolved configuration
     assert (tmp_path / "pass_at_1_vs_budget.png").stat().st_size > 0
     assert (tmp_path / "retained_density.png").stat().st_size > 0
     summary = strict_json((tmp_path / "summary.json").read_text())  # what produced the results, and with what
@@ -220,3 +222,83 @@ def test_run_folders_are_keyed_by_settings(tmp_path):
     (tmp_path / "legacy" / "samples.jsonl").write_text('{"batch": 0}\n')  # written before run.json existed
     with pytest.raises(FileExistsError, match="unknown settings"):
         claim_run_dir(tmp_path / "legacy", settings, overwrite=False)
+
+
+# scripts/evaluate.py whose rollouts wait, once the first has started ($STARTED written), until $GATE exists.
+GATED_EVALUATE = """
+import os, runpy, sys, time
+from pathlib import Path
+from gkv_train.rollout.engine import RolloutEngine
+generate = RolloutEngine.generate
+def gated(self, *args, **kwargs):
+    Path(os.environ["STARTED"]).touch()
+    while not Path(os.environ["GATE"]).exists():
+        time.sleep(0.05)
+    return generate(self, *args, **kwargs)
+RolloutEngine.generate = gated
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def evaluate_py(args, cwd=ROOT, **kwargs):
+    return subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=600, **kwargs)  # fmt: skip
+
+
+def test_a_second_evaluation_into_a_live_folder_is_refused(tmp_path):
+    """Two evaluations into one output_dir used to both run, appending every batch twice to samples.jsonl: the
+    second is now refused at once (exit 2), naming the first's PID and start time, and the first's results are
+    those of a lone run; the folder's lock goes with its holder."""
+    out, gate, started = tmp_path / "out", tmp_path / "gate", tmp_path / "started"
+    args = ["model=tiny", "data.limit=6", "num_generations=2", "max_new_tokens=8", "plots=false", f"output_dir={out}"]
+    first = subprocess.Popen([sys.executable, "-c", GATED_EVALUATE, str(ROOT / "scripts" / "evaluate.py"), *args],
+                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "GATE": str(gate), "STARTED": str(started)})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 300
+        while not started.exists():  # in its first rollout batch
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()[1][-3000:]
+            time.sleep(0.1)
+        holder = json.loads((out / ".run.lock").read_text())
+        assert holder["pid"] == first.pid
+        second = evaluate_py(args)
+        assert second.returncode == 2, second.stderr[-3000:]
+        line = second.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"error: output_dir {out} is in use by another run (pid {first.pid} on host ")
+        assert holder["started"] in line and "Traceback" not in second.stderr
+        gate.touch()
+        assert first.wait(timeout=600) == 0, first.communicate()[1][-3000:]
+    finally:
+        first.kill()
+    samples = read_jsonl(out / "full" / "samples.jsonl")
+    assert len(samples) == 12 and len({(s["problem_id"], s["sample"]) for s in samples}) == 12
+    again = evaluate_py(args)  # the holder is gone: the same run is taken up again (nothing left to compute)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert read_jsonl(out / "full" / "samples.jsonl") == samples
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("methods=[gkv] budgets=[0]", "budgets are token counts: each must be at least 1, got [0]"),
+        ("methods=[s4r] compression.rank=64",
+         "compression.rank=64 exceeds what {model} allows: an S4R basis has at most KV heads x head dim = 2 x 16 = 32"),
+        ("max_new_tokens=100000", "max_new_tokens=100000 does not fit {model}'s context of 4096 tokens"),
+        ("data.limit=0", "data.limit must be at least 1"),
+        ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),
+    ],
+)
+def test_evaluate_refuses_before_any_work(tmp_path, weightless_model, override, message):
+    """Values never silently replaced (budgets=[0] used to run at 2048, an S4R rank above D' was cut to it but
+    recorded as given), limits checked before the model loads (a model without weights): one line, exit 2, no
+    output folder."""
+    (tmp_path / "a_file").write_text("")
+    out = tmp_path / "out"
+    args = [f"model={weightless_model}", f"output_dir={out}", *override.replace("{tmp}", str(tmp_path)).split()]
+    proc = evaluate_py(args)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Error executing job" not in proc.stderr
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line == "error: " + line[7:] and message.format(model=weightless_model, tmp=tmp_path) in line
+    assert not out.exists()

@@ -12,21 +12,28 @@ from pathlib import Path
 import pytest
 from verifier_probe import PAIRS, write_problems
 
+from gkv_train.checkpoints import complete_checkpoints
+from gkv_train.jsonio import read_jsonl
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
     "model=tiny", "max_new_tokens=24", "compression.budget=16", "compression.window=4", "compression.interval=8",
     "learning_rate=1e-3", "eval_data.limit=4",
 ]
 # train.py run as __main__ with torch.save failing inside checkpoint-<step> ($CRASH_SAVE = "<step>:kill" exits at
-# once as a SIGKILL would; "<step>:disk-full" raises ENOSPC).
+# once as a SIGKILL would; "<step>:disk-full" raises ENOSPC; "<step>:iostream" raises what torch's C++ writer says
+# on a full disk, with the disk's free space reported as 1000 bytes).
 CRASH_AT_SAVE = (sys.executable, "-c", """
-import errno, os, runpy, sys, torch
+import collections, errno, os, runpy, shutil, sys, torch
 step, how = os.environ["CRASH_SAVE"].split(":")
 save = torch.save
 def failing_save(obj, f, *args, **kwargs):
     if f"checkpoint-{step}" in str(f):
         if how == "kill":
             os._exit(137)
+        if how == "iostream":
+            shutil.disk_usage = lambda path: collections.namedtuple("usage", "total used free")(10**9, 10**9, 1000)
+            raise RuntimeError("basic_ios::clear: iostream error")
         raise OSError(errno.ENOSPC, "No space left on device", str(f))
     return save(obj, f, *args, **kwargs)
 torch.save = failing_save
@@ -73,6 +80,7 @@ def test_train_writes_logs_checkpoints_and_evaluation(tmp_path, recipe):
         assert r["verifier_checks"] > 0 and r["verifier_timeouts"] == 0 and r["verifier_errors"] == 0
         assert "sampling/rollout_is_weight/mean" not in r  # rl.rollout_is=auto is off in fp32
     assert (out / "checkpoint-2" / "optimizer.pt").is_file() and (out / "model.safetensors").is_file()
+    assert f"recipe: {recipe}" in (out / "hydra" / "config.yaml").read_text()  # written after the checks
     final = strict_json(proc.stdout.strip().splitlines()[-1])
     assert final["eval"] == "held_out" and final["recipe"] == recipe and 0 <= final["accuracy"] <= 1
     assert final["verifier_timeouts"] == 0 and final["verifier_errors"] == 0
@@ -196,7 +204,8 @@ def test_crashed_saves_resume_exactly(tmp_path):
     whole, split = tmp_path / "whole", tmp_path / "split"
     run([*TINY, "max_steps=3", f"output_dir={whole}"])
     full = run([*TINY, "max_steps=3", f"output_dir={split}"], CRASH_AT_SAVE, False, {"CRASH_SAVE": "2:disk-full"})
-    assert full.returncode != 0 and "No space left on device" in full.stderr
+    assert full.returncode == 1 and "No space left on device" in full.stderr
+    named_full_disk(full.stderr, split)
     assert sorted(p.name for p in split.iterdir() if "checkpoint" in p.name or p.name == ".staging") == ["checkpoint-1"]
     killed = run([*TINY, "max_steps=3", f"output_dir={split}", "resume=last"], CRASH_AT_SAVE, False, {"CRASH_SAVE": "3:kill"})
     assert killed.returncode == 137 and (split / ".staging" / "checkpoint-3").is_dir()
@@ -215,6 +224,126 @@ def test_crashed_saves_resume_exactly(tmp_path):
     assert (split / "eval.json").read_text() == finished
     assert strict_json(again.stdout.strip().splitlines()[-1]) == strict_json(finished)
     # (a fresh run into the folder is refused: test_checkpoints.py, in-process)
+
+
+def named_full_disk(stderr, out):
+    """The one line a full disk during a checkpoint save ends with: the staging path, its file system, the space
+    free and what a checkpoint needs; no traceback."""
+    from gkv_train.storage import filesystem
+
+    (line,) = [line for line in stderr.splitlines() if line.startswith("error: ")]  # (a progress bar closes after it)
+    assert line.startswith("error: No space left on device while writing checkpoint-")
+    assert "Traceback" not in stderr
+    assert str(out / ".staging") in line and " free; checkpoint-" in line and "needs about" in line
+    assert f"{filesystem(out)} has" in line  # the mount point and file system type
+
+
+def test_full_disk_reported_by_torch_writer_names_the_disk(tmp_path):
+    """torch's C++ writer reports a full disk as "basic_ios::clear: iostream error" (no errno): with less space free
+    than a checkpoint needs, the error names the disk and the space."""
+    proc = run([*TINY, "max_steps=2", f"output_dir={tmp_path}"], CRASH_AT_SAVE, False, {"CRASH_SAVE": "1:iostream"})
+    assert proc.returncode == 1
+    named_full_disk(proc.stderr, tmp_path)
+    assert not (tmp_path / ".staging").exists() and not (tmp_path / "checkpoint-1").exists()
+
+
+def wait_for_step(out, step, proc, timeout=300):
+    """Wait until ``out/metrics.jsonl`` logs a training step >= ``step`` (the run ``proc`` still alive)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, "the run ended early"
+        logged = read_jsonl(out / "metrics.jsonl")
+        if any("loss" in r and r["step"] >= step for r in logged):
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"no step {step} within {timeout} s")
+
+
+def lock_holder(out):
+    """The note of the run holding ``out``'s lock (pid, host, started, command)."""
+    return json.loads((out / ".run.lock").read_text())
+
+
+def unlocked(out, timeout=120):
+    """Wait until no process holds ``out``'s lock; whether none does."""
+    import fcntl
+
+    deadline = time.monotonic() + timeout
+    with open(out / ".run.lock") as f:
+        while time.monotonic() < deadline:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                time.sleep(0.2)
+    return False
+
+
+def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(tmp_path):
+    """A second train.py into the folder of a live run is refused at once (exit 2), naming the first's PID and
+    start time. SIGTERM (a scheduler's preemption) mid-run: the step in flight ends, a complete checkpoint of it
+    is written (no periodic save would have: save_steps=100), one line says so, exit 143; resume=last then
+    continues, and every step's metrics equal those of an uninterrupted run."""
+    split, whole = tmp_path / "split", tmp_path / "whole"
+    args = [*TINY, "save_steps=100"]
+    with open(tmp_path / "stderr", "w") as err:
+        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args, "max_steps=200", f"output_dir={split}"],
+                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+    try:
+        wait_for_step(split, 1, proc)
+        holder = lock_holder(split)
+        assert holder["pid"] == proc.pid
+        start = time.monotonic()
+        second = run([*TINY, "max_steps=2", f"output_dir={split}"], check=False)
+        assert second.returncode == 2, second.stderr[-3000:]
+        line = second.stderr.strip().splitlines()[-1]
+        assert line.startswith(f"error: output_dir {split} is in use by another run (pid {proc.pid} on host ")
+        assert holder["started"] in line and "Traceback" not in second.stderr
+        assert time.monotonic() - start < 120  # before any model loads (~10 s of imports)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143
+    finally:
+        proc.kill()
+    stderr = (tmp_path / "stderr").read_text()
+    stopped = [r for r in read_jsonl(split / "metrics.jsonl") if "loss" in r][-1]["step"]
+    assert f"stopped by SIGTERM after step {stopped}: {split / f'checkpoint-{stopped}'} is complete" in stderr
+    assert stderr.count("SIGTERM received") == 1 and "Traceback" not in stderr
+    assert [p.name for p in complete_checkpoints(split)] == [f"checkpoint-{stopped}"] and stopped < 200
+    assert f"stopped by SIGTERM after step {stopped}" in (split / "train.log").read_text()
+    run([*args, f"max_steps={stopped + 2}", "resume=last", f"output_dir={split}"])
+    run([*args, f"max_steps={stopped + 2}", f"output_dir={whole}"])
+    a, b = metrics(whole), metrics(split)
+    assert [r["step"] for r in b] == [r["step"] for r in a] == list(range(1, stopped + 3))
+    for before, after in zip(a, b):
+        for key in ("loss", "reward", "grad_norm"):
+            assert before[key] == pytest.approx(after[key], rel=1e-5, abs=1e-7)
+
+
+def test_two_processes_hold_one_lock_and_stop_on_sigterm(tmp_path):
+    """`accelerate launch --num_processes 2`: the main worker holds the folder's lock (a second run is refused,
+    naming it); SIGTERM to the launcher (as a scheduler sends it) reaches the workers (the torch.distributed agent
+    forwards it), which agree to stop at the same step and write a complete checkpoint of it."""
+    launcher = [str(Path(sys.executable).parent / "accelerate"), "launch", "--num_processes", "2"]
+    proc = subprocess.Popen([*launcher, str(ROOT / "train.py"), *TINY, "max_steps=200", "save_steps=100",
+                             f"output_dir={tmp_path}"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)  # fmt: skip
+    try:
+        wait_for_step(tmp_path, 1, proc)
+        holder = lock_holder(tmp_path)
+        agents = children(proc.pid)
+        assert holder["pid"] in children(agents[0])  # a worker, not the launcher
+        second = run([*TINY, "max_steps=2", f"output_dir={tmp_path}"], check=False)
+        assert second.returncode == 2 and f"in use by another run (pid {holder['pid']} on host " in second.stderr
+        os.kill(proc.pid, signal.SIGTERM)
+        assert unlocked(tmp_path), "the workers did not stop"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    log = (tmp_path / "train.log").read_text()
+    (checkpoint,) = complete_checkpoints(tmp_path)
+    step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+    assert f"stopped by SIGTERM after step {step}: {checkpoint} is complete" in log and 1 <= step < 200
+    assert max(r["step"] for r in metrics(tmp_path)) == step
 
 
 @pytest.mark.parametrize("entry", ["train.py", "module"])
@@ -325,24 +454,60 @@ def test_killed_agent_takes_its_workers(tmp_path):
         proc.wait()
 
 
+def refusal(proc) -> str:
+    """The one line of a run refused before any work: exit code 2, ``error: ...`` last on stderr, no traceback."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    assert "Traceback" not in proc.stderr and "Error executing job" not in proc.stderr, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith("error: "), proc.stderr[-3000:]
+    return line
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
         ("compression.method=quest", "unknown compression method 'quest'"),
         ("loss_type=ppo", "unknown loss_type 'ppo'"),
         ("data.path=/nonexistent.jsonl", "dataset file /nonexistent.jsonl does not exist"),
+        ("data.path={tmp}/folder.jsonl", "dataset file {tmp}/folder.jsonl is a folder, not a file"),
+        ("data.path={tmp}/long.jsonl", "the training rollouts: the prompt of problem 1 (5035 tokens) plus 24 new"),
         ("model=/no/such/model", "model path /no/such/model does not exist"),
         ("report_to=[neptune_x]", "unknown tracker 'neptune_x' in report_to"),
+        ("max_steps=abc", "max_steps=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+        ("gradient_accumulation_steps=0", "gradient_accumulation_steps must be at least 1, got 0"),
+        ("lora.enabled=true lora.r=0", "lora.r must be a finite number >= 1, got 0"),
+        ("data.limit=0", "data.limit must be at least 1, or null for every problem; got 0"),
+        ("data.levels=[0] data.limit=3000", "so the train split can give at most"),
+        ("max_new_tokens=1000000000", "max_new_tokens=1000000000 does not fit"),
+        ("recipe=rl_full compression.method=s4r", "recipe=rl_full trains on full-cache rollouts, but compression"),
+        ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),
     ],
 )
-def test_bad_config_fails_clearly(tmp_path, override, message):
-    """One case per place a configuration is checked (the schema, data, model, trackers); the other messages are
-    tested in-process (test_config.py, test_data.py, test_models.py)."""
-    args = ["model=tiny", f"output_dir={tmp_path}", "max_steps=1", override]
-    if override.startswith("data.path"):
+def test_bad_config_fails_clearly(tmp_path, weightless_model, override, message):
+    """Every check before work (the schema, values, combinations, data, model, limits, paths) through train.py: one
+    line ``error: ...``, exit code 2, no output folder (Hydra's included), and before the model loads (a model
+    without weights: loading it would fail otherwise). The other messages are tested in-process (test_config.py,
+    test_data.py, test_models.py)."""
+    (tmp_path / "folder.jsonl").mkdir()
+    (tmp_path / "a_file").write_text("")
+    long = [{"question": "1 + 1", "answer": "2"}, {"question": "x" * 5000, "answer": "1"}]
+    (tmp_path / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in long))
+    out = tmp_path / "out"
+    args = [f"model={weightless_model}", f"output_dir={out}", "max_steps=1", "max_new_tokens=24",
+            *override.replace("{tmp}", str(tmp_path)).split()]  # fmt: skip
+    if "data.path" in override:
         args.append("data.name=null")
     start = time.monotonic()
-    proc = run(args, check=False)
-    assert proc.returncode != 0 and message in proc.stderr + proc.stdout
-    assert time.monotonic() - start < 180  # no model load, no network retries (~15 s of imports here)
-    assert not (tmp_path / "metrics.jsonl").exists()
+    line = refusal(run(args, check=False))
+    assert message.replace("{tmp}", str(tmp_path)) in line
+    assert time.monotonic() - start < 180  # no model load, no network retries (~10-15 s of imports here)
+    assert not out.exists() and not (ROOT / "outputs" / "rl_sparse" / "weightless_arithmetic").exists()
+
+
+def test_traces_output_is_checked_before_generation(tmp_path, weightless_model):
+    """A folder given as the traces file is refused before the teacher loads (it used to fail once generation was
+    done, losing it)."""
+    command = [sys.executable, str(ROOT / "scripts" / "generate_traces.py"), f"model={weightless_model}",
+               "data.limit=2", f"output={tmp_path}"]  # fmt: skip
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert f"output={tmp_path} is a folder, not a file" in refusal(proc)

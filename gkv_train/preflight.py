@@ -1,0 +1,243 @@
+"""Limits a job checks before any work, from the model's configuration and tokenizer (never its weights).
+
+``check_generations`` checks every kind of ``generate`` call a job will make: each prompt plus its new tokens
+within the model's context (``max_position_embeddings``), an S4R rank within what the model's bases can hold,
+prompts longer than S4R's sinks, and the memory the rollout's cache and record will take (estimated from the
+configuration) within the memory free on the device.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+from dataclasses import dataclass
+
+from gkv_train.rollout.config import CompressionConfig
+from gkv_train.storage import size_text
+
+NEAR_LIMIT = 64  # tokens: prompts estimated this close to the context are tokenised exactly (chat template)
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What a model's configuration says about its context and cache: ``context`` (max_position_embeddings;
+    None when the configuration gives none), layers, query and KV heads, head dim."""
+
+    name: str
+    context: int | None
+    layers: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, name: str, config) -> ModelShape:
+        config = getattr(config, "text_config", None) or config
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        context = getattr(config, "max_position_embeddings", None)
+        return cls(name, context, config.num_hidden_layers, heads, kv_heads, head_dim)
+
+    @property
+    def latent_dim(self) -> int:
+        """D' = KV heads x head dim: the most columns an S4R basis can have."""
+        return self.kv_heads * self.head_dim
+
+
+@dataclass
+class Generation:
+    """One kind of ``generate`` (or replay) call of a job: ``what`` it is (for messages), its ``prompts`` (texts, as
+    the engine receives them) with their problem ``ids``, ``rows`` sequences per call, the new tokens of each
+    prompt (``new_tokens``: one count for all, or one per prompt for replayed completions; ``key``: the setting
+    that sets them) and the ``compressions`` it runs under."""
+
+    what: str
+    prompts: list[str]
+    ids: list
+    rows: int
+    new_tokens: int | list[int]
+    compressions: list[CompressionConfig]
+    key: str = "max_new_tokens"
+
+
+def check_generations(
+    model: str, generations: list[Generation], dtype_bytes: int, device: str, processes: int = 1
+) -> None:
+    """Every limit of ``generations`` on ``model`` (see the module's docstring), before it loads: ValueError naming
+    the first limit exceeded. ``dtype_bytes``: bytes of a cache entry (the dtype the model is loaded in);
+    ``processes``: processes on this machine generating alike (CPU: they share its memory)."""
+    from gkv_train.models import load_config_and_tokenizer
+
+    config, tokenizer = load_config_and_tokenizer(model)
+    shape = ModelShape.of(model, config)
+    need, biggest, counted = 0, None, {}
+    for gen in generations:
+        check_ranks(shape, gen.compressions)
+        if not gen.prompts:
+            continue
+        texts = tuple(gen.prompts)
+        lengths, skipped = counted[texts] = counted.get(texts) or prompt_tokens(tokenizer, gen.prompts, shape.context)
+        new = gen.new_tokens if isinstance(gen.new_tokens, list) else [gen.new_tokens] * len(lengths)
+        if shape.context is not None:
+            check_context(shape, gen, lengths, skipped, new)
+        for compression in gen.compressions:
+            resolved = compression.resolved()
+            if compression.method == "s4r" and min(lengths) <= resolved.sinks:
+                short = gen.ids[min(range(len(lengths)), key=lengths.__getitem__)]
+                raise ValueError(f"s4r needs prompts longer than its {resolved.sinks} sinks (compression.sinks); the "
+                                 f"prompt of problem {short} in the {gen.what} has {min(lengths)} tokens")  # fmt: skip
+            size = rollout_bytes(shape, resolved, gen.rows, max(lengths), max(new), dtype_bytes)
+            if size > need:
+                need, biggest = size, (gen, compression)
+    if biggest is not None:
+        check_memory(shape, need * (processes if device == "cpu" else 1), biggest, device, processes)
+
+
+def check_ranks(shape: ModelShape, compressions: list[CompressionConfig]) -> None:
+    """S4R ranks within the model's D' (a larger one would be cut to D', and the run recorded as what was given),
+    and its ``full_layers`` among the model's layers (another index would be ignored)."""
+    for c in compressions:
+        beyond = [layer for layer in c.full_layers if layer >= shape.layers] if c.method == "s4r" else []
+        if beyond:
+            raise ValueError(f"compression.full_layers={list(c.full_layers)}: {shape.name} has layers 0-{shape.layers - 1}")
+        for key in ("rank", "rank_v"):
+            value = getattr(c, key)
+            if c.method == "s4r" and value is not None and value > shape.latent_dim:
+                raise ValueError(
+                    f"compression.{key}={value} exceeds what {shape.name} allows: an S4R basis has at most KV heads x "
+                    f"head dim = {shape.kv_heads} x {shape.head_dim} = {shape.latent_dim} columns"
+                )
+
+
+def prompt_tokens(tokenizer, prompts: list[str], context: int | None) -> tuple[list[int], set[int]]:
+    """(tokens of each prompt as the rollout engine encodes it (chat template), the indices of prompts too long to
+    count). A prompt far longer than ``context`` could hold is not tokenised (more characters than 2 x the longest
+    vocabulary entry per token): it counts as ``context + 1``. The others are counted in one batch plus the
+    template's tokens, and those near ``context`` exactly."""
+    from gkv_train.rollout.engine import encode_prompts
+
+    longest_token = max(len(t) for t in tokenizer.get_vocab()) if context is not None else 0
+    skipped = {i for i, p in enumerate(prompts) if context is not None and len(p) > 2 * longest_token * context}
+    template = len(encode_prompts(tokenizer, ["x"])[0]) - 1  # the chat template's own tokens
+    plain = tokenizer(["" if i in skipped else p for i, p in enumerate(prompts)], add_special_tokens=False)
+    lengths = []
+    for i, (prompt, ids) in enumerate(zip(prompts, plain["input_ids"])):
+        estimate = context + 1 if i in skipped else len(ids) + template
+        if i not in skipped and context is not None and estimate >= context - NEAR_LIMIT:
+            estimate = len(encode_prompts(tokenizer, [prompt])[0])
+        lengths.append(estimate)
+    return lengths, skipped
+
+
+def check_context(shape: ModelShape, gen: Generation, lengths: list[int], skipped: set[int], new: list[int]) -> None:
+    """Each prompt of ``gen`` plus its new tokens within ``shape.context``; ValueError naming the longest prompt,
+    or ``gen.key`` when it is the new tokens that do not fit."""
+    context = shape.context
+    totals = [n + m for n, m in zip(lengths, new)]
+    worst = max(range(len(totals)), key=totals.__getitem__)
+    if totals[worst] <= context:
+        return
+    where = f"{shape.name}'s context of {context} tokens (max_position_embeddings)"
+    over = sum(t > context for t in totals)
+    size = f"{len(gen.prompts[worst])} characters" if worst in skipped else f"{lengths[worst]} tokens"
+    room = context - max(lengths)
+    if len(set(new)) == 1 and max(lengths) < context and over == len(totals):
+        raise ValueError(f"{gen.key}={new[0]} does not fit {where} after any prompt of the {gen.what}: at most "
+                         f"{room} does after the longest ({max(lengths)} tokens)")  # fmt: skip
+    fix = f"lower {gen.key} to at most {room}" if room > 0 and len(set(new)) == 1 else "shorten the prompts"
+    raise ValueError(
+        f"the {gen.what}: the prompt of problem {gen.ids[worst]} ({size}) plus {new[worst]} new tokens ({gen.key}) "
+        f"exceeds {where}; {over} of {len(totals)} prompts do: drop them (data.limit, another data file) or {fix}"
+    )
+
+
+def rollout_bytes(shape: ModelShape, c: CompressionConfig, rows: int, prompt: int, new: int, dtype_bytes: int) -> int:
+    """Estimated bytes of one rollout's cache, record and per-token buffers: ``rows`` sequences of ``prompt``
+    (the padded width) + ``new`` tokens under the resolved compression ``c``, cache entries of ``dtype_bytes``.
+
+    full: K and V of every token (2 x layers x KV heads x head dim x bytes per token and row); eviction methods:
+    of at most max(prompt, budget) + interval slots, plus the int32 record of every position per layer and KV head
+    and the slots' positions and scores; s4r: the prompt's exact K and V during prefill, then float32
+    coefficients at rank <= D' per token (keys and values), the window's float64 score sums and the bit-packed
+    selections of every generated token. Plus the sampled tokens and their log-probs (12 bytes per token)."""
+    L, H, G, D = shape.layers, shape.kv_heads, shape.heads // shape.kv_heads, shape.head_dim
+    total = prompt + new
+    per_token = 2 * L * H * D * dtype_bytes
+    if c.method == "s4r":
+        rank = max(c.rank or 0, c.rank_v or 0) or shape.latent_dim  # the eta rank is at most D'
+        size = prompt * per_token + L * total * (2 * rank * 4 + G * 8) + L * new * (total + 7) // 8
+    elif c.compresses:
+        slots = min(total, max(prompt, c.budget) + c.interval)
+        size = slots * per_token + L * H * (total * 4 + slots * 12)
+    else:
+        size = total * per_token
+    return rows * (size + new * 12)
+
+
+def available_memory(device: str) -> tuple[int, str]:
+    """(bytes this process can still allocate, where): a GPU's free memory; on CPU the least of the kernel's
+    MemAvailable, the cgroup's limit less its usage, and the address-space limit (``ulimit -v``) less what the
+    process maps."""
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.mem_get_info()[0], f"GPU {torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
+    found = [(_meminfo("MemAvailable"), "memory available on this machine (MemAvailable)")]
+    limit, used = _read_int("/sys/fs/cgroup/memory.max"), _read_int("/sys/fs/cgroup/memory.current")
+    if limit is not None and used is not None:
+        found.append((limit - used, "memory left in this container's limit (cgroup memory.max)"))
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        found.append((soft - _status_kb("VmSize") * 1024, "address space left under ulimit -v"))
+    return min((f for f in found if f[0] is not None), key=lambda f: f[0])
+
+
+def check_memory(shape: ModelShape, need: int, biggest: tuple, device: str, processes: int) -> None:
+    """ValueError when ``need`` bytes (the largest rollout, ``biggest`` = (generation, compression)) exceed what
+    ``device`` has free; a warning above half of it."""
+    free, where = available_memory(device)
+    gen, compression = biggest
+    share = f" x {processes} processes" if processes > 1 and device == "cpu" else ""
+    what = (f"the {gen.what} ({gen.rows} sequences{share}, {compression.method} cache, {gen.key}="
+            f"{gen.new_tokens if isinstance(gen.new_tokens, int) else max(gen.new_tokens)}) needs about "
+            f"{size_text(need)} for {shape.name}'s KV cache and record")  # fmt: skip
+    if need > free:
+        raise ValueError(
+            f"{what}, more than the {size_text(free)} of {where}: lower max_new_tokens, the rows per call "
+            "(prompts_per_step / batch_problems, num_generations) or the compression budget"
+        )
+    if need > free / 2:
+        print(f"warning: {what}: over half the {size_text(free)} of {where}", file=sys.stderr)
+
+
+def _meminfo(key: str) -> int | None:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError):
+        return None
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        text = open(path).read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _status_kb(key: str) -> int:
+    try:
+        for line in open("/proc/self/status"):
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0

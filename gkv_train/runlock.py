@@ -1,0 +1,74 @@
+"""One run per output folder at a time: an exclusive ``flock`` on ``<folder>/.run.lock``, held for the run's life.
+
+The kernel drops the lock when its holder exits in any way (SIGKILL and crashes included), so a lock file left
+behind by a dead process never blocks a new run. The holder writes its PID, host, start time and command into
+the file, so that a refused run can name it. The file itself stays (removing it could let two runs lock two
+different files of one name). Leaf module: no project imports.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+
+LOCK_FILE = ".run.lock"
+
+
+class RunLocked(Exception):
+    """Another live process holds the folder's lock (the message names it)."""
+
+
+class RunLock:
+    """The lock of one folder, held from ``acquire`` until ``release`` or the end of the process."""
+
+    def __init__(self, folder: Path, fd: int):
+        self.folder, self.fd = Path(folder), fd
+
+    @classmethod
+    def acquire(cls, folder: Path, what: str = "folder") -> RunLock:
+        """Lock the existing ``folder`` for this process, or raise ``RunLocked`` naming the live holder (PID, host,
+        start time, command); ``what`` names the folder in that message (e.g. ``output_dir``)."""
+        path = Path(folder) / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # never truncated here: the holder's note stays readable
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _describe(os.pread(fd, 1 << 16, 0))
+            os.close(fd)
+            raise RunLocked(
+                f"{what} {folder} is in use by another run ({holder}): wait for it to end, or choose another {what}"
+            ) from None
+        except BaseException:
+            os.close(fd)
+            raise
+        note = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+                "command": " ".join([os.path.basename(sys.executable), *sys.argv])}  # fmt: skip
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(note) + "\n").encode(), 0)
+        return cls(folder, fd)
+
+    def release(self) -> None:
+        """Give the lock up (closing the file drops it; the file stays)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _describe(text: bytes) -> str:
+    """The holder's note as words: "pid 123 on host h, started 2026-12-03 10:00:00 +0000: python train.py ..."."""
+    try:
+        note = json.loads(text.decode())
+        return f"pid {note['pid']} on host {note['host']}, started {note['started']}: {note['command']}"
+    except (ValueError, KeyError, TypeError):  # the holder has not written its note yet
+        return "a process that has not yet written its PID"
