@@ -1008,7 +1008,7 @@ def data_cases() -> list[Case]:
         refuse("data/blank-lines", K, C, "a file of blank lines", "evaluate", {**F}, ["data.jsonl", "no records|empty"],
                setup=data_file(["", "   ", ""])),
         refuse("data/directory-named-jsonl", K, L, "a directory named *.jsonl reported as 'does not exist'",
-               "evaluate", {**F}, ["data.jsonl", "director"], setup=lambda ctx: (ctx.work / "data.jsonl").mkdir()),
+               "evaluate", {**F}, ["data.jsonl", "director|folder"], setup=lambda ctx: (ctx.work / "data.jsonl").mkdir()),
         refuse("data/missing-file", K, C, "a file that does not exist", "evaluate", {**F},
                ["data.jsonl", "not exist|no such|not found"]),
         refuse("data/unsupported-suffix", K, C, "a .txt file", "evaluate", {**F, "data.path": "{work}/data.txt"},
