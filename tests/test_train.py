@@ -481,6 +481,7 @@ def refusal(proc) -> str:
         ("max_new_tokens=1000000000", "max_new_tokens=1000000000 does not fit"),
         ("recipe=rl_full compression.method=s4r", "recipe=rl_full trains on full-cache rollouts, but compression"),
         ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),
+        ("rewards=[no.such.reward]", "cannot import reward function 'no.such.reward'"),
     ],
 )
 def test_bad_config_fails_clearly(tmp_path, weightless_model, override, message):
