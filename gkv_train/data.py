@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import string
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,7 @@ class DataConfig:
     def __post_init__(self):
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"data.limit must be at least 1, or null for every problem; got {self.limit}")
+        check_prompt_template(self.prompt_template)
 
     def identity(self) -> dict:
         """Everything that determines the problems and prompts: these settings and, for a local file (or a
@@ -87,6 +89,25 @@ class DataConfig:
             if not settings[key]:
                 del settings[key]
         return {**settings, "file": file_identity(file) if file is not None and file.is_file() else None}
+
+
+def check_prompt_template(template: str) -> None:
+    """``template`` formats a prompt from a problem: its one field is ``{problem}``, which it holds (without it
+    every prompt would be the same text); ValueError naming the problem otherwise."""
+    what, fix = f"data.prompt_template={template!r}", "its one field is {problem} (a literal brace is written {{ or }})"
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as err:  # a lone brace
+        raise ValueError(f"{what} is not a format string ({err}): {fix}") from None
+    other = sorted(fields - {"problem"})
+    if other:
+        raise ValueError(f"{what} has the field(s) {', '.join('{' + f + '}' for f in other)}: {fix}")
+    if "problem" not in fields:
+        raise ValueError(f"{what} has no {{problem}} field: every prompt would be the same text")
+    try:
+        template.format(problem="")
+    except ValueError as err:  # a bad conversion or format spec
+        raise ValueError(f"{what} cannot be filled ({err}): {fix}") from None
 
 
 def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:

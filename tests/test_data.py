@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from gkv_train.data import DataConfig, arithmetic_task, load_problems
@@ -174,3 +176,23 @@ def test_a_folder_named_like_a_data_file_and_empty_questions_are_named(tmp_path)
     path.write_text('{"question": "1 + 1?", "answer": 2}\n{"question": "  ", "answer": 3}\n')
     with pytest.raises(ValueError, match=r"blank.jsonl:2: the question \(question\) is empty"):
         load_problems(DataConfig(path=str(path), name=None, limit=None))
+
+
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        ("Q: {foo}", "has the field(s) {foo}: its one field is {problem}"),
+        ("{problem} and {0}", "has the field(s) {0}"),
+        ("{problem.real}", "has the field(s) {problem.real}"),
+        ("Q: {problem} {", "is not a format string (Single '{' encountered"),
+        ("Q: {problem!z}", "cannot be filled (Unknown conversion specifier z)"),
+        ("Solve this.", "has no {problem} field: every prompt would be the same text"),
+    ],
+)
+def test_prompt_templates_that_cannot_format_a_problem_are_refused(template, message):
+    """A template is checked with its configuration (it used to fail with a KeyError at the first prompt, or, with
+    no {problem}, to give every problem the same prompt); the shipped one and escaped braces pass."""
+    with pytest.raises(ValueError, match=re.escape(f"data.prompt_template={template!r} {message}")):
+        DataConfig(prompt_template=template)
+    DataConfig()
+    DataConfig(prompt_template="Problem: {problem}\nAnswer in \\boxed{{}}, as {{x}}.")

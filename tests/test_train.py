@@ -482,6 +482,8 @@ def refusal(proc) -> str:
         ("recipe=rl_full compression.method=s4r", "recipe=rl_full trains on full-cache rollouts, but compression"),
         ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),
         ("rewards=[no.such.reward]", "cannot import reward function 'no.such.reward'"),
+        ("data.prompt_template='Q:{foo}'", "data.prompt_template='Q:{foo}' has the field(s) {foo}: its one field"),
+        ("eval_data.prompt_template='Q:'", "data.prompt_template='Q:' has no {problem} field"),
     ],
 )
 def test_bad_config_fails_clearly(tmp_path, weightless_model, override, message):
