@@ -39,7 +39,7 @@ from gkv_train.models import base_model_name, base_weights_note, card_model_name
 from gkv_train.preflight import Generation, check_generations
 from gkv_train.rewards.functions import verifier_stats
 from gkv_train.rewards.grading import grade_completions
-from gkv_train.rewards.verify import MathVerifier
+from gkv_train.rewards.verify import MathVerifier, warn_unverified
 from gkv_train.rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.rollout.engine import RolloutEngine
 from gkv_train.run_config import DERIVED, TrainConfig, trainer_fields
@@ -222,11 +222,7 @@ def evaluate(model, tokenizer, config: TrainConfig, problems) -> dict:
     golds = [a for a in problems["answer"] for _ in range(config.eval_samples)]
     correct = [grade.correct for grade in grade_completions(tokenizer, out.completions(), golds, verify)]
     verify.close()
-    if verify.stats["timeouts"]:
-        print(f"held-out evaluation: {verify.stats['timeouts']} answer checks timed out (scored 0)", file=sys.stderr)
-    if verify.stats["errors"]:
-        print(f"held-out evaluation: {verify.stats['errors']} answer checks have no verdict (their worker died twice; "
-              "scored 0)", file=sys.stderr)
+    warn_unverified("held-out evaluation", verify.stats["timeouts"], verify.stats["errors"])
     return {
         "eval": "held_out",
         "problems": len(problems),
