@@ -483,7 +483,8 @@ def refusal(proc) -> str:
         ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),
         ("rewards=[no.such.reward]", "cannot import reward function 'no.such.reward'"),
         ("data.prompt_template='Q:{foo}'", "data.prompt_template='Q:{foo}' has the field(s) {foo}: its one field"),
-        ("eval_data.prompt_template='Q:'", "data.prompt_template='Q:' has no {problem} field"),
+        ("eval_data.prompt_template='Q:'", "eval_data.prompt_template='Q:' has no {problem} field"),
+        ("eval_data.limit=0", "eval_data.limit must be at least 1, or null for every problem; got 0"),
     ],
 )
 def test_bad_config_fails_clearly(tmp_path, weightless_model, override, message):
@@ -529,8 +530,9 @@ def test_traces_check_errors_are_counted_named_and_marked(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
     for keep in (True, False):
         out = tmp_path / f"traces-{keep}.jsonl"
-        code = SCRIPT_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=str(ROOT / "scripts" / "generate_traces.py"),
-                                          answers=answers, check="verifier_probe:answers_or_die")  # fmt: skip
+        script = str(ROOT / "scripts" / "generate_traces.py")
+        code = SCRIPT_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=script, answers=answers,
+                                          check="verifier_probe:answers_or_die")  # fmt: skip
         args = ["model=tiny", "data.name=null", f"data.path={data}", "num_generations=1", "max_new_tokens=4",
                 f"keep_incorrect={str(keep).lower()}", f"output={out}"]  # fmt: skip
         proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True,
@@ -594,6 +596,7 @@ def test_a_full_disk_keeps_the_earlier_traces_and_leaves_no_temporary_file(tmp_p
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith(f"error: No space left on device while writing the traces file to {target}: ")
-    assert f"{filesystem(tmp_path)} has 999 B free; the traces file needs about " in line and "Traceback" not in proc.stderr
+    assert f"{filesystem(tmp_path)} has 999 B free; the traces file needs about " in line
+    assert "Traceback" not in proc.stderr
     assert target.read_text() == earlier
     assert sorted(p.name for p in tmp_path.iterdir()) == [".traces.jsonl.lock", "traces.jsonl"]
