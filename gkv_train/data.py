@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import string
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -74,9 +75,13 @@ class DataConfig:
     prompt_template: str = PROMPT_TEMPLATE
     config: str | None = None  # a hub dataset's configuration (subset), e.g. "main" for openai/gsm8k
 
-    def __post_init__(self):
+    def check(self, key: str = "data") -> None:
+        """Settings that are wrong before any file is read: ``limit`` >= 1 or None, a ``prompt_template`` that
+        formats a problem; ValueError naming ``key`` (the configuration group: ``data``, ``eval_data``). Called by
+        the job configurations that hold the group and by ``load_problems``."""
         if self.limit is not None and self.limit < 1:
-            raise ValueError(f"data.limit must be at least 1, or null for every problem; got {self.limit}")
+            raise ValueError(f"{key}.limit must be at least 1, or null for every problem; got {self.limit}")
+        check_prompt_template(self.prompt_template, key)
 
     def identity(self) -> dict:
         """Everything that determines the problems and prompts: these settings and, for a local file (or a
@@ -89,9 +94,31 @@ class DataConfig:
         return {**settings, "file": file_identity(file) if file is not None and file.is_file() else None}
 
 
+def check_prompt_template(template: str, key: str = "data") -> None:
+    """``template`` (the configuration key ``<key>.prompt_template``) formats a prompt from a problem: its one field
+    is ``{problem}``, which it holds (without it every prompt would be the same text); ValueError naming the
+    problem otherwise."""
+    what = f"{key}.prompt_template={template!r}"
+    fix = "its one field is {problem} (a literal brace is written {{ or }})"
+    try:
+        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+    except ValueError as err:  # a lone brace
+        raise ValueError(f"{what} is not a format string ({err}): {fix}") from None
+    other = sorted(fields - {"problem"})
+    if other:
+        raise ValueError(f"{what} has the field(s) {', '.join('{' + f + '}' for f in other)}: {fix}")
+    if "problem" not in fields:
+        raise ValueError(f"{what} has no {{problem}} field: every prompt would be the same text")
+    try:
+        template.format(problem="")
+    except ValueError as err:  # a bad conversion or format spec
+        raise ValueError(f"{what} cannot be filled ({err}): {fix}") from None
+
+
 def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
     """The problems ``data`` names: a local file (``data.path``) or a preset, the built-in task or a hub dataset
     (``data.name``), the first ``data.limit`` of them (the built-in task draws its problems with ``seed``)."""
+    data.check()
     path, name, question_field, answer_field = data.path, data.name, data.question_field, data.answer_field
     split, limit = data.split, data.limit
     if (path is None) == (name is None):

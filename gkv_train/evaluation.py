@@ -22,7 +22,7 @@ from gkv_train.logprobs import chunked_divergence, decoder_and_head, hidden_stat
 from gkv_train.models import check_model, load_model, model_identity
 from gkv_train.preflight import Generation, check_generations
 from gkv_train.rewards.grading import grade_completions
-from gkv_train.rewards.verify import MathVerifier
+from gkv_train.rewards.verify import MathVerifier, warn_unverified
 from gkv_train.rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.rollout.engine import RolloutEngine
 from gkv_train.runlock import RunLock
@@ -256,11 +256,8 @@ def evaluate_compression(
     write_atomically(samples_path, "".join(dumps(s) + "\n" for s in in_order))  # recomputed batches in place
     summary = summarize(samples_path, density_path, sampling.num_samples)
     summary.update(run=run_name(compression), compression=asdict(compression.resolved()))
-    if summary["verifier_timeouts"]:
-        print(f"{run_name(compression)}: {summary['verifier_timeouts']} answer checks timed out (scored 0)", file=sys.stderr)
-    if summary["verifier_errors"]:
-        print(f"{run_name(compression)}: {summary['verifier_errors']} answer checks have no verdict (their worker died "
-              "twice; scored 0, check_error in samples.jsonl)", file=sys.stderr)
+    warn_unverified(run_name(compression), summary["verifier_timeouts"], summary["verifier_errors"],
+                    ", check_error in samples.jsonl")
     write_atomically(out_dir / "summary.json", dumps(summary, indent=2))
     return summary
 

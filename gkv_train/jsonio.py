@@ -32,11 +32,15 @@ def dumps(value, indent: int | None = None) -> str:
 
 def write_atomically(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename: readers see the old or the new file,
-    never a part."""
+    never a part. A write that fails (a full disk, an interruption) leaves the old file and no temporary one."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def file_identity(path: Path, sample_bytes: int = 16 << 20) -> list:

@@ -39,7 +39,7 @@ from gkv_train.models import base_model_name, base_weights_note, card_model_name
 from gkv_train.preflight import Generation, check_generations
 from gkv_train.rewards.functions import verifier_stats
 from gkv_train.rewards.grading import grade_completions
-from gkv_train.rewards.verify import MathVerifier
+from gkv_train.rewards.verify import MathVerifier, warn_unverified
 from gkv_train.rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.rollout.engine import RolloutEngine
 from gkv_train.run_config import DERIVED, TrainConfig, trainer_fields
@@ -222,11 +222,7 @@ def evaluate(model, tokenizer, config: TrainConfig, problems) -> dict:
     golds = [a for a in problems["answer"] for _ in range(config.eval_samples)]
     correct = [grade.correct for grade in grade_completions(tokenizer, out.completions(), golds, verify)]
     verify.close()
-    if verify.stats["timeouts"]:
-        print(f"held-out evaluation: {verify.stats['timeouts']} answer checks timed out (scored 0)", file=sys.stderr)
-    if verify.stats["errors"]:
-        print(f"held-out evaluation: {verify.stats['errors']} answer checks have no verdict (their worker died twice; "
-              "scored 0)", file=sys.stderr)
+    warn_unverified("held-out evaluation", verify.stats["timeouts"], verify.stats["errors"])
     return {
         "eval": "held_out",
         "problems": len(problems),
@@ -327,6 +323,7 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
             if name is not None:
                 check_model(name)
         check_output_dir(out, "output_dir")
+        rewards = [import_callable(path) for path in config.rewards] if config.algorithm == "grpo" else []
         data = training_data(config)
         held_out = prompt_dataset(config, config.eval_data)
         args = trainer_args(config, state.num_processes)  # trl.* pass-through options checked too
@@ -344,13 +341,14 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
                 (out / "hydra").mkdir(exist_ok=True)
                 write_atomically(out / "hydra" / name, text)
         with StopOnSignal() as stop:
-            return train_and_evaluate(config, state, args, data, held_out, checkpoint, stop)
+            return train_and_evaluate(config, state, args, rewards, data, held_out, checkpoint, stop)
 
 
 def train_and_evaluate(
-    config: TrainConfig, state, args, data, held_out, checkpoint: str | None, stop: StopOnSignal
+    config: TrainConfig, state, args, rewards: list, data, held_out, checkpoint: str | None, stop: StopOnSignal
 ) -> dict:
-    """The work of ``run`` once everything is checked and the output folder is locked and prepared."""
+    """The work of ``run`` once everything is checked and the output folder is locked and prepared (``rewards``:
+    the reward functions of a GRPO run, imported among the checks)."""
     out = Path(config.output_dir)
     if state.is_main_process:
         log_console_to(out / "train.log")
@@ -373,7 +371,7 @@ def train_and_evaluate(
     if config.algorithm == "distill":
         trainer = distill_trainer(config, args, model, tokenizer, state, callbacks, dtype, data)
     else:
-        trainer = grpo_trainer(config, args, model, tokenizer, callbacks, data, held_out)
+        trainer = grpo_trainer(config, args, model, tokenizer, rewards, callbacks, data, held_out)
     trainer.base_model_name, trainer.card_base_model = base_model_name(config.model), card_model_name(config.model)
     trainer.base_weights_note = base_weights_note(config.model)
     if finished:  # trained to the end, but stopped before the final save and evaluation
@@ -399,10 +397,12 @@ def training_data(config: TrainConfig):
     return prompt_dataset(config, config.data)
 
 
-def grpo_trainer(config: TrainConfig, args: GRPOConfig, model, tokenizer, callbacks, data, held_out):
+def grpo_trainer(config: TrainConfig, args: GRPOConfig, model, tokenizer, rewards: list, callbacks, data, held_out):
+    """The GRPO trainer of ``config`` (``rewards``: the reward functions, ``import_callable`` of
+    ``config.rewards``)."""
     common = dict(
         model=model,
-        reward_funcs=[import_callable(path) for path in config.rewards],
+        reward_funcs=rewards,
         args=args,
         train_dataset=data,
         eval_dataset=None if config.eval_steps is None else held_out,

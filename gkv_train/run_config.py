@@ -226,6 +226,8 @@ class TrainConfig:
     overwrite: bool = False  # replace a previous run in output_dir (otherwise refused unless resume is given)
 
     def __post_init__(self):
+        self.data.check("data")
+        self.eval_data.check("eval_data")
         check_sampling(self.temperature, self.top_p, greedy=False)
         check_trackers(self.report_to)
         if self.overwrite and self.resume is not None:
@@ -281,6 +283,7 @@ class TracesConfig:
     output: str = "outputs/traces.jsonl"
 
     def __post_init__(self):
+        self.data.check("data")
         check_sampling(self.temperature, self.top_p, greedy=True)
         if self.num_generations < 1 or self.max_new_tokens < 1:
             raise ValueError("num_generations and max_new_tokens must be at least 1")
@@ -355,6 +358,7 @@ class EvalConfig:
     plots: bool = True
 
     def __post_init__(self):
+        self.data.check("data")
         check_sampling(self.temperature, self.top_p, greedy=True)
         if self.num_generations < 1 or self.max_new_tokens < 1 or self.batch_problems < 1:
             raise ValueError("num_generations, max_new_tokens and batch_problems must be at least 1")

@@ -1,4 +1,5 @@
-"""One run per output folder at a time: an exclusive ``flock`` on ``<folder>/.run.lock``, held for the run's life.
+"""One run per output folder (or output file) at a time: an exclusive ``flock`` on ``<folder>/.run.lock`` (for a
+file: ``.<name>.lock`` beside it), held for the run's life.
 
 The kernel drops the lock when its holder exits in any way (SIGKILL and crashes included), so a lock file left
 behind by a dead process never blocks a new run. The holder writes its PID, host, start time and command into
@@ -24,7 +25,7 @@ class RunLocked(Exception):
 
 
 class RunLock:
-    """The lock of one folder, held from ``acquire`` until ``release`` or the end of the process."""
+    """The lock of one folder (or output file), held from ``acquire`` until ``release`` or the end of the process."""
 
     def __init__(self, folder: Path, fd: int):
         self.folder, self.fd = Path(folder), fd
@@ -33,15 +34,26 @@ class RunLock:
     def acquire(cls, folder: Path, what: str = "folder") -> RunLock:
         """Lock the existing ``folder`` for this process, or raise ``RunLocked`` naming the live holder (PID, host,
         start time, command); ``what`` names the folder in that message (e.g. ``output_dir``)."""
-        path = Path(folder) / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)  # never truncated here: the holder's note stays readable
+        return cls._acquire(Path(folder) / LOCK_FILE, folder, what)
+
+    @classmethod
+    def acquire_file(cls, path: Path, what: str = "output") -> RunLock:
+        """Lock the output file ``path`` (whose folder exists; the file need not) for this process, as ``acquire``
+        does a folder: through ``.<name>.lock`` beside it, so other files of the folder stay free."""
+        path = Path(path)
+        return cls._acquire(path.with_name(f".{path.name}.lock"), path, what)
+
+    @classmethod
+    def _acquire(cls, lock_path: Path, target: Path, what: str) -> RunLock:
+        """Lock ``lock_path``, the lock file of ``target`` (named ``what`` in the message of ``RunLocked``)."""
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)  # never truncated here: the holder's note stays readable
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = _describe(os.pread(fd, 1 << 16, 0))
             os.close(fd)
             raise RunLocked(
-                f"{what} {folder} is in use by another run ({holder}): wait for it to end, or choose another {what}"
+                f"{what} {target} is in use by another run ({holder}): wait for it to end, or choose another {what}"
             ) from None
         except BaseException:
             os.close(fd)
@@ -50,7 +62,7 @@ class RunLock:
                 "command": " ".join([os.path.basename(sys.executable), *sys.argv])}  # fmt: skip
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(note) + "\n").encode(), 0)
-        return cls(folder, fd)
+        return cls(lock_path.parent, fd)
 
     def release(self) -> None:
         """Give the lock up (closing the file drops it; the file stays)."""

@@ -15,26 +15,31 @@ from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import check_model, load_model
 from gkv_train.preflight import Generation, check_generations
 from gkv_train.rewards.grading import grade_completions
-from gkv_train.rewards.verify import MathVerifier
+from gkv_train.rewards.verify import MathVerifier, warn_unverified
 from gkv_train.rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.rollout.engine import RolloutEngine
+from gkv_train.runlock import RunLock
 from gkv_train.storage import check_output_file, naming_full_disk
 
-TRACE_FIELDS = ("id", "prompt", "completion", "completion_ids", "answer", "correct")
+TRACE_FIELDS = ("id", "prompt", "completion", "completion_ids", "answer", "correct", "check_timed_out", "check_error")
 TRACE_BATCH = 4  # problems per generate call
 
 
 def generate_traces(
     model, tokenizer, problems, sampling: SamplingConfig, prompt_template: str, batch_problems: int = TRACE_BATCH,
-    keep_incorrect: bool = False,
+    keep_incorrect: bool = False, verify: MathVerifier | None = None,
 ) -> list[dict]:
-    """Sample ``sampling.num_samples`` full-cache completions per problem and check them.
+    """Sample ``sampling.num_samples`` full-cache completions per problem and check them with ``verify`` (default:
+    a new ``MathVerifier``; pass one to read its ``stats`` afterwards). Checks that gave no verdict (timed out, or
+    their worker died twice) are named on stderr.
 
-    Returns rows with ``TRACE_FIELDS`` (``completion_ids`` include the stop token), the correct ones only unless
-    ``keep_incorrect``.
+    Returns rows with ``TRACE_FIELDS`` (``completion_ids`` include the stop token; ``check_timed_out`` /
+    ``check_error``: the check gave no verdict, so ``correct`` is false without the answer being wrong), the
+    correct ones only unless ``keep_incorrect``.
     """
     engine = RolloutEngine(model, tokenizer, CompressionConfig("full"))
-    verify = MathVerifier()
+    verify = MathVerifier() if verify is None else verify
+    before = dict(verify.stats)
     rows = []
     for start in tqdm(range(0, len(problems), batch_problems), desc="teacher traces", unit="batch"):
         batch = problems.select(range(start, min(start + batch_problems, len(problems))))
@@ -47,18 +52,22 @@ def generate_traces(
             if grade.correct or keep_incorrect:
                 rows.append({
                     "id": batch["id"][row], "prompt": prompts[row], "completion": grade.text, "completion_ids": ids,
-                    "answer": golds[i], "correct": grade.correct,
+                    "answer": golds[i], "correct": grade.correct, "check_timed_out": grade.timed_out,
+                    "check_error": grade.error,
                 })
     verify.close()
+    marked = ", check_error in the traces" if keep_incorrect else ", left out of the traces"
+    warn_unverified("teacher traces", verify.stats["timeouts"] - before["timeouts"],
+                    verify.stats["errors"] - before["errors"], marked)  # fmt: skip
     return rows
 
 
 def write_traces(rows: list[dict], path: Path) -> None:
     """Write ``rows`` as JSONL to ``path`` atomically (a reader never sees part of it; a full disk is named)."""
-    path = Path(path)
-    with naming_full_disk(path, "the traces"):
+    path, text = Path(path), "".join(json.dumps(row) + "\n" for row in rows)
+    with naming_full_disk(path, "the traces file", needed=len(text.encode())):
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, "".join(json.dumps(row) + "\n" for row in rows))
+        write_atomically(path, text)
 
 
 def load_traces(path: str) -> datasets.Dataset:
@@ -76,28 +85,34 @@ def load_traces(path: str) -> datasets.Dataset:
 
 def run_traces(config) -> dict:
     """``scripts/generate_traces.py`` / ``gkv-train traces``: the traces of ``config`` (a ``TracesConfig``)
-    written to ``config.output``; returns the JSON line's record (also printed). The model, data, output path and
-    the context and memory the generation needs are checked before any work (``refusing``)."""
+    written to ``config.output``; returns the JSON line's record (also printed; with the answer checks' counts,
+    timeouts and errors). The model, data, output path and the context and memory the generation needs are
+    checked before any work (``refusing``); then the output is locked for this call (``RunLock.acquire_file``: a
+    second call writing the same file is refused while this one runs)."""
+    output = Path(config.output)
     with refusing():
         check_model(config.model)
         problems = load_problems(config.data, config.seed)
-        check_output_file(Path(config.output), "output")
+        check_output_file(output, "output")
         prompts = [config.data.prompt_template.format(problem=p) for p in problems["problem"]]
         rows = min(TRACE_BATCH, len(problems)) * config.num_generations
         generation = Generation("teacher traces", prompts, problems["id"], rows, config.max_new_tokens,
                                 [CompressionConfig("full")])  # fmt: skip
         check_generations(config.model, [generation], dtype_bytes=4, device="cpu")
-    model, tokenizer = load_model(config.model)
-    sampling = SamplingConfig(
-        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-        num_samples=config.num_generations, seed=config.seed, compile_decode=config.compile_decode,
-    )
-    rows = generate_traces(
-        model, tokenizer, problems, sampling, config.data.prompt_template, keep_incorrect=config.keep_incorrect
-    )
-    write_traces(rows, Path(config.output))
+        output.parent.mkdir(parents=True, exist_ok=True)
+        lock = RunLock.acquire_file(output, "output")
+    with lock:
+        model, tokenizer = load_model(config.model)
+        sampling = SamplingConfig(
+            max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+            num_samples=config.num_generations, seed=config.seed, compile_decode=config.compile_decode,
+        )
+        verify = MathVerifier()
+        rows = generate_traces(model, tokenizer, problems, sampling, config.data.prompt_template,
+                               keep_incorrect=config.keep_incorrect, verify=verify)  # fmt: skip
+        write_traces(rows, output)
     result = {"traces": config.output, "problems": len(problems), "samples": len(problems) * config.num_generations,
-              "written": len(rows), "correct": sum(r["correct"] for r in rows)}  # fmt: skip
+              "written": len(rows), "correct": sum(r["correct"] for r in rows),
+              **{"verifier_" + k: v for k, v in verify.stats.items()}}  # fmt: skip
     print(dumps(result), flush=True)
     return result
-

@@ -107,6 +107,17 @@ def answers_match(gold: str, pred: str) -> bool:
     return _math_verify(gold, pred)
 
 
+def warn_unverified(what: str, timeouts: int, errors: int, marked: str = "") -> None:
+    """One line on stderr for each kind of answer check of ``what`` (e.g. "held-out evaluation") that gave no
+    verdict: ``timeouts`` (scored 0) and ``errors`` (the worker died twice; scored 0, never a plain wrong answer:
+    ``marked`` says where they are marked as such)."""
+    if timeouts:
+        print(f"{what}: {timeouts} answer checks timed out (scored 0)", file=sys.stderr)
+    if errors:
+        print(f"{what}: {errors} answer checks have no verdict (their worker died twice; scored 0{marked})",
+              file=sys.stderr)  # fmt: skip
+
+
 class Verdict(NamedTuple):
     """One check's outcome: ``correct``; ``timed_out`` (then not correct); ``error``: no verdict, the worker died
     twice (then not correct either, and not to be read as a wrong answer)."""

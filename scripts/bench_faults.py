@@ -1008,7 +1008,8 @@ def data_cases() -> list[Case]:
         refuse("data/blank-lines", K, C, "a file of blank lines", "evaluate", {**F}, ["data.jsonl", "no records|empty"],
                setup=data_file(["", "   ", ""])),
         refuse("data/directory-named-jsonl", K, L, "a directory named *.jsonl reported as 'does not exist'",
-               "evaluate", {**F}, ["data.jsonl", "director"], setup=lambda ctx: (ctx.work / "data.jsonl").mkdir()),
+               "evaluate", {**F}, ["data.jsonl", "director|folder"],
+               setup=lambda ctx: (ctx.work / "data.jsonl").mkdir()),
         refuse("data/missing-file", K, C, "a file that does not exist", "evaluate", {**F},
                ["data.jsonl", "not exist|no such|not found"]),
         refuse("data/unsupported-suffix", K, C, "a .txt file", "evaluate", {**F, "data.path": "{work}/data.txt"},
@@ -1229,7 +1230,8 @@ def full_disk_eval(ctx: Context) -> Verdict:
 
 def full_disk_traces(ctx: Context) -> Verdict:
     """A traces file from an earlier call is there; this call's write fails on a full disk: the earlier file must
-    stay whole (written through a temporary file and a rename), and the error must name the disk."""
+    stay whole (written through a temporary file and a rename), no partial temporary file may stay behind (it
+    would keep the disk full), and the error must name the disk."""
     with ctx.full_disk("disk", 16) as (disk, fsize):
         target = disk / "traces.jsonl"
         earlier = "".join(json.dumps({"id": i, "prompt": "p", "completion": "c", "completion_ids": [5, 2],
@@ -1238,11 +1240,14 @@ def full_disk_traces(ctx: Context) -> Verdict:
         changes = {"output": str(target), "num_generations": 4, "data.limit": 16, "max_new_tokens": 48}
         proc = ctx.run(ctx.entry(*overrides("traces", changes)), 180, fsize=fsize)
         intact = read_text(target) == earlier
+        left = sorted(p.name for p in disk.iterdir() if p != target and not p.name.endswith(".lock"))
     extra = {"full_disk": ctx.notes["full_disk"]}
     if proc.rc == 0 and not proc.timed_out:
         return Verdict("silent_wrong", "exit 0 although the traces cannot fit", extra)
     if not intact:
         return Verdict("data_lost", "the earlier traces file was destroyed by the failed write", extra)
+    if left:
+        return Verdict("unclear_error", f"the failed write left {', '.join(left)} behind on the full disk", extra)
     verdict = judge_refusal(proc, DISK, before_load=False, code=None)
     verdict.extra.update(extra)
     return verdict

@@ -125,12 +125,13 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     data = training_data(config)
     model, tokenizer = load_model(config.model, dtype=torch.float32)
     timer = StepTimer()
+    rewards = [import_callable(p) for p in config.rewards]
     # Every completion runs to max_new_tokens (stop tokens are never sampled), so all trainers do the same work.
     if name == "trl":
         if tokenizer.chat_template:  # the chat template, as the engine applies it
             data = data.map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]})
         trainer = GRPOTrainer(
-            model=model, reward_funcs=[import_callable(p) for p in config.rewards], args=training_args,
+            model=model, reward_funcs=rewards, args=training_args,
             train_dataset=data, processing_class=tokenizer, callbacks=[timer],
         )  # fmt: skip
         trainer.generation_config.min_new_tokens = args.max_new_tokens
@@ -141,7 +142,7 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
         trainer._rollout = timer.timed("generation", trainer._rollout)
         trainer._student_loss = timer.timed("logprob_forward", trainer._student_loss)
     else:
-        trainer = grpo_trainer(config, training_args, model, tokenizer, [timer], data, None)
+        trainer = grpo_trainer(config, training_args, model, tokenizer, rewards, [timer], data, None)
         grpo.SamplingConfig = functools.partial(SamplingConfig, ignore_eos=True)  # what its rollout samples with
         trainer._generate = timer.timed("generation", trainer._generate)
     if name != "distill":

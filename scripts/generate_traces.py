@@ -6,7 +6,9 @@
     accelerate launch train.py recipe=distill distill.traces=traces/gsm8k.jsonl
 
 Each line: id, prompt (the problem in the prompt template ``data.prompt_template``), completion (text),
-completion_ids (with the stop token), answer (gold), correct. Prints one JSON line with the counts.
+completion_ids (with the stop token), answer (gold), correct, check_timed_out / check_error (the answer check gave
+no verdict). Prints one JSON line with the counts (the answer checks' ``verifier_*`` too). The output file is
+locked for the call: a second call writing it is refused.
 """
 
 import sys

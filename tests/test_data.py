@@ -1,6 +1,9 @@
+import re
+
 import pytest
 
 from gkv_train.data import DataConfig, arithmetic_task, load_problems
+from gkv_train.run_config import TrainConfig
 
 
 @pytest.mark.parametrize(
@@ -134,7 +137,9 @@ def test_limit_below_one_is_refused(tmp_path):
     on the built-in task and dropped a file's last record. Control: a file's limit is taken as given."""
     for limit in (0, -1):
         with pytest.raises(ValueError, match=f"data.limit must be at least 1, or null for every problem; got {limit}"):
-            DataConfig(limit=limit)
+            load_problems(DataConfig(limit=limit))
+        with pytest.raises(ValueError, match=f"^eval_data.limit must be at least 1, .* got {limit}"):
+            TrainConfig(eval_data=DataConfig(split="test", limit=limit))
     path = tmp_path / "mine.jsonl"
     path.write_text("".join(f'{{"question": "{i} + 1?", "answer": {i + 1}}}\n' for i in range(3)))
     for limit, rows in ((None, 3), (1, 1), (2, 2), (9, 3)):
@@ -174,3 +179,25 @@ def test_a_folder_named_like_a_data_file_and_empty_questions_are_named(tmp_path)
     path.write_text('{"question": "1 + 1?", "answer": 2}\n{"question": "  ", "answer": 3}\n')
     with pytest.raises(ValueError, match=r"blank.jsonl:2: the question \(question\) is empty"):
         load_problems(DataConfig(path=str(path), name=None, limit=None))
+
+
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        ("Q: {foo}", "has the field(s) {foo}: its one field is {problem}"),
+        ("{problem} and {0}", "has the field(s) {0}"),
+        ("{problem.real}", "has the field(s) {problem.real}"),
+        ("Q: {problem} {", "is not a format string (Single '{' encountered"),
+        ("Q: {problem!z}", "cannot be filled (Unknown conversion specifier z)"),
+        ("Solve this.", "has no {problem} field: every prompt would be the same text"),
+    ],
+)
+def test_prompt_templates_that_cannot_format_a_problem_are_refused(template, message):
+    """A template is checked with its configuration (it used to fail with a KeyError at the first prompt, or, with
+    no {problem}, to give every problem the same prompt); the shipped one and escaped braces pass."""
+    with pytest.raises(ValueError, match=re.escape(f"data.prompt_template={template!r} {message}")):
+        DataConfig(prompt_template=template).check()
+    with pytest.raises(ValueError, match=re.escape(f"eval_data.prompt_template={template!r} {message}")):
+        TrainConfig(eval_data=DataConfig(split="test", prompt_template=template))
+    DataConfig().check()
+    DataConfig(prompt_template="Problem: {problem}\nAnswer in \\boxed{{}}, as {{x}}.").check()

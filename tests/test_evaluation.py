@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from verifier_probe import EVALUATE_WITH_ANSWERS, PAIRS, write_problems
+from verifier_probe import PAIRS, SCRIPT_WITH_ANSWERS, write_problems
 
 from gkv_train.data import arithmetic_task
 from gkv_train.evaluation import claim_run_dir, evaluate_compression, pass_at_k
@@ -145,7 +145,7 @@ def test_evaluate_script_checks_answers_and_keys_results_by_settings(tmp_path):
     data = write_problems(tmp_path / "latex.jsonl")
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
     args = ["model=tiny", "data.name=null", f"data.path={data}", "num_generations=1", "max_new_tokens=4", "plots=false"]
-    code = EVALUATE_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=str(ROOT / "scripts" / "evaluate.py"),
+    code = SCRIPT_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=str(ROOT / "scripts" / "evaluate.py"),
                                         answers=[a for _, a, _ in PAIRS], check=CHECK)
     proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
@@ -174,7 +174,7 @@ def test_evaluate_script_saves_a_check_whose_worker_died_as_an_error(tmp_path):
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
     args = ["model=tiny", "data.name=null", f"data.path={data}", "num_generations=1", "max_new_tokens=4", "plots=false",
             f"output_dir={tmp_path / 'out'}"]
-    code = EVALUATE_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=str(ROOT / "scripts" / "evaluate.py"),
+    code = SCRIPT_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=str(ROOT / "scripts" / "evaluate.py"),
                                         answers=[a for _, a, _ in cases], check="verifier_probe:answers_or_die")
     proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
@@ -187,6 +187,8 @@ def test_evaluate_script_saves_a_check_whose_worker_died_as_an_error(tmp_path):
     assert summary["verifier_errors"] == 1 and summary["verifier_timeouts"] == 0 and summary["verifier_checks"] == 4
     assert strict_json(proc.stdout.strip().splitlines()[-1])["runs"][0]["verifier_errors"] == 1
     assert "full: 1 answer checks have no verdict" in proc.stderr
+    assert "the answer-check worker died; restarted, check retried (gold '5', answer 'die')" in proc.stderr
+    assert "the answer-check worker died again: no verdict, counted as an error (gold '5'" in proc.stderr
 
 
 def test_file_identity_follows_content_not_place_or_time(tmp_path):

@@ -10,10 +10,12 @@ import time
 from pathlib import Path
 
 import pytest
-from verifier_probe import PAIRS, write_problems
+from verifier_probe import PAIRS, SCRIPT_WITH_ANSWERS, write_problems
 
 from gkv_train.checkpoints import complete_checkpoints
 from gkv_train.jsonio import read_jsonl
+from gkv_train.runlock import RunLock
+from gkv_train.storage import filesystem
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
@@ -229,8 +231,6 @@ def test_crashed_saves_resume_exactly(tmp_path):
 def named_full_disk(stderr, out):
     """The one line a full disk during a checkpoint save ends with: the staging path, its file system, the space
     free and what a checkpoint needs; no traceback."""
-    from gkv_train.storage import filesystem
-
     (line,) = [line for line in stderr.splitlines() if line.startswith("error: ")]  # (a progress bar closes after it)
     assert line.startswith("error: No space left on device while writing checkpoint-")
     assert "Traceback" not in stderr
@@ -481,6 +481,10 @@ def refusal(proc) -> str:
         ("max_new_tokens=1000000000", "max_new_tokens=1000000000 does not fit"),
         ("recipe=rl_full compression.method=s4r", "recipe=rl_full trains on full-cache rollouts, but compression"),
         ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),
+        ("rewards=[no.such.reward]", "cannot import reward function 'no.such.reward'"),
+        ("data.prompt_template='Q:{foo}'", "data.prompt_template='Q:{foo}' has the field(s) {foo}: its one field"),
+        ("eval_data.prompt_template='Q:'", "eval_data.prompt_template='Q:' has no {problem} field"),
+        ("eval_data.limit=0", "eval_data.limit must be at least 1, or null for every problem; got 0"),
     ],
 )
 def test_bad_config_fails_clearly(tmp_path, weightless_model, override, message):
@@ -511,3 +515,88 @@ def test_traces_output_is_checked_before_generation(tmp_path, weightless_model):
                "data.limit=2", f"output={tmp_path}"]  # fmt: skip
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert f"output={tmp_path} is a folder, not a file" in refusal(proc)
+
+
+def traces_command(*args):
+    return [sys.executable, str(ROOT / "scripts" / "generate_traces.py"), *args]
+
+
+def test_traces_check_errors_are_counted_named_and_marked(tmp_path):
+    """generate_traces.py with the real worker: a check whose worker dies twice is no wrong answer: it is counted
+    (verifier_errors in the JSON line), named on stderr and marked in the traces (check_error); without
+    keep_incorrect it is left out, and said so. The other checks keep their verdicts (control)."""
+    golds, answers = ["5", "7", "9"], ["5", "die", "8"]
+    data = write_problems(tmp_path / "golds.jsonl", golds)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
+    for keep in (True, False):
+        out = tmp_path / f"traces-{keep}.jsonl"
+        script = str(ROOT / "scripts" / "generate_traces.py")
+        code = SCRIPT_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=script, answers=answers,
+                                          check="verifier_probe:answers_or_die")  # fmt: skip
+        args = ["model=tiny", "data.name=null", f"data.path={data}", "num_generations=1", "max_new_tokens=4",
+                f"keep_incorrect={str(keep).lower()}", f"output={out}"]  # fmt: skip
+        proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=600)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        result = strict_json(proc.stdout.strip().splitlines()[-1])
+        assert result["verifier_errors"] == 1 and result["verifier_retries"] == 1 and result["correct"] == 1
+        rows = read_jsonl(out)
+        if keep:
+            assert [(r["answer"], r["correct"], r["check_error"]) for r in rows] == [
+                ("5", True, False), ("7", False, True), ("9", False, False)]
+            assert "teacher traces: 1 answer checks have no verdict (their worker died twice; scored 0, check_error in"\
+                " the traces)" in proc.stderr
+        else:
+            assert [r["answer"] for r in rows] == ["5"]
+            assert "teacher traces: 1 answer checks have no verdict" in proc.stderr and "left out of the traces" in \
+                proc.stderr
+        assert "the answer-check worker died again: no verdict, counted as an error (gold '7'" in proc.stderr
+
+
+def test_a_traces_file_in_use_is_refused(tmp_path, weightless_model):
+    """One generate_traces.py call per output file: a second one writing the file a live process holds is refused
+    at once, naming the holder (it used to write over it); another file of the same folder stays free (control)."""
+    target = tmp_path / "traces.jsonl"
+    with RunLock.acquire_file(target, "output"):
+        proc = subprocess.run(traces_command(f"model={weightless_model}", "data.limit=2", f"output={target}"),
+                              cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+        line = refusal(proc)
+        assert f"output {target} is in use by another run (pid {os.getpid()} on host " in line
+        RunLock.acquire_file(tmp_path / "other.jsonl", "output").release()
+    assert not target.exists()
+
+
+# generate_traces.py run as __main__ with the write of the traces' temporary file failing on a full disk half-way
+# (the disk's free space reported as 999 bytes).
+FULL_AT_TRACES = (sys.executable, "-c", """
+import collections, errno, pathlib, runpy, shutil, sys
+write_text = pathlib.Path.write_text
+def failing(self, text, *args, **kwargs):
+    if self.name.startswith(".traces.jsonl.tmp"):
+        write_text(self, text[: len(text) // 2])
+        shutil.disk_usage = lambda path: collections.namedtuple("usage", "total used free")(10**9, 10**9, 999)
+        raise OSError(errno.ENOSPC, "No space left on device", str(self))
+    return write_text(self, text, *args, **kwargs)
+pathlib.Path.write_text = failing
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+
+
+def test_a_full_disk_keeps_the_earlier_traces_and_leaves_no_temporary_file(tmp_path):
+    """A traces file is replaced through a temporary file and a rename: when the write fails on a full disk, the
+    earlier file stays whole, the partial temporary file is removed (it used to stay, holding the disk), and the
+    error names the disk, its free space and what the traces need."""
+    target = tmp_path / "traces.jsonl"
+    target.write_text('{"id": 0, "prompt": "p", "completion": "c", "completion_ids": [5, 2]}\n')
+    earlier = target.read_text()
+    command = traces_command("model=tiny", "data.limit=2", "num_generations=1", "max_new_tokens=4",
+                             "keep_incorrect=true", f"output={target}")  # fmt: skip
+    proc = subprocess.run([*FULL_AT_TRACES, *command[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    line = proc.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: No space left on device while writing the traces file to {target}: ")
+    assert f"{filesystem(tmp_path)} has 999 B free; the traces file needs about " in line
+    assert "Traceback" not in proc.stderr
+    assert target.read_text() == earlier
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".traces.jsonl.lock", "traces.jsonl"]

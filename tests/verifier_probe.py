@@ -1,6 +1,6 @@
-"""Answers with known verdicts, checked inside train.py / scripts/evaluate.py processes (not a bare import): the
-reward ``latex_probe`` (named in ``rewards=``), the answer list that ``scripts/evaluate.py`` is given by
-``EVALUATE_WITH_ANSWERS``; ``answers_or_die``, a check that kills its own worker, and ``always_equal``, one that
+"""Answers with known verdicts, checked inside train.py / scripts/evaluate.py / scripts/generate_traces.py processes
+(not a bare import): the reward ``latex_probe`` (named in ``rewards=``), the answer list that a script is given by
+``SCRIPT_WITH_ANSWERS``; ``answers_or_die``, a check that kills its own worker, and ``always_equal``, one that
 takes every answer for right."""
 
 import json
@@ -69,17 +69,18 @@ def write_problems(path, golds=tuple(g for g, _, _ in PAIRS)):
     return path
 
 
-# scripts/evaluate.py run as __main__ (as `python scripts/evaluate.py` does), each problem's completion read as
-# the next of `answers` (one sample per problem, in order; the PAIRS answers), checked by `check`.
-EVALUATE_WITH_ANSWERS = """
+# scripts/evaluate.py or scripts/generate_traces.py run as __main__ (as `python scripts/<script>.py` does), each
+# completion read as the next of `answers` (in order; e.g. the PAIRS answers), checked by `check`.
+SCRIPT_WITH_ANSWERS = """
 import itertools, runpy, sys
 sys.path.insert(0, {tests!r})
 import gkv_train.evaluation as evaluation
 import gkv_train.rewards.grading as grading
+import gkv_train.traces as traces
 from gkv_train.rewards.verify import MathVerifier
 answers = itertools.cycle({answers!r})
 grading.extract_answer = lambda text: next(answers)
-evaluation.MathVerifier = lambda: MathVerifier(check={check!r})
+evaluation.MathVerifier = traces.MathVerifier = lambda: MathVerifier(check={check!r})
 sys.argv = [{script!r}, *sys.argv[1:]]
 runpy.run_path({script!r}, run_name="__main__")
 """
