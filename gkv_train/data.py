@@ -7,6 +7,7 @@ Every loader returns a ``datasets.Dataset`` with the columns ``id``, ``problem``
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import string
@@ -50,13 +51,16 @@ PRESETS = {
     "svamp": Preset("svamp_test.jsonl", ("Body", "Question"), "Answer"),
 }
 BUILTIN = "arithmetic"
+COPY_RECALL = "copy_recall"  # the built-in task of the decode-time regime: see copy_recall_task
 PROMPT_TEMPLATE = "{problem}\nPut your final answer in \\boxed{{}}."
 
 
 @dataclass
 class DataConfig:
     """Where problems come from: ``path`` (local JSONL/JSON/Parquet) or ``name`` (preset: aime24, amc23,
-    math500, gsm8k, svamp; ``arithmetic``, the built-in task; or a hub dataset).
+    math500, gsm8k, svamp; ``arithmetic`` or ``copy_recall``, the built-in tasks; or a hub dataset).
+
+    ``copy_recall`` is the built-in task of the decode-time regime (see ``copy_recall_task``).
 
     ``split`` picks a hub dataset's split or the built-in task's (train/test); a preset's file holds only its
     test split (another is refused); a local file is split by its name: ``path=data/{split}.jsonl`` (on a
@@ -72,6 +76,7 @@ class DataConfig:
     limit: int | None = 256
     levels: list[int] = field(default_factory=lambda: [1])  # built-in task difficulty levels (0-4)
     distractors: int = 0  # built-in task: facts about others placed between a problem's first fact and the rest
+    sentences: int = 10  # copy_recall: the middle sentences written between the number and the blank (1-12)
     prompt_template: str = PROMPT_TEMPLATE
     config: str | None = None  # a hub dataset's configuration (subset), e.g. "main" for openai/gsm8k
 
@@ -81,6 +86,8 @@ class DataConfig:
         the job configurations that hold the group and by ``load_problems``."""
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"{key}.limit must be at least 1, or null for every problem; got {self.limit}")
+        if not 1 <= self.sentences <= len(PLACES):
+            raise ValueError(f"{key}.sentences must be 1-{len(PLACES)} (copy_recall's middle sentences), got {self.sentences}")
         check_prompt_template(self.prompt_template, key)
 
     def identity(self) -> dict:
@@ -91,6 +98,8 @@ class DataConfig:
         for key in ("distractors", "config"):  # added later: at their defaults they leave earlier identities valid
             if not settings[key]:
                 del settings[key]
+        if self.name != COPY_RECALL:
+            del settings["sentences"]  # only copy_recall reads it
         return {**settings, "file": file_identity(file) if file is not None and file.is_file() else None}
 
 
@@ -125,6 +134,8 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
         raise ValueError("give exactly one of data.path (a local file) or data.name (a preset or hub dataset)")
     if name == BUILTIN:
         return arithmetic_task(limit, split, seed, tuple(data.levels), data.distractors)
+    if name == COPY_RECALL:
+        return copy_recall_task(limit, split, seed, data.sentences)
     if data.config is not None and (path is not None or name in PRESETS):
         raise ValueError(
             f"data.config={data.config!r} selects a hub dataset's configuration; {path or name} is a local file"
@@ -362,34 +373,100 @@ def arithmetic_task(
             level = levels[rng.randrange(len(levels))]
             yield (*_problem(rng, level, distractors), level)
 
+    task = f"the built-in task at levels {sorted(set(levels))} with {distractors} distractors"
+    chosen = held_out_split(stream, n, split, task, problem_count(levels, distractors), "add levels / distractors")
+    rows = [{"id": i, "problem": text, "answer": str(answer), "level": level}
+            for i, (text, answer, level) in enumerate(chosen)]  # fmt: skip
+    return datasets.Dataset.from_list(rows)
+
+
+def held_out_split(stream, n: int | None, split: str, task: str, space: int, more: str) -> list[tuple]:
+    """``n`` distinct draws ``(text, ...)`` of a built-in task's ``split`` (n None: all). ``stream(which)`` yields the
+    draws of one random stream; the test split is the distinct problems of the first ``TEST_POOL`` draws of stream
+    ``test`` and train draws stream ``train`` without them, so the two never share a problem. ``space``: how many
+    distinct problems the task can write; ValueError naming ``task`` (and ``more``, how to get more) when the split
+    cannot give ``n``."""
     test_stream = stream("test")
     draws = (next(test_stream) for _ in range(TEST_POOL))
-    pool = list({text: (text, answer, level) for text, answer, level in draws}.values())  # distinct, in order
-    task = f"the built-in task at levels {sorted(set(levels))} with {distractors} distractors"
+    pool = list({draw[0]: draw for draw in draws}.values())  # distinct, in order
     if split == "test":
         if n is not None and n > len(pool):
             raise ValueError(
                 f"the test split of {task} holds {len(pool)} distinct problems, data.limit={n} asks for more"
             )
-        chosen = pool[:n]
-    else:
-        available = problem_count(levels, distractors) - len(pool)
-        if n is None or n > available:
-            asked = "data.limit=null asks for all of them" if n is None else f"data.limit={n} asks for more"
-            raise ValueError(
-                f"{task} has {available + len(pool)} distinct problems, {len(pool)} of them held out for the test "
-                f"split, so the train split can give at most {available}: {asked} (or add levels / distractors)"
-            )
-        held_out, seen, chosen = {row[0] for row in pool}, set(), []
-        for text, answer, level in stream(split):
-            if text in held_out or text in seen:
-                continue
-            seen.add(text)
-            chosen.append((text, answer, level))
-            if len(chosen) == n:
-                break
-    rows = [{"id": i, "problem": text, "answer": str(answer), "level": level}
-            for i, (text, answer, level) in enumerate(chosen)]  # fmt: skip
+        return pool[:n]
+    available = space - len(pool)
+    if n is None or n > available:
+        asked = "data.limit=null asks for all of them" if n is None else f"data.limit={n} asks for more"
+        raise ValueError(
+            f"{task} has {space} distinct problems, {len(pool)} of them held out for the test "
+            f"split, so the train split can give at most {available}: {asked} (or {more})"
+        )
+    held_out, seen, chosen = {draw[0] for draw in pool}, set(), []
+    for draw in stream(split):
+        if draw[0] in held_out or draw[0] in seen:
+            continue
+        seen.add(draw[0])
+        chosen.append(draw)
+        if len(chosen) == n:
+            break
+    return chosen
+
+
+PLACES = ["the park", "the library", "the beach", "the market", "the zoo", "the museum", "the garden", "the lake",
+          "the school", "the farm", "the shop", "the pool"]  # fmt: skip
+ACTIVITIES = ["reads a book", "eats a sandwich", "watches the birds", "talks to a friend", "draws a picture",
+              "plays a game", "drinks some water", "takes a short nap", "sings a song", "looks at the clouds",
+              "writes a letter", "feeds the ducks"]  # fmt: skip
+COPY_INSTRUCTION = "Repeat this text word for word, and finish the last sentence with the right number:"
+
+
+def _copy_recall_problem(rng: random.Random, sentences: int) -> tuple[str, int, str]:
+    """One copy_recall problem, its answer and what its completion must copy: a number (10-99) in the first
+    sentence, ``sentences`` middle sentences, and a last sentence that ends where the number belongs (the part
+    copied)."""
+    who, item, number = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(10, 99)
+    text = [f"{who} has {number} {item}."]
+    for place, act in zip(rng.sample(PLACES, sentences), rng.sample(ACTIVITIES, sentences)):
+        text.append(f"Then {who} goes to {place} and {act}.")
+    text.append(f"At the end of the day, {who} counts the {item} and still has")
+    return f"{COPY_INSTRUCTION}\n\n{' '.join(text)}", number, text[-1]
+
+
+def copy_recall_space(sentences: int) -> int:
+    """How many distinct problems ``_copy_recall_problem`` can write with ``sentences`` middle sentences."""
+    return len(NAMES) * len(ITEMS) * 90 * (math.perm(len(PLACES), sentences) * math.perm(len(ACTIVITIES), sentences))
+
+
+def copy_recall_task(n: int | None, split: str = "train", seed: int = 0, sentences: int = 10) -> datasets.Dataset:
+    """The built-in task of the decode-time regime: ``n`` problems that ask the model to copy a short story whose
+    first sentence holds a number and whose last sentence stops where that number belongs ("... and still has");
+    the answer is the number. Copying writes the story into the completion (SmolLM2-135M: about 120 tokens at
+    10 sentences), so a compressed cache is compressed many times while it is written, and the number, from the
+    prompt and the completion's first sentence, is needed again only at the very end, far outside the recent
+    window: a cache that drops it guesses. A completion is correct when its final answer (the last number or
+    ``\\boxed{}``) is the number and it has copied the story's last sentence verbatim (the ``required`` column,
+    ``copies_in_order``): the number must come where it belongs, at the end of the copy. Without that a model
+    that no longer sees the story writes the number straight away (SmolLM2 under G-KV at budget 64: 44 tokens
+    instead of 128, 47 % of numbers right but none after the last sentence), and the task would measure prompt
+    compression again. SmolLM2-135M copies loosely (about a third of the middle sentences verbatim), so they are
+    not required. Splits as ``arithmetic_task``: train and test never share a problem."""
+    if split not in ("train", "test"):
+        raise ValueError(f"the built-in task copy_recall has splits train and test, not {split!r}")
+    if not 1 <= sentences <= len(PLACES):
+        raise ValueError(f"data.sentences must be 1-{len(PLACES)} for copy_recall, got {sentences}")
+    if n is not None and n < 1:
+        raise ValueError(f"the built-in task needs at least 1 problem, {n} requested")
+
+    def stream(which: str):
+        rng = random.Random(f"{seed}:copy_recall:{which}")
+        while True:
+            yield _copy_recall_problem(rng, sentences)
+
+    task = f"the built-in task copy_recall with {sentences} sentences"
+    chosen = held_out_split(stream, n, split, task, copy_recall_space(sentences), "add sentences")
+    rows = [{"id": i, "problem": text, "answer": str(answer), "required": required}
+            for i, (text, answer, required) in enumerate(chosen)]  # fmt: skip
     return datasets.Dataset.from_list(rows)
 
 

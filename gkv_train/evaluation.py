@@ -21,7 +21,7 @@ from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.logprobs import chunked_divergence, decoder_and_head, hidden_states
 from gkv_train.models import check_model, load_model, model_identity
 from gkv_train.preflight import Generation, check_generations
-from gkv_train.rewards.grading import grade_completions
+from gkv_train.rewards.grading import grade_completions, required_column
 from gkv_train.rewards.verify import MathVerifier, warn_unverified
 from gkv_train.rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.rollout.engine import RolloutEngine
@@ -227,7 +227,8 @@ def evaluate_compression(
         n = sampling.num_samples
         golds = [gold for gold in batch["answer"] for _ in range(n)]
         lines = []
-        for i, grade in enumerate(grade_completions(tokenizer, out.completions(), golds, verify)):
+        required = required_column(batch, n)
+        for i, grade in enumerate(grade_completions(tokenizer, out.completions(), golds, verify, required)):
             lines.append({
                 "batch": index,
                 "problem_id": batch["id"][i // n],
@@ -238,9 +239,11 @@ def evaluate_compression(
                 "correct": grade.correct,
                 "check_timed_out": grade.timed_out,
                 "check_error": grade.error,
+                "copied": grade.copied,
                 "length": int(out.completion_lengths[i]),
                 "retention": out.retention[i].item(),
                 "tokens_per_s": out.stats["tokens_per_s"],
+                "batch_compressions": out.stats.get("compressions", 0),  # rounds in the batch, the prefill's included
             })
         kept, present = retained_by_position(out.record, out.prompt_lengths, out.completion_lengths)
         with naming_full_disk(out_dir, "evaluation samples"):
@@ -264,7 +267,7 @@ def evaluate_compression(
 
 def summarize(samples_path: Path, density_path: Path, n: int) -> dict:
     """pass@k (k = 1..n, averaged over problems), pass@1's 95% bootstrap interval and standard error over
-    problems, lengths,
+    problems, lengths, compression rounds per batch,
     retention (all / correct samples; and by relative position, ``retained_by_position``), tokens/s, answer checks,
     their timeouts and their errors (no verdict). Empty means are None (null in JSON)."""
     samples = read_jsonl(samples_path)
@@ -290,6 +293,7 @@ def summarize(samples_path: Path, density_path: Path, n: int) -> dict:
         "retention": mean([s["retention"] for s in samples]),
         "retention_correct": mean([s["retention"] for s in correct]),
         "tokens_per_s": mean([s["tokens_per_s"] for s in samples]),
+        "batch_compressions": mean([s.get("batch_compressions", 0) for s in samples]),
         "verifier_checks": len(samples),
         "verifier_timeouts": sum(s.get("check_timed_out", False) for s in samples),
         "verifier_errors": sum(s.get("check_error", False) for s in samples),

@@ -38,7 +38,7 @@ from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import base_model_name, base_weights_note, card_model_name, check_model, load_model
 from gkv_train.preflight import Generation, check_generations
 from gkv_train.rewards.functions import verifier_stats
-from gkv_train.rewards.grading import grade_completions
+from gkv_train.rewards.grading import grade_completions, required_column
 from gkv_train.rewards.verify import MathVerifier, warn_unverified
 from gkv_train.rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.rollout.engine import RolloutEngine
@@ -220,7 +220,8 @@ def evaluate(model, tokenizer, config: TrainConfig, problems) -> dict:
     out = engine.generate(list(problems["prompt"]), sampling)
     verify = MathVerifier()
     golds = [a for a in problems["answer"] for _ in range(config.eval_samples)]
-    correct = [grade.correct for grade in grade_completions(tokenizer, out.completions(), golds, verify)]
+    required = required_column(problems, config.eval_samples)
+    correct = [grade.correct for grade in grade_completions(tokenizer, out.completions(), golds, verify, required)]
     verify.close()
     warn_unverified("held-out evaluation", verify.stats["timeouts"], verify.stats["errors"])
     return {

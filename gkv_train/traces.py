@@ -14,7 +14,7 @@ from gkv_train.exits import refusing
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import check_model, load_model
 from gkv_train.preflight import Generation, check_generations
-from gkv_train.rewards.grading import grade_completions
+from gkv_train.rewards.grading import grade_completions, required_column
 from gkv_train.rewards.verify import MathVerifier, warn_unverified
 from gkv_train.rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.rollout.engine import RolloutEngine
@@ -47,7 +47,9 @@ def generate_traces(
         out = engine.generate(prompts, replace(sampling, seed=sampling.seed + start))
         completions = out.completions()
         golds = [gold for gold in batch["answer"] for _ in range(sampling.num_samples)]
-        for i, (ids, grade) in enumerate(zip(completions, grade_completions(tokenizer, completions, golds, verify))):
+        required = required_column(batch, sampling.num_samples)
+        grades = grade_completions(tokenizer, completions, golds, verify, required)
+        for i, (ids, grade) in enumerate(zip(completions, grades)):
             row = i // sampling.num_samples
             if grade.correct or keep_incorrect:
                 rows.append({

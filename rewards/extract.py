@@ -91,3 +91,18 @@ def gold_answer(value) -> str:
     if not text or text.lower() in _MISSING:
         raise ValueError(f"gold answer {value!r} is empty or a missing value")
     return text
+
+
+def copies_in_order(text: str, required: str | None) -> bool:
+    """Whether ``text`` holds each line of ``required`` (a task's sentences the completion must reproduce, one per
+    line), in order, spaces normalised; True when nothing is required (None or empty). Used by tasks whose answer
+    counts only after the work that leads to it (``copy_recall``: the story copied, then the number)."""
+    if not required:
+        return True
+    flat, at = " ".join(text.split()), 0
+    for line in required.split("\n"):
+        found = flat.find(" ".join(line.split()), at)
+        if found < 0:
+            return False
+        at = found + len(line)
+    return True

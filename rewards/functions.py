@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from gkv_train.rewards.extract import extract_answer
+from gkv_train.rewards.extract import copies_in_order, extract_answer
 from gkv_train.rewards.verify import MathVerifier
 
 _VERIFIER = MathVerifier()
@@ -22,10 +22,14 @@ def completion_text(completion) -> str:
     return str(completion)
 
 
-def accuracy(prompts=None, completions=(), answer=(), **_) -> list[float]:
-    """1.0 when the completion's final answer equals the gold ``answer`` column, else 0.0 (also for a check that
+def accuracy(prompts=None, completions=(), answer=(), required=None, **_) -> list[float]:
+    """1.0 when the completion's final answer equals the gold ``answer`` column (and, where the data has a
+    ``required`` column, the completion reproduces it: ``copies_in_order``), else 0.0 (also for a check that
     timed out or ended in an error: both are counted in ``verifier_stats``)."""
-    return [float(_VERIFIER(extract_answer(completion_text(c)), gold)) for c, gold in zip(completions, answer)]
+    required = [None] * len(answer) if required is None else required
+    texts = [completion_text(c) for c in completions]
+    return [float(copies_in_order(text, needed) and _VERIFIER(extract_answer(text), gold))
+            for text, gold, needed in zip(texts, answer, required)]  # fmt: skip
 
 
 def boxed_format(prompts=None, completions=(), **_) -> list[float]:

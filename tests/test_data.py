@@ -201,3 +201,27 @@ def test_prompt_templates_that_cannot_format_a_problem_are_refused(template, mes
         TrainConfig(eval_data=DataConfig(split="test", prompt_template=template))
     DataConfig().check()
     DataConfig(prompt_template="Problem: {problem}\nAnswer in \\boxed{{}}, as {{x}}.").check()
+
+
+def test_copy_recall_task_is_deterministic_held_out_and_reachable_by_name():
+    from gkv_train.data import copy_recall_task
+
+    train = copy_recall_task(40, "train", seed=1)
+    assert train["problem"] == copy_recall_task(40, "train", seed=1)["problem"]
+    assert train["problem"] != copy_recall_task(40, "train", seed=2)["problem"]
+    test = copy_recall_task(200, "test", seed=1)
+    assert not set(train["problem"]) & set(test["problem"])
+    for row in train:
+        story = row["problem"].split("\n\n", 1)[1]
+        first, *middle, last = story.split(". ")
+        assert first.split()[2] == row["answer"] and 10 <= int(row["answer"]) <= 99  # "<who> has <n> <item>"
+        assert len(middle) == 10 and last.endswith("and still has") and row["answer"] not in " ".join(middle + [last])
+        assert row["required"] == last  # what the completion must copy before the number
+    short = load_problems(DataConfig(name="copy_recall", sentences=3, limit=4))
+    assert [p.count("Then") for p in short["problem"]] == [3] * 4
+    assert DataConfig(name="copy_recall", sentences=3).identity() != DataConfig(name="copy_recall").identity()
+    assert "sentences" not in DataConfig().identity()  # arithmetic identities are unchanged
+    with pytest.raises(ValueError, match="sentences must be 1-12"):
+        load_problems(DataConfig(name="copy_recall", sentences=13))
+    with pytest.raises(ValueError, match="splits train and test"):
+        copy_recall_task(3, "validation")

@@ -193,3 +193,17 @@ def test_sweep_golds_script_on_a_subset(tmp_path, check, failures):
         assert proc.returncode == 1 and result["failures"] == perturbed > 0
         assert {f["line"] for f in math500["failures"]} == {1, 2, 3}
         assert all(f["expected"] is False and f["got"] is True for f in math500["failures"])
+
+
+def test_required_sentences_must_be_copied_in_order():
+    from gkv_train.rewards.extract import copies_in_order
+    from gkv_train.rewards.functions import accuracy
+
+    required = "Then Ava goes to the zoo.\nAt the end of the day, Ava still has"
+    good = "Ava has 41 cards. Then Ava  goes to the zoo.\n At the end of the day, Ava still has 41 cards."
+    assert copies_in_order(good, required) and copies_in_order("anything", None) and copies_in_order("x", "")
+    assert not copies_in_order("At the end of the day, Ava still has 41. Then Ava goes to the zoo.", required)
+    assert not copies_in_order("\\boxed{41}", required)  # the answer without the work: the shortcut
+    assert accuracy(completions=[good, "\\boxed{41}", good], answer=["41", "41", "42"],
+                    required=[required, required, required]) == [1.0, 0.0, 0.0]  # fmt: skip
+    assert accuracy(completions=["\\boxed{41}"], answer=["41"]) == [1.0]  # no required column: answer only
