@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # the bench's stages are each tested through their entry points (train.py, evaluate.py)
 def test_quick_bench_runs_every_stage_and_resumes(tmp_path):
     script = ROOT / "scripts" / "bench_training_effect.py"
     command = [sys.executable, str(script), "--quick", "--output-root", str(tmp_path), "--recipes", "rl_sparse", "distill"]

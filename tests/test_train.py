@@ -346,7 +346,7 @@ def test_two_processes_hold_one_lock_and_stop_on_sigterm(tmp_path):
     assert max(r["step"] for r in metrics(tmp_path)) == step
 
 
-@pytest.mark.parametrize("entry", ["train.py", "module"])
+@pytest.mark.parametrize("entry", ["train.py", pytest.param("module", marks=pytest.mark.slow)])
 def test_two_processes(tmp_path, entry):
     """`accelerate launch --num_processes 2` on a CPU-only machine: two gloo processes, not one; through train.py
     and through the package's command (`accelerate launch -m gkv_train.cli train`, relaunched as a module)."""
@@ -362,7 +362,7 @@ def test_two_processes(tmp_path, entry):
     assert step["processes"] == 2 and step["mismatch/max_abs"] <= 1e-4 and step["prompts/distinct"] == 2
 
 
-@pytest.mark.parametrize("recipe", ["rl_sparse", "distill_onpolicy"])
+@pytest.mark.parametrize("recipe", ["rl_sparse", pytest.param("distill_onpolicy", marks=pytest.mark.slow)])
 def test_bf16_end_to_end(tmp_path, recipe):
     """precision=bf16: rollout and trainer forwards under bf16 autocast (so their mismatch is bf16's, above fp32's
     1e-6 but small), the trained weights kept in fp32: at a learning rate of 1e-6 a bf16 weight could not move."""
@@ -383,7 +383,7 @@ def test_bf16_end_to_end(tmp_path, recipe):
     assert 0 < moved < 1e-4  # Adam moves a weight by about the learning rate per step
 
 
-@pytest.mark.parametrize("stage", ["zero2", "zero3"])
+@pytest.mark.parametrize("stage", ["zero2", pytest.param("zero3", marks=pytest.mark.slow)])
 def test_deepspeed(tmp_path, stage):
     """The DeepSpeed recipes through `accelerate launch`, 2 CPU processes (gloo): each trains on its own prompts,
     the rollout-trainer mismatch stays fp32-exact, checkpoints load; under ZeRO-3 the rollout engine decodes with
