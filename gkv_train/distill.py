@@ -31,6 +31,7 @@ from gkv_train.rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.rollout.contract import attention_context
 from gkv_train.rollout.contract.record import logical_positions
 from gkv_train.rollout.engine import RolloutEngine
+from gkv_train.rewards.functions import accuracy
 from gkv_train.rollout.sampling import rollout_seed
 from gkv_train.run_config import DistillOptions
 
@@ -78,7 +79,20 @@ class CompressedDistillationTrainer(Trainer):
         rollout_seconds = time.perf_counter() - start
         with self.accelerator.autocast():  # precision=bf16: the LM heads too run as in the rollout's forward
             loss, hidden = self._student_loss(model, out, rollout_seconds)
+        if self.distill.mode == "onpolicy" and "answer" in inputs["rows"][0]:
+            self._last_metrics.setdefault("reward", []).append(self._accuracy(inputs["rows"], out))
         return (loss, {"hidden": hidden}) if return_outputs else loss
+
+    def _accuracy(self, rows, out) -> float:
+        """Mean accuracy of the student's own samples under its compressed cache (on-policy mode): the same
+        reward GRPO's curves log as ``reward``, so every recipe's training curve reads alike."""
+        texts = self.tokenizer.batch_decode(
+            [ids[:n] for ids, n in zip(out.completion_ids.tolist(), out.completion_lengths.tolist())],
+            skip_special_tokens=True,
+        )
+        scores = accuracy(completions=texts, answer=[row["answer"] for row in rows],
+                          required=[row.get("required") for row in rows])  # fmt: skip
+        return sum(scores) / len(scores)
 
     def _student_loss(self, model, out, rollout_seconds: float):
         """The divergence from the teacher on the rollout's tokens, the student under the rollout's record;

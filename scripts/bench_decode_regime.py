@@ -1,18 +1,30 @@
 """The decode-time regime: many compressions while a long completion is written, on the built-in task
 ``copy_recall`` (the number the answer needs is written ~120 tokens before it is needed); one JSON line.
 
-Stage ``methods`` (resumable: each run is an ``scripts/evaluate.py`` folder, which resumes batch by batch): the
-untrained model on problems of the task's *train* split (never the held-out ones), the full cache and every
-eviction method at every budget, same prompts, samples and seed: pass@1 with a 95% interval, the gap to the full
-cache, mean completion length, retention and compression rounds per batch (the prefill's included: what follows
-it are the decode-time compressions). The JSON line, ``summary.json`` and ``summary.md`` (the table) hold them,
-and the three checks the regime needs: full-cache pass@1 >= ``--min-full``, at least ``--min-decode-compressions``
-rounds after the prefill's, and a gap >= ``--min-gap`` for some method.
+Stages (``--stages``, each resumable: every run is a ``scripts/evaluate.py`` folder, which resumes batch by batch,
+or a ``train.py`` folder, which resumes from its last checkpoint; a finished one is read back):
 
-    python scripts/bench_decode_regime.py            # SmolLM2-135M (about 25 minutes on one free CPU core)
-    python scripts/bench_decode_regime.py --quick    # a tiny random model, 2 problems (a test runs it)
+1. ``probe``: the untrained model on problems of the task's *train* split (never the held-out ones), the full
+   cache and every eviction method at every budget, same prompts, samples and seed: pass@1 with a 95% interval,
+   the gap to the full cache, mean completion length, retention and compression rounds per batch (the
+   prefill's included: what follows it are the decode-time compressions), and the three checks the regime
+   needs: full-cache pass@1 >= ``--min-full``, at least ``--min-decode-compressions`` rounds after the
+   prefill's, and a gap >= ``--min-gap`` for some method.
+2. ``methods``: the same table on ``--methods-problems`` *held-out* problems x ``--methods-samples``.
+3. ``training``: every recipe of ``--recipes`` from the same initial model with the same optimizer steps,
+   learning rate (one value: the learning-rate search budget is 1), prompts and rows per step, under
+   ``--train-method`` at ``--train-budget`` (``rl_full``: the full cache); then every model, the untrained one
+   included, on the same held-out problems with the full cache and under the training method at the training
+   budget, a tighter and a looser one (``--eval-budgets``); the per-step training curves (``reward``: the
+   reward of the step's own rollouts, under the recipe's cache) in one plot; the mismatch telemetry (ratio
+   quantiles, agreement tail) per recipe, averaged over steps.
 
-The training stage (RL-Sparse, RL-Full, Sparse-RL's dense learner, distillation on this task) is not here yet.
+Writes ``<output-root>/<stage>/summary.json`` per stage, ``summary.json`` (one section per stage run),
+``summary.md`` (the tables), ``training_curves.png``, and the JSON line.
+
+    python scripts/bench_decode_regime.py --stages probe        # SmolLM2-135M (about 25 minutes on one core)
+    python scripts/bench_decode_regime.py --stages training     # about 2 hours on 2 cores
+    python scripts/bench_decode_regime.py --quick               # every stage, a tiny random model (a test runs it)
 """
 
 from __future__ import annotations
@@ -26,31 +38,54 @@ from pathlib import Path
 
 from _common import ROOT, print_json
 
-from gkv_train.jsonio import dumps, write_atomically
+from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.rollout.methods import METHODS
 
 EVICTION = [m for m in METHODS if m not in ("full", "s4r")]
+STAGES = ("probe", "methods", "training")
+# name -> (train.py recipe, the rollout's compression method; None: the full cache)
+RECIPES = {
+    "rl_sparse": ("rl_sparse", "train"),
+    "sparse_rl": ("sparse_rl", "train"),
+    "rl_full": ("rl_full", None),
+    "distill_onpolicy": ("distill_onpolicy", "train"),
+    "rl_sparse_snapkv": ("rl_sparse", "snapkv"),
+    "distill": ("distill", "train"),
+}
+TELEMETRY = ("mismatch/mean_abs", "mismatch/max_abs", "mismatch/kl", "mismatch/ratio_p1", "mismatch/ratio_p5",
+             "mismatch/ratio_p50", "mismatch/ratio_p95", "mismatch/ratio_p99", "mismatch/agreement_p5")  # fmt: skip
 
 
 def log(message: str) -> None:
     print(f"[decode_regime {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def stage_methods(args, root: Path) -> dict:
-    """One ``scripts/evaluate.py`` call: full cache and ``args.methods`` x ``args.budgets``; each run's summary by
-    its name (``full``, ``gkv-b64``)."""
-    out = root / "methods"
-    command = [
-        sys.executable, str(ROOT / "scripts" / "evaluate.py"), f"model={args.model}", "data.name=copy_recall",
-        "data.split=train", f"data.sentences={args.sentences}", f"data.limit={args.problems}",
-        f"num_generations={args.samples}", f"max_new_tokens={args.max_new_tokens}", f"temperature={args.temperature}",
-        f"top_p={args.top_p}", f"batch_problems={args.batch_problems}", f"methods=[full,{','.join(args.methods)}]",
-        f"budgets=[{','.join(map(str, args.budgets))}]", f"compression.window={args.window}",
-        f"compression.interval={args.interval}", f"output_dir={out}", "plots=false", f"seed={args.seed + 1}",
-    ]  # fmt: skip  (seed + 1: other train-split samples than a training run at --seed draws first)
+def run(command: list[str]) -> None:
     log(" ".join(command[1:]))
     subprocess.run(command, check=True, cwd=ROOT)
-    return {run["run"]: run for run in json.loads((out / "summary.json").read_text())["runs"]}
+
+
+def task_keys(group: str, split: str, limit: int, args) -> list[str]:
+    return [f"{group}.name=copy_recall", f"{group}.split={split}", f"{group}.sentences={args.sentences}",
+            f"{group}.limit={limit}"]  # fmt: skip
+
+
+def sampling_keys(args) -> list[str]:
+    return [f"max_new_tokens={args.max_new_tokens}", f"temperature={args.temperature}", f"top_p={args.top_p}"]
+
+
+def evaluate(model: list[str], split: str, problems: int, samples: int, methods: list[str], budgets: list[int],
+             out: Path, seed: int, args) -> dict:  # fmt: skip
+    """One ``scripts/evaluate.py`` call: the full cache and ``methods`` x ``budgets``; each run's summary by its
+    name (``full``, ``gkv-b64``)."""
+    run([
+        sys.executable, str(ROOT / "scripts" / "evaluate.py"), *model, *task_keys("data", split, problems, args),
+        f"num_generations={samples}", *sampling_keys(args), f"batch_problems={args.batch_problems}",
+        f"methods=[full,{','.join(methods)}]", f"budgets=[{','.join(map(str, budgets))}]",
+        f"compression.window={args.window}", f"compression.interval={args.interval}", f"output_dir={out}",
+        "plots=false", f"seed={seed}",
+    ])  # fmt: skip
+    return {r["run"]: r for r in json.loads((out / "summary.json").read_text())["runs"]}
 
 
 def row(summary: dict, full: dict | None) -> dict:
@@ -62,31 +97,173 @@ def row(summary: dict, full: dict | None) -> dict:
     return result
 
 
-def markdown_table(table: dict, budgets: list[int]) -> str:
+def ordering(stage: str, split: str, problems: int, samples: int, root: Path, args) -> dict:
+    """The method table of the untrained model (stages ``probe`` and ``methods``), with the regime's checks.
+    seed + 1: other train-split samples than the ones a training run at ``--seed`` draws first."""
+    runs = evaluate([f"model={args.model}"], split, problems, samples, args.methods, args.budgets, root / stage,
+                    args.seed + 1, args)  # fmt: skip
+    full = row(runs["full"], None)
+    methods = {m: {str(b): row(runs[f"{m}-b{b}"], runs["full"]) for b in args.budgets} for m in args.methods}
+    rows = [r for by_budget in methods.values() for r in by_budget.values()]
+    checks = {
+        "full_pass@1_at_least": [args.min_full, full["pass@1"] >= args.min_full],
+        "decode_compressions_at_least": [
+            args.min_decode_compressions, min(r["decode_compressions"] for r in rows) >= args.min_decode_compressions
+        ],
+        "some_gap_at_least": [args.min_gap, max(r["gap"] for r in rows) >= args.min_gap],
+    }
+    return {"task": {"split": split, "problems": problems, "samples_per_problem": samples},
+            "budgets": args.budgets, "table": {"full": full, "methods": methods}, "checks": checks}  # fmt: skip
+
+
+def method_of(name: str, args) -> str | None:
+    method = RECIPES[name][1]
+    return args.train_method if method == "train" else method
+
+
+def train_keys(name: str, root: Path, args) -> list[str]:
+    recipe, method = RECIPES[name][0], method_of(name, args)
+    distill = recipe.startswith("distill")
+    rows = args.prompts_per_step * args.samples
+    keys = [
+        f"recipe={recipe}", f"model={args.model}", *task_keys("data", "train", args.train_problems, args),
+        *task_keys("eval_data", "test", 2, args), f"max_steps={args.steps}", f"learning_rate={args.lr}",
+        *sampling_keys(args), f"seed={args.seed}", f"save_steps={args.save_steps}", "lora.enabled=true",
+        "resume=last", f"prompts_per_step={rows if distill else args.prompts_per_step}",
+        f"output_dir={root / 'training' / 'train' / name}",
+    ]  # fmt: skip  (eval_data: train.py's own final evaluation, kept tiny: the bench evaluates every model itself)
+    if not distill:
+        keys.append(f"num_generations={args.samples}")
+    if method is not None:
+        keys += [f"compression.method={method}", f"compression.budget={args.train_budget}",
+                 f"compression.window={args.window}", f"compression.interval={args.interval}"]  # fmt: skip
+    if recipe == "distill":
+        keys.append(f"distill.traces={teacher_traces(root, args)}")
+    return keys
+
+
+def teacher_traces(root: Path, args) -> Path:
+    """Offline distillation's data: the full-cache teacher's (the initial model's) correct completions of
+    training problems (``--quick``: wrong ones too, a random tiny model solves nothing), by generate_traces.py."""
+    path = root / "training" / "train" / "teacher_traces.jsonl"
+    if not path.is_file():
+        partial = path.with_suffix(".partial")
+        run([sys.executable, str(ROOT / "scripts" / "generate_traces.py"), f"model={args.model}",
+             *task_keys("data", "train", args.trace_problems, args), f"num_generations={args.samples}",
+             *sampling_keys(args), f"seed={args.seed}", f"output={partial}",
+             *(["keep_incorrect=true"] if args.quick else [])])  # fmt: skip
+        partial.rename(path)
+    return path
+
+
+def curve(folder: Path) -> dict:
+    """Per-step training figures of one run: the reward of the step's rollouts, and the mismatch telemetry
+    averaged over steps."""
+    steps = [r for r in read_jsonl(folder / "metrics.jsonl") if "mismatch/max_abs" in r]  # every training step's
+    return {
+        "reward": [[r["step"], r["reward"]] for r in steps if "reward" in r],
+        "loss": [[r["step"], r.get("loss")] for r in steps],
+        "telemetry": {k: sum(r[k] for r in steps) / len(steps) for k in TELEMETRY if steps and all(k in r for r in steps)},
+        "seconds_per_step": (steps[-1]["time"] - steps[0]["time"]) / max(1, len(steps) - 1) if steps else None,
+    }
+
+
+def stage_training(root: Path, args) -> dict:
+    eval_methods = sorted({m for name in args.recipes if (m := method_of(name, args)) is not None} | {args.train_method})
+    models = {}
+    for name in ["untrained", *args.recipes]:
+        model = [f"model={args.model}"]
+        if name != "untrained":
+            folder = root / "training" / "train" / name
+            if not (folder / "eval.json").is_file():
+                run([sys.executable, str(ROOT / "train.py"), *train_keys(name, root, args)])
+            model.append(f"adapter={folder}")
+        runs = evaluate(model, "test", args.eval_problems, args.eval_samples, eval_methods, args.eval_budgets,
+                        root / "training" / "eval" / name, args.seed, args)  # fmt: skip
+        full = row(runs["full"], None)
+        result = {"full": full,
+                  "compressed": {m: {str(b): row(runs[f"{m}-b{b}"], runs["full"]) for b in args.eval_budgets}
+                                 for m in eval_methods}}  # fmt: skip
+        if name != "untrained":
+            recipe, method = RECIPES[name][0], method_of(name, args)
+            result.update(recipe=recipe, rollout=method or "full", curve=curve(root / "training" / "train" / name))
+        models[name] = result
+        log(f"{name}: full {full['pass@1']:.3f}, " + ", ".join(
+            f"{m}-b{b} {result['compressed'][m][str(b)]['pass@1']:.3f}" for m in eval_methods for b in args.eval_budgets))
+    return {
+        "train_method": args.train_method, "train_budget": args.train_budget, "eval_budgets": args.eval_budgets,
+        "eval": {"split": "test", "problems": args.eval_problems, "samples_per_problem": args.eval_samples},
+        "training": {"steps": args.steps, "learning_rate": args.lr, "lr_search_budget": 1, "lora": True,
+                     "grpo_prompts_per_step": args.prompts_per_step, "samples_per_prompt": args.samples,
+                     "distill_rows_per_step": args.prompts_per_step * args.samples,
+                     "train_problems": args.train_problems},
+        "models": models,
+    }  # fmt: skip
+
+
+def cell(r: dict) -> str:
+    lo, hi = r["pass@1_ci95"]
+    return f"{r['pass@1']:.3f} [{lo:.2f}, {hi:.2f}]"
+
+
+def ordering_table(section: dict) -> str:
     """pass@1 [95% interval] per method (rows) and budget (columns); the full cache's on its own row."""
+    budgets, table = section["budgets"], section["table"]
     lines = ["| method | " + " | ".join(f"budget {b}" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
-
-    def cell(r: dict) -> str:
-        lo, hi = r["pass@1_ci95"]
-        return f"{r['pass@1']:.3f} [{lo:.2f}, {hi:.2f}]"
-
-    full = table["full"]
-    lines.append(f"| full | {cell(full)} (every budget) |" + " |" * (len(budgets) - 1))
+    lines.append(f"| full | {cell(table['full'])} (every budget) |" + " |" * (len(budgets) - 1))
     for method, by_budget in table["methods"].items():
         lines.append(f"| {method} | " + " | ".join(cell(by_budget[str(b)]) for b in budgets) + " |")
     return "\n".join(lines) + "\n"
+
+
+def training_table(section: dict) -> str:
+    """Per model: pass@1 [95% interval] with the full cache and under each evaluated method and budget."""
+    models = section["models"]
+    columns = [(m, b) for m in next(iter(models.values()))["compressed"] for b in section["eval_budgets"]]
+    lines = ["| model | rollout | full cache | " + " | ".join(f"{m} b{b}" for m, b in columns) + " | agreement p5 |",
+             "|---|---|---|" + "---|" * (len(columns) + 1)]  # fmt: skip
+    for name, r in models.items():
+        agreement = r.get("curve", {}).get("telemetry", {}).get("mismatch/agreement_p5")
+        lines.append(f"| {name} | {r.get('rollout', '-')} | {cell(r['full'])} | "
+                     + " | ".join(cell(r["compressed"][m][str(b)]) for m, b in columns)
+                     + f" | {'-' if agreement is None else f'{agreement:.4f}'} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def plot_curves(section: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for name, r in section["models"].items():
+        points = r.get("curve", {}).get("reward", [])
+        if points:
+            ax.plot([s for s, _ in points], [v for _, v in points], marker="o", markersize=3, label=f"{name} ({r['rollout']})")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("reward of the step's rollouts")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"copy_recall, {section['train_method']} budget {section['train_budget']} (rl_full: full cache)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "decode_regime")
-    parser.add_argument("--quick", action="store_true", help="tiny model, 2 problems, 2 methods (a test runs it)")
+    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    parser.add_argument("--quick", action="store_true", help="every stage, tiny model and sizes (a test runs it)")
     parser.add_argument("--sentences", type=int, default=10, help="copy_recall's middle sentences")
-    parser.add_argument("--problems", type=int, default=32, help="train-split problems")
-    parser.add_argument("--samples", type=int, default=2, help="samples per problem")
+    parser.add_argument("--problems", type=int, default=32, help="probe: train-split problems")
+    parser.add_argument("--samples", type=int, default=2, help="probe: samples per problem; training: GRPO samples")
     parser.add_argument("--methods", nargs="+", default=EVICTION, choices=[m for m in METHODS if m != "full"])
     parser.add_argument("--budgets", nargs="+", type=int, default=[96, 160])
+    parser.add_argument("--methods-problems", type=int, default=128, help="methods: held-out problems")
+    parser.add_argument("--methods-samples", type=int, default=4, help="methods: samples per held-out problem")
     parser.add_argument("--window", type=int, default=8)
     parser.add_argument("--interval", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=300)
@@ -96,37 +273,53 @@ def main() -> None:
     parser.add_argument("--min-full", type=float, default=0.40)
     parser.add_argument("--min-gap", type=float, default=0.15)
     parser.add_argument("--min-decode-compressions", type=int, default=6)
+    parser.add_argument("--recipes", nargs="+", default=["rl_sparse", "sparse_rl", "rl_full", "distill_onpolicy"],
+                        choices=list(RECIPES), help="training: in this order (rl_sparse_snapkv, distill: also)")
+    parser.add_argument("--train-method", default="gkv", choices=[m for m in METHODS if m != "full"])
+    parser.add_argument("--train-budget", type=int, default=160)
+    parser.add_argument("--eval-budgets", nargs="+", type=int, default=[128, 160, 224],
+                        help="training: held-out evaluation budgets (tighter, the training one, looser)")
+    parser.add_argument("--steps", type=int, default=12, help="training: optimizer steps of every recipe")
+    parser.add_argument("--save-steps", type=int, default=2, help="training: checkpoint interval (resume)")
+    parser.add_argument("--prompts-per-step", type=int, default=2, help="training: GRPO prompts per step")
+    parser.add_argument("--train-problems", type=int, default=256)
+    parser.add_argument("--trace-problems", type=int, default=64, help="training, offline distill: teacher problems")
+    parser.add_argument("--lr", type=float, default=3e-4, help="training: the one learning rate (LoRA)")
+    parser.add_argument("--eval-problems", type=int, default=32, help="training: held-out problems")
+    parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.quick:
-        args.model, args.problems, args.samples, args.methods, args.budgets = "tiny", 2, 1, ["gkv", "random"], [24]
+        args.model, args.problems, args.samples, args.methods, args.budgets = "tiny", 2, 2, ["gkv", "random"], [24]
         args.max_new_tokens, args.batch_problems, args.sentences, args.interval = 24, 2, 2, 8
+        args.methods_problems, args.methods_samples, args.train_budget, args.eval_budgets = 2, 1, 24, [24]
+        args.steps, args.save_steps, args.prompts_per_step, args.train_problems = 1, 1, 1, 4
+        args.trace_problems, args.eval_problems, args.eval_samples = 2, 2, 1
+        args.recipes = ["rl_sparse", "sparse_rl"]  # the record's learner and the dense one (every recipe: tests)
     root = args.output_root
     root.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    summary = stage_methods(args, root)
-    full = row(summary["full"], None)
-    methods = {m: {str(b): row(summary[f"{m}-b{b}"], summary["full"]) for b in args.budgets} for m in args.methods}
-    table = {"full": full, "methods": methods}
-    rows = [r for by_budget in methods.values() for r in by_budget.values()]
-    checks = {
-        "full_pass@1_at_least": [args.min_full, full["pass@1"] >= args.min_full],
-        "decode_compressions_at_least": [
-            args.min_decode_compressions, min(r["decode_compressions"] for r in rows) >= args.min_decode_compressions
-        ],
-        "some_gap_at_least": [args.min_gap, max(r["gap"] for r in rows) >= args.min_gap],
-    }
-    result = {
-        "benchmark": "decode_regime", "stage": "methods", "model": args.model, "quick": args.quick,
-        "task": {"name": "copy_recall", "split": "train", "sentences": args.sentences, "problems": args.problems,
-                 "samples_per_problem": args.samples},
-        "compression": {"window": args.window, "interval": args.interval, "budgets": args.budgets},
-        "sampling": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p,
-                     "seed": args.seed + 1},
-        "table": table, "checks": checks, "seconds": round(time.perf_counter() - start, 1),
-    }  # fmt: skip
+    result = {"benchmark": "decode_regime", "model": args.model, "quick": args.quick,
+              "task": {"name": "copy_recall", "sentences": args.sentences},
+              "compression": {"window": args.window, "interval": args.interval},
+              "sampling": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}}  # fmt: skip
+    tables = []
+    for stage in args.stages:
+        if stage == "probe":
+            section = ordering("probe", "train", args.problems, args.samples, root, args)
+            tables.append(f"## probe (train split)\n\n{ordering_table(section)}")
+        elif stage == "methods":
+            section = ordering("methods", "test", args.methods_problems, args.methods_samples, root, args)
+            tables.append(f"## methods (held-out)\n\n{ordering_table(section)}")
+        else:
+            section = stage_training(root, args)
+            plot_curves(section, root / "training_curves.png")
+            tables.append(f"## training\n\n{training_table(section)}")
+        write_atomically(root / stage / "summary.json", dumps(section, indent=2))
+        result[stage] = section
+    result["seconds"] = round(time.perf_counter() - start, 1)
     write_atomically(root / "summary.json", dumps(result, indent=2))
-    write_atomically(root / "summary.md", markdown_table(table, args.budgets))
+    write_atomically(root / "summary.md", "\n".join(tables))
     print_json(result)
 
 

@@ -1,5 +1,7 @@
-"""scripts/bench_decode_regime.py as main (--quick): the task reached by name through evaluate.py, every method's
-row with its gap and decode-time compressions, the regime's checks, and a second call that reads the runs back."""
+"""scripts/bench_decode_regime.py as main (--quick, every stage): the task reached by name through evaluate.py
+and train.py, every method's row with its gap and decode-time compressions, the regime's checks, the training
+stage's models (untrained included) with their curves and mismatch telemetry, and a second call that reads every
+run back."""
 
 import json
 import subprocess
@@ -9,19 +11,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_quick_bench_reports_every_method_and_resumes(tmp_path):
+def test_quick_bench_reports_every_stage_and_resumes(tmp_path):
     command = [sys.executable, str(ROOT / "scripts" / "bench_decode_regime.py"), "--quick",
                "--output-root", str(tmp_path)]  # fmt: skip
-    first = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    first = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
     assert first.returncode == 0, first.stderr[-3000:]
     line = json.loads(first.stdout.strip().splitlines()[-1])
-    assert line["task"]["name"] == "copy_recall" and set(line["table"]["methods"]) == {"gkv", "random"}
-    for by_budget in line["table"]["methods"].values():
-        row = by_budget["24"]
-        assert row["gap"] == line["table"]["full"]["pass@1"] - row["pass@1"]
-        assert row["decode_compressions"] >= 1  # 24 new tokens at interval 8 past a budget of 24
-    assert set(line["checks"]) == {"full_pass@1_at_least", "decode_compressions_at_least", "some_gap_at_least"}
-    assert "| gkv |" in (tmp_path / "summary.md").read_text()
+    assert line["task"]["name"] == "copy_recall"
+    for stage, split in (("probe", "train"), ("methods", "test")):
+        section = line[stage]
+        assert section["task"]["split"] == split and set(section["table"]["methods"]) == {"gkv", "random"}
+        for by_budget in section["table"]["methods"].values():
+            row = by_budget["24"]
+            assert row["gap"] == section["table"]["full"]["pass@1"] - row["pass@1"]
+            assert row["decode_compressions"] >= 1  # 24 new tokens at interval 8 past a budget of 24
+        assert set(section["checks"]) == {"full_pass@1_at_least", "decode_compressions_at_least", "some_gap_at_least"}
+    models = line["training"]["models"]
+    assert list(models) == ["untrained", "rl_sparse", "sparse_rl"]
+    assert models["rl_sparse"]["rollout"] == models["sparse_rl"]["rollout"] == "gkv"
+    for name in ("rl_sparse", "sparse_rl"):
+        assert set(models[name]["compressed"]["gkv"]) == {"24"} and len(models[name]["curve"]["reward"]) == 1
+    # the exact record: rounding only; the dense learner: a real mismatch for importance sampling to correct
+    assert models["rl_sparse"]["curve"]["telemetry"]["mismatch/agreement_p5"] > 0.999
+    assert models["sparse_rl"]["curve"]["telemetry"]["mismatch/agreement_p5"] < 0.99
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| gkv |" in summary and "| sparse_rl | gkv |" in summary and (tmp_path / "training_curves.png").is_file()
     again = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads(again.stdout.strip().splitlines()[-1])["table"] == line["table"]
+    second = json.loads(again.stdout.strip().splitlines()[-1])
+    assert all(second[stage] == line[stage] for stage in ("probe", "methods", "training"))

@@ -156,6 +156,8 @@ def test_distillation_recipes(tmp_path, recipe):
     steps = metrics(tmp_path)
     assert [r["step"] for r in steps] == [1, 2] and max(r["mismatch/max_abs"] for r in steps) <= 1e-4
     assert json.loads(proc.stdout.strip().splitlines()[-1])["recipe"] == recipe
+    # on-policy: the student's own samples are graded, the curve GRPO's "reward" draws (offline: no samples)
+    assert all(0 <= r["reward"] <= 1 for r in steps) if recipe == "distill_onpolicy" else "reward" not in steps[0]
 
 
 def test_s4r_through_train_py(tmp_path):
