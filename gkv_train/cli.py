@@ -6,7 +6,7 @@
     gkv-train check --model tiny --method gkv              # = python scripts/check_consistency.py ...
 
 ``train``, ``evaluate`` and ``traces`` take Hydra overrides of the recipes shipped inside the package
-(``gkv_train/recipes``: the repository's ``recipes/``); ``check`` takes ``--options``. Multi-GPU training runs
+(``gkv_train/recipes`` in the wheel: the repository's ``recipes/``); ``check`` takes ``--options``. Multi-GPU training runs
 under ``accelerate launch -m gkv_train.cli train ...``. Each command's work lives in the package
 (``gkv_train.launch``, ``gkv_train.evaluation``, ``gkv_train.traces``, ``gkv_train.consistency``); the scripts
 in the repository call these same functions.
@@ -22,7 +22,15 @@ from typing import NoReturn
 
 from gkv_train.exits import REFUSED
 
-RECIPES = str(Path(__file__).resolve().parent / "recipes")  # absolute: the same folder however this is run
+
+def recipes_dir() -> str:
+    """The recipes folder, absolute (the same however this is run): ``gkv_train/recipes`` inside an installed wheel,
+    the repository's top-level ``recipes/`` in a checkout or an editable install."""
+    here = Path(__file__).resolve().parent
+    return str(here / "recipes" if (here / "recipes").is_dir() else here.parent / "recipes")
+
+
+RECIPES = recipes_dir()
 USAGE = "\n\n".join(__doc__.split("\n\n")[:2])
 COMMANDS = ("train", "evaluate", "traces", "check")
 
@@ -181,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
     if command == "train":
         import signal
 
-        from gkv_train.process import die_with_parent, launched_by_agent
+        from gkv_rewards.process import die_with_parent, launched_by_agent
 
         if launched_by_agent():  # first of all: a killed launcher / agent stops its workers (with a checkpoint)
             die_with_parent(signum=signal.SIGTERM)

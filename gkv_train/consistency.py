@@ -11,13 +11,13 @@ from gkv_train.data import gsm8k_questions
 from gkv_train.jsonio import dumps
 from gkv_train.logprobs import token_logprobs
 from gkv_train.models import load_model, random_prompts
-from gkv_train.rollout.config import SamplingConfig, add_compression_args, compression_from_args
-from gkv_train.rollout.engine import RolloutEngine
+from gkv_rollout.config import SamplingConfig, add_compression_args, compression_from_args
+from gkv_rollout.engine import RolloutEngine
 from gkv_train.run_config import check_compile_decode
 
 
 def logprob_mismatch(model, out, record, temperature: float = 1.0, backend: str = "auto") -> dict[str, float]:
-    """``mismatch_stats`` of the trainer's log-probs against a rollout ``out``'s (``gkv_train.rollout.engine.RolloutOutput``)
+    """``mismatch_stats`` of the trainer's log-probs against a rollout ``out``'s (``gkv_rollout.engine.RolloutOutput``)
     over its real completion tokens, the trainer attending under ``record`` (None: plain causal) with the mask
     ``backend`` (auto, sdpa, flex)."""
     with torch.no_grad():

@@ -18,7 +18,7 @@ from typing import Any
 import datasets
 
 from gkv_train.jsonio import file_identity
-from gkv_train.rewards.extract import gold_answer
+from gkv_rewards.extract import gold_answer
 
 
 def find_data_dir() -> Path:

@@ -27,12 +27,12 @@ from transformers import Trainer
 from gkv_train.consistency import mismatch_stats
 from gkv_train.distributed import generation_model
 from gkv_train.logprobs import chunked_divergence, decoder_and_head, head_logprobs
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.rollout.contract import attention_context
-from gkv_train.rollout.contract.record import logical_positions
-from gkv_train.rollout.engine import RolloutEngine
-from gkv_train.rewards.functions import accuracy
-from gkv_train.rollout.sampling import rollout_seed
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.contract import attention_context
+from gkv_rollout.contract.record import logical_positions
+from gkv_rollout.engine import RolloutEngine
+from gkv_rewards.functions import accuracy
+from gkv_rollout.sampling import rollout_seed
 from gkv_train.run_config import DistillOptions
 
 

@@ -21,10 +21,10 @@ from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.logprobs import chunked_divergence, decoder_and_head, hidden_states
 from gkv_train.models import check_model, load_model, model_identity
 from gkv_train.preflight import Generation, check_generations
-from gkv_train.rewards.grading import grade_completions, required_column
-from gkv_train.rewards.verify import MathVerifier, warn_unverified
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.rollout.engine import RolloutEngine
+from gkv_rewards.grading import grade_completions, required_column
+from gkv_rewards.verify import MathVerifier, warn_unverified
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.engine import RolloutEngine
 from gkv_train.runlock import RunLock
 from gkv_train.storage import check_output_dir, naming_full_disk
 

@@ -35,12 +35,12 @@ from trl import GRPOTrainer
 from gkv_train.consistency import mismatch_stats
 from gkv_train.distributed import generation_model, is_zero3
 from gkv_train.logprobs import logical_forward
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.rollout.contract import attention_context, record_from_batch
-from gkv_train.rollout.contract.attention import use_kv_attention
-from gkv_train.rollout.contract.record import Record
-from gkv_train.rollout.engine import RolloutEngine, RolloutOutput
-from gkv_train.rollout.sampling import rollout_seed
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.contract import attention_context, record_from_batch
+from gkv_rollout.contract.attention import use_kv_attention
+from gkv_rollout.contract.record import Record
+from gkv_rollout.engine import RolloutEngine, RolloutOutput
+from gkv_rollout.sampling import rollout_seed
 from gkv_train.run_config import LOSS_TYPES, SparseRLOptions
 
 

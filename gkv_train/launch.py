@@ -37,11 +37,11 @@ from gkv_train.grpo import CompressedGRPOTrainer
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import base_model_name, base_weights_note, card_model_name, check_model, load_model
 from gkv_train.preflight import Generation, check_generations
-from gkv_train.rewards.functions import verifier_stats
-from gkv_train.rewards.grading import grade_completions, required_column
-from gkv_train.rewards.verify import MathVerifier, warn_unverified
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.rollout.engine import RolloutEngine
+from gkv_rewards.functions import verifier_stats
+from gkv_rewards.grading import grade_completions, required_column
+from gkv_rewards.verify import MathVerifier, warn_unverified
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.engine import RolloutEngine
 from gkv_train.run_config import DERIVED, TrainConfig, trainer_fields
 from gkv_train.runlock import RunLock, RunLocked
 from gkv_train.storage import check_output_dir, naming_full_disk
@@ -52,7 +52,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is how TR
 
 def import_callable(path: str):
     """``package.module.name`` -> the object (reward functions are named this way in recipes). The project's
-    own are ``gkv_train.rewards...``; the bare ``rewards...`` of earlier versions is read as that, with a note."""
+    own are ``gkv_rewards...``; the bare ``rewards...`` of earlier versions is read as that, with a note."""
     if path.startswith("rewards."):
         print(f"note: reward {path} is now gkv_train.{path} (the rewards moved into gkv_train)", file=sys.stderr)
         path = "gkv_train." + path

@@ -7,16 +7,16 @@ from contextlib import contextmanager
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from gkv_train.rollout.contract import attention_context
-from gkv_train.rollout.contract.attention import base_model, use_kv_attention
-from gkv_train.rollout.contract.record import logical_positions
+from gkv_rollout.contract import attention_context
+from gkv_rollout.contract.attention import base_model, use_kv_attention
+from gkv_rollout.contract.record import logical_positions
 
 
 @contextmanager
 def logical_forward(model: torch.nn.Module, context=None):
     """Inside the block, every forward of ``model`` given a 2-D padding mask runs at the logical positions of
     that mask (as the rollout did: padding shifts no RoPE position) and, with an attention ``context``, attends
-    through it (``gkv_train.rollout.contract.attention``). For callers that do not build the forward's arguments
+    through it (``gkv_rollout.contract.attention``). For callers that do not build the forward's arguments
     themselves (TRL's log-prob helpers)."""
 
     def add_positions_and_context(module, args, kwargs):
@@ -74,7 +74,7 @@ def token_logprobs(
     """Log-probs of the last ``num_tokens`` columns of each row, each given everything before it.
 
     input_ids, attention_mask: [B, T] (prompt left-padded, completion right-padded, as the rollout returns);
-    record: the rollout's record (``gkv_train.rollout.contract.record.Record``), or None for full causal attention;
+    record: the rollout's record (``gkv_rollout.contract.record.Record``), or None for full causal attention;
     temperature: the sampling temperature (log-probs are those of softmax(logits / temperature)).
     Returns float32 [B, num_tokens]. The LM head runs over ``chunk_tokens`` rows at a time (re-computed in the
     backward pass), so the [B, num_tokens, vocab] logits are never held at once.

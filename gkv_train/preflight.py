@@ -13,7 +13,7 @@ import resource
 import sys
 from dataclasses import dataclass
 
-from gkv_train.rollout.config import CompressionConfig
+from gkv_rollout.config import CompressionConfig
 from gkv_train.storage import size_text
 
 NEAR_LIMIT = 64  # tokens: prompts estimated this close to the context are tokenised exactly (chat template)
@@ -116,7 +116,7 @@ def prompt_tokens(tokenizer, prompts: list[str], context: int | None) -> tuple[l
     count). A prompt far longer than ``context`` could hold is not tokenised (more characters than 2 x the longest
     vocabulary entry per token): it counts as ``context + 1``. The others are counted in one batch plus the
     template's tokens, and those near ``context`` exactly."""
-    from gkv_train.rollout.engine import encode_prompts
+    from gkv_rollout.engine import encode_prompts
 
     longest_token = max(len(t) for t in tokenizer.get_vocab()) if context is not None else 0
     skipped = {i for i, p in enumerate(prompts) if context is not None and len(p) > 2 * longest_token * context}

@@ -16,7 +16,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from gkv_train.data import DataConfig
-from gkv_train.rollout.config import CompressionConfig
+from gkv_rollout.config import CompressionConfig
 
 ALGORITHMS = ("grpo", "distill")
 # TRL's GRPO losses; each is ratio x advantage, so truncated importance sampling (``rl.rollout_is``) applies
@@ -191,7 +191,7 @@ class TrainConfig:
     epsilon: float = 0.2
     epsilon_high: float = 0.28
     scale_rewards: str = "group"
-    rewards: list[str] = field(default_factory=lambda: ["gkv_train.rewards.functions.accuracy"])
+    rewards: list[str] = field(default_factory=lambda: ["gkv_rewards.functions.accuracy"])
     reward_weights: list[float] | None = None
     rl: SparseRLOptions = field(default_factory=SparseRLOptions)
     use_vllm: bool = False  # rl_full on a GPU with the vllm extra: generate through TRL's vLLM integration

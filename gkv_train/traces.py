@@ -14,10 +14,10 @@ from gkv_train.exits import refusing
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import check_model, load_model
 from gkv_train.preflight import Generation, check_generations
-from gkv_train.rewards.grading import grade_completions, required_column
-from gkv_train.rewards.verify import MathVerifier, warn_unverified
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.rollout.engine import RolloutEngine
+from gkv_rewards.grading import grade_completions, required_column
+from gkv_rewards.verify import MathVerifier, warn_unverified
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.engine import RolloutEngine
 from gkv_train.runlock import RunLock
 from gkv_train.storage import check_output_file, naming_full_disk
 

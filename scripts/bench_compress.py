@@ -23,10 +23,10 @@ from types import SimpleNamespace
 import torch
 from _common import print_json
 
-from gkv_train.rollout.config import CompressionConfig, add_compression_args, compression_from_args
-from gkv_train.rollout.contract.eviction import NEVER
-from gkv_train.rollout.eviction_cache import EvictionCache
-from gkv_train.rollout.methods import METHODS
+from gkv_rollout.config import CompressionConfig, add_compression_args, compression_from_args
+from gkv_rollout.contract.eviction import NEVER
+from gkv_rollout.eviction_cache import EvictionCache
+from gkv_rollout.methods import METHODS
 
 
 def time_compression(shape: SimpleNamespace, compression: CompressionConfig, batch: int, repeats: int) -> list[float]:

@@ -39,7 +39,7 @@ from pathlib import Path
 from _common import ROOT, print_json
 
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
-from gkv_train.rollout.methods import METHODS
+from gkv_rollout.methods import METHODS
 
 EVICTION = [m for m in METHODS if m not in ("full", "s4r")]
 STAGES = ("probe", "methods", "training")

@@ -179,7 +179,7 @@ def die_once(gold, pred):
     if not os.path.exists(marker):
         open(marker, "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
-    from gkv_train.rewards.verify import answers_match
+    from gkv_rewards.verify import answers_match
 
     return answers_match(gold, pred)
 
@@ -204,14 +204,14 @@ spec = eval(open(sys.argv[1]).read(), {"nan": float("nan"), "inf": float("inf"),
 start = time.time()
 try:
     if spec["call"] == "accuracy":
-        from gkv_train.rewards.functions import accuracy, verifier_stats
+        from gkv_rewards.functions import accuracy, verifier_stats
         out = {"scores": accuracy(prompts=None, completions=spec["completions"], answer=spec["answers"]),
                "stats": verifier_stats()}
     elif spec["call"] == "boxed_format":
-        from gkv_train.rewards.functions import boxed_format
+        from gkv_rewards.functions import boxed_format
         out = {"scores": boxed_format(prompts=None, completions=spec["completions"])}
     else:
-        from gkv_train.rewards.verify import CHECK, MathVerifier
+        from gkv_rewards.verify import CHECK, MathVerifier
         verifier = MathVerifier(timeout=spec.get("timeout", 5.0), check=spec.get("check", CHECK))
         out = {"scores": [float(verifier(pred, gold)) for pred, gold in spec["pairs"]], "stats": dict(verifier.stats)}
         verifier.close()
@@ -1519,7 +1519,7 @@ def distill_problem(ctx: Context, proc: Proc) -> str | None:
 
 def harness_cases() -> list[Case]:
     def imports_repo(ctx: Context) -> Verdict:
-        code = "import gkv_train, gkv_train.rewards.verify as v; print(gkv_train.__file__); print(v.__file__)"
+        code = "import gkv_train, gkv_rewards.verify as v; print(gkv_train.__file__); print(v.__file__)"
         proc = ctx.run([ctx.python, "-c", code], 60)
 
         def check():

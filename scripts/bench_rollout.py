@@ -24,9 +24,9 @@ import torch
 from _common import gsm8k_questions, print_json
 
 from gkv_train.models import load_model
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig, add_compression_args, compression_from_args
-from gkv_train.rollout.contract.attention import ATTENTION_NAME
-from gkv_train.rollout.engine import RolloutEngine, encode_prompts, left_pad
+from gkv_rollout.config import CompressionConfig, SamplingConfig, add_compression_args, compression_from_args
+from gkv_rollout.contract.attention import ATTENTION_NAME
+from gkv_rollout.engine import RolloutEngine, encode_prompts, left_pad
 from gkv_train.run_config import check_compile_decode
 
 

@@ -24,8 +24,8 @@ import torch
 from _common import DATA_DIR, print_json
 
 from gkv_train.models import load_model
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.rollout.engine import RolloutEngine
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.engine import RolloutEngine
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 

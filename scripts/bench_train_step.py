@@ -112,7 +112,7 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     from gkv_train import grpo
     from gkv_train.launch import distill_trainer, grpo_trainer, import_callable, trainer_args, training_data
     from gkv_train.models import load_model
-    from gkv_train.rollout.config import SamplingConfig
+    from gkv_rollout.config import SamplingConfig
 
     base, _, variant = name.partition("+")
     if variant not in ("", "compile") or (variant and base == "trl"):

@@ -37,7 +37,7 @@ from gkv_train.data import DataConfig, load_problems
 from gkv_train.evaluation import compressed_kl
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.models import load_model
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.traces import generate_traces
 
 RECIPES = ("rl_sparse", "rl_full", "distill", "distill_onpolicy")

@@ -65,15 +65,17 @@ def _project_root(argv) -> Path:
     return ROOT
 
 
-sys.path.insert(0, str(_project_root(sys.argv[1:])))
+_tree = _project_root(sys.argv[1:])  # this layout: the three distributions' folders; an older one: its root
+_split = (_tree / "rollout" / "gkv_rollout").is_dir()
+sys.path[:0] = [str(_tree / "rollout"), str(_tree / "rewards"), str(_tree)] if _split else [str(_tree)]
 
 from gkv_train.models import load_model  # noqa: E402
 
 try:  # this layout: one package
     from gkv_train.data import PROMPT_TEMPLATE
-    from gkv_train.rollout.config import CompressionConfig, SamplingConfig
-    from gkv_train.rollout.contract.eviction import NEVER
-    from gkv_train.rollout.engine import RolloutEngine, encode_prompts
+    from gkv_rollout.config import CompressionConfig, SamplingConfig
+    from gkv_rollout.contract.eviction import NEVER
+    from gkv_rollout.engine import RolloutEngine, encode_prompts
 except ModuleNotFoundError:  # an older tree given as --project-root (f27a70f, the "before" of issue 8)
     from gkv_train.config import PROMPT_TEMPLATE
     from gkv_train.record import NEVER

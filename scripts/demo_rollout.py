@@ -10,8 +10,8 @@ import argparse
 from _common import gsm8k_questions
 
 from gkv_train.models import load_model
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.rollout.engine import RolloutEngine
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.engine import RolloutEngine
 
 
 def main() -> None:

@@ -13,12 +13,7 @@ continues where it stopped when run again with the same settings; a folder holdi
 settings (model weights, data, sampling, compression, ...) is refused unless ``overwrite=true``.
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a checkout without installing
-
-from gkv_train.cli import evaluate  # noqa: E402
+from gkv_train.cli import evaluate
 
 if __name__ == "__main__":
     evaluate()  # the same as `gkv-train evaluate ...`

@@ -11,12 +11,7 @@ no verdict). Prints one JSON line with the counts (the answer checks' ``verifier
 locked for the call: a second call writing it is refused.
 """
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # runs from a checkout without installing
-
-from gkv_train.cli import traces  # noqa: E402
+from gkv_train.cli import traces
 
 if __name__ == "__main__":
     traces()  # the same as `gkv-train traces ...`

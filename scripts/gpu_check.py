@@ -30,9 +30,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 from gkv_train.consistency import consistency_report
 from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_config, tiny_tokenizer
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.rollout.contract.attention import ATTENTION_NAME, register
-from gkv_train.rollout.engine import RolloutEngine
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.contract.attention import ATTENTION_NAME, register
+from gkv_rollout.engine import RolloutEngine
 
 # Architectures of public checkpoints (their config.json), built here without their weights.
 SHAPES = {

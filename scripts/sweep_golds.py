@@ -41,8 +41,8 @@ from _common import ROOT, print_json
 
 from gkv_train.data import DATA_DIR, PRESETS, DataConfig, load_problems, read_records
 from gkv_train.jsonio import dumps
-from gkv_train.rewards.extract import extract_answer
-from gkv_train.rewards.verify import CHECK, MathVerifier
+from gkv_rewards.extract import extract_answer
+from gkv_rewards.verify import CHECK, MathVerifier
 
 DATASETS = ("math500", "amc23", "aime24")
 _FRAC = r"\\d?frac\s*(?:\{(\d+)\}|(\d))\s*(?:\{(\d+)\}|(\d))"

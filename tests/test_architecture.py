@@ -1,29 +1,75 @@
-"""The layers import one way: contract (gkv_train.rollout.contract, folder rollout/contract) <- rollout
-(gkv_train.rollout, folder rollout/) <- trainers (gkv_train); everything is imported under the one package
-``gkv_train``; module names are unique; record formats are told apart in one place only."""
+"""The layers import one way: contract (gkv_rollout.contract) <- rollout (gkv_rollout) <- trainers (gkv_train);
+the rewards (gkv_rewards) sit outside the layers. Every source file has exactly one module name (three
+distributions: gkv_train at the root, gkv_rollout in rollout/, gkv_rewards in rewards/; no links, no path edits);
+module names are unique; record formats are told apart in one place only."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {"gkv_train": "gkv_train", "rollout": "gkv_train.rollout", "rewards": "gkv_train.rewards"}
+FOLDERS = {"gkv_train": "gkv_train", "rollout/gkv_rollout": "gkv_rollout", "rewards/gkv_rewards": "gkv_rewards"}
 TRAINERS = ("gkv_train.grpo", "gkv_train.distill")
+# the folders Python puts first on sys.path for this project's files: the root (train.py, installed gkv_train),
+# the two distributions' folders (installed gkv_rollout, gkv_rewards), and the folders of scripts and tests
+IMPORT_ROOTS = (ROOT, ROOT / "rollout", ROOT / "rewards", ROOT / "scripts", ROOT / "tests")
 
 
 def modules() -> dict[str, Path]:
-    """Module name -> file, for the three top-level folders (gkv_train/rollout and gkv_train/rewards are links
-    to the folders rollout/ and rewards/, which the package installs as gkv_train.rollout, gkv_train.rewards)."""
+    """Module name -> file, for the three packages."""
     found = {}
     for folder, package in FOLDERS.items():
         for path in sorted((ROOT / folder).glob("**/*.py")):
             parts = path.relative_to(ROOT / folder).with_suffix("").parts
-            if parts[0] in ("rollout", "rewards") and folder == "gkv_train":
-                continue  # the links
             name = ".".join((package, *parts[:-1]) if parts[-1] == "__init__" else (package, *parts))
             found[name] = path
     return found
+
+
+def module_names(path: Path, roots=IMPORT_ROOTS) -> list[str]:
+    """Every name ``path`` is importable under from ``roots``: the dotted path from a root whose every folder on
+    the way is a package (holds an ``__init__.py``)."""
+    names = []
+    for root in roots:
+        if not path.is_relative_to(root):
+            continue
+        parts = path.relative_to(root).with_suffix("").parts
+        folders = [root.joinpath(*parts[:i]) for i in range(1, len(parts))]
+        if all((f / "__init__.py").is_file() for f in folders):
+            names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def source_files() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    return [ROOT / f for f in out if not f.startswith("scripts/reference/") and (ROOT / f).is_file()]
+
+
+def test_every_file_has_one_module_name():
+    """No file is importable under two names (the old layout: gkv_train/rollout was a link to rollout/, so
+    ``rollout.methods`` and ``gkv_train.rollout.methods`` were two module objects with two registries)."""
+    twice = {str(p.relative_to(ROOT)): n for p in source_files() if len(n := module_names(p)) > 1}
+    assert not twice, twice
+    links = [f for f in subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True,
+                                       check=True).stdout.splitlines() if f.startswith("120000")]  # fmt: skip
+    assert not links, links
+    assert all(module_names(path) == [name] for name, path in MODULES.items())
+
+
+def test_the_packages_resolve_to_their_folders_from_the_root():
+    """From the repository root (where scripts and train.py run), the installed names resolve to the folders,
+    and the folders' bare names are no packages."""
+    code = ("import importlib.util as u, gkv_rollout.methods as m, gkv_rewards.grading as g, gkv_train.cli as c; "
+            "print(m.__file__, g.__file__, c.__file__, u.find_spec('rollout.methods'), u.find_spec('rewards.grading'))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    methods, grading, cli, bare_rollout, bare_rewards = out.stdout.split()
+    assert Path(methods) == ROOT / "rollout" / "gkv_rollout" / "methods.py"
+    assert Path(grading) == ROOT / "rewards" / "gkv_rewards" / "grading.py"
+    assert Path(cli) == ROOT / "gkv_train" / "cli.py" and bare_rollout == bare_rewards == "None"
 
 
 def project_imports(source: str) -> set[str]:
@@ -34,16 +80,16 @@ def project_imports(source: str) -> set[str]:
             names.add(node.module)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-    return {n for n in names if n.split(".")[0] in FOLDERS}
+    return {n for n in names if n.split(".")[0] in (*FOLDERS.values(), "rollout", "rewards")}
 
 
 def layer(module: str) -> int:
     """0 the contract, 1 the rollout, 2 the trainers and jobs; -1 the rewards (outside the layers)."""
-    if module.startswith("gkv_train.rollout.contract"):
+    if module.startswith("gkv_rollout.contract"):
         return 0
-    if module.startswith("gkv_train.rollout"):
+    if module.startswith("gkv_rollout"):
         return 1
-    return -1 if module.startswith("gkv_train.rewards") else 2
+    return -1 if module.startswith("gkv_rewards") else 2
 
 
 def upward_imports(module: str, source: str) -> list[str]:
@@ -51,13 +97,13 @@ def upward_imports(module: str, source: str) -> list[str]:
     imported = project_imports(source)
     upward = [m for m in imported if layer(m) > layer(module)]
     if layer(module) <= 1:
-        upward += [m for m in imported if m.startswith("gkv_train.rewards")]
+        upward += [m for m in imported if m.startswith("gkv_rewards")]
     return sorted(upward)
 
 
 def unpackaged_imports(source: str) -> list[str]:
-    """Imports of the folders by their bare names (``rollout.engine``), which an installed package lacks."""
-    return sorted(m for m in project_imports(source) if m.split(".")[0] != "gkv_train")
+    """Imports of the folders by their bare names (``rollout.engine``), which no installed package has."""
+    return sorted(m for m in project_imports(source) if m.split(".")[0] not in FOLDERS.values())
 
 
 MODULES = modules()
@@ -103,17 +149,29 @@ def record_switches(source: str) -> list[int]:
 def test_record_formats_are_told_apart_in_one_place():
     """No ``isinstance`` on a record's type outside the registry (rollout/contract/__init__.py)."""
     for module, path in MODULES.items():
-        if module != "gkv_train.rollout.contract":
+        if module != "gkv_rollout.contract":
             assert not record_switches(path.read_text()), f"{module} switches on a record type"
 
 
 def test_the_controls_would_fail():
     """The checks see a violation when there is one."""
-    contract, engine = "gkv_train.rollout.contract.record", "gkv_train.rollout.engine"
-    assert upward_imports(contract, "from gkv_train.rollout.engine import RolloutEngine\n") == [engine]
+    contract, engine = "gkv_rollout.contract.record", "gkv_rollout.engine"
+    assert upward_imports(contract, "from gkv_rollout.engine import RolloutEngine\n") == [engine]
     assert upward_imports(engine, "def f():\n    from gkv_train.grpo import x\n") == ["gkv_train.grpo"]
-    assert upward_imports(engine, "import gkv_train.rewards.verify\n") == ["gkv_train.rewards.verify"]
-    assert upward_imports("gkv_train.grpo", "from gkv_train.rollout.engine import RolloutEngine\n") == []
+    assert upward_imports(engine, "import gkv_rewards.verify\n") == ["gkv_rewards.verify"]
+    assert upward_imports("gkv_train.grpo", "from gkv_rollout.engine import RolloutEngine\n") == []
     assert unpackaged_imports("from rollout.engine import RolloutEngine\nimport rewards\n") == ["rewards", "rollout.engine"]
+
+
+def test_a_second_module_name_is_seen(tmp_path):
+    """The control: a distribution folder that is a package itself gives its files a second name."""
+    package = tmp_path / "rollout" / "gkv_rollout"
+    package.mkdir(parents=True)
+    for init in (tmp_path / "rollout" / "__init__.py", package / "__init__.py", package / "methods.py"):
+        init.write_text("")
+    names = module_names(package / "methods.py", roots=(tmp_path, tmp_path / "rollout"))
+    assert names == ["rollout.gkv_rollout.methods", "gkv_rollout.methods"]
+    (tmp_path / "rollout" / "__init__.py").unlink()
+    assert module_names(package / "methods.py", roots=(tmp_path, tmp_path / "rollout")) == ["gkv_rollout.methods"]
     assert record_switches("if isinstance(out.record, S4RRecord):\n    pass\n") == [1]
     assert record_switches("x = isinstance(record, torch.Tensor)\n") == [1]

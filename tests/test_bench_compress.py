@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gkv_train.rollout.methods import METHODS
+from gkv_rollout.methods import METHODS
 
 ROOT = Path(__file__).resolve().parents[1]
 

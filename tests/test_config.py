@@ -1,7 +1,7 @@
 import pytest
 
 from gkv_train.models import load_model
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.config import CompressionConfig, SamplingConfig
 
 
 @pytest.mark.parametrize(
@@ -47,7 +47,7 @@ def test_method_defaults_are_the_reference_recipes():
 
 
 def test_unknown_method_lists_the_registered_ones():
-    from gkv_train.rollout.methods import METHODS, method_class
+    from gkv_rollout.methods import METHODS, method_class
 
     with pytest.raises(ValueError, match=", ".join(METHODS)):
         method_class("quest")

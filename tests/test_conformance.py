@@ -20,9 +20,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from gkv_train.rollout.config import CompressionConfig
-from gkv_train.rollout.contract.record import logical_positions
-from gkv_train.rollout.eviction_cache import EvictionCache
+from gkv_rollout.config import CompressionConfig
+from gkv_rollout.contract.record import logical_positions
+from gkv_rollout.eviction_cache import EvictionCache
 
 FIXTURE = torch.load(Path(__file__).parent / "fixtures" / "gkv_reference.pt", weights_only=False)
 
@@ -163,7 +163,7 @@ def test_control_departing_options_do_not_match(name, departure):
 def test_select_keep_with_a_sequence_shorter_than_the_window():
     """A left-padded sequence with fewer tokens than the window keeps all of them; its batch-mate keeps its
     window and its best candidates."""
-    from gkv_train.rollout.scoring import candidate_slots, select_keep
+    from gkv_rollout.scoring import candidate_slots, select_keep
 
     S, W, budget = 12, 4, 6
     key_ok = torch.ones(2, S, dtype=torch.bool)
@@ -180,7 +180,7 @@ def test_select_keep_with_a_sequence_shorter_than_the_window():
 def test_similarity_sums_follow_their_definition():
     """The vectorised ``rkv`` similarity sums against a loop over the definition: cosines to the other occupied
     keys, each key's most recent near-duplicate (cos > 0.5) not counted against that duplicate."""
-    from gkv_train.rollout.scoring import similarity_sums
+    from gkv_rollout.scoring import similarity_sums
 
     g = torch.Generator().manual_seed(0)
     base = torch.randn(2, 2, 1, 8, generator=g)

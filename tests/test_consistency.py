@@ -7,9 +7,9 @@ from conftest import random_prompts
 from gkv_train.consistency import consistency_report
 from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_model
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.rollout.engine import RolloutEngine
-from gkv_train.rollout.methods import METHODS
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.engine import RolloutEngine
+from gkv_rollout.methods import METHODS
 
 TOL = 1e-4
 

@@ -9,7 +9,7 @@ from transformers import TrainingArguments
 from gkv_train.distill import CompressedDistillationTrainer
 from gkv_train.logprobs import token_divergence
 from gkv_train.models import load_model
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.run_config import DistillOptions
 from gkv_train.traces import generate_traces, load_traces, write_traces
 

@@ -15,9 +15,9 @@ from gkv_train.data import arithmetic_task
 from gkv_train.evaluation import claim_run_dir, evaluate_compression, pass_at_k
 from gkv_train.jsonio import file_identity, read_jsonl
 from gkv_train.models import load_model
-from gkv_train.rewards.verify import CHECK
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.rollout.engine import RolloutEngine
+from gkv_rewards.verify import CHECK
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.engine import RolloutEngine
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -230,7 +230,7 @@ def test_run_folders_are_keyed_by_settings(tmp_path):
 GATED_EVALUATE = """
 import os, runpy, sys, time
 from pathlib import Path
-from gkv_train.rollout.engine import RolloutEngine
+from gkv_rollout.engine import RolloutEngine
 generate = RolloutEngine.generate
 def gated(self, *args, **kwargs):
     Path(os.environ["STARTED"]).touch()

@@ -3,11 +3,11 @@ import torch
 from conftest import random_prompts
 
 from gkv_train.models import tiny_model
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.rollout.contract.attention import ATTENTION_NAME
-from gkv_train.rollout.engine import RolloutEngine, encode_prompts, left_pad
-from gkv_train.rollout.methods import METHODS as EVICTION_METHODS
-from gkv_train.rollout.scoring import hashed_uniform
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.contract.attention import ATTENTION_NAME
+from gkv_rollout.engine import RolloutEngine, encode_prompts, left_pad
+from gkv_rollout.methods import METHODS as EVICTION_METHODS
+from gkv_rollout.scoring import hashed_uniform
 
 
 def hf_greedy(model, prompts, pad_id, max_new_tokens, eos):
@@ -81,7 +81,7 @@ def test_sampling_is_seeded_and_repeats_prompts(tiny_llama):
 
 
 def test_top_p_keeps_sampling_inside_the_nucleus():
-    from gkv_train.rollout.sampling import sample_tokens
+    from gkv_rollout.sampling import sample_tokens
 
     logits = torch.tensor([[4.0, 3.0, 0.0, -1.0]]).repeat(200, 1)
     tokens, logprobs = sample_tokens(logits, 1.0, 0.7, torch.rand(200, generator=torch.Generator().manual_seed(0)))
@@ -130,7 +130,7 @@ def test_random_eviction_is_seeded_and_per_head(tiny_llama):
 
 @pytest.mark.parametrize("scale", [0.01, 1.0, 6.0])  # flat rows need the full-sort fallback
 def test_nucleus_is_exact(scale):
-    from gkv_train.rollout.sampling import nucleus
+    from gkv_rollout.sampling import nucleus
 
     probs = (torch.randn(8, 3000, generator=torch.Generator().manual_seed(1)) * scale).softmax(-1)
     weights, ids = nucleus(probs, 0.9)
@@ -141,7 +141,7 @@ def test_nucleus_is_exact(scale):
 
 
 def test_inverse_cdf_follows_the_weights():
-    from gkv_train.rollout.sampling import inverse_cdf
+    from gkv_rollout.sampling import inverse_cdf
 
     weights = torch.tensor([[0.0, 3.0, 0.0, 1.0]]).repeat(4000, 1)
     draws = inverse_cdf(weights, torch.rand(4000, generator=torch.Generator().manual_seed(0)))

@@ -9,7 +9,7 @@ from trl import GRPOConfig
 
 from gkv_train.grpo import CompressedGRPOTrainer, clip_overlong_advantages, rollout_correction
 from gkv_train.models import load_model
-from gkv_train.rollout.config import CompressionConfig
+from gkv_rollout.config import CompressionConfig
 from gkv_train.run_config import SparseRLOptions
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

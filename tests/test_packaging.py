@@ -1,5 +1,5 @@
-"""The package as a user installs it: a wheel (not editable) holding one package, ``gkv_train``, with the
-rollout, rewards and recipes inside, whose ``gkv-train`` command works from any folder."""
+"""The packages as a user installs them: three wheels (not editable), ``gkv_train`` with the recipes inside,
+``gkv_rollout`` and ``gkv_rewards``, whose ``gkv-train`` command works from any folder."""
 
 import os
 import subprocess
@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """(folder the wheel was installed into, the wheel's file names)."""
+    """(folder the wheels were installed into, the file names of each wheel by its distribution folder)."""
     build, target = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("site")
     try:
         import setuptools
@@ -23,10 +23,11 @@ def installed(tmp_path_factory):
     except ImportError:
         isolation = []
     pip = [sys.executable, "-m", "pip", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", *isolation, "-w", str(build), str(ROOT)], check=True)
-    (wheel,) = build.glob("gkv_train-*.whl")
-    subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)], check=True)
-    return target, zipfile.ZipFile(wheel).namelist()
+    folders = {"gkv_train": ROOT, "gkv_rollout": ROOT / "rollout", "gkv_rewards": ROOT / "rewards"}
+    subprocess.run([*pip, "wheel", "--no-deps", *isolation, "-w", str(build), *map(str, folders.values())], check=True)
+    wheels = {name: next(build.glob(f"{name}-*.whl")) for name in folders}
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(target), *map(str, wheels.values())], check=True)
+    return target, {name: zipfile.ZipFile(wheel).namelist() for name, wheel in wheels.items()}
 
 
 def run(target: Path, folder: Path, *args: str, **env) -> subprocess.CompletedProcess:
@@ -36,13 +37,17 @@ def run(target: Path, folder: Path, *args: str, **env) -> subprocess.CompletedPr
     return subprocess.run(command, check=False, cwd=folder, env=environ, capture_output=True, text=True, timeout=600)
 
 
-def test_wheel_holds_one_package_with_recipes(installed):
-    _, names = installed
-    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
-    assert top == {"gkv_train"}, top  # no generic top-level rollout / rewards
-    for name in ("gkv_train/rollout/engine.py", "gkv_train/rollout/contract/eviction.py", "gkv_train/rewards/verify.py",
-                 "gkv_train/recipes/train.yaml", "gkv_train/recipes/recipe/rl_sparse.yaml", "gkv_train/cli.py"):
-        assert name in names, name
+def test_each_wheel_holds_one_package(installed):
+    _, wheels = installed
+    for package, names in wheels.items():
+        top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+        assert top == {package}, top  # no generic top-level rollout / rewards / recipes
+    expected = {"gkv_rollout": ["gkv_rollout/engine.py", "gkv_rollout/contract/eviction.py"],
+                "gkv_rewards": ["gkv_rewards/verify.py", "gkv_rewards/worker.py"],
+                "gkv_train": ["gkv_train/recipes/train.yaml", "gkv_train/recipes/recipe/rl_sparse.yaml",
+                              "gkv_train/cli.py"]}  # fmt: skip
+    for package, names in expected.items():
+        assert set(names) <= set(wheels[package]), (package, set(names) - set(wheels[package]))
 
 
 def test_command_runs_from_any_folder(installed, tmp_path):
@@ -69,7 +74,7 @@ def test_command_runs_from_any_folder(installed, tmp_path):
 
 def _module_files(target: Path, folder: Path) -> list[str]:
     """Where the command's Python imports gkv_train and its rollout from (the install folder, not the checkout)."""
-    code = "import importlib.util as u; print(*(u.find_spec(m).origin for m in ('gkv_train.cli', 'gkv_train.rollout.engine')))"
+    code = "import importlib.util as u; print(*(u.find_spec(m).origin for m in ('gkv_train.cli', 'gkv_rollout.engine', 'gkv_rewards.worker')))"
     environ = {**os.environ, "PYTHONPATH": str(target)}
     out = subprocess.run([sys.executable, "-c", code], check=True, cwd=folder, env=environ, capture_output=True, text=True)
     return out.stdout.split()

@@ -2,10 +2,10 @@ import pytest
 import torch
 from conftest import random_prompts
 
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.rollout.contract.eviction import NEVER, record_to_columns, visibility_mask, visible_counts
-from gkv_train.rollout.contract.record import logical_positions
-from gkv_train.rollout.engine import RolloutEngine
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.contract.eviction import NEVER, record_to_columns, visibility_mask, visible_counts
+from gkv_rollout.contract.record import logical_positions
+from gkv_rollout.engine import RolloutEngine
 
 
 def test_logical_positions_ignore_padding():
@@ -81,8 +81,8 @@ def test_heads_and_layers_evict_differently(tiny_llama):
 def test_row_selection_keeps_the_batch_dimension():
     import numpy as np
 
-    from gkv_train.rollout.contract import record_from_batch
-    from gkv_train.rollout.contract.eviction import EvictionRecord
+    from gkv_rollout.contract import record_from_batch
+    from gkv_rollout.contract.eviction import EvictionRecord
 
     record = EvictionRecord(torch.arange(24, dtype=torch.int32).view(3, 2, 2, 2))
     for rows, first in ((-1, 16), (1, 8), (np.int64(2), 16), (torch.tensor(0), 0)):

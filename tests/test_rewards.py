@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from gkv_train.data import DataConfig, load_problems
-from gkv_train.rewards import functions
-from gkv_train.rewards.extract import drop_thousands_separators, extract_answer, gold_answer, last_boxed, last_number
-from gkv_train.rewards.functions import accuracy, boxed_format, verifier_stats
-from gkv_train.rewards.grading import grade_completions
-from gkv_train.rewards.verify import MathVerifier, Verdict, as_number, numbers_equal
+from gkv_rewards import functions
+from gkv_rewards.extract import drop_thousands_separators, extract_answer, gold_answer, last_boxed, last_number
+from gkv_rewards.functions import accuracy, boxed_format, verifier_stats
+from gkv_rewards.grading import grade_completions
+from gkv_rewards.verify import MathVerifier, Verdict, as_number, numbers_equal
 
 # Completions with known verdicts against their gold; "defect": the case failed before commas were read as list
 # separators outside well-formed numbers and golds that are no answer were refused (45bc814).
@@ -196,8 +196,8 @@ def test_sweep_golds_script_on_a_subset(tmp_path, check, failures):
 
 
 def test_required_sentences_must_be_copied_in_order():
-    from gkv_train.rewards.extract import copies_in_order
-    from gkv_train.rewards.functions import accuracy
+    from gkv_rewards.extract import copies_in_order
+    from gkv_rewards.functions import accuracy
 
     required = "Then Ava goes to the zoo.\nAt the end of the day, Ava still has"
     good = "Ava has 41 cards. Then Ava  goes to the zoo.\n At the end of the day, Ava still has 41 cards."

@@ -5,11 +5,11 @@ import torch
 from conftest import random_prompts
 
 from gkv_train.consistency import consistency_report
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.rollout.contract.bits import pack_bits, unpack_bits
-from gkv_train.rollout.contract.rope import apply_rope, inverse_rope
-from gkv_train.rollout.engine import RolloutEngine, make_cache
-from gkv_train.rollout.lowrank import (
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.contract.bits import pack_bits, unpack_bits
+from gkv_rollout.contract.rope import apply_rope, inverse_rope
+from gkv_rollout.engine import RolloutEngine, make_cache
+from gkv_rollout.lowrank import (
     chosen_in_order,
     hidden_keys,
     latent_probs,

@@ -71,7 +71,7 @@ def test_train_writes_logs_checkpoints_and_evaluation(tmp_path, recipe):
     data = write_problems(tmp_path / "latex.jsonl")
     env = {"PROBE_OUT": str(tmp_path / "probe.jsonl"), "PYTHONPATH": str(ROOT / "tests"), "HF_DATASETS_CACHE": str(cache)}
     proc = run([f"recipe={recipe}", *TINY, "max_steps=2", f"output_dir={out}", "data.name=null", f"data.path={data}",
-                "rewards=[gkv_train.rewards.functions.accuracy,verifier_probe.latex_probe]"], env=env)
+                "rewards=[gkv_rewards.functions.accuracy,verifier_probe.latex_probe]"], env=env)
     steps = metrics(out)
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:

@@ -9,8 +9,8 @@ import signal
 import time
 from pathlib import Path
 
-from gkv_train.rewards.functions import accuracy
-from gkv_train.rewards.verify import answers_match
+from gkv_rewards.functions import accuracy
+from gkv_rewards.verify import answers_match
 
 # (gold, answer, equal): LaTeX, fractions, intervals, sets, scientific notation and huge exponents.
 PAIRS = [
@@ -75,9 +75,9 @@ SCRIPT_WITH_ANSWERS = """
 import itertools, runpy, sys
 sys.path.insert(0, {tests!r})
 import gkv_train.evaluation as evaluation
-import gkv_train.rewards.grading as grading
+import gkv_rewards.grading as grading
 import gkv_train.traces as traces
-from gkv_train.rewards.verify import MathVerifier
+from gkv_rewards.verify import MathVerifier
 answers = itertools.cycle({answers!r})
 grading.extract_answer = lambda text: next(answers)
 evaluation.MathVerifier = traces.MathVerifier = lambda: MathVerifier(check={check!r})

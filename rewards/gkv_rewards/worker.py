@@ -1,4 +1,4 @@
-"""The answer-check worker: ``python -m gkv_train.rewards.worker PARENT_PID MODULE:FUNCTION`` (started by ``MathVerifier``).
+"""The answer-check worker: ``python -m gkv_rewards.worker PARENT_PID MODULE:FUNCTION`` (started by ``MathVerifier``).
 
 Prints ``ready`` once the check is imported, then answers each stdin line ``[gold, pred]`` with one stdout line:
 ``true`` / ``false``, or ``null`` when the check raised. Exits at end of input, and is killed with its parent.
@@ -10,7 +10,7 @@ import importlib
 import json
 import sys
 
-from gkv_train.process import die_with_parent
+from gkv_rewards.process import die_with_parent
 
 
 def main(parent_pid: int, check_path: str) -> None:

@@ -1,8 +1,8 @@
 """The eviction methods of the G-KV family: one small class each, implementing only its score.
 
-A compression (``gkv_train.rollout.eviction_cache.EvictionCache.compress``) builds a ``LayerState`` per layer, asks the method
+A compression (``gkv_rollout.eviction_cache.EvictionCache.compress``) builds a ``LayerState`` per layer, asks the method
 for a score per cached token, and keeps the sinks, the window and the best-scored candidates within the
-budget (``gkv_train.rollout.scoring.select_keep``, shared by every method). Defaults reproduce the reference
+budget (``gkv_rollout.scoring.select_keep``, shared by every method). Defaults reproduce the reference
 implementation (microsoft/G-KV at 6db3b2e: ``ScoreBasedKV`` / ``StreamingLLMKV`` with the recipes of its
 ``scripts/inference.sh``); options that depart from it are listed in the README with their reasons.
 
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
-from gkv_train.rollout.scoring import (
+from gkv_rollout.scoring import (
     hashed_uniform,
     key_redundancy,
     merge_history,
@@ -28,7 +28,7 @@ from gkv_train.rollout.scoring import (
 )
 
 if TYPE_CHECKING:
-    from gkv_train.rollout.config import CompressionConfig
+    from gkv_rollout.config import CompressionConfig
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@
 
 from __future__ import annotations
 
-from gkv_train.rollout.contract.eviction import EvictionRecord
-from gkv_train.rollout.contract.record import Record
-from gkv_train.rollout.contract.s4r_record import S4RRecord
+from gkv_rollout.contract.eviction import EvictionRecord
+from gkv_rollout.contract.record import Record
+from gkv_rollout.contract.s4r_record import S4RRecord
 
 RECORD_FORMATS: tuple[type, ...] = (EvictionRecord, S4RRecord)
 

@@ -1,12 +1,12 @@
 """Answer checking under a hard time limit: exact numbers, and math-verify for everything else.
 
-Every comparison of model output, plain numbers included, runs in a worker process (``gkv_train.rewards.worker``) that is
+Every comparison of model output, plain numbers included, runs in a worker process (``gkv_rewards.worker``) that is
 killed when a check overruns ``timeout``: the check then counts as wrong (reward 0) and as a timeout in
 ``stats``, a warning is logged, and the run goes on with a fresh worker. A worker that dies during a check (killed,
 out of memory) is restarted and the check retried once; a check whose worker dies again has no verdict: it is
 counted as an error (``stats["errors"]``, ``Verdict.error``), never as a wrong answer. A check that raises on its
 input (a malformed expression) is a wrong answer, counted in ``stats["malformed"]``. The worker is a plain
-``python -m gkv_train.rewards.worker`` child: it imports only this module and math-verify (about a second), never the
+``python -m gkv_rewards.worker`` child: it imports only this module and math-verify (about a second), never the
 launching script (``train.py``, with torch and transformers), and it dies with its parent.
 """
 
@@ -22,11 +22,11 @@ import sys
 from fractions import Fraction
 from typing import NamedTuple
 
-from gkv_train.rewards.extract import drop_thousands_separators, gold_answer
+from gkv_rewards.extract import drop_thousands_separators, gold_answer
 
 log = logging.getLogger(__name__)
 
-CHECK = "gkv_train.rewards.verify:answers_match"
+CHECK = "gkv_rewards.verify:answers_match"
 STARTUP_TIMEOUT = 120.0  # importing math-verify takes ~1 s; generous for a loaded machine
 _NUMBER = re.compile(
     r"(?P<sign>[+-]?)(?P<int>\d*)(?:\.(?P<frac>\d*))?(?:[eE](?P<exp>[+-]?\d+))?(?:/(?P<den>\d+))?"
@@ -207,13 +207,13 @@ class MathVerifier:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
         self._buffer = b""
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "gkv_train.rewards.worker", str(os.getpid()), self.check],
+            [sys.executable, "-m", "gkv_rewards.worker", str(os.getpid()), self.check],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0,
         )
         if self._read_line(STARTUP_TIMEOUT) != b"ready":
             self.close()
             raise RuntimeError(
-                f"the answer-check worker ({sys.executable} -m gkv_train.rewards.worker, check {self.check}) did not start "
+                f"the answer-check worker ({sys.executable} -m gkv_rewards.worker, check {self.check}) did not start "
                 f"within {STARTUP_TIMEOUT:.0f} s; its error is printed above"
             )
 

@@ -3,7 +3,7 @@
 A record says what every generated token of a rollout could see, per layer (and KV head). The rollout writes
 one; a trainer reads it back, row for row, through the attention context it builds (``attention_context``),
 and reproduces the rollout's log-probs exactly. Two formats implement the protocol:
-``gkv_train.rollout.contract.eviction.EvictionRecord`` (the G-KV family) and ``gkv_train.rollout.contract.s4r_record.S4RRecord``.
+``gkv_rollout.contract.eviction.EvictionRecord`` (the G-KV family) and ``gkv_rollout.contract.s4r_record.S4RRecord``.
 
 Logical positions count the real tokens of a sequence from 0 (left padding excluded), so a record does not
 depend on how a batch is padded, and RoPE positions never shift when tokens are evicted.
@@ -39,7 +39,7 @@ class Record(Protocol):
         """Bytes of one sequence's record."""
 
     def attention_context(self, model, attention_mask: torch.Tensor, backend: str = "auto"):
-        """The attention context (``gkv_train.rollout.contract.attention``) under which a forward of ``model`` over the
+        """The attention context (``gkv_rollout.contract.attention``) under which a forward of ``model`` over the
         padded batch (attention_mask [B, T]) attends exactly as the rollout did."""
 
     def kept_at(self, row: int, position: int) -> torch.Tensor:

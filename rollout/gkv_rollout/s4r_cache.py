@@ -12,7 +12,7 @@ never changes, so the window's sum is kept per layer and moves by the query that
 two query rows per step instead of W); the last W tokens and the top
 max(floor(rho L_t) - W, 0) others are reconstructed (C B^T), RoPE applied at their original positions, and
 the new token attends exactly to them and the sinks. The selection is recorded per layer and generated
-token; ``gkv_train.rollout.contract.s4r_record.S4RMasks`` replays it in training.
+token; ``gkv_rollout.contract.s4r_record.S4RMasks`` replays it in training.
 
 Pre-RoPE keys and queries come from rotating back what the attention function receives (exact up to float
 error); sink keys are kept as received (after RoPE), which is their pre-RoPE value rotated once.
@@ -27,13 +27,13 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from gkv_train.rollout.config import CompressionConfig
-from gkv_train.rollout.contract.attention import head_dim
-from gkv_train.rollout.contract.bits import pack_bits, unpack_bits
-from gkv_train.rollout.contract.rope import group_queries, heads_to_concat, inverse_rope
-from gkv_train.rollout.contract.s4r_record import S4RRecord
-from gkv_train.rollout.kv_cache import KVCache
-from gkv_train.rollout.lowrank import (
+from gkv_rollout.config import CompressionConfig
+from gkv_rollout.contract.attention import head_dim
+from gkv_rollout.contract.bits import pack_bits, unpack_bits
+from gkv_rollout.contract.rope import group_queries, heads_to_concat, inverse_rope
+from gkv_rollout.contract.s4r_record import S4RRecord
+from gkv_rollout.kv_cache import KVCache
+from gkv_rollout.lowrank import (
     SelectionBudget,
     chosen_in_order,
     hidden_keys,
@@ -45,7 +45,7 @@ from gkv_train.rollout.lowrank import (
     select_tokens,
     selection_budget,
 )
-from gkv_train.rollout.scoring import aggregate_group, pool_scores
+from gkv_rollout.scoring import aggregate_group, pool_scores
 
 
 class DecodeStep(NamedTuple):

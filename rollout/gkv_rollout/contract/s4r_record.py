@@ -21,10 +21,10 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from gkv_train.rollout.contract.attention import base_model, sdpa_with_head_mask
-from gkv_train.rollout.contract.bits import unpack_bits
-from gkv_train.rollout.contract.record import batch_rows, logical_positions
-from gkv_train.rollout.contract.rope import apply_rope, concat_to_heads, heads_to_concat, inverse_rope
+from gkv_rollout.contract.attention import base_model, sdpa_with_head_mask
+from gkv_rollout.contract.bits import unpack_bits
+from gkv_rollout.contract.record import batch_rows, logical_positions
+from gkv_rollout.contract.rope import apply_rope, concat_to_heads, heads_to_concat, inverse_rope
 
 BATCH_PREFIX = "s4r_"
 

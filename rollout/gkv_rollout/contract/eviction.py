@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gkv_train.rollout.contract.attention import sdpa_with_head_mask
-from gkv_train.rollout.contract.record import batch_rows, causal_mask, logical_positions
+from gkv_rollout.contract.attention import sdpa_with_head_mask
+from gkv_rollout.contract.record import batch_rows, causal_mask, logical_positions
 
 NEVER = torch.iinfo(torch.int32).max
 
@@ -94,7 +94,7 @@ BACKENDS = ("auto", "sdpa", "flex")
 
 @dataclass
 class EvictionMasks:
-    """Attention context (``gkv_train.rollout.contract.attention``) of a forward over a padded batch under an eviction
+    """Attention context (``gkv_rollout.contract.attention``) of a forward over a padded batch under an eviction
     record. Every layer builds its own mask from its slice of the record when it runs, so no [B, L, T, T] tensor
     is ever held: on CPU a dense boolean mask for SDPA; with ``backend="flex"`` (default on CUDA) a FlexAttention
     ``BlockMask`` whose mask function reads the record directly.
@@ -157,7 +157,7 @@ class EvictionMasks:
 
 @dataclass
 class EvictionRecord:
-    """The eviction records of a batch (``gkv_train.rollout.contract.record.Record``).
+    """The eviction records of a batch (``gkv_rollout.contract.record.Record``).
 
     evict_at int32 [B, L, Hkv, T]: the logical position of the first query that no longer sees each key
     (``NEVER``: none), in the canonical form of ``after_end_is_never``.

@@ -1,6 +1,6 @@
 """Reward functions for TRL trainers: plain callables ``f(prompts, completions, **columns) -> list[float]``.
 
-A recipe names them by import path (``gkv_train.rewards.functions.accuracy``), so users can add their own the same way.
+A recipe names them by import path (``gkv_rewards.functions.accuracy``), so users can add their own the same way.
 Dataset columns arrive as keyword lists (``answer`` here).
 """
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import re
 
-from gkv_train.rewards.extract import copies_in_order, extract_answer
-from gkv_train.rewards.verify import MathVerifier
+from gkv_rewards.extract import copies_in_order, extract_answer
+from gkv_rewards.verify import MathVerifier
 
 _VERIFIER = MathVerifier()
 _BOXED_ONCE = re.compile(r"\\boxed\{.+\}", re.DOTALL)

@@ -2,7 +2,7 @@
 
 The engine drives an HF causal LM (any model whose attention goes through ``AttentionInterface``: Llama,
 Qwen2, Qwen3, ...) token by token with its own cache as attention context (``EvictionCache`` for the G-KV
-family, ``S4RCache`` for S4R; any ``gkv_train.rollout.kv_cache.KVCache`` can be injected). Prompts are left-padded;
+family, ``S4RCache`` for S4R; any ``gkv_rollout.kv_cache.KVCache`` can be injected). Prompts are left-padded;
 every sequence keeps its own logical positions, length and end-of-sequence state.
 """
 
@@ -16,13 +16,13 @@ from typing import Callable, Sequence
 
 import torch
 
-from gkv_train.rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.rollout.contract.attention import use_kv_attention
-from gkv_train.rollout.contract.record import Record, logical_positions
-from gkv_train.rollout.eviction_cache import EvictionCache
-from gkv_train.rollout.kv_cache import KVCache
-from gkv_train.rollout.s4r_cache import S4RCache
-from gkv_train.rollout.sampling import sample_tokens, token_logprobs_of
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.contract.attention import use_kv_attention
+from gkv_rollout.contract.record import Record, logical_positions
+from gkv_rollout.eviction_cache import EvictionCache
+from gkv_rollout.kv_cache import KVCache
+from gkv_rollout.s4r_cache import S4RCache
+from gkv_rollout.sampling import sample_tokens, token_logprobs_of
 
 Prompt = str | Sequence[int] | Sequence[dict]
 
@@ -34,7 +34,7 @@ class RolloutOutput:
     sequences, attention_mask: int64 [N, P + C]: left-padded prompts then right-padded completions;
     prompt_lengths, completion_lengths: int64 [N] real tokens (a completion includes its stop token);
     logprobs: float32 [N, C] log-prob of each sampled token under softmax(logits / T), 0 past the end;
-    record: what the generated tokens could see (``gkv_train.rollout.contract.record.Record``): an ``EvictionRecord``
+    record: what the generated tokens could see (``gkv_rollout.contract.record.Record``): an ``EvictionRecord``
         (``evict_at`` int32 [N, L, Hkv, P + C]) for the G-KV family, an ``S4RRecord`` for s4r, None for full;
     retention: float32 [N] cache length / sequence length at the last token, mean over layers and heads.
     """

@@ -1,4 +1,5 @@
-"""Process hygiene: child processes that never outlive their parent. No heavy imports (the verifier worker uses it)."""
+"""Process hygiene: child processes that never outlive their parent (the answer-check worker, training processes
+under a launcher). No heavy imports: the verifier worker imports it first."""
 
 from __future__ import annotations
 

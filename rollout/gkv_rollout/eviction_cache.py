@@ -1,11 +1,11 @@
 """The rollout's KV cache: preallocated per-layer buffers, compressed in place, that write the eviction record.
 
-``EvictionCache`` is the attention context (``gkv_train.rollout.contract.attention``) of the rollout's forward calls: each layer
+``EvictionCache`` is the attention context (``gkv_rollout.contract.attention``) of the rollout's forward calls: each layer
 appends its new keys/values (after RoPE) to its buffer, keeps the last ``window`` queries for scoring, and
 attends over the occupied slots. Every slot carries the logical position of its token, so eviction never
 shifts a RoPE position, and ``compress`` keeps, per layer and KV head, the sinks, the window and the best
 scored others, compacting them into the first ``budget`` slots in position order and stamping the evicted ones in
-the record (see ``gkv_train.rollout.contract.eviction`` for the timing).
+the record (see ``gkv_rollout.contract.eviction`` for the timing).
 
 Occupancy is per sequence, not per layer or head: after a compression every (layer, KV head) of sequence ``b``
 keeps exactly ``min(budget, length_b)`` tokens, so one [B, S] validity mask serves all layers.
@@ -19,12 +19,12 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from gkv_train.rollout.config import CompressionConfig
-from gkv_train.rollout.contract.attention import head_dim
-from gkv_train.rollout.contract.eviction import NEVER, EvictionRecord, after_end_is_never
-from gkv_train.rollout.kv_cache import KVCache
-from gkv_train.rollout.methods import LayerState, method_class
-from gkv_train.rollout.scoring import candidate_slots, select_keep
+from gkv_rollout.config import CompressionConfig
+from gkv_rollout.contract.attention import head_dim
+from gkv_rollout.contract.eviction import NEVER, EvictionRecord, after_end_is_never
+from gkv_rollout.kv_cache import KVCache
+from gkv_rollout.methods import LayerState, method_class
+from gkv_rollout.scoring import candidate_slots, select_keep
 
 STATIC_WIDTH_STEP = 64  # a static decode step attends over a multiple of this many slots
 

@@ -8,7 +8,7 @@ import torch
 
 
 class KVCache(Protocol):
-    """The attention context (``gkv_train.rollout.contract.attention``) holding one batched rollout's KV cache.
+    """The attention context (``gkv_rollout.contract.attention``) holding one batched rollout's KV cache.
 
     The engine calls, per forward: ``begin`` (reserve the new tokens, get the forward's mask), the model
     (every layer calls ``attend``), ``end``; then ``after_prefill`` once or ``after_step`` after each generated

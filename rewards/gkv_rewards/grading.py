@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from gkv_train.rewards.extract import copies_in_order, extract_answer
-from gkv_train.rewards.verify import MathVerifier
+from gkv_rewards.extract import copies_in_order, extract_answer
+from gkv_rewards.verify import MathVerifier
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ import types
 import typing
 from dataclasses import dataclass, field
 
-from gkv_train.rollout.methods import METHODS as EVICTION_METHODS
-from gkv_train.rollout.methods import EvictionMethod
+from gkv_rollout.methods import METHODS as EVICTION_METHODS
+from gkv_rollout.methods import EvictionMethod
 
 METHODS = ("full", *EVICTION_METHODS, "s4r")
 GKV_FORMS = ("max", "mean", "sum")
@@ -23,13 +23,13 @@ S4R_DEFAULTS = dict(window=32, sinks=4, pool_kernel=7, group_agg="mean")
 class CompressionConfig:
     """How the KV cache is compressed during decoding; every method works per layer and per KV head.
 
-    method: ``full`` (no compression); an eviction method of the G-KV family (``gkv_train.rollout.methods``: compress
+    method: ``full`` (no compression); an eviction method of the G-KV family (``gkv_rollout.methods``: compress
         every ``interval`` tokens, keeping ``budget`` tokens): ``streaming`` (sinks + most recent), ``snapkv``
         (window attention, pooled), ``h2o`` (newest query's attention, normalised and accumulated),
         ``rkv`` (attention minus key redundancy), ``gkv`` (normalised attention blended with its history,
         minus key redundancy), ``random`` (a fresh uniform draw per token at each compression: the control);
         or ``s4r`` (low-rank cache with sparse reconstruction, scored every step: see
-        ``gkv_train.rollout.s4r_cache``).
+        ``gkv_rollout.s4r_cache``).
     budget: tokens each (layer, KV head) keeps after a compression, the window included (eviction methods).
     window: the last ``window`` queries score the cache, and the last ``window`` keys are always kept and never
         scored (16; 1 for ``h2o``; 32 for ``s4r``, its W).
