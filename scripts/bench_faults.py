@@ -319,6 +319,13 @@ def read_marks(path: Path) -> list[dict]:
     return marks
 
 
+def import_roots(repo: Path) -> list[Path]:
+    """The folders a checkout's packages import from: its three distributions' (rollout/, rewards/, the root),
+    or an older tree's root alone."""
+    split = (repo / "rollout" / "gkv_rollout").is_dir()
+    return [repo / "rollout", repo / "rewards", repo] if split else [repo]
+
+
 class Context:
     """What a case runs with: the checkout, the interpreter, a fresh work folder (the children's working folder),
     the limits; ``procs`` collects every child's record."""
@@ -333,7 +340,8 @@ class Context:
     def env(self, extra: dict | None = None) -> dict:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HYDRA_FULL_ERROR", "PYTHONSTARTUP")}
         env.update(
-            PYTHONPATH=os.pathsep.join([str(self.site), str(self.repo)]), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join([str(self.site), *map(str, import_roots(self.repo))]), OMP_NUM_THREADS="1",
+            MKL_NUM_THREADS="1",
             HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", WANDB_MODE="offline",
             BENCH_FAULTS_DIE_MARKER=str(self.work / "worker-died-once"),
         )

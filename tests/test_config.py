@@ -46,6 +46,36 @@ def test_method_defaults_are_the_reference_recipes():
     assert CompressionConfig(method="full", budget=1, window=16).budget == 1  # budget unused without compression
 
 
+def test_a_method_from_the_users_own_module(tmp_path, monkeypatch):
+    """``package.module:Class``: looked up when the configuration is validated, registered under that name, its
+    own defaults (interval among them) taken; a wrong name or a class of another kind is refused by name."""
+    from gkv_rollout.methods import METHODS
+
+    (tmp_path / "user_methods.py").write_text(
+        "from gkv_rollout.methods import EvictionMethod\n"
+        "class Oldest(EvictionMethod):\n"
+        "    name = 'oldest'\n"
+        "    defaults = {**EvictionMethod.defaults, 'interval': 4}\n"
+        "    def score(self, state):\n"
+        "        return -state.key_pos.float(), None\n"
+        "class NotAMethod:\n"
+        "    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = CompressionConfig("user_methods:Oldest", budget=16, window=4)
+    assert cfg.resolved().interval == 4 and "user_methods:Oldest" in METHODS
+    for name, message in (("user_methods:Missing", "cannot import Missing"), ("no_such_module:X", "cannot import X"),
+                          ("user_methods:NotAMethod", "not an EvictionMethod subclass")):  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            CompressionConfig(name, budget=16, window=4)
+    METHODS.pop("user_methods:Oldest")
+
+
+def test_tova_evicts_every_step():
+    r = CompressionConfig("tova", budget=16).resolved()
+    assert (r.window, r.interval, r.pool_kernel, r.redundancy) == (1, 1, 1, False)
+
+
 def test_unknown_method_lists_the_registered_ones():
     from gkv_rollout.methods import METHODS, method_class
 

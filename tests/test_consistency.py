@@ -9,15 +9,17 @@ from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_model
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
-from gkv_rollout.methods import METHODS
+from gkv_rollout.methods import METHODS, method_class
 
 TOL = 1e-4
 
 
 def tiny_methods(budget, window, interval):
-    """Every registered eviction method at its defaults, and G-KV's other history forms."""
+    """Every registered eviction method at its defaults (a method whose own window or interval is smaller keeps
+    it: TOVA evicts every step), and G-KV's other history forms."""
     common = dict(budget=budget, window=window, interval=interval)
-    return [CompressionConfig(name, **common) for name in METHODS] + [
+    own = {name: {k: min(v, method_class(name).defaults[k]) for k, v in common.items() if k != "budget"} for name in METHODS}
+    return [CompressionConfig(name, budget=budget, **own[name]) for name in METHODS] + [
         CompressionConfig("gkv", form="mean", **common),
         CompressionConfig("gkv", form="sum", redundancy=False, **common),
     ]

@@ -160,6 +160,24 @@ def test_distillation_recipes(tmp_path, recipe):
     assert all(0 <= r["reward"] <= 1 for r in steps) if recipe == "distill_onpolicy" else "reward" not in steps[0]
 
 
+def test_a_users_method_through_train_py(tmp_path):
+    """``compression.method=module:Class`` from the user's own module (on PYTHONPATH, never in the package): the
+    rollout compresses with it, the trainer reproduces it under the record, the held-out evaluation uses it."""
+    (tmp_path / "my_methods.py").write_text(
+        "from gkv_rollout.methods import EvictionMethod\n"
+        "class KeyNorm(EvictionMethod):\n"
+        "    name = 'keynorm'\n"
+        "    def score(self, state):\n"
+        "        return state.keys.float().norm(dim=-1), None\n"
+    )
+    out = tmp_path / "out"
+    proc = run(["recipe=rl_sparse", *TINY, "compression.method=my_methods:KeyNorm", "max_steps=1", "eval_data.limit=1",
+                f"output_dir={out}"], env={"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})  # fmt: skip
+    (step,) = metrics(out)
+    assert step["mismatch/max_abs"] <= 1e-4 and step["rollout/retention"] < 1
+    assert strict_json(proc.stdout.strip().splitlines()[-1])["compression"] == "my_methods:KeyNorm"
+
+
 def test_s4r_through_train_py(tmp_path):
     """RL-Sparse under S4R's record, train.py as the main module: the trainer reproduces the rollout's log-probs,
     and the held-out evaluation runs with the same compression. The control: without the record (plain causal

@@ -8,15 +8,20 @@ import typing
 from dataclasses import dataclass, field
 
 from gkv_rollout.methods import METHODS as EVICTION_METHODS
-from gkv_rollout.methods import EvictionMethod
+from gkv_rollout.methods import EvictionMethod, method_class
 
-METHODS = ("full", *EVICTION_METHODS, "s4r")
 GKV_FORMS = ("max", "mean", "sum")
 SIMILARITIES = ("rkv", "mean_cosine")
 POOLINGS = ("max", "avg")
 GROUP_AGGREGATIONS = ("max", "mean")
 # Options of ``s4r`` left at None (``rho`` follows ``eta``); the eviction methods' are their classes' ``defaults``.
 S4R_DEFAULTS = dict(window=32, sinks=4, pool_kernel=7, group_agg="mean")
+
+
+def method_names() -> tuple[str, ...]:
+    """Every method a configuration accepts now: ``full``, the registered eviction methods (looked up when a
+    configuration is validated, so a method registered by the user's own module counts), ``s4r``."""
+    return ("full", *EVICTION_METHODS, "s4r")
 
 
 @dataclass
@@ -28,14 +33,16 @@ class CompressionConfig:
         (window attention, pooled), ``h2o`` (newest query's attention, normalised and accumulated),
         ``rkv`` (attention minus key redundancy), ``gkv`` (normalised attention blended with its history,
         minus key redundancy), ``random`` (a fresh uniform draw per token at each compression: the control);
-        or ``s4r`` (low-rank cache with sparse reconstruction, scored every step: see
-        ``gkv_rollout.s4r_cache``).
+        ``tova`` (the newest query's attention, every step); or ``s4r`` (low-rank cache with sparse
+        reconstruction, scored every step: see ``gkv_rollout.s4r_cache``). A method from outside the package:
+        ``package.module:Class`` (an ``EvictionMethod`` subclass; the module is imported and the class registered
+        under that name when the configuration is validated).
     budget: tokens each (layer, KV head) keeps after a compression, the window included (eviction methods).
     window: the last ``window`` queries score the cache, and the last ``window`` keys are always kept and never
         scored (16; 1 for ``h2o``; 32 for ``s4r``, its W).
     interval: compress after every ``interval`` generated tokens (and right after prefill when a prompt
         exceeds the budget), so attention never sees more than ``budget + interval`` keys (128, the
-        reference's ``divide_length``).
+        reference's ``divide_length``; 1 for ``tova``, which evicts at every step).
     alpha: history weight (``gkv`` forms max/mean/sum: ``max(alpha*old, new)``, ``alpha*old + (1-alpha)*new``,
         ``alpha*old + new``; ``h2o``: decay of the accumulated score). 0.8.
     lambda_: weight of the attention score against key redundancy: ``lambda*score - (1-lambda)*redundancy``
@@ -62,7 +69,7 @@ class CompressionConfig:
     method: str = "full"
     budget: int = 2048
     window: int | None = None
-    interval: int = 128
+    interval: int | None = None
     alpha: float | None = None
     lambda_: float | None = None
     form: str | None = None
@@ -81,8 +88,8 @@ class CompressionConfig:
     full_layers: list[int] = field(default_factory=list)
 
     def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"unknown compression method {self.method!r}; choose one of {', '.join(METHODS)}")
+        if self.method not in ("full", "s4r"):
+            method_class(self.method)  # an unknown name: an error naming the registered ones
         if self.method == "full":
             return
         r = self.resolved()
@@ -141,7 +148,7 @@ class CompressionConfig:
         """The values this method gives to options left at None."""
         if self.method == "s4r":
             return {**EvictionMethod.defaults, **S4R_DEFAULTS, "rho": self.eta}
-        return dict(EVICTION_METHODS[self.method].defaults if self.method in EVICTION_METHODS else EvictionMethod.defaults)
+        return dict(method_class(self.method).defaults if self.method != "full" else EvictionMethod.defaults)
 
     def resolved(self) -> CompressionConfig:
         """A copy with every option left at None set to this method's default (what the caches read)."""

@@ -83,7 +83,7 @@ def make_cache(
         return S4RCache(model, compression, batch, prompt_width, max_new, device)
     capacity = prompt_width + max_new
     if compression.compresses:
-        capacity = min(capacity, max(prompt_width, compression.budget) + compression.interval)
+        capacity = min(capacity, max(prompt_width, compression.budget) + compression.resolved().interval)
     dtype = next(model.parameters()).dtype
     return EvictionCache(model.config, compression, batch, capacity, prompt_width + max_new, dtype, device, seed)
 

@@ -7,12 +7,15 @@ implementation (microsoft/G-KV at 6db3b2e: ``ScoreBasedKV`` / ``StreamingLLMKV``
 ``scripts/inference.sh``); options that depart from it are listed in the README with their reasons.
 
 Adding a method: subclass ``EvictionMethod`` (or a close relative), give it a ``name`` and the ``defaults``
-it changes, implement ``score``, and decorate it with ``@register``; ``CompressionConfig(method=name)``,
-the recipes and every script then accept it.
+it changes (``interval`` among them), implement ``score``, and decorate it with ``@register``;
+``CompressionConfig(method=name)``, the recipes, every script and the registry-driven tests then accept it. From
+the user's own code without touching this package: ``compression.method=package.module:Class`` (the module is
+imported and the class registered under that name).
 """
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -63,7 +66,7 @@ class EvictionMethod:
 
     name: ClassVar[str]
     defaults: ClassVar[dict] = dict(
-        window=16, sinks=0, pool_kernel=1, group_agg="max", alpha=0.8, lambda_=0.5, form="max",
+        window=16, interval=128, sinks=0, pool_kernel=1, group_agg="max", alpha=0.8, lambda_=0.5, form="max",
         redundancy=False, similarity="rkv",
     )  # fmt: skip
 
@@ -100,8 +103,20 @@ def register(cls: type[EvictionMethod]) -> type[EvictionMethod]:
 
 
 def method_class(name: str) -> type[EvictionMethod]:
+    """The registered method ``name``; ``package.module:Class`` imports the module and registers the class under
+    that name (so the configuration, the record and every process of a run name it the same way)."""
+    if name not in METHODS and ":" in name:
+        module, _, attribute = name.partition(":")
+        try:
+            cls = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as error:
+            raise ValueError(f"compression method {name!r}: cannot import {attribute} from {module} ({error})") from None
+        if not (isinstance(cls, type) and issubclass(cls, EvictionMethod)):
+            raise ValueError(f"compression method {name!r} is not an EvictionMethod subclass")
+        METHODS[name] = cls
     if name not in METHODS:
-        raise ValueError(f"unknown eviction method {name!r}; registered: {', '.join(METHODS)}")
+        known = ", ".join(("full", *METHODS, "s4r"))
+        raise ValueError(f"unknown compression method {name!r}; choose one of {known}, or package.module:Class")
     return METHODS[name]
 
 
@@ -186,3 +201,16 @@ class Random(EvictionMethod):
         time = (state.key_pos.new_zeros(B) if state.lengths is None else state.lengths)[:, None, None]
         heads = torch.arange(Hkv, device=state.key_pos.device)[None, :, None]
         return hashed_uniform(self.seed, rows, time, state.layer * Hkv + heads, state.key_pos), None
+
+
+@register
+class TOVA(EvictionMethod):
+    """TOVA (Oren et al., 2024, "Transformers are Multi-State RNNs"): at every step (interval 1) the cache over
+    budget drops the tokens the newest query attends to least; per layer and KV head here (GQA heads combined by
+    max), like every method of this family, where the paper averages a layer's heads; no pooling, no history."""
+
+    name = "tova"
+    defaults = {**EvictionMethod.defaults, "window": 1, "interval": 1}
+
+    def score(self, state):
+        return self.attention(state), None
