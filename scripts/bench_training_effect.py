@@ -213,7 +213,7 @@ def held_out_traces(chosen: dict, root: Path, args) -> list[dict]:
 
 
 def markdown_table(summary: dict) -> str:
-    """The README table: per model, pass@1 [95% interval] under the compression and with the full cache, the gap,
+    """The results table (docs/benchmarks/training_effect.md): per model, pass@1 [95% interval] under the compression and with the full cache, the gap,
     mean completion length and retention under the compression, and the compressed KL to the teacher."""
     c = summary["compression"]
     lines = [

@@ -4,7 +4,7 @@ A compression (``gkv_rollout.eviction_cache.EvictionCache.compress``) builds a `
 for a score per cached token, and keeps the sinks, the window and the best-scored candidates within the
 budget (``gkv_rollout.scoring.select_keep``, shared by every method). Defaults reproduce the reference
 implementation (microsoft/G-KV at 6db3b2e: ``ScoreBasedKV`` / ``StreamingLLMKV`` with the recipes of its
-``scripts/inference.sh``); options that depart from it are listed in the README with their reasons.
+``scripts/inference.sh``); options that depart from it are listed in docs/methods.md with their reasons.
 
 Adding a method: subclass ``EvictionMethod`` (or a close relative), give it a ``name`` and the ``defaults``
 it changes (``interval`` among them), implement ``score``, and decorate it with ``@register``;
