@@ -124,7 +124,7 @@ def method_of(name: str, args) -> str | None:
 def train_keys(name: str, root: Path, args) -> list[str]:
     recipe, method = RECIPES[name][0], method_of(name, args)
     distill = recipe.startswith("distill")
-    rows = args.prompts_per_step * args.samples
+    rows = args.prompts_per_step * args.group_size
     keys = [
         f"recipe={recipe}", f"model={args.model}", *task_keys("data", "train", args.train_problems, args),
         *task_keys("eval_data", "test", 2, args), f"max_steps={args.steps}", f"learning_rate={args.lr}",
@@ -133,7 +133,7 @@ def train_keys(name: str, root: Path, args) -> list[str]:
         f"output_dir={root / 'training' / 'train' / name}",
     ]  # fmt: skip  (eval_data: train.py's own final evaluation, kept tiny: the bench evaluates every model itself)
     if not distill:
-        keys.append(f"num_generations={args.samples}")
+        keys.append(f"num_generations={args.group_size}")
     if method is not None:
         keys += [f"compression.method={method}", f"compression.budget={args.train_budget}",
                  f"compression.window={args.window}", f"compression.interval={args.interval}"]  # fmt: skip
@@ -149,7 +149,7 @@ def teacher_traces(root: Path, args) -> Path:
     if not path.is_file():
         partial = path.with_suffix(".partial")
         run([sys.executable, str(ROOT / "scripts" / "generate_traces.py"), f"model={args.model}",
-             *task_keys("data", "train", args.trace_problems, args), f"num_generations={args.samples}",
+             *task_keys("data", "train", args.trace_problems, args), f"num_generations={args.group_size}",
              *sampling_keys(args), f"seed={args.seed}", f"output={partial}",
              *(["keep_incorrect=true"] if args.quick else [])])  # fmt: skip
         partial.rename(path)
@@ -194,8 +194,8 @@ def stage_training(root: Path, args) -> dict:
         "train_method": args.train_method, "train_budget": args.train_budget, "eval_budgets": args.eval_budgets,
         "eval": {"split": "test", "problems": args.eval_problems, "samples_per_problem": args.eval_samples},
         "training": {"steps": args.steps, "learning_rate": args.lr, "lr_search_budget": 1, "lora": True,
-                     "grpo_prompts_per_step": args.prompts_per_step, "samples_per_prompt": args.samples,
-                     "distill_rows_per_step": args.prompts_per_step * args.samples,
+                     "grpo_prompts_per_step": args.prompts_per_step, "samples_per_prompt": args.group_size,
+                     "distill_rows_per_step": args.prompts_per_step * args.group_size,
                      "train_problems": args.train_problems},
         "models": models,
     }  # fmt: skip
@@ -259,7 +259,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="every stage, tiny model and sizes (a test runs it)")
     parser.add_argument("--sentences", type=int, default=10, help="copy_recall's middle sentences")
     parser.add_argument("--problems", type=int, default=32, help="probe: train-split problems")
-    parser.add_argument("--samples", type=int, default=2, help="probe: samples per problem; training: GRPO samples")
+    parser.add_argument("--samples", type=int, default=2, help="probe: samples per problem")
     parser.add_argument("--methods", nargs="+", default=EVICTION, choices=[m for m in METHODS if m != "full"])
     parser.add_argument("--budgets", nargs="+", type=int, default=[96, 160])
     parser.add_argument("--methods-problems", type=int, default=128, help="methods: held-out problems")
@@ -282,6 +282,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="training: optimizer steps of every recipe")
     parser.add_argument("--save-steps", type=int, default=2, help="training: checkpoint interval (resume)")
     parser.add_argument("--prompts-per-step", type=int, default=2, help="training: GRPO prompts per step")
+    parser.add_argument("--group-size", type=int, default=2,
+                        help="training: GRPO samples per prompt (distillation: prompts-per-step x this rows per step)")
     parser.add_argument("--train-problems", type=int, default=256)
     parser.add_argument("--trace-problems", type=int, default=64, help="training, offline distill: teacher problems")
     parser.add_argument("--lr", type=float, default=3e-4, help="training: the one learning rate (LoRA)")
