@@ -458,6 +458,12 @@ def trainer_fields(algorithm: str = "grpo") -> set[str]:
     return {f.name for f in dataclasses.fields(args_class)}
 
 
+# Hydra's own command-line flags (everything else with leading dashes is a key=value override written wrongly)
+HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p", "--info",
+               "-i", "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc", "--config-path", "-cp",
+               "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}  # fmt: skip
+
+
 def translate_overrides(argv: list[str], schema, passthrough: bool) -> tuple[list[str], list[str]]:
     """Command-line ``key=value`` overrides as Hydra should read them, and notes for the user.
 
@@ -467,15 +473,30 @@ def translate_overrides(argv: list[str], schema, passthrough: bool) -> tuple[lis
       ``num_iterations``, ``log_completions``, ``push_to_hub``, ...) goes to the ``trl`` group, which is handed to
       the trainer's arguments as is; one that this project derives from its own keys (``DERIVED``) is an error
       that names them;
-    * any other unknown key is an error with the closest known names ("did you mean").
+    * any other unknown key is an error with the closest known names ("did you mean");
+    * ``--key=value`` / ``--key value`` is an error that says to drop the dashes (Hydra's own flags pass);
+    * ``report_to=wandb`` (a string) is read as the list ``report_to=[wandb]``;
+    * ``data.path=...`` (or ``eval_data.path``) without a ``.name`` of its own implies ``data.name=null`` (the
+      built-in task is the default name, and a path and a name together are refused).
     Hydra's own syntax (``+key``, ``~key``, ``hydra.*``) is left alone."""
     import difflib
 
     known = schema_keys(schema)
     out, notes = [], []
     trl_fields: set[str] | None = None
+    for i, arg in enumerate(argv):
+        if arg.startswith("--") and arg.partition("=")[0] not in HYDRA_FLAGS:
+            key, eq, value = arg[2:].partition("=")
+            value = value if eq else (argv[i + 1] if i + 1 < len(argv) and "=" not in argv[i + 1] else "VALUE")
+            raise ValueError(f"{arg}: drop the dashes, overrides are key=value (write {key}={value})")
+    named = {arg.partition("=")[0] for arg in argv}
+    for group in ("data", "eval_data"):
+        if f"{group}.path" in named and f"{group}.name" not in named and f"{group}.path" in known:
+            argv = [*argv, f"{group}.name=null"]
     for arg in argv:
         key, eq, value = arg.partition("=")
+        if key == "report_to" and eq and not value.strip().startswith("["):
+            arg = f"report_to=[{value}]"
         if not eq or key.startswith(("+", "~", "hydra.")) or key in known:
             out.append(arg)
             continue

@@ -163,6 +163,31 @@ def test_overrides_take_trl_names_and_suggest_on_typos():
         translate_overrides(["weight_decay=0.1"], EvalConfig, passthrough=False)
 
 
+def test_overrides_rough_edges():
+    """Dashes refused with the fix; report_to as a string; a data path drops the default task name."""
+    from gkv_train.run_config import EvalConfig, TrainConfig, translate_overrides
+
+    for argv, fix in ((["--max_steps=5"], "max_steps=5"), (["--max_steps", "5"], "max_steps=5"), (["--lr"], "lr=VALUE")):
+        with pytest.raises(ValueError, match=f"drop the dashes, overrides are key=value \\(write {fix}\\)"):
+            translate_overrides(argv, TrainConfig, passthrough=True)
+    assert translate_overrides(["--help"], TrainConfig, passthrough=True)[0] == ["--help"]  # Hydra's own flag
+    assert translate_overrides(["report_to=wandb"], TrainConfig, passthrough=True)[0] == ["report_to=[wandb]"]
+    assert translate_overrides(["report_to=[wandb]"], TrainConfig, passthrough=True)[0] == ["report_to=[wandb]"]
+    out = translate_overrides(["data.path=a.jsonl"], EvalConfig, passthrough=False)[0]
+    assert out == ["data.path=a.jsonl", "data.name=null"]
+    both = ["data.path=a.jsonl", "data.name=gsm8k"]  # control: an explicit name stays (and is refused later)
+    assert translate_overrides(both, EvalConfig, passthrough=False)[0] == both
+    # through the entry point: one line, exit 2, before any work
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "evaluate.py"
+    proc = subprocess.run([sys.executable, str(script), "--data.limit", "2"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip() == (
+        "error: --data.limit: drop the dashes, overrides are key=value (write data.limit=2)"), proc.stderr
+
+
 def test_trl_pass_through_is_checked_against_the_trainer_arguments():
     from gkv_train.launch import trainer_args
     from gkv_train.run_config import TrainConfig
