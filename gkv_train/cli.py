@@ -89,6 +89,14 @@ def _composes(config_name: str, overrides: list[str]) -> None:
         _fail(f"error: {message}{detail}", REFUSED)
 
 
+def quiet_upstream_warnings() -> None:
+    """Filter, once per job, the upstream deprecation warnings a user of these commands cannot act on (TRL and
+    PEFT call transformers' ``gradient_checkpointing*`` names, which transformers 5.x renamed)."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated", category=FutureWarning)
+
+
 def _hydra_job(config_name: str, schema_name: str, passthrough: bool, work, before_work=None) -> None:
     """Run ``work(config, cfg, config_files)`` on the recipe ``config_name`` with the overrides in ``sys.argv[1:]``:
     TRL's names and aliases translated, "did you mean" on a misspelled key, the configuration validated
@@ -101,6 +109,8 @@ def _hydra_job(config_name: str, schema_name: str, passthrough: bool, work, befo
     and 1 (``gkv_train.exits``)."""
     import hydra
     from omegaconf import DictConfig, OmegaConf
+
+    quiet_upstream_warnings()
 
     from gkv_train import run_config
     from gkv_train.exits import Preempted, Refused, refusing
