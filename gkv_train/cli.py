@@ -4,6 +4,7 @@
     gkv-train evaluate data.name=gsm8k methods=[full,gkv]  # = python scripts/evaluate.py ...
     gkv-train traces data.name=gsm8k output=traces.jsonl   # = python scripts/generate_traces.py ...
     gkv-train check --model tiny --method gkv              # = python scripts/check_consistency.py ...
+    gkv-train export RUN_DIR OUT_DIR                       # a run as a self-contained HF folder (LoRA merged)
 
 ``train``, ``evaluate`` and ``traces`` take Hydra overrides of the recipes shipped inside the package
 (``gkv_train/recipes`` in the wheel: the repository's ``recipes/``); ``check`` takes ``--options``. Multi-GPU training runs
@@ -32,7 +33,7 @@ def recipes_dir() -> str:
 
 RECIPES = recipes_dir()
 USAGE = "\n\n".join(__doc__.split("\n\n")[:2])
-COMMANDS = ("train", "evaluate", "traces", "check")
+COMMANDS = ("train", "evaluate", "traces", "check", "export")
 
 
 def _schemas() -> None:
@@ -195,6 +196,17 @@ def main(argv: list[str] | None = None) -> None:
         from gkv_train.consistency import check
 
         check(rest)
+        return
+    if command == "export":
+        if len(rest) != 2:
+            _fail("usage: gkv-train export RUN_DIR OUT_DIR", REFUSED)
+        from gkv_train.export import export
+
+        quiet_upstream_warnings()
+        try:
+            print(export(*rest))
+        except ValueError as err:
+            _fail(f"error: {err}", REFUSED)
         return
     if command == "train":
         import signal

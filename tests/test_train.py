@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from verifier_probe import PAIRS, SCRIPT_WITH_ANSWERS, write_problems
 
 from gkv_train.checkpoints import complete_checkpoints
@@ -177,6 +178,33 @@ def test_a_users_method_through_train_py(tmp_path):
     (step,) = metrics(out)
     assert step["mismatch/max_abs"] <= 1e-4 and step["rollout/retention"] < 1
     assert strict_json(proc.stdout.strip().splitlines()[-1])["compression"] == "my_methods:KeyNorm"
+
+
+def test_export_writes_a_self_contained_merged_folder(tmp_path):
+    """``gkv-train export RUN_DIR OUT_DIR`` on a LoRA run: a folder that plain transformers loads (no project
+    import, from an empty folder) and whose logits equal base + adapter; an empty run folder is refused by name."""
+    run_dir, out = tmp_path / "run", tmp_path / "merged"
+    run(["recipe=rl_sparse", *TINY, "max_steps=1", "eval_data.limit=1", "lora.enabled=true", f"output_dir={run_dir}"])
+    cli = [sys.executable, "-m", "gkv_train.cli", "export"]
+    proc = subprocess.run([*cli, str(run_dir), str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0 and "is deprecated" not in proc.stderr, proc.stderr
+    code = ("import sys, torch, transformers; m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1]); "
+            "assert 'gkv_train' not in sys.modules; print(m(torch.arange(1, 9)[None]).logits.sum().item())")  # fmt: skip
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    loaded = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300, cwd=empty,
+                            env={**os.environ, "PYTHONPATH": ""})  # fmt: skip
+    assert loaded.returncode == 0, loaded.stderr
+    from peft import PeftModel
+
+    from gkv_train.models import load_model
+
+    merged = PeftModel.from_pretrained(load_model("tiny")[0], str(run_dir)).merge_and_unload()
+    with torch.no_grad():
+        expected = merged(torch.arange(1, 9)[None]).logits.sum().item()
+    assert abs(float(loaded.stdout.strip()) - expected) <= 1e-3 * max(1.0, abs(expected))
+    refused = subprocess.run([*cli, str(empty), str(tmp_path / "x")], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "holds no trained model" in refused.stderr
 
 
 def test_s4r_through_train_py(tmp_path):
