@@ -17,11 +17,11 @@ from tqdm import tqdm
 from gkv_train.console import log_console_to
 from gkv_train.data import load_problems, local_file
 from gkv_train.exits import refusing
+from gkv_train.graded import generate_and_grade
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.logprobs import chunked_divergence, decoder_and_head, hidden_states
 from gkv_train.models import check_model, load_model, model_identity
 from gkv_train.preflight import Generation, check_generations
-from gkv_rewards.grading import grade_completions, required_column
 from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
@@ -223,12 +223,11 @@ def evaluate_compression(
             continue
         batch = problems.select(rows)
         prompts = [prompt_template.format(problem=p) for p in batch["problem"]]
-        out = engine.generate(prompts, SamplingConfig(**{**asdict(sampling), "seed": sampling.seed + index}))
-        n = sampling.num_samples
-        golds = [gold for gold in batch["answer"] for _ in range(n)]
+        graded = generate_and_grade(engine, tokenizer, batch, prompts,
+                                    SamplingConfig(**{**asdict(sampling), "seed": sampling.seed + index}), verify)  # fmt: skip
+        out, golds, n = graded.out, graded.golds, sampling.num_samples
         lines = []
-        required = required_column(batch, n)
-        for i, grade in enumerate(grade_completions(tokenizer, out.completions(), golds, verify, required)):
+        for i, grade in enumerate(graded.grades):
             lines.append({
                 "batch": index,
                 "problem_id": batch["id"][i // n],

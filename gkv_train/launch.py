@@ -33,12 +33,12 @@ from gkv_train.data import load_problems
 from gkv_train.distill import CompressedDistillationTrainer
 from gkv_train.distributed import generation_model
 from gkv_train.exits import Refused, refusing
+from gkv_train.graded import generate_and_grade
 from gkv_train.grpo import CompressedGRPOTrainer
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import base_model_name, base_weights_note, card_model_name, check_model, load_model
 from gkv_train.preflight import Generation, check_generations
 from gkv_rewards.functions import verifier_stats
-from gkv_rewards.grading import grade_completions, required_column
 from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
@@ -217,11 +217,9 @@ def evaluate(model, tokenizer, config: TrainConfig, problems) -> dict:
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
         num_samples=config.eval_samples, seed=config.seed, compile_decode=config.compile_decode,
     )
-    out = engine.generate(list(problems["prompt"]), sampling)
     verify = MathVerifier()
-    golds = [a for a in problems["answer"] for _ in range(config.eval_samples)]
-    required = required_column(problems, config.eval_samples)
-    correct = [grade.correct for grade in grade_completions(tokenizer, out.completions(), golds, verify, required)]
+    graded = generate_and_grade(engine, tokenizer, problems, list(problems["prompt"]), sampling, verify)
+    out, correct = graded.out, [grade.correct for grade in graded.grades]
     verify.close()
     warn_unverified("held-out evaluation", verify.stats["timeouts"], verify.stats["errors"])
     return {

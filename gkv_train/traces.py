@@ -11,10 +11,10 @@ from tqdm import tqdm
 
 from gkv_train.data import load_problems, read_records
 from gkv_train.exits import refusing
+from gkv_train.graded import generate_and_grade
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import check_model, load_model
 from gkv_train.preflight import Generation, check_generations
-from gkv_rewards.grading import grade_completions, required_column
 from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
@@ -44,12 +44,11 @@ def generate_traces(
     for start in tqdm(range(0, len(problems), batch_problems), desc="teacher traces", unit="batch"):
         batch = problems.select(range(start, min(start + batch_problems, len(problems))))
         prompts = [prompt_template.format(problem=p) for p in batch["problem"]]
-        out = engine.generate(prompts, replace(sampling, seed=sampling.seed + start))
-        completions = out.completions()
-        golds = [gold for gold in batch["answer"] for _ in range(sampling.num_samples)]
-        required = required_column(batch, sampling.num_samples)
-        grades = grade_completions(tokenizer, completions, golds, verify, required)
-        for i, (ids, grade) in enumerate(zip(completions, grades)):
+        graded = generate_and_grade(
+            engine, tokenizer, batch, prompts, replace(sampling, seed=sampling.seed + start), verify
+        )
+        golds, completions = graded.golds, graded.out.completions()
+        for i, (ids, grade) in enumerate(zip(completions, graded.grades)):
             row = i // sampling.num_samples
             if grade.correct or keep_incorrect:
                 rows.append({

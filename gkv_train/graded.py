@@ -1,0 +1,35 @@
+"""Generate and grade: the one loop that held-out evaluation (``gkv_train.launch``), ``scripts/evaluate.py``
+(``gkv_train.evaluation``) and teacher traces (``gkv_train.traces``) share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gkv_rewards.grading import Grade, grade_completions, required_column
+from gkv_rewards.verify import MathVerifier
+from gkv_rollout.config import SamplingConfig
+from gkv_rollout.engine import RolloutEngine, RolloutOutput
+
+
+@dataclass
+class GradedRollout:
+    """A rollout and its grades; rows are problems repeated ``num_samples`` times, in order.
+
+    out: the rollout; golds: the gold answer of each row; grades: each row's ``Grade`` (correct, the extracted
+    answer, the decoded text, whether the check timed out or failed, whether the required text was copied)."""
+
+    out: RolloutOutput
+    golds: list[str]
+    grades: list[Grade]
+
+
+def generate_and_grade(
+    engine: RolloutEngine, tokenizer, problems, prompts: list[str], sampling: SamplingConfig, verify: MathVerifier
+) -> GradedRollout:
+    """Sample ``sampling.num_samples`` completions of each prompt (one per problem of ``problems``, a dataset
+    with ``answer`` and optionally ``required`` columns) and grade each against its problem's answer."""
+    out = engine.generate(prompts, sampling)
+    n = sampling.num_samples
+    golds = [gold for gold in problems["answer"] for _ in range(n)]
+    grades = grade_completions(tokenizer, out.completions(), golds, verify, required_column(problems, n))
+    return GradedRollout(out, golds, grades)
