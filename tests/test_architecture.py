@@ -175,3 +175,23 @@ def test_a_second_module_name_is_seen(tmp_path):
     assert module_names(package / "methods.py", roots=(tmp_path, tmp_path / "rollout")) == ["gkv_rollout.methods"]
     assert record_switches("if isinstance(out.record, S4RRecord):\n    pass\n") == [1]
     assert record_switches("x = isinstance(record, torch.Tensor)\n") == [1]
+
+
+def test_the_four_attention_contexts_implement_the_contract_protocol():
+    """The caches and the records' masks are what ``kv_attention`` hands a layer to: ``AttentionContext``."""
+    import inspect
+
+    from gkv_rollout.contract.attention import AttentionContext
+    from gkv_rollout.contract.eviction import EvictionMasks
+    from gkv_rollout.contract.s4r_record import S4RMasks
+    from gkv_rollout.eviction_cache import EvictionCache
+    from gkv_rollout.s4r_cache import S4RCache
+
+    wanted = inspect.signature(AttentionContext.attend)
+    for cls in (EvictionCache, S4RCache, EvictionMasks, S4RMasks):
+        assert inspect.signature(cls.attend) == wanted, cls
+
+    class Drifted:  # the control: an implementation whose signature drifted is seen
+        def attend(self, module, query, key, value, attention_mask, scale=None, dropout=0.0): ...
+
+    assert inspect.signature(Drifted.attend) != wanted

@@ -10,6 +10,8 @@ patched.
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
@@ -19,7 +21,21 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 ATTENTION_NAME = "kv_compress"
 
 
-def kv_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, kv_context=None, **kwargs):
+@runtime_checkable
+class AttentionContext(Protocol):
+    """What owns every layer's attention during a forward passed ``kv_context=...``. Four implement it: the
+    rollout caches (``EvictionCache``, ``S4RCache``: attend over the compressed cache) and the records' masks
+    (``EvictionMasks``, ``S4RMasks``: reproduce, in a training forward, what each token saw)."""
+
+    def attend(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0):
+        """``module.layer_idx``'s attention: query [B, H, Q, D], key/value [B, Hkv, K, D] (after RoPE) ->
+        (out [B, Q, H, D], None)."""
+
+
+def kv_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, kv_context: AttentionContext | None = None,
+    **kwargs,
+):
     """query [B, H, Q, D], key/value [B, Hkv, K, D] (after RoPE) -> (out [B, Q, H, D], None)."""
     if kv_context is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
