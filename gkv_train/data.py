@@ -357,15 +357,12 @@ def arithmetic_task(
     never share a problem: the test split is the distinct problems of the first ``TEST_POOL`` draws of its stream
     (n None: all of them), and train draws from the rest of the space (``problem_count``). ValueError when ``n``
     exceeds what the split can hold."""
-    if split not in ("train", "test"):
-        raise ValueError(f"the built-in task has splits train and test, not {split!r}")
+    check_builtin_request("the built-in task", split, n)
     bad = [lv for lv in levels if lv not in (0, 1, 2, 3, 4)]
     if bad or not levels:
         raise ValueError(f"built-in task levels are 0-4, got {list(levels)}")
     if distractors < 0:
         raise ValueError(f"distractors must be >= 0, got {distractors}")
-    if n is not None and n < 1:
-        raise ValueError(f"the built-in task needs at least 1 problem, {n} requested")
 
     def stream(which: str):
         rng = random.Random(f"{seed}:{which}")
@@ -378,6 +375,14 @@ def arithmetic_task(
     rows = [{"id": i, "problem": text, "answer": str(answer), "level": level}
             for i, (text, answer, level) in enumerate(chosen)]  # fmt: skip
     return datasets.Dataset.from_list(rows)
+
+
+def check_builtin_request(task: str, split: str, n: int | None) -> None:
+    """A built-in task has the splits train and test and gives at least one problem (``n`` None: its default)."""
+    if split not in ("train", "test"):
+        raise ValueError(f"{task} has splits train and test, not {split!r}")
+    if n is not None and n < 1:
+        raise ValueError(f"the built-in task needs at least 1 problem, {n} requested")
 
 
 def held_out_split(stream, n: int | None, split: str, task: str, space: int, more: str) -> list[tuple]:
@@ -451,12 +456,9 @@ def copy_recall_task(n: int | None, split: str = "train", seed: int = 0, sentenc
     instead of 128, 47 % of numbers right but none after the last sentence), and the task would measure prompt
     compression again. SmolLM2-135M copies loosely (about a third of the middle sentences verbatim), so they are
     not required. Splits as ``arithmetic_task``: train and test never share a problem."""
-    if split not in ("train", "test"):
-        raise ValueError(f"the built-in task copy_recall has splits train and test, not {split!r}")
+    check_builtin_request("the built-in task copy_recall", split, n)
     if not 1 <= sentences <= len(PLACES):
         raise ValueError(f"data.sentences must be 1-{len(PLACES)} for copy_recall, got {sentences}")
-    if n is not None and n < 1:
-        raise ValueError(f"the built-in task needs at least 1 problem, {n} requested")
 
     def stream(which: str):
         rng = random.Random(f"{seed}:copy_recall:{which}")

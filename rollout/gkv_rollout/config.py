@@ -7,7 +7,6 @@ import types
 import typing
 from dataclasses import dataclass, field
 
-from gkv_rollout.methods import METHODS as EVICTION_METHODS
 from gkv_rollout.methods import EvictionMethod, method_class
 
 GKV_FORMS = ("max", "mean", "sum")
@@ -16,12 +15,6 @@ POOLINGS = ("max", "avg")
 GROUP_AGGREGATIONS = ("max", "mean")
 # Options of ``s4r`` left at None (``rho`` follows ``eta``); the eviction methods' are their classes' ``defaults``.
 S4R_DEFAULTS = dict(window=32, sinks=4, pool_kernel=7, group_agg="mean")
-
-
-def method_names() -> tuple[str, ...]:
-    """Every method a configuration accepts now: ``full``, the registered eviction methods (looked up when a
-    configuration is validated, so a method registered by the user's own module counts), ``s4r``."""
-    return ("full", *EVICTION_METHODS, "s4r")
 
 
 @dataclass
