@@ -36,7 +36,7 @@ def test_quick_bench_reports_every_stage_and_resumes(tmp_path):
     assert models["sparse_rl"]["curve"]["telemetry"]["mismatch/agreement_p5"] < 0.99
     summary = (tmp_path / "summary.md").read_text()
     assert "| gkv |" in summary and "| sparse_rl | gkv |" in summary and (tmp_path / "training_curves.png").is_file()
-    again = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+    # resumed: every finished train.py and evaluate.py run is read back (the training stage holds both kinds)
+    again = subprocess.run([*command, "--stages", "training"], capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
-    second = json.loads(again.stdout.strip().splitlines()[-1])
-    assert all(second[stage] == line[stage] for stage in ("probe", "methods", "training"))
+    assert json.loads(again.stdout.strip().splitlines()[-1])["training"] == line["training"]
