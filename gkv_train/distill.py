@@ -130,6 +130,7 @@ class CompressedDistillationTrainer(Trainer):
         metrics.update({
             "distill/loss": loss.item(),
             "rollout/retention": out.retention.mean().item(),
+            "rollout/memory_share": out.memory_share.mean().item(),
             "rollout/tokens_per_s": out.stats["tokens_per_s"],
             "rollout/seconds": rollout_seconds,
             "completions/mean_length": out.completion_lengths.float().mean().item(),

@@ -241,6 +241,7 @@ def evaluate_compression(
                 "copied": grade.copied,
                 "length": int(out.completion_lengths[i]),
                 "retention": out.retention[i].item(),
+                "memory_share": out.memory_share[i].item(),
                 "tokens_per_s": out.stats["tokens_per_s"],
                 "batch_compressions": out.stats.get("compressions", 0),  # rounds in the batch, the prefill's included
             })
@@ -267,7 +268,8 @@ def evaluate_compression(
 def summarize(samples_path: Path, density_path: Path, n: int) -> dict:
     """pass@k (k = 1..n, averaged over problems), pass@1's 95% bootstrap interval and standard error over
     problems, lengths, compression rounds per batch,
-    retention (all / correct samples; and by relative position, ``retained_by_position``), tokens/s, answer checks,
+    retention (all / correct samples; and by relative position, ``retained_by_position``), the cache's persistent
+    memory share at the end (``RolloutOutput.memory_share``), tokens/s, answer checks,
     their timeouts and their errors (no verdict). Empty means are None (null in JSON)."""
     samples = read_jsonl(samples_path)
     by_problem: dict = {}
@@ -291,6 +293,7 @@ def summarize(samples_path: Path, density_path: Path, n: int) -> dict:
         "mean_completion_length": mean([s["length"] for s in samples]),
         "retention": mean([s["retention"] for s in samples]),
         "retention_correct": mean([s["retention"] for s in correct]),
+        "memory_share": mean([s["memory_share"] for s in samples if "memory_share" in s]),
         "tokens_per_s": mean([s["tokens_per_s"] for s in samples]),
         "batch_compressions": mean([s.get("batch_compressions", 0) for s in samples]),
         "verifier_checks": len(samples),

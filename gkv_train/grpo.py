@@ -207,6 +207,7 @@ class CompressedGRPOTrainer(GRPOTrainer):
         self._metrics[mode]["rollout/tokens_per_s"].append(stats["tokens_per_s"])
         self._metrics[mode]["rollout/seconds"].append(time.perf_counter() - start)
         self._metrics[mode]["rollout/retention"].append(out.retention.mean().item())
+        self._metrics[mode]["rollout/memory_share"].append(out.memory_share.mean().item())
         self._metrics[mode]["rollout/compressions"].append(float(stats["compressions"]))
         return output
 

@@ -229,6 +229,7 @@ def evaluate(model, tokenizer, config: TrainConfig, problems) -> dict:
         "accuracy": sum(correct) / len(correct),
         "mean_completion_length": out.completion_lengths.float().mean().item(),
         "retention": out.retention.mean().item(),
+        "memory_share": out.memory_share.mean().item(),
         "tokens_per_s": out.stats["tokens_per_s"],
         "compression": config.compression.method,
         **{"verifier_" + k: v for k, v in verify.stats.items()},

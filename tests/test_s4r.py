@@ -64,7 +64,7 @@ def test_replay_reproduces_an_s4r_rollout(tiny_llama):
 
 
 def test_persistent_bytes_follow_the_formula(tiny_llama):
-    cfg = CompressionConfig("s4r", eta=0.25, window=4)
+    cfg = CompressionConfig("s4r", eta=0.25, window=4, expected_length=0)  # eta at the prompt's length
     caches = []
     engine = RolloutEngine(tiny_llama, compression=cfg, cache_factory=lambda *a: caches.append(make_cache(*a)) or caches[-1])
     prompts = random_prompts([60, 90])
@@ -83,6 +83,33 @@ def test_persistent_bytes_follow_the_formula(tiny_llama):
         assert ratio <= cfg.eta < formula / (2 * (cfg.resolved().sinks + L) * dim) + (L + groups * cfg.resolved().window / 2 + dim) / ((cfg.resolved().sinks + L) * dim)
         total += 4 * held + 8 * groups * L  # float32 state, and the window's float64 score sums
     assert cache.nbytes() == total * c.num_hidden_layers
+
+
+@pytest.mark.parametrize("expected_length", [None, 150, 0])
+def test_eta_is_the_memory_share_where_asked(tiny_llama, expected_length):
+    """eta is the persistent-memory share at the end of the generation (prompt + max_new_tokens) unless
+    ``expected_length`` says where; each sample reports the share it reached (``memory_share``)."""
+    cfg = CompressionConfig("s4r", eta=0.3, window=4, expected_length=expected_length)
+    r = cfg.resolved()
+    c = tiny_llama.config
+    dim, groups = c.num_key_value_heads * c.head_dim, c.num_attention_heads // c.num_key_value_heads
+    new = 64
+    out = rollout(tiny_llama, random_prompts(PROMPTS[:3]), cfg, new_tokens=new)
+    for n, share in zip(out.prompt_lengths.tolist(), out.memory_share.tolist()):
+        at = {None: n + new, 150: 150, 0: n}[expected_length]
+        rank = s4r_rank(cfg.eta, r.sinks, at - r.sinks, dim, groups, r.window)
+        T = n + new
+        assert share == pytest.approx(persistent_elements(r.sinks, T - r.sinks, dim, groups, r.window, rank, rank) / (2 * T * dim))
+        if expected_length is None:  # reached at the end: within one rank step below eta
+            step = (T - r.sinks + groups * r.window / 2 + dim) / (T * dim)
+            assert cfg.eta - step < share <= cfg.eta
+        if expected_length == 0:  # the prompt-length meaning: the share falls as the generation grows
+            assert share < cfg.eta
+
+
+def test_memory_share_of_eviction_is_its_retention(tiny_llama):
+    out = rollout(tiny_llama, random_prompts(PROMPTS[:3]), CompressionConfig("gkv", budget=32, window=4, interval=8))
+    assert torch.equal(out.memory_share, out.retention)
 
 
 def test_rank_solves_the_memory_equation():

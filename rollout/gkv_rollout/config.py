@@ -48,8 +48,14 @@ class CompressionConfig:
         ``rkv``, 7 for ``s4r``, off for the others), ``max`` or ``avg``.
     group_agg: how the query heads of a GQA group are combined, per window query (max; mean for ``s4r``).
     sinks: the first ``sinks`` tokens are always kept (4 for ``streaming`` and ``s4r``, 0 for the others).
-    eta: ``s4r`` target retention: sets the rank (persistent-memory ratio at the prompt length), the share of
-        prompt tokens sampled for the bases, and ``rho`` by default.
+    eta: ``s4r`` persistent-memory share: the rank is solved so that the stored state (exact sinks, the
+        coefficients of every token, the query window, the bases) is a share ``eta`` of the full KV cache when the
+        sequence reaches ``expected_length`` tokens; ``eta`` also sets the share of prompt tokens sampled for the
+        bases and ``rho`` by default. The achieved share of each sample is reported (``memory_share``).
+    expected_length: ``s4r`` sequence length (prompt + completion) at which ``eta`` holds; None: each prompt's
+        length + ``max_new_tokens`` (the end of the longest generation); 0: the prompt's length (the paper's
+        setting and this project's meaning before 2026-12-03: prompt-only workloads; over a long generation the
+        share then falls, e.g. 0.2 asked, ~0.08 after 1024 tokens on a 146-token prompt).
     rank, rank_v: ``s4r`` key / value ranks (None: from ``eta``; ``rank_v`` defaults to ``rank``).
     rho: ``s4r`` share of the cache reconstructed each step (window included); None: ``eta``.
     recent_ratio: ``s4r`` share of the sampled prompt tokens taken from the most recent ones (7:3 = 0.7).
@@ -73,6 +79,7 @@ class CompressionConfig:
     group_agg: str | None = None
     sinks: int | None = None
     eta: float = 0.2
+    expected_length: int | None = None
     rank: int | None = None
     rank_v: int | None = None
     rho: float | None = None
@@ -125,6 +132,8 @@ class CompressionConfig:
             raise ValueError(f"eta must lie in (0, 1], got {self.eta}")
         if not 0.0 < self.rho <= 1.0:
             raise ValueError(f"rho must lie in (0, 1], got {self.rho}")
+        if self.expected_length is not None and self.expected_length < 0:
+            raise ValueError(f"expected_length must be >= 0 (0: the prompt's length), got {self.expected_length}")
         for name in ("rank", "rank_v"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -37,6 +37,8 @@ class RolloutOutput:
     record: what the generated tokens could see (``gkv_rollout.contract.record.Record``): an ``EvictionRecord``
         (``evict_at`` int32 [N, L, Hkv, P + C]) for the G-KV family, an ``S4RRecord`` for s4r, None for full;
     retention: float32 [N] cache length / sequence length at the last token, mean over layers and heads.
+    memory_share: float32 [N] the cache's persistent state at each sequence's end / the full KV cache of its
+        tokens (eviction: the retention; s4r: sinks, coefficients, query window and bases; full: 1).
     """
 
     sequences: torch.Tensor
@@ -46,6 +48,7 @@ class RolloutOutput:
     logprobs: torch.Tensor
     record: Record | None
     retention: torch.Tensor
+    memory_share: torch.Tensor
     stats: dict = field(default_factory=dict)
 
     @property
@@ -304,6 +307,7 @@ class RolloutEngine:
         sequences = torch.cat([ids, tokens[:, :steps]], dim=1)
         attention_mask = torch.cat([prompt_mask, completion_mask.long()], dim=1)
         record, kept = cache.finish(prompt_lengths, lengths, P + steps)
+        memory = cache.memory_share(prompt_lengths, lengths, kept)
         new_tokens = int(lengths.sum())
         stats = {
             "method": cfg.method,
@@ -319,7 +323,7 @@ class RolloutEngine:
             "kv_cache_bytes": cache_bytes,
             "record_bytes_per_sample": 0 if record is None else record.nbytes(),
         }
-        return RolloutOutput(sequences, attention_mask, prompt_lengths, lengths, logprobs[:, :steps], record, kept, stats)
+        return RolloutOutput(sequences, attention_mask, prompt_lengths, lengths, logprobs[:, :steps], record, kept, memory, stats)
 
     def _forward(self, cache, ids, positions, valid) -> torch.Tensor:
         """Run the model over new tokens ids [N, Q] at logical positions [N, Q]; returns last logits [N, V]."""

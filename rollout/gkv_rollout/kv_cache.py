@@ -13,7 +13,7 @@ class KVCache(Protocol):
     The engine calls, per forward: ``begin`` (reserve the new tokens, get the forward's mask), the model
     (every layer calls ``attend``), ``end``; then ``after_prefill`` once or ``after_step`` after each generated
     token's forward (where compression happens); ``select_rows`` when finished sequences leave the batch;
-    ``finish`` at the end.
+    ``finish`` and ``memory_share`` at the end.
     """
 
     static_decode: bool = False  # whether ``begin`` takes static=True (``SamplingConfig.compile_decode``)
@@ -51,6 +51,11 @@ class KVCache(Protocol):
 
     def finish(self, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, width: int):
         """(record or None, retention float32 [N]) of the rollout, record positions < ``width``."""
+
+    def memory_share(self, prompt_lengths: torch.Tensor, completion_lengths: torch.Tensor, retention: torch.Tensor):
+        """float32 [N]: what the cache stores of each sequence at its end, as a share of the full KV cache of its
+        tokens. A cache that stores exactly the keys and values it attends to: the retention (``finish``'s)."""
+        return retention
 
     def nbytes(self) -> int:
         """Bytes of the cache's tensors."""

@@ -187,9 +187,10 @@ class S4RCache(KVCache):
         prompt = self.lengths  # real prompt tokens per sequence
         if bool((prompt <= self.s).any()):
             raise ValueError(f"s4r needs prompts longer than its {self.s} sinks")
-        ranks = [s4r_rank(cfg.eta, self.s, int(n) - self.s, self.dim, self.G, self.W) for n in prompt]
+        ranks = [s4r_rank(cfg.eta, self.s, self._eta_length(int(n)) - self.s, self.dim, self.G, self.W) for n in prompt]
         self.rank_k = torch.tensor([cfg.rank or r for r in ranks], device=self.device).clamp_max(self.dim)
         self.rank_v = torch.tensor([cfg.rank_v or cfg.rank or r for r in ranks], device=self.device).clamp_max(self.dim)
+        self._ranks = (self.rank_k, self.rank_v)  # of every row (rows that finish leave the buffers)
         rk, rv, S = int(self.rank_k.max()), int(self.rank_v.max()), self.length - self.s
         f32 = dict(dtype=torch.float32, device=self.device)
         self.sink_k = torch.zeros(L, B, self.Hkv, self.s, self.D, dtype=dtype, device=self.device)
@@ -208,6 +209,13 @@ class S4RCache(KVCache):
         self.selected = torch.zeros(L, B, self.max_new, (self.length + 7) // 8, dtype=torch.uint8, device=self.device)
         self.chosen = torch.zeros(L, B, S, dtype=torch.bool, device=self.device)  # this step's, by slot
         self._buffers_ready = True
+
+    def _eta_length(self, prompt: int) -> int:
+        """The sequence length at which the persistent memory is the share ``eta`` (``expected_length``)."""
+        expected = self.compression.expected_length
+        if expected is None:
+            return prompt + self.max_new
+        return max(prompt, expected)  # 0 (or a length below the prompt's): at the prompt
 
     def _build(self, layer, query, key, value) -> None:
         """Sinks, bases, coefficients of every prompt token and the projected query window of one layer."""
@@ -378,6 +386,17 @@ class S4RCache(KVCache):
         retention = ((counts + self.s) / total.float()).clamp_max(1.0)
         # a one-token completion: only the prefill's queries attended, to every prompt token
         return record, torch.where(completion_lengths < 2, 1.0, retention)
+
+    def memory_share(self, prompt_lengths, completion_lengths, retention):
+        """float32 [N]: each sequence's persistent state at its end (``persistent_elements`` at its length) over
+        the full KV cache of the same tokens (2 T D' numbers per layer)."""
+        total = (prompt_lengths + completion_lengths).tolist()
+        rank_k, rank_v = (r.tolist() for r in self._ranks)
+        shares = [
+            persistent_elements(self.s, max(T - self.s, 0), self.dim, self.G, self.W, rk, rv) / (2 * T * self.dim)
+            for T, rk, rv in zip(total, rank_k, rank_v)
+        ]
+        return torch.tensor(shares, dtype=torch.float32, device=retention.device)
 
     def _persistent_elements(self) -> int:
         return sum(
