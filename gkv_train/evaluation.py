@@ -374,6 +374,20 @@ def plot_summaries(summaries: list[dict], out_dir: Path, title: str) -> list[Pat
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
 
+    paths.append(plot_retained_density(summaries, out_dir / "retained_density.png", title))
+    return paths
+
+
+def plot_retained_density(summaries: list[dict], path: Path, title: str) -> Path:
+    """Absolute retention by relative position (top) and the density of retained positions (bottom), one line
+    per run summary (``summarize``'s, with ``run`` and ``compression``): colour by method, line style by budget
+    (G-KV's Fig. 7). Returns ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    budgets = sorted({s["compression"]["budget"] for s in summaries if s["run"] != "full"})
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     colours = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(s["compression"]["method"] for s in summaries))}
     styles = {b: ("-", "--", ":", "-.")[i % 4] for i, b in enumerate(budgets)}
@@ -393,10 +407,9 @@ def plot_summaries(summaries: list[dict], out_dir: Path, title: str) -> list[Pat
     top.set_title(title, fontsize=9)
     top.legend(loc="center left", bbox_to_anchor=(1.02, 0.0), fontsize=8, frameon=False)
     fig.tight_layout()
-    paths.append(out_dir / "retained_density.png")
-    fig.savefig(paths[-1], dpi=120)
+    fig.savefig(path, dpi=120)
     plt.close(fig)
-    return paths
+    return path
 
 
 def software_versions() -> dict:

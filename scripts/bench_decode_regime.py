@@ -10,7 +10,14 @@ or a ``train.py`` folder, which resumes from its last checkpoint; a finished one
    prefill's included: what follows it are the decode-time compressions), and the three checks the regime
    needs: full-cache pass@1 >= ``--min-full``, at least ``--min-decode-compressions`` rounds after the
    prefill's, and a gap >= ``--min-gap`` for some method.
-2. ``methods``: the same table on ``--methods-problems`` *held-out* problems x ``--methods-samples``.
+2. ``methods``: the same table on ``--methods-problems`` *held-out* problems x ``--methods-samples``, budget by
+   budget in the order given, and besides the eviction methods the G-KV history forms (``--gkv-forms``; ``max``
+   is the ``gkv`` row) and S4R at the same persistent memory (``--s4r-length``: ``eta = budget / length`` with
+   the rank solved at that length, where an eviction cache of ``budget`` tokens holds the same share; S4R's own
+   window and scoring defaults); every row's memory share reached (eviction: its retention; S4R: its stored
+   state), and the retained-position density of every row at the first budget (G-KV's Fig. 7,
+   ``methods_density.png``). The section is written after every ``evaluate.py`` call (``"partial": true`` until
+   the stage ends), to ``--results`` too when given.
 3. ``training``: every recipe of ``--recipes`` from the same initial model with the same optimizer steps,
    learning rate (one value: the learning-rate search budget is 1), prompts and rows per step, under
    ``--train-method`` at ``--train-budget`` (``rl_full``: the full cache); then every model, the untrained one
@@ -20,7 +27,9 @@ or a ``train.py`` folder, which resumes from its last checkpoint; a finished one
    quantiles, agreement tail) per recipe, averaged over steps.
 
 Writes ``<output-root>/<stage>/summary.json`` per stage, ``summary.json`` (one section per stage run),
-``summary.md`` (the tables), ``training_curves.png``, and the JSON line.
+``summary.md`` (the tables), ``training_curves.png``, ``methods_density.png``, and the JSON line; with
+``--results FILE``, each stage's section (with the command, date and commit) replaces that stage's section of
+FILE as it is written, the other stages' sections kept.
 
     python scripts/bench_decode_regime.py --stages probe        # SmolLM2-135M (about 25 minutes on one core)
     python scripts/bench_decode_regime.py --stages training     # about 2 hours on 2 cores
@@ -38,6 +47,7 @@ from pathlib import Path
 
 from _common import ROOT, print_json
 
+from gkv_train.evaluation import plot_retained_density
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_rollout.methods import METHODS
 
@@ -75,30 +85,36 @@ def sampling_keys(args) -> list[str]:
 
 
 def evaluate(model: list[str], split: str, problems: int, samples: int, methods: list[str], budgets: list[int],
-             out: Path, seed: int, args) -> dict:  # fmt: skip
-    """One ``scripts/evaluate.py`` call: the full cache and ``methods`` x ``budgets``; each run's summary by its
-    name (``full``, ``gkv-b64``)."""
+             out: Path, seed: int, args, full: bool = True, compression: list[str] | None = None) -> dict:  # fmt: skip
+    """One ``scripts/evaluate.py`` call: the full cache (``full``) and ``methods`` x ``budgets``; each run's
+    summary by its name (``full``, ``gkv-b64``). ``compression``: its ``compression.*`` keys (default: the
+    bench's window and interval)."""
+    if compression is None:
+        compression = [f"compression.window={args.window}", f"compression.interval={args.interval}"]
     run([
         sys.executable, str(ROOT / "scripts" / "evaluate.py"), *model, *task_keys("data", split, problems, args),
         f"num_generations={samples}", *sampling_keys(args), f"batch_problems={args.batch_problems}",
-        f"methods=[full,{','.join(methods)}]", f"budgets=[{','.join(map(str, budgets))}]",
-        f"compression.window={args.window}", f"compression.interval={args.interval}", f"output_dir={out}",
-        "plots=false", f"seed={seed}",
+        f"methods=[{','.join((['full'] if full else []) + methods)}]", f"budgets=[{','.join(map(str, budgets))}]",
+        *compression, f"output_dir={out}", "plots=false", f"seed={seed}",
     ])  # fmt: skip
     return {r["run"]: r for r in json.loads((out / "summary.json").read_text())["runs"]}
 
 
 def row(summary: dict, full: dict | None) -> dict:
+    """One table cell: pass@1 and its interval, length, retention, memory share, compression rounds; with the
+    full cache's summary, the gap to it and the decode-time rounds."""
     keep = ("pass@1", "pass@1_ci95", "mean_completion_length", "retention", "batch_compressions", "verifier_errors")
     result = {k: summary[k] for k in keep}
+    result["memory_share"] = summary.get("memory_share", summary["retention"])
     if full is not None:
         result["gap"] = full["pass@1"] - summary["pass@1"]
-        result["decode_compressions"] = summary["batch_compressions"] - 1  # the first round is the prefill's
+        rounds = summary["batch_compressions"]  # the first round is the prefill's; s4r selects at every step: none
+        result["decode_compressions"] = rounds - 1 if rounds else None
     return result
 
 
 def ordering(stage: str, split: str, problems: int, samples: int, root: Path, args) -> dict:
-    """The method table of the untrained model (stages ``probe`` and ``methods``), with the regime's checks.
+    """The method table of the untrained model on ``split`` (stage ``probe``), with the regime's checks.
     seed + 1: other train-split samples than the ones a training run at ``--seed`` draws first."""
     runs = evaluate([f"model={args.model}"], split, problems, samples, args.methods, args.budgets, root / stage,
                     args.seed + 1, args)  # fmt: skip
@@ -114,6 +130,55 @@ def ordering(stage: str, split: str, problems: int, samples: int, root: Path, ar
     }
     return {"task": {"split": split, "problems": problems, "samples_per_problem": samples},
             "budgets": args.budgets, "table": {"full": full, "methods": methods}, "checks": checks}  # fmt: skip
+
+
+def stage_methods(root: Path, args, publish) -> dict:
+    """Held-out ordering (stage ``methods``): per budget, the full cache and the eviction methods, the G-KV forms
+    and S4R at the same persistent memory; ``publish(section)`` after every evaluate.py call."""
+    folder, model, seed = root / "methods", [f"model={args.model}"], args.seed + 1
+    problems, samples = args.methods_problems, args.methods_samples
+    table: dict = {"full": None, "methods": {}}
+    section = {"task": {"split": "test", "problems": problems, "samples_per_problem": samples},
+               "budgets": args.budgets, "seed": seed, "s4r": {"length": args.s4r_length, "eta": {}},
+               "table": table, "partial": True}  # fmt: skip
+    summaries: dict = {}  # row name -> run summary at the first budget (the density plot)
+
+    def add(name: str, budget: int, summary: dict, full: dict) -> None:
+        table["methods"].setdefault(name, {})[str(budget)] = row(summary, full)
+        if budget == args.budgets[0]:
+            summaries[name] = summary
+        publish(section)
+
+    for budget in args.budgets:
+        runs = evaluate(model, "test", problems, samples, args.methods, [budget], folder, seed, args)
+        full = runs["full"]
+        table["full"], summaries["full"] = row(full, None), full
+        for method in args.methods:
+            add(method, budget, runs[f"{method}-b{budget}"], full)
+        for form in (f for f in args.gkv_forms if f != "max"):
+            extra = [f"compression.window={args.window}", f"compression.interval={args.interval}", f"compression.form={form}"]
+            runs = evaluate(model, "test", problems, samples, ["gkv"], [budget], folder / f"gkv-{form}", seed, args,
+                            full=False, compression=extra)  # fmt: skip
+            add(f"gkv-{form}", budget, runs[f"gkv-b{budget}"], full)
+        if args.s4r_length:
+            eta = round(budget / args.s4r_length, 4)
+            section["s4r"]["eta"][str(budget)] = eta
+            extra = [f"compression.eta={eta}", f"compression.expected_length={args.s4r_length}"]
+            runs = evaluate(model, "test", problems, samples, ["s4r"], [budget], folder, seed, args, full=False,
+                            compression=extra)  # fmt: skip
+            add("s4r", budget, runs[f"s4r-b{budget}"], full)
+    plot_density(summaries, args.budgets[0], root / "methods_density.png", args)
+    section["density_budget"] = args.budgets[0]
+    section["density"] = {name: s["retained_density"] for name, s in summaries.items()}
+    section["partial"] = False
+    return section
+
+
+def plot_density(summaries: dict, budget: int, path: Path, args) -> None:
+    """The retained-position plot of every row at one budget (``plot_retained_density``), rows by name."""
+    named = [{**s, "run": name, "compression": {**s["compression"], "method": name}} for name, s in summaries.items()]
+    title = f"copy_recall (held-out), budget {budget} (s4r: the same memory), at each sequence's last decoding step"
+    plot_retained_density(named, path, title)
 
 
 def method_of(name: str, args) -> str | None:
@@ -201,18 +266,42 @@ def stage_training(root: Path, args) -> dict:
     }  # fmt: skip
 
 
+def git_commit() -> str | None:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def machine() -> str:
+    import os
+    import platform
+
+    return f"{os.cpu_count()}-core CPU ({platform.machine()}), fp32, torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}"
+
+
+def merge_section(path: Path, stage: str, section: dict, header: dict) -> None:
+    """Replace ``stage``'s section of the results file ``path`` (the bench's header keys set when new)."""
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    merged = {**{k: v for k, v in header.items() if k not in STAGES}, **old}
+    merged[stage] = section
+    write_atomically(path, dumps(merged, indent=2))
+
+
 def cell(r: dict) -> str:
     lo, hi = r["pass@1_ci95"]
     return f"{r['pass@1']:.3f} [{lo:.2f}, {hi:.2f}]"
 
 
 def ordering_table(section: dict) -> str:
-    """pass@1 [95% interval] per method (rows) and budget (columns); the full cache's on its own row."""
+    """pass@1 [95% interval] and the memory share reached per method (rows) and budget (columns); the full
+    cache's on its own row; a budget not yet run: -."""
     budgets, table = section["budgets"], section["table"]
-    lines = ["| method | " + " | ".join(f"budget {b}" for b in budgets) + " |", "|---|" + "---|" * len(budgets)]
-    lines.append(f"| full | {cell(table['full'])} (every budget) |" + " |" * (len(budgets) - 1))
+    lines = ["| method | " + " | ".join(f"budget {b} | memory" for b in budgets) + " |",
+             "|---|" + "---|---|" * len(budgets)]  # fmt: skip
+    if table["full"] is not None:
+        lines.append(f"| full | {cell(table['full'])} (every budget) | 1.00 |" + " | |" * (len(budgets) - 1))
     for method, by_budget in table["methods"].items():
-        lines.append(f"| {method} | " + " | ".join(cell(by_budget[str(b)]) for b in budgets) + " |")
+        cells = [(cell(r), f"{r['memory_share']:.2f}") if (r := by_budget.get(str(b))) else ("-", "-") for b in budgets]
+        lines.append(f"| {method} | " + " | ".join(f"{c} | {m}" for c, m in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -261,7 +350,14 @@ def main() -> None:
     parser.add_argument("--problems", type=int, default=32, help="probe: train-split problems")
     parser.add_argument("--samples", type=int, default=2, help="probe: samples per problem")
     parser.add_argument("--methods", nargs="+", default=EVICTION, choices=[m for m in METHODS if m != "full"])
-    parser.add_argument("--budgets", nargs="+", type=int, default=[96, 160])
+    parser.add_argument("--budgets", nargs="+", type=int, default=[160, 128],
+                        help="probe and methods: eviction budgets (methods: run in this order)")
+    parser.add_argument("--gkv-forms", nargs="+", default=["max", "mean", "sum"], choices=["max", "mean", "sum"],
+                        help="methods: G-KV history forms (max: the gkv row)")
+    parser.add_argument("--s4r-length", type=int, default=500,
+                        help="methods: S4R at eta = budget / this length, its rank solved there (0: no S4R row); "
+                             "500: a ~200-token prompt + max-new-tokens")
+    parser.add_argument("--results", type=Path, help="a results file whose stage sections are replaced as they come")
     parser.add_argument("--methods-problems", type=int, default=128, help="methods: held-out problems")
     parser.add_argument("--methods-samples", type=int, default=4, help="methods: samples per held-out problem")
     parser.add_argument("--window", type=int, default=8)
@@ -295,6 +391,7 @@ def main() -> None:
         args.model, args.problems, args.samples, args.methods, args.budgets = "tiny", 2, 2, ["gkv", "random"], [24]
         args.max_new_tokens, args.batch_problems, args.sentences, args.interval = 24, 2, 2, 8
         args.methods_problems, args.methods_samples, args.train_budget, args.eval_budgets = 2, 1, 24, [24]
+        args.gkv_forms, args.s4r_length = ["max", "mean"], 96
         args.steps, args.save_steps, args.prompts_per_step, args.train_problems = 1, 1, 1, 4
         args.trace_problems, args.eval_problems, args.eval_samples = 2, 2, 1
         args.recipes = ["rl_sparse", "sparse_rl"]  # the record's learner and the dense one (every recipe: tests)
@@ -306,18 +403,25 @@ def main() -> None:
               "compression": {"window": args.window, "interval": args.interval},
               "sampling": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}}  # fmt: skip
     tables = []
+    provenance = {"command": "python " + " ".join(sys.argv), "commit": git_commit(), "machine": machine()}
+
+    def publish(stage: str, section: dict) -> None:
+        write_atomically(root / stage / "summary.json", dumps(section, indent=2))
+        if args.results is not None:
+            merge_section(args.results, stage, {**section, **provenance, "date": time.strftime("%Y-%m-%d")}, result)
+
     for stage in args.stages:
         if stage == "probe":
             section = ordering("probe", "train", args.problems, args.samples, root, args)
             tables.append(f"## probe (train split)\n\n{ordering_table(section)}")
         elif stage == "methods":
-            section = ordering("methods", "test", args.methods_problems, args.methods_samples, root, args)
+            section = stage_methods(root, args, lambda section: publish("methods", section))
             tables.append(f"## methods (held-out)\n\n{ordering_table(section)}")
         else:
             section = stage_training(root, args)
             plot_curves(section, root / "training_curves.png")
             tables.append(f"## training\n\n{training_table(section)}")
-        write_atomically(root / stage / "summary.json", dumps(section, indent=2))
+        publish(stage, section)
         result[stage] = section
     result["seconds"] = round(time.perf_counter() - start, 1)
     write_atomically(root / "summary.json", dumps(result, indent=2))
