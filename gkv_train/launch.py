@@ -93,6 +93,14 @@ def batch_rows(config: TrainConfig, rows: int, num_processes: int) -> int:
     return rows // per_step
 
 
+# transformers 5.23 renamed TrainingArguments.gradient_checkpointing to activation_checkpointing (the old name an
+# alias until v6, with a FutureWarning); older releases (the GPU image's 5.17) know only the old name.
+CHECKPOINTING_FIELD = next(
+    name for name in ("activation_checkpointing", "gradient_checkpointing")
+    if name in {f.name for f in dataclasses.fields(TrainingArguments)}
+)
+
+
 def common_args(config: TrainConfig) -> dict:
     """TrainingArguments shared by every algorithm."""
     return dict(
@@ -104,7 +112,7 @@ def common_args(config: TrainConfig) -> dict:
         max_steps=config.max_steps,
         max_grad_norm=config.max_grad_norm,
         bf16=config.precision == "bf16",
-        activation_checkpointing=config.gradient_checkpointing,
+        **{CHECKPOINTING_FIELD: config.gradient_checkpointing},
         save_strategy="steps",
         save_steps=config.save_steps,
         save_total_limit=config.save_total_limit,

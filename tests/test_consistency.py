@@ -38,6 +38,7 @@ def check(model, out, cfg):
         assert rotated > 1e-2, f"{cfg}: masks rotated by one layer should not reproduce the rollout ({rotated})"
 
 
+@pytest.mark.floor
 @pytest.mark.parametrize("cfg", tiny_methods(16, 4, 8), ids=lambda c: f"{c.method}-{c.form}")
 def test_consistency_tiny(tiny_llama, cfg):
     prompts = random_prompts([5, 23, 12, 30, 9])

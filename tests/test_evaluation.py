@@ -36,6 +36,7 @@ def test_pass_at_k_matches_brute_force(n, c):
         assert pass_at_k(n, c, k) == pytest.approx(brute)
 
 
+@pytest.mark.floor
 def test_evaluate_script_writes_every_output(tmp_path):
     args = [
         "model=tiny", "data.limit=5", "num_generations=2", "max_new_tokens=12", "methods=[full,gkv,streaming]",

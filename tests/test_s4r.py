@@ -29,6 +29,7 @@ def rollout(model, prompts, cfg, new_tokens=64, seed=1):
     return RolloutEngine(model, compression=cfg).generate(prompts, sampling)
 
 
+@pytest.mark.floor
 @pytest.mark.parametrize(
     "cfg",
     [

@@ -63,7 +63,7 @@ def metrics(out_dir):
     return [r for r in lines if "loss" in r]
 
 
-@pytest.mark.parametrize("recipe", ["rl_sparse", "rl_full"])
+@pytest.mark.parametrize("recipe", [pytest.param("rl_sparse", marks=pytest.mark.floor), "rl_full"])
 def test_train_writes_logs_checkpoints_and_evaluation(tmp_path, recipe):
     """Also: LaTeX / fraction / interval / set / scientific-notation answers are checked correctly and quickly
     inside train.py (the checker's worker does not re-import train.py), and a local data file leaves no copy in
@@ -144,7 +144,7 @@ def test_console_tee_keeps_a_transcript():
     assert log.getvalue() == "start\n100%|##########\ndone: 1\n 2/2\n"
 
 
-@pytest.mark.parametrize("recipe", ["distill", "distill_onpolicy"])
+@pytest.mark.parametrize("recipe", ["distill", pytest.param("distill_onpolicy", marks=pytest.mark.floor)])
 def test_distillation_recipes(tmp_path, recipe):
     args = [f"recipe={recipe}", *TINY, "max_steps=2", f"output_dir={tmp_path}"]
     if recipe == "distill":  # a random teacher solves nothing: give it traces with wrong answers kept
