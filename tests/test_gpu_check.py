@@ -12,20 +12,42 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_gpu_check_tiny():
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--tiny", "--shapes", "tiny-qwen2"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
+def test_gpu_check_tiny(tmp_path):
+    """Every section, in order, written under --out as it finishes; the consistency controls fail; the rollout
+    and training figures carry their roofline; one GRPO step through train.py."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--tiny", "--shapes", "tiny-qwen2",
+                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    (line,) = proc.stdout.strip().splitlines()
-    shape = json.loads(line)["shapes"]["tiny-qwen2"]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])  # the JSON line is the last
+    assert json.loads((tmp_path / "gpu_check.json").read_text()) == result
+    sections = result["sections"]
+    assert list(sections)[0] == "hardware" and sections["hardware"]["bf16_matmul_flops_per_s"] > 0
     for method in ("gkv", "s4r"):
-        fp32, bf16 = shape[f"consistency/{method}/fp32"], shape[f"consistency/{method}/bf16"]
-        assert fp32["max_abs_logprob_diff"] <= 1e-4
-        assert min(fp32["causal_mask_diff"], fp32["rotated_layers_diff"]) > 1e-2  # the controls fail
+        fp32, bf16 = (sections[f"consistency/tiny-qwen2/{method}/{p}"] for p in ("fp32", "bf16"))
+        assert fp32["max_abs_logprob_diff"] <= 1e-4 and fp32["controls_fail"] and bf16["controls_fail"]
         assert 1e-4 < bf16["max_abs_logprob_diff"] < 0.1 < min(bf16["causal_mask_diff"], bf16["rotated_layers_diff"])
-    assert shape["training_cost/bf16"]["masked_seconds"] > 0
-    rollout = shape["rollout/bf16"]
+    rollout = sections["rollout/tiny-qwen2/bf16/batch4"]
     assert rollout["engine_gkv"]["compressions"] >= 1 and rollout["hf_generate"]["tokens_per_s"] > 0
+    assert 0 < rollout["engine_gkv"]["roofline"]["achieved_over_ceiling"] < 1
+    cost = sections["training_cost/tiny-qwen2/bf16"]
+    assert cost["masked_seconds"] > 0 and cost["roofline_masked"]["flops"] > 0
+    grpo = sections["grpo_step/tiny-qwen2"]
+    assert grpo["ok"] and grpo["mismatch/max_abs"] <= 1e-4, grpo
+    summary = (tmp_path / "gpu_check.md").read_text()
+    assert "consistency/tiny-qwen2/gkv/fp32" in summary and "| engine_gkv |" in summary
+
+
+def test_gpu_check_skips_what_does_not_fit_the_time_budget(tmp_path):
+    """A run past --budget-s starts nothing more: the sections still come, marked skipped."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--tiny", "--shapes", "tiny-qwen2",
+                           "--budget-s", "0", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sections = json.loads(proc.stdout.strip().splitlines()[-1])["sections"]
+    assert sections["hardware"]["memory_bytes_per_s"] > 0
+    skipped = [name for name, value in sections.items() if value.get("skipped") == "time budget"]
+    assert "grpo_step/tiny-qwen2" in skipped and "consistency/tiny-qwen2/gkv/fp32" in skipped
+    assert "skipped (time budget)" in (tmp_path / "gpu_check.md").read_text()
 
 
 def test_gpu_check_needs_cuda_or_tiny(monkeypatch, capsys):

@@ -1,7 +1,9 @@
 """The packages as a user installs them: three wheels (not editable), ``gkv_train`` with the recipes inside,
 ``gkv_rollout`` and ``gkv_rewards``, whose ``gkv-train`` command works from any folder."""
 
+import json
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -14,7 +16,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    """(folder the wheels were installed into, the file names of each wheel by its distribution folder)."""
+    """(folder the wheels were installed into, the file names of each wheel by its distribution folder, the
+    wheels' paths)."""
     build, target = tmp_path_factory.mktemp("wheel"), tmp_path_factory.mktemp("site")
     try:
         import setuptools
@@ -27,7 +30,7 @@ def installed(tmp_path_factory):
     subprocess.run([*pip, "wheel", "--no-deps", *isolation, "-w", str(build), *map(str, folders.values())], check=True)
     wheels = {name: next(build.glob(f"{name}-*.whl")) for name in folders}
     subprocess.run([*pip, "install", "--no-deps", "--target", str(target), *map(str, wheels.values())], check=True)
-    return target, {name: zipfile.ZipFile(wheel).namelist() for name, wheel in wheels.items()}
+    return target, {name: zipfile.ZipFile(wheel).namelist() for name, wheel in wheels.items()}, list(wheels.values())
 
 
 def run(target: Path, folder: Path, *args: str, **env) -> subprocess.CompletedProcess:
@@ -38,7 +41,7 @@ def run(target: Path, folder: Path, *args: str, **env) -> subprocess.CompletedPr
 
 
 def test_each_wheel_holds_one_package(installed):
-    _, wheels = installed
+    _, wheels, _ = installed
     for package, names in wheels.items():
         top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
         assert top == {package}, top  # no generic top-level rollout / rewards / recipes
@@ -51,7 +54,7 @@ def test_each_wheel_holds_one_package(installed):
 
 
 def test_command_runs_from_any_folder(installed, tmp_path):
-    target, _ = installed
+    target, _, _ = installed
     assert "gkv-train train" in run(target, tmp_path).stdout
     bad = run(target, tmp_path, "fit")
     assert bad.returncode != 0 and "unknown command 'fit'" in bad.stderr
@@ -78,3 +81,25 @@ def _module_files(target: Path, folder: Path) -> list[str]:
     environ = {**os.environ, "PYTHONPATH": str(target)}
     out = subprocess.run([sys.executable, "-c", code], check=True, cwd=folder, env=environ, capture_output=True, text=True)
     return out.stdout.split()
+
+
+@pytest.mark.floor
+def test_installing_beside_the_stack_replaces_nothing(installed, tmp_path):
+    """pip installing the three wheels into this environment (in CI's floor lane: the GPU image's older stack,
+    torch 2.11 / transformers 5.17) would add only what is missing and replace no installed distribution (pip's
+    own dry-run report)."""
+    from importlib.metadata import distributions
+
+    def canonical(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    report = tmp_path / "report.json"
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--report", str(report),
+                           *map(str, installed[2])], capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    present = {canonical(d.metadata["Name"]): d.version for d in distributions()}
+    planned = {canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    ours = {"gkv-train", "gkv-rollout", "gkv-rewards"}
+    replaced = {name: f"{present[name]} -> {version}" for name, version in planned.items() if name in present and name not in ours}
+    assert not replaced, replaced
+    assert "torch" in present and "transformers" in present
