@@ -49,7 +49,7 @@ $(FLOOR_STAMP): pyproject.toml rollout/pyproject.toml rewards/pyproject.toml con
 	python3 -m venv $(FLOOR_VENV)
 	$(FLOOR_PY) -m pip install -q --upgrade pip
 	$(FLOOR_PY) -m pip install -q -c constraints-floor.txt torch
-	$(FLOOR_PY) -m pip install -q -c constraints-floor.txt -c device-kit.txt rollout rewards '.[test]'
+	$(FLOOR_PY) -m pip install -q -c constraints-floor.txt -c device-kit.txt ./rollout ./rewards '.[test]'
 	$(FLOOR_PY) -m pip uninstall -q -y $(KIT_PACKAGES) gkv-train gkv-rollout gkv-rewards  # what the kit brings
 	touch $(FLOOR_STAMP)
 

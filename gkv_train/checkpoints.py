@@ -104,14 +104,17 @@ def publish(staged: Path, final: Path) -> None:
 
 @contextmanager
 def card_base(model, name: str | None):
-    """Within the block, ``model``'s config names its base ``name`` (None: unchanged): what TRL's model card reads."""
-    before = model.config._name_or_path
+    """Within the block, ``model``'s config and its base model's ``name_or_path`` (a copy taken when the model was
+    built, which PEFT's model-card tags read) name its base ``name`` (None: unchanged): what the model cards
+    TRL and PEFT write read."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    before = model.config._name_or_path, base.__dict__.get("name_or_path")
     if name is not None:
-        model.config._name_or_path = name
+        model.config._name_or_path = base.name_or_path = name
     try:
         yield
     finally:
-        model.config._name_or_path = before
+        model.config._name_or_path, base.name_or_path = before
 
 
 def name_adapter_base(folder: Path, name: str | None) -> None:
@@ -134,7 +137,11 @@ class AtomicCheckpoints:
     card_base_model: str | None = None  # written into model cards (a hub id where there is one)
 
     def _save(self, output_dir=None, state_dict=None) -> None:
-        super()._save(output_dir, state_dict)  # PEFT reads the (local) base folder while saving
+        # PEFT's model card (README.md) names the base from the model's config: the user's name is set before it
+        # writes; the adapter's own base_model_name_or_path stays the local folder while PEFT saves (it reads the
+        # base's config.json there to tell whether the embeddings were resized) and is renamed once written
+        with card_base(self.accelerator.unwrap_model(self.model), self.card_base_model):
+            super()._save(output_dir, state_dict)
         if self.args.should_save:
             name_adapter_base(output_dir or self.args.output_dir, self.base_model_name)
 

@@ -234,8 +234,9 @@ def test_sparse_rl_dense_learner_through_train_py(tmp_path):
 
 
 def test_lora_and_periodic_evaluation(tmp_path):
+    cache = tmp_path.parent / f"{tmp_path.name}-conversion-cache"  # where the built-in model is kept, apart
     run([*TINY, "max_steps=2", "lora.enabled=true", "lora.r=4", "eval_steps=1", "eval_data.limit=2",
-         f"output_dir={tmp_path}"])
+         f"output_dir={tmp_path}"], env={"GKV_TRAIN_CACHE": str(cache)})
     lines = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     evals = [r for r in lines if "eval_reward" in r]
     assert [r["step"] for r in evals] == [1, 2]
@@ -246,6 +247,10 @@ def test_lora_and_periodic_evaluation(tmp_path):
         assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny"
     card = (tmp_path / "README.md").read_text()
     assert "fine-tuned version of [tiny]" in card and "[None]" not in card
+    assert "base_model: tiny" in (tmp_path / "checkpoint-2" / "README.md").read_text()  # PEFT's card too
+    assert any(cache.iterdir())  # the model was loaded from there, and no written file names it
+    named = [f for f in tmp_path.rglob("*") if f.is_file() and str(cache).encode() in f.read_bytes()]
+    assert not named, named
 
 
 def test_crashed_saves_resume_exactly(tmp_path):

@@ -1,0 +1,205 @@
+"""Cost against the work, on CPU: how rollout and training cost grow with the generation length; one JSON line
+and a plot.
+
+* ``rollout``: the engine with ``full``, ``gkv`` (budget ``--budget``) and ``s4r`` (``--eta``) on SmolLM2 at a
+  fixed batch of GSM8K prompts, every completion forced to the length (EOS blocked), for each length of
+  ``--lengths``: tokens/s, mean decode time per token, the marginal decode time per token (between this length
+  and the previous one: what one more token costs at that length), the KV cache's peak bytes, and the process's
+  peak resident memory above what the loaded model held.
+* ``training``: one step of ``rl_sparse`` and ``rl_full`` per length of ``--train-lengths``
+  (``scripts/bench_train_step.py``: 1 prompt x 8 samples, every completion forced to the length; gkv at
+  ``--budget`` under rl_sparse): the step's time by phase and the process's peak resident memory.
+
+Each point runs in its own process (peak memory is per process) and is appended to ``points.jsonl`` under
+``--output-root`` as it finishes: a rerun skips the points done. Writes ``scaling.png`` there too.
+
+    python scripts/bench_scaling.py                        # SmolLM2-135M, about 45 minutes on one core
+    python scripts/bench_scaling.py --quick                # tiny model and lengths (a test runs a part)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import ROOT, print_json
+
+from gkv_train.jsonio import dumps, read_jsonl
+
+METHODS = ("full", "gkv", "s4r")
+TRAINERS = ("rl_sparse", "rl_full")
+
+
+def log(message: str) -> None:
+    print(f"[scaling {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory so far (Linux reports kilobytes)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def rollout_point(args) -> dict:
+    """One rollout (``--point rollout METHOD LENGTH``), in this process."""
+    import torch
+
+    from gkv_rollout.config import CompressionConfig, SamplingConfig
+    from gkv_rollout.engine import RolloutEngine, encode_prompts
+    from gkv_train.models import load_model, random_prompts
+    from _common import gsm8k_questions
+
+    method, length = args.point[1], int(args.point[2])
+    model, tokenizer = load_model(args.model)
+    if args.model == "tiny":
+        prompts = random_prompts([40 + i for i in range(args.batch)])
+    else:
+        prompts = encode_prompts(tokenizer, gsm8k_questions(args.batch))
+    loaded = peak_rss_bytes()
+    compression = {"full": CompressionConfig("full"), "gkv": CompressionConfig("gkv", budget=args.budget),
+                   "s4r": CompressionConfig("s4r", eta=args.eta)}[method]  # fmt: skip
+    sampling = SamplingConfig(max_new_tokens=length, temperature=0.6, top_p=0.95, seed=0, ignore_eos=True)
+    out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling)
+    s = out.stats
+    return {
+        "kind": "rollout", "method": method, "length": length, "batch": args.batch, "threads": torch.get_num_threads(),
+        "tokens_per_s": s["tokens_per_s"], "seconds": s["seconds"], "prefill_seconds": s["prefill_seconds"],
+        "decode_seconds": s["decode_seconds"], "decode_seconds_per_token": s["decode_seconds"] / length,
+        "compress_share_of_decode": s["compress_seconds"] / s["decode_seconds"] if s["decode_seconds"] else None,
+        "kv_cache_peak_bytes": s["kv_cache_bytes"], "memory_share": out.memory_share.mean().item(),
+        "peak_rss_bytes": peak_rss_bytes(), "peak_rss_above_model_bytes": peak_rss_bytes() - loaded,
+    }  # fmt: skip
+
+
+def training_point(trainer: str, length: int, args) -> dict:
+    """One ``bench_train_step.py`` step of ``trainer`` at ``length`` new tokens, in a child process whose own
+    peak resident memory ``os.wait4`` reports."""
+    command = [sys.executable, str(ROOT / "scripts" / "bench_train_step.py"), "--model", args.model,
+               "--max-new-tokens", str(length), "--budget", str(args.budget), "--steps", "1", "--warmup", "0",
+               "--trainers", trainer]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    stdout = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: bench_train_step.py {trainer} at {length} tokens failed ({proc.returncode})")
+    step = json.loads(stdout.strip().splitlines()[-1])["trainers"][trainer]
+    return {"kind": "training", "trainer": trainer, "length": length, "rows": 8, "step": step,
+            "seconds": step["total"], "peak_rss_bytes": usage.ru_maxrss * 1024}  # fmt: skip
+
+
+def run_rollout_point(method: str, length: int, args) -> dict:
+    command = [sys.executable, __file__, "--point", "rollout", method, str(length), "--model", args.model,
+               "--batch", str(args.batch), "--budget", str(args.budget), "--eta", str(args.eta)]  # fmt: skip
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"error: rollout {method} at {length} tokens failed: {done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def with_marginals(points: list[dict]) -> None:
+    """Each rollout point's marginal decode time per token: (decode time here - at the previous length) /
+    (length here - previous length), per method."""
+    for method in METHODS:
+        rows = sorted((p for p in points if p["kind"] == "rollout" and p["method"] == method), key=lambda p: p["length"])
+        for before, here in zip(rows, rows[1:]):
+            here["marginal_decode_seconds_per_token"] = (
+                (here["decode_seconds"] - before["decode_seconds"]) / (here["length"] - before["length"])
+            )
+
+
+def plot(points: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(14, 4))
+    colours = {"full": "black", "gkv": "C0", "s4r": "C2", "rl_sparse": "C0", "rl_full": "black"}
+    for method in METHODS:
+        rows = sorted((p for p in points if p["kind"] == "rollout" and p["method"] == method), key=lambda p: p["length"])
+        if not rows:
+            continue
+        x = [p["length"] for p in rows]
+        axes[0].plot(x, [p["decode_seconds_per_token"] * 1e3 for p in rows], marker="o", color=colours[method], label=f"{method} (mean)")
+        marginal = [(p["length"], p["marginal_decode_seconds_per_token"] * 1e3) for p in rows if "marginal_decode_seconds_per_token" in p]
+        if marginal:
+            axes[0].plot(*zip(*marginal), marker="x", linestyle="--", color=colours[method], label=f"{method} (marginal)")
+        axes[1].plot(x, [p["kv_cache_peak_bytes"] / 2**20 for p in rows], marker="o", color=colours[method], label=f"{method} KV cache")
+        axes[1].plot(x, [p["peak_rss_above_model_bytes"] / 2**20 for p in rows], marker="x", linestyle=":", color=colours[method],
+                     label=f"{method} peak RSS above the model")  # fmt: skip
+    for trainer in TRAINERS:
+        rows = sorted((p for p in points if p["kind"] == "training" and p["trainer"] == trainer), key=lambda p: p["length"])
+        if rows:
+            axes[2].plot([p["length"] for p in rows], [p["seconds"] for p in rows], marker="o", color=colours[trainer], label=trainer)
+    axes[0].set_ylabel("decode ms per token (batch)")
+    axes[1].set_ylabel("MiB")
+    axes[2].set_ylabel("seconds per training step (1 x 8 rows)")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("new tokens")
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--batch", type=int, default=4, help="rollout batch")
+    parser.add_argument("--lengths", nargs="+", type=int, default=[256, 512, 1024, 2048, 4096])
+    parser.add_argument("--train-lengths", nargs="+", type=int, default=[128, 256, 512, 1024])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--trainers", nargs="+", default=list(TRAINERS), choices=TRAINERS)
+    parser.add_argument("--budget", type=int, default=512, help="gkv budget (rollout and rl_sparse)")
+    parser.add_argument("--eta", type=float, default=0.2, help="s4r persistent-memory share at each length's end")
+    parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "scaling")
+    parser.add_argument("--quick", action="store_true", help="tiny model, lengths and budget (a test runs it)")
+    parser.add_argument("--point", nargs=3, help=argparse.SUPPRESS)  # rollout METHOD LENGTH, in this process
+    args = parser.parse_args()
+    if args.quick:  # tiny values for the options left at their defaults
+        quick = {"model": "tiny", "batch": 2, "lengths": [16, 32], "train_lengths": [8, 16], "budget": 24}
+        for key, value in quick.items():
+            if getattr(args, key) == parser.get_default(key):
+                setattr(args, key, value)
+    if args.point:
+        print_json(rollout_point(args))
+        return
+    args.output_root.mkdir(parents=True, exist_ok=True)
+    store = args.output_root / "points.jsonl"
+    points = read_jsonl(store) if store.is_file() else []
+    settings = {"model": args.model, "batch": args.batch, "budget": args.budget, "eta": args.eta}
+    points = [p for p in points if p.get("settings") == settings]  # points of other settings do not count
+    done = {(p["kind"], p.get("method") or p.get("trainer"), p["length"]) for p in points}
+    start = time.perf_counter()
+    todo = [("rollout", m, n) for m in args.methods for n in args.lengths] + [
+        ("training", t, n) for t in args.trainers for n in args.train_lengths
+    ]
+    for kind, name, length in todo:
+        if (kind, name, length) in done:
+            continue
+        log(f"{kind} {name} {length}")
+        point = run_rollout_point(name, length, args) if kind == "rollout" else training_point(name, length, args)
+        point["settings"] = settings
+        points.append(point)
+        with open(store, "a") as f:
+            f.write(dumps(point) + "\n")
+    points = [p for p in points if (p["kind"], p.get("method") or p.get("trainer"), p["length"]) in set(todo)]
+    with_marginals(points)
+    plot(points, args.output_root / "scaling.png",
+         f"{args.model}, rollout batch {args.batch} (gkv budget {args.budget}, s4r eta {args.eta}); training 1 x 8 rows")  # fmt: skip
+    result = {"benchmark": "scaling", **settings, "lengths": args.lengths, "train_lengths": args.train_lengths,
+              "seconds": round(time.perf_counter() - start, 1), "points": points,
+              "plot": str(args.output_root / "scaling.png")}  # fmt: skip
+    print_json(result)
+
+
+if __name__ == "__main__":
+    main()
