@@ -147,10 +147,34 @@ def _hydra_job(config_name: str, schema_name: str, passthrough: bool, work, befo
     main()
 
 
+def precision_from_launcher(overrides: list[str]) -> list[str]:
+    """The run's ``precision`` and ``accelerate launch``'s mixed precision (its config file or ``--mixed_precision``,
+    which accelerate passes on as ``ACCELERATE_MIXED_PRECISION``; the DeepSpeed recipes say bf16) agree by
+    construction: a launch in bf16 whose overrides name no precision trains in bf16 (``precision=bf16`` added,
+    said in one line); overrides that contradict the launcher are refused before any work, naming both."""
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no") or "no"
+    if launcher == "no":
+        return overrides
+    if launcher != "bf16":
+        _fail(f"error: accelerate launches with mixed_precision={launcher}; training here is fp32 or bf16: launch "
+              "with --mixed_precision bf16 (or no) and set precision=bf16 (or fp32)", REFUSED)  # fmt: skip
+    given = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] in ("precision", "bf16")]
+    if not given:
+        print("precision=bf16: accelerate launches with mixed_precision=bf16", file=sys.stderr, flush=True)
+        return [*overrides, "precision=bf16"]
+    key, _, value = given[-1].lstrip("+~").partition("=")
+    if (value == "bf16") if key == "precision" else value.lower() in ("true", "1", "yes"):
+        return overrides
+    _fail(f"error: {given[-1]}, but accelerate launches with mixed_precision=bf16 (its config file or "
+          "--mixed_precision): give precision=bf16, or launch with --mixed_precision no", REFUSED)  # fmt: skip
+
+
 def train(script: list[str]) -> None:
     """Train with the overrides in ``sys.argv[1:]``; ``script`` re-runs this command (with the same overrides)
     under ``torch.distributed.run`` when more CPU processes were asked for (once the configuration holds)."""
     from gkv_train.distributed import relaunch_cpu_processes
+
+    sys.argv[1:] = precision_from_launcher(sys.argv[1:])
 
     def work(config, cfg, files) -> None:
         from gkv_train.launch import run  # trl, transformers, peft: imported once the configuration holds

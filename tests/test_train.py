@@ -426,7 +426,11 @@ def test_bf16_end_to_end(tmp_path, recipe):
     from gkv_train.models import load_model
 
     args = [a for a in TINY if not a.startswith("learning_rate=")]
-    run([*args, f"recipe={recipe}", "precision=bf16", "learning_rate=1e-6", "max_steps=2", f"output_dir={tmp_path}"])
+    # precision comes from the launcher when the command names none (accelerate passes its mixed_precision on)
+    proc = run([*args, f"recipe={recipe}", "learning_rate=1e-6", "max_steps=2", f"output_dir={tmp_path}"],
+               env={"ACCELERATE_MIXED_PRECISION": "bf16"})  # fmt: skip
+    assert "precision=bf16: accelerate launches with mixed_precision=bf16" in proc.stderr
+    assert "precision: bf16" in (tmp_path / "hydra" / "config.yaml").read_text()
     steps = metrics(tmp_path)
     assert all(1e-5 < s["mismatch/mean_abs"] < 1e-2 and s["mismatch/max_abs"] < 0.1 for s in steps)
     if recipe == "rl_sparse":  # rl.rollout_is=auto: on in bf16 (off in fp32: test_train_writes_logs_...)
@@ -460,6 +464,14 @@ def test_deepspeed(tmp_path, stage):
         resumed = run([*TINY, "max_steps=3", "resume=last", f"output_dir={tmp_path}"], launcher=launcher)
         assert resumed.stderr.count("resuming from") == 1  # said by the main process only
         assert [s["step"] for s in metrics(tmp_path)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("precision", ["precision=fp32", "bf16=false"])
+def test_precision_against_the_launcher_is_refused(tmp_path, precision):
+    """A command whose precision contradicts accelerate's mixed precision stops before any work, naming both."""
+    proc = run([*TINY, precision, f"output_dir={tmp_path}"], check=False, env={"ACCELERATE_MIXED_PRECISION": "bf16"})
+    assert proc.returncode == 2 and f"error: {precision}, but accelerate launches with mixed_precision=bf16" in proc.stderr
+    assert not any(tmp_path.iterdir())
 
 
 def children(pid):
