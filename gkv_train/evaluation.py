@@ -8,6 +8,7 @@ import math
 import random
 import sys
 import time
+import zlib
 from dataclasses import asdict
 from pathlib import Path
 
@@ -25,10 +26,12 @@ from gkv_train.preflight import Generation, check_generations
 from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
+from gkv_rollout.methods import METHODS
 from gkv_train.runlock import RunLock
 from gkv_train.storage import check_output_dir, naming_full_disk
 
 DENSITY_BINS = 50
+MARKERS = "osD^vP*Xh<>p"
 RUN_SETTINGS = "run.json"
 RUN_FILES = ("samples.jsonl", "density.jsonl", "summary.json", RUN_SETTINGS)
 
@@ -336,6 +339,16 @@ def results_table(summaries: list[dict]) -> str:
     return "\n".join(["pass@1 [95% interval] r<retention>", *lines])
 
 
+def method_style(method: str) -> dict:
+    """One colour and marker per method in every figure: the full cache black, a registered method by its place in
+    the registry (then ``s4r``), any other name (a user's method, a bench's variant) by a hash of it."""
+    if method == "full":
+        return {"color": "black", "marker": "s"}
+    names = [m for m in METHODS if m != "full"] + ["s4r"]
+    index = names.index(method) if method in names else len(names) + zlib.crc32(method.encode()) % 7
+    return {"color": f"C{index % 10}", "marker": MARKERS[index % len(MARKERS)]}
+
+
 def plot_summaries(summaries: list[dict], out_dir: Path, title: str) -> list[Path]:
     """``pass_at_1_vs_budget.png``: pass@1 with 95% intervals against budget per method (full: a line with its
     band); ``retained_density.png``: absolute retention by relative position, and the density of retained
@@ -348,6 +361,7 @@ def plot_summaries(summaries: list[dict], out_dir: Path, title: str) -> list[Pat
     paths = []
     fig, ax = plt.subplots(figsize=(6.5, 4))
     budgets = sorted({s["compression"]["budget"] for s in summaries if s["run"] != "full"})
+    methods = list(dict.fromkeys(s["compression"]["method"] for s in summaries if s["run"] != "full"))
     for method in dict.fromkeys(s["compression"]["method"] for s in summaries):
         runs = sorted((s for s in summaries if s["compression"]["method"] == method), key=lambda s: s["compression"]["budget"])
         if method == "full":
@@ -356,10 +370,12 @@ def plot_summaries(summaries: list[dict], out_dir: Path, title: str) -> list[Pat
             if run["pass@1_ci95"][0] is not None:
                 ax.axhspan(*run["pass@1_ci95"], color="black", alpha=0.08)
             continue
-        x = [r["compression"]["budget"] for r in runs]
+        # methods side by side around each budget (3% apart on the log axis), so equal points stay visible
+        dodge = 1.03 ** (methods.index(method) - (len(methods) - 1) / 2)
+        x = [r["compression"]["budget"] * dodge for r in runs]
         y = [r["pass@1"] for r in runs]
         err = [[r["pass@1"] - r["pass@1_ci95"][0] for r in runs], [r["pass@1_ci95"][1] - r["pass@1"] for r in runs]]
-        ax.errorbar(x, y, yerr=err, marker="o", capsize=3, label=method)
+        ax.errorbar(x, y, yerr=err, capsize=3, label=method, markerfacecolor="none", **method_style(method))
     ax.set_xlabel("budget (tokens per layer and KV head)")
     ax.set_ylabel("pass@1 (95% bootstrap interval)")
     ax.set_ylim(0, 1)
@@ -389,13 +405,12 @@ def plot_retained_density(summaries: list[dict], path: Path, title: str) -> Path
 
     budgets = sorted({s["compression"]["budget"] for s in summaries if s["run"] != "full"})
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    colours = {m: f"C{i}" for i, m in enumerate(dict.fromkeys(s["compression"]["method"] for s in summaries))}
     styles = {b: ("-", "--", ":", "-.")[i % 4] for i, b in enumerate(budgets)}
     for s in summaries:
         share = s["retention_by_position"]
         centres = [(i + 0.5) / len(share) for i in range(len(share))]
         label = f"{s['run']} (retention {s['retention']:.2f})" if s["retention"] is not None else s["run"]
-        style = dict(color="black" if s["run"] == "full" else colours[s["compression"]["method"]],
+        style = dict(color=method_style("full" if s["run"] == "full" else s["compression"]["method"])["color"],
                      linestyle=styles.get(s["compression"]["budget"], "-"), linewidth=1.2)  # fmt: skip
         top.plot(centres, share, label=label, **style)
         bottom.plot(centres, s["retained_density"], **style)

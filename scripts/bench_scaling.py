@@ -120,7 +120,9 @@ def plot(points: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    colours = {"full": "black", "gkv": "C0", "s4r": "C2", "rl_sparse": "C0", "rl_full": "black"}
+    from gkv_train.evaluation import method_style
+
+    colours = {m: method_style(m)["color"] for m in METHODS} | {"rl_sparse": method_style("gkv")["color"], "rl_full": "black"}
     for method in METHODS:
         rows = sorted((p for p in points if p["kind"] == "rollout" and p["method"] == method), key=lambda p: p["length"])
         if not rows:

@@ -305,3 +305,16 @@ def test_evaluate_refuses_before_any_work(tmp_path, weightless_model, override, 
     line = proc.stderr.strip().splitlines()[-1]
     assert line == "error: " + line[7:] and message.format(model=weightless_model, tmp=tmp_path) in line
     assert not out.exists()
+
+
+def test_each_method_keeps_one_style_across_figures():
+    """method_style gives every figure (pass@1 against budget, retained density, the benches' plots) the same colour
+    and marker for a method, whatever else the figure shows; the full cache black; distinct built-in methods."""
+    from gkv_rollout.methods import METHODS
+    from gkv_train.evaluation import method_style
+
+    names = [m for m in METHODS if m != "full"] + ["s4r"]
+    styles = {name: (method_style(name)["color"], method_style(name)["marker"]) for name in names}
+    assert len(set(styles.values())) == len(names)
+    assert method_style("full")["color"] == "black" and "black" not in {c for c, _ in styles.values()}
+    assert method_style("gkv-mean") == method_style("gkv-mean")  # a name outside the registry: stable
