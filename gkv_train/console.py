@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+
+ROLLOUT_BAR_DELAY = 5.0  # seconds
 
 
 class LineTee(io.TextIOBase):
@@ -44,6 +47,21 @@ class LineTee(io.TextIOBase):
     @property
     def encoding(self):
         return getattr(self.console, "encoding", "utf-8")
+
+
+@contextmanager
+def rollout_progress(rows: int, max_new_tokens: int, enabled: bool = True):
+    """A progress bar of one rollout inside a training step (tokens, tokens/s), drawn only once the rollout has
+    run ``ROLLOUT_BAR_DELAY`` seconds (a short one draws nothing) and removed when it ends; yields the callback
+    ``RolloutEngine.generate(progress=...)`` takes. ``enabled``: False on processes other than the main one."""
+    from tqdm import tqdm
+
+    bar = tqdm(total=rows * max_new_tokens, desc="rollout", unit="tok", unit_scale=True, delay=ROLLOUT_BAR_DELAY,
+               leave=False, disable=not enabled, dynamic_ncols=True)  # fmt: skip
+    try:
+        yield bar.update
+    finally:
+        bar.close()
 
 
 def log_console_to(path: Path) -> None:

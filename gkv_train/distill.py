@@ -25,6 +25,7 @@ import torch
 from transformers import Trainer
 
 from gkv_train.consistency import mismatch_stats
+from gkv_train.console import rollout_progress
 from gkv_train.distributed import generation_model
 from gkv_train.logprobs import chunked_divergence, decoder_and_head, head_logprobs
 from gkv_rollout.config import CompressionConfig, SamplingConfig
@@ -71,7 +72,9 @@ class CompressedDistillationTrainer(Trainer):
             if self.distill.mode == "offline":
                 return engine.replay(prompts, [row["completion_ids"] for row in rows], self.sampling)
             seed = rollout_seed(self.sampling.seed, self.state.global_step, self.accelerator.process_index)
-            return engine.generate(prompts, dataclasses.replace(self.sampling, num_samples=1, seed=seed))
+            sampling = dataclasses.replace(self.sampling, num_samples=1, seed=seed)
+            with rollout_progress(len(prompts), sampling.max_new_tokens, self.accelerator.is_main_process) as progress:
+                return engine.generate(prompts, sampling, progress=progress)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         start = time.perf_counter()

@@ -205,13 +205,15 @@ def evaluate_compression(
     out_dir: Path,
     batch_problems: int,
     prompt_template: str,
+    progress: tqdm | None = None,
 ) -> dict:
     """Sample ``sampling.num_samples`` completions per problem under ``compression`` and score them.
 
     Appends one JSON line per sample to ``out_dir/samples.jsonl`` batch by batch; a batch already there (an
     interrupted run) is not recomputed (``out_dir`` must be claimed first: ``claim_run_dir``). Each batch's seed
     depends only on its index, so a resumed run produces what an uninterrupted one would. Returns the summary
-    (also written to ``out_dir/summary.json``).
+    (also written to ``out_dir/summary.json``). ``progress``: a sweep's bar over every run's batches (one is made
+    for this run when None), moved by one per batch, finished ones included.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     samples_path, density_path = out_dir / "samples.jsonl", out_dir / "density.jsonl"
@@ -219,10 +221,12 @@ def evaluate_compression(
     done = finished_batches(samples_path, density_path, batches, sampling.num_samples)
     engine = RolloutEngine(model, tokenizer, compression)
     verify = MathVerifier()
-    progress = tqdm(batches, desc=run_name(compression), unit="batch")
+    own = progress is None
+    progress = tqdm(total=len(batches), desc=run_name(compression), unit="batch") if own else progress
     tally = [0, 0]  # correct, samples of the batches computed now
-    for index, rows in enumerate(progress):
+    for index, rows in enumerate(batches):
         if index in done:
+            progress.update(1)
             continue
         batch = problems.select(rows)
         prompts = [prompt_template.format(problem=p) for p in batch["problem"]]
@@ -257,7 +261,10 @@ def evaluate_compression(
         tally[0] += sum(line["correct"] for line in lines)
         tally[1] += len(lines)
         progress.set_postfix(accuracy=f"{tally[0] / tally[1]:.3f}")
+        progress.update(1)
     verify.close()
+    if own:
+        progress.close()
     in_order = sorted(read_jsonl(samples_path), key=lambda s: (s["batch"], s["problem_id"], s["sample"]))
     write_atomically(samples_path, "".join(dumps(s) + "\n" for s in in_order))  # recomputed batches in place
     summary = summarize(samples_path, density_path, sampling.num_samples)
@@ -543,13 +550,15 @@ def _evaluate(config, settings: dict, runs: list[CompressionConfig], problems, o
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
         num_samples=config.num_generations, seed=config.seed, compile_decode=config.compile_decode,
     )
-    summaries = [
-        evaluate_compression(
-            model, tokenizer, problems, compression, sampling, out_dir / run_name(compression),
-            config.batch_problems, data.prompt_template,
-        )
-        for compression in runs
-    ]
+    batches = math.ceil(len(problems) / config.batch_problems)
+    summaries = []
+    with tqdm(total=batches * len(runs), unit="batch") as sweep:  # one bar over the sweep: every run's batches
+        for i, compression in enumerate(runs):
+            sweep.set_description(f"{run_name(compression)} (run {i + 1}/{len(runs)})")
+            summaries.append(evaluate_compression(
+                model, tokenizer, problems, compression, sampling, out_dir / run_name(compression),
+                config.batch_problems, data.prompt_template, progress=sweep,
+            ))  # fmt: skip
     versions = software_versions()
     identity = {"model": model_identity(config.model),
                 "adapter": None if config.adapter is None else model_identity(config.adapter)}  # fmt: skip

@@ -33,6 +33,7 @@ from accelerate.utils import gather_object
 from trl import GRPOTrainer
 
 from gkv_train.consistency import mismatch_stats
+from gkv_train.console import rollout_progress
 from gkv_train.distributed import generation_model, is_zero3
 from gkv_train.logprobs import logical_forward
 from gkv_rollout.config import CompressionConfig, SamplingConfig
@@ -157,8 +158,10 @@ class CompressedGRPOTrainer(GRPOTrainer):
             stop_token_ids=tuple(self.eos_token_ids),
             compile_decode=self.compile_decode,
         )
-        with generation_model(self) as model:  # ZeRO-3: the weights gathered
-            out = RolloutEngine(model, self.processing_class, self.compression).generate(prompts, sampling)
+        rows = len(prompts)  # TRL passes every sample's prompt (num_generations per problem)
+        with generation_model(self) as model, rollout_progress(rows, sampling.max_new_tokens,
+                                                               self.accelerator.is_main_process) as progress:  # fmt: skip
+            out = RolloutEngine(model, self.processing_class, self.compression).generate(prompts, sampling, progress=progress)
         self._scope.generation = out
         self._scope.record = out.record if self.sparse.train_with_record else None
         completions = out.completions()

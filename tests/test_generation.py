@@ -206,3 +206,15 @@ def test_rows_leaving_keep_the_compression_steps(tiny_llama, method):
     assert torch.equal(runs[0].record.evict_at, runs[1].record.evict_at)
     assert torch.allclose(runs[0].logprobs, runs[1].logprobs, atol=1e-5)
 
+
+
+def test_progress_callback_counts_every_generated_token(tiny_llama):
+    """generate(progress=...) is told each step's new tokens: they add up to the completions' tokens."""
+    from gkv_rollout.config import CompressionConfig, SamplingConfig
+    from gkv_rollout.engine import RolloutEngine
+    from gkv_train.models import random_prompts
+
+    counts = []
+    engine = RolloutEngine(tiny_llama, compression=CompressionConfig("gkv", budget=16, window=4, interval=8))
+    out = engine.generate(random_prompts([12, 30, 7]), SamplingConfig(max_new_tokens=24, seed=3), progress=counts.append)
+    assert sum(counts) == int(out.completion_lengths.sum()) and len(counts) == out.num_completion_tokens

@@ -207,18 +207,21 @@ class RolloutEngine:
         prompts: Sequence[Prompt],
         sampling: SamplingConfig | None = None,
         forced: Sequence[Sequence[int]] | None = None,
+        progress: Callable[[int], object] | None = None,
     ) -> RolloutOutput:
         """Sample completions (or, with ``forced``, feed the given ones: see ``replay``). The model runs in
-        eval mode (no dropout) without gradients; its training mode is restored on return."""
+        eval mode (no dropout) without gradients; its training mode is restored on return. ``progress``, when
+        given, is called after every step with the number of tokens that step generated (e.g. a progress bar's
+        ``update``)."""
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
-                return self._generate(prompts, sampling or SamplingConfig(), forced)
+                return self._generate(prompts, sampling or SamplingConfig(), forced, progress)
         finally:
             self.model.train(was_training)
 
-    def _generate(self, prompts, sampling: SamplingConfig, forced) -> RolloutOutput:
+    def _generate(self, prompts, sampling: SamplingConfig, forced, progress) -> RolloutOutput:
         model, cfg = self.model, self.compression
         device = next(model.parameters()).device
         rows = [r for r in encode_prompts(self.tokenizer, prompts, self.chat) for _ in range(sampling.num_samples)]
@@ -274,6 +277,8 @@ class RolloutEngine:
             tokens[in_cache, n] = torch.where(live, token, pad_id)
             logprobs[in_cache, n] = torch.where(live, logprob, 0.0)
             lengths[in_cache] += live.long()
+            if progress is not None:
+                progress(int(live.sum()))
             stop = torch.isin(token, stop_ids) if forced is None else forced_lengths[in_cache] <= n + 1
             finished[in_cache] |= stop
             steps = n + 1
