@@ -3,11 +3,15 @@
     python scripts/bench_s4r.py                    # ~4k-token prompts, 128 new tokens, eta 0.2, 20 passkey cases
     python scripts/bench_s4r.py --cases 4 --context 2000
     python scripts/bench_s4r.py --cases 0                       # timing and memory only
+    python scripts/bench_s4r.py --memory-share --context 146 --new-tokens 1024   # eta's two meanings
 
 * prefill: S4R (sampling + SVD + projection) against plain prefill of the same ~4k-token prompt;
 * decode time per token over 128 forced tokens: ``full``, ``s4r`` and a low-rank baseline that reconstructs
   every token each step (``rho=1``);
 * persistent cache bytes of S4R against the full cache at the prompt length;
+* ``--memory-share`` (alone): the persistent-memory share S4R reaches at the end of a long generation with the
+  rank solved at the prompt's length (``expected_length=0``, the meaning of ``eta`` before 2026-12-03) and at
+  the end of the generation (the default now), against the ``eta`` asked;
 * passkey retrieval: a 5-digit number hidden at a random depth in ~4k tokens of filler, greedy answer,
   accuracy for ``full``, ``s4r`` (eta), and ``streaming`` / ``gkv`` with a budget of the same memory
   (eta x prompt length).
@@ -68,6 +72,16 @@ def timed(model, tokenizer, prompt: str, compression: CompressionConfig, new_tok
     }
 
 
+def memory_share(model, tokenizer, prompt: str, eta: float, new_tokens: int) -> dict:
+    """The share reached at the end of ``new_tokens`` forced tokens, per meaning of ``eta``."""
+    shares = {}
+    for label, expected in (("eta_at_prompt_length", 0), ("eta_at_end_of_generation", None)):
+        engine = RolloutEngine(model, tokenizer, CompressionConfig("s4r", eta=eta, expected_length=expected), chat=False)
+        out = engine.generate([prompt], SamplingConfig(max_new_tokens=new_tokens, temperature=0, ignore_eos=True))
+        shares[label] = out.memory_share[0].item()
+    return {"prompt_tokens": int(out.prompt_lengths[0]), "memory_share": shares}
+
+
 def passkey_accuracy(model, tokenizer, cases, compression: CompressionConfig, batch: int) -> dict:
     engine = RolloutEngine(model, tokenizer, compression, chat=False)
     correct, retention = 0, []
@@ -92,11 +106,17 @@ def main() -> None:
     parser.add_argument("--cases", type=int, default=20, help="passkey cases (0: timing and memory only)")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--memory-share", action="store_true", help="only the memory share of eta's two meanings")
     args = parser.parse_args()
 
     model, tokenizer = load_model(args.model)
     s4r = CompressionConfig("s4r", eta=args.eta)
     prompt = long_prompt(tokenizer, args.context)
+    if args.memory_share:
+        shares = memory_share(model, tokenizer, prompt, args.eta, args.new_tokens)
+        print_json({"benchmark": "s4r_memory_share", "model": args.model, "eta": args.eta,
+                    "new_tokens": args.new_tokens, **shares})  # fmt: skip
+        return
     timed(model, tokenizer, prompt[:2000], s4r, 4)  # warm-up: first-call allocations are not S4R's cost
     full = timed(model, tokenizer, prompt, CompressionConfig("full"), args.new_tokens)
     sparse = timed(model, tokenizer, prompt, s4r, args.new_tokens)

@@ -191,15 +191,17 @@ class RolloutEngine:
         """Teacher-force given completions through the compressed cache, one per prompt.
 
         Returns what a sampled rollout that produced exactly these tokens returns: the same record, and the
-        log-probs of the given tokens under softmax(logits / sampling.temperature).
+        log-probs of the given tokens under softmax(logits / sampling.temperature). ``sampling.max_new_tokens``
+        is the rollout's (at least the longest completion; without ``sampling``: the longest completion): S4R
+        solves its rank at prompt + ``max_new_tokens`` unless ``expected_length`` is set.
         """
         if len(completions) != len(prompts):
             raise ValueError(f"{len(completions)} completions for {len(prompts)} prompts")
         if any(len(c) == 0 for c in completions):
             raise ValueError("cannot replay an empty completion")
-        sampling = dataclasses.replace(
-            sampling or SamplingConfig(), num_samples=1, max_new_tokens=max(len(c) for c in completions)
-        )
+        longest = max(len(c) for c in completions)
+        given = sampling or SamplingConfig(max_new_tokens=longest)
+        sampling = dataclasses.replace(given, num_samples=1, max_new_tokens=max(given.max_new_tokens, longest))
         return self.generate(prompts, sampling, forced=completions)
 
     def generate(
