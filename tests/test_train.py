@@ -70,7 +70,8 @@ def test_train_writes_logs_checkpoints_and_evaluation(tmp_path, recipe):
     the datasets cache."""
     out, cache = tmp_path / "out", tmp_path / "hf-datasets"
     data = write_problems(tmp_path / "latex.jsonl")
-    env = {"PROBE_OUT": str(tmp_path / "probe.jsonl"), "PYTHONPATH": str(ROOT / "tests"), "HF_DATASETS_CACHE": str(cache)}
+    env = {"PROBE_OUT": str(tmp_path / "probe.jsonl"), "HF_DATASETS_CACHE": str(cache),
+           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     proc = run([f"recipe={recipe}", *TINY, "max_steps=2", f"output_dir={out}", "data.name=null", f"data.path={data}",
                 "rewards=[gkv_rewards.functions.accuracy,verifier_probe.latex_probe]"], env=env)
     steps = metrics(out)
