@@ -108,12 +108,20 @@ def _hydra_job(config_name: str, schema_name: str, passthrough: bool, work, befo
     A run refused before any work (a bad value, a failed check: ``Refused``) prints one line ``error: ...`` and
     exits with 2; a signal that stops it (``Preempted``) one line and 128 + the signal; a full disk ``error: ...``
     and 1 (``gkv_train.exits``)."""
+    from gkv_train import run_config
+
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):  # every key, its type, default and help
+        from gkv_train.keyhelp import help_text
+
+        recipes = sorted(p.stem for p in (Path(RECIPES) / "recipe").glob("*.yaml")) if config_name == "train" else None
+        print(help_text(getattr(run_config, schema_name), config_name, recipes), end="")
+        return
+
     import hydra
     from omegaconf import DictConfig, OmegaConf
 
     quiet_upstream_warnings()
 
-    from gkv_train import run_config
     from gkv_train.exits import Preempted, Refused, refusing
     from gkv_train.storage import DiskFull
 

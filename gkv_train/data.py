@@ -66,6 +66,13 @@ class DataConfig:
     test split (another is refused); a local file is split by its name: ``path=data/{split}.jsonl`` (on a
     command line quoted for Hydra: ``"data.path='data/{split}.jsonl'"``) reads ``data/test.jsonl`` for
     ``split=test``, and a path without ``{split}`` is read whole.
+
+    path: a local JSONL / JSON / Parquet file of problems (``{split}`` in it: the split's file); implies name=null.
+    name: a preset (aime24, amc23, math500, gsm8k, svamp), a built-in task (arithmetic, copy_recall) or a hub
+        dataset; None with ``path``.
+    answer_field: the field holding the gold answer.
+    limit: the first N problems (None: all).
+    prompt_template: the prompt around a problem (``{problem}`` is replaced by it).
     """
 
     path: str | None = None

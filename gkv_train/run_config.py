@@ -133,6 +133,8 @@ class DistillOptions:
     teacher: the full-attention teacher; None: a frozen copy of the initial model.
     traces: a traces JSONL (``scripts/generate_traces.py``) for offline mode; None: generated at start from
         the first ``trace_problems`` training problems, ``trace_samples`` samples each (correct ones kept).
+    trace_problems: offline traces generated at start (no ``traces``): from the first N training problems.
+    trace_samples: offline traces generated at start: completions per problem (correct ones kept).
     chunk_tokens: tokens per LM-head chunk of the loss (memory: chunk_tokens x vocab logits at once).
     """
 
@@ -155,6 +157,15 @@ class DistillOptions:
 
 @dataclass
 class LoraOptions:
+    """LoRA adapters (``lora.*``; PEFT) instead of training every weight.
+
+    enabled: train LoRA adapters only; the saved run is an adapter (``gkv-train export`` merges it).
+    r: the adapters' rank.
+    alpha: their scaling numerator (scale alpha / r).
+    dropout: dropout on the adapters' input.
+    target_modules: the linear layers that get adapters.
+    """
+
     enabled: bool = False
     r: int = 16
     alpha: int = 32
@@ -169,7 +180,39 @@ class LoraOptions:
 
 @dataclass
 class TrainConfig:
-    """One training run. ``recipe=rl_sparse`` / ``rl_full`` set the compression and the masks."""
+    """One training run. ``recipe=rl_sparse`` / ``rl_full`` set the compression and the masks.
+
+    recipe: the recipe (recipes/recipe/*.yaml): rl_sparse, rl_full, sparse_rl, distill, distill_onpolicy.
+    model: a built-in model (smollm2-135m, tiny), a hub name or a local folder / GGUF file.
+    prompts_per_step: GRPO: distinct prompts per optimizer step (rows: x num_generations); distillation: rows.
+    num_generations: GRPO group size: completions sampled per prompt (TRL's name).
+    max_new_tokens: the longest completion (TRL: max_completion_length).
+    temperature: sampling temperature of the rollouts (> 0 in training).
+    top_p: nucleus sampling of the rollouts (log-probs are always of the unclipped distribution).
+    loss_type: TRL's GRPO loss (dapo, grpo, dr_grpo, bnpo, ...).
+    beta: KL coefficient against the reference model (0: no reference model).
+    epsilon: PPO clip range, lower side.
+    epsilon_high: PPO clip range, upper side (DAPO's clip-higher).
+    scale_rewards: TRL's advantage scaling: group, batch or none.
+    rewards: reward functions by import path (plain callables, TRL's signature).
+    reward_weights: one weight per reward function (None: all 1).
+    max_steps: optimizer steps.
+    learning_rate: the optimizer's learning rate.
+    lr_scheduler_type: transformers' scheduler name (constant, linear, cosine, ...).
+    gradient_accumulation_steps: micro-batches per optimizer step, per process.
+    max_grad_norm: gradient clipping norm.
+    precision: fp32 or bf16 (bf16: forwards under autocast, weights kept fp32; under accelerate launch, follows
+        its mixed precision when not given).
+    gradient_checkpointing: recompute activations in the backward (memory for time).
+    mask_backend: how training forwards attend under the record: auto, flex (FlexAttention block masks) or sdpa.
+    output_dir: the run's folder (checkpoints, metrics.jsonl, train.log, eval.json).
+    save_steps: checkpoint every N steps (and at the end).
+    save_total_limit: checkpoints kept (None: all).
+    logging_steps: log metrics every N steps.
+    trl: TRL GRPOConfig / TrainingArguments fields without a key here, passed as is (``trl.weight_decay=0.01``,
+        or top-level ``weight_decay=0.01``).
+    seed: seeds the trainer, the data order and the rollouts.
+    """
 
     recipe: str = "rl_sparse"
     algorithm: str = "grpo"  # grpo | distill
@@ -269,7 +312,14 @@ class TrainConfig:
 @dataclass
 class TracesConfig:
     """One call of ``scripts/generate_traces.py``: full-cache completions of a teacher, checked; the correct ones
-    (``keep_incorrect``: all) written as JSONL for offline distillation (``distill.traces``)."""
+    (``keep_incorrect``: all) written as JSONL for offline distillation (``distill.traces``).
+
+    max_new_tokens: the longest completion.
+    temperature: sampling temperature (0: greedy).
+    top_p: nucleus sampling.
+    seed: seeds the sampling.
+    output: the traces file (JSONL); refused when another job writes it.
+    """
 
     model: str = "smollm2-135m"  # the teacher
     data: DataConfig = field(default_factory=lambda: DataConfig(limit=64))
@@ -337,6 +387,16 @@ class EvalConfig:
 
     ``methods`` x ``budgets`` (when given) sweep ``compression.method`` and ``compression.budget``; the other
     ``compression.*`` keys apply to every run.
+
+    model: a built-in model (smollm2-135m, tiny), a hub name or a local folder / GGUF file.
+    methods: compression methods to sweep (full included as a run); None: compression.method alone.
+    budgets: budgets to sweep for every compressing method; None: compression.budget alone.
+    max_new_tokens: the longest completion.
+    temperature: sampling temperature (0: greedy).
+    top_p: nucleus sampling.
+    precision: fp32 or bf16 (forwards under autocast).
+    seed: seeds the sampling (each batch's seed follows from it and the batch's index).
+    plots: write pass_at_1_vs_budget.png and retained_density.png.
     """
 
     model: str = "smollm2-135m"

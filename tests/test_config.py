@@ -331,3 +331,25 @@ def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model
         check(prompts=["q" * 5], new=900, rows=64)
     check(prompts=["q" * 5], new=900, rows=16)  # controls: fewer rows; a compressed cache (budget + interval slots)
     check(prompts=["q" * 5], new=900, rows=64, compressions=[CompressionConfig("gkv", budget=64, interval=16)])
+
+
+def test_help_lists_every_key_with_type_default_and_help():
+    """train.py / evaluate.py / generate_traces.py --help: every configuration key (nested groups dotted) with its
+    type, default and a help text taken from the dataclasses; none without help."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gkv_train.keyhelp import rows
+    from gkv_train.run_config import EvalConfig, TracesConfig, TrainConfig
+
+    root = Path(__file__).resolve().parents[1]
+    scripts = {TrainConfig: "train.py", EvalConfig: "scripts/evaluate.py", TracesConfig: "scripts/generate_traces.py"}
+    for cls, script in scripts.items():
+        keys = rows(cls)
+        assert all(text for _, _, _, text in keys), [key for key, _, _, text in keys if not text]
+        shown = subprocess.run([sys.executable, str(root / script), "--help"], capture_output=True, text=True, check=True).stdout
+        for key, kind, default, _ in keys:
+            assert f"  {key}  ({kind}, default {default})" in shown, key
+    train = subprocess.run([sys.executable, str(root / "train.py"), "-h"], capture_output=True, text=True, check=True).stdout
+    assert "rl.rollout_veto  (float | None, default None)" in train and "recipe=NAME" in train

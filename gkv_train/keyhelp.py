@@ -1,0 +1,77 @@
+"""``gkv-train train --help`` (and ``evaluate``, ``traces``): every configuration key with its type, default and
+help, read from the configuration dataclasses themselves (one source: their docstrings' ``name: text`` entries,
+else the comment on the field's line), nested groups as dotted keys."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import re
+import textwrap
+import typing
+
+ENTRY = re.compile(r"^(\w+(?:, \w+)*): (.*)$")  # "name: text" or "name, other: text" in a docstring
+FIELD_COMMENT = re.compile(r"^    (\w+): [^#]*#\s*(.*)$")  # "    name: type = default  # text" in a class body
+
+
+def field_help(cls: type) -> dict[str, str]:
+    """Help text per field of the dataclass ``cls``: its docstring's entries (an entry's indented lines continue
+    it), else the comment on the field's line."""
+    found: dict[str, str] = {}
+    current: list[str] | None = None
+    for line in textwrap.dedent("\n".join((cls.__doc__ or "").splitlines()[1:])).splitlines():
+        match = ENTRY.match(line)
+        if match:
+            current = [match.group(2)]
+            for name in match.group(1).split(", "):
+                found[name] = current  # names sharing an entry share its text
+        elif current is not None and line.startswith(" ") and line.strip():
+            current.append(line.strip())
+        else:
+            current = None
+    text = {name: " ".join(parts) for name, parts in found.items()}
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        source = ""
+    for line in source.splitlines():
+        match = FIELD_COMMENT.match(line)
+        if match and match.group(1) not in text:
+            text[match.group(1)] = match.group(2)
+    return text
+
+
+def type_name(annotation) -> str:
+    if isinstance(annotation, str):
+        return annotation
+    if typing.get_origin(annotation) is not None or isinstance(annotation, type(int | None)):
+        return str(annotation).replace("typing.", "")
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(key, type, default, help) of every field of ``cls``, nested dataclasses flattened into dotted keys."""
+    hints = typing.get_type_hints(cls)
+    helps = field_help(cls)
+    found = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # fmt: skip
+        if dataclasses.is_dataclass(default):
+            found += rows(type(default), f"{prefix}{f.name}.")
+            continue
+        found.append((prefix + f.name, type_name(hints.get(f.name, f.type)), repr(default), helps.get(f.name, "")))
+    return found
+
+
+def help_text(cls: type, command: str, recipes: list[str] | None = None) -> str:
+    """The listing ``gkv-train COMMAND --help`` prints."""
+    lines = [f"usage: gkv-train {command} [key=value ...]   (Hydra overrides; the same as the repository's script)", ""]
+    if recipes:
+        lines += [f"recipe=NAME sets a recipe's values first: {', '.join(recipes)} (recipes/recipe/*.yaml)", ""]
+    lines += ["defaults are the dataclasses' (a recipe may set others); types as Python writes them", ""]
+    for key, kind, default, text in rows(cls):
+        lines.append(f"  {key}  ({kind}, default {default})")
+        for part in textwrap.wrap(text or "-", 100):
+            lines.append(f"      {part}")
+    return "\n".join(lines) + "\n"
