@@ -18,6 +18,8 @@ from typing import Any
 import datasets
 
 from gkv_train.jsonio import file_identity
+from gkv_train.retrieval import RETRIEVAL_TASKS, retrieval_task
+from gkv_train.splits import check_builtin_request, held_out_split
 from gkv_rewards.extract import gold_answer
 
 
@@ -68,8 +70,10 @@ class DataConfig:
     ``split=test``, and a path without ``{split}`` is read whole.
 
     path: a local JSONL / JSON / Parquet file of problems (``{split}`` in it: the split's file); implies name=null.
-    name: a preset (aime24, amc23, math500, gsm8k, svamp), a built-in task (arithmetic, copy_recall) or a hub
-        dataset; None with ``path``.
+    name: a preset (aime24, amc23, math500, gsm8k, svamp), a built-in task (arithmetic, copy_recall; the
+        RULER-style retrieval tasks niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt:
+        ``gkv_train.retrieval``) or a hub dataset; None with ``path``.
+    context: the retrieval tasks' prompt length, about this many tokens.
     answer_field: the field holding the gold answer.
     limit: the first N problems (None: all).
     prompt_template: the prompt around a problem (``{problem}`` is replaced by it).
@@ -84,6 +88,7 @@ class DataConfig:
     levels: list[int] = field(default_factory=lambda: [1])  # built-in task difficulty levels (0-4)
     distractors: int = 0  # built-in task: facts about others placed between a problem's first fact and the rest
     sentences: int = 10  # copy_recall: the middle sentences written between the number and the blank (1-12)
+    context: int = 1024
     prompt_template: str = PROMPT_TEMPLATE
     config: str | None = None  # a hub dataset's configuration (subset), e.g. "main" for openai/gsm8k
 
@@ -107,6 +112,8 @@ class DataConfig:
                 del settings[key]
         if self.name != COPY_RECALL:
             del settings["sentences"]  # only copy_recall reads it
+        if self.name not in RETRIEVAL_TASKS:
+            del settings["context"]  # only the retrieval tasks read it
         return {**settings, "file": file_identity(file) if file is not None and file.is_file() else None}
 
 
@@ -143,6 +150,8 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
         return arithmetic_task(limit, split, seed, tuple(data.levels), data.distractors)
     if name == COPY_RECALL:
         return copy_recall_task(limit, split, seed, data.sentences)
+    if name in RETRIEVAL_TASKS:
+        return retrieval_task(name, limit, split, seed, data.context)
     if data.config is not None and (path is not None or name in PRESETS):
         raise ValueError(
             f"data.config={data.config!r} selects a hub dataset's configuration; {path or name} is a local file"
@@ -274,7 +283,6 @@ def check_fields(records: list[tuple[str, dict]], fields: list[str], path: str) 
             raise ValueError(f"{where}: record has no value for field(s) {bad}")
 
 
-TEST_POOL = 1024  # the built-in test split is (a prefix of) these many problems, all excluded from train
 NAMES = ["Ava", "Ben", "Cleo", "Dan", "Eli", "Fay", "Gus", "Hana", "Ivan", "June", "Kai", "Lena", "Milo", "Nora"]
 ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards", "stamps", "cookies"]
 
@@ -382,47 +390,6 @@ def arithmetic_task(
     rows = [{"id": i, "problem": text, "answer": str(answer), "level": level}
             for i, (text, answer, level) in enumerate(chosen)]  # fmt: skip
     return datasets.Dataset.from_list(rows)
-
-
-def check_builtin_request(task: str, split: str, n: int | None) -> None:
-    """A built-in task has the splits train and test and gives at least one problem (``n`` None: its default)."""
-    if split not in ("train", "test"):
-        raise ValueError(f"{task} has splits train and test, not {split!r}")
-    if n is not None and n < 1:
-        raise ValueError(f"the built-in task needs at least 1 problem, {n} requested")
-
-
-def held_out_split(stream, n: int | None, split: str, task: str, space: int, more: str) -> list[tuple]:
-    """``n`` distinct draws ``(text, ...)`` of a built-in task's ``split`` (n None: all). ``stream(which)`` yields the
-    draws of one random stream; the test split is the distinct problems of the first ``TEST_POOL`` draws of stream
-    ``test`` and train draws stream ``train`` without them, so the two never share a problem. ``space``: how many
-    distinct problems the task can write; ValueError naming ``task`` (and ``more``, how to get more) when the split
-    cannot give ``n``."""
-    test_stream = stream("test")
-    draws = (next(test_stream) for _ in range(TEST_POOL))
-    pool = list({draw[0]: draw for draw in draws}.values())  # distinct, in order
-    if split == "test":
-        if n is not None and n > len(pool):
-            raise ValueError(
-                f"the test split of {task} holds {len(pool)} distinct problems, data.limit={n} asks for more"
-            )
-        return pool[:n]
-    available = space - len(pool)
-    if n is None or n > available:
-        asked = "data.limit=null asks for all of them" if n is None else f"data.limit={n} asks for more"
-        raise ValueError(
-            f"{task} has {space} distinct problems, {len(pool)} of them held out for the test "
-            f"split, so the train split can give at most {available}: {asked} (or {more})"
-        )
-    held_out, seen, chosen = {draw[0] for draw in pool}, set(), []
-    for draw in stream(split):
-        if draw[0] in held_out or draw[0] in seen:
-            continue
-        seen.add(draw[0])
-        chosen.append(draw)
-        if len(chosen) == n:
-            break
-    return chosen
 
 
 PLACES = ["the park", "the library", "the beach", "the market", "the zoo", "the museum", "the garden", "the lake",

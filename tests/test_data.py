@@ -225,3 +225,38 @@ def test_copy_recall_task_is_deterministic_held_out_and_reachable_by_name():
         load_problems(DataConfig(name="copy_recall", sentences=13))
     with pytest.raises(ValueError, match="splits train and test"):
         copy_recall_task(3, "validation")
+
+
+@pytest.mark.parametrize("name", ["niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt"])
+def test_retrieval_tasks_hide_what_they_ask_and_hold_out_their_test_split(name):
+    """Each problem's answer is written in its haystack by the facts the question names (a control: the other
+    needles' numbers are there too, so finding a number is not enough); train and test share no problem; the
+    prompt grows with data.context; the identity names the context only for these tasks."""
+    import re
+
+    from gkv_train.retrieval import retrieval_task
+
+    train, test = retrieval_task(name, 30, "train", seed=1, context=256), retrieval_task(name, 60, "test", seed=1, context=256)
+    assert not set(train["problem"]) & set(test["problem"])
+    assert train["problem"] == retrieval_task(name, 30, "train", seed=1, context=256)["problem"]
+    for row in train:
+        text, question = row["problem"].rsplit("\n\n", 1)
+        answers = row["answer"].split(", ")
+        if name == "vt":
+            target = re.search(r"VAR (\w+)\?", question).group(1)
+            values = dict(re.findall(r"VAR (\w+) = (\d+|VAR \w+)\.", text))
+            while values[target].startswith("VAR "):  # follow the chain back to its number
+                target = values[target][4:]
+            assert answers == [values[target]] and len(re.findall(r"VAR \w+ = \d+\.", text)) == 2  # a second chain
+        else:
+            asked = re.findall(r"\b([a-z]+-[a-z]+)\b", question)
+            found = dict(re.findall(r"numbers for ([a-z]+-[a-z]+) is: (\d+)", text)) if name != "niah_multivalue" else None
+            if name == "niah_multivalue":
+                assert answers == re.findall(rf"numbers for {asked[0]} is: (\d+)", text) and len(answers) == 4
+            else:
+                assert answers == [found[k] for k in asked]
+                assert len(found) == (1 if name == "niah_single" else 4)
+    longer = load_problems(DataConfig(name=name, context=1024, limit=2))
+    assert len(longer["problem"][0]) > 2.5 * len(train["problem"][0])
+    assert DataConfig(name=name, context=512).identity() != DataConfig(name=name).identity()
+    assert "context" not in DataConfig().identity()

@@ -1,0 +1,133 @@
+"""RULER-style retrieval tasks, generated here (no download): needles in a haystack and variable tracking.
+
+Each prompt is a haystack of filler text (RULER's noise haystack: "The grass is green. The sky is blue. ...") of
+about ``context`` tokens with facts hidden at random depths, then a question; the answer is a number, or a list
+of numbers (graded as a set: ``gkv_rewards``). The tasks (``data.name=...``), after RULER (Hsieh et al., 2024):
+
+* ``niah_single``: one needle "One of the special magic numbers for <key> is: <number>."; asked for the key.
+* ``niah_multikey``: four needles with different keys; asked for one of them.
+* ``niah_multivalue``: four needles with the same key and different numbers; asked for all of them.
+* ``niah_multiquery``: four needles with different keys; asked for two of them (the answer lists both).
+* ``vt`` (variable tracking): "VAR A = <number>." then a chain "VAR B = VAR A." ... of ``VT_HOPS`` hops spread
+  over the haystack, and a second chain from another number; asked for the last variable of the first chain.
+
+Lengths are approximate: the filler is counted in words at ``TOKENS_PER_WORD`` (SmolLM2's tokenizer on this
+filler). Splits as the other built-in tasks: train and test never share a problem (``gkv_train.splits``).
+"""
+
+from __future__ import annotations
+
+import random
+
+import datasets
+
+from gkv_train.splits import check_builtin_request, held_out_split
+
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+TOKENS_PER_WORD = 1.3
+KEY_WORDS = ["amber", "bold", "calm", "dusty", "eager", "frosty", "gentle", "hollow", "icy", "jolly", "keen",
+             "lucky", "misty", "noble", "odd", "proud", "quiet", "rapid", "silent", "tidy"]  # fmt: skip
+KEY_NOUNS = ["anchor", "badger", "candle", "dragon", "falcon", "garden", "harbor", "island", "jacket", "kettle",
+             "lantern", "meadow", "needle", "orchard", "pepper", "quartz", "river", "saddle", "tunnel", "violin"]  # fmt: skip
+INTRO = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
+         "I will quiz you about the numbers afterwards.")  # fmt: skip
+VT_INTRO = "Memorize and track the chain(s) of variable assignment hidden in the following text."
+VT_HOPS = 4
+NEEDLES = 4
+
+
+def haystack(rng: random.Random, context: int, facts: list[str]) -> str:
+    """Filler of about ``context`` tokens with ``facts`` inserted, in order, at random depths between sentences."""
+    sentences = [s.strip() + "." for s in FILLER.split(".") if s.strip()]
+    words_per = sum(len(s.split()) for s in sentences) / len(sentences)
+    count = max(len(facts) + 1, round(context / TOKENS_PER_WORD / words_per))
+    text = [sentences[i % len(sentences)] for i in range(count)]
+    depths = sorted(rng.sample(range(count + 1), len(facts)))
+    for offset, (depth, fact) in enumerate(zip(depths, facts)):
+        text.insert(depth + offset, fact)
+    return " ".join(text)
+
+
+def _key(rng: random.Random, taken: set[str]) -> str:
+    while True:
+        key = f"{rng.choice(KEY_WORDS)}-{rng.choice(KEY_NOUNS)}"
+        if key not in taken:
+            taken.add(key)
+            return key
+
+
+def _number(rng: random.Random, taken: set[int]) -> int:
+    while True:
+        value = rng.randint(100000, 999999)
+        if value not in taken:
+            taken.add(value)
+            return value
+
+
+def needle(key: str, value: int) -> str:
+    return f"One of the special magic numbers for {key} is: {value}."
+
+
+def _niah(rng: random.Random, task: str, context: int) -> tuple[str, str]:
+    keys, values = set(), set()
+    if task == "niah_multivalue":
+        key = _key(rng, keys)
+        pairs = [(key, _number(rng, values)) for _ in range(NEEDLES)]
+        asked = [key]
+    else:
+        pairs = [(_key(rng, keys), _number(rng, values)) for _ in range(1 if task == "niah_single" else NEEDLES)]
+        asked = [k for k, _ in rng.sample(pairs, 2 if task == "niah_multiquery" else 1)]
+    order = rng.sample(pairs, len(pairs))  # where each needle lies is independent of which is asked
+    text = haystack(rng, context, [needle(k, v) for k, v in order])
+    if task == "niah_multivalue":
+        question = f"What are all the special magic numbers for {asked[0]} mentioned in the provided text?"
+        answer = [v for k, v in order]  # in the order they appear
+    elif task == "niah_multiquery":
+        question = f"What are the special magic numbers for {asked[0]} and {asked[1]} mentioned in the provided text?"
+        answer = [dict(pairs)[k] for k in asked]
+    else:
+        question = f"What is the special magic number for {asked[0]} mentioned in the provided text?"
+        answer = [dict(pairs)[asked[0]]]
+    return f"{INTRO}\n\n{text}\n\n{question}", ", ".join(map(str, answer))
+
+
+def _vt(rng: random.Random, context: int) -> tuple[str, str]:
+    names = rng.sample([f"{a}{b}{c}" for a in "ABCDEFGHJK" for b in "LMNPQRSTUV" for c in "WXYZ"], 2 * (VT_HOPS + 1))
+    values: set[int] = set()
+    chains = []
+    for c in range(2):
+        chain = names[c * (VT_HOPS + 1) : (c + 1) * (VT_HOPS + 1)]
+        facts = [f"VAR {chain[0]} = {_number(rng, values)}."] + [
+            f"VAR {chain[i]} = VAR {chain[i - 1]}." for i in range(1, len(chain))
+        ]
+        chains.append((chain, facts))
+    # the two chains interleaved, each in its own order
+    facts, left = [], [list(f) for _, f in chains]
+    while any(left):
+        pick = rng.choice([i for i, f in enumerate(left) if f])
+        facts.append(left[pick].pop(0))
+    text = haystack(rng, context, facts)
+    chain = chains[0][0]
+    value = chains[0][1][0].split("= ")[1].rstrip(".")
+    return f"{VT_INTRO}\n\n{text}\n\nWhat is the value of VAR {chain[-1]}?", value
+
+
+RETRIEVAL_TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt")
+
+
+def retrieval_task(name: str, n: int | None, split: str = "train", seed: int = 0, context: int = 1024) -> datasets.Dataset:
+    """``n`` problems of the retrieval task ``name`` (``RETRIEVAL_TASKS``) with prompts of about ``context``
+    tokens; columns ``id``, ``problem``, ``answer`` (a number, or numbers joined by ", ")."""
+    if name not in RETRIEVAL_TASKS:
+        raise ValueError(f"unknown retrieval task {name!r}; choose one of {', '.join(RETRIEVAL_TASKS)}")
+    check_builtin_request(f"the built-in task {name}", split, n)
+    if context < 64:
+        raise ValueError(f"data.context must be at least 64 tokens for {name}, got {context}")
+
+    def stream(which: str):
+        rng = random.Random(f"{seed}:{name}:{context}:{which}")
+        while True:
+            yield _vt(rng, context) if name == "vt" else _niah(rng, name, context)
+
+    chosen = held_out_split(stream, n, split, f"the built-in task {name}", 10**9, "")
+    return datasets.Dataset.from_list([{"id": i, "problem": p, "answer": a} for i, (p, a) in enumerate(chosen)])
