@@ -1,11 +1,13 @@
-"""Helpers shared by the scripts: data paths and prompts."""
+"""Helpers shared by the scripts: data paths, prompts, one JSON line, where a result came from."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 from pathlib import Path
 
 from gkv_train.data import DATA_DIR, gsm8k_questions  # noqa: F401 (the scripts' imports)
-from gkv_train.jsonio import dumps
+from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import random_prompts  # noqa: F401
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,3 +17,23 @@ ROOT = Path(__file__).resolve().parents[1]
 def print_json(record: dict) -> None:
     """One strict JSON line on stdout (NaN written as null)."""
     print(dumps(record), flush=True)
+
+
+def git_commit() -> str | None:
+    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def machine() -> str:
+    import os
+    import platform
+
+    return f"{os.cpu_count()}-core CPU ({platform.machine()}), fp32, torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}"
+
+
+def merge_section(path: Path, stage: str, section: dict, header: dict) -> None:
+    """Replace ``stage``'s section of the results file ``path`` (``header``: the keys set when the file is new)."""
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    merged = {**header, **old}
+    merged[stage] = section
+    write_atomically(path, dumps(merged, indent=2))

@@ -45,7 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, print_json
+from _common import ROOT, git_commit, machine, merge_section, print_json
 
 from gkv_train.evaluation import plot_retained_density
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
@@ -266,26 +266,6 @@ def stage_training(root: Path, args) -> dict:
     }  # fmt: skip
 
 
-def git_commit() -> str | None:
-    done = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-def machine() -> str:
-    import os
-    import platform
-
-    return f"{os.cpu_count()}-core CPU ({platform.machine()}), fp32, torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}"
-
-
-def merge_section(path: Path, stage: str, section: dict, header: dict) -> None:
-    """Replace ``stage``'s section of the results file ``path`` (the bench's header keys set when new)."""
-    old = json.loads(path.read_text()) if path.is_file() else {}
-    merged = {**{k: v for k, v in header.items() if k not in STAGES}, **old}
-    merged[stage] = section
-    write_atomically(path, dumps(merged, indent=2))
-
-
 def cell(r: dict) -> str:
     lo, hi = r["pass@1_ci95"]
     return f"{r['pass@1']:.3f} [{lo:.2f}, {hi:.2f}]"
@@ -408,7 +388,8 @@ def main() -> None:
     def publish(stage: str, section: dict) -> None:
         write_atomically(root / stage / "summary.json", dumps(section, indent=2))
         if args.results is not None:
-            merge_section(args.results, stage, {**section, **provenance, "date": time.strftime("%Y-%m-%d")}, result)
+            header = {k: v for k, v in result.items() if k not in STAGES}
+            merge_section(args.results, stage, {**section, **provenance, "date": time.strftime("%Y-%m-%d")}, header)
 
     for stage in args.stages:
         if stage == "probe":

@@ -1,0 +1,174 @@
+"""S4R's own evidence at CPU scale: the RULER-style retrieval tasks (``gkv_train.retrieval``), the full cache
+against S4R and the eviction methods at the same persistent memory, and S4R's ablations; one JSON line.
+
+Stages (``--stages``, each resumable: every run is a ``scripts/evaluate.py`` folder, which resumes batch by batch):
+
+1. ``probe``: the full cache on the *train* split of every task at every ``--contexts`` length; per task the
+   longest context where pass@1 >= ``--min-full`` is the one the next stages use (none: that task is left out).
+2. ``table`` (the paper's Table 2): held-out problems at each task's context: the full cache; S4R at each
+   ``--etas``; ``--methods`` (eviction) at the same persistent memory: budget = eta x (prompt + new tokens),
+   the prompt taken as context + ``--prompt-overhead`` tokens (the facts and the question), compressed after
+   the prefill (answers are short). Every row reports the memory share it reached (eviction: its retention;
+   S4R: its stored state).
+3. ``ablations``: S4R at the first eta with sinks off (``sinks=0``), without normalisation
+   (``normalize=false``), windows ``W`` of ``--windows`` and average pooling.
+
+pass@1 with 95% bootstrap intervals over problems; greedy decoding (``--samples`` 1). Writes
+``<output-root>/summary.json`` and, with ``--results FILE``, each stage's section into FILE as it is written.
+
+    python scripts/bench_retrieval.py --stages probe            # SmolLM2-135M
+    python scripts/bench_retrieval.py --quick                   # tiny model and sizes (a test runs it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import ROOT, git_commit, machine, merge_section, print_json
+
+from gkv_train.jsonio import dumps, write_atomically
+from gkv_train.retrieval import RETRIEVAL_TASKS
+
+STAGES = ("probe", "table", "ablations")
+
+
+def log(message: str) -> None:
+    print(f"[retrieval {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def evaluate(task: str, context: int, split: str, problems: int, methods: list[str], budgets: list[int] | None,
+             compression: list[str], out: Path, args) -> dict:  # fmt: skip
+    """One ``scripts/evaluate.py`` call; each run's summary by its name."""
+    command = [
+        sys.executable, str(ROOT / "scripts" / "evaluate.py"), f"model={args.model}", f"data.name={task}",
+        f"data.split={split}", f"data.limit={problems}", f"data.context={context}", f"num_generations={args.samples}",
+        f"max_new_tokens={args.max_new_tokens}", f"temperature={args.temperature}", f"batch_problems={args.batch_problems}",
+        f"methods=[{','.join(methods)}]", *([f"budgets=[{','.join(map(str, budgets))}]"] if budgets else []),
+        *compression, f"output_dir={out}", "plots=false", f"seed={args.seed}",
+    ]  # fmt: skip
+    log(" ".join(command[2:]))
+    subprocess.run(command, check=True, cwd=ROOT)
+    return {r["run"]: r for r in json.loads((out / "summary.json").read_text())["runs"]}
+
+
+def row(summary: dict) -> dict:
+    keep = ("pass@1", "pass@1_ci95", "retention", "mean_completion_length", "verifier_errors")
+    return {**{k: summary[k] for k in keep}, "memory_share": summary.get("memory_share", summary["retention"])}
+
+
+def stage_probe(root: Path, args) -> dict:
+    table, chosen = {}, {}
+    for task in args.tasks:
+        table[task] = {}
+        for context in args.contexts:
+            runs = evaluate(task, context, "train", args.probe_problems, ["full"], None, [],
+                            root / "probe" / f"{task}-{context}", args)  # fmt: skip
+            table[task][str(context)] = row(runs["full"])
+        fits = [c for c in args.contexts if table[task][str(c)]["pass@1"] >= args.min_full]
+        chosen[task] = max(fits) if fits else None
+    return {"split": "train", "problems": args.probe_problems, "min_full": args.min_full, "table": table, "chosen": chosen}
+
+
+def budget_for(eta: float, context: int, args) -> int:
+    return round(eta * (context + args.prompt_overhead + args.max_new_tokens))
+
+
+def stage_table(root: Path, chosen: dict, args) -> dict:
+    table = {}
+    for task, context in chosen.items():
+        if context is None:
+            continue
+        folder = root / "table" / f"{task}-{context}"
+        budgets = [budget_for(eta, context, args) for eta in args.etas]
+        runs = evaluate(task, context, "test", args.problems, ["full", *args.methods], budgets,
+                        ["compression.interval=100000"], folder, args)  # fmt: skip  (prefill compression only)
+        entry = {"context": context, "full": row(runs["full"]), "etas": {}}
+        for eta, budget in zip(args.etas, budgets):
+            s4r = evaluate(task, context, "test", args.problems, ["s4r"], [budget], [f"compression.eta={eta}"],
+                           folder / f"s4r-eta{eta}", args)  # fmt: skip
+            entry["etas"][str(eta)] = {"budget": budget, "s4r": row(s4r[f"s4r-b{budget}"]),
+                                       **{m: row(runs[f"{m}-b{budget}"]) for m in args.methods}}  # fmt: skip
+        table[task] = entry
+    return {"split": "test", "problems": args.problems, "etas": args.etas, "methods": args.methods, "table": table}
+
+
+def ablation_variants(args) -> dict[str, list[str]]:
+    variants = {"default": [], "no_sinks": ["compression.sinks=0"], "no_normalize": ["compression.normalize=false"],
+                "pool_avg": ["compression.pool=avg"]}  # fmt: skip
+    variants.update({f"window_{w}": [f"compression.window={w}"] for w in args.windows if w != 32})
+    return variants
+
+
+def stage_ablations(root: Path, chosen: dict, args) -> dict:
+    eta, table = args.etas[0], {}
+    for task, context in chosen.items():
+        if context is None:
+            continue
+        table[task] = {}
+        for name, keys in ablation_variants(args).items():
+            if args.ablations and name not in args.ablations:
+                continue
+            runs = evaluate(task, context, "test", args.problems, ["s4r"], None, [f"compression.eta={eta}", *keys],
+                            root / "ablations" / f"{task}-{context}" / name, args)  # fmt: skip
+            (summary,) = runs.values()
+            table[task][name] = row(summary)
+    return {"eta": eta, "split": "test", "problems": args.problems, "table": table}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    parser.add_argument("--tasks", nargs="+", default=list(RETRIEVAL_TASKS), choices=RETRIEVAL_TASKS)
+    parser.add_argument("--contexts", nargs="+", type=int, default=[512, 1024, 2048])
+    parser.add_argument("--min-full", type=float, default=0.6)
+    parser.add_argument("--probe-problems", type=int, default=32)
+    parser.add_argument("--problems", type=int, default=64, help="table, ablations: held-out problems per task")
+    parser.add_argument("--samples", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--batch-problems", type=int, default=8)
+    parser.add_argument("--etas", nargs="+", type=float, default=[0.2, 0.4])
+    parser.add_argument("--methods", nargs="+", default=["snapkv", "gkv", "streaming"])
+    parser.add_argument("--prompt-overhead", type=int, default=100, help="tokens beyond the context: facts, question")
+    parser.add_argument("--windows", nargs="+", type=int, default=[1, 4, 32])
+    parser.add_argument("--ablations", nargs="+", default=None,
+                        help="only these variants (default, no_sinks, no_normalize, pool_avg, window_<W>)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "retrieval")
+    parser.add_argument("--results", type=Path, help="a results file whose stage sections are replaced as they come")
+    parser.add_argument("--quick", action="store_true", help="tiny model and sizes (a test runs it)")
+    args = parser.parse_args()
+    if args.quick:
+        args.model, args.tasks, args.contexts, args.min_full = "tiny", ["vt"], [64], 0.0
+        args.probe_problems, args.problems, args.max_new_tokens, args.windows = 2, 2, 4, [1, 32]
+        args.ablations = ["default", "window_1"]
+    root = args.output_root
+    root.mkdir(parents=True, exist_ok=True)
+    result = {"benchmark": "retrieval", "model": args.model, "greedy": args.temperature == 0, "max_new_tokens": args.max_new_tokens}
+    provenance = {"command": "python " + " ".join(sys.argv), "commit": git_commit(), "machine": machine()}
+    summary_path = root / "summary.json"
+    done = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    for stage in args.stages:
+        if stage == "probe":
+            section = stage_probe(root, args)
+        else:
+            probe = result.get("probe") or done.get("probe")
+            if probe is None:
+                raise SystemExit("error: the table and ablations need the probe's chosen contexts: run --stages probe first")
+            section = (stage_table if stage == "table" else stage_ablations)(root, probe["chosen"], args)
+        result[stage] = section
+        if args.results is not None:
+            merge_section(args.results, stage, {**section, **provenance, "date": time.strftime("%Y-%m-%d")},
+                          {k: v for k, v in result.items() if k not in STAGES})  # fmt: skip
+    write_atomically(summary_path, dumps({**done, **result}, indent=2))
+    print_json(result)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,28 @@
+"""scripts/bench_retrieval.py as main (--quick, every stage): the retrieval tasks reached by name through
+evaluate.py, the probe's chosen contexts, the table's S4R and eviction rows at the same memory (each reporting the
+share it reached), S4R's ablations, and the results file's sections with where they came from."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_quick_retrieval_bench(tmp_path):
+    results = tmp_path / "results.json"
+    command = [sys.executable, str(ROOT / "scripts" / "bench_retrieval.py"), "--quick", "--output-root", str(tmp_path),
+               "--results", str(results)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["probe"]["chosen"] == {"vt": 64}  # --quick: min_full 0, one context
+    entry = line["table"]["table"]["vt"]
+    assert set(entry["etas"]) == {"0.2", "0.4"}
+    for eta, cells in entry["etas"].items():
+        assert set(cells) == {"budget", "s4r", "snapkv", "gkv", "streaming"}
+        assert abs(cells["s4r"]["memory_share"] - float(eta)) < 0.2  # S4R's stored state, near the eta asked
+    assert set(line["ablations"]["table"]["vt"]) == {"default", "window_1"}  # --quick's two of the variants
+    published = json.loads(results.read_text())
+    assert all(published[stage]["commit"] for stage in ("probe", "table", "ablations"))
