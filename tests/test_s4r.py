@@ -36,8 +36,9 @@ def rollout(model, prompts, cfg, new_tokens=64, seed=1):
         CompressionConfig("s4r", eta=0.3, window=4),
         CompressionConfig("s4r", eta=0.4, window=6, rank=6, rank_v=10, pool="avg", group_agg="max"),
         CompressionConfig("s4r", eta=0.3, window=4, normalize=False, sinks=0, full_layers=[0, 3]),
+        CompressionConfig("s4r", eta=0.4, window=4, refresh=8, refresh_rank=2),
     ],
-    ids=["default", "asymmetric-avg-max", "no-norm-no-sinks-full-layers"],
+    ids=["default", "asymmetric-avg-max", "no-norm-no-sinks-full-layers", "refresh"],
 )
 def test_s4r_consistency_tiny(tiny_llama, cfg):
     out = rollout(tiny_llama, random_prompts(PROMPTS), cfg)
@@ -297,3 +298,39 @@ def test_s4r_consistency_smollm2(smollm2, gsm8k_questions):
     report = consistency_report(model, out)
     assert report["max_abs_logprob_diff"] <= TOL
     assert report["causal_mask_diff"] > 1e-2 and report["rotated_layers_diff"] > 1e-2
+
+
+def test_refresh_grows_the_bases_along_the_generation_and_training_follows(tiny_llama):
+    """refresh: every 8 tokens each layer's bases gain 2 columns (up to the rank eta gives), which the tokens
+    written afterwards use and the earlier ones do not (the record's key_rank / value_rank); the trainer
+    reproduces it, and the control that forgets the ranks (every token with every column) does not; rows that
+    finish and leave the batch keep the bases they had; the memory reported counts the refresh's buffers."""
+    import dataclasses
+
+    from gkv_train.consistency import logprob_mismatch
+
+    cfg = CompressionConfig("s4r", eta=0.4, window=4, refresh=8, refresh_rank=2)
+    prompts = random_prompts(PROMPTS)
+    out = rollout(tiny_llama, prompts, cfg, new_tokens=40)
+    rec = out.record
+    for b, P in enumerate(out.prompt_lengths.tolist()):
+        ranks = rec.key_rank[b, P : P + 39].tolist()  # the last sampled token is never fed, so never stored
+        start = int(rec.key_rank[b, P - 1])  # the prompt's
+        assert ranks == [min(start + 2 * (j // 8), max(ranks)) for j in range(39)] and max(ranks) > start
+        assert rec.bases_k[b, :, :, start:max(ranks)].abs().sum() > 0  # the added columns
+        gram = rec.bases_k[b, 0, :, : max(ranks)].T @ rec.bases_k[b, 0, :, : max(ranks)]
+        assert torch.allclose(gram, torch.eye(max(ranks)), atol=1e-4)  # still orthonormal
+    assert logprob_mismatch(tiny_llama, out, rec)["max_abs"] <= TOL
+    everything = dataclasses.replace(rec, key_rank=torch.full_like(rec.key_rank, rec.bases_k.shape[-1]),
+                                     value_rank=torch.full_like(rec.value_rank, rec.bases_v.shape[-1]))  # fmt: skip
+    assert logprob_mismatch(tiny_llama, out, everything)["max_abs"] > 1e-2
+    # rows leaving at every finish: the same tokens, records and log-probs as keeping them
+    stops = tuple(range(10, 24))
+    runs = [RolloutEngine(tiny_llama, compression=cfg).generate(prompts, SamplingConfig(
+        max_new_tokens=40, temperature=1.0, seed=1, stop_token_ids=stops, drop_finished_at=d)) for d in (1.0, 0.01)]  # fmt: skip
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert torch.allclose(runs[0].logprobs, runs[1].logprobs, atol=1e-5)
+    for name, value in runs[0].record.to_batch().items():
+        assert torch.allclose(value.float(), runs[1].record.to_batch()[name].float(), atol=1e-5), name
+    plain = rollout(tiny_llama, prompts, dataclasses.replace(cfg, refresh=0), new_tokens=40)
+    assert (out.memory_share > plain.memory_share).all()  # the last 8 tokens' keys and values are kept too

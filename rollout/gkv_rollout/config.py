@@ -57,6 +57,12 @@ class CompressionConfig:
         setting and this project's meaning before 2026-12-03: prompt-only workloads; over a long generation the
         share then falls, e.g. 0.2 asked, ~0.08 after 1024 tokens on a 146-token prompt).
     rank, rank_v: ``s4r`` key / value ranks (None: from ``eta``; ``rank_v`` defaults to ``rank``).
+    refresh: ``s4r`` bases that follow the generation (an extension beyond the paper; 0, the default: off, the
+        paper's bases from the prompt alone): every ``refresh`` generated tokens each layer's key and value bases
+        gain the ``refresh_rank`` leading directions of what they miss of the last ``refresh`` tokens' states
+        (the residual's SVD). The rank budget is kept: the prompt's bases start that many columns short of the
+        rank ``eta`` gives; a token keeps the columns that existed when it was written (the record says which).
+    refresh_rank: ``s4r`` directions each refresh adds to the key and to the value bases (2).
     rho: ``s4r`` share of the cache reconstructed each step (window included); None: ``eta``.
     recent_ratio: ``s4r`` share of the sampled prompt tokens taken from the most recent ones (7:3 = 0.7).
     normalize: ``s4r`` normalises sampled key/value vectors to unit length before the SVD.
@@ -82,6 +88,8 @@ class CompressionConfig:
     expected_length: int | None = None
     rank: int | None = None
     rank_v: int | None = None
+    refresh: int = 0
+    refresh_rank: int = 2
     rho: float | None = None
     recent_ratio: float = 0.7
     normalize: bool = True
@@ -134,6 +142,11 @@ class CompressionConfig:
             raise ValueError(f"rho must lie in (0, 1], got {self.rho}")
         if self.expected_length is not None and self.expected_length < 0:
             raise ValueError(f"expected_length must be >= 0 (0: the prompt's length), got {self.expected_length}")
+        if self.refresh < 0 or self.refresh_rank < 1:
+            raise ValueError(f"refresh must be >= 0 (0: off) and refresh_rank >= 1, got {self.refresh}, {self.refresh_rank}")
+        if 0 < self.refresh < self.refresh_rank:
+            raise ValueError(f"refresh ({self.refresh} tokens) must be at least refresh_rank ({self.refresh_rank}): "
+                             "each refresh takes its directions from that many tokens")  # fmt: skip
         for name in ("rank", "rank_v"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")

@@ -20,11 +20,31 @@ def s4r_rank(eta: float, sinks: int, length: int, dim: int, groups: int, window:
     return max(1, min(dim, math.floor(r)))
 
 
-def persistent_elements(sinks: int, length: int, dim: int, groups: int, window: int, rank_k: int, rank_v: int) -> int:
+def persistent_elements(
+    sinks: int, length: int, dim: int, groups: int, window: int, rank_k: int, rank_v: int, recent: int = 0
+) -> int:
     """Numbers an S4R layer stores for one sequence: exact sink keys and values, key and value coefficients
-    of every other token, the projected query window, and the two bases. With r_k = r_v = r this is twice the
+    of every other token, the projected query window, the two bases, and (with ``refresh``) the ``recent``
+    tokens' keys and values kept for the next refresh. With r_k = r_v = r and no refresh this is twice the
     numerator of ``s4r_rank``'s equation."""
-    return 2 * sinks * dim + length * (rank_k + rank_v) + groups * window * rank_k + dim * (rank_k + rank_v)
+    return 2 * sinks * dim + length * (rank_k + rank_v) + groups * window * rank_k + dim * (rank_k + rank_v) + 2 * recent * dim
+
+
+def extend_bases(bases: torch.Tensor, rank: int, samples: torch.Tensor, k: int, normalize: bool) -> torch.Tensor:
+    """Bases [D', R] (orthonormal columns up to ``rank``, zero after) with columns rank..rank+k set to the
+    leading directions of what the first ``rank`` miss of samples [n, D'] (n >= k; each row scaled to unit length
+    first when ``normalize``): the top right singular vectors of the residual X - X B B^T, made orthonormal to B
+    and to each other. A copy; the first ``rank`` columns are unchanged, so coefficients on them stay valid."""
+    x = F.normalize(samples.float(), dim=-1) if normalize else samples.float()
+    b = bases[:, :rank].float()
+    residual = x - (x @ b) @ b.T
+    _, _, vh = torch.linalg.svd(residual, full_matrices=False)
+    new = vh[:k].T  # [D', k]
+    new = new - b @ (b.T @ new)  # orthogonal to B up to rounding, exactly so after one more pass
+    new, _ = torch.linalg.qr(new - b @ (b.T @ new))
+    out = bases.clone()
+    out[:, rank : rank + k] = new.to(bases.dtype)
+    return out
 
 
 def sample_positions(n: int, count: int, recent_ratio: float) -> torch.Tensor:

@@ -36,6 +36,7 @@ from gkv_rollout.kv_cache import KVCache
 from gkv_rollout.lowrank import (
     SelectionBudget,
     chosen_in_order,
+    extend_bases,
     hidden_keys,
     latent_probs,
     low_rank_bases,
@@ -119,6 +120,7 @@ class S4RCache(KVCache):
     def end(self) -> None:
         now = self._now
         if now is not None and now.step == self.step:  # a decode step: its selections of every layer
+            self._stamp_ranks(self._positions, self._valid_new)
             start = time.perf_counter()
             packed = pack_bits(F.pad(self.chosen[:, :, : now.S], (self.s, 0)))  # [L, B, bytes] over positions
             self.selected[:, slice(None) if self.rows is None else self.rows, self.step, : packed.shape[-1]] = packed
@@ -129,14 +131,50 @@ class S4RCache(KVCache):
         """Keep the sequences at indices keep int64 [B'] of the rows held now; the record keeps every row."""
         if self.rows is None:
             self.rows = torch.arange(self.B, device=keep.device)
-            self._all_bases = (self.bases_k, self.bases_v)  # fixed after prefill
+            self._all_bases = (self.bases_k, self.bases_v)  # every row's, as the rows that leave last had them
+        else:
+            self._sync_bases()
         self.rows, self.B = self.rows[keep], len(keep)
         state = ("sink_k", "sink_v", "bases_k", "bases_v", "coef_k", "coef_v", "cq", "window_sum", "chosen")
+        state += ("recent_k", "recent_v") if self.compression.refresh else ()
         for name in state:  # one at a time
             setattr(self, name, getattr(self, name).index_select(1, keep))
-        for name in ("valid", "lengths", "q_pos", "q_ok", "rank_k", "rank_v", "latent_scale"):
+        for name in ("valid", "lengths", "q_pos", "q_ok", "rank_k", "rank_v", "cap_k", "cap_v", "latent_scale"):
             setattr(self, name, getattr(self, name)[keep])
         self._now = None
+
+    def after_step(self, generated: int) -> None:
+        """Refresh (``compression.refresh``): every ``refresh`` generated tokens, each layer's key and value
+        bases gain ``refresh_rank`` directions from the last ``refresh`` tokens (``extend_bases``), up to each
+        row's final rank; tokens written from now on use them."""
+        cfg = self.compression
+        if not cfg.refresh or generated % cfg.refresh or generated >= self.max_new:
+            return
+        start = time.perf_counter()
+        k = cfg.refresh_rank
+        for bases, rank, cap, recent in ((self.bases_k, self.rank_k, self.cap_k, self.recent_k),
+                                         (self.bases_v, self.rank_v, self.cap_v, self.recent_v)):  # fmt: skip
+            for b, (r, c) in enumerate(zip(rank.tolist(), cap.tolist())):
+                add = min(k, c - r)
+                if add <= 0:
+                    continue
+                for layer in range(self.L):
+                    bases[layer, b] = extend_bases(bases[layer, b], r, recent[layer, b], add, cfg.normalize)
+            rank.copy_(torch.minimum(rank + k, cap))
+        self.seconds += time.perf_counter() - start
+
+    def _stamp_ranks(self, positions: torch.Tensor, valid: torch.Tensor) -> None:
+        """Record the current key / value rank of each row at the logical positions [B, Q] just written."""
+        rows = torch.arange(self.B, device=self.device) if self.rows is None else self.rows
+        for store, rank in ((self.rank_at_k, self.rank_k), (self.rank_at_v, self.rank_v)):
+            stamp = torch.where(valid, rank[:, None].to(torch.int16), store[rows[:, None], positions])
+            store[rows[:, None], positions] = stamp
+
+    def _sync_bases(self) -> None:
+        """Copy the rows held now into every row's bases (refresh changes them after prefill)."""
+        if self._all_bases is not None and self.compression.refresh:
+            self._all_bases[0][:, self.rows] = self.bases_k
+            self._all_bases[1][:, self.rows] = self.bases_v
 
     def nbytes(self) -> int:
         """Bytes of the persistent state (per ``persistent_elements``, summed over sequences and layers), and of
@@ -188,10 +226,14 @@ class S4RCache(KVCache):
         if bool((prompt <= self.s).any()):
             raise ValueError(f"s4r needs prompts longer than its {self.s} sinks")
         ranks = [s4r_rank(cfg.eta, self.s, self._eta_length(int(n)) - self.s, self.dim, self.G, self.W) for n in prompt]
-        self.rank_k = torch.tensor([cfg.rank or r for r in ranks], device=self.device).clamp_max(self.dim)
-        self.rank_v = torch.tensor([cfg.rank_v or cfg.rank or r for r in ranks], device=self.device).clamp_max(self.dim)
-        self._ranks = (self.rank_k, self.rank_v)  # of every row (rows that finish leave the buffers)
-        rk, rv, S = int(self.rank_k.max()), int(self.rank_v.max()), self.length - self.s
+        # the rank each row ends with (its coefficient buffers' width); with refresh it starts short of it by the
+        # columns the refreshes will add, so that the budget is kept
+        self.cap_k = torch.tensor([cfg.rank or r for r in ranks], device=self.device).clamp_max(self.dim)
+        self.cap_v = torch.tensor([cfg.rank_v or cfg.rank or r for r in ranks], device=self.device).clamp_max(self.dim)
+        added = cfg.refresh_rank * ((self.max_new - 1) // cfg.refresh) if cfg.refresh else 0
+        self.rank_k, self.rank_v = (self.cap_k - added).clamp_min(1), (self.cap_v - added).clamp_min(1)  # now
+        self._ranks = (self.cap_k, self.cap_v)  # of every row (rows that finish leave the buffers)
+        rk, rv, S = int(self.cap_k.max()), int(self.cap_v.max()), self.length - self.s
         f32 = dict(dtype=torch.float32, device=self.device)
         self.sink_k = torch.zeros(L, B, self.Hkv, self.s, self.D, dtype=dtype, device=self.device)
         self.sink_v = torch.zeros_like(self.sink_k)
@@ -202,7 +244,13 @@ class S4RCache(KVCache):
         # subtracting them leaves a rounding residue, which float64 keeps far below float32's resolution, so the
         # score does not depend on the rounding of queries long gone (e.g. under a different batch size)
         self.window_sum = torch.zeros(L, B, self.G, S, dtype=torch.float64, device=self.device)
-        self.latent_scale = self.rank_k.float().rsqrt()[:, None, None, None]  # [B, 1, 1, 1]
+        self.latent_scale = self.cap_k.float().rsqrt()[:, None, None, None]  # [B, 1, 1, 1]
+        # the key and value rank each position was written with (every row of the batch, by logical position)
+        self.rank_at_k = torch.zeros(B, self.length, dtype=torch.int16, device=self.device)
+        self.rank_at_v = torch.zeros_like(self.rank_at_k)
+        if cfg.refresh:  # the last ``refresh`` tokens' pre-RoPE keys and values, for the next refresh
+            self.recent_k = torch.zeros(L, B, cfg.refresh, self.dim, **f32)
+            self.recent_v = torch.zeros_like(self.recent_k)
         self.q_pos = torch.zeros(B, self.W, dtype=torch.long, device=self.device)
         self.q_ok = torch.zeros(B, self.W, dtype=torch.bool, device=self.device)
         # Bit-packed selection of every layer and generated token, over logical positions.
@@ -240,6 +288,8 @@ class S4RCache(KVCache):
             self.bases_v[layer, b] = torch.nn.functional.pad(
                 low_rank_bases(v_cat[b, sampled][None], int(self.rank_v[b]), cfg.normalize)[0], (0, rv - int(self.rank_v[b]))
             )
+        if layer == 0:
+            self._stamp_ranks(pos, valid)
         slots = (pos - self.s).clamp_min(0)  # [B, P]
         keep = (valid & (pos >= self.s))[..., None]
         ck = (k_pre @ self.bases_k[layer]) * keep
@@ -308,8 +358,12 @@ class S4RCache(KVCache):
         pre = inverse_rope(torch.cat([query, key], dim=1), now.cos, now.sin).float()  # [B, H + Hkv, 1, D]
         pre = torch.cat([group_queries(pre[:, : self.H], Hkv), heads_to_concat(pre[:, self.H :])[:, None]], dim=1)
         proj = pre @ bases_k[:, None]  # [B, G + 1, 1, r]: the G query members, then the key
+        v_cat = heads_to_concat(value).float()  # [B, 1, D']
         coef_k.scatter_(1, now.slot.expand(-1, -1, coef_k.shape[-1]), proj[:, G])
-        coef_v.scatter_(1, now.slot.expand(-1, -1, coef_v.shape[-1]), heads_to_concat(value).float() @ bases_v)
+        coef_v.scatter_(1, now.slot.expand(-1, -1, coef_v.shape[-1]), v_cat @ bases_v)
+        if cfg.refresh:
+            self.recent_k[layer, :, self.step % cfg.refresh] = pre[:, G, 0]
+            self.recent_v[layer, :, self.step % cfg.refresh] = v_cat[:, 0]
         pair = torch.cat([proj[:, :G], self.cq[layer, :, :, now.ring, None]], dim=2)  # [B, G, 2, r]: in, out
         self.cq[layer, :, :, now.ring] = proj[:, :G, 0]
 
@@ -367,22 +421,32 @@ class S4RCache(KVCache):
         """(record, retention): the ``S4RRecord`` (selections of the generated tokens, positions < width) and the
         tokens the last decoding query attended to (sinks + reconstructed) / sequence length, mean over layers."""
         steps, N = int(completion_lengths.max()), completion_lengths.shape[0]
+        self._sync_bases()
         bases_k, bases_v = (self.bases_k, self.bases_v) if self._all_bases is None else self._all_bases
         selected = self.selected[:, :, :steps, : (width + 7) // 8].transpose(0, 1).clone()
         # canonical: no selection for steps past a sequence's end (decoded only while its batch went on)
         past_end = torch.arange(steps, device=self.device)[None, :] >= (completion_lengths - 1)[:, None]
         selected[past_end[:, None, :, None].expand_as(selected)] = 0
+        # canonical too: no rank for positions never written (past each sequence's end; its last sampled token is
+        # never fed), and no basis column no written token uses (a row that decoded on past its end, as happens
+        # when finished rows stay in the batch, refreshed from tokens that are not its own)
+        total = prompt_lengths + completion_lengths
+        written = torch.arange(width, device=self.device)[None, :] < (total - 1)[:, None]
+        key_rank, value_rank = (r[:, :width] * written for r in (self.rank_at_k, self.rank_at_v))
+        bases_k, bases_v = (b.transpose(0, 1) * (torch.arange(b.shape[-1], device=self.device)
+                            < r.amax(1)[:, None, None, None]) for b, r in ((bases_k, key_rank), (bases_v, value_rank)))  # fmt: skip
         record = S4RRecord(
-            bases_k=bases_k.transpose(0, 1).contiguous(),
-            bases_v=bases_v.transpose(0, 1).contiguous(),
+            bases_k=bases_k.contiguous(),
+            bases_v=bases_v.contiguous(),
             selected=selected,
             prompt_lengths=prompt_lengths.clone(),
             sinks=torch.full((N,), self.s, dtype=torch.long, device=self.device),
+            key_rank=key_rank,
+            value_rank=value_rank,
         )
         last = (completion_lengths - 2).clamp_min(0)  # the last generated token whose query attended
         rows = selected.transpose(0, 1)[:, torch.arange(N), last]  # [L, B, bytes]
         counts = unpack_bits(rows, rows.shape[-1] * 8).sum(-1).float().mean(0)
-        total = prompt_lengths + completion_lengths
         retention = ((counts + self.s) / total.float()).clamp_max(1.0)
         # a one-token completion: only the prefill's queries attended, to every prompt token
         return record, torch.where(completion_lengths < 2, 1.0, retention)
@@ -393,13 +457,14 @@ class S4RCache(KVCache):
         total = (prompt_lengths + completion_lengths).tolist()
         rank_k, rank_v = (r.tolist() for r in self._ranks)
         shares = [
-            persistent_elements(self.s, max(T - self.s, 0), self.dim, self.G, self.W, rk, rv) / (2 * T * self.dim)
+            persistent_elements(self.s, max(T - self.s, 0), self.dim, self.G, self.W, rk, rv, self.compression.refresh)
+            / (2 * T * self.dim)
             for T, rk, rv in zip(total, rank_k, rank_v)
         ]
         return torch.tensor(shares, dtype=torch.float32, device=retention.device)
 
     def _persistent_elements(self) -> int:
         return sum(
-            persistent_elements(self.s, int(n) - self.s, self.dim, self.G, self.W, int(rk), int(rv))
-            for n, rk, rv in zip(self.lengths, self.rank_k, self.rank_v)
+            persistent_elements(self.s, int(n) - self.s, self.dim, self.G, self.W, int(rk), int(rv), self.compression.refresh)
+            for n, rk, rv in zip(self.lengths, self.cap_k, self.cap_v)
         ) * self.L

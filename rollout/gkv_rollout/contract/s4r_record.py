@@ -35,7 +35,10 @@ class S4RRecord:
 
     bases_k float32 [B, L, D', r_k], bases_v float32 [B, L, D', r_v];
     selected uint8 [B, L, C, ceil(T / 8)]: bit k of row j set when generated token j's query reconstructed the
-    key at logical position k; prompt_lengths int64 [B]; sinks int64 [B] (the same value in every row).
+    key at logical position k; prompt_lengths int64 [B]; sinks int64 [B] (the same value in every row);
+    key_rank, value_rank int16 [B, T]: how many leading columns of the bases the token at each logical position
+    was stored with (all of a row's rank without ``refresh``; with it, the columns that existed when the token
+    was written: later refreshes append columns, so earlier ones never change).
     """
 
     bases_k: torch.Tensor
@@ -43,6 +46,8 @@ class S4RRecord:
     selected: torch.Tensor
     prompt_lengths: torch.Tensor
     sinks: torch.Tensor
+    key_rank: torch.Tensor
+    value_rank: torch.Tensor
 
     def __getitem__(self, rows) -> "S4RRecord":
         rows = batch_rows(rows)
@@ -52,7 +57,7 @@ class S4RRecord:
         """The record with every layer's bases and selections moved ``shift`` layers (a control)."""
         return S4RRecord(
             self.bases_k.roll(shift, 1), self.bases_v.roll(shift, 1), self.selected.roll(shift, 1),
-            self.prompt_lengths, self.sinks,
+            self.prompt_lengths, self.sinks, self.key_rank, self.value_rank,
         )
 
     def to_batch(self) -> dict[str, torch.Tensor]:
@@ -117,13 +122,21 @@ class S4RMasks:
         projected = causal & generated[:, :, None] & ~sink[:, None, :] & chosen
         return torch.cat([exact, projected], dim=-1)[:, None]
 
+    def stored_columns(self, coefficients: torch.Tensor, rank: torch.Tensor) -> torch.Tensor:
+        """coefficients [B, T, r] with the columns a token was not stored with (``key_rank`` / ``value_rank`` at
+        its logical position) set to 0."""
+        at = rank.long().gather(1, self.positions.clamp_max(rank.shape[1] - 1))  # [B, T]
+        columns = torch.arange(coefficients.shape[-1], device=coefficients.device)
+        return coefficients * (columns < at[..., None]).to(coefficients.dtype)
+
     def attend(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0):
         layer, heads = module.layer_idx, key.shape[1]
         cos, sin = self.rotary(value, self.positions)
         pre = heads_to_concat(inverse_rope(key, cos, sin))  # [B, T, D']
         bk, bv = self.record.bases_k[:, layer].to(pre.dtype), self.record.bases_v[:, layer].to(pre.dtype)
-        key_hat = apply_rope(concat_to_heads((pre @ bk) @ bk.transpose(-1, -2), heads), cos, sin)
-        value_hat = concat_to_heads((heads_to_concat(value) @ bv) @ bv.transpose(-1, -2), heads)
+        ck, cv = self.stored_columns(pre @ bk, self.record.key_rank), self.stored_columns(heads_to_concat(value) @ bv, self.record.value_rank)
+        key_hat = apply_rope(concat_to_heads(ck @ bk.transpose(-1, -2), heads), cos, sin)
+        value_hat = concat_to_heads(cv @ bv.transpose(-1, -2), heads)
         keys, values = torch.cat([key, key_hat], dim=2), torch.cat([value, value_hat], dim=2)
         mask = self.layer_mask(layer)
         return sdpa_with_head_mask(query, keys, values, mask, scaling, dropout if module.training else 0.0)
