@@ -4,6 +4,7 @@
     python scripts/bench_s4r.py --cases 4 --context 2000
     python scripts/bench_s4r.py --cases 0                       # timing and memory only
     python scripts/bench_s4r.py --memory-share --context 146 --new-tokens 1024   # eta's two meanings
+    python scripts/bench_s4r.py --refresh 128 --context 146 --new-tokens 1024    # bases that follow the generation
 
 * prefill: S4R (sampling + SVD + projection) against plain prefill of the same ~4k-token prompt;
 * decode time per token over 128 forced tokens: ``full``, ``s4r`` and a low-rank baseline that reconstructs
@@ -12,6 +13,11 @@
 * ``--memory-share`` (alone): the persistent-memory share S4R reaches at the end of a long generation with the
   rank solved at the prompt's length (``expected_length=0``, the meaning of ``eta`` before 2026-12-03) and at
   the end of the generation (the default now), against the ``eta`` asked;
+* ``--refresh N`` (alone): along one generation of ``--new-tokens`` (sampled with the full cache, then replayed
+  through S4R with and without ``refresh=N``), the relative reconstruction error ||x - x B_r B_r^T|| / ||x|| of
+  every generated token's pre-RoPE key and value (per layer, with the rank it was stored with), by 128-token
+  stretch; and the per-token decode time of full, s4r and s4r with refresh, forced to the same length, in one
+  run (Llama-style models: the states are read at ``k_proj`` / ``v_proj``);
 * passkey retrieval: a 5-digit number hidden at a random depth in ~4k tokens of filler, greedy answer,
   accuracy for ``full``, ``s4r`` (eta), and ``streaming`` / ``gkv`` with a budget of the same memory
   (eta x prompt length).
@@ -82,6 +88,36 @@ def memory_share(model, tokenizer, prompt: str, eta: float, new_tokens: int) -> 
     return {"prompt_tokens": int(out.prompt_lengths[0]), "memory_share": shares}
 
 
+def projection_errors(model, tokenizer, prompt: str, completion: list[int], cfg: CompressionConfig) -> dict:
+    """Mean relative reconstruction error of the generated tokens' pre-RoPE keys and values (over layers), by
+    128-token stretch of the completion, under ``cfg``'s record of a replay of ``completion``."""
+    engine = RolloutEngine(model, tokenizer, cfg, chat=False)
+    out = engine.replay([prompt], [completion], SamplingConfig(max_new_tokens=len(completion)))
+    rec, P = out.record, int(out.prompt_lengths[0])
+    states: dict[str, list[torch.Tensor]] = {"k": [], "v": []}
+    hooks = [layer.self_attn.k_proj.register_forward_hook(lambda m, i, o: states["k"].append(o[0].float()))
+             for layer in model.model.layers]  # fmt: skip
+    hooks += [layer.self_attn.v_proj.register_forward_hook(lambda m, i, o: states["v"].append(o[0].float()))
+              for layer in model.model.layers]  # fmt: skip
+    try:
+        with torch.no_grad():
+            model(out.sequences[:, -(P + len(completion)) :])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    result = {}
+    for kind, bases, ranks in (("k", rec.bases_k[0], rec.key_rank[0]), ("v", rec.bases_v[0], rec.value_rank[0])):
+        errors = []
+        for layer, x in enumerate(states[kind]):  # x [T, D'] (all KV heads side by side)
+            x = x[P : P + len(completion) - 1]  # the generated tokens that were stored
+            r = ranks[P : P + len(completion) - 1].long()
+            coef = (x @ bases[layer]) * (torch.arange(bases.shape[-1])[None, :] < r[:, None])
+            errors.append((x - coef @ bases[layer].T).norm(dim=-1) / x.norm(dim=-1).clamp_min(1e-12))
+        per_token = torch.stack(errors).mean(0)  # [C - 1]
+        result[kind] = [round(chunk.mean().item(), 4) for chunk in per_token.split(128)]
+    return result
+
+
 def passkey_accuracy(model, tokenizer, cases, compression: CompressionConfig, batch: int) -> dict:
     engine = RolloutEngine(model, tokenizer, compression, chat=False)
     correct, retention = 0, []
@@ -107,11 +143,28 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--memory-share", action="store_true", help="only the memory share of eta's two meanings")
+    parser.add_argument("--refresh", type=int, default=0, help="only the refresh comparison, refreshing every N tokens")
     args = parser.parse_args()
 
     model, tokenizer = load_model(args.model)
     s4r = CompressionConfig("s4r", eta=args.eta)
     prompt = long_prompt(tokenizer, args.context)
+    if args.refresh:
+        engine = RolloutEngine(model, tokenizer, CompressionConfig("full"), chat=False)
+        sampled = engine.generate([prompt], SamplingConfig(max_new_tokens=args.new_tokens, temperature=0.6,
+                                                           top_p=0.95, seed=args.seed, ignore_eos=True))  # fmt: skip
+        completion = sampled.completions()[0]
+        configs = {"s4r": s4r, "s4r_refresh": CompressionConfig("s4r", eta=args.eta, refresh=args.refresh)}
+        errors = {name: projection_errors(model, tokenizer, prompt, completion, c) for name, c in configs.items()}
+        timed(model, tokenizer, prompt, s4r, 4)  # warm-up
+        times = {name: timed(model, tokenizer, prompt, c, args.new_tokens)["decode_seconds_per_token"]
+                 for name, c in {"full": CompressionConfig("full"), **configs}.items()}  # fmt: skip
+        print_json({"benchmark": "s4r_refresh", "model": args.model, "eta": args.eta, "refresh": args.refresh,
+                    "prompt_tokens": int(sampled.prompt_lengths[0]), "new_tokens": args.new_tokens,
+                    "relative_error_by_128_tokens": errors, "decode_seconds_per_token": times,
+                    "decode_ratio_refresh_vs_s4r": times["s4r_refresh"] / times["s4r"],
+                    "decode_ratio_refresh_vs_full": times["s4r_refresh"] / times["full"]})  # fmt: skip
+        return
     if args.memory_share:
         shares = memory_share(model, tokenizer, prompt, args.eta, args.new_tokens)
         print_json({"benchmark": "s4r_memory_share", "model": args.model, "eta": args.eta,

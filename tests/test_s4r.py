@@ -334,3 +334,21 @@ def test_refresh_grows_the_bases_along_the_generation_and_training_follows(tiny_
         assert torch.allclose(value.float(), runs[1].record.to_batch()[name].float(), atol=1e-5), name
     plain = rollout(tiny_llama, prompts, dataclasses.replace(cfg, refresh=0), new_tokens=40)
     assert (out.memory_share > plain.memory_share).all()  # the last 8 tokens' keys and values are kept too
+
+
+def test_bench_s4r_refresh_reports_errors_and_decode_cost():
+    """scripts/bench_s4r.py --refresh as main, on the tiny model: reconstruction errors of keys and values with and
+    without refresh by 128-token stretch, and the decode time of full, s4r and s4r with refresh from one run."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "scripts" / "bench_s4r.py"), "--model", "tiny", "--refresh", "8",
+                           "--context", "60", "--new-tokens", "40"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    for name in ("s4r", "s4r_refresh"):
+        assert all(0 < e < 1 for kind in ("k", "v") for e in line["relative_error_by_128_tokens"][name][kind])
+    assert set(line["decode_seconds_per_token"]) == {"full", "s4r", "s4r_refresh"}
