@@ -149,11 +149,11 @@ def stage_methods(root: Path, args, publish) -> dict:
             summaries[name] = summary
         publish(section)
 
-    for budget in args.budgets:
-        runs = evaluate(model, "test", problems, samples, args.methods, [budget], folder, seed, args)
-        full = runs["full"]
+    for budget in args.budgets:  # one evaluate.py call per row: each is published as soon as it is done
+        full = evaluate(model, "test", problems, samples, [], [budget], folder, seed, args)["full"]
         table["full"], summaries["full"] = row(full, None), full
         for method in args.methods:
+            runs = evaluate(model, "test", problems, samples, [method], [budget], folder, seed, args, full=False)
             add(method, budget, runs[f"{method}-b{budget}"], full)
         for form in (f for f in args.gkv_forms if f != "max"):
             extra = [f"compression.window={args.window}", f"compression.interval={args.interval}", f"compression.form={form}"]
