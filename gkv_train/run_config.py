@@ -339,6 +339,21 @@ class TracesConfig:
             raise ValueError("num_generations and max_new_tokens must be at least 1")
 
 
+# CompressionConfig fields added after results were first keyed by settings, with the value that reproduces those
+# results: left out of a run's identity at that value, so earlier results stay valid
+LATER_COMPRESSION_FIELDS = {"refresh": 0, "refresh_rank": 2}
+
+
+def compression_identity(compression: CompressionConfig) -> dict:
+    """The resolved compression settings that determine a run's results (``LATER_COMPRESSION_FIELDS`` at their
+    old behaviour left out)."""
+    settings = asdict(compression.resolved())
+    later = {k: v for k, v in LATER_COMPRESSION_FIELDS.items() if settings.get(k) == v}
+    if "refresh" in later:  # refresh_rank means nothing without refresh
+        later["refresh_rank"] = settings["refresh_rank"]
+    return {k: v for k, v in settings.items() if k not in later}
+
+
 def check_recipe(recipe: str, compression: CompressionConfig, rl: SparseRLOptions) -> None:
     """``recipe=rl_full`` (full-cache rollouts, full-attention training) with a compressing method contradicts
     itself, unless ``rl.train_with_record=false`` asks for a dense learner on compressed rollouts (a baseline);
@@ -441,7 +456,7 @@ class EvalConfig:
             "model": model_identity(self.model),
             "adapter": None if self.adapter is None else model_identity(self.adapter),
             "data": self.data.identity(),
-            "compression": asdict(compression.resolved()),
+            "compression": compression_identity(compression),
             # "n_samples": the key of earlier identities, kept so that their results stay valid
             "sampling": dict(n_samples=self.num_generations, max_new_tokens=self.max_new_tokens,
                              temperature=self.temperature, top_p=self.top_p, seed=self.seed),

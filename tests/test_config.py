@@ -353,3 +353,16 @@ def test_help_lists_every_key_with_type_default_and_help():
             assert f"  {key}  ({kind}, default {default})" in shown, key
     train = subprocess.run([sys.executable, str(root / "train.py"), "-h"], capture_output=True, text=True, check=True).stdout
     assert "rl.rollout_veto  (float | None, default None)" in train and "recipe=NAME" in train
+
+
+def test_fields_added_later_leave_earlier_run_identities_valid():
+    """A run's identity (the fingerprint keying its folder) leaves out compression fields added later while they
+    hold the value that reproduces the earlier results, so folders of earlier runs are reused, not refused."""
+    from gkv_rollout.config import CompressionConfig
+    from gkv_train.run_config import EvalConfig
+
+    config = EvalConfig(model="tiny")
+    plain = config.run_settings(CompressionConfig("s4r"))["compression"]
+    assert "refresh" not in plain and "refresh_rank" not in plain
+    refreshed = config.run_settings(CompressionConfig("s4r", refresh=8))["compression"]
+    assert refreshed["refresh"] == 8 and refreshed["refresh_rank"] == 2  # a new setting: a new identity
