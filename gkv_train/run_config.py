@@ -339,19 +339,19 @@ class TracesConfig:
             raise ValueError("num_generations and max_new_tokens must be at least 1")
 
 
-# CompressionConfig fields added after results were first keyed by settings, with the value that reproduces those
-# results: left out of a run's identity at that value, so earlier results stay valid
-LATER_COMPRESSION_FIELDS = {"refresh": 0, "refresh_rank": 2}
+# CompressionConfig fields added after results were first keyed by settings: left out of a run's identity while
+# the run behaves as before they existed (s4r without refresh, whatever refresh_rank says), so earlier results
+# stay valid
+LATER_COMPRESSION_FIELDS = ("refresh", "refresh_rank")
 
 
 def compression_identity(compression: CompressionConfig) -> dict:
-    """The resolved compression settings that determine a run's results (``LATER_COMPRESSION_FIELDS`` at their
-    old behaviour left out)."""
+    """The resolved compression settings that determine a run's results (``LATER_COMPRESSION_FIELDS`` left out
+    when refresh is off)."""
     settings = asdict(compression.resolved())
-    later = {k: v for k, v in LATER_COMPRESSION_FIELDS.items() if settings.get(k) == v}
-    if "refresh" in later:  # refresh_rank means nothing without refresh
-        later["refresh_rank"] = settings["refresh_rank"]
-    return {k: v for k, v in settings.items() if k not in later}
+    if settings["refresh"] == 0:
+        settings = {k: v for k, v in settings.items() if k not in LATER_COMPRESSION_FIELDS}
+    return settings
 
 
 def check_recipe(recipe: str, compression: CompressionConfig, rl: SparseRLOptions) -> None:
