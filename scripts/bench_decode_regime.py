@@ -280,7 +280,8 @@ def ordering_table(section: dict) -> str:
     if table["full"] is not None:
         lines.append(f"| full | {cell(table['full'])} (every budget) | 1.00 |" + " | |" * (len(budgets) - 1))
     for method, by_budget in table["methods"].items():
-        cells = [(cell(r), f"{r['memory_share']:.2f}") if (r := by_budget.get(str(b))) else ("-", "-") for b in budgets]
+        cells = [(cell(r), f"{r.get('memory_share', r['retention']):.2f}") if (r := by_budget.get(str(b))) else ("-", "-")
+                 for b in budgets]  # fmt: skip
         lines.append(f"| {method} | " + " | ".join(f"{c} | {m}" for c, m in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -318,6 +319,29 @@ def plot_curves(section: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def stage_table(stage: str, section: dict) -> str:
+    """The markdown of one stage's section, with where it came from."""
+    table = training_table(section) if stage == "training" else ordering_table(section)
+    state = " (partial: rows still running)" if section.get("partial") else ""
+    return (f"{table}\n`{section.get('command', '?')}` — {section.get('date', '?')}, commit {section.get('commit', '?')}, "
+            f"{section.get('machine', '?')}{state}\n")  # fmt: skip
+
+
+def render(results: Path, doc: Path) -> None:
+    """Rewrite each ``<!-- results:STAGE -->`` ... ``<!-- /results -->`` block of ``doc`` with that stage's table
+    from ``results``: the doc's figures come from the results file, never by hand."""
+    import re
+
+    sections = json.loads(results.read_text())
+    text = doc.read_text()
+
+    def block(match) -> str:
+        stage = match.group(1)
+        return f"<!-- results:{stage} -->\n{stage_table(stage, sections[stage])}<!-- /results -->"
+
+    write_atomically(doc, re.sub(r"<!-- results:(\w+) -->.*?<!-- /results -->", block, text, flags=re.S))
 
 
 def main() -> None:
@@ -366,7 +390,13 @@ def main() -> None:
     parser.add_argument("--eval-problems", type=int, default=32, help="training: held-out problems")
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--render", nargs=2, metavar=("RESULTS", "DOC"), type=Path,
+                        help="only rewrite DOC's generated tables (<!-- results:STAGE --> ... <!-- /results -->) "
+                             "from the results file RESULTS")  # fmt: skip
     args = parser.parse_args()
+    if args.render:
+        render(*args.render)
+        return
     if args.quick:
         args.model, args.problems, args.samples, args.methods, args.budgets = "tiny", 2, 2, ["gkv", "random"], [24]
         args.max_new_tokens, args.batch_problems, args.sentences, args.interval = 24, 2, 2, 8

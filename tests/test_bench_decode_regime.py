@@ -27,6 +27,12 @@ def test_quick_bench_reports_every_stage_and_resumes(tmp_path):
     assert (tmp_path / "methods_density.png").is_file()
     published = json.loads(results.read_text())  # every stage's section, with where it came from
     assert all(published[stage]["commit"] and published[stage]["command"] for stage in ("probe", "methods", "training"))
+    doc = tmp_path / "doc.md"  # a benchmark page's tables come from the results file
+    doc.write_text("before\n<!-- results:methods -->\nstale\n<!-- /results -->\nafter\n")
+    render = [sys.executable, str(ROOT / "scripts" / "bench_decode_regime.py"), "--render", str(results), str(doc)]
+    subprocess.run(render, check=True, capture_output=True, timeout=120)
+    page = doc.read_text()
+    assert "stale" not in page and "| s4r |" in page and page.startswith("before") and page.endswith("after\n")
     for stage, split in (("probe", "train"), ("methods", "test")):
         section = line[stage]
         assert section["task"]["split"] == split and {"gkv", "random"} <= set(section["table"]["methods"])
