@@ -103,8 +103,9 @@ def evaluate(model: list[str], split: str, problems: int, samples: int, methods:
 def row(summary: dict, full: dict | None) -> dict:
     """One table cell: pass@1 and its interval, length, retention, memory share, compression rounds; with the
     full cache's summary, the gap to it and the decode-time rounds."""
-    keep = ("pass@1", "pass@1_ci95", "mean_completion_length", "retention", "batch_compressions", "verifier_errors")
-    result = {k: summary[k] for k in keep}
+    keep = ("pass@1", "pass@1_ci95", "mean_completion_length", "retention", "batch_compressions", "verifier_errors",
+            "retention_by_position", "retained_density")  # fmt: skip
+    result = {k: summary[k] for k in keep if k in summary}
     result["memory_share"] = summary.get("memory_share", summary["retention"])
     if full is not None:
         result["gap"] = full["pass@1"] - summary["pass@1"]
@@ -134,49 +135,74 @@ def ordering(stage: str, split: str, problems: int, samples: int, root: Path, ar
 
 def stage_methods(root: Path, args, publish) -> dict:
     """Held-out ordering (stage ``methods``): per budget, the full cache and the eviction methods, the G-KV forms
-    and S4R at the same persistent memory; ``publish(section)`` after every evaluate.py call."""
+    and S4R at the same persistent memory; ``publish(section)`` after every row. A row already in ``--results``
+    from a run with the same settings is taken from there (a stage cut short continues where it stopped, on
+    another machine too)."""
     folder, model, seed = root / "methods", [f"model={args.model}"], args.seed + 1
     problems, samples = args.methods_problems, args.methods_samples
+    settings = {"model": args.model, "sentences": args.sentences, "window": args.window, "interval": args.interval,
+                "sampling": sampling_keys(args), "problems": problems, "samples": samples, "seed": seed,
+                "s4r_length": args.s4r_length}  # fmt: skip
     table: dict = {"full": None, "methods": {}}
     section = {"task": {"split": "test", "problems": problems, "samples_per_problem": samples},
                "budgets": args.budgets, "seed": seed, "s4r": {"length": args.s4r_length, "eta": {}},
-               "table": table, "partial": True}  # fmt: skip
-    summaries: dict = {}  # row name -> run summary at the first budget (the density plot)
+               "settings": settings, "table": table, "partial": True}  # fmt: skip
+    earlier = earlier_rows(args.results, settings)
 
-    def add(name: str, budget: int, summary: dict, full: dict) -> None:
-        table["methods"].setdefault(name, {})[str(budget)] = row(summary, full)
-        if budget == args.budgets[0]:
-            summaries[name] = summary
+    def measure(name: str, budget: int | None, run) -> None:
+        """The row ``name`` at ``budget`` (the full cache: None) into the table and published: an earlier one,
+        else from ``run()``'s summary."""
+        found = earlier.get((name, budget)) or row(run(), None if name == "full" else table["full"])
+        if name == "full":
+            table["full"] = found
+        else:
+            table["methods"].setdefault(name, {})[str(budget)] = found
         publish(section)
 
+    def runs_of(methods: list[str], budget: int, out: Path, extra: list[str] | None = None, full: bool = False):
+        return evaluate(model, "test", problems, samples, methods, [budget], out, seed, args, full=full, compression=extra)
+
     for budget in args.budgets:  # one evaluate.py call per row: each is published as soon as it is done
-        full = evaluate(model, "test", problems, samples, [], [budget], folder, seed, args)["full"]
-        table["full"], summaries["full"] = row(full, None), full
+        measure("full", None, lambda: runs_of([], budget, folder, full=True)["full"])
         for method in args.methods:
-            runs = evaluate(model, "test", problems, samples, [method], [budget], folder, seed, args, full=False)
-            add(method, budget, runs[f"{method}-b{budget}"], full)
+            measure(method, budget, lambda m=method: runs_of([m], budget, folder)[f"{m}-b{budget}"])
         for form in (f for f in args.gkv_forms if f != "max"):
             extra = [f"compression.window={args.window}", f"compression.interval={args.interval}", f"compression.form={form}"]
-            runs = evaluate(model, "test", problems, samples, ["gkv"], [budget], folder / f"gkv-{form}", seed, args,
-                            full=False, compression=extra)  # fmt: skip
-            add(f"gkv-{form}", budget, runs[f"gkv-b{budget}"], full)
+            measure(f"gkv-{form}", budget,
+                    lambda e=extra, f=form: runs_of(["gkv"], budget, folder / f"gkv-{f}", e)[f"gkv-b{budget}"])  # fmt: skip
         if args.s4r_length:
             eta = round(budget / args.s4r_length, 4)
             section["s4r"]["eta"][str(budget)] = eta
             extra = [f"compression.eta={eta}", f"compression.expected_length={args.s4r_length}"]
-            runs = evaluate(model, "test", problems, samples, ["s4r"], [budget], folder, seed, args, full=False,
-                            compression=extra)  # fmt: skip
-            add("s4r", budget, runs[f"s4r-b{budget}"], full)
-    plot_density(summaries, args.budgets[0], root / "methods_density.png", args)
+            measure("s4r", budget, lambda e=extra: runs_of(["s4r"], budget, folder, e)[f"s4r-b{budget}"])
+    first = str(args.budgets[0])
+    rows = {"full": table["full"], **{name: by[first] for name, by in table["methods"].items() if first in by}}
+    plot_density(rows, args.budgets[0], root / "methods_density.png")
     section["density_budget"] = args.budgets[0]
-    section["density"] = {name: s["retained_density"] for name, s in summaries.items()}
+    section["density"] = {name: r.get("retained_density") for name, r in rows.items()}
     section["partial"] = False
     return section
 
 
-def plot_density(summaries: dict, budget: int, path: Path, args) -> None:
+def earlier_rows(results: Path | None, settings: dict) -> dict:
+    """(row name, budget) -> row of the methods section in ``results`` when it was measured with ``settings``
+    (the full cache's budget: None)."""
+    if results is None or not results.is_file():
+        return {}
+    old = json.loads(results.read_text()).get("methods", {})
+    if old.get("settings") != json.loads(json.dumps(settings)):
+        return {}
+    found = {(name, int(b)): r for name, by in old["table"]["methods"].items() for b, r in by.items()}
+    if old["table"].get("full") is not None:
+        found["full", None] = old["table"]["full"]
+    return found
+
+
+def plot_density(rows: dict, budget: int, path: Path) -> None:
     """The retained-position plot of every row at one budget (``plot_retained_density``), rows by name."""
-    named = [{**s, "run": name, "compression": {**s["compression"], "method": name}} for name, s in summaries.items()]
+    named = [{"run": name, "compression": {"method": name, "budget": None if name == "full" else budget},
+              "retention": r["retention"], "retention_by_position": r["retention_by_position"],
+              "retained_density": r["retained_density"]} for name, r in rows.items() if "retained_density" in r]  # fmt: skip
     title = f"copy_recall (held-out), budget {budget} (s4r: the same memory), at each sequence's last decoding step"
     plot_retained_density(named, path, title)
 
@@ -416,6 +442,7 @@ def main() -> None:
     provenance = {"command": "python " + " ".join(sys.argv), "commit": git_commit(), "machine": machine()}
 
     def publish(stage: str, section: dict) -> None:
+        (root / stage).mkdir(parents=True, exist_ok=True)
         write_atomically(root / stage / "summary.json", dumps(section, indent=2))
         if args.results is not None:
             header = {k: v for k, v in result.items() if k not in STAGES}

@@ -27,6 +27,12 @@ def test_quick_bench_reports_every_stage_and_resumes(tmp_path):
     assert (tmp_path / "methods_density.png").is_file()
     published = json.loads(results.read_text())  # every stage's section, with where it came from
     assert all(published[stage]["commit"] and published[stage]["command"] for stage in ("probe", "methods", "training"))
+    # the methods stage continues from the results file alone (another machine: no evaluation folders)
+    elsewhere = [*command[:3], "--output-root", str(tmp_path / "elsewhere"), "--results", str(results), "--stages", "methods"]
+    again = subprocess.run(elsewhere, capture_output=True, text=True, timeout=300, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "evaluate.py" not in again.stderr  # nothing measured again
+    assert json.loads(again.stdout.strip().splitlines()[-1])["methods"]["table"] == line["methods"]["table"]
     doc = tmp_path / "doc.md"  # a benchmark page's tables come from the results file
     doc.write_text("before\n<!-- results:methods -->\nstale\n<!-- /results -->\nafter\n")
     render = [sys.executable, str(ROOT / "scripts" / "bench_decode_regime.py"), "--render", str(results), str(doc)]
