@@ -60,6 +60,7 @@ RECIPES = {
     "rl_full": ("rl_full", None),
     "distill_onpolicy": ("distill_onpolicy", "train"),
     "rl_sparse_snapkv": ("rl_sparse", "snapkv"),
+    "rl_sparse_s4r": ("rl_sparse", "s4r"),  # at the persistent memory of the training budget (s4r_keys)
     "distill": ("distill", "train"),
 }
 TELEMETRY = ("mismatch/mean_abs", "mismatch/max_abs", "mismatch/kl", "mismatch/ratio_p1", "mismatch/ratio_p5",
@@ -225,12 +226,20 @@ def train_keys(name: str, root: Path, args) -> list[str]:
     ]  # fmt: skip  (eval_data: train.py's own final evaluation, kept tiny: the bench evaluates every model itself)
     if not distill:
         keys.append(f"num_generations={args.group_size}")
-    if method is not None:
+    if method == "s4r":
+        keys += ["compression.method=s4r", *s4r_keys(args.train_budget, args)]
+    elif method is not None:
         keys += [f"compression.method={method}", f"compression.budget={args.train_budget}",
                  f"compression.window={args.window}", f"compression.interval={args.interval}"]  # fmt: skip
     if recipe == "distill":
         keys.append(f"distill.traces={teacher_traces(root, args)}")
     return keys
+
+
+def s4r_keys(budget: int, args) -> list[str]:
+    """S4R at the persistent memory of an eviction cache of ``budget`` tokens: eta = budget / ``--s4r-length``, the
+    rank solved at that length (S4R's own window and scoring otherwise)."""
+    return [f"compression.eta={round(budget / args.s4r_length, 4)}", f"compression.expected_length={args.s4r_length}"]
 
 
 def teacher_traces(root: Path, args) -> Path:
@@ -269,8 +278,13 @@ def stage_training(root: Path, args) -> dict:
             if not (folder / "eval.json").is_file():
                 run([sys.executable, str(ROOT / "train.py"), *train_keys(name, root, args)])
             model.append(f"adapter={folder}")
-        runs = evaluate(model, "test", args.eval_problems, args.eval_samples, eval_methods, args.eval_budgets,
-                        root / "training" / "eval" / name, args.seed, args)  # fmt: skip
+        out = root / "training" / "eval" / name
+        eviction = [m for m in eval_methods if m != "s4r"]
+        runs = evaluate(model, "test", args.eval_problems, args.eval_samples, eviction, args.eval_budgets, out,
+                        args.seed, args)  # fmt: skip
+        for b in args.eval_budgets if "s4r" in eval_methods else []:  # s4r: each budget's memory, its own eta
+            runs |= evaluate(model, "test", args.eval_problems, args.eval_samples, ["s4r"], [b], out / f"s4r-b{b}",
+                             args.seed, args, full=False, compression=s4r_keys(b, args))  # fmt: skip
         full = row(runs["full"], None)
         result = {"full": full,
                   "compressed": {m: {str(b): row(runs[f"{m}-b{b}"], runs["full"]) for b in args.eval_budgets}
@@ -400,7 +414,7 @@ def main() -> None:
     parser.add_argument("--min-gap", type=float, default=0.15)
     parser.add_argument("--min-decode-compressions", type=int, default=6)
     parser.add_argument("--recipes", nargs="+", default=["rl_sparse", "sparse_rl", "rl_full", "distill_onpolicy"],
-                        choices=list(RECIPES), help="training: in this order (rl_sparse_snapkv, distill: also)")
+                        choices=list(RECIPES), help="training: in this order (rl_sparse_snapkv, rl_sparse_s4r, distill: also)")
     parser.add_argument("--train-method", default="gkv", choices=[m for m in METHODS if m != "full"])
     parser.add_argument("--train-budget", type=int, default=160)
     parser.add_argument("--eval-budgets", nargs="+", type=int, default=[128, 160, 224],
@@ -430,7 +444,8 @@ def main() -> None:
         args.gkv_forms, args.s4r_length = ["max", "mean"], 96
         args.steps, args.save_steps, args.prompts_per_step, args.train_problems = 1, 1, 1, 4
         args.trace_problems, args.eval_problems, args.eval_samples = 2, 2, 1
-        args.recipes = ["rl_sparse", "sparse_rl"]  # the record's learner and the dense one (every recipe: tests)
+        if args.recipes == parser.get_default("recipes"):  # the record's learner and the dense one
+            args.recipes = ["rl_sparse", "sparse_rl"]
     root = args.output_root
     root.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
