@@ -5,6 +5,7 @@
     gkv-train traces data.name=gsm8k output=traces.jsonl   # = python scripts/generate_traces.py ...
     gkv-train check --model tiny --method gkv              # = python scripts/check_consistency.py ...
     gkv-train export RUN_DIR OUT_DIR                       # a run as a self-contained HF folder (LoRA merged)
+    gkv-train lm-eval --model gkv --model_args method=gkv,budget=512 --tasks ...   # lm-eval under a compressed cache
 
 ``train``, ``evaluate`` and ``traces`` take Hydra overrides of the recipes shipped inside the package
 (``gkv_train/recipes`` in the wheel: the repository's ``recipes/``); ``check`` takes ``--options``. Multi-GPU training runs
@@ -33,7 +34,7 @@ def recipes_dir() -> str:
 
 RECIPES = recipes_dir()
 USAGE = "\n\n".join(__doc__.split("\n\n")[:2])
-COMMANDS = ("train", "evaluate", "traces", "check", "export")
+COMMANDS = ("train", "evaluate", "traces", "check", "export", "lm-eval")
 
 
 def _schemas() -> None:
@@ -228,6 +229,14 @@ def main(argv: list[str] | None = None) -> None:
         from gkv_train.consistency import check
 
         check(rest)
+        return
+    if command == "lm-eval":  # lm-evaluation-harness's own command line, the model ``gkv`` registered
+        try:
+            from gkv_train.lm_eval_model import main as lm_eval_main
+        except ImportError as err:
+            _fail(f"error: gkv-train lm-eval needs lm-evaluation-harness: pip install 'gkv-train[lm-eval]' ({err})", REFUSED)
+        sys.argv = [f"{sys.argv[0]} lm-eval", *rest]
+        lm_eval_main()
         return
     if command == "export":
         if len(rest) != 2:

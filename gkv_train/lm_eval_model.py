@@ -1,0 +1,162 @@
+"""An lm-evaluation-harness model (``lm-eval``, the optional extra ``gkv-train[lm-eval]``): any lm-eval task under a
+compressed KV cache.
+
+    gkv-train lm-eval --model gkv --model_args pretrained=smollm2-135m,method=gkv,budget=512 --tasks <task>
+    python -m gkv_train.lm_eval_model --model gkv ...          # the same: lm-eval's own command, with ``gkv`` registered
+
+    from gkv_train.lm_eval_model import CompressedLM           # from Python
+    lm_eval.simple_evaluate(model=CompressedLM(pretrained="smollm2-135m", method="gkv", budget=512), tasks=[...])
+
+``generate_until`` samples with the rollout engine under the compression (greedy unless the task asks for
+sampling), cut at the task's ``until`` strings; ``loglikelihood`` teacher-forces each continuation through the
+engine after its context (``RolloutEngine.replay``), so it is scored under the cache generation would have had
+(the context compressed after its prefill, the continuation compressed as it goes); ``is_greedy`` is read from
+the trainer's forward under the replay's record (equal to the rollout's log-probs within 1e-5 in fp32).
+``loglikelihood_rolling`` scores a whole text the same way after its first token. Each request's retention,
+memory share and compression rounds are kept in ``stats`` (and appended to the JSONL file ``stats=`` names).
+Contexts are plain text (lm-eval applies chat templates itself with ``--apply_chat_template``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.engine import RolloutEngine
+from gkv_train.logprobs import decoder_and_head, hidden_states
+from gkv_train.models import load_model
+
+
+@register_model("gkv")
+class CompressedLM(LM):
+    """lm-eval's model ``gkv``: ``pretrained`` (a built-in model, hub name or local folder), ``adapter`` (a LoRA run),
+    ``method`` / ``budget`` / ``window`` / ``interval`` / ``eta`` (the compression, ``CompressionConfig``'s
+    defaults otherwise), ``batch_size``, ``max_gen_toks`` (when a task gives none), ``precision`` (fp32 / bf16),
+    ``seed`` (sampling tasks), ``stats`` (a JSONL file for the per-request statistics)."""
+
+    def __init__(self, pretrained: str = "smollm2-135m", adapter: str | None = None, method: str = "full",
+                 budget: int | None = None, window: int | None = None, interval: int | None = None,
+                 eta: float | None = None, batch_size: int | str = 8, max_gen_toks: int = 256, precision: str = "fp32",
+                 seed: int = 0, stats: str | None = None, **_ignored):  # fmt: skip
+        super().__init__()
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        self.model, self.tokenizer = load_model(pretrained, dtype=dtype)
+        if adapter:
+            from peft import PeftModel
+
+            self.model = PeftModel.from_pretrained(self.model, adapter).merge_and_unload()
+        options = {k: v for k, v in dict(budget=budget, window=window, interval=interval, eta=eta).items() if v is not None}
+        self.compression = CompressionConfig(method, **{k: type_of(k)(v) for k, v in options.items()})
+        self.engine = RolloutEngine(self.model, self.tokenizer, self.compression, chat=False)
+        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
+        self.max_gen_toks, self.seed = int(max_gen_toks), int(seed)
+        self.stats: list[dict] = []
+        self.stats_path = Path(stats) if stats else None
+
+    # ---- lm-eval's interface -------------------------------------------------------------------------------
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        groups: dict[str, list[int]] = {}  # requests with the same generation settings, batched together
+        for i, r in enumerate(requests):
+            groups.setdefault(json.dumps(r.args[1], sort_keys=True, default=str), []).append(i)
+        results: list[str | None] = [None] * len(requests)
+        for indices in groups.values():
+            kwargs = dict(requests[indices[0]].args[1])
+            for start in range(0, len(indices), self.batch_size):
+                batch = indices[start : start + self.batch_size]
+                for i, text in zip(batch, self._generate([requests[i].args[0] for i in batch], kwargs)):
+                    results[i] = text
+        return results
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        pairs = []
+        for r in requests:
+            context, continuation = r.args
+            whole = self._encode(context + continuation)
+            head = self._encode(context)
+            if not head or whole[: len(head)] != head:  # a merge across the boundary: split the text, not the ids
+                head, tail = self._encode(context), self._encode(continuation, special=False)
+            else:
+                tail = whole[len(head) :]
+            pairs.append((head, tail))
+        return self._score(pairs)
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        pairs = []
+        for r in requests:
+            ids = self._encode(r.args[0])
+            pairs.append((ids[:1], ids[1:]))
+        return [logprob for logprob, _ in self._score(pairs)]
+
+    # ---- the work --------------------------------------------------------------------------------------------
+    def _encode(self, text: str, special: bool = True) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=special)["input_ids"]
+
+    def _generate(self, contexts: list[str], kwargs: dict) -> list[str]:
+        until = kwargs.get("until") or []
+        until = [until] if isinstance(until, str) else list(until)
+        sample = bool(kwargs.get("do_sample", False)) and float(kwargs.get("temperature", 1.0)) > 0
+        sampling = SamplingConfig(
+            max_new_tokens=int(kwargs.get("max_gen_toks", self.max_gen_toks)),
+            temperature=float(kwargs.get("temperature", 1.0)) if sample else 0.0,
+            top_p=float(kwargs.get("top_p", 1.0)) if sample else 1.0, seed=self.seed,
+        )  # fmt: skip
+        out = self.engine.generate([self._encode(c) for c in contexts], sampling)
+        texts = []
+        for i, ids in enumerate(out.completions()):
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+            for stop in until:
+                text = text.split(stop)[0]
+            texts.append(text)
+        self._keep_stats("generate_until", out)
+        return texts
+
+    def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """(sum of log-probs, every token the argmax) of each continuation after its context, under the cache."""
+        results = []
+        _, head = decoder_and_head(self.model)
+        for start in range(0, len(pairs), self.batch_size):
+            chunk = pairs[start : start + self.batch_size]
+            empty = [i for i, (_, tail) in enumerate(chunk) if not tail]
+            live = [p for i, p in enumerate(chunk) if i not in empty]
+            scored = iter([])
+            if live:
+                out = self.engine.replay([c for c, _ in live], [t for _, t in live], SamplingConfig(temperature=1.0))
+                C, real = out.num_completion_tokens, out.completion_mask.bool()
+                with torch.no_grad():
+                    hidden = hidden_states(self.model, out.sequences, out.attention_mask, out.record)[:, -C - 1 : -1]
+                    greedy = head(hidden).argmax(-1) == out.sequences[:, -C:]
+                sums = (out.logprobs * real).sum(-1).tolist()
+                flags = (greedy | ~real).all(-1).tolist()
+                scored = iter(zip(sums, flags))
+                self._keep_stats("loglikelihood", out)
+            results += [(0.0, True) if i in empty else next(scored) for i in range(len(chunk))]
+        return results
+
+    def _keep_stats(self, kind: str, out) -> None:
+        rows = [{"request": kind, "method": self.compression.method, "prompt_tokens": int(p), "new_tokens": int(c),
+                 "retention": float(r), "memory_share": float(m), "batch_compressions": out.stats.get("compressions", 0)}
+                for p, c, r, m in zip(out.prompt_lengths, out.completion_lengths, out.retention, out.memory_share)]  # fmt: skip
+        self.stats += rows
+        if self.stats_path is not None:
+            with open(self.stats_path, "a") as f:
+                f.write("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def type_of(option: str):
+    return float if option == "eta" else int
+
+
+def main() -> None:
+    """lm-eval's own command line, with the model ``gkv`` registered."""
+    from lm_eval.__main__ import cli_evaluate
+
+    cli_evaluate()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""The lm-evaluation-harness model ``gkv`` (gkv_train/lm_eval_model.py): scores equal the model's own under the
+full cache and the rollout's under compression; a local task (a YAML reading a local JSONL) runs offline from Python
+and through lm-eval's own command line."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+lm_eval = pytest.importorskip("lm_eval")
+from lm_eval.api.instance import Instance  # noqa: E402
+
+from gkv_train.lm_eval_model import CompressedLM  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def local_task(folder: Path) -> Path:
+    """A generation task and a multiple-choice task over four local problems."""
+    rows = [{"problem": f"What is {a} plus {b}?", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (5, 6), (2, 2)]]
+    data = folder / "data.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n" \
+             'doc_to_text: "{{problem}} Answer:"\n'  # fmt: skip
+    (folder / "gen.yaml").write_text(
+        f"task: gkv_local_gen\n{common}output_type: generate_until\ndoc_to_target: \"{{{{answer}}}}\"\n"
+        'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 8\n  do_sample: false\n'
+        "metric_list:\n  - metric: exact_match\n"
+    )
+    (folder / "mc.yaml").write_text(
+        f"task: gkv_local_mc\n{common}output_type: multiple_choice\n"
+        'doc_to_choice: ["{{answer}}", "0"]\ndoc_to_target: 0\nmetric_list:\n  - metric: acc\n'
+    )
+    return folder
+
+
+def test_loglikelihood_is_the_models_under_the_full_cache():
+    lm = CompressedLM(pretrained="tiny", method="full")
+    context, continuation = "The answer is", " 42"
+    (score, _), = lm.loglikelihood([Instance("loglikelihood", {}, (context, continuation), 0)])
+    ids = lm._encode(context + continuation)
+    with torch.no_grad():
+        logits = lm.model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    n = len(lm._encode(context))
+    direct = sum(logits[i - 1, ids[i]].item() for i in range(n, len(ids)))
+    assert abs(score - direct) < 1e-4
+
+
+def test_a_greedy_generation_scores_as_greedy_under_compression():
+    """What the engine generates greedily under gkv, teacher-forced back through it: every token the argmax, the
+    summed log-prob the rollout's; the control: another continuation is not greedy. generate_until returns that
+    generation's text."""
+    from gkv_rollout.config import SamplingConfig
+
+    lm = CompressedLM(pretrained="tiny", method="gkv", budget=16, window=4, interval=8)
+    context = lm._encode("A prompt long enough to be compressed after its prefill, and then again.")
+    rollout = lm.engine.generate([context], SamplingConfig(max_new_tokens=20, temperature=0.0))
+    tokens = rollout.completions()[0]
+    (score, greedy), (_, other) = lm._score([(context, tokens), (context, tokens[:-1] + [(tokens[-1] + 1) % 100])])
+    assert greedy and not other
+    assert abs(score - rollout.logprobs[0].sum().item()) < 1e-3
+    assert lm.stats[-1]["method"] == "gkv" and lm.stats[-1]["batch_compressions"] >= 2  # prefill and decode rounds
+    request = Instance("generate_until", {}, (lm.tokenizer.decode(context, skip_special_tokens=True),
+                                              {"until": [], "max_gen_toks": 20}), 0)  # fmt: skip
+    assert lm.generate_until([request]) == [lm.tokenizer.decode(tokens, skip_special_tokens=True)]
+
+
+def test_a_local_task_offline_from_python_and_the_command_line(tmp_path, monkeypatch):
+    from lm_eval.tasks import TaskManager
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    tasks = local_task(tmp_path)
+    stats = tmp_path / "stats.jsonl"
+    lm = CompressedLM(pretrained="tiny", method="gkv", budget=16, window=4, interval=8, stats=str(stats))
+    result = lm_eval.simple_evaluate(model=lm, tasks=["gkv_local_gen", "gkv_local_mc"],
+                                     task_manager=TaskManager(include_path=str(tasks)))  # fmt: skip
+    assert set(result["results"]) == {"gkv_local_gen", "gkv_local_mc"}
+    lines = [json.loads(line) for line in stats.read_text().splitlines()]
+    assert {line["request"] for line in lines} == {"generate_until", "loglikelihood"}
+    assert all(0 < line["retention"] <= 1 for line in lines)
+    out = tmp_path / "cli"
+    command = [sys.executable, "-m", "gkv_train.cli", "lm-eval", "--model", "gkv", "--model_args",
+               "pretrained=tiny,method=snapkv,budget=16,window=4,interval=8", "--tasks", "gkv_local_gen",
+               "--include_path", str(tasks), "--output_path", str(out)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, "HF_DATASETS_OFFLINE": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    written = list(out.rglob("results_*.json"))
+    assert written and "gkv_local_gen" in json.loads(written[0].read_text())["results"]
