@@ -36,7 +36,7 @@ from gkv_train.models import load_model
 class CompressedLM(LM):
     """lm-eval's model ``gkv``: ``pretrained`` (a built-in model, hub name or local folder), ``adapter`` (a LoRA run),
     ``method`` / ``budget`` / ``window`` / ``interval`` / ``eta`` (the compression, ``CompressionConfig``'s
-    defaults otherwise), ``batch_size``, ``max_gen_toks`` (when a task gives none), ``precision`` (fp32 / bf16),
+    defaults otherwise), ``batch_size`` (lm-eval's ``--batch_size``), ``max_gen_toks`` (when a task gives none), ``precision`` (fp32 / bf16),
     ``seed`` (sampling tasks), ``stats`` (a JSONL file for the per-request statistics)."""
 
     def __init__(self, pretrained: str = "smollm2-135m", adapter: str | None = None, method: str = "full",
