@@ -318,3 +318,22 @@ def test_each_method_keeps_one_style_across_figures():
     assert len(set(styles.values())) == len(names)
     assert method_style("full")["color"] == "black" and "black" not in {c for c, _ in styles.values()}
     assert method_style("gkv-mean") == method_style("gkv-mean")  # a name outside the registry: stable
+
+
+def test_a_failed_evaluation_keeps_its_error_in_the_log(tmp_path):
+    """An evaluation that fails after its checks passed (here: an error inside the work) leaves evaluate.log with
+    the error, not empty."""
+    code = (
+        "import sys\n"
+        "import gkv_train.evaluation as e\n"
+        "def boom(*a, **k):\n"
+        "    raise RuntimeError('boom inside the evaluation')\n"
+        "e.evaluate_compression = boom\n"
+        f"sys.argv = ['evaluate', 'model=tiny', 'data.limit=2', 'max_new_tokens=4', 'num_generations=1', "
+        f"'plots=false', 'output_dir={tmp_path / 'out'}']\n"
+        "from gkv_train.cli import evaluate\n"
+        "evaluate()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode != 0
+    assert "boom inside the evaluation" in (tmp_path / "out" / "evaluate.log").read_text()
