@@ -74,6 +74,8 @@ class DataConfig:
         RULER-style retrieval tasks niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt:
         ``gkv_train.retrieval``) or a hub dataset; None with ``path``.
     context: the retrieval tasks' prompt length, about this many tokens.
+    copy_required: what a copy_recall completion must copy before the number: ``last`` (the last sentence) or
+        ``places`` (also every middle sentence's "goes to <place>", in order: the training variant).
     answer_field: the field holding the gold answer.
     limit: the first N problems (None: all).
     prompt_template: the prompt around a problem (``{problem}`` is replaced by it).
@@ -88,6 +90,7 @@ class DataConfig:
     levels: list[int] = field(default_factory=lambda: [1])  # built-in task difficulty levels (0-4)
     distractors: int = 0  # built-in task: facts about others placed between a problem's first fact and the rest
     sentences: int = 10  # copy_recall: the middle sentences written between the number and the blank (1-12)
+    copy_required: str = "last"
     context: int = 1024
     prompt_template: str = PROMPT_TEMPLATE
     config: str | None = None  # a hub dataset's configuration (subset), e.g. "main" for openai/gsm8k
@@ -112,6 +115,8 @@ class DataConfig:
                 del settings[key]
         if self.name != COPY_RECALL:
             del settings["sentences"]  # only copy_recall reads it
+        if self.name != COPY_RECALL or self.copy_required == "last":
+            del settings["copy_required"]  # added later: at its default earlier identities stay valid
         if self.name not in RETRIEVAL_TASKS:
             del settings["context"]  # only the retrieval tasks read it
         return {**settings, "file": file_identity(file) if file is not None and file.is_file() else None}
@@ -149,7 +154,7 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
     if name == BUILTIN:
         return arithmetic_task(limit, split, seed, tuple(data.levels), data.distractors)
     if name == COPY_RECALL:
-        return copy_recall_task(limit, split, seed, data.sentences)
+        return copy_recall_task(limit, split, seed, data.sentences, data.copy_required)
     if name in RETRIEVAL_TASKS:
         return retrieval_task(name, limit, split, seed, data.context)
     if data.config is not None and (path is not None or name in PRESETS):
@@ -397,19 +402,20 @@ PLACES = ["the park", "the library", "the beach", "the market", "the zoo", "the 
 ACTIVITIES = ["reads a book", "eats a sandwich", "watches the birds", "talks to a friend", "draws a picture",
               "plays a game", "drinks some water", "takes a short nap", "sings a song", "looks at the clouds",
               "writes a letter", "feeds the ducks"]  # fmt: skip
+COPY_REQUIRED = ("last", "places")  # what a copy_recall completion must copy besides the number
 COPY_INSTRUCTION = "Repeat this text word for word, and finish the last sentence with the right number:"
 
 
-def _copy_recall_problem(rng: random.Random, sentences: int) -> tuple[str, int, str]:
-    """One copy_recall problem, its answer and what its completion must copy: a number (10-99) in the first
-    sentence, ``sentences`` middle sentences, and a last sentence that ends where the number belongs (the part
-    copied)."""
+def _copy_recall_problem(rng: random.Random, sentences: int) -> tuple[str, int, str, list[str]]:
+    """One copy_recall problem, its answer, its last sentence and its middle sentences' places: a number (10-99)
+    in the first sentence, ``sentences`` middle sentences, and a last sentence that ends where the number belongs."""
     who, item, number = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(10, 99)
-    text = [f"{who} has {number} {item}."]
+    text, places = [f"{who} has {number} {item}."], []
     for place, act in zip(rng.sample(PLACES, sentences), rng.sample(ACTIVITIES, sentences)):
         text.append(f"Then {who} goes to {place} and {act}.")
+        places.append(f"goes to {place}")
     text.append(f"At the end of the day, {who} counts the {item} and still has")
-    return f"{COPY_INSTRUCTION}\n\n{' '.join(text)}", number, text[-1]
+    return f"{COPY_INSTRUCTION}\n\n{' '.join(text)}", number, text[-1], places
 
 
 def copy_recall_space(sentences: int) -> int:
@@ -417,7 +423,9 @@ def copy_recall_space(sentences: int) -> int:
     return len(NAMES) * len(ITEMS) * 90 * (math.perm(len(PLACES), sentences) * math.perm(len(ACTIVITIES), sentences))
 
 
-def copy_recall_task(n: int | None, split: str = "train", seed: int = 0, sentences: int = 10) -> datasets.Dataset:
+def copy_recall_task(
+    n: int | None, split: str = "train", seed: int = 0, sentences: int = 10, required: str = "last"
+) -> datasets.Dataset:
     """The built-in task of the decode-time regime: ``n`` problems that ask the model to copy a short story whose
     first sentence holds a number and whose last sentence stops where that number belongs ("... and still has");
     the answer is the number. Copying writes the story into the completion (SmolLM2-135M: about 120 tokens at
@@ -429,7 +437,10 @@ def copy_recall_task(n: int | None, split: str = "train", seed: int = 0, sentenc
     that no longer sees the story writes the number straight away (SmolLM2 under G-KV at budget 64: 44 tokens
     instead of 128, 47 % of numbers right but none after the last sentence), and the task would measure prompt
     compression again. SmolLM2-135M copies loosely (about a third of the middle sentences verbatim), so they are
-    not required. Splits as ``arithmetic_task``: train and test never share a problem."""
+    not required. ``required="places"`` (a variant for training) requires besides the last sentence every middle
+    sentence's "goes to <place>", in order: a model trained under a compressed cache can then no longer shorten
+    the copy to keep the number in its cache (RL-Sparse learned that on the base task), so it stays in the regime.
+    Splits as ``arithmetic_task``: train and test never share a problem."""
     check_builtin_request("the built-in task copy_recall", split, n)
     if not 1 <= sentences <= len(PLACES):
         raise ValueError(f"data.sentences must be 1-{len(PLACES)} for copy_recall, got {sentences}")
@@ -440,9 +451,12 @@ def copy_recall_task(n: int | None, split: str = "train", seed: int = 0, sentenc
             yield _copy_recall_problem(rng, sentences)
 
     task = f"the built-in task copy_recall with {sentences} sentences"
+    if required not in COPY_REQUIRED:
+        raise ValueError(f"data.copy_required must be one of {', '.join(COPY_REQUIRED)}, got {required!r}")
     chosen = held_out_split(stream, n, split, task, copy_recall_space(sentences), "add sentences")
-    rows = [{"id": i, "problem": text, "answer": str(answer), "required": required}
-            for i, (text, answer, required) in enumerate(chosen)]  # fmt: skip
+    rows = [{"id": i, "problem": text, "answer": str(answer),
+             "required": "\n".join([*places, last]) if required == "places" else last}
+            for i, (text, answer, last, places) in enumerate(chosen)]  # fmt: skip
     return datasets.Dataset.from_list(rows)
 
 

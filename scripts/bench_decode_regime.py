@@ -78,7 +78,7 @@ def run(command: list[str]) -> None:
 
 def task_keys(group: str, split: str, limit: int, args) -> list[str]:
     return [f"{group}.name=copy_recall", f"{group}.split={split}", f"{group}.sentences={args.sentences}",
-            f"{group}.limit={limit}"]  # fmt: skip
+            f"{group}.limit={limit}", *([f"{group}.copy_required={args.copy_required}"] if args.copy_required != "last" else [])]  # fmt: skip
 
 
 def sampling_keys(args) -> list[str]:
@@ -391,6 +391,8 @@ def main() -> None:
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     parser.add_argument("--quick", action="store_true", help="every stage, tiny model and sizes (a test runs it)")
     parser.add_argument("--sentences", type=int, default=10, help="copy_recall's middle sentences")
+    parser.add_argument("--copy-required", default="last", choices=["last", "places"],
+                        help="what a completion must copy: the last sentence, or every place too (the training variant)")
     parser.add_argument("--problems", type=int, default=32, help="probe: train-split problems")
     parser.add_argument("--samples", type=int, default=2, help="probe: samples per problem")
     parser.add_argument("--methods", nargs="+", default=EVICTION, choices=[m for m in METHODS if m != "full"])
@@ -450,7 +452,7 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     result = {"benchmark": "decode_regime", "model": args.model, "quick": args.quick,
-              "task": {"name": "copy_recall", "sentences": args.sentences},
+              "task": {"name": "copy_recall", "sentences": args.sentences, "copy_required": args.copy_required},
               "compression": {"window": args.window, "interval": args.interval},
               "sampling": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}}  # fmt: skip
     tables = []

@@ -225,6 +225,20 @@ def test_copy_recall_task_is_deterministic_held_out_and_reachable_by_name():
         load_problems(DataConfig(name="copy_recall", sentences=13))
     with pytest.raises(ValueError, match="splits train and test"):
         copy_recall_task(3, "validation")
+    # the training variant: every place, in order, then the last sentence; the same problems
+    places = copy_recall_task(40, "train", seed=1, required="places")
+    assert places["problem"] == train["problem"]
+    for row, plain in zip(places, train):
+        *middle, last = row["required"].split("\n")
+        assert last == plain["required"] and len(middle) == 10 and all(p.startswith("goes to the ") for p in middle)
+    from gkv_rewards.extract import copies_in_order
+
+    story = train[0]["problem"].split("\n\n", 1)[1]
+    assert copies_in_order(f"{story} {train[0]['answer']}", places[0]["required"])  # the whole copy passes
+    skipped = f"{story.split('. ')[0]}. {train[0]['required']} {train[0]['answer']}"  # the middle left out
+    assert copies_in_order(skipped, train[0]["required"]) and not copies_in_order(skipped, places[0]["required"])
+    assert "copy_required" not in DataConfig(name="copy_recall").identity()
+    assert DataConfig(name="copy_recall", copy_required="places").identity() != DataConfig(name="copy_recall").identity()
 
 
 @pytest.mark.parametrize("name", ["niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt"])
