@@ -1,8 +1,12 @@
 """RULER-style retrieval tasks, generated here (no download): needles in a haystack and variable tracking.
 
 Each prompt is a haystack of filler text (RULER's noise haystack: "The grass is green. The sky is blue. ...") of
-about ``context`` tokens with facts hidden at random depths, then a question; the answer is a number, or a list
-of numbers (graded as a set: ``gkv_rewards``). The tasks (``data.name=...``), after RULER (Hsieh et al., 2024):
+about ``context`` tokens with facts hidden at random depths, then a question; the answer is a number, or for the
+multi-value and multi-query tasks several: then the ``required`` column lists them, one per line, and a completion
+is right when it writes all of them in that order (``copies_in_order``) and ends with the last (its final answer).
+That is RULER's ``string_match_all`` made binary and ordered (the order asked, or the order the needles appear);
+a model that lists the numbers any other way is graded wrong. The tasks (``data.name=...``), after RULER (Hsieh et
+al., 2024):
 
 * ``niah_single``: one needle "One of the special magic numbers for <key> is: <number>."; asked for the key.
 * ``niah_multikey``: four needles with different keys; asked for one of them.
@@ -88,7 +92,7 @@ def _niah(rng: random.Random, task: str, context: int) -> tuple[str, str]:
     else:
         question = f"What is the special magic number for {asked[0]} mentioned in the provided text?"
         answer = [dict(pairs)[asked[0]]]
-    return f"{INTRO}\n\n{text}\n\n{question}", ", ".join(map(str, answer))
+    return f"{INTRO}\n\n{text}\n\n{question}", [str(v) for v in answer]
 
 
 def _vt(rng: random.Random, context: int) -> tuple[str, str]:
@@ -109,7 +113,7 @@ def _vt(rng: random.Random, context: int) -> tuple[str, str]:
     text = haystack(rng, context, facts)
     chain = chains[0][0]
     value = chains[0][1][0].split("= ")[1].rstrip(".")
-    return f"{VT_INTRO}\n\n{text}\n\nWhat is the value of VAR {chain[-1]}?", value
+    return f"{VT_INTRO}\n\n{text}\n\nWhat is the value of VAR {chain[-1]}?", [value]
 
 
 RETRIEVAL_TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt")
@@ -117,7 +121,8 @@ RETRIEVAL_TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_mult
 
 def retrieval_task(name: str, n: int | None, split: str = "train", seed: int = 0, context: int = 1024) -> datasets.Dataset:
     """``n`` problems of the retrieval task ``name`` (``RETRIEVAL_TASKS``) with prompts of about ``context``
-    tokens; columns ``id``, ``problem``, ``answer`` (a number, or numbers joined by ", ")."""
+    tokens; columns ``id``, ``problem``, ``answer`` (the number, or the last of several) and ``required`` (the
+    numbers, one per line, when there are several; else None)."""
     if name not in RETRIEVAL_TASKS:
         raise ValueError(f"unknown retrieval task {name!r}; choose one of {', '.join(RETRIEVAL_TASKS)}")
     check_builtin_request(f"the built-in task {name}", split, n)
@@ -130,4 +135,6 @@ def retrieval_task(name: str, n: int | None, split: str = "train", seed: int = 0
             yield _vt(rng, context) if name == "vt" else _niah(rng, name, context)
 
     chosen = held_out_split(stream, n, split, f"the built-in task {name}", 10**9, "")
-    return datasets.Dataset.from_list([{"id": i, "problem": p, "answer": a} for i, (p, a) in enumerate(chosen)])
+    rows = [{"id": i, "problem": p, "answer": values[-1], "required": "\n".join(values) if len(values) > 1 else None}
+            for i, (p, values) in enumerate(chosen)]  # fmt: skip
+    return datasets.Dataset.from_list(rows)

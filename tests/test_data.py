@@ -255,7 +255,8 @@ def test_retrieval_tasks_hide_what_they_ask_and_hold_out_their_test_split(name):
     assert train["problem"] == retrieval_task(name, 30, "train", seed=1, context=256)["problem"]
     for row in train:
         text, question = row["problem"].rsplit("\n\n", 1)
-        answers = row["answer"].split(", ")
+        answers = row["required"].split("\n") if row["required"] else [row["answer"]]
+        assert row["answer"] == answers[-1] and (row["required"] is None) == (len(answers) == 1)
         if name == "vt":
             target = re.search(r"VAR (\w+)\?", question).group(1)
             values = dict(re.findall(r"VAR (\w+) = (\d+|VAR \w+)\.", text))
