@@ -138,6 +138,16 @@ def test_compiled_decode_matches_eager_and_trainer(tiny_llama, method):
         check(tiny_llama, compiled, cfg)
 
 
+def test_decode_one_token_is_one_graph():
+    """compile_decode compiles ``decode_one_token`` with fullgraph=True: the default test above passes only if
+    the step is one graph; this control (a hook that breaks the graph inside the model) must fail, naming it."""
+    model = tiny_model("tiny-llama")
+    model.model.layers[1].register_forward_pre_hook(lambda module, args: torch._dynamo.graph_break())
+    cfg = CompressionConfig("gkv", budget=16, window=4, interval=8)
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="graph_break"):
+        RolloutEngine(model, compression=cfg).generate(random_prompts([5]), SamplingConfig(max_new_tokens=3, compile_decode=True))
+
+
 def test_compiled_decode_refuses_s4r(tiny_llama):
     cfg = CompressionConfig("s4r", budget=16, window=4, interval=8)
     with pytest.raises(ValueError, match="no static decode step"):

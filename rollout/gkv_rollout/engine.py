@@ -91,20 +91,29 @@ def make_cache(
     return EvictionCache(model.config, compression, batch, capacity, prompt_width + max_new, dtype, device, seed)
 
 
-def decode_logits(model, ids, positions, mask, cache) -> torch.Tensor:
-    """The model's last logits [N, V] for one decode token per sequence ids [N, 1] at positions [N, 1]."""
+def forward_logits(model, ids, positions, mask, cache) -> torch.Tensor:
+    """The model's last logits [N, V] for new tokens ids [N, Q] at logical positions [N, Q], attending under
+    ``mask`` (the cache's, from ``begin``) with ``cache`` as the attention context: the engine's one model call."""
     out = model(
         input_ids=ids, position_ids=positions, attention_mask=mask, kv_context=cache, use_cache=False, logits_to_keep=1
     )
     return out.logits[:, -1]
 
 
+def decode_one_token(model, ids, positions, mask, cache) -> torch.Tensor:
+    """One decode step: ids [N, 1] at positions [N, 1] -> the next logits [N, V]. The unit ``compile_decode``
+    compiles (``fullgraph=True``: a graph break is an error, never a silently slower step); the cache's
+    static-shape ``begin``/``end`` run around it, outside the graph."""
+    return forward_logits(model, ids, positions, mask, cache)
+
+
 @functools.cache
 def compiled(fn: Callable, device_type: str) -> Callable:
-    """``fn`` under ``torch.compile``, one per function and device type (graphs are reused across rollouts):
-    CUDA graphs on a GPU (``reduce-overhead``), Inductor's default elsewhere. Shapes start static; a dimension
-    that changes (batch width as finished rows leave, attention width) is made dynamic at the next compile."""
-    return torch.compile(fn, mode="reduce-overhead" if device_type == "cuda" else None)
+    """``fn`` under ``torch.compile`` with ``fullgraph=True``, one per function and device type (graphs are
+    reused across rollouts): CUDA graphs on a GPU (``reduce-overhead``), Inductor's default elsewhere. Shapes
+    start static; a dimension that changes (batch width as finished rows leave, attention width) is made dynamic
+    at the next compile."""
+    return torch.compile(fn, fullgraph=True, mode="reduce-overhead" if device_type == "cuda" else None)
 
 
 def mark_static(cache) -> None:
@@ -224,119 +233,189 @@ class RolloutEngine:
             self.model.train(was_training)
 
     def _generate(self, prompts, sampling: SamplingConfig, forced, progress) -> RolloutOutput:
-        model, cfg = self.model, self.compression
-        device = next(model.parameters()).device
+        """prefill, then ``decode_one_token`` step by step: pick each row's token, drop finished rows from the
+        cache, stop when every row has; the record and statistics from what the cache saw."""
+        model, device = self.model, next(self.model.parameters()).device
         rows = [r for r in encode_prompts(self.tokenizer, prompts, self.chat) for _ in range(sampling.num_samples)]
         pad_id = self.pad_id()
         ids, prompt_mask = left_pad(rows, pad_id, device)
         N, P = ids.shape
         max_new = sampling.max_new_tokens
-        if forced is not None:
-            forced_lengths = torch.tensor([len(c) for c in forced], device=device)
-            forced = torch.tensor([list(c) + [pad_id] * (max_new - len(c)) for c in forced], device=device)
-        cache = self.cache_factory(model, cfg, N, P, max_new, device, sampling.seed)
-        static = sampling.compile_decode
-        if static and not getattr(cache, "static_decode", False):
-            raise ValueError(
-                f"compile_decode: the {type(cache).__name__} of method {cfg.method!r} has no static decode step "
-                "(the full cache and the G-KV family have one)"
-            )
-        graphs = static and device.type == "cuda"  # CUDA graphs: the buffers the step writes keep their address
-        if graphs:
-            mark_static(cache)
-        step_logits = compiled(decode_logits, device.type) if static else None
-        sample = compiled(sample_tokens, device.type) if static else sample_tokens
-        logprob_of = compiled(token_logprobs_of, device.type) if static else token_logprobs_of
-        stop_ids = torch.tensor(stop_ids_of(model, self.tokenizer, sampling), dtype=torch.long, device=device)
-        banned = stop_ids if sampling.ignore_eos and len(stop_ids) else None
-        generator = torch.Generator(device=device).manual_seed(sampling.seed)
-
-        tokens = torch.full((N, max_new), pad_id, dtype=torch.long, device=device)
-        logprobs = torch.zeros((N, max_new), dtype=torch.float32, device=device)
-        finished = torch.zeros(N, dtype=torch.bool, device=device)
-        lengths = torch.zeros(N, dtype=torch.long, device=device)
-        prompt_lengths = prompt_mask.sum(-1)
+        cache = self.cache_factory(model, self.compression, N, P, max_new, device, sampling.seed)
+        step = DecodeStep(model, cache, sampling.compile_decode, self.compression.method)
+        pick = TokenPicker(sampling, forced, N, pad_id, stop_ids_of(model, self.tokenizer, sampling), device)
+        state = Decoding(N, max_new, pad_id, prompt_mask.sum(-1), device)
 
         t0 = time.perf_counter()
-        positions = logical_positions(prompt_mask)
-        logits = self._forward(cache, ids, positions, prompt_mask.bool())
-        cache.after_prefill()
-        cache_bytes = 0  # the most the cache held
+        logits = prefill(model, cache, ids, logical_positions(prompt_mask), prompt_mask.bool())
         t_prefill = time.perf_counter() - t0
-        in_cache = torch.arange(N, device=device)  # the rows the cache holds, in its order (finished ones leave)
         drop = sampling.drop_finished_at < 1.0
-        steps = 0
         for n in range(max_new):
-            if forced is None:
-                uniform = None if sampling.temperature == 0 else torch.rand(N, generator=generator, device=device)
-                token, logprob = sample(
-                    logits, sampling.temperature, sampling.top_p, None if uniform is None else uniform[in_cache], banned
-                )
-            else:
-                token = forced[in_cache, n]
-                logprob = logprob_of(logits, token, sampling.temperature)
-            live = ~finished[in_cache]
-            tokens[in_cache, n] = torch.where(live, token, pad_id)
-            logprobs[in_cache, n] = torch.where(live, logprob, 0.0)
-            lengths[in_cache] += live.long()
+            token, logprob, stop = pick(logits, n, state.in_cache)
+            live = state.append(n, token, logprob, stop)
             if progress is not None:
-                progress(int(live.sum()))
-            stop = torch.isin(token, stop_ids) if forced is None else forced_lengths[in_cache] <= n + 1
-            finished[in_cache] |= stop
-            steps = n + 1
-            if n == max_new - 1 or bool(finished.all()):
+                progress(live)
+            if n == max_new - 1 or bool(state.finished.all()):
                 break
-            done = finished[in_cache]
-            if drop and int(done.sum()) >= sampling.drop_finished_at * len(in_cache):
-                keep = (~done).nonzero().squeeze(-1)
-                cache_bytes = max(cache_bytes, cache.nbytes())
-                try:
-                    cache.select_rows(keep)
-                    in_cache = in_cache[keep]
-                    if graphs:
-                        mark_static(cache)
-                except NotImplementedError:  # an injected cache that keeps its rows: decode them all to the end
-                    drop = False
-            step_positions = (prompt_lengths[in_cache] + n)[:, None]
-            step_valid = torch.ones_like(step_positions, dtype=torch.bool)
-            if static:
-                mask = cache.begin(step_positions, step_valid, static=True)
-                logits = step_logits(model, tokens[in_cache, n : n + 1], step_positions, mask, cache)
-                logits = logits.clone() if graphs else logits  # a CUDA graph's output is freed by its next replay
-                cache.end()
-            else:
-                logits = self._forward(cache, tokens[in_cache, n : n + 1], step_positions, step_valid)
+            if drop:
+                drop = state.drop_finished(cache, sampling.drop_finished_at, step)
+            logits = step(state.last_tokens(n), state.next_positions(n))
             cache.after_step(n + 1)
         seconds = time.perf_counter() - t0
-        cache_bytes = max(cache_bytes, cache.nbytes())
+        state.cache_bytes = max(state.cache_bytes, cache.nbytes())
+        return finish(cache, ids, prompt_mask, state, self.compression.method, seconds, t_prefill)
 
-        completion_mask = torch.arange(steps, device=device)[None, :] < lengths[:, None]
-        sequences = torch.cat([ids, tokens[:, :steps]], dim=1)
-        attention_mask = torch.cat([prompt_mask, completion_mask.long()], dim=1)
-        record, kept = cache.finish(prompt_lengths, lengths, P + steps)
-        memory = cache.memory_share(prompt_lengths, lengths, kept)
-        new_tokens = int(lengths.sum())
-        stats = {
-            "method": cfg.method,
-            "batch": N,
-            "new_tokens": new_tokens,
-            "steps": steps,
-            "seconds": seconds,
-            "prefill_seconds": t_prefill,
-            "decode_seconds": seconds - t_prefill,
-            "compress_seconds": cache.seconds,
-            "compressions": cache.compressions,
-            "tokens_per_s": new_tokens / seconds if seconds > 0 else float("nan"),
-            "kv_cache_bytes": cache_bytes,
-            "record_bytes_per_sample": 0 if record is None else record.nbytes(),
-        }
-        return RolloutOutput(sequences, attention_mask, prompt_lengths, lengths, logprobs[:, :steps], record, kept, memory, stats)
 
-    def _forward(self, cache, ids, positions, valid) -> torch.Tensor:
-        """Run the model over new tokens ids [N, Q] at logical positions [N, Q]; returns last logits [N, V]."""
-        mask = cache.begin(positions, valid)
-        out = self.model(
-            input_ids=ids, position_ids=positions, attention_mask=mask, kv_context=cache, use_cache=False, logits_to_keep=1
-        )
-        cache.end()
-        return out.logits[:, -1]
+def prefill(model, cache: KVCache, ids, positions, valid) -> torch.Tensor:
+    """The prompts ids [N, P] at logical positions [N, P] (valid bool [N, P]: not padding) into the cache;
+    returns the first logits [N, V]."""
+    mask = cache.begin(positions, valid)
+    logits = forward_logits(model, ids, positions, mask, cache)
+    cache.end()
+    cache.after_prefill()
+    return logits
+
+
+class DecodeStep:
+    """``decode_one_token`` around the cache's ``begin``/``end``: eager, or (``compile``) its compiled static-shape
+    form, whose buffers on CUDA keep their address for CUDA graphs (``mark_static`` again after rows leave)."""
+
+    def __init__(self, model, cache: KVCache, compile: bool, method: str):
+        if compile and not getattr(cache, "static_decode", False):
+            raise ValueError(
+                f"compile_decode: the {type(cache).__name__} of method {method!r} has no static decode step "
+                "(the full cache and the G-KV family have one)"
+            )
+        device = next(model.parameters()).device
+        self.model, self.cache, self.static = model, cache, compile
+        self.graphs = compile and device.type == "cuda"
+        self.fn = compiled(decode_one_token, device.type) if compile else decode_one_token
+        self.cache_moved()
+
+    def cache_moved(self) -> None:
+        """The cache's step buffers were reallocated (rows left): CUDA graphs need their new addresses."""
+        if self.graphs:
+            mark_static(self.cache)
+
+    def __call__(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """ids, positions int64 [n, 1] for the rows the cache holds -> logits [n, V]."""
+        valid = torch.ones_like(positions, dtype=torch.bool)
+        mask = self.cache.begin(positions, valid, static=True) if self.static else self.cache.begin(positions, valid)
+        logits = self.fn(self.model, ids, positions, mask, self.cache)
+        if self.graphs:
+            logits = logits.clone()  # a CUDA graph's output is freed by its next replay
+        self.cache.end()
+        return logits
+
+
+class TokenPicker:
+    """Each step's tokens from the logits: sampled (top-p at the temperature; stop tokens banned with
+    ``ignore_eos``), or with ``forced`` completions the given tokens and their log-probs (``replay``)."""
+
+    def __init__(self, sampling: SamplingConfig, forced, batch: int, pad_id: int, stop_ids: list[int], device):
+        static = sampling.compile_decode
+        self.sampling, self.batch = sampling, batch
+        self.sample = compiled(sample_tokens, device.type) if static else sample_tokens
+        self.logprob_of = compiled(token_logprobs_of, device.type) if static else token_logprobs_of
+        self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device)
+        self.banned = self.stop_ids if sampling.ignore_eos and len(stop_ids) else None
+        self.generator = torch.Generator(device=device).manual_seed(sampling.seed)
+        self.forced = self.forced_lengths = None
+        if forced is not None:
+            self.forced_lengths = torch.tensor([len(c) for c in forced], device=device)
+            width = sampling.max_new_tokens
+            self.forced = torch.tensor([list(c) + [pad_id] * (width - len(c)) for c in forced], device=device)
+
+    def __call__(self, logits: torch.Tensor, n: int, rows: torch.Tensor):
+        """logits [n_rows, V] of ``rows`` (indices into the batch) at step n -> (token int64 [n_rows], logprob
+        float32 [n_rows], stop bool [n_rows]: the token ends its row)."""
+        s = self.sampling
+        if self.forced is not None:
+            token = self.forced[rows, n]
+            return token, self.logprob_of(logits, token, s.temperature), self.forced_lengths[rows] <= n + 1
+        uniform = None
+        if s.temperature != 0:  # one draw per batch row every step, whichever rows remain: sampling is reproducible
+            uniform = torch.rand(self.batch, generator=self.generator, device=logits.device)[rows]
+        token, logprob = self.sample(logits, s.temperature, s.top_p, uniform, self.banned)
+        return token, logprob, torch.isin(token, self.stop_ids)
+
+
+class Decoding:
+    """What the decode loop has produced so far, by batch row: tokens int64 [N, max_new] (pad past the end),
+    logprobs float32 [N, max_new] (0 past the end), lengths int64 [N], finished bool [N]; ``in_cache`` int64: the
+    rows the cache still holds, in its order; ``cache_bytes``: the most the cache held."""
+
+    def __init__(self, batch: int, max_new: int, pad_id: int, prompt_lengths: torch.Tensor, device):
+        self.pad_id, self.prompt_lengths = pad_id, prompt_lengths
+        self.tokens = torch.full((batch, max_new), pad_id, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros((batch, max_new), dtype=torch.float32, device=device)
+        self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.in_cache = torch.arange(batch, device=device)
+        self.cache_bytes = 0
+        self.steps = 0
+
+    def append(self, n: int, token: torch.Tensor, logprob: torch.Tensor, stop: torch.Tensor) -> int:
+        """Step n's token, log-prob and stop flag [n_rows] for the rows in the cache (a finished row's are
+        dropped); returns how many rows were live."""
+        rows = self.in_cache
+        live = ~self.finished[rows]
+        self.tokens[rows, n] = torch.where(live, token, self.pad_id)
+        self.logprobs[rows, n] = torch.where(live, logprob, 0.0)
+        self.lengths[rows] += live.long()
+        self.finished[rows] |= stop
+        self.steps = n + 1
+        return int(live.sum())
+
+    def drop_finished(self, cache: KVCache, at: float, step: DecodeStep) -> bool:
+        """Once a share ``at`` of the rows in the cache has finished, take them out of it. Returns whether
+        dropping stays possible (False: an injected cache that keeps its rows decodes them all to the end)."""
+        done = self.finished[self.in_cache]
+        if int(done.sum()) < at * len(self.in_cache):
+            return True
+        keep = (~done).nonzero().squeeze(-1)
+        self.cache_bytes = max(self.cache_bytes, cache.nbytes())
+        try:
+            cache.select_rows(keep)
+        except NotImplementedError:
+            return False
+        self.in_cache = self.in_cache[keep]
+        step.cache_moved()
+        return True
+
+    def last_tokens(self, n: int) -> torch.Tensor:
+        """Step n's tokens [n_rows, 1] of the rows in the cache: the next step's input."""
+        return self.tokens[self.in_cache, n : n + 1]
+
+    def next_positions(self, n: int) -> torch.Tensor:
+        """Their logical positions [n_rows, 1]."""
+        return (self.prompt_lengths[self.in_cache] + n)[:, None]
+
+
+def finish(cache: KVCache, ids, prompt_mask, state: Decoding, method: str, seconds: float, t_prefill: float):
+    """The ``RolloutOutput`` of a finished loop: sequences, the record and retention from the cache, statistics."""
+    steps, lengths = state.steps, state.lengths
+    P = ids.shape[1]
+    completion_mask = torch.arange(steps, device=ids.device)[None, :] < lengths[:, None]
+    sequences = torch.cat([ids, state.tokens[:, :steps]], dim=1)
+    attention_mask = torch.cat([prompt_mask, completion_mask.long()], dim=1)
+    record, kept = cache.finish(state.prompt_lengths, lengths, P + steps)
+    memory = cache.memory_share(state.prompt_lengths, lengths, kept)
+    new_tokens = int(lengths.sum())
+    stats = {
+        "method": method,
+        "batch": ids.shape[0],
+        "new_tokens": new_tokens,
+        "steps": steps,
+        "seconds": seconds,
+        "prefill_seconds": t_prefill,
+        "decode_seconds": seconds - t_prefill,
+        "compress_seconds": cache.seconds,
+        "compressions": cache.compressions,
+        "tokens_per_s": new_tokens / seconds if seconds > 0 else float("nan"),
+        "kv_cache_bytes": state.cache_bytes,
+        "record_bytes_per_sample": 0 if record is None else record.nbytes(),
+    }
+    return RolloutOutput(
+        sequences, attention_mask, state.prompt_lengths, lengths, state.logprobs[:, :steps], record, kept, memory, stats
+    )
