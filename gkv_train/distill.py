@@ -27,10 +27,8 @@ from transformers import Trainer
 from gkv_train.consistency import mismatch_stats
 from gkv_train.console import rollout_progress
 from gkv_train.distributed import generation_model
-from gkv_train.logprobs import chunked_divergence, decoder_and_head, head_logprobs
+from gkv_train.logprobs import divergence_under_record, head_logprobs
 from gkv_rollout.config import CompressionConfig, SamplingConfig
-from gkv_rollout.contract import attention_context
-from gkv_rollout.contract.record import logical_positions
 from gkv_rollout.engine import RolloutEngine
 from gkv_rewards.functions import accuracy
 from gkv_rollout.sampling import rollout_seed
@@ -99,30 +97,13 @@ class CompressedDistillationTrainer(Trainer):
 
     def _student_loss(self, model, out, rollout_seconds: float):
         """The divergence from the teacher on the rollout's tokens, the student under the rollout's record;
-        logs the rollout-trainer mismatch. Returns the loss and the student's last hidden states."""
-        ids, mask = out.sequences, out.attention_mask
-        positions = logical_positions(mask)
-        context = attention_context(out.record, self.accelerator.unwrap_model(model), mask, self.mask_backend)
-        hidden = model(
-            input_ids=ids, attention_mask=mask, position_ids=positions, kv_context=context, use_cache=False,
-            logits_to_keep=1, output_hidden_states=True,
-        ).hidden_states[-1]
-        C = out.num_completion_tokens
+        logs the rollout-trainer mismatch. Returns the loss and the student's final hidden states at the
+        completion tokens [N, d]."""
+        total, student_hidden, targets, student_head = divergence_under_record(
+            model, self.teacher, out, self.distill.divergence, self.sampling.temperature, self.distill.chunk_tokens,
+            self.mask_backend, base=self.accelerator.unwrap_model(model),
+        )  # fmt: skip
         targets_mask = out.completion_mask.bool()
-        student_hidden = hidden[:, -C - 1 : -1][targets_mask]
-        targets = ids[:, -C:][targets_mask]
-        _, student_head = decoder_and_head(self.accelerator.unwrap_model(model))
-        teacher_hidden, teacher_head = None, None
-        if self.distill.divergence != "sft":
-            teacher_decoder, teacher_head = decoder_and_head(self.teacher)
-            with torch.no_grad():
-                teacher_hidden = teacher_decoder(
-                    input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
-                ).last_hidden_state[:, -C - 1 : -1][targets_mask]
-        total = chunked_divergence(
-            student_hidden, teacher_hidden, student_head, teacher_head, targets, self.distill.divergence,
-            self.sampling.temperature, self.distill.chunk_tokens,
-        )
         loss = total / targets_mask.sum().clamp_min(1)
         with torch.no_grad():
             student_logps = head_logprobs(
@@ -140,7 +121,7 @@ class CompressedDistillationTrainer(Trainer):
         })
         for name, value in metrics.items():
             self._last_metrics.setdefault(name, []).append(value)
-        return loss, hidden
+        return loss, student_hidden
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """Adds the mean of the per-step metrics gathered since the last log."""

@@ -20,7 +20,7 @@ from gkv_train.data import load_problems, local_file
 from gkv_train.exits import refusing
 from gkv_train.graded import generate_and_grade
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
-from gkv_train.logprobs import chunked_divergence, decoder_and_head, hidden_states
+from gkv_train.logprobs import divergence_under_record
 from gkv_train.models import check_model, load_model, model_identity
 from gkv_train.preflight import Generation, check_generations
 from gkv_rewards.verify import MathVerifier, warn_unverified
@@ -108,21 +108,13 @@ def compressed_kl(
     Returns {"kl": mean over tokens, "tokens": count, "traces": count}.
     """
     engine = RolloutEngine(model, tokenizer, compression)
-    _, head = decoder_and_head(model)
-    _, teacher_head = decoder_and_head(teacher)
     total, tokens = 0.0, 0
     for start in range(0, len(traces), batch):
         rows = traces[start : start + batch]
         out = engine.replay([r["prompt"] for r in rows], [r["completion_ids"] for r in rows])
-        C, real = out.num_completion_tokens, out.completion_mask.bool()
-        targets = out.sequences[:, -C:][real]
         with torch.no_grad():
-            student = hidden_states(model, out.sequences, out.attention_mask, out.record)[:, -C - 1 : -1][real]
-            reference = hidden_states(teacher, out.sequences, out.attention_mask)[:, -C - 1 : -1][real]
-            total += chunked_divergence(
-                student, reference, head, teacher_head, targets, "forward_kl", 1.0, chunk_tokens
-            ).item()
-        tokens += int(real.sum())
+            total += divergence_under_record(model, teacher, out, "forward_kl", 1.0, chunk_tokens)[0].item()
+        tokens += int(out.completion_mask.sum())
     return {"kl": total / max(tokens, 1), "tokens": tokens, "traces": len(traces)}
 
 

@@ -130,3 +130,39 @@ def chunked_divergence(
         else:
             total = total + _chunk_loss(*args)
     return total
+
+
+def divergence_under_record(
+    model, teacher, rollout, divergence: str, temperature: float, chunk_tokens: int, backend: str = "auto", base=None
+):
+    """KL-type divergence of ``model`` attending under the rollout's record from ``teacher`` with full
+    attention, over the rollout's completion tokens: distillation's loss and the evaluation's compressed KL.
+
+    rollout: a ``RolloutOutput`` (sequences, attention_mask [B, T], record, completion_mask [B, C]); divergence:
+    ``forward_kl`` | ``reverse_kl`` ... as ``token_divergence`` (``sft``: the teacher is not run); ``model`` may be
+    a training wrapper (DDP, DeepSpeed: its forward keeps their gradient hooks), ``base`` the model it wraps.
+    Returns (sum over the N completion tokens of the per-token divergence, float32 scalar; the student's final
+    hidden states [N, d]; targets int64 [N]; the student's LM head)."""
+    base = base if base is not None else model
+    use_kv_attention(base)
+    ids, mask = rollout.sequences, rollout.attention_mask
+    positions = logical_positions(mask)
+    context = attention_context(rollout.record, base, mask, backend)
+    hidden = model(
+        input_ids=ids, attention_mask=mask, position_ids=positions, kv_context=context, use_cache=False,
+        logits_to_keep=1, output_hidden_states=True,
+    ).hidden_states[-1]  # fmt: skip
+    C, real = rollout.num_completion_tokens, rollout.completion_mask.bool()
+    student_hidden, targets = hidden[:, -C - 1 : -1][real], ids[:, -C:][real]
+    _, head = decoder_and_head(base)
+    teacher_hidden, teacher_head = None, None
+    if divergence != "sft":
+        teacher_decoder, teacher_head = decoder_and_head(teacher)
+        with torch.no_grad():
+            teacher_hidden = teacher_decoder(
+                input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False
+            ).last_hidden_state[:, -C - 1 : -1][real]
+    total = chunked_divergence(
+        student_hidden, teacher_hidden, head, teacher_head, targets, divergence, temperature, chunk_tokens
+    )
+    return total, student_hidden, targets, head

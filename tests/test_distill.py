@@ -83,3 +83,25 @@ def test_bad_distillation_options():
         DistillOptions(mode="online")
     with pytest.raises(FileNotFoundError, match="traces file /nope.jsonl does not exist"):
         load_traces("/nope.jsonl")
+
+
+def test_one_kl_path_for_training_and_evaluation(traces):
+    """compressed_kl (evaluation) and the distillation loss are one function (``divergence_under_record``): a
+    model against itself has KL 0 under the full cache and > 0 once its cache evicts (the control), and
+    the trainer's loss on the same replayed rows is the evaluation's mean."""
+    from gkv_train.evaluation import compressed_kl
+    from gkv_train.logprobs import divergence_under_record
+    from gkv_rollout.engine import RolloutEngine
+
+    model, tokenizer = load_model("tiny")
+    rows = list(load_traces(traces))[:4]
+    full = compressed_kl(model, model, tokenizer, rows, CompressionConfig("full"))
+    assert full["tokens"] > 0 and abs(full["kl"]) < 1e-6
+    cfg = CompressionConfig("gkv", budget=10, window=2, interval=4)
+    evicting = compressed_kl(model, model, tokenizer, rows, cfg)
+    assert evicting["kl"] > 1e-4
+    out = RolloutEngine(model, tokenizer, cfg).replay([r["prompt"] for r in rows], [r["completion_ids"] for r in rows])
+    with torch.no_grad():
+        total, hidden, targets, _ = divergence_under_record(model, model, out, "forward_kl", 1.0, 512)
+    assert hidden.shape[0] == targets.shape[0] == evicting["tokens"]
+    assert abs(total.item() / evicting["tokens"] - evicting["kl"]) < 1e-6
