@@ -47,7 +47,7 @@ from pathlib import Path
 
 from _common import ROOT, git_commit, machine, merge_section, print_json
 
-from gkv_train.evaluation import plot_retained_density
+from gkv_train.report import plot_retained_density
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_rollout.methods import METHODS
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from _common import ROOT, print_json
 
-from gkv_train.evaluation import bootstrap_interval
+from gkv_train.metrics import bootstrap_interval
 from gkv_train.jsonio import write_atomically
 
 

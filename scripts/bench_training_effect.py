@@ -34,7 +34,7 @@ import torch
 from _common import ROOT, print_json
 
 from gkv_train.data import DataConfig, load_problems
-from gkv_train.evaluation import compressed_kl
+from gkv_train.metrics import compressed_kl
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.models import load_model
 from gkv_rollout.config import CompressionConfig, SamplingConfig

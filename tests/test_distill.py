@@ -89,7 +89,7 @@ def test_one_kl_path_for_training_and_evaluation(traces):
     """compressed_kl (evaluation) and the distillation loss are one function (``divergence_under_record``): a
     model against itself has KL 0 under the full cache and > 0 once its cache evicts (the control), and
     the trainer's loss on the same replayed rows is the evaluation's mean."""
-    from gkv_train.evaluation import compressed_kl
+    from gkv_train.metrics import compressed_kl
     from gkv_train.logprobs import divergence_under_record
     from gkv_rollout.engine import RolloutEngine
 

@@ -12,7 +12,9 @@ import torch
 from verifier_probe import PAIRS, SCRIPT_WITH_ANSWERS, write_problems
 
 from gkv_train.data import arithmetic_task
-from gkv_train.evaluation import claim_run_dir, evaluate_compression, pass_at_k
+from gkv_train.evaluation import evaluate_compression
+from gkv_train.metrics import pass_at_k
+from gkv_train.run_folder import claim_run_dir
 from gkv_train.jsonio import file_identity, read_jsonl
 from gkv_train.models import load_model
 from gkv_rewards.verify import CHECK
@@ -80,7 +82,7 @@ def test_retention_by_position_is_exact_for_any_length():
     """Each token spreads over the bins it overlaps: with every token kept, every bin's retention is exactly 1
     (plain binning of k / T gives 0.9-1.1 when T is not a multiple of the bin count), and a kept prefix of
     half the sequence shows as 1 then 0."""
-    from gkv_train.evaluation import position_overlap
+    from gkv_train.metrics import position_overlap
 
     for length in (7, 49, 50, 51, 333):
         overlap = position_overlap(length, 50)
@@ -311,7 +313,7 @@ def test_each_method_keeps_one_style_across_figures():
     """method_style gives every figure (pass@1 against budget, retained density, the benches' plots) the same colour
     and marker for a method, whatever else the figure shows; the full cache black; distinct built-in methods."""
     from gkv_rollout.methods import METHODS
-    from gkv_train.evaluation import method_style
+    from gkv_train.report import method_style
 
     names = [m for m in METHODS if m != "full"] + ["s4r"]
     styles = {name: (method_style(name)["color"], method_style(name)["marker"]) for name in names}
