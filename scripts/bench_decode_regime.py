@@ -369,19 +369,9 @@ def stage_table(stage: str, section: dict) -> str:
             f"{section.get('machine', '?')}{state}\n")  # fmt: skip
 
 
-def render(results: Path, doc: Path) -> None:
-    """Rewrite each ``<!-- results:STAGE -->`` ... ``<!-- /results -->`` block of ``doc`` with that stage's table
-    from ``results``: the doc's figures come from the results file, never by hand."""
-    import re
-
-    sections = json.loads(results.read_text())
-    text = doc.read_text()
-
-    def block(match) -> str:
-        stage = match.group(1)
-        return f"<!-- results:{stage} -->\n{stage_table(stage, sections[stage])}<!-- /results -->"
-
-    write_atomically(doc, re.sub(r"<!-- results:(\w+) -->.*?<!-- /results -->", block, text, flags=re.S))
+def tables(view: str, result: dict) -> str:
+    """``scripts/render_docs.py``'s view: the table of stage ``view`` of a results file."""
+    return stage_table(view, result[view])
 
 
 def main() -> None:
@@ -432,13 +422,7 @@ def main() -> None:
     parser.add_argument("--eval-problems", type=int, default=32, help="training: held-out problems")
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--render", nargs=2, metavar=("RESULTS", "DOC"), type=Path,
-                        help="only rewrite DOC's generated tables (<!-- results:STAGE --> ... <!-- /results -->) "
-                             "from the results file RESULTS")  # fmt: skip
     args = parser.parse_args()
-    if args.render:
-        render(*args.render)
-        return
     if args.quick:
         args.model, args.problems, args.samples, args.methods, args.budgets = "tiny", 2, 2, ["gkv", "random"], [24]
         args.max_new_tokens, args.batch_problems, args.sentences, args.interval = 24, 2, 2, 8

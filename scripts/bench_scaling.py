@@ -11,7 +11,9 @@ and a plot.
   ``--budget`` under rl_sparse): the step's time by phase and the process's peak resident memory.
 
 Each point runs in its own process (peak memory is per process) and is appended to ``points.jsonl`` under
-``--output-root`` as it finishes: a rerun skips the points done. Writes ``scaling.png`` there too.
+``--output-root`` as it finishes: a rerun skips the points done. Writes ``scaling.png`` there too, and with
+``--results FILE`` the JSON line (with date, commit, machine and command) to FILE; ``scripts/render_docs.py``
+makes docs/benchmarks/scaling.md's tables from it (``tables``).
 
     python scripts/bench_scaling.py                        # SmolLM2-135M, about 45 minutes on one core
     python scripts/bench_scaling.py --quick                # tiny model and lengths (a test runs a part)
@@ -28,9 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, print_json
+from _common import ROOT, git_commit, machine, print_json
 
-from gkv_train.jsonio import dumps, read_jsonl
+from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 
 METHODS = ("full", "gkv", "s4r")
 TRAINERS = ("rl_sparse", "rl_full")
@@ -163,6 +165,7 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=512, help="gkv budget (rollout and rl_sparse)")
     parser.add_argument("--eta", type=float, default=0.2, help="s4r persistent-memory share at each length's end")
     parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "scaling")
+    parser.add_argument("--results", type=Path, help="also write the JSON line here (e.g. results/bench_scaling.json)")
     parser.add_argument("--quick", action="store_true", help="tiny model, lengths and budget (a test runs it)")
     parser.add_argument("--point", nargs=3, help=argparse.SUPPRESS)  # rollout METHOD LENGTH, in this process
     args = parser.parse_args()
@@ -199,8 +202,38 @@ def main() -> None:
          f"{args.model}, rollout batch {args.batch} (gkv budget {args.budget}, s4r eta {args.eta}); training 1 x 8 rows")  # fmt: skip
     result = {"benchmark": "scaling", **settings, "lengths": args.lengths, "train_lengths": args.train_lengths,
               "seconds": round(time.perf_counter() - start, 1), "points": points,
-              "plot": str(args.output_root / "scaling.png")}  # fmt: skip
+              "plot": str(args.output_root / "scaling.png"), "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
+              "machine": machine(), "command": "python scripts/bench_scaling.py " + " ".join(sys.argv[1:])}  # fmt: skip
+    if args.results:
+        write_atomically(args.results, dumps(result) + "\n")
     print_json(result)
+
+
+def tables(view: str, result: dict) -> str:
+    """Markdown of a results line: ``rollout`` (per method and length) or ``training`` (per trainer and length),
+    with where it came from."""
+    mib = 2**20
+    if view == "rollout":
+        rows = ["| method | new tokens | tokens/s | decode ms/token (mean) | marginal ms/token | KV cache MiB "
+                "| peak RSS above the model, MiB | memory share | compression share of decode |",
+                "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for p in sorted((p for p in result["points"] if p["kind"] == "rollout"),
+                        key=lambda p: (METHODS.index(p["method"]), p["length"])):  # fmt: skip
+            marginal = p.get("marginal_decode_seconds_per_token")
+            rows.append(f"| {p['method']} | {p['length']} | {p['tokens_per_s']:.1f} | {p['decode_seconds_per_token'] * 1e3:.0f} "
+                        f"| {'-' if marginal is None else f'{marginal * 1e3:.0f}'} | {p['kv_cache_peak_bytes'] / mib:.0f} "
+                        f"| {p['peak_rss_above_model_bytes'] / mib:.0f} | {p['memory_share']:.2f} "
+                        f"| {p['compress_share_of_decode'] or 0:.1%} |")  # fmt: skip
+    else:
+        rows = ["| trainer | new tokens (8 rows) | step s | generation s | log-prob forward s | backward s "
+                "| peak RSS MiB |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for p in sorted((p for p in result["points"] if p["kind"] == "training"),
+                        key=lambda p: (TRAINERS.index(p["trainer"]), p["length"])):  # fmt: skip
+            step = p["step"]
+            rows.append(f"| {p['trainer']} | {p['length']} | {p['seconds']:.1f} | {step['generation']:.1f} "
+                        f"| {step['logprob_forward']:.1f} | {step['backward']:.1f} | {p['peak_rss_bytes'] / mib:.0f} |")  # fmt: skip
+    return "\n".join(rows) + (f"\n\n`{result.get('command', '?')}` — {result.get('date', '?')}, commit "
+                               f"{result.get('commit', '?')}, {result.get('machine', '?')}\n")  # fmt: skip
 
 
 if __name__ == "__main__":

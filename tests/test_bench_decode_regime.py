@@ -33,11 +33,13 @@ def test_quick_bench_reports_every_stage_and_resumes(tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert "evaluate.py" not in again.stderr  # nothing measured again
     assert json.loads(again.stdout.strip().splitlines()[-1])["methods"]["table"] == line["methods"]["table"]
-    doc = tmp_path / "doc.md"  # a benchmark page's tables come from the results file
-    doc.write_text("before\n<!-- results:methods -->\nstale\n<!-- /results -->\nafter\n")
-    render = [sys.executable, str(ROOT / "scripts" / "bench_decode_regime.py"), "--render", str(results), str(doc)]
-    subprocess.run(render, check=True, capture_output=True, timeout=120)
-    page = doc.read_text()
+    (tmp_path / "published").mkdir()  # a benchmark page's tables come from the results file (render_docs.py)
+    (tmp_path / "published" / "bench_decode_regime.json").write_text(results.read_text())
+    page = "before\n<!-- results:bench_decode_regime.json#methods -->\nstale\n<!-- /results -->\nafter\n"
+    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from render_docs import render; "
+            f"print(render(sys.stdin.read(), __import__('pathlib').Path({str(tmp_path / 'published')!r})), end='')")
+    page = subprocess.run([sys.executable, "-c", code], input=page, capture_output=True, text=True, check=True,
+                          timeout=120).stdout  # fmt: skip
     assert "stale" not in page and "| s4r |" in page and page.startswith("before") and page.endswith("after\n")
     for stage, split in (("probe", "train"), ("methods", "test")):
         section = line[stage]
