@@ -120,6 +120,40 @@ def stage_ablations(root: Path, chosen: dict, args) -> dict:
     return {"eta": eta, "split": "test", "problems": args.problems, "table": table}
 
 
+def cell(row: dict) -> str:
+    low, high = row["pass@1_ci95"]
+    ci = "" if low is None else f" [{low:.2f}, {high:.2f}]"
+    return f"{row['pass@1']:.3f}{ci}"
+
+
+def tables(view: str, result: dict) -> str:
+    """``scripts/render_docs.py``'s views of a results file: ``probe`` (full-cache pass@1 per task and context,
+    the context chosen), ``table`` (every method per task at each eta: pass@1 and the memory share reached),
+    ``ablations`` (S4R's variants per task), each with where it came from."""
+    section = result[view]
+    if view == "probe":
+        contexts = sorted({int(c) for by in section["table"].values() for c in by})
+        rows = [f"| task | {' | '.join(f'context {c}' for c in contexts)} | chosen |", "|---" * (len(contexts) + 2) + "|"]
+        for task, by in section["table"].items():
+            cells = [cell(by[str(c)]) if str(c) in by else "-" for c in contexts]
+            rows.append(f"| {task} | {' | '.join(cells)} | {section['chosen'].get(task) or 'none'} |")
+    elif view == "table":
+        methods = ["s4r", *section["methods"]]
+        rows = [f"| task (context) | full | eta | {' | '.join(methods)} |", "|---" * (len(methods) + 3) + "|"]
+        for task, entry in section["table"].items():
+            for eta, at in entry["etas"].items():
+                cells = [f"{cell(at[m])} (memory {at[m]['memory_share']:.2f})" for m in methods]
+                rows.append(f"| {task} ({entry['context']}) | {cell(entry['full'])} | {eta} (budget {at['budget']}) "
+                            f"| {' | '.join(cells)} |")  # fmt: skip
+    else:
+        variants = list(dict.fromkeys(v for by in section["table"].values() for v in by))
+        rows = [f"| task | {' | '.join(variants)} |", "|---" * (len(variants) + 1) + "|"]
+        for task, by in section["table"].items():
+            rows.append(f"| {task} | {' | '.join(cell(by[v]) if v in by else '-' for v in variants)} |")
+    return "\n".join(rows) + (f"\n\n`{section.get('command', '?')}` — {section.get('date', '?')}, commit "
+                               f"{section.get('commit', '?')}, {section.get('machine', '?')}\n")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")

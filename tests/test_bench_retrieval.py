@@ -26,3 +26,7 @@ def test_quick_retrieval_bench(tmp_path):
     assert set(line["ablations"]["table"]["vt"]) == {"default", "window_1"}  # --quick's two of the variants
     published = json.loads(results.read_text())
     assert all(published[stage]["commit"] for stage in ("probe", "table", "ablations"))
+    code = (f"import json, sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from bench_retrieval import tables; "
+            f"r = json.load(open({str(results)!r})); print('\\n'.join(tables(v, r) for v in ('probe', 'table', 'ablations')))")
+    pages = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
+    assert "| vt | " in pages and "| vt (64) |" in pages and "(memory 0." in pages  # the docs' views (render_docs.py)
