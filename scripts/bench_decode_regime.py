@@ -146,7 +146,8 @@ def stage_methods(root: Path, args, publish) -> dict:
                 "s4r_length": args.s4r_length}  # fmt: skip
     table: dict = {"full": None, "methods": {}}
     section = {"task": {"split": "test", "problems": problems, "samples_per_problem": samples},
-               "budgets": args.budgets, "seed": seed, "s4r": {"length": args.s4r_length, "eta": {}},
+               "budgets": args.budgets, "seed": seed,
+               "s4r": {"length": args.s4r_length, "eta": {}, "refresh": args.s4r_refresh},
                "settings": settings, "table": table, "partial": True}  # fmt: skip
     earlier = earlier_rows(args.results, settings)
 
@@ -176,6 +177,10 @@ def stage_methods(root: Path, args, publish) -> dict:
             section["s4r"]["eta"][str(budget)] = eta
             extra = [f"compression.eta={eta}", f"compression.expected_length={args.s4r_length}"]
             measure("s4r", budget, lambda e=extra: runs_of(["s4r"], budget, folder, e)[f"s4r-b{budget}"])
+            if args.s4r_refresh:  # the same memory, bases that follow the generation (docs/s4r.md)
+                extra = [*extra, f"compression.refresh={args.s4r_refresh}"]
+                measure("s4r-refresh", budget,
+                        lambda e=extra: runs_of(["s4r"], budget, folder / "s4r-refresh", e)[f"s4r-b{budget}"])  # fmt: skip
     first = str(args.budgets[0])
     rows = {"full": table["full"], **{name: by[first] for name, by in table["methods"].items() if first in by}}
     plot_density(rows, args.budgets[0], root / "methods_density.png")
@@ -393,6 +398,9 @@ def main() -> None:
     parser.add_argument("--s4r-length", type=int, default=500,
                         help="methods: S4R at eta = budget / this length, its rank solved there (0: no S4R row); "
                              "500: a ~200-token prompt + max-new-tokens")
+    parser.add_argument("--s4r-refresh", type=int, default=64,
+                        help="methods: also S4R with bases refreshed every this many generated tokens, at the same "
+                             "memory (the s4r-refresh row; 0: none)")
     parser.add_argument("--results", type=Path, help="a results file whose stage sections are replaced as they come")
     parser.add_argument("--methods-problems", type=int, default=128, help="methods: held-out problems")
     parser.add_argument("--methods-samples", type=int, default=4, help="methods: samples per held-out problem")
@@ -427,7 +435,7 @@ def main() -> None:
         args.model, args.problems, args.samples, args.methods, args.budgets = "tiny", 2, 2, ["gkv", "random"], [24]
         args.max_new_tokens, args.batch_problems, args.sentences, args.interval = 24, 2, 2, 8
         args.methods_problems, args.methods_samples, args.train_budget, args.eval_budgets = 2, 1, 24, [24]
-        args.gkv_forms, args.s4r_length = ["max", "mean"], 96
+        args.gkv_forms, args.s4r_length, args.s4r_refresh = ["max", "mean"], 96, 8
         args.steps, args.save_steps, args.prompts_per_step, args.train_problems = 1, 1, 1, 4
         args.trace_problems, args.eval_problems, args.eval_samples = 2, 2, 1
         if args.recipes == parser.get_default("recipes"):  # the record's learner and the dense one
