@@ -31,6 +31,12 @@ def machine() -> str:
     return f"{os.cpu_count()}-core CPU ({platform.machine()}), fp32, torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}"
 
 
+def provenance(section: dict) -> str:
+    """The line under a generated table: the command, date, commit and machine a results section came from."""
+    return (f"`{section.get('command', '?')}` — {section.get('date', '?')}, commit {section.get('commit', '?')}, "
+            f"{section.get('machine', '?')}")
+
+
 def merge_section(path: Path, stage: str, section: dict, header: dict) -> None:
     """Replace ``stage``'s section of the results file ``path`` (``header``: the keys set when the file is new)."""
     old = json.loads(path.read_text()) if path.is_file() else {}

@@ -45,7 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, git_commit, machine, merge_section, print_json
+from _common import ROOT, git_commit, machine, merge_section, print_json, provenance
 
 from gkv_train.report import plot_retained_density
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
@@ -370,8 +370,7 @@ def stage_table(stage: str, section: dict) -> str:
     """The markdown of one stage's section, with where it came from."""
     table = training_table(section) if stage == "training" else ordering_table(section)
     state = " (partial: rows still running)" if section.get("partial") else ""
-    return (f"{table}\n`{section.get('command', '?')}` — {section.get('date', '?')}, commit {section.get('commit', '?')}, "
-            f"{section.get('machine', '?')}{state}\n")  # fmt: skip
+    return f"{table}\n{provenance(section)}{state}\n"
 
 
 def tables(view: str, result: dict) -> str:

@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, git_commit, machine, merge_section, print_json
+from _common import ROOT, git_commit, machine, merge_section, print_json, provenance
 
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.retrieval import RETRIEVAL_TASKS
@@ -150,8 +150,7 @@ def tables(view: str, result: dict) -> str:
         rows = [f"| task | {' | '.join(variants)} |", "|---" * (len(variants) + 1) + "|"]
         for task, by in section["table"].items():
             rows.append(f"| {task} | {' | '.join(cell(by[v]) if v in by else '-' for v in variants)} |")
-    return "\n".join(rows) + (f"\n\n`{section.get('command', '?')}` — {section.get('date', '?')}, commit "
-                               f"{section.get('commit', '?')}, {section.get('machine', '?')}\n")  # fmt: skip
+    return "\n".join(rows) + f"\n\n{provenance(section)}\n"
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, git_commit, machine, print_json
+from _common import ROOT, git_commit, machine, print_json, provenance
 
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 
@@ -232,8 +232,7 @@ def tables(view: str, result: dict) -> str:
             step = p["step"]
             rows.append(f"| {p['trainer']} | {p['length']} | {p['seconds']:.1f} | {step['generation']:.1f} "
                         f"| {step['logprob_forward']:.1f} | {step['backward']:.1f} | {p['peak_rss_bytes'] / mib:.0f} |")  # fmt: skip
-    return "\n".join(rows) + (f"\n\n`{result.get('command', '?')}` — {result.get('date', '?')}, commit "
-                               f"{result.get('commit', '?')}, {result.get('machine', '?')}\n")  # fmt: skip
+    return "\n".join(rows) + f"\n\n{provenance(result)}\n"
 
 
 if __name__ == "__main__":

@@ -26,22 +26,18 @@ from _common import ROOT
 from gkv_train.jsonio import write_atomically
 
 BLOCK = re.compile(r"<!-- results:([\w.]+)#(\w+) -->\n.*?<!-- /results -->", re.S)
-# results file -> the script (under scripts/) whose ``tables`` renders it
-RENDERERS = {
-    "bench_decode_regime.json": "bench_decode_regime",
-    "bench_scaling.json": "bench_scaling",
-    "bench_retrieval.json": "bench_retrieval",
-}
 
 
 def render(text: str, results: Path) -> str:
-    """``text`` with every results block rewritten from the files under ``results``."""
+    """``text`` with every results block rewritten from the files under ``results``: ``results/NAME.json`` by
+    the ``tables`` of ``scripts/NAME.py``, the benchmark that writes it."""
 
     def block(match) -> str:
         name, view = match.groups()
-        if name not in RENDERERS:
-            raise SystemExit(f"error: no renderer for results/{name} (known: {', '.join(RENDERERS)})")
-        tables = importlib.import_module(RENDERERS[name]).tables
+        script = name.removesuffix(".json")
+        if not (ROOT / "scripts" / f"{script}.py").is_file():
+            raise SystemExit(f"error: a docs block names results/{name}, but no scripts/{script}.py renders it")
+        tables = importlib.import_module(script).tables
         result = json.loads((results / name).read_text())
         return f"<!-- results:{name}#{view} -->\n{tables(view, result)}<!-- /results -->"
 
