@@ -74,6 +74,15 @@ def stage_probe(root: Path, args) -> dict:
     return {"split": "train", "problems": args.probe_problems, "min_full": args.min_full, "table": table, "chosen": chosen}
 
 
+def capped(probe: dict, max_context: int | None) -> dict:
+    """Per task, the context the table and ablations use: the probe's choice, or with ``max_context`` the longest
+    passing context not above it (CPU time: a 2048-token prefill costs ~30 s a problem on one core)."""
+    if max_context is None:
+        return probe["chosen"]
+    return {task: max((int(c) for c, r in by.items() if int(c) <= max_context and r["pass@1"] >= probe["min_full"]),
+                      default=None) for task, by in probe["table"].items()}  # fmt: skip
+
+
 def budget_for(eta: float, context: int, args) -> int:
     return round(eta * (context + args.prompt_overhead + args.max_new_tokens))
 
@@ -94,7 +103,8 @@ def stage_table(root: Path, chosen: dict, args) -> dict:
             entry["etas"][str(eta)] = {"budget": budget, "s4r": row(s4r[f"s4r-b{budget}"]),
                                        **{m: row(runs[f"{m}-b{budget}"]) for m in args.methods}}  # fmt: skip
         table[task] = entry
-    return {"split": "test", "problems": args.problems, "etas": args.etas, "methods": args.methods, "table": table}
+    return {"split": "test", "problems": args.problems, "etas": args.etas, "methods": args.methods,
+            "max_context": args.max_context, "table": table}  # fmt: skip
 
 
 def ablation_variants(args) -> dict[str, list[str]]:
@@ -117,7 +127,7 @@ def stage_ablations(root: Path, chosen: dict, args) -> dict:
                             root / "ablations" / f"{task}-{context}" / name, args)  # fmt: skip
             (summary,) = runs.values()
             table[task][name] = row(summary)
-    return {"eta": eta, "split": "test", "problems": args.problems, "table": table}
+    return {"eta": eta, "split": "test", "problems": args.problems, "max_context": args.max_context, "table": table}
 
 
 def cell(row: dict) -> str:
@@ -161,6 +171,8 @@ def main() -> None:
     parser.add_argument("--contexts", nargs="+", type=int, default=[512, 1024, 2048])
     parser.add_argument("--min-full", type=float, default=0.6)
     parser.add_argument("--probe-problems", type=int, default=32)
+    parser.add_argument("--max-context", type=int, default=None,
+                        help="table, ablations: at most this context (the longest passing one at or below it)")
     parser.add_argument("--problems", type=int, default=64, help="table, ablations: held-out problems per task")
     parser.add_argument("--samples", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -194,7 +206,7 @@ def main() -> None:
             probe = result.get("probe") or done.get("probe")
             if probe is None:
                 raise SystemExit("error: the table and ablations need the probe's chosen contexts: run --stages probe first")
-            section = (stage_table if stage == "table" else stage_ablations)(root, probe["chosen"], args)
+            section = (stage_table if stage == "table" else stage_ablations)(root, capped(probe, args.max_context), args)
         result[stage] = section
         if args.results is not None:
             merge_section(args.results, stage, {**section, **provenance, "date": time.strftime("%Y-%m-%d")},
