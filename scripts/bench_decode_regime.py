@@ -273,42 +273,108 @@ def curve(folder: Path) -> dict:
     }
 
 
-def stage_training(root: Path, args) -> dict:
+def training_settings(args) -> dict:
+    """What makes two training sections' models comparable: the task, cache, sampling, the training recipe's
+    shared figures and the held-out evaluation."""
+    return {"model": args.model, "sentences": args.sentences, "copy_required": args.copy_required,
+            "window": args.window, "interval": args.interval, "sampling": sampling_keys(args),
+            "train_method": args.train_method, "train_budget": args.train_budget, "eval_budgets": args.eval_budgets,
+            "training": training_figures(args), "eval": eval_figures(args), "eval_seed": args.seed,
+            "s4r_length": args.s4r_length}  # fmt: skip
+
+
+def training_figures(args) -> dict:
+    return {"steps": args.steps, "learning_rate": args.lr, "lr_search_budget": 1, "lora": True,
+            "grpo_prompts_per_step": args.prompts_per_step, "samples_per_prompt": args.group_size,
+            "distill_rows_per_step": args.prompts_per_step * args.group_size, "train_problems": args.train_problems}  # fmt: skip
+
+
+def eval_figures(args) -> dict:
+    return {"split": "test", "problems": args.eval_problems, "samples_per_problem": args.eval_samples}
+
+
+def earlier_models(results: Path | None, settings: dict) -> dict:
+    """name -> model row of the training section in ``results`` when it was measured with ``settings``, each
+    with where it was measured (``measured``: command, date, commit)."""
+    if results is None or not results.is_file():
+        return {}
+    old = json.loads(results.read_text()).get("training", {})
+    if old.get("settings") != json.loads(json.dumps(settings)):
+        return {}
+    where = {k: old.get(k) for k in ("command", "date", "commit")}
+    return {name: {**r, "measured": r.get("measured", where)} for name, r in old["models"].items()}
+
+
+def stage_training(root: Path, args, publish) -> dict:
+    """Train every recipe (``train.py``) and evaluate every model (``evaluate.py``); ``publish(section)`` after
+    every model. A model already in ``--results`` from a run with the same settings is taken from there: only
+    the cells it lacks are evaluated (the untrained model's, or a trained one whose adapter is in this output
+    root); a trained model whose adapter is not here keeps its row as it was (its missing cells stay ``-``:
+    retraining it to fill them is not this stage's call). The models of the earlier run come first."""
+    settings = training_settings(args)
+    earlier = earlier_models(args.results, settings)
     eval_methods = sorted({m for name in args.recipes if (m := method_of(name, args)) is not None} | {args.train_method})
-    models = {}
-    for name in ["untrained", *args.recipes]:
+    models: dict = {}
+    section = {"train_method": args.train_method, "train_budget": args.train_budget, "eval_budgets": args.eval_budgets,
+               "eval": eval_figures(args), "training": training_figures(args), "settings": settings,
+               "models": models, "partial": True}  # fmt: skip
+    provenance = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "commit": git_commit()}
+    for name in [*earlier, *(n for n in ["untrained", *args.recipes] if n not in earlier)]:
+        folder = root / "training" / "train" / name
+        found = earlier.get(name)
+        if name != "untrained" and found is not None and not (folder / "eval.json").is_file():
+            models[name] = found  # its adapter is elsewhere: kept as measured
+            publish(section)
+            continue
+        if name not in ("untrained", *args.recipes):
+            models[name] = found
+            continue
         model = [f"model={args.model}"]
         if name != "untrained":
-            folder = root / "training" / "train" / name
             if not (folder / "eval.json").is_file():
                 run([sys.executable, str(ROOT / "train.py"), *train_keys(name, root, args)])
             model.append(f"adapter={folder}")
-        out = root / "training" / "eval" / name
-        eviction = [m for m in eval_methods if m != "s4r"]
-        runs = evaluate(model, "test", args.eval_problems, args.eval_samples, eviction, args.eval_budgets, out,
-                        args.seed, args)  # fmt: skip
-        for b in args.eval_budgets if "s4r" in eval_methods else []:  # s4r: each budget's memory, its own eta
-            runs |= evaluate(model, "test", args.eval_problems, args.eval_samples, ["s4r"], [b], out / f"s4r-b{b}",
-                             args.seed, args, full=False, compression=s4r_keys(b, args))  # fmt: skip
-        full = row(runs["full"], None)
-        result = {"full": full,
-                  "compressed": {m: {str(b): row(runs[f"{m}-b{b}"], runs["full"]) for b in args.eval_budgets}
-                                 for m in eval_methods}}  # fmt: skip
-        if name != "untrained":
-            recipe, method = RECIPES[name][0], method_of(name, args)
-            result.update(recipe=recipe, rollout=method or "full", curve=curve(root / "training" / "train" / name))
-        models[name] = result
-        log(f"{name}: full {full['pass@1']:.3f}, " + ", ".join(
-            f"{m}-b{b} {result['compressed'][m][str(b)]['pass@1']:.3f}" for m in eval_methods for b in args.eval_budgets))
-    return {
-        "train_method": args.train_method, "train_budget": args.train_budget, "eval_budgets": args.eval_budgets,
-        "eval": {"split": "test", "problems": args.eval_problems, "samples_per_problem": args.eval_samples},
-        "training": {"steps": args.steps, "learning_rate": args.lr, "lr_search_budget": 1, "lora": True,
-                     "grpo_prompts_per_step": args.prompts_per_step, "samples_per_prompt": args.group_size,
-                     "distill_rows_per_step": args.prompts_per_step * args.group_size,
-                     "train_problems": args.train_problems},
-        "models": models,
-    }  # fmt: skip
+        models[name] = evaluate_model(name, model, found, eval_methods, root, args)
+        added = models[name].pop("added")
+        if found is None:
+            models[name]["measured"] = provenance
+        elif added:
+            models[name]["extended"] = provenance  # cells added to an earlier row
+        publish(section)
+    section["partial"] = False
+    return section
+
+
+def evaluate_model(name: str, model: list[str], found: dict | None, eval_methods: list[str], root: Path, args) -> dict:
+    """One model's row: the full cache and every method x ``--eval-budgets`` (S4R at each budget's memory), the
+    cells of ``found`` (an earlier row of this model) kept, the others evaluated (``added``: some were); a
+    trained model's recipe, rollout cache and training curve."""
+    out = root / "training" / "eval" / name
+    result = found or {"compressed": {}}
+    result["added"] = any(str(b) not in result["compressed"].get(m, {}) for m in eval_methods for b in args.eval_budgets)
+    if "full" not in result:
+        result["full"] = row(evaluate(model, "test", args.eval_problems, args.eval_samples, [], args.eval_budgets, out,
+                                      args.seed, args)["full"], None)  # fmt: skip
+    full = result["full"]
+    for method in eval_methods:
+        cells = result["compressed"].setdefault(method, {})
+        missing = [b for b in args.eval_budgets if str(b) not in cells]
+        if method == "s4r":  # each budget's memory, its own eta
+            for b in missing:
+                runs = evaluate(model, "test", args.eval_problems, args.eval_samples, ["s4r"], [b], out / f"s4r-b{b}",
+                                args.seed, args, full=False, compression=s4r_keys(b, args))  # fmt: skip
+                cells[str(b)] = row(runs[f"s4r-b{b}"], full)
+        elif missing:
+            runs = evaluate(model, "test", args.eval_problems, args.eval_samples, [method], missing, out, args.seed,
+                            args, full=False)  # fmt: skip
+            cells.update({str(b): row(runs[f"{method}-b{b}"], full) for b in missing})
+        result["compressed"][method] = {str(b): cells[str(b)] for b in sorted(map(int, cells))}
+    if name != "untrained":
+        recipe, method = RECIPES[name][0], method_of(name, args)
+        result.update(recipe=recipe, rollout=method or "full", curve=curve(root / "training" / "train" / name))
+    log(f"{name}: full {full['pass@1']:.3f}, " + ", ".join(
+        f"{m}-b{b} {c['pass@1']:.3f}" for m, by in result["compressed"].items() for b, c in by.items()))
+    return result
 
 
 def cell(r: dict) -> str:
@@ -332,16 +398,21 @@ def ordering_table(section: dict) -> str:
 
 
 def training_table(section: dict) -> str:
-    """Per model: pass@1 [95% interval] with the full cache and under each evaluated method and budget."""
+    """Per model: pass@1 [95% interval] with the full cache and under each evaluated method and budget (the
+    training method's first; ``-``: not evaluated), the agreement tail, and where the row was measured."""
     models = section["models"]
-    columns = [(m, b) for m in next(iter(models.values()))["compressed"] for b in section["eval_budgets"]]
-    lines = ["| model | rollout | full cache | " + " | ".join(f"{m} b{b}" for m, b in columns) + " | agreement p5 |",
-             "|---|---|---|" + "---|" * (len(columns) + 1)]  # fmt: skip
+    methods = sorted({m for r in models.values() for m in r["compressed"]}, key=lambda m: (m != section["train_method"], m))
+    columns = [(m, b) for m in methods for b in section["eval_budgets"]]
+    lines = ["| model | rollout | full cache | " + " | ".join(f"{m} b{b}" for m, b in columns) + " | agreement p5 | measured |",
+             "|---|---|---|" + "---|" * (len(columns) + 2)]  # fmt: skip
     for name, r in models.items():
         agreement = r.get("curve", {}).get("telemetry", {}).get("mismatch/agreement_p5")
+        measured = r.get("measured") or {k: section.get(k) for k in ("date", "commit")}
+        where = ", ".join(f"{w['date']} {w['commit']}" + (" (cells added)" if w is r.get("extended") else "")
+                          for w in (measured, r.get("extended")) if w)  # fmt: skip
         lines.append(f"| {name} | {r.get('rollout', '-')} | {cell(r['full'])} | "
-                     + " | ".join(cell(r["compressed"][m][str(b)]) for m, b in columns)
-                     + f" | {'-' if agreement is None else f'{agreement:.4f}'} |")  # fmt: skip
+                     + " | ".join(cell(c) if (c := r["compressed"].get(m, {}).get(str(b))) else "-" for m, b in columns)
+                     + f" | {'-' if agreement is None else f'{agreement:.4f}'} | {where or '-'} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -378,7 +449,7 @@ def tables(view: str, result: dict) -> str:
     return stage_table(view, result[view])
 
 
-def main() -> None:
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "decode_regime")
@@ -429,7 +500,7 @@ def main() -> None:
     parser.add_argument("--eval-problems", type=int, default=32, help="training: held-out problems")
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.quick:
         args.model, args.problems, args.samples, args.methods, args.budgets = "tiny", 2, 2, ["gkv", "random"], [24]
         args.max_new_tokens, args.batch_problems, args.sentences, args.interval = 24, 2, 2, 8
@@ -439,6 +510,11 @@ def main() -> None:
         args.trace_problems, args.eval_problems, args.eval_samples = 2, 2, 1
         if args.recipes == parser.get_default("recipes"):  # the record's learner and the dense one
             args.recipes = ["rl_sparse", "sparse_rl"]
+    return args
+
+
+def main() -> None:
+    args = parse_arguments()
     root = args.output_root
     root.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -464,7 +540,7 @@ def main() -> None:
             section = stage_methods(root, args, lambda section: publish("methods", section))
             tables.append(f"## methods (held-out)\n\n{ordering_table(section)}")
         else:
-            section = stage_training(root, args)
+            section = stage_training(root, args, lambda section: publish("training", section))
             plot_curves(section, root / "training_curves.png")
             tables.append(f"## training\n\n{training_table(section)}")
         publish(stage, section)

@@ -64,3 +64,16 @@ def test_quick_bench_reports_every_stage_and_resumes(tmp_path):
     again = subprocess.run([*command, "--stages", "training"], capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(again.stdout.strip().splitlines()[-1])["training"] == line["training"]
+    # extended elsewhere from the results file: a new recipe trained, the untrained model's missing cells added,
+    # the earlier trained models (adapters not there) kept as measured, their new cells "-"
+    more = [*elsewhere[:-1], "training", "--quick", "--recipes", "rl_sparse_snapkv"]
+    again = subprocess.run(more, capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    extended = json.loads(again.stdout.strip().splitlines()[-1])["training"]
+    assert list(extended["models"]) == ["untrained", "rl_sparse", "sparse_rl", "rl_sparse_snapkv"]
+    untrained, kept = extended["models"]["untrained"], extended["models"]["sparse_rl"]
+    assert set(untrained["compressed"]) == {"gkv", "snapkv"} and "extended" in untrained
+    assert untrained["compressed"]["gkv"] == models["untrained"]["compressed"]["gkv"]  # read back, not rerun
+    assert kept == {**models["sparse_rl"], "measured": kept["measured"]} and "snapkv" not in kept["compressed"]
+    assert extended["models"]["rl_sparse_snapkv"]["rollout"] == "snapkv"
+    assert "| sparse_rl | gkv |" in (tmp_path / "elsewhere" / "summary.md").read_text()
