@@ -3,6 +3,8 @@ lm-evaluation-harness results layout, and the software versions that made them."
 
 from __future__ import annotations
 
+import collections
+
 import zlib
 from pathlib import Path
 
@@ -92,7 +94,10 @@ def plot_summaries(summaries: list[dict], out_dir: Path, title: str) -> list[Pat
 def plot_retained_density(summaries: list[dict], path: Path, title: str) -> Path:
     """Absolute retention by relative position (top) and the density of retained positions (bottom), one line
     per run summary (``summarize``'s, with ``run`` and ``compression``): colour by method, line style by budget
-    (G-KV's Fig. 7). Returns ``path``."""
+    (G-KV's Fig. 7); runs of one method at one budget (variants, e.g. G-KV's history forms) take the next line
+    styles. Returns ``path``."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -100,13 +105,16 @@ def plot_retained_density(summaries: list[dict], path: Path, title: str) -> Path
 
     budgets = sorted({s["compression"]["budget"] for s in summaries if s["run"] != "full"})
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
-    styles = {b: ("-", "--", ":", "-.")[i % 4] for i, b in enumerate(budgets)}
+    styles, seen = {b: i for i, b in enumerate(budgets)}, collections.Counter()
     for s in summaries:
+        method = "full" if s["run"] == "full" else s["compression"]["method"]
+        budget = s["compression"]["budget"]
+        seen[method, budget] += 1
+        linestyle = ("-", "--", ":", "-.")[(styles.get(budget, 0) + seen[method, budget] - 1) % 4]
         share = s["retention_by_position"]
         centres = [(i + 0.5) / len(share) for i in range(len(share))]
         label = f"{s['run']} (retention {s['retention']:.2f})" if s["retention"] is not None else s["run"]
-        style = dict(color=method_style("full" if s["run"] == "full" else s["compression"]["method"])["color"],
-                     linestyle=styles.get(s["compression"]["budget"], "-"), linewidth=1.2)  # fmt: skip
+        style = dict(color=method_style(method)["color"], linestyle=linestyle, linewidth=1.2)
         top.plot(centres, share, label=label, **style)
         bottom.plot(centres, s["retained_density"], **style)
     top.set_ylabel("share of tokens retained")
@@ -114,7 +122,7 @@ def plot_retained_density(summaries: list[dict], path: Path, title: str) -> Path
     bottom.set_ylabel("density of retained tokens")
     bottom.set_ylim(bottom=0)
     bottom.set_xlabel("position / sequence length (at the last decoding step)")
-    top.set_title(title, fontsize=9)
+    top.set_title(textwrap.fill(title, 80), fontsize=9)
     top.legend(loc="center left", bbox_to_anchor=(1.02, 0.0), fontsize=8, frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -206,7 +206,7 @@ def earlier_rows(results: Path | None, settings: dict) -> dict:
 
 def plot_density(rows: dict, budget: int, path: Path) -> None:
     """The retained-position plot of every row at one budget (``plot_retained_density``), rows by name."""
-    named = [{"run": name, "compression": {"method": name, "budget": None if name == "full" else budget},
+    named = [{"run": name, "compression": {"method": name.split("-")[0], "budget": None if name == "full" else budget},
               "retention": r["retention"], "retention_by_position": r["retention_by_position"],
               "retained_density": r["retained_density"]} for name, r in rows.items() if "retained_density" in r]  # fmt: skip
     title = f"copy_recall (held-out), budget {budget} (s4r: the same memory), at each sequence's last decoding step"
