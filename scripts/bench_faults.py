@@ -1625,6 +1625,21 @@ def markdown(rows: dict, records: list[dict], tag: str, commit: str | None) -> s
     return "\n".join(lines) + "\n"
 
 
+def tables(view: str, runs: dict | list[dict]) -> str:
+    """``scripts/render_docs.py``'s view ``runs`` of one or more results files (``bench_faults_<tag>.json``):
+    each run's totals on a row, with its tag, date, the checkout's commit and the command."""
+    head = ["run", "commit", "cases", "ok", "clear errors", "unclear errors", "silent wrong", "crashes", "hangs",
+            "data lost"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    runs = runs if isinstance(runs, list) else [runs]
+    for run in runs:
+        total = run["table"]["total"]
+        cells = [f"{run['tag']} ({run['date'][:10]})", run["repo_commit"][:7], total["cases"], *(total[o] for o in OUTCOMES)]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    commands = "; ".join(f"`{run['command']}`" for run in runs)
+    return "\n".join(lines) + f"\n\n{commands} (each row: the run's date and the commit of the checkout it probed)\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip

@@ -133,6 +133,35 @@ def report(results: Path, tags: list[str]) -> str:
     return "\n".join(lines)
 
 
+def tables(view: str, summaries: dict | list[dict]) -> str:
+    """``scripts/render_docs.py``'s view of one or more tags' summaries (``results/bench_methods_<tag>.json``):
+    ``view`` names a dataset (``_`` for ``-``: ``recall_d8``); a row per method, pass@1 [95% interval] per
+    budget (and interval, where several were run) and tag, side by side; the full cache's in the heading."""
+    summaries = summaries if isinstance(summaries, list) else [summaries]
+    dataset = view.replace("_", "-")
+    by_tag = {s["tag"]: {r["run"]: r for r in s["runs"].values() if r["dataset"] == dataset} for s in summaries}
+    names = {name for runs in by_tag.values() for name in runs if name != "full"}
+    settings = sorted({tuple(int(p[1:]) for p in name.split("-")[1:]) for name in names})  # (budget, interval)
+    intervals = {i for _, i in settings}
+    order = ["streaming", "snapkv", "h2o", "rkv", "gkv"]
+    methods = sorted({name.split("-")[0] for name in names}, key=lambda m: (order.index(m) if m in order else 99, m))
+
+    def cell(run: dict | None) -> str:
+        return "-" if run is None else f"{run['pass@1']:.3f} [{run['ci95'][0]:.3f}, {run['ci95'][1]:.3f}]"
+
+    columns = [(b, i, tag) for b, i in settings for tag in by_tag]
+    full = "; ".join(f"{tag} {cell(runs.get('full'))}" for tag, runs in by_tag.items())
+    lines = [f"| {dataset} (full cache: {full}) | "
+             + " | ".join(f"budget {b}{f' interval {i}' if len(intervals) > 1 else ''} {tag}" for b, i, tag in columns)
+             + " |", "|---|" + "---|" * len(columns)]  # fmt: skip
+    for method in methods:
+        lines.append(f"| {method} | " + " | ".join(cell(by_tag[tag].get(f"{method}-b{b}-i{i}")) for b, i, tag in columns) + " |")
+    first = next(r for runs in by_tag.values() for r in runs.values())["settings"]
+    return "\n".join(lines) + (f"\n\n{first['problems']} problems x {first['n']} samples, {first['model']}, temperature "
+                               f"{first['temperature']}, top-p {first['top_p']}, up to {first['max_new_tokens']} new "
+                               f"tokens; tags: {', '.join(by_tag)} (results/bench_methods_<tag>.json)\n")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")

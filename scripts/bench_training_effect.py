@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 import torch
-from _common import ROOT, print_json
+from _common import ROOT, git_commit, machine, print_json, provenance
 
 from gkv_train.data import DataConfig, load_problems
 from gkv_train.metrics import compressed_kl
@@ -212,6 +212,27 @@ def held_out_traces(chosen: dict, root: Path, args) -> list[dict]:
     return rows
 
 
+def probe_table(summary: dict) -> str:
+    """The probe's candidates (train split): full-cache and compressed pass@1 [95% Wilson interval], the gap and
+    the retention; the chosen one marked."""
+    lines = ["| candidate | full cache | compressed | gap | retention |", "|---|---|---|---|---|"]
+    for c in summary["probe"]["candidates"]:
+        chosen = " (chosen)" if c["candidate"] == summary["probe"]["chosen"] else ""
+        full, compressed = c["full"], c["compressed"]
+        lines.append(f"| {c['distractors']} distractors, {c['method']} budget {c['budget']}{chosen} "
+                     f"| {full['pass@1']:.3f} [{full['ci95'][0]:.3f}, {full['ci95'][1]:.3f}] "
+                     f"| {compressed['pass@1']:.3f} [{compressed['ci95'][0]:.3f}, {compressed['ci95'][1]:.3f}] "
+                     f"| {c['gap']:.2f} | {compressed['retention']:.2f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def tables(view: str, summary: dict) -> str:
+    """``scripts/render_docs.py``'s views of the results file: ``probe`` (the candidates) and ``models`` (the
+    results table), each with where it came from."""
+    table = probe_table(summary) if view == "probe" else markdown_table(summary)
+    return f"{table}\n{provenance(summary)}\n"
+
+
 def markdown_table(summary: dict) -> str:
     """The results table (docs/benchmarks/training_effect.md): per model, pass@1 [95% interval] under the compression and with the full cache, the gap,
     mean completion length and retention under the compression, and the compressed KL to the teacher."""
@@ -340,10 +361,12 @@ def main() -> None:
                      "distill_rows_per_step": args.prompts_per_step * args.samples,
                      "max_new_tokens": args.max_new_tokens, "temperature": args.temperature},
         "models": models, "seconds": round(time.perf_counter() - start, 1),
+        "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
+        "machine": machine(),
     }  # fmt: skip
     write_atomically(root / "summary.json", dumps(summary, indent=2))
     plot(summary, root / "training_effect.png")
-    write_atomically(root / "summary.md", markdown_table(summary))
+    write_atomically(root / "summary.md", tables("models", summary))
     print_json(summary)
 
 

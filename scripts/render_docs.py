@@ -6,7 +6,10 @@
 
 of README.md and the markdown under docs/ is rewritten with the table VIEW of ``results/FILE``, made by the
 benchmark that wrote FILE (its ``tables(view, result)``: the figures with the command, date, commit and machine
-they came from), so no figure in the docs is copied by hand or left behind by a newer result.
+they came from), so no figure in the docs is copied by hand or left behind by a newer result. The benchmark is
+``scripts/NAME.py`` for ``results/NAME.json``, or for ``results/NAME_TAG.json`` (a run tagged ``TAG``) the
+longest such prefix of the name that is a script. A ``.jsonl`` file is read as its list of records. A table that
+compares runs names several files, ``FILE1+FILE2#VIEW``: ``result`` is then the list of them, in that order.
 
     python scripts/render_docs.py            # rewrite the blocks
     python scripts/render_docs.py --check    # change nothing; exit 1 naming each stale block (a test runs it)
@@ -25,21 +28,36 @@ from _common import ROOT
 
 from gkv_train.jsonio import write_atomically
 
-BLOCK = re.compile(r"<!-- results:([\w.]+)#(\w+) -->\n.*?<!-- /results -->", re.S)
+BLOCK = re.compile(r"<!-- results:([\w.+]+)#(\w+) -->\n.*?<!-- /results -->", re.S)
+
+
+def renderer(name: str) -> str:
+    """The script that renders ``results/name``: the longest prefix of its stem, cut at underscores, that names
+    a script (``bench_faults_after.json``: ``bench_faults``)."""
+    parts = name.rsplit(".", 1)[0].split("_")
+    for end in range(len(parts), 0, -1):
+        if (ROOT / "scripts" / f"{'_'.join(parts[:end])}.py").is_file():
+            return "_".join(parts[:end])
+    raise SystemExit(f"error: a docs block names results/{name}, but no script under scripts/ renders it")
+
+
+def read(path: Path):
+    """A results file: a JSON document, or a ``.jsonl`` file's list of records."""
+    if path.suffix == ".jsonl":
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return json.loads(path.read_text())
 
 
 def render(text: str, results: Path) -> str:
-    """``text`` with every results block rewritten from the files under ``results``: ``results/NAME.json`` by
-    the ``tables`` of ``scripts/NAME.py``, the benchmark that writes it."""
+    """``text`` with every results block rewritten from the files under ``results``, each by the ``tables`` of
+    the benchmark that writes it (``renderer``)."""
 
     def block(match) -> str:
-        name, view = match.groups()
-        script = name.removesuffix(".json")
-        if not (ROOT / "scripts" / f"{script}.py").is_file():
-            raise SystemExit(f"error: a docs block names results/{name}, but no scripts/{script}.py renders it")
-        tables = importlib.import_module(script).tables
-        result = json.loads((results / name).read_text())
-        return f"<!-- results:{name}#{view} -->\n{tables(view, result)}<!-- /results -->"
+        names, view = match.groups()
+        files = names.split("+")
+        tables = importlib.import_module(renderer(files[0])).tables
+        found = [read(results / name) for name in files]
+        return f"<!-- results:{names}#{view} -->\n{tables(view, found if len(files) > 1 else found[0])}<!-- /results -->"
 
     return BLOCK.sub(block, text)
 

@@ -31,7 +31,8 @@ def test_quick_bench_runs_every_stage_and_resumes(tmp_path):
         assert (tmp_path / "train" / recipe / "eval.json").is_file()
     assert (tmp_path / "summary.json").is_file() and (tmp_path / "training_effect.png").stat().st_size > 0
     table = (tmp_path / "summary.md").read_text().splitlines()
-    assert len(table) == 5 and table[2].startswith("| untrained |")  # header, rule, 3 models
+    assert len(table) == 7 and table[2].startswith("| untrained |")  # header, rule, 3 models, blank, provenance
+    assert table[-1].startswith("`python ") and line["commit"] in table[-1]
     # a second call reads every finished stage back instead of recomputing it
     again = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
