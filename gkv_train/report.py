@@ -4,7 +4,6 @@ lm-evaluation-harness results layout, and the software versions that made them."
 from __future__ import annotations
 
 import collections
-
 import zlib
 from pathlib import Path
 
@@ -110,7 +109,7 @@ def plot_retained_density(summaries: list[dict], path: Path, title: str) -> Path
         method = "full" if s["run"] == "full" else s["compression"]["method"]
         budget = s["compression"]["budget"]
         seen[method, budget] += 1
-        linestyle = ("-", "--", ":", "-.")[(styles.get(budget, 0) + seen[method, budget] - 1) % 4]
+        linestyle = ("-", "--", ":", "-.")[(styles.get(budget, 0) + (seen[method, budget] - 1) * len(budgets)) % 4]
         share = s["retention_by_position"]
         centres = [(i + 0.5) / len(share) for i in range(len(share))]
         label = f"{s['run']} (retention {s['retention']:.2f})" if s["retention"] is not None else s["run"]

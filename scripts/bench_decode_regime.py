@@ -293,53 +293,65 @@ def eval_figures(args) -> dict:
     return {"split": "test", "problems": args.eval_problems, "samples_per_problem": args.eval_samples}
 
 
-def earlier_models(results: Path | None, settings: dict) -> dict:
+def earlier_models(results: Path | None, settings: dict, replace: bool = False) -> dict:
     """name -> model row of the training section in ``results`` when it was measured with ``settings``, each
-    with where it was measured (``measured``: command, date, commit)."""
+    with where it was measured (``measured``: command, date, commit, machine). A section measured with other
+    settings is an error naming them (``replace``: it is replaced instead, as the stage publishes)."""
     if results is None or not results.is_file():
         return {}
-    old = json.loads(results.read_text()).get("training", {})
-    if old.get("settings") != json.loads(json.dumps(settings)):
+    old = json.loads(results.read_text()).get("training")
+    if old is None:
         return {}
-    where = {k: old.get(k) for k in ("command", "date", "commit")}
+    settings = json.loads(json.dumps(settings))
+    if old.get("settings") != settings:
+        if replace:
+            log(f"the training section of {results} was measured with other settings: replaced")
+            return {}
+        differ = sorted(k for k in {*settings, *old.get("settings", {})} if settings.get(k) != old.get("settings", {}).get(k))
+        raise SystemExit(f"error: the training section of {results} was measured with other settings ({', '.join(differ)}):"
+                         " use the same ones to extend it, another --results file, or --replace-training")  # fmt: skip
+    where = {k: old.get(k) for k in ("command", "date", "commit", "machine")}
     return {name: {**r, "measured": r.get("measured", where)} for name, r in old["models"].items()}
 
 
 def stage_training(root: Path, args, publish) -> dict:
     """Train every recipe (``train.py``) and evaluate every model (``evaluate.py``); ``publish(section)`` after
-    every model. A model already in ``--results`` from a run with the same settings is taken from there: only
-    the cells it lacks are evaluated (the untrained model's, or a trained one whose adapter is in this output
-    root); a trained model whose adapter is not here keeps its row as it was (its missing cells stay ``-``:
-    retraining it to fill them is not this stage's call). The models of the earlier run come first."""
+    every model. A model already in ``--results`` from a run with the same settings is taken from there: the
+    untrained model, and a recipe of ``--recipes`` whose adapter is in this output root (the same run: its
+    training curve must match), get the cells they lack evaluated (every method any model has, at every
+    budget); any other earlier model keeps its row as measured (its missing cells stay ``-``: retraining it to
+    fill them is not this stage's call). The earlier models come first, in their order."""
     settings = training_settings(args)
-    earlier = earlier_models(args.results, settings)
-    eval_methods = sorted({m for name in args.recipes if (m := method_of(name, args)) is not None} | {args.train_method})
-    models: dict = {}
+    earlier = earlier_models(args.results, settings, args.replace_training)
+    recipes = list(dict.fromkeys(args.recipes))
+    eval_methods = sorted({m for name in recipes if (m := method_of(name, args)) is not None} | {args.train_method}
+                          | {m for r in earlier.values() for m in r["compressed"]})  # fmt: skip
+    models: dict = dict(earlier)  # published with every row from the start: a cut run loses none
     section = {"train_method": args.train_method, "train_budget": args.train_budget, "eval_budgets": args.eval_budgets,
                "eval": eval_figures(args), "training": training_figures(args), "settings": settings,
                "models": models, "partial": True}  # fmt: skip
-    provenance = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "commit": git_commit()}
-    for name in [*earlier, *(n for n in ["untrained", *args.recipes] if n not in earlier)]:
+    provenance = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
+                  "machine": machine()}  # fmt: skip
+    for name in [*earlier, *(n for n in ["untrained", *recipes] if n not in earlier)]:
         folder = root / "training" / "train" / name
         found = earlier.get(name)
-        if name != "untrained" and found is not None and not (folder / "eval.json").is_file():
-            models[name] = found  # its adapter is elsewhere: kept as measured
-            publish(section)
-            continue
-        if name not in ("untrained", *args.recipes):
-            models[name] = found
-            continue
+        trained_here = (folder / "eval.json").is_file()
+        if found is not None and name != "untrained" and not (name in recipes and trained_here):
+            continue  # its adapter is elsewhere (or not asked for): kept as measured
+        if found is not None and name != "untrained" and found.get("curve") != json.loads(dumps(curve(folder))):
+            raise SystemExit(f"error: {folder} is not the run that {args.results} measured as {name!r} (its training "
+                             "curve differs): another --output-root, or remove that folder")  # fmt: skip
         model = [f"model={args.model}"]
         if name != "untrained":
-            if not (folder / "eval.json").is_file():
+            if not trained_here:
                 run([sys.executable, str(ROOT / "train.py"), *train_keys(name, root, args)])
             model.append(f"adapter={folder}")
-        models[name] = evaluate_model(name, model, found, eval_methods, root, args)
-        added = models[name].pop("added")
-        if found is None:
-            models[name]["measured"] = provenance
-        elif added:
-            models[name]["extended"] = provenance  # cells added to an earlier row
+        row = evaluate_model(name, model, found, eval_methods, root, args)
+        if row.pop("added") or found is None:
+            row.setdefault("measured", provenance)
+            if found is not None:  # cells added to an earlier row: each extension's provenance
+                row["extended"] = [*row.get("extended", []), provenance]
+        models[name] = row
         publish(section)
     section["partial"] = False
     return section
@@ -350,7 +362,7 @@ def evaluate_model(name: str, model: list[str], found: dict | None, eval_methods
     cells of ``found`` (an earlier row of this model) kept, the others evaluated (``added``: some were); a
     trained model's recipe, rollout cache and training curve."""
     out = root / "training" / "eval" / name
-    result = found or {"compressed": {}}
+    result = json.loads(json.dumps(found)) if found is not None else {"compressed": {}}  # the earlier row untouched
     result["added"] = any(str(b) not in result["compressed"].get(m, {}) for m in eval_methods for b in args.eval_budgets)
     if "full" not in result:
         result["full"] = row(evaluate(model, "test", args.eval_problems, args.eval_samples, [], args.eval_budgets, out,
@@ -408,11 +420,13 @@ def training_table(section: dict) -> str:
     for name, r in models.items():
         agreement = r.get("curve", {}).get("telemetry", {}).get("mismatch/agreement_p5")
         measured = r.get("measured") or {k: section.get(k) for k in ("date", "commit")}
-        where = ", ".join(f"{w['date']} {w['commit']}" + (" (cells added)" if w is r.get("extended") else "")
-                          for w in (measured, r.get("extended")) if w)  # fmt: skip
+        extended = r.get("extended", [])
+        extended = [extended] if isinstance(extended, dict) else extended  # one dict: written by 2026-12-03's first run
+        where = ", ".join([f"{measured['date']} {measured['commit']}" if measured.get("date") else "-",
+                           *(f"{w['date']} {w['commit']} (cells added)" for w in extended)])  # fmt: skip
         lines.append(f"| {name} | {r.get('rollout', '-')} | {cell(r['full'])} | "
                      + " | ".join(cell(c) if (c := r["compressed"].get(m, {}).get(str(b))) else "-" for m, b in columns)
-                     + f" | {'-' if agreement is None else f'{agreement:.4f}'} | {where or '-'} |")  # fmt: skip
+                     + f" | {'-' if agreement is None else f'{agreement:.4f}'} | {where} |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -485,6 +499,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-decode-compressions", type=int, default=6)
     parser.add_argument("--recipes", nargs="+", default=["rl_sparse", "sparse_rl", "rl_full", "distill_onpolicy"],
                         choices=list(RECIPES), help="training: in this order (rl_sparse_snapkv, rl_sparse_s4r, distill: also)")
+    parser.add_argument("--replace-training", action="store_true",
+                        help="training: replace a --results training section measured with other settings")
     parser.add_argument("--train-method", default="gkv", choices=[m for m in METHODS if m != "full"])
     parser.add_argument("--train-budget", type=int, default=160)
     parser.add_argument("--eval-budgets", nargs="+", type=int, default=[128, 160, 224],

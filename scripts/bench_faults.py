@@ -1630,11 +1630,14 @@ def tables(view: str, runs: dict | list[dict]) -> str:
     each run's totals on a row, with its tag, date, the checkout's commit and the command."""
     head = ["run", "commit", "cases", "ok", "clear errors", "unclear errors", "silent wrong", "crashes", "hangs",
             "data lost"]  # fmt: skip
+    if view != "runs":
+        raise SystemExit(f"error: bench_faults has the view runs, not {view!r}")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     runs = runs if isinstance(runs, list) else [runs]
     for run in runs:
         total = run["table"]["total"]
-        cells = [f"{run['tag']} ({run['date'][:10]})", run["repo_commit"][:7], total["cases"], *(total[o] for o in OUTCOMES)]
+        commit = run["repo_commit"][:7] + (" (uncommitted changes)" if run.get("repo_dirty") else "")
+        cells = [f"{run['tag']} ({run['date'][:10]})", commit, total["cases"], *(total[o] for o in OUTCOMES)]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     commands = "; ".join(f"`{run['command']}`" for run in runs)
     return "\n".join(lines) + f"\n\n{commands} (each row: the run's date and the commit of the checkout it probed)\n"

@@ -140,6 +140,9 @@ def tables(view: str, summaries: dict | list[dict]) -> str:
     summaries = summaries if isinstance(summaries, list) else [summaries]
     dataset = view.replace("_", "-")
     by_tag = {s["tag"]: {r["run"]: r for r in s["runs"].values() if r["dataset"] == dataset} for s in summaries}
+    if len(by_tag) != len(summaries) or not any(by_tag.values()):
+        raise SystemExit(f"error: bench_methods view {view!r}: one summary per tag, and a dataset that was run "
+                         f"(here: {sorted({r['dataset'] for s in summaries for r in s['runs'].values()})})")  # fmt: skip
     names = {name for runs in by_tag.values() for name in runs if name != "full"}
     settings = sorted({tuple(int(p[1:]) for p in name.split("-")[1:]) for name in names})  # (budget, interval)
     intervals = {i for _, i in settings}

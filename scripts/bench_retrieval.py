@@ -79,8 +79,13 @@ def capped(probe: dict, max_context: int | None) -> dict:
     passing context not above it (CPU time: a 2048-token prefill costs ~30 s a problem on one core)."""
     if max_context is None:
         return probe["chosen"]
-    return {task: max((int(c) for c, r in by.items() if int(c) <= max_context and r["pass@1"] >= probe["min_full"]),
-                      default=None) for task, by in probe["table"].items()}  # fmt: skip
+    chosen = {task: max((int(c) for c, r in by.items() if int(c) <= max_context and r["pass@1"] >= probe["min_full"]),
+                        default=None) for task, by in probe["table"].items()}  # fmt: skip
+    if all(c is None for c in chosen.values()):
+        raise SystemExit(f"error: no task passed the probe at a context <= {max_context}")
+    for task in (t for t, c in chosen.items() if c is None and probe["chosen"].get(t) is not None):
+        log(f"{task}: left out (it passed the probe only above --max-context {max_context})")
+    return chosen
 
 
 def budget_for(eta: float, context: int, args) -> int:

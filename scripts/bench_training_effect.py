@@ -229,7 +229,10 @@ def probe_table(summary: dict) -> str:
 def tables(view: str, summary: dict) -> str:
     """``scripts/render_docs.py``'s views of the results file: ``probe`` (the candidates) and ``models`` (the
     results table), each with where it came from."""
-    table = probe_table(summary) if view == "probe" else markdown_table(summary)
+    views = {"probe": probe_table, "models": markdown_table}
+    if view not in views:
+        raise SystemExit(f"error: bench_training_effect has the views {', '.join(views)}, not {view!r}")
+    table = views[view](summary)
     return f"{table}\n{provenance(summary)}\n"
 
 

@@ -33,12 +33,14 @@ BLOCK = re.compile(r"<!-- results:([\w.+]+)#(\w+) -->\n.*?<!-- /results -->", re
 
 def renderer(name: str) -> str:
     """The script that renders ``results/name``: the longest prefix of its stem, cut at underscores, that names
-    a script (``bench_faults_after.json``: ``bench_faults``)."""
+    a script with a ``tables`` function (``bench_faults_after.json``: ``bench_faults``)."""
     parts = name.rsplit(".", 1)[0].split("_")
     for end in range(len(parts), 0, -1):
-        if (ROOT / "scripts" / f"{'_'.join(parts[:end])}.py").is_file():
-            return "_".join(parts[:end])
-    raise SystemExit(f"error: a docs block names results/{name}, but no script under scripts/ renders it")
+        script = "_".join(parts[:end])
+        if (ROOT / "scripts" / f"{script}.py").is_file() and "\ndef tables(" in (ROOT / "scripts" / f"{script}.py").read_text():
+            return script
+    raise SystemExit(f"error: a docs block names results/{name}, but no script under scripts/ renders it "
+                     "(a tables(view, result) function in scripts/<a prefix of its name>.py)")  # fmt: skip
 
 
 def read(path: Path):
@@ -55,7 +57,10 @@ def render(text: str, results: Path) -> str:
     def block(match) -> str:
         names, view = match.groups()
         files = names.split("+")
-        tables = importlib.import_module(renderer(files[0])).tables
+        scripts = {renderer(name) for name in files if name} if all(files) else set()
+        if len(scripts) != 1:
+            raise SystemExit(f"error: the docs block results:{names} must name files of one benchmark, joined by +")
+        tables = importlib.import_module(scripts.pop()).tables
         found = [read(results / name) for name in files]
         return f"<!-- results:{names}#{view} -->\n{tables(view, found if len(files) > 1 else found[0])}<!-- /results -->"
 

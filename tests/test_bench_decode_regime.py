@@ -74,6 +74,11 @@ def test_quick_bench_reports_every_stage_and_resumes(tmp_path):
     untrained, kept = extended["models"]["untrained"], extended["models"]["sparse_rl"]
     assert set(untrained["compressed"]) == {"gkv", "snapkv"} and "extended" in untrained
     assert untrained["compressed"]["gkv"] == models["untrained"]["compressed"]["gkv"]  # read back, not rerun
+    assert untrained["extended"][0]["commit"] and untrained["measured"] == models["untrained"]["measured"]
     assert kept == {**models["sparse_rl"], "measured": kept["measured"]} and "snapkv" not in kept["compressed"]
     assert extended["models"]["rl_sparse_snapkv"]["rollout"] == "snapkv"
     assert "| sparse_rl | gkv |" in (tmp_path / "elsewhere" / "summary.md").read_text()
+    # a section measured with other settings is never replaced silently: an error naming them, before any work
+    other = subprocess.run([*more, "--lr", "0.001"], capture_output=True, text=True, timeout=300, check=False)
+    assert other.returncode != 0 and "other settings (training)" in other.stderr and "train.py" not in other.stderr
+    assert json.loads(results.read_text())["training"]["models"].keys() == extended["models"].keys()
