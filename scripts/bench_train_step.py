@@ -30,12 +30,13 @@ import argparse
 import dataclasses
 import functools
 import tempfile
+import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
-from _common import ROOT, print_json
+from _common import ROOT, git_commit, machine, print_json, provenance
 from transformers import TrainerCallback
 
 from gkv_train.jsonio import dumps
@@ -162,6 +163,25 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     }  # fmt: skip
 
 
+NAMES = {"trl": "plain TRL `GRPOTrainer` (HF `generate`)", "distill": "on-policy distillation (forwards: teacher + student)"}
+
+
+def tables(view: str, result: dict) -> str:
+    """``scripts/render_docs.py``'s view ``steps``: seconds per step of every trainer by phase, the ratio to
+    TRL's step and the warm-up, with where the figures came from."""
+    if view != "steps":
+        raise SystemExit(f"error: bench_train_step has the view steps, not {view!r}")
+    phases = ("generation", "logprob_forward", "backward", "optimizer", "other", "total")
+    lines = [f"| seconds per step | generation | log-prob forwards | backward | optimizer | other | total | vs TRL | "
+             f"warm-up ({result.get('warmup', '?')} steps) |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, t in result["trainers"].items():
+        label = NAMES.get(name) or f"`{name.removesuffix('+compile')}`" + (", compiled decode" if name.endswith("+compile") else "")
+        ratio = result.get("step_time_vs_trl", {}).get(name)
+        lines.append(f"| {label} | " + " | ".join(f"{t[p]:.2f}" if t[p] < 0.1 else f"{t[p]:.1f}" for p in phases)
+                     + f" | {'-' if ratio is None else f'{ratio:.2f}x'} | {t['warmup_total']:.1f} |")  # fmt: skip
+    return "\n".join(lines) + f"\n\n{provenance(result)}\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -178,7 +198,9 @@ def main() -> None:
     result = {
         "benchmark": "train_step", "model": args.model, "rows": 8, "max_new_tokens": args.max_new_tokens,
         "compression": f"gkv budget {args.budget} window {args.window} interval {args.interval}",
-        "threads": torch.get_num_threads(), "trainers": {},
+        "threads": torch.get_num_threads(), "warmup": args.warmup, "trainers": {},
+        "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
+        "commit": git_commit(), "machine": machine(),
     }  # fmt: skip
     with tempfile.TemporaryDirectory(dir=ROOT / "outputs" if (ROOT / "outputs").is_dir() else None) as workdir:
         for name in args.trainers:
