@@ -29,9 +29,11 @@ import argparse
 import json
 import random
 import re
+import sys
+import time
 
 import torch
-from _common import DATA_DIR, print_json
+from _common import DATA_DIR, git_commit, machine, print_json, provenance
 
 from gkv_train.models import load_model
 from gkv_rollout.config import CompressionConfig, SamplingConfig
@@ -133,6 +135,31 @@ def passkey_accuracy(model, tokenizer, cases, compression: CompressionConfig, ba
             "retention": sum(retention) / len(retention)}
 
 
+def tables(view: str, result: dict | list[dict]) -> str:
+    """``scripts/render_docs.py``'s views: ``refresh`` (``--refresh``'s line: the relative reconstruction error of
+    generated keys and values per 128-token stretch, with and without refresh) and ``timing`` (the timing
+    runs' lines, ``results/bench_s4r_timing.jsonl``: decode and prefill against the full cache), each with where
+    it came from."""
+    if view == "refresh":
+        errors = result["relative_error_by_128_tokens"]
+        stretches = len(errors["s4r"]["k"])
+        lines = ["| stretch of the completion | " + " | ".join(str(i + 1) for i in range(stretches)) + " |",
+                 "|---|" + "---|" * stretches]  # fmt: skip
+        for kind, label in (("k", "keys"), ("v", "values")):
+            for run, bases in (("s4r", "prompt bases"), ("s4r_refresh", f"refresh {result['refresh']}")):
+                lines.append(f"| {label}, {bases} | " + " | ".join(f"{e:.3f}" for e in errors[run][kind]) + " |")
+        return "\n".join(lines) + f"\n\n{provenance(result)}\n"
+    if view == "timing":
+        lines = ["| run | decode full (s / token) | decode s4r | s4r / full | reconstruct all (rho 1) | prefill s4r / full |",
+                 "|---|---|---|---|---|---|"]  # fmt: skip
+        for i, r in enumerate(result, 1):
+            d = r["decode_seconds_per_token"]
+            lines.append(f"| {i} | {d['full']:.3f} | {d['s4r']:.3f} | {r['decode_ratio_s4r_vs_full']:.2f}x "
+                         f"| {d['s4r_reconstruct_all']:.3f} | {r['prefill_ratio_s4r_vs_full']:.2f}x |")  # fmt: skip
+        return "\n".join(lines) + "\n\n" + "\n".join(sorted({f"runs: {provenance(r)}" for r in result})) + "\n"
+    raise SystemExit(f"error: bench_s4r has the views refresh and timing, not {view!r}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
@@ -148,6 +175,8 @@ def main() -> None:
 
     model, tokenizer = load_model(args.model)
     s4r = CompressionConfig("s4r", eta=args.eta)
+    where = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
+             "machine": machine()}  # fmt: skip
     prompt = long_prompt(tokenizer, args.context)
     if args.refresh:
         engine = RolloutEngine(model, tokenizer, CompressionConfig("full"), chat=False)
@@ -163,12 +192,12 @@ def main() -> None:
                     "prompt_tokens": int(sampled.prompt_lengths[0]), "new_tokens": args.new_tokens,
                     "relative_error_by_128_tokens": errors, "decode_seconds_per_token": times,
                     "decode_ratio_refresh_vs_s4r": times["s4r_refresh"] / times["s4r"],
-                    "decode_ratio_refresh_vs_full": times["s4r_refresh"] / times["full"]})  # fmt: skip
+                    "decode_ratio_refresh_vs_full": times["s4r_refresh"] / times["full"], **where})  # fmt: skip
         return
     if args.memory_share:
         shares = memory_share(model, tokenizer, prompt, args.eta, args.new_tokens)
         print_json({"benchmark": "s4r_memory_share", "model": args.model, "eta": args.eta,
-                    "new_tokens": args.new_tokens, **shares})  # fmt: skip
+                    "new_tokens": args.new_tokens, **shares, **where})  # fmt: skip
         return
     timed(model, tokenizer, prompt[:2000], s4r, 4)  # warm-up: first-call allocations are not S4R's cost
     full = timed(model, tokenizer, prompt, CompressionConfig("full"), args.new_tokens)
@@ -206,6 +235,7 @@ def main() -> None:
         "persistent_ratio_s4r_vs_full": sparse["cache_bytes"] / full["cache_bytes"],
         "passkey_budget_tokens": budget,
         "passkey": passkey,
+        **where,
     })
 
 
