@@ -444,7 +444,7 @@ def plot_curves(section: dict, path: Path) -> None:
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("reward of the step's rollouts")
     ax.set_ylim(0, 1)
-    ax.set_title(f"copy_recall, {section['train_method']} budget {section['train_budget']} (rl_full: full cache)")
+    ax.set_title(f"copy_recall, budget {section['train_budget']}: each recipe under its rollout cache (in brackets)")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
