@@ -10,8 +10,9 @@ Stages (``--stages``, each resumable: every run is a ``scripts/evaluate.py`` fol
    the prompt taken as context + ``--prompt-overhead`` tokens (the facts and the question), compressed after
    the prefill (answers are short). Every row reports the memory share it reached (eviction: its retention;
    S4R: its stored state).
-3. ``ablations``: S4R at the first eta with sinks off (``sinks=0``), without normalisation
-   (``normalize=false``), windows ``W`` of ``--windows`` and average pooling.
+3. ``ablations``: S4R at the largest eta (where it scores most, so that a variant's effect shows above the
+   floor) with sinks off (``sinks=0``), without normalisation (``normalize=false``), windows ``W`` of
+   ``--windows`` and average pooling.
 
 pass@1 with 95% bootstrap intervals over problems; greedy decoding (``--samples`` 1). Writes
 ``<output-root>/summary.json`` and, with ``--results FILE``, each stage's section into FILE as it is written.
@@ -120,7 +121,7 @@ def ablation_variants(args) -> dict[str, list[str]]:
 
 
 def stage_ablations(root: Path, chosen: dict, args) -> dict:
-    eta, table = args.etas[0], {}
+    eta, table = max(args.etas), {}
     for task, context in chosen.items():
         if context is None:
             continue
@@ -129,7 +130,7 @@ def stage_ablations(root: Path, chosen: dict, args) -> dict:
             if args.ablations and name not in args.ablations:
                 continue
             runs = evaluate(task, context, "test", args.problems, ["s4r"], None, [f"compression.eta={eta}", *keys],
-                            root / "ablations" / f"{task}-{context}" / name, args)  # fmt: skip
+                            root / "ablations" / f"{task}-{context}-eta{eta}" / name, args)  # fmt: skip
             (summary,) = runs.values()
             table[task][name] = row(summary)
     return {"eta": eta, "split": "test", "problems": args.problems, "max_context": args.max_context, "table": table}

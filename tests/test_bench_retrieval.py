@@ -23,7 +23,7 @@ def test_quick_retrieval_bench(tmp_path):
     for eta, cells in entry["etas"].items():
         assert set(cells) == {"budget", "s4r", "snapkv", "gkv", "streaming"}
         assert abs(cells["s4r"]["memory_share"] - float(eta)) < 0.2  # S4R's stored state, near the eta asked
-    assert set(line["ablations"]["table"]["vt"]) == {"default", "window_1"}  # --quick's two of the variants
+    assert set(line["ablations"]["table"]["vt"]) == {"default", "window_1"} and line["ablations"]["eta"] == 0.4
     published = json.loads(results.read_text())
     assert all(published[stage]["commit"] for stage in ("probe", "table", "ablations"))
     code = (f"import json, sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from bench_retrieval import tables; "
