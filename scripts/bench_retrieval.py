@@ -120,8 +120,11 @@ def ablation_variants(args) -> dict[str, list[str]]:
     return variants
 
 
-def stage_ablations(root: Path, chosen: dict, args) -> dict:
+def stage_ablations(root: Path, chosen: dict, args, publish=lambda section: None) -> dict:
+    """S4R's variants per task; ``publish(section)`` after every run (``"partial": true`` until the end)."""
     eta, table = max(args.etas), {}
+    section = {"eta": eta, "split": "test", "problems": args.problems, "max_context": args.max_context, "table": table,
+               "partial": True}  # fmt: skip
     for task, context in chosen.items():
         if context is None:
             continue
@@ -133,7 +136,9 @@ def stage_ablations(root: Path, chosen: dict, args) -> dict:
                             root / "ablations" / f"{task}-{context}-eta{eta}" / name, args)  # fmt: skip
             (summary,) = runs.values()
             table[task][name] = row(summary)
-    return {"eta": eta, "split": "test", "problems": args.problems, "max_context": args.max_context, "table": table}
+            publish(section)
+    section["partial"] = False
+    return section
 
 
 def cell(row: dict) -> str:
@@ -166,7 +171,8 @@ def tables(view: str, result: dict) -> str:
         rows = [f"| task | {' | '.join(variants)} |", "|---" * (len(variants) + 1) + "|"]
         for task, by in section["table"].items():
             rows.append(f"| {task} | {' | '.join(cell(by[v]) if v in by else '-' for v in variants)} |")
-    return "\n".join(rows) + f"\n\n{provenance(section)}\n"
+    state = " (partial: runs still going)" if section.get("partial") else ""
+    return "\n".join(rows) + f"\n\n{provenance(section)}{state}\n"
 
 
 def main() -> None:
@@ -205,6 +211,11 @@ def main() -> None:
     provenance = {"command": "python " + " ".join(sys.argv), "commit": git_commit(), "machine": machine()}
     summary_path = root / "summary.json"
     done = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    def publish(stage: str, section: dict) -> None:
+        if args.results is not None:
+            merge_section(args.results, stage, {**section, **provenance, "date": time.strftime("%Y-%m-%d")},
+                          {k: v for k, v in result.items() if k not in STAGES})  # fmt: skip
+
     for stage in args.stages:
         if stage == "probe":
             section = stage_probe(root, args)
@@ -212,11 +223,13 @@ def main() -> None:
             probe = result.get("probe") or done.get("probe")
             if probe is None:
                 raise SystemExit("error: the table and ablations need the probe's chosen contexts: run --stages probe first")
-            section = (stage_table if stage == "table" else stage_ablations)(root, capped(probe, args.max_context), args)
+            chosen = capped(probe, args.max_context)
+            if stage == "table":
+                section = stage_table(root, chosen, args)
+            else:
+                section = stage_ablations(root, chosen, args, lambda section: publish("ablations", section))
         result[stage] = section
-        if args.results is not None:
-            merge_section(args.results, stage, {**section, **provenance, "date": time.strftime("%Y-%m-%d")},
-                          {k: v for k, v in result.items() if k not in STAGES})  # fmt: skip
+        publish(stage, section)
     write_atomically(summary_path, dumps({**done, **result}, indent=2))
     print_json(result)
 
