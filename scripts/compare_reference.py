@@ -347,6 +347,26 @@ def compare_method(project: dict, args, interval: int, cases: list[dict], ref_ru
     }
 
 
+def tables(view: str, runs: dict | list[dict]) -> str:
+    """``scripts/render_docs.py``'s view ``kept`` of one or more comparison files: per method, the share of
+    (compression, layer, KV head) units whose kept sets equal the reference's and their mean Jaccard index, per
+    interval, one column per file (named by the tree it tested)."""
+    if view != "kept":
+        raise SystemExit(f"error: compare_reference has the view kept, not {view!r}")
+    runs = runs if isinstance(runs, list) else [runs]
+    intervals = list(runs[0]["by_interval"])
+    methods = list(runs[0]["by_interval"][intervals[0]]["methods"])
+    head = " / ".join(f"i{i}" for i in intervals)
+    lines = ["| method | " + " | ".join(f"{r['project'].split(' (')[0]}, {head}: exact, Jaccard" for r in runs) + " |",
+             "|---|" + "---|" * len(runs)]  # fmt: skip
+    for method in methods:
+        cells = [" / ".join(f"{m['exact']:.3f}, {m['jaccard']:.3f}" for i in intervals
+                            if (m := r["by_interval"][i]["methods"].get(method))) for r in runs]  # fmt: skip
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    where = "; ".join(f"`{r.get('command', '?')}` ({r.get('date', '?')})" for r in runs)
+    return "\n".join(lines) + f"\n\n{where}\n"
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.threads:
@@ -365,6 +385,9 @@ def main(argv=None):
     effective = Path(f"/tmp/reference_e2e_cases_{os.getpid()}.json")
     effective.write_text(json.dumps({"cases": cases}))
     result = {
+        "script": "compare_reference",  # scripts/render_docs.py renders the file by this script's tables()
+        "command": "python " + " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d"),
         "budget": args.budget,
         "window": args.window,
         "cases": len(cases),

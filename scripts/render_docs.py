@@ -7,8 +7,8 @@
 of README.md and the markdown under docs/ is rewritten with the table VIEW of ``results/FILE``, made by the
 benchmark that wrote FILE (its ``tables(view, result)``: the figures with the command, date, commit and machine
 they came from), so no figure in the docs is copied by hand or left behind by a newer result. The benchmark is
-``scripts/NAME.py`` for ``results/NAME.json``, or for ``results/NAME_TAG.json`` (a run tagged ``TAG``) the
-longest such prefix of the name that is a script. A ``.jsonl`` file is read as its list of records. A table that
+the one a results file names (its ``"script"`` key), else ``scripts/NAME.py`` for ``results/NAME.json``, or for
+``results/NAME_TAG.json`` (a run tagged ``TAG``) the longest such prefix of the name that is a script. A ``.jsonl`` file is read as its list of records. A table that
 compares runs names several files, ``FILE1+FILE2#VIEW``: ``result`` is then the list of them, in that order.
 
     python scripts/render_docs.py            # rewrite the blocks
@@ -57,11 +57,12 @@ def render(text: str, results: Path) -> str:
     def block(match) -> str:
         names, view = match.groups()
         files = names.split("+")
-        scripts = {renderer(name) for name in files if name} if all(files) else set()
-        if len(scripts) != 1:
+        found = [read(results / name) for name in files if name]
+        scripts = {r.get("script") if isinstance(r, dict) and r.get("script") else renderer(name)
+                   for name, r in zip(files, found)}  # fmt: skip
+        if len(scripts) != 1 or len(found) != len(files):
             raise SystemExit(f"error: the docs block results:{names} must name files of one benchmark, joined by +")
         tables = importlib.import_module(scripts.pop()).tables
-        found = [read(results / name) for name in files]
         return f"<!-- results:{names}#{view} -->\n{tables(view, found if len(files) > 1 else found[0])}<!-- /results -->"
 
     return BLOCK.sub(block, text)
