@@ -21,7 +21,7 @@ import time
 from types import SimpleNamespace
 
 import torch
-from _common import print_json
+from _common import git_commit, machine, print_json
 
 from gkv_rollout.config import CompressionConfig, add_compression_args, compression_from_args
 from gkv_rollout.contract.eviction import NEVER
@@ -58,6 +58,30 @@ def time_compression(shape: SimpleNamespace, compression: CompressionConfig, bat
     return seconds
 
 
+def tables(view: str, records: list[dict]) -> str:
+    """``scripts/render_docs.py``'s view ``latest`` of ``results/bench_compress.jsonl`` (one line per run): the
+    runs of the file's last date, one row per code version (``code``: the commit measured), each method's
+    median milliseconds per compression as the range over that version's runs."""
+    if view != "latest":
+        raise SystemExit(f"error: bench_compress has the view latest, not {view!r}")
+    date = records[-1]["date"]
+    runs = [r for r in records if r["date"] == date]
+    codes = list(dict.fromkeys(r["code"] for r in runs))
+    methods = list(runs[0]["ms_per_compression"])
+    lines = ["| ms per compression | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+    for code in codes:
+        mine = [r for r in runs if r["code"] == code]
+        cells = []
+        for m in methods:
+            low, high = (round(f(r["ms_per_compression"][m]["median"] for r in mine)) for f in (min, max))
+            cells.append(f"{low}" if low == high else f"{low}-{high}")
+        lines.append(f"| {code} ({len(mine)} runs) | " + " | ".join(cells) + " |")
+    first = runs[0]
+    return "\n".join(lines) + (f"\n\n`python scripts/bench_compress.py` — {date}, batch {first['batch']}, {first['slots']} "
+                               f"occupied slots, {first['layers']} layers x {first['kv_heads']} KV heads x "
+                               f"{first['head_dim']}, threads {first['threads']}; runs of the versions alternated\n")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=[m for m in METHODS if m != "full"])
@@ -77,6 +101,7 @@ def main() -> None:
     result = {
         "benchmark": "compress", "batch": args.batch, "slots": args.budget + args.interval, "layers": args.layers,
         "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "threads": torch.get_num_threads(), "compression": {}, "ms_per_compression": {},
+        "code": git_commit(), "date": time.strftime("%Y-%m-%d"), "machine": machine(),
     }  # fmt: skip
     for method in args.methods:
         config = dataclasses.replace(compression, method=method)
