@@ -32,6 +32,21 @@ def installed(python: str, env: dict) -> dict[str, str]:
     return {canonical(k): v for k, v in json.loads(out.stdout).items()}
 
 
+def tables(view: str, reports: list[dict]) -> str:
+    """``scripts/render_docs.py``'s view ``installs`` of ``results/install_report.jsonl``: per report (label),
+    what installing the tree into the environment would replace and add (pip's dry run)."""
+    if view != "installs":
+        raise SystemExit(f"error: install_report has the view installs, not {view!r}")
+    lines = ["| | replaced | added |", "|---|---|---|"]
+    for r in reports:
+        replaced = ", ".join(f"{n} {v}" for n, v in r["replaced"].items()) or "nothing"
+        lines.append(f"| {r['install_report']} | {replaced} | {', '.join(r['added']) or 'nothing'} |")
+    stacks = {json.dumps(r["stack_before"]) for r in reports}
+    stack = ", ".join(f"{n} {v}" for n, v in reports[0]["stack_before"].items() if v) if len(stacks) == 1 else "(differs)"
+    return "\n".join(lines) + f"\n\ninto an environment holding {stack}; `python scripts/install_report.py --python " \
+        f"{reports[0]['python']} --tree <checkout> --label <label>`\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--python", required=True, help="the environment's Python")
