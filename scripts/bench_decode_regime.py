@@ -421,7 +421,6 @@ def training_table(section: dict) -> str:
         agreement = r.get("curve", {}).get("telemetry", {}).get("mismatch/agreement_p5")
         measured = r.get("measured") or {k: section.get(k) for k in ("date", "commit")}
         extended = r.get("extended", [])
-        extended = [extended] if isinstance(extended, dict) else extended  # one dict: written by 2026-12-03's first run
         where = ", ".join([f"{measured['date']} {measured['commit']}" if measured.get("date") else "-",
                            *(f"{w['date']} {w['commit']} (cells added)" for w in extended)])  # fmt: skip
         lines.append(f"| {name} | {r.get('rollout', '-')} | {cell(r['full'])} | "
