@@ -8,10 +8,11 @@
     accelerate launch --num_processes 2 train.py recipe=rl_sparse
 
 Any key of ``gkv_train.run_config.TrainConfig`` can be overridden: ``compression.budget=64``, ``data.name=gsm8k``,
-``max_steps=50``, ``lora.enabled=true``, ... TRL's names work too: ``max_completion_length`` and ``bf16`` are
-read as ``max_new_tokens`` and ``precision``; a GRPOConfig field without a key here (``weight_decay=0.01``,
-``num_iterations=2``, ``log_completions=true``, ``push_to_hub=true``, ...) is handed to the trainer as
-``trl.<field>``. The installed command ``gkv-train train ...`` runs the same.
+``max_steps=50``, ``lora.enabled=true``, ``sampling.max_new_tokens=256``, ...; every field of TRL's ``GRPOConfig``
+is a key under its own name (``weight_decay=0.01``, ``num_iterations=2``, ``log_completions=true``, ...), except
+those set from the project's keys (``max_completion_length`` from ``sampling.max_new_tokens``, ``bf16`` from
+``precision``: refused, naming the key to write). ``train.py --help`` lists every key. The installed command
+``gkv-train train ...`` runs the same.
 """
 
 import signal

@@ -99,9 +99,9 @@ def quiet_upstream_warnings() -> None:
     warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated", category=FutureWarning)
 
 
-def _hydra_job(config_name: str, schema_name: str, passthrough: bool, work, before_work=None) -> None:
+def _hydra_job(config_name: str, schema_name: str, work, before_work=None) -> None:
     """Run ``work(config, cfg, config_files)`` on the recipe ``config_name`` with the overrides in ``sys.argv[1:]``:
-    TRL's names and aliases translated, "did you mean" on a misspelled key, the configuration validated
+    keys checked (``run_config.check_overrides``: "did you mean", a moved key named), the configuration validated
     (``schema_name``: the ``gkv_train.run_config`` class) and ``before_work(config)`` run before any work.
     Hydra creates no folder and writes no file (``hydra.run.dir`` is the working folder, no ``output_subdir``):
     ``work`` gets the resolved configuration as ``config_files`` (name -> text) to write once its checks pass.
@@ -149,7 +149,7 @@ def _hydra_job(config_name: str, schema_name: str, passthrough: bool, work, befo
             _fail(f"error: {err}", 1)
 
     try:
-        run_config.apply_overrides(getattr(run_config, schema_name), passthrough=passthrough)
+        run_config.apply_overrides(getattr(run_config, schema_name))
     except ValueError as err:
         _fail(f"error: {err}", REFUSED)
     _composes(config_name, sys.argv[1:])
@@ -167,12 +167,11 @@ def precision_from_launcher(overrides: list[str]) -> list[str]:
     if launcher != "bf16":
         _fail(f"error: accelerate launches with mixed_precision={launcher}; training here is fp32 or bf16: launch "
               "with --mixed_precision bf16 (or no) and set precision=bf16 (or fp32)", REFUSED)  # fmt: skip
-    given = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] in ("precision", "bf16")]
+    given = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] == "precision"]
     if not given:
         print("precision=bf16: accelerate launches with mixed_precision=bf16", file=sys.stderr, flush=True)
         return [*overrides, "precision=bf16"]
-    key, _, value = given[-1].lstrip("+~").partition("=")
-    if (value == "bf16") if key == "precision" else value.lower() in ("true", "1", "yes"):
+    if given[-1].partition("=")[2] == "bf16":
         return overrides
     _fail(f"error: {given[-1]}, but accelerate launches with mixed_precision=bf16 (its config file or "
           "--mixed_precision): give precision=bf16, or launch with --mixed_precision no", REFUSED)  # fmt: skip
@@ -190,7 +189,7 @@ def train(script: list[str]) -> None:
 
         run(config, files)
 
-    _hydra_job("train", "TrainConfig", True, work, before_work=lambda config: relaunch_cpu_processes(script))
+    _hydra_job("train", "TrainConfig", work, before_work=lambda config: relaunch_cpu_processes(script))
 
 
 def evaluate() -> None:
@@ -203,7 +202,7 @@ def evaluate() -> None:
 
         run_evaluation(config, OmegaConf.to_container(cfg, resolve=True), files)
 
-    _hydra_job("evaluate", "EvalConfig", False, work)
+    _hydra_job("evaluate", "EvalConfig", work)
 
 
 def traces() -> None:
@@ -214,7 +213,7 @@ def traces() -> None:
 
         run_traces(config)  # one output file, no folder: the configuration is not written
 
-    _hydra_job("traces", "TracesConfig", False, work)
+    _hydra_job("traces", "TracesConfig", work)
 
 
 def main(argv: list[str] | None = None) -> None:

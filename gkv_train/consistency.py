@@ -96,7 +96,7 @@ def check(argv: list[str] | None = None) -> dict:
     add_compression_args(parser, method="gkv", budget=32, window=8, interval=16)
     args = parser.parse_args(argv)
     compression = compression_from_args(args)
-    check_compile_decode(args.compile_decode, [compression])
+    check_compile_decode(args.compile_decode, [compression], key="--compile-decode")
 
     model, tokenizer = load_model(args.model)
     if args.model.startswith("tiny"):

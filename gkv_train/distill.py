@@ -18,59 +18,82 @@ logits are never both held for the whole batch.
 
 from __future__ import annotations
 
-import dataclasses
 import time
+from dataclasses import dataclass, field
 
 import torch
-from transformers import Trainer
+from transformers import Trainer, TrainingArguments
 
 from gkv_train.consistency import mismatch_stats
 from gkv_train.console import rollout_progress
 from gkv_train.distributed import generation_model
 from gkv_train.logprobs import divergence_under_record, head_logprobs
-from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.config import CompressionConfig
 from gkv_rollout.engine import RolloutEngine
 from gkv_rewards.functions import accuracy
 from gkv_rollout.sampling import rollout_seed
-from gkv_train.run_config import DistillOptions
+from gkv_train.run_config import DistillOptions, OptionGroups, SamplingOptions
+
+
+@dataclass
+class CompressedDistillationConfig(OptionGroups, TrainingArguments):
+    """transformers' ``TrainingArguments`` with what distillation into a compressed-cache student adds: the
+    arguments of ``CompressedDistillationTrainer``."""
+
+    compression: CompressionConfig = field(
+        default_factory=lambda: CompressionConfig("gkv"),
+        metadata={"help": "The student's KV-cache compression (gkv_rollout.config.CompressionConfig)."},
+    )
+    distill: DistillOptions = field(
+        default_factory=DistillOptions,
+        metadata={"help": "Mode (offline traces / on-policy), divergence, teacher, chunking "
+                  "(gkv_train.run_config.DistillOptions)."},
+    )  # fmt: skip
+    sampling: SamplingOptions = field(
+        default_factory=lambda: SamplingOptions(num_generations=1, max_new_tokens=96),
+        metadata={"help": "The temperature of the log-probs and of the divergence (> 0); for on-policy samples "
+                  "also max_new_tokens, top_p and compile_decode (one sample per prompt; seeded from seed)."},
+    )  # fmt: skip
+    mask_backend: str = field(
+        default="auto",
+        metadata={"help": "How training forwards attend under the record: auto (FlexAttention on CUDA, SDPA "
+                  "elsewhere), flex or sdpa."},
+    )  # fmt: skip
+    remove_unused_columns: bool = field(
+        default=False, metadata={"help": "False: the trainer reads whole rows (traces or prompts with answers)."}
+    )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.sampling.temperature <= 0:
+            raise ValueError(f"distillation temperature must be positive, got {self.sampling.temperature}")
 
 
 class CompressedDistillationTrainer(Trainer):
     """Student under its compressed cache's record, teacher with full attention (frozen)."""
 
-    def __init__(
-        self,
-        *args,
-        teacher,
-        tokenizer,
-        compression: CompressionConfig,
-        sampling: SamplingConfig,
-        distill: DistillOptions | None = None,
-        mask_backend: str = "auto",
-        **kwargs,
-    ):
-        """compression: the student's cache; sampling: the temperature of the log-probs and of the divergence,
-        and for on-policy samples max_new_tokens, top_p and the seed; distill: mode, divergence, chunking."""
-        if sampling.temperature <= 0:
-            raise ValueError(f"distillation temperature must be positive, got {sampling.temperature}")
+    def __init__(self, *args, teacher, tokenizer, **kwargs):
+        """``Trainer``'s arguments; ``args`` a ``CompressedDistillationConfig`` (compression, distillation options,
+        sampling); ``teacher``: the frozen full-attention model."""
+        config = args[1] if len(args) > 1 else kwargs.get("args")
+        if not isinstance(config, CompressedDistillationConfig):
+            raise TypeError(f"args must be a CompressedDistillationConfig (TrainingArguments with compression, "
+                            f"distill and sampling), got {type(config).__name__}")  # fmt: skip
         super().__init__(*args, processing_class=tokenizer, data_collator=lambda rows: {"rows": rows}, **kwargs)
         self.teacher = teacher.eval().requires_grad_(False)
         self.tokenizer = tokenizer
-        self.compression = compression
-        self.sampling = sampling
-        self.distill = distill or DistillOptions()
-        self.mask_backend = mask_backend
         self._last_metrics: dict[str, list[float]] = {}
 
     def _rollout(self, rows):
         """Replay the traces (offline) or sample (on-policy) with the current student and its compression."""
         prompts = [row["prompt"] for row in rows]
         with generation_model(self) as student:  # ZeRO-3: the weights gathered
-            engine = RolloutEngine(student, self.tokenizer, self.compression)
-            if self.distill.mode == "offline":
-                return engine.replay(prompts, [row["completion_ids"] for row in rows], self.sampling)
-            seed = rollout_seed(self.sampling.seed, self.state.global_step, self.accelerator.process_index)
-            sampling = dataclasses.replace(self.sampling, num_samples=1, seed=seed)
+            engine = RolloutEngine(student, self.tokenizer, self.args.compression)
+            if self.args.distill.mode == "offline":
+                sampling = self.args.sampling.engine(self.args.seed, num_samples=1)
+                return engine.replay(prompts, [row["completion_ids"] for row in rows], sampling)
+            seed = rollout_seed(self.args.seed, self.state.global_step, self.accelerator.process_index)
+            sampling = self.args.sampling.engine(seed, num_samples=1)
             with rollout_progress(len(prompts), sampling.max_new_tokens, self.accelerator.is_main_process) as progress:
                 return engine.generate(prompts, sampling, progress=progress)
 
@@ -80,7 +103,7 @@ class CompressedDistillationTrainer(Trainer):
         rollout_seconds = time.perf_counter() - start
         with self.accelerator.autocast():  # precision=bf16: the LM heads too run as in the rollout's forward
             loss, hidden = self._student_loss(model, out, rollout_seconds)
-        if self.distill.mode == "onpolicy" and "answer" in inputs["rows"][0]:
+        if self.args.distill.mode == "onpolicy" and "answer" in inputs["rows"][0]:
             self._last_metrics.setdefault("reward", []).append(self._accuracy(inputs["rows"], out))
         return (loss, {"hidden": hidden}) if return_outputs else loss
 
@@ -100,14 +123,14 @@ class CompressedDistillationTrainer(Trainer):
         logs the rollout-trainer mismatch. Returns the loss and the student's final hidden states at the
         completion tokens [N, d]."""
         total, student_hidden, targets, student_head = divergence_under_record(
-            model, self.teacher, out, self.distill.divergence, self.sampling.temperature, self.distill.chunk_tokens,
-            self.mask_backend, base=self.accelerator.unwrap_model(model),
+            model, self.teacher, out, self.args.distill.divergence, self.args.sampling.temperature, self.args.distill.chunk_tokens,
+            self.args.mask_backend, base=self.accelerator.unwrap_model(model),
         )  # fmt: skip
         targets_mask = out.completion_mask.bool()
         loss = total / targets_mask.sum().clamp_min(1)
         with torch.no_grad():
             student_logps = head_logprobs(
-                student_hidden, student_head, targets, self.sampling.temperature, self.distill.chunk_tokens
+                student_hidden, student_head, targets, self.args.sampling.temperature, self.args.distill.chunk_tokens
             )
         mismatch = mismatch_stats(student_logps, out.logprobs[targets_mask], torch.ones_like(targets, dtype=torch.bool))
         metrics = {f"mismatch/{k}": v for k, v in mismatch.items()}

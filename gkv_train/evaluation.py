@@ -168,8 +168,8 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
         problems = load_problems(config.data, config.seed)
         check_output_dir(out_dir, "output_dir")
         prompts = [config.data.prompt_template.format(problem=p) for p in problems["problem"]]
-        rows = min(config.batch_problems, len(problems)) * config.num_generations
-        generation = Generation("evaluation", prompts, problems["id"], rows, config.max_new_tokens, runs)
+        rows = min(config.batch_problems, len(problems)) * config.sampling.num_generations
+        generation = Generation("evaluation", prompts, problems["id"], rows, config.sampling.max_new_tokens, runs)
         check_generations(config.model, [generation], dtype_bytes=2 if config.precision == "bf16" else 4, device="cpu")
         out_dir.mkdir(parents=True, exist_ok=True)
         lock = RunLock.acquire(out_dir, "output_dir")
@@ -197,10 +197,7 @@ def _evaluate(config, settings: dict, runs: list[CompressionConfig], problems, o
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, config.adapter).merge_and_unload()
-    sampling = SamplingConfig(
-        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-        num_samples=config.num_generations, seed=config.seed, compile_decode=config.compile_decode,
-    )
+    sampling = config.sampling.engine(config.seed)
     batches = math.ceil(len(problems) / config.batch_problems)
     summaries = []
     with tqdm(total=batches * len(runs), unit="batch") as sweep:  # one bar over the sweep: every run's batches
@@ -221,7 +218,7 @@ def _evaluate(config, settings: dict, runs: list[CompressionConfig], problems, o
     results = lm_eval_results(summaries, data_name, settings, versions)
     write_atomically(out_dir / "results.json", dumps({**results, "date": time.time()}, indent=2))
     title = f"{config.model}{' + ' + config.adapter if config.adapter else ''} · {data_name} · " \
-            f"{summaries[0]['problems']} problems x {config.num_generations} samples"
+            f"{summaries[0]['problems']} problems x {config.sampling.num_generations} samples"
     if config.plots:
         plot_summaries(summaries, out_dir, title)
     print(title + "\n" + results_table(summaries), file=sys.stderr, flush=True)

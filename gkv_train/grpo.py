@@ -26,11 +26,11 @@ import dataclasses
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from accelerate.utils import gather_object
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
 
 from gkv_train.consistency import mismatch_stats
 from gkv_train.console import rollout_progress
@@ -42,7 +42,7 @@ from gkv_rollout.contract.attention import use_kv_attention
 from gkv_rollout.contract.record import Record
 from gkv_rollout.engine import RolloutEngine, RolloutOutput
 from gkv_rollout.sampling import rollout_seed
-from gkv_train.run_config import LOSS_TYPES, SparseRLOptions
+from gkv_train.run_config import LOSS_TYPES, OptionGroups, SparseRLOptions
 
 
 def rollout_correction(trainer_logps, rollout_logps, mask, options: SparseRLOptions):
@@ -98,34 +98,52 @@ class LogpsScope:
     generation: RolloutOutput | None = None
 
 
+@dataclass
+class CompressedGRPOConfig(OptionGroups, GRPOConfig):
+    """TRL's ``GRPOConfig`` with what a rollout under a compressed cache and RL-Sparse add: the arguments of
+    ``CompressedGRPOTrainer``. TRL's own sampling fields (``num_generations``, ``max_completion_length``,
+    ``temperature``, ``top_p``) drive the rollout engine."""
+
+    compression: CompressionConfig = field(
+        default_factory=lambda: CompressionConfig("gkv"),
+        metadata={"help": "The rollouts' KV-cache compression (gkv_rollout.config.CompressionConfig); "
+                  "CompressionConfig('full') for RL-Full."},
+    )  # fmt: skip
+    rl: SparseRLOptions = field(
+        default_factory=SparseRLOptions,
+        metadata={"help": "What RL-Sparse adds to GRPO (gkv_train.run_config.SparseRLOptions): training under the "
+                  "rollout's record, importance sampling and rejection against the rollout's log-probs."},
+    )  # fmt: skip
+    mask_backend: str = field(
+        default="auto",
+        metadata={"help": "How training forwards attend under the record: auto (FlexAttention on CUDA, SDPA "
+                  "elsewhere), flex or sdpa."},
+    )  # fmt: skip
+    compile_decode: bool = field(
+        default=False,
+        metadata={"help": "Rollout decode steps as compiled graphs (SamplingConfig.compile_decode; not s4r)."},
+    )
+
+
 class CompressedGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose rollouts run with a compressed KV cache and whose forwards see what they saw."""
 
-    def __init__(
-        self,
-        *args,
-        compression: CompressionConfig | None = None,
-        sparse: SparseRLOptions | None = None,
-        mask_backend: str = "auto",
-        compile_decode: bool = False,
-        **kwargs,
-    ):
-        """compression: the rollout's cache compression (default G-KV; ``full`` for RL-Full); sparse: what
-        RL-Sparse adds to GRPO; mask_backend: ``auto`` (FlexAttention on CUDA, SDPA elsewhere), ``sdpa``, ``flex``;
-        compile_decode: rollout decode steps as compiled graphs (``SamplingConfig.compile_decode``).
-        Everything else is ``GRPOTrainer``'s."""
+    def __init__(self, *args, **kwargs):
+        """``GRPOTrainer``'s arguments; ``args`` a ``CompressedGRPOConfig`` (the compression and the RL-Sparse
+        options among its fields)."""
+        config = args[2] if len(args) > 2 else kwargs.get("args")
+        if not isinstance(config, CompressedGRPOConfig):
+            raise TypeError(f"args must be a CompressedGRPOConfig (TRL's GRPOConfig with compression and rl), got "
+                            f"{type(config).__name__}")  # fmt: skip
         if kwargs.get("rollout_func") is not None:
             raise ValueError("CompressedGRPOTrainer generates with its own rollout engine")
-        self.compression = compression or CompressionConfig("gkv")
-        self.sparse = sparse or SparseRLOptions()
-        self.mask_backend = mask_backend
-        self.compile_decode = compile_decode
         self._scope: LogpsScope | None = None  # set only inside ``scoped``
+        self.rl = config.rl  # the RL-Sparse options in use: config.rl with rollout_is=auto resolved (below)
         super().__init__(*args, rollout_func=self._rollout, **kwargs)
-        if self.sparse.rollout_is == "auto":  # on where bf16 rounding makes rollout and trainer differ
+        if self.rl.rollout_is == "auto":  # on where bf16 rounding makes rollout and trainer differ
             mode = "token_truncate" if self.args.bf16 and self.loss_type in LOSS_TYPES else None
-            self.sparse = dataclasses.replace(self.sparse, rollout_is=mode)
-        if self.sparse.rollout_is is not None and self.loss_type not in LOSS_TYPES:
+            self.rl = dataclasses.replace(self.rl, rollout_is=mode)
+        if self.rl.rollout_is is not None and self.loss_type not in LOSS_TYPES:
             raise ValueError(f"rollout_is scales advantages, right for the losses {LOSS_TYPES}, not {self.loss_type}")
         if is_zero3(self.accelerator) and not self.args.ds3_gather_for_generation:
             raise ValueError(
@@ -156,14 +174,14 @@ class CompressedGRPOTrainer(GRPOTrainer):
             top_p=self.top_p,
             seed=rollout_seed(self.args.seed, self.state.global_step, self.accelerator.process_index),
             stop_token_ids=tuple(self.eos_token_ids),
-            compile_decode=self.compile_decode,
+            compile_decode=self.args.compile_decode,
         )
         rows = len(prompts)  # TRL passes every sample's prompt (num_generations per problem)
         with generation_model(self) as model, rollout_progress(rows, sampling.max_new_tokens,
                                                                self.accelerator.is_main_process) as progress:  # fmt: skip
-            out = RolloutEngine(model, self.processing_class, self.compression).generate(prompts, sampling, progress=progress)
+            out = RolloutEngine(model, self.processing_class, self.args.compression).generate(prompts, sampling, progress=progress)
         self._scope.generation = out
-        self._scope.record = out.record if self.sparse.train_with_record else None
+        self._scope.record = out.record if self.rl.train_with_record else None
         completions = out.completions()
         # distinct prompts over all processes this step: prompts_per_step when each process has its own share
         everyone = gather_object(list(dict.fromkeys(map(repr, prompts))))
@@ -185,20 +203,20 @@ class CompressedGRPOTrainer(GRPOTrainer):
             output.update(out.record.to_batch())
         mask = output["completion_mask"]
         advantages = output["advantages"]
-        if self.sparse.overlong_advantage_clip:
+        if self.rl.overlong_advantage_clip:
             ended = torch.tensor([c[-1] in self.eos_token_ids for c in out.completions()], device=advantages.device)
             advantages = clip_overlong_advantages(advantages, out.completion_lengths, ended, self.max_completion_length)
-        if self.sparse.corrects_rollout:
+        if self.rl.corrects_rollout:
             if "old_per_token_logps" not in output:
                 with torch.no_grad():
                     output["old_per_token_logps"] = self._trainer_logps(output)
             weights, keep = rollout_correction(
-                output["old_per_token_logps"], output["sampling_per_token_logps"], mask, self.sparse
+                output["old_per_token_logps"], output["sampling_per_token_logps"], mask, self.rl
             )
             if weights is not None:
                 advantages = advantages[:, None] * weights
                 self._metrics[mode]["sampling/rollout_is_weight/mean"].append(weights.mean().item())
-            if self.sparse.rollout_rejection is not None or self.sparse.rollout_veto is not None:
+            if self.rl.rollout_rejection is not None or self.rl.rollout_veto is not None:
                 # TRL's loss mask beside the attention mask: left-out tokens leave the loss and its normaliser
                 output["tool_mask"] = keep if "tool_mask" not in output else output["tool_mask"] * keep
                 loss_mask = mask * output["tool_mask"]
@@ -216,7 +234,7 @@ class CompressedGRPOTrainer(GRPOTrainer):
 
     def _batch_record(self, batch) -> Record | None:
         """The record the trainer attends under for a batch's rows (None when ``train_with_record`` is off)."""
-        return record_from_batch(batch) if self.sparse.train_with_record else None
+        return record_from_batch(batch) if self.rl.train_with_record else None
 
     def _trainer_logps(self, batch):
         """Policy log-probs of a generation batch's completions, under the record it carries."""
@@ -249,7 +267,7 @@ class CompressedGRPOTrainer(GRPOTrainer):
         for start in range(0, input_ids.size(0), batch_size):
             rows = slice(start, start + batch_size)
             record = None if scope.record is None else scope.record[rows]
-            context = attention_context(record, unwrapped, attention_mask[rows], self.mask_backend)
+            context = attention_context(record, unwrapped, attention_mask[rows], self.args.mask_backend)
             with logical_forward(unwrapped, context):
                 outputs.append(super()._get_per_token_logps_and_entropies(
                     model, input_ids[rows], attention_mask[rows], logits_to_keep, **kwargs

@@ -15,8 +15,19 @@ FIELD_COMMENT = re.compile(r"^    (\w+): [^#]*#\s*(.*)$")  # "    name: type = d
 
 
 def field_help(cls: type) -> dict[str, str]:
-    """Help text per field of the dataclass ``cls``: its docstring's entries (an entry's indented lines continue
-    it), else the comment on the field's line."""
+    """Help text per field of the dataclass ``cls``: a field's ``metadata["help"]`` (TRL's way), else the entries
+    of the docstrings of ``cls`` and its bases (an entry's indented lines continue it), else the comment on the
+    field's line."""
+    text: dict[str, str] = {}
+    for base in reversed(cls.__mro__):
+        if base is not object:
+            text.update(own_help(base))
+    text.update({f.name: f.metadata["help"] for f in dataclasses.fields(cls) if f.metadata.get("help")})
+    return text
+
+
+def own_help(cls: type) -> dict[str, str]:
+    """Help text per field from ``cls``'s own docstring entries and field comments."""
     found: dict[str, str] = {}
     current: list[str] | None = None
     for line in textwrap.dedent("\n".join((cls.__doc__ or "").splitlines()[1:])).splitlines():
@@ -49,18 +60,23 @@ def type_name(annotation) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def rows(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
-    """(key, type, default, help) of every field of ``cls``, nested dataclasses flattened into dotted keys."""
+def rows(cls: type, prefix: str = "", defaults=None) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, help) of every field of ``cls``, nested dataclasses flattened into dotted keys (with
+    the defaults of the group's default instance: ``defaults``, e.g. training's ``sampling.max_new_tokens`` 96)."""
     hints = typing.get_type_hints(cls)
     helps = field_help(cls)
     found = []
     for f in dataclasses.fields(cls):
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # fmt: skip
+        if defaults is not None:
+            default = getattr(defaults, f.name)
+        else:
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # fmt: skip
         if dataclasses.is_dataclass(default):
-            found += rows(type(default), f"{prefix}{f.name}.")
+            found += rows(type(default), f"{prefix}{f.name}.", default)
             continue
-        found.append((prefix + f.name, type_name(hints.get(f.name, f.type)), repr(default), helps.get(f.name, "")))
+        kind = f.metadata.get("type", hints.get(f.name, f.type))  # a TRL field: its own type, not the schema's
+        found.append((prefix + f.name, type_name(kind), repr(default), helps.get(f.name, "")))
     return found
 
 
@@ -70,7 +86,12 @@ def help_text(cls: type, command: str, recipes: list[str] | None = None) -> str:
     if recipes:
         lines += [f"recipe=NAME sets a recipe's values first: {', '.join(recipes)} (recipes/recipe/*.yaml)", ""]
     lines += ["defaults are the dataclasses' (a recipe may set others); types as Python writes them", ""]
+    trl = {f.name for f in dataclasses.fields(cls) if "type" in f.metadata}  # TRL's own fields (train)
     for key, kind, default, text in rows(cls):
+        if key in trl:
+            lines += ["", "TRL's GRPOConfig fields, their help TRL's (distillation takes those of transformers' "
+                      "TrainingArguments):", ""]  # fmt: skip
+            trl = set()
         lines.append(f"  {key}  ({kind}, default {default})")
         for part in textwrap.wrap(text or "-", 100):
             lines.append(f"      {part}")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 from transformers import TrainerCallback, TrainingArguments
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from gkv_train.checkpoints import (
     EVAL,
@@ -30,19 +30,19 @@ from gkv_train.checkpoints import (
 )
 from gkv_train.console import log_console_to
 from gkv_train.data import load_problems
-from gkv_train.distill import CompressedDistillationTrainer
+from gkv_train.distill import CompressedDistillationConfig, CompressedDistillationTrainer
 from gkv_train.distributed import generation_model
 from gkv_train.exits import Refused, refusing
 from gkv_train.graded import generate_and_grade
-from gkv_train.grpo import CompressedGRPOTrainer
+from gkv_train.grpo import CompressedGRPOConfig, CompressedGRPOTrainer
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import base_model_name, base_weights_note, card_model_name, check_model, load_model
 from gkv_train.preflight import Generation, check_generations
 from gkv_rewards.functions import verifier_stats
 from gkv_rewards.verify import MathVerifier, warn_unverified
-from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.config import CompressionConfig
 from gkv_rollout.engine import RolloutEngine
-from gkv_train.run_config import DERIVED, TrainConfig, trainer_fields
+from gkv_train.run_config import TRL_FIELDS, TrainConfig
 from gkv_train.runlock import RunLock, RunLocked
 from gkv_train.storage import check_output_dir, naming_full_disk
 from gkv_train.traces import TRACE_BATCH, generate_traces, load_traces, write_traces
@@ -101,71 +101,40 @@ CHECKPOINTING_FIELD = next(
 )
 
 
-def common_args(config: TrainConfig) -> dict:
-    """TrainingArguments shared by every algorithm."""
-    return dict(
+def trainer_args(config: TrainConfig, num_processes: int) -> TrainingArguments:
+    """The trainer's arguments, built before any work so that a bad value fails first: GRPO's
+    ``CompressedGRPOConfig`` (every TRL field of ``config`` as it is) or distillation's
+    ``CompressedDistillationConfig`` (those that ``TrainingArguments`` has), plus the fields set from the project's
+    keys (``run_config.DERIVED``)."""
+    grpo = config.algorithm == "grpo"
+    args_class = CompressedGRPOConfig if grpo else CompressedDistillationConfig
+    takes = {f.name for f in dataclasses.fields(args_class)}
+    rows = config.prompts_per_step * (config.sampling.num_generations if grpo else 1)
+    values = {name: getattr(config, name) for name in TRL_FIELDS if name in takes}
+    values.update(
         output_dir=config.output_dir,
-        gradient_accumulation_steps=config.gradient_accumulation_steps,
-        learning_rate=config.learning_rate,
-        lr_scheduler_type=config.lr_scheduler_type,
-        warmup_steps=config.warmup_steps,
-        max_steps=config.max_steps,
-        max_grad_norm=config.max_grad_norm,
+        per_device_train_batch_size=batch_rows(config, rows, num_processes),
         bf16=config.precision == "bf16",
         **{CHECKPOINTING_FIELD: config.gradient_checkpointing},
         save_strategy="steps",
-        save_steps=config.save_steps,
-        save_total_limit=config.save_total_limit,
-        logging_steps=config.logging_steps,
         report_to=config.report_to,
         run_name=config.run_name or Path(config.output_dir).name,
-        seed=config.seed,
         use_cpu=not torch.cuda.is_available(),
+        compression=config.compression,
+        mask_backend=config.mask_backend,
     )
-
-
-def trainer_args(config: TrainConfig, num_processes: int) -> TrainingArguments:
-    """The trainer's arguments (GRPOConfig or TrainingArguments), with the ``trl`` pass-through options; built
-    before any work, so that a bad option fails first. An option that duplicates a key of this project names it."""
-    own = grpo_args(config, num_processes) if config.algorithm == "grpo" else distill_args(config, num_processes)
-    fields = trainer_fields(config.algorithm)
-    for key in config.trl:
-        if key not in fields:
-            kind = "GRPOConfig" if config.algorithm == "grpo" else "TrainingArguments (distillation)"
-            raise ValueError(f"trl.{key} is not a field of {kind}")
-        if key in own or key in DERIVED:
-            raise ValueError(f"trl.{key} is set by this project from its own keys: {DERIVED.get(key, f'set {key}')}")
-    args_class = GRPOConfig if config.algorithm == "grpo" else TrainingArguments
-    return args_class(**own, **config.trl)
-
-
-def distill_args(config: TrainConfig, num_processes: int) -> dict:
-    return dict(
-        **common_args(config),
-        per_device_train_batch_size=batch_rows(config, config.prompts_per_step, num_processes),
-        remove_unused_columns=False,
-    )
-
-
-def grpo_args(config: TrainConfig, num_processes: int) -> dict:
-    rows = config.prompts_per_step * config.num_generations
-    return dict(
-        **common_args(config),
-        per_device_train_batch_size=batch_rows(config, rows, num_processes),
-        num_generations=config.num_generations,
-        max_completion_length=config.max_new_tokens,
-        temperature=config.temperature,
-        top_p=config.top_p,
-        loss_type=config.loss_type,
-        beta=config.beta,
-        epsilon=config.epsilon,
-        epsilon_high=config.epsilon_high,
-        scale_rewards=config.scale_rewards,
-        reward_weights=config.reward_weights,
+    if not grpo:
+        return args_class(**values, distill=config.distill, sampling=config.sampling)
+    return args_class(
+        **values,
+        num_generations=config.sampling.num_generations,
+        max_completion_length=config.sampling.max_new_tokens,
+        temperature=config.sampling.temperature,
+        top_p=config.sampling.top_p,
         eval_strategy="no" if config.eval_steps is None else "steps",
-        eval_steps=config.eval_steps,
         per_device_eval_batch_size=rows // num_processes,
-        use_vllm=config.use_vllm,
+        rl=config.rl,
+        compile_decode=config.sampling.compile_decode,
     )
 
 
@@ -221,10 +190,7 @@ def atomic(trainer_class: type) -> type:
 def evaluate(model, tokenizer, config: TrainConfig, problems) -> dict:
     """Accuracy on the held-out problems with the recipe's compression (how the model will be run)."""
     engine = RolloutEngine(model, tokenizer, config.compression)
-    sampling = SamplingConfig(
-        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-        num_samples=config.eval_samples, seed=config.seed, compile_decode=config.compile_decode,
-    )
+    sampling = config.sampling.engine(config.seed, num_samples=config.eval_samples)
     verify = MathVerifier()
     graded = generate_and_grade(engine, tokenizer, problems, list(problems["prompt"]), sampling, verify)
     out, correct = graded.out, [grade.correct for grade in graded.grades]
@@ -296,12 +262,13 @@ def generations(config: TrainConfig, data, held_out, num_processes: int) -> list
     ``check_generations``: the training rollouts (GRPO, on-policy distillation), the replayed traces (offline
     distillation) or the teacher's traces generated at start, and the held-out evaluation."""
     found = [Generation("held-out evaluation", list(held_out["prompt"]), held_out["id"],
-                        len(held_out) * config.eval_samples, config.max_new_tokens, [config.compression])]  # fmt: skip
+                        len(held_out) * config.eval_samples, config.sampling.max_new_tokens, [config.compression])]  # fmt: skip
     per_process = -(-config.prompts_per_step // num_processes)
     if config.algorithm == "grpo" or config.distill.mode == "onpolicy":
-        samples = config.num_generations if config.algorithm == "grpo" else 1
+        samples = config.sampling.num_generations if config.algorithm == "grpo" else 1
         rows = -(-config.prompts_per_step * samples // num_processes)
-        found.append(Generation("training rollouts", list(data["prompt"]), data["id"], rows, config.max_new_tokens,
+        found.append(Generation("training rollouts", list(data["prompt"]), data["id"], rows,
+                                config.sampling.max_new_tokens,
                                 [config.compression]))  # fmt: skip
     elif config.distill.traces is not None:
         found.append(Generation("replayed traces", list(data["prompt"]), list(range(len(data))), per_process,
@@ -310,7 +277,7 @@ def generations(config: TrainConfig, data, held_out, num_processes: int) -> list
     else:
         prompts = [config.data.prompt_template.format(problem=p) for p in data["problem"]]
         found.append(Generation("teacher traces", prompts, data["id"], TRACE_BATCH * config.distill.trace_samples,
-                                config.max_new_tokens, [CompressionConfig("full")]))  # fmt: skip
+                                config.sampling.max_new_tokens, [CompressionConfig("full")]))  # fmt: skip
     return found
 
 
@@ -405,7 +372,7 @@ def training_data(config: TrainConfig):
     return prompt_dataset(config, config.data)
 
 
-def grpo_trainer(config: TrainConfig, args: GRPOConfig, model, tokenizer, rewards: list, callbacks, data, held_out):
+def grpo_trainer(config: TrainConfig, args: CompressedGRPOConfig, model, tokenizer, rewards: list, callbacks, data, held_out):
     """The GRPO trainer of ``config`` (``rewards``: the reward functions, ``import_callable`` of
     ``config.rewards``)."""
     common = dict(
@@ -418,15 +385,11 @@ def grpo_trainer(config: TrainConfig, args: GRPOConfig, model, tokenizer, reward
         peft_config=lora_config(config),
         callbacks=callbacks,
     )
-    if config.use_vllm:  # RL-Full through TRL's own vLLM generation (validated: full cache only)
-        return atomic(GRPOTrainer)(**common)
-    return atomic(CompressedGRPOTrainer)(
-        **common, compression=config.compression, sparse=config.rl, mask_backend=config.mask_backend,
-        compile_decode=config.compile_decode,
-    )
+    # RL-Full through TRL's own vLLM generation (validated: full cache only) takes the same arguments
+    return atomic(GRPOTrainer if config.use_vllm else CompressedGRPOTrainer)(**common)
 
 
-def distill_trainer(config: TrainConfig, args: TrainingArguments, model, tokenizer, state, callbacks, dtype, data):
+def distill_trainer(config: TrainConfig, args: CompressedDistillationConfig, model, tokenizer, state, callbacks, dtype, data):
     # the teacher is frozen; by default a copy of the initial student
     teacher = load_model(config.distill.teacher or config.model, dtype=dtype)[0]
     if config.distill.mode == "offline" and config.distill.traces is None:
@@ -436,13 +399,8 @@ def distill_trainer(config: TrainConfig, args: TrainingArguments, model, tokeniz
         from peft import get_peft_model
 
         model = get_peft_model(model, peft)
-    sampling = SamplingConfig(
-        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p, seed=config.seed,
-        compile_decode=config.compile_decode,
-    )
     return atomic(CompressedDistillationTrainer)(
-        model=model, teacher=teacher, tokenizer=tokenizer, compression=config.compression, sampling=sampling,
-        distill=config.distill, mask_backend=config.mask_backend, args=args, train_dataset=data, callbacks=callbacks,
+        model=model, teacher=teacher, tokenizer=tokenizer, args=args, train_dataset=data, callbacks=callbacks,
     )
 
 
@@ -451,10 +409,7 @@ def offline_traces(config: TrainConfig, teacher, tokenizer, state, problems):
     ``<output_dir>/traces.jsonl`` (reused on resume)."""
     path = Path(config.output_dir) / "traces.jsonl"
     if state.is_main_process and not path.is_file():
-        sampling = SamplingConfig(
-            max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-            num_samples=config.distill.trace_samples, seed=config.seed, compile_decode=config.compile_decode,
-        )
+        sampling = config.sampling.engine(config.seed, num_samples=config.distill.trace_samples)
         rows = generate_traces(teacher, tokenizer, problems, sampling, config.data.prompt_template)
         if not rows:
             raise RuntimeError(

@@ -59,7 +59,7 @@ class Generation:
     rows: int
     new_tokens: int | list[int]
     compressions: list[CompressionConfig]
-    key: str = "max_new_tokens"
+    key: str = "sampling.max_new_tokens"
 
 
 def check_generations(
@@ -205,8 +205,8 @@ def check_memory(shape: ModelShape, need: int, biggest: tuple, device: str, proc
             f"{size_text(need)} for {shape.name}'s KV cache and record")  # fmt: skip
     if need > free:
         raise ValueError(
-            f"{what}, more than the {size_text(free)} of {where}: lower max_new_tokens, the rows per call "
-            "(prompts_per_step / batch_problems, num_generations) or the compression budget"
+            f"{what}, more than the {size_text(free)} of {where}: lower sampling.max_new_tokens, the rows per call "
+            "(prompts_per_step / batch_problems, sampling.num_generations) or the compression budget"
         )
     if need > free / 2:
         print(f"warning: {what}: over half the {size_text(free)} of {where}", file=sys.stderr)

@@ -1,22 +1,26 @@
-"""The structured configuration of ``train.py`` (Hydra), validated at start-up.
+"""The configurations of ``train.py`` (``TrainConfig``), ``scripts/evaluate.py`` (``EvalConfig``) and
+``scripts/generate_traces.py`` (``TracesConfig``): Hydra's schemas, validated when built, before any work.
 
-Keys shared with the evaluation script: ``model``, ``data.path`` / ``data.name``, ``data.question_field``,
-``data.answer_field``, ``compression.method`` and its parameters (``compression.budget``, ...),
-``max_new_tokens``, ``temperature``, ``top_p``, ``seed``.
+``TrainConfig`` is the project's keys (``TrainOptions``) plus TRL's ``GRPOConfig`` fields under their own names,
+types and help (generated from the installed TRL on first use), so that a TRL user's ``learning_rate``,
+``weight_decay`` or ``num_iterations`` is a key as it is. The three share the groups ``data``, ``compression``
+and ``sampling`` (``SamplingOptions``: num_generations, max_new_tokens, temperature, top_p, compile_decode) and
+the key ``seed``.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from gkv_train.data import DataConfig
-from gkv_rollout.config import CompressionConfig
+from gkv_rollout.config import CompressionConfig, SamplingConfig
 
 ALGORITHMS = ("grpo", "distill")
 # TRL's GRPO losses; each is ratio x advantage, so truncated importance sampling (``rl.rollout_is``) applies
@@ -178,101 +182,112 @@ class LoraOptions:
         check_range("lora.dropout", self.dropout, low=0, high=1, high_open=True)
 
 
+class OptionGroups:
+    """For a ``TrainingArguments`` subclass whose fields include option groups (dataclasses): ``to_dict`` (which
+    transformers uses for logs, trackers and JSON) writes each group as a dict."""
+
+    def to_dict(self) -> dict:
+        found = super().to_dict()
+        return {key: asdict(value) if is_dataclass(value) else value for key, value in found.items()}
+
+
 @dataclass
-class TrainConfig:
-    """One training run. ``recipe=rl_sparse`` / ``rl_full`` set the compression and the masks.
+class SamplingOptions:
+    """How completions are sampled: the ``sampling.*`` keys, one group shared by ``train.py``,
+    ``scripts/evaluate.py`` and ``scripts/generate_traces.py`` (``engine`` builds the rollout engine's
+    ``SamplingConfig`` from it; the seed is the job's ``seed``).
+
+    num_generations: completions per prompt: GRPO's group size (TRL's name; >= 2), evaluation's samples per
+        problem, traces' per problem; on-policy distillation samples one and ignores it.
+    max_new_tokens: the longest completion (TRL: max_completion_length).
+    temperature: sampling temperature (0: greedy, an evaluation and traces setting; > 0 in training).
+    top_p: nucleus sampling (log-probs are always those of the unclipped distribution).
+    compile_decode: decode steps as compiled graphs (``SamplingConfig.compile_decode``; not with s4r).
+    """
+
+    num_generations: int = 4
+    max_new_tokens: int = 256
+    temperature: float = 0.6
+    top_p: float = 0.95
+    compile_decode: bool = False
+
+    def __post_init__(self):
+        check_sampling(self.temperature, self.top_p, greedy=True)
+        for name in ("num_generations", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sampling.{name} must be at least 1, got {getattr(self, name)}")
+
+    def engine(self, seed: int, num_samples: int | None = None) -> SamplingConfig:
+        """The rollout engine's ``SamplingConfig``: ``num_samples`` completions per prompt (None:
+        ``num_generations``), seeded with ``seed``."""
+        return SamplingConfig(
+            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+            num_samples=self.num_generations if num_samples is None else num_samples, seed=seed,
+            compile_decode=self.compile_decode,
+        )
+
+
+@dataclass
+class TrainOptions:
+    """The keys of a training run that TRL's ``GRPOConfig`` does not have (``TrainConfig`` adds GRPOConfig's own
+    fields, with TRL's help).
 
     recipe: the recipe (recipes/recipe/*.yaml): rl_sparse, rl_full, sparse_rl, distill, distill_onpolicy.
+    algorithm: grpo (TRL's GRPOTrainer, ``gkv_train.grpo``) or distill (``gkv_train.distill``).
     model: a built-in model (smollm2-135m, tiny), a hub name or a local folder / GGUF file.
-    prompts_per_step: GRPO: distinct prompts per optimizer step (rows: x num_generations); distillation: rows.
-    num_generations: GRPO group size: completions sampled per prompt (TRL's name).
-    max_new_tokens: the longest completion (TRL: max_completion_length).
-    temperature: sampling temperature of the rollouts (> 0 in training).
-    top_p: nucleus sampling of the rollouts (log-probs are always of the unclipped distribution).
-    loss_type: TRL's GRPO loss (dapo, grpo, dr_grpo, bnpo, ...).
-    beta: KL coefficient against the reference model (0: no reference model).
-    epsilon: PPO clip range, lower side.
-    epsilon_high: PPO clip range, upper side (DAPO's clip-higher).
-    scale_rewards: TRL's advantage scaling: group, batch or none.
+    data: the training problems.
+    eval_data: the held-out problems of the final evaluation (and of eval_steps).
+    compression: the rollouts' KV-cache compression (``compression.method=full``: none).
+    sampling: the rollouts' sampling (GRPO: num_generations is the group size).
+    prompts_per_step: GRPO: distinct prompts per optimizer step (rows: x sampling.num_generations); distillation:
+        rows (traces or prompts) per step. Sets TRL's per_device_train_batch_size.
     rewards: reward functions by import path (plain callables, TRL's signature).
-    reward_weights: one weight per reward function (None: all 1).
-    max_steps: optimizer steps.
-    learning_rate: the optimizer's learning rate.
-    lr_scheduler_type: transformers' scheduler name (constant, linear, cosine, ...).
-    gradient_accumulation_steps: micro-batches per optimizer step, per process.
-    max_grad_norm: gradient clipping norm.
+    rl: what RL-Sparse adds to GRPO (training under the record; importance sampling against the rollout).
+    distill: distillation (algorithm=distill).
     precision: fp32 or bf16 (bf16: forwards under autocast, weights kept fp32; under accelerate launch, follows
-        its mixed precision when not given).
+        its mixed precision when not given). Sets TRL's bf16.
     gradient_checkpointing: recompute activations in the backward (memory for time).
+    lora: LoRA adapters instead of training every weight.
     mask_backend: how training forwards attend under the record: auto, flex (FlexAttention block masks) or sdpa.
     output_dir: the run's folder (checkpoints, metrics.jsonl, train.log, eval.json).
-    save_steps: checkpoint every N steps (and at the end).
-    save_total_limit: checkpoints kept (None: all).
-    logging_steps: log metrics every N steps.
-    trl: TRL GRPOConfig / TrainingArguments fields without a key here, passed as is (``trl.weight_decay=0.01``,
-        or top-level ``weight_decay=0.01``).
-    seed: seeds the trainer, the data order and the rollouts.
+    report_to: trackers (tensorboard, wandb, mlflow, trackio); a single name is read as a list of one.
+    eval_samples: completions per held-out problem in the final evaluation.
+    resume: a checkpoint directory, or "last" for the newest complete one in output_dir.
+    overwrite: replace a previous run in output_dir (otherwise refused unless resume is given).
     """
 
     recipe: str = "rl_sparse"
-    algorithm: str = "grpo"  # grpo | distill
+    algorithm: str = "grpo"
     model: str = "smollm2-135m"
     data: DataConfig = field(default_factory=DataConfig)
     eval_data: DataConfig = field(default_factory=lambda: DataConfig(split="test", limit=32))
     compression: CompressionConfig = field(
         default_factory=lambda: CompressionConfig("gkv", budget=64, window=8, interval=16)
     )
-    # GRPO
+    sampling: SamplingOptions = field(default_factory=lambda: SamplingOptions(num_generations=8, max_new_tokens=96))
     prompts_per_step: int = 2
-    num_generations: int = 8
-    max_new_tokens: int = 96
-    temperature: float = 0.6
-    top_p: float = 0.95
-    compile_decode: bool = False  # rollout decode steps as compiled graphs (SamplingConfig.compile_decode)
-    loss_type: str = "dapo"
-    beta: float = 0.0
-    epsilon: float = 0.2
-    epsilon_high: float = 0.28
-    scale_rewards: str = "group"
     rewards: list[str] = field(default_factory=lambda: ["gkv_rewards.functions.accuracy"])
-    reward_weights: list[float] | None = None
     rl: SparseRLOptions = field(default_factory=SparseRLOptions)
-    use_vllm: bool = False  # rl_full on a GPU with the vllm extra: generate through TRL's vLLM integration
-    # distillation (algorithm=distill); prompts_per_step is then the number of traces / prompts per step
     distill: DistillOptions = field(default_factory=DistillOptions)
-    # optimisation
-    max_steps: int = 6
-    learning_rate: float = 2e-6
-    lr_scheduler_type: str = "constant"
-    warmup_steps: float = 0  # steps, or a fraction of max_steps when < 1
-    gradient_accumulation_steps: int = 1
-    max_grad_norm: float = 1.0
     precision: str = "fp32"
     gradient_checkpointing: bool = False
     lora: LoraOptions = field(default_factory=LoraOptions)
     mask_backend: str = "auto"
-    # bookkeeping
     output_dir: str = "outputs/rl_sparse"
-    save_steps: int = 1
-    eval_steps: int | None = None  # also evaluate on eval_data every N steps (TRL's GRPO evaluation)
-    save_total_limit: int | None = 2
-    logging_steps: int = 1
-    report_to: list[str] = field(default_factory=list)  # trackers (TRACKERS): e.g. [tensorboard], [wandb]
-    # TRL's GRPOConfig (distillation: transformers' TrainingArguments) fields without a key here, handed to the
-    # trainer as is: weight_decay, num_iterations, log_completions, push_to_hub, ... (train.py takes them as
-    # top-level keys too: weight_decay=0.01 becomes trl.weight_decay=0.01)
-    trl: dict[str, Any] = field(default_factory=dict)
-    run_name: str | None = None  # the run's name in the trackers (default: the output folder)
-    eval_samples: int = 1  # completions per held-out problem in the final evaluation
-    seed: int = 0
-    resume: str | None = None  # a checkpoint directory, or "last" for the newest complete one in output_dir
-    overwrite: bool = False  # replace a previous run in output_dir (otherwise refused unless resume is given)
+    report_to: Any = field(default_factory=list)
+    eval_samples: int = 1
+    resume: str | None = None
+    overwrite: bool = False
 
     def __post_init__(self):
         self.data.check("data")
         self.eval_data.check("eval_data")
-        check_sampling(self.temperature, self.top_p, greedy=False)
+        if isinstance(self.report_to, str):
+            self.report_to = [self.report_to]
+        self.report_to = list(self.report_to or [])
         check_trackers(self.report_to)
+        if self.sampling.temperature <= 0:
+            check_sampling(self.sampling.temperature, self.sampling.top_p, greedy=False)
         if self.overwrite and self.resume is not None:
             raise ValueError(f"overwrite=true and resume={self.resume} contradict each other: choose one")
         if self.algorithm not in ALGORITHMS:
@@ -281,8 +296,8 @@ class TrainConfig:
             raise ValueError(f"unknown loss_type {self.loss_type!r}; choose one of {LOSS_TYPES}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
-        for name in ("prompts_per_step", "num_generations", "max_new_tokens", "max_steps", "save_steps",
-                     "gradient_accumulation_steps", "logging_steps", "eval_samples"):
+        for name in ("prompts_per_step", "max_steps", "save_steps", "gradient_accumulation_steps", "logging_steps",
+                     "eval_samples"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name in ("eval_steps", "save_total_limit"):  # None: off / no limit
@@ -293,20 +308,157 @@ class TrainConfig:
         check_range("max_grad_norm", self.max_grad_norm, low=0, note=" (0 turns gradient clipping off)")
         check_range("beta", self.beta, low=0, note=" (the KL weight; 0: no reference model)")
         check_range("epsilon", self.epsilon, low=0, low_open=True)
-        check_range("epsilon_high", self.epsilon_high, low=0, low_open=True)
+        if self.epsilon_high is not None:
+            check_range("epsilon_high", self.epsilon_high, low=0, low_open=True)
         if self.reward_weights is not None:
             for weight in self.reward_weights:
                 check_range("reward_weights", weight)
         check_recipe(self.recipe, self.compression, self.rl)
-        if self.algorithm == "grpo" and self.num_generations < 2:
-            raise ValueError("num_generations must be at least 2: GRPO compares samples of one prompt")
-        check_compile_decode(self.compile_decode, [self.compression])
-        if self.use_vllm and self.compile_decode:
-            raise ValueError("use_vllm generates through vLLM: compile_decode=true (the engine's option) has no effect")
+        if self.algorithm == "grpo" and self.sampling.num_generations < 2:
+            raise ValueError("sampling.num_generations must be at least 2: GRPO compares samples of one prompt")
+        if self.algorithm == "distill":
+            changed = sorted(name for name in GRPO_ONLY if getattr(self, name) != TRL_FIELDS[name].default_value)
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)}: GRPO options (TRL's GRPOConfig), but algorithm=distill trains with "
+                    "transformers' TrainingArguments, which has no such field: drop them or choose a GRPO recipe"
+                )
+        check_compile_decode(self.sampling.compile_decode, [self.compression])
+        if self.use_vllm and self.sampling.compile_decode:
+            raise ValueError("use_vllm generates through vLLM: sampling.compile_decode=true (the engine's option) has "
+                             "no effect")  # fmt: skip
         if self.use_vllm and self.compression.compresses:
             raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
             raise ValueError(f"{len(self.reward_weights)} reward_weights for {len(self.rewards)} rewards")
+
+
+# GRPOConfig / TrainingArguments fields set from this project's keys, so not keys of their own: field -> what sets it
+DERIVED = {
+    "per_device_train_batch_size": "prompts_per_step (rows per step: prompts_per_step x sampling.num_generations, "
+    "divided by processes x gradient_accumulation_steps)",
+    "per_device_eval_batch_size": "prompts_per_step x sampling.num_generations",
+    "num_generations": "sampling.num_generations", "max_completion_length": "sampling.max_new_tokens",
+    "temperature": "sampling.temperature", "top_p": "sampling.top_p",
+    "bf16": "precision=bf16", "fp16": "precision (fp32 or bf16)", "use_cpu": "the machine (true when no GPU)",
+    "eval_strategy": "eval_steps", "save_strategy": "save_steps (a checkpoint every save_steps steps)",
+    "activation_checkpointing": "gradient_checkpointing",
+}  # fmt: skip
+# GRPOConfig fields whose default here differs from TRL's: field -> (default, why)
+PROJECT_DEFAULTS = {
+    "learning_rate": (2e-6, "RL-scale updates on the 135M default"),
+    "lr_scheduler_type": ("constant", "short runs compare recipes at one rate"),
+    "max_steps": (6, "a CPU-scale run; set it for real runs"),
+    "save_steps": (1, "a complete checkpoint every step: no work lost on a kill"),
+    "save_total_limit": (2, "the newest two checkpoints"),
+    "logging_steps": (1, "every step's metrics in metrics.jsonl"),
+    "seed": (0, "this project's seed everywhere"),
+    "epsilon_high": (0.28, "DAPO's clip-higher"),
+}
+
+
+@dataclass(frozen=True)
+class TrlField:
+    """One GRPOConfig field as a key of ``TrainConfig``: its TRL type, default and help."""
+
+    name: str
+    kind: Any
+    default_value: Any
+    help: str
+
+
+def _schema_type(kind):
+    """The type OmegaConf checks a field with: simple types, their Optional and lists of them as is; Any for the
+    rest (unions, enums, dicts), which GRPOConfig's own ``__post_init__`` checks when the trainer's arguments are
+    built."""
+    import types
+    import typing
+
+    simple = (bool, int, float, str)
+    if kind in simple:
+        return kind
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1 and _schema_type(rest[0]) is not Any:
+            return _schema_type(rest[0]) | None
+        return Any
+    if origin is list and len(args) == 1 and args[0] in simple:
+        return kind
+    return Any
+
+
+def _trl_fields() -> dict[str, TrlField]:
+    """GRPOConfig's fields that are keys of ``TrainConfig`` (not the project's own, not ``DERIVED``)."""
+    import dataclasses
+    import enum
+    import typing
+
+    from trl import GRPOConfig
+
+    hints = typing.get_type_hints(GRPOConfig)
+    own = {f.name for f in dataclasses.fields(TrainOptions)}
+    found = {}
+    for f in dataclasses.fields(GRPOConfig):
+        if f.name in own or f.name in DERIVED or f.name == "gradient_checkpointing" or f.name.startswith("_"):
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        else:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        default = default.value if isinstance(default, enum.Enum) else default
+        default, why = PROJECT_DEFAULTS.get(f.name, (default, None))
+        text = " ".join(f.metadata.get("help", "").split())
+        if why is not None:
+            text = f"{text} [Default here {default!r}: {why}.]"
+        found[f.name] = TrlField(f.name, hints[f.name], default, text)
+    return found
+
+
+def _train_config() -> type:
+    """``TrainOptions`` + every ``GRPOConfig`` field of ``TRL_FIELDS``: the one schema of ``train.py``."""
+    import copy
+    import dataclasses
+
+    fields = []
+    for key, trl in TRL_FIELDS.items():
+        value = trl.default_value
+        metadata = {"help": trl.help, "type": trl.kind}
+        if isinstance(value, (list, dict)):
+            default = field(default_factory=lambda v=value: copy.deepcopy(v), metadata=metadata)
+        else:
+            default = field(default=value, metadata=metadata)
+        fields.append((key, _schema_type(trl.kind), default))
+    config = dataclasses.make_dataclass("TrainConfig", fields, bases=(TrainOptions,))
+    config.__module__ = __name__
+    config.__doc__ = (
+        "One training run: the project's keys (``TrainOptions``: recipe, model, data, compression, sampling, rl, "
+        "distill, lora, ...) and TRL's ``GRPOConfig`` fields under their own names and help (``learning_rate``, "
+        "``beta``, ``loss_type``, ``weight_decay``, ``num_iterations``, ...; distillation uses those that "
+        "transformers' ``TrainingArguments`` has). ``DERIVED`` fields are set from the project's keys."
+    )
+    return config
+
+
+@functools.cache
+def _generate() -> None:
+    """Build ``TRL_FIELDS``, ``GRPO_ONLY`` and ``TrainConfig`` from the installed TRL, on first use (evaluation and
+    traces need none of them, and so do not import TRL)."""
+    import dataclasses
+
+    from transformers import TrainingArguments
+
+    global TRL_FIELDS, GRPO_ONLY, TrainConfig
+    TRL_FIELDS = _trl_fields()
+    GRPO_ONLY = tuple(sorted(set(TRL_FIELDS) - {f.name for f in dataclasses.fields(TrainingArguments)}))
+    TrainConfig = _train_config()
+
+
+def __getattr__(name: str):
+    if name in ("TRL_FIELDS", "GRPO_ONLY", "TrainConfig"):  # built on first use
+        _generate()
+        return globals()[name]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 @dataclass
@@ -314,29 +466,23 @@ class TracesConfig:
     """One call of ``scripts/generate_traces.py``: full-cache completions of a teacher, checked; the correct ones
     (``keep_incorrect``: all) written as JSONL for offline distillation (``distill.traces``).
 
-    max_new_tokens: the longest completion.
-    temperature: sampling temperature (0: greedy).
-    top_p: nucleus sampling.
+    model: the teacher: a built-in model (smollm2-135m, tiny), a hub name or a local folder / GGUF file.
+    data: the problems.
+    sampling: how completions are sampled (num_generations: completions per problem).
     seed: seeds the sampling.
+    keep_incorrect: write wrong completions too.
     output: the traces file (JSONL); refused when another job writes it.
     """
 
-    model: str = "smollm2-135m"  # the teacher
+    model: str = "smollm2-135m"
     data: DataConfig = field(default_factory=lambda: DataConfig(limit=64))
-    num_generations: int = 4  # completions per problem
-    max_new_tokens: int = 256
-    temperature: float = 0.6
-    top_p: float = 0.95
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
     seed: int = 0
-    keep_incorrect: bool = False  # write wrong completions too
-    compile_decode: bool = False  # decode steps as compiled graphs (SamplingConfig.compile_decode)
+    keep_incorrect: bool = False
     output: str = "outputs/traces.jsonl"
 
     def __post_init__(self):
         self.data.check("data")
-        check_sampling(self.temperature, self.top_p, greedy=True)
-        if self.num_generations < 1 or self.max_new_tokens < 1:
-            raise ValueError("num_generations and max_new_tokens must be at least 1")
 
 
 # CompressionConfig fields added after results were first keyed by settings: left out of a run's identity while
@@ -374,11 +520,13 @@ TRACKERS = {  # report_to name -> the modules that provide it (any one)
 }
 
 
-def check_compile_decode(compile_decode: bool, compressions: list[CompressionConfig]) -> None:
-    """``compile_decode`` only with caches that have a static decode step (not s4r); raises ValueError."""
+def check_compile_decode(compile_decode: bool, compressions: list[CompressionConfig],
+                         key: str = "sampling.compile_decode") -> None:
+    """``compile_decode`` (the option ``key``) only with caches that have a static decode step (not s4r); raises
+    ValueError."""
     if compile_decode and any(c.method == "s4r" for c in compressions):
-        raise ValueError("compile_decode=true does not apply to s4r, which scores and reconstructs at every step "
-                         "outside any graph; drop it or choose another method")
+        raise ValueError(f"{key}=true does not apply to s4r, which scores and reconstructs at every step outside any "
+                         "graph; drop it or choose another method")
 
 
 def check_trackers(report_to: list[str]) -> None:
@@ -404,45 +552,44 @@ class EvalConfig:
     ``compression.*`` keys apply to every run.
 
     model: a built-in model (smollm2-135m, tiny), a hub name or a local folder / GGUF file.
+    adapter: a LoRA adapter directory (e.g. a train.py output with lora.enabled=true).
+    data: the problems.
+    compression: the compression (with ``methods`` / ``budgets``: the options every run shares).
     methods: compression methods to sweep (full included as a run); None: compression.method alone.
     budgets: budgets to sweep for every compressing method; None: compression.budget alone.
-    max_new_tokens: the longest completion.
-    temperature: sampling temperature (0: greedy).
-    top_p: nucleus sampling.
+    sampling: how completions are sampled (num_generations: samples per problem).
+    batch_problems: problems per rollout batch (x sampling.num_generations sequences).
     precision: fp32 or bf16 (forwards under autocast).
     seed: seeds the sampling (each batch's seed follows from it and the batch's index).
+    output_dir: the results' folder (evaluate.yaml: outputs/eval/<model>_<data>).
+    overwrite: replace earlier results in output_dir made with other settings.
     plots: write pass_at_1_vs_budget.png and retained_density.png.
     """
 
     model: str = "smollm2-135m"
-    adapter: str | None = None  # a LoRA adapter directory (e.g. a train.py output with lora.enabled=true)
+    adapter: str | None = None
     data: DataConfig = field(default_factory=lambda: DataConfig(split="test", limit=32))
     compression: CompressionConfig = field(default_factory=lambda: CompressionConfig("full"))
     methods: list[str] | None = None
     budgets: list[int] | None = None
-    num_generations: int = 4  # samples per problem (TRL's name; n_samples is an alias)
-    max_new_tokens: int = 256
-    temperature: float = 0.6
-    top_p: float = 0.95
-    batch_problems: int = 4  # problems per rollout batch (x num_generations sequences)
-    compile_decode: bool = False  # decode steps as compiled graphs (SamplingConfig.compile_decode)
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    batch_problems: int = 4
     precision: str = "fp32"
     seed: int = 0
-    output_dir: str = "outputs/eval"  # evaluate.yaml: outputs/eval/<model>_<data>
-    overwrite: bool = False  # replace earlier results in output_dir made with other settings
+    output_dir: str = "outputs/eval"
+    overwrite: bool = False
     plots: bool = True
 
     def __post_init__(self):
         self.data.check("data")
-        check_sampling(self.temperature, self.top_p, greedy=True)
-        if self.num_generations < 1 or self.max_new_tokens < 1 or self.batch_problems < 1:
-            raise ValueError("num_generations, max_new_tokens and batch_problems must be at least 1")
+        if self.batch_problems < 1:
+            raise ValueError(f"batch_problems must be at least 1, got {self.batch_problems}")
         for key in ("methods", "budgets"):
             if getattr(self, key) is not None and not getattr(self, key):
                 raise ValueError(f"{key}=[] names no run: give at least one, or leave {key} unset (null)")
         if self.budgets is not None and any(b < 1 for b in self.budgets):
             raise ValueError(f"budgets are token counts: each must be at least 1, got {list(self.budgets)}")
-        check_compile_decode(self.compile_decode, self.compressions())
+        check_compile_decode(self.sampling.compile_decode, self.compressions())
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
 
@@ -458,8 +605,8 @@ class EvalConfig:
             "data": self.data.identity(),
             "compression": compression_identity(compression),
             # "n_samples": the key of earlier identities, kept so that their results stay valid
-            "sampling": dict(n_samples=self.num_generations, max_new_tokens=self.max_new_tokens,
-                             temperature=self.temperature, top_p=self.top_p, seed=self.seed),
+            "sampling": dict(n_samples=self.sampling.num_generations, max_new_tokens=self.sampling.max_new_tokens,
+                             temperature=self.sampling.temperature, top_p=self.sampling.top_p, seed=self.seed),
             "batch_problems": self.batch_problems,
             "precision": self.precision,
         }
@@ -470,10 +617,10 @@ class EvalConfig:
         found = []
         for run in self.compressions():
             resolved = run.resolved()
-            if resolved.compresses and run.method != "s4r" and resolved.interval > self.max_new_tokens:
+            if resolved.compresses and run.method != "s4r" and resolved.interval > self.sampling.max_new_tokens:
                 found.append(
                     f"{run.method} budget {run.budget}: compression.interval={resolved.interval} exceeds "
-                    f"max_new_tokens={self.max_new_tokens}, so it compresses only after the prompt, never while "
+                    f"sampling.max_new_tokens={self.sampling.max_new_tokens}, so it compresses only after the prompt, never while "
                     "generating (the training recipes use interval 16); set compression.interval to compare"
                 )
         return found
@@ -490,22 +637,11 @@ class EvalConfig:
         return runs
 
 
-# TRL's (and earlier) names for keys that have another canonical name here: alias -> canonical key.
-ALIASES = {
-    "max_completion_length": "max_new_tokens",  # TRL
-    "bf16": "precision",  # TRL: bf16=true -> precision=bf16, bf16=false -> precision=fp32
-    "samples_per_prompt": "num_generations",  # this project's earlier name
-    "n_samples": "num_generations",  # evaluate.py's earlier name
-}
-# GRPOConfig / TrainingArguments fields this project sets from its own keys (not passed through ``trl``).
-DERIVED = {
-    "per_device_train_batch_size": "rows per step are prompts_per_step x num_generations (per process: divided by "
-    "processes x gradient_accumulation_steps); set prompts_per_step",
-    "per_device_eval_batch_size": "set from prompts_per_step x num_generations",
-    "use_cpu": "set when no GPU is present", "eval_strategy": "set by eval_steps",
-    "save_strategy": "checkpoints every save_steps", "activation_checkpointing": "set gradient_checkpointing",
-    "fp16": "set precision (fp32 or bf16)",
-}
+# Keys of earlier versions: key -> where it is now (named in the error that refuses them)
+MOVED = {
+    **{key: f"sampling.{key}" for key in ("num_generations", "max_new_tokens", "temperature", "top_p", "compile_decode")},
+    "n_samples": "sampling.num_generations", "samples_per_prompt": "sampling.num_generations",
+}  # fmt: skip
 
 
 def schema_keys(schema) -> set[str]:
@@ -522,43 +658,26 @@ def schema_keys(schema) -> set[str]:
     return keys
 
 
-def trainer_fields(algorithm: str = "grpo") -> set[str]:
-    """The fields of TRL's ``GRPOConfig`` (GRPO) or transformers' ``TrainingArguments`` (distillation)."""
-    import dataclasses
-
-    if algorithm == "grpo":
-        from trl import GRPOConfig as args_class
-    else:
-        from transformers import TrainingArguments as args_class
-    return {f.name for f in dataclasses.fields(args_class)}
-
-
 # Hydra's own command-line flags (everything else with leading dashes is a key=value override written wrongly)
 HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p", "--info",
                "-i", "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc", "--config-path", "-cp",
                "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}  # fmt: skip
 
 
-def translate_overrides(argv: list[str], schema, passthrough: bool) -> tuple[list[str], list[str]]:
-    """Command-line ``key=value`` overrides as Hydra should read them, and notes for the user.
+def check_overrides(argv: list[str], schema) -> list[str]:
+    """Command-line ``key=value`` overrides checked against ``schema`` before Hydra reads them; returns them, with
+    ``data.name=null`` added where ``data.path`` (or ``eval_data.path``) is given without a name of its own (the
+    built-in task is the default name, and a path and a name together are refused). Raises ValueError for:
 
-    * an alias (``ALIASES``: TRL's ``max_completion_length``, ``bf16``; earlier names) becomes its canonical key,
-      with a note;
-    * with ``passthrough`` (train.py), a field of TRL's ``GRPOConfig`` that has no key here (``weight_decay``,
-      ``num_iterations``, ``log_completions``, ``push_to_hub``, ...) goes to the ``trl`` group, which is handed to
-      the trainer's arguments as is; one that this project derives from its own keys (``DERIVED``) is an error
-      that names them;
-    * any other unknown key is an error with the closest known names ("did you mean");
-    * ``--key=value`` / ``--key value`` is an error that says to drop the dashes (Hydra's own flags pass);
-    * ``report_to=wandb`` (a string) is read as the list ``report_to=[wandb]``;
-    * ``data.path=...`` (or ``eval_data.path``) without a ``.name`` of its own implies ``data.name=null`` (the
-      built-in task is the default name, and a path and a name together are refused).
+    * ``--key=value`` / ``--key value`` (drop the dashes; Hydra's own flags pass);
+    * a key of an earlier version (``MOVED``: ``max_new_tokens`` is ``sampling.max_new_tokens``), a GRPOConfig
+      field this project sets from its own keys (``DERIVED``: ``bf16`` from ``precision``), ``trl.<field>`` (the
+      fields are keys of their own), naming the key to write;
+    * any other unknown key, with the closest known names ("did you mean").
     Hydra's own syntax (``+key``, ``~key``, ``hydra.*``) is left alone."""
     import difflib
 
     known = schema_keys(schema)
-    out, notes = [], []
-    trl_fields: set[str] | None = None
     for i, arg in enumerate(argv):
         if arg.startswith("--") and arg.partition("=")[0] not in HYDRA_FLAGS:
             key, eq, value = arg[2:].partition("=")
@@ -570,40 +689,23 @@ def translate_overrides(argv: list[str], schema, passthrough: bool) -> tuple[lis
             argv = [*argv, f"{group}.name=null"]
     for arg in argv:
         key, eq, value = arg.partition("=")
-        if key == "report_to" and eq and not value.strip().startswith("["):
-            arg = f"report_to=[{value}]"
         if not eq or key.startswith(("+", "~", "hydra.")) or key in known:
-            out.append(arg)
             continue
-        if key.startswith("trl."):  # a new key of the trl group: Hydra wants it prefixed
-            out.append(f"+{arg}")
-            continue
-        if key in ALIASES and ALIASES[key] in known:
-            canonical, read = ALIASES[key], value
-            if key == "bf16":
-                read = "bf16" if value.strip().lower() in ("true", "1", "yes") else "fp32"
-            notes.append(f"{arg} is read as {canonical}={read} ({canonical} is the name used here; {key} is an alias)")
-            out.append(f"{canonical}={read}")
-            continue
-        if passthrough:
-            trl_fields = trainer_fields() if trl_fields is None else trl_fields
-            if key in DERIVED:
-                raise ValueError(f"{key} is not set directly here: {DERIVED[key]}")
-            if key in trl_fields:
-                out.append(f"+trl.{key}={value}")
-                continue
-        candidates = known | set(ALIASES) | (trl_fields or set())
-        close = difflib.get_close_matches(key, sorted(candidates), n=3, cutoff=0.6)
+        if key in MOVED and MOVED[key] in known:
+            raise ValueError(f"{key} is now {MOVED[key]} (the sampling group): write {MOVED[key]}={value}")
+        if key in DERIVED and "prompts_per_step" in known:
+            raise ValueError(f"{key} (TRL's) is not a key here: it is set from {DERIVED[key]}")
+        if key.startswith("trl.") and key[4:] in known:
+            raise ValueError(f"{key}: TRL's fields are keys of their own: write {key[4:]}={value}")
+        close = difflib.get_close_matches(key, sorted(known | set(MOVED)), n=3, cutoff=0.6)
+        close = list(dict.fromkeys(MOVED.get(name, name) for name in close))  # a moved key by its new name
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
         raise ValueError(f"unknown configuration key {key!r}{hint}")
-    return out, notes
+    return argv
 
 
-def apply_overrides(schema, passthrough: bool) -> None:
-    """``translate_overrides`` on this process's command line (before Hydra parses it): notes go to stderr; an
-    unknown key raises its ValueError."""
+def apply_overrides(schema) -> None:
+    """``check_overrides`` on this process's command line (before Hydra parses it); raises its ValueError."""
     import sys
 
-    sys.argv[1:], notes = translate_overrides(sys.argv[1:], schema, passthrough)
-    for note in notes:
-        print(f"note: {note}", file=sys.stderr)
+    sys.argv[1:] = check_overrides(sys.argv[1:], schema)

@@ -96,23 +96,20 @@ def run_traces(config) -> dict:
         problems = load_problems(config.data, config.seed)
         check_output_file(output, "output")
         prompts = [config.data.prompt_template.format(problem=p) for p in problems["problem"]]
-        rows = min(TRACE_BATCH, len(problems)) * config.num_generations
-        generation = Generation("teacher traces", prompts, problems["id"], rows, config.max_new_tokens,
+        rows = min(TRACE_BATCH, len(problems)) * config.sampling.num_generations
+        generation = Generation("teacher traces", prompts, problems["id"], rows, config.sampling.max_new_tokens,
                                 [CompressionConfig("full")])  # fmt: skip
         check_generations(config.model, [generation], dtype_bytes=4, device="cpu")
         output.parent.mkdir(parents=True, exist_ok=True)
         lock = RunLock.acquire_file(output, "output")
     with lock:
         model, tokenizer = load_model(config.model)
-        sampling = SamplingConfig(
-            max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
-            num_samples=config.num_generations, seed=config.seed, compile_decode=config.compile_decode,
-        )
+        sampling = config.sampling.engine(config.seed)
         verify = MathVerifier()
         rows = generate_traces(model, tokenizer, problems, sampling, config.data.prompt_template,
                                keep_incorrect=config.keep_incorrect, verify=verify)  # fmt: skip
         write_traces(rows, output)
-    result = {"traces": config.output, "problems": len(problems), "samples": len(problems) * config.num_generations,
+    result = {"traces": config.output, "problems": len(problems), "samples": len(problems) * config.sampling.num_generations,
               "written": len(rows), "correct": sum(r["correct"] for r in rows),
               **{"verifier_" + k: v for k, v in verify.stats.items()}}  # fmt: skip
     print(dumps(result), flush=True)

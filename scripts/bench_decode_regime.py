@@ -82,7 +82,7 @@ def task_keys(group: str, split: str, limit: int, args) -> list[str]:
 
 
 def sampling_keys(args) -> list[str]:
-    return [f"max_new_tokens={args.max_new_tokens}", f"temperature={args.temperature}", f"top_p={args.top_p}"]
+    return [f"sampling.max_new_tokens={args.max_new_tokens}", f"sampling.temperature={args.temperature}", f"sampling.top_p={args.top_p}"]
 
 
 def evaluate(model: list[str], split: str, problems: int, samples: int, methods: list[str], budgets: list[int],
@@ -94,7 +94,7 @@ def evaluate(model: list[str], split: str, problems: int, samples: int, methods:
         compression = [f"compression.window={args.window}", f"compression.interval={args.interval}"]
     run([
         sys.executable, str(ROOT / "scripts" / "evaluate.py"), *model, *task_keys("data", split, problems, args),
-        f"num_generations={samples}", *sampling_keys(args), f"batch_problems={args.batch_problems}",
+        f"sampling.num_generations={samples}", *sampling_keys(args), f"batch_problems={args.batch_problems}",
         f"methods=[{','.join((['full'] if full else []) + methods)}]", f"budgets=[{','.join(map(str, budgets))}]",
         *compression, f"output_dir={out}", "plots=false", f"seed={seed}",
     ])  # fmt: skip
@@ -230,7 +230,7 @@ def train_keys(name: str, root: Path, args) -> list[str]:
         f"output_dir={root / 'training' / 'train' / name}",
     ]  # fmt: skip  (eval_data: train.py's own final evaluation, kept tiny: the bench evaluates every model itself)
     if not distill:
-        keys.append(f"num_generations={args.group_size}")
+        keys.append(f"sampling.num_generations={args.group_size}")
     if method == "s4r":
         keys += ["compression.method=s4r", *s4r_keys(args.train_budget, args)]
     elif method is not None:
@@ -254,7 +254,7 @@ def teacher_traces(root: Path, args) -> Path:
     if not path.is_file():
         partial = path.with_suffix(".partial")
         run([sys.executable, str(ROOT / "scripts" / "generate_traces.py"), f"model={args.model}",
-             *task_keys("data", "train", args.trace_problems, args), f"num_generations={args.group_size}",
+             *task_keys("data", "train", args.trace_problems, args), f"sampling.num_generations={args.group_size}",
              *sampling_keys(args), f"seed={args.seed}", f"output={partial}",
              *(["keep_incorrect=true"] if args.quick else [])])  # fmt: skip
         partial.rename(path)

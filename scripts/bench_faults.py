@@ -603,11 +603,11 @@ class Case:
         assert self.category in CATEGORIES and self.kind in KINDS, self.name
 
 
-TRAIN = {"model": "tiny", "max_steps": 1, "prompts_per_step": 1, "num_generations": 2, "max_new_tokens": 8,
+TRAIN = {"model": "tiny", "max_steps": 1, "prompts_per_step": 1, "sampling.num_generations": 2, "sampling.max_new_tokens": 8,
          "data.limit": 4, "eval_data.limit": 2, "output_dir": "{work}/out"}  # fmt: skip
-EVAL = {"model": "tiny", "num_generations": 1, "max_new_tokens": 4, "data.limit": 2, "output_dir": "{work}/out",
+EVAL = {"model": "tiny", "sampling.num_generations": 1, "sampling.max_new_tokens": 4, "data.limit": 2, "output_dir": "{work}/out",
         "plots": False}  # fmt: skip
-TRACES = {"model": "tiny", "num_generations": 1, "max_new_tokens": 4, "data.limit": 2,
+TRACES = {"model": "tiny", "sampling.num_generations": 1, "sampling.max_new_tokens": 4, "data.limit": 2,
           "output": "{work}/traces.jsonl", "keep_incorrect": True}  # fmt: skip
 SCRIPTS = {"train": ("train.py", TRAIN), "evaluate": ("scripts/evaluate.py", EVAL),
            "traces": ("scripts/generate_traces.py", TRACES)}  # fmt: skip
@@ -837,8 +837,8 @@ def config_cases() -> list[Case]:
                {"lora.enabled": True, "lora.r": 0}, [r"lora|\br\b"]),
         refuse("configuration/train-learning-rate-negative", K, L, "learning_rate=-1 fails only after the model loads",
                "train", {"learning_rate": -1}, [r"learning.rate"]),
-        refuse("configuration/train-max-new-tokens-huge", K, L, "max_new_tokens=1000000000: a huge allocation after "
-               "the model loads", "train", {"max_new_tokens": 1_000_000_000}, ["max_new_tokens"], before_load=False),
+        refuse("configuration/train-max-new-tokens-huge", K, L, "sampling.max_new_tokens=1000000000: a huge allocation after "
+               "the model loads", "train", {"sampling.max_new_tokens": 1_000_000_000}, ["max_new_tokens"], before_load=False),
         either("configuration/train-rl_full-s4r", K, L, "recipe=rl_full compression.method=s4r: compressed rollouts "
                "trained without their record", "train", {"recipe": "rl_full", "compression.method": "s4r",
                                                            "max_steps": 2},
@@ -857,13 +857,13 @@ def config_cases() -> list[Case]:
                "train", {"data.prompt_template": "'Q: {foo}'"}, ["template"]),
         refuse("configuration/train-output-dir-is-file", K, N, "output_dir names an existing file", "train",
                {"output_dir": "{work}/afile"}, ["afile"], setup=lambda ctx: (ctx.work / "afile").write_text("x\n")),
-        refuse("configuration/train-temperature-zero", K, C, "temperature=0 in training (validated)", "train",
-               {"temperature": 0}, ["temperature"]),
-        refuse("configuration/train-temperature-nan", K, C, "temperature=nan", "train", {"temperature": "nan"},
+        refuse("configuration/train-temperature-zero", K, C, "sampling.temperature=0 in training (validated)", "train",
+               {"sampling.temperature": 0}, ["temperature"]),
+        refuse("configuration/train-temperature-nan", K, C, "sampling.temperature=nan", "train", {"sampling.temperature": "nan"},
                ["temperature"]),
-        refuse("configuration/train-top-p", K, C, "top_p=1.5", "train", {"top_p": 1.5}, ["top_p"]),
-        refuse("configuration/train-num-generations-one", K, C, "num_generations=1 under GRPO", "train",
-               {"num_generations": 1}, ["num_generations"]),
+        refuse("configuration/train-top-p", K, C, "sampling.top_p=1.5", "train", {"sampling.top_p": 1.5}, ["top_p"]),
+        refuse("configuration/train-num-generations-one", K, C, "sampling.num_generations=1 under GRPO", "train",
+               {"sampling.num_generations": 1}, ["num_generations"]),
         refuse("configuration/train-max-steps-zero", K, C, "max_steps=0", "train", {"max_steps": 0}, ["max_steps"]),
         refuse("configuration/train-save-steps-zero", K, C, "save_steps=0", "train", {"save_steps": 0}, ["save_steps"]),
         refuse("configuration/train-prompts-per-step-zero", K, C, "prompts_per_step=0", "train",
@@ -883,29 +883,31 @@ def config_cases() -> list[Case]:
                {"report_to": ["nosuchtracker"]}, ["nosuchtracker"]),
         refuse("configuration/train-derived-field", K, C, "per_device_train_batch_size=4 (derived here)", "train",
                {"per_device_train_batch_size": 4}, ["prompts_per_step"]),
-        refuse("configuration/train-trl-duplicate", K, C, "trl.learning_rate=1 (duplicates learning_rate)", "train",
-               {"trl.learning_rate": 1}, ["learning_rate"]),
+        refuse("configuration/train-trl-duplicate", K, C, "trl.learning_rate=1 (the old prefix of TRL's fields)",
+               "train", {"trl.learning_rate": 1}, ["learning_rate"]),
+        refuse("configuration/train-moved-key", K, C, "max_new_tokens=8 (now sampling.max_new_tokens)", "train",
+               {"max_new_tokens": 8}, ["sampling.max_new_tokens"]),
         refuse("configuration/train-resume-and-overwrite", K, C, "resume=last overwrite=true", "train",
                {"resume": "last", "overwrite": True}, ["overwrite", "resume"]),
         refuse("configuration/train-levels", K, C, "data.levels=[7]", "train", {"data.levels": [7]}, ["level"]),
         refuse("configuration/train-rollout-is", K, C, "rl.rollout_is=foo", "train", {"rl.rollout_is": "foo"},
                ["rollout_is"]),
-        refuse("configuration/train-compile-s4r", K, C, "compile_decode=true with s4r", "train",
-               {"compile_decode": True, "compression.method": "s4r"}, ["compile_decode"]),
+        refuse("configuration/train-compile-s4r", K, C, "sampling.compile_decode=true with s4r", "train",
+               {"sampling.compile_decode": True, "compression.method": "s4r"}, ["compile_decode"]),
         refuse("configuration/train-reward-weights", K, C, "two reward_weights for one reward", "train",
                {"reward_weights": [1, 2]}, ["reward_weights"]),
         refuse("configuration/eval-budgets-zero", K, L, "budgets=[0] runs at 2048", "evaluate",
                {"methods": ["gkv"], "budgets": [0]}, ["budget"]),
         refuse("configuration/eval-limit-zero", K, L, "data.limit=0 becomes 256 problems", "evaluate",
                {"data.limit": 0}, ["limit"]),
-        refuse("configuration/eval-max-new-tokens-huge", K, L, "max_new_tokens=1000000000: a huge allocation after "
-               "the model loads", "evaluate", {"max_new_tokens": 1_000_000_000}, ["max_new_tokens"],
+        refuse("configuration/eval-max-new-tokens-huge", K, L, "sampling.max_new_tokens=1000000000: a huge allocation after "
+               "the model loads", "evaluate", {"sampling.max_new_tokens": 1_000_000_000}, ["max_new_tokens"],
                before_load=False),
         refuse("configuration/eval-budgets-negative", K, N, "budgets=[-5]", "evaluate",
                {"methods": ["gkv"], "budgets": [-5]}, ["budget"]),
-        refuse("configuration/eval-num-generations-zero", K, C, "num_generations=0", "evaluate",
-               {"num_generations": 0}, ["num_generations"]),
-        refuse("configuration/eval-temperature-negative", K, C, "temperature=-1", "evaluate", {"temperature": -1},
+        refuse("configuration/eval-num-generations-zero", K, C, "sampling.num_generations=0", "evaluate",
+               {"sampling.num_generations": 0}, ["num_generations"]),
+        refuse("configuration/eval-temperature-negative", K, C, "sampling.temperature=-1", "evaluate", {"sampling.temperature": -1},
                ["temperature"]),
         refuse("configuration/eval-method-unknown", K, C, "methods=[nosuch]", "evaluate", {"methods": ["nosuch"]},
                ["nosuch"]),
@@ -919,15 +921,15 @@ def config_cases() -> list[Case]:
         refuse("configuration/traces-output-is-directory", K, L, "output=<a directory> fails only after the model "
                "loads (and after generating)", "traces", {"output": "{work}/adir"}, ["adir"],
                setup=lambda ctx: (ctx.work / "adir").mkdir()),
-        refuse("configuration/traces-max-new-tokens-huge", K, L, "max_new_tokens=1000000000 in traces", "traces",
-               {"max_new_tokens": 1_000_000_000}, ["max_new_tokens"], before_load=False),
-        refuse("configuration/traces-num-generations-zero", K, C, "num_generations=0", "traces",
-               {"num_generations": 0}, ["num_generations"]),
-        refuse("configuration/traces-top-p-zero", K, C, "top_p=0", "traces", {"top_p": 0}, ["top_p"]),
+        refuse("configuration/traces-max-new-tokens-huge", K, L, "sampling.max_new_tokens=1000000000 in traces", "traces",
+               {"sampling.max_new_tokens": 1_000_000_000}, ["max_new_tokens"], before_load=False),
+        refuse("configuration/traces-num-generations-zero", K, C, "sampling.num_generations=0", "traces",
+               {"sampling.num_generations": 0}, ["num_generations"]),
+        refuse("configuration/traces-top-p-zero", K, C, "sampling.top_p=0", "traces", {"sampling.top_p": 0}, ["top_p"]),
         refuse("configuration/train-output-before-validation", K, L, "the output folder is created before validation "
-               "(temperature=0)", "train", {"temperature": 0}, ["temperature"], must_not_exist=gone),
+               "(temperature=0)", "train", {"sampling.temperature": 0}, ["temperature"], must_not_exist=gone),
         refuse("configuration/eval-output-before-validation", K, L, "the output folder is created before validation "
-               "(num_generations=0)", "evaluate", {"num_generations": 0}, ["num_generations"], must_not_exist=gone),
+               "(num_generations=0)", "evaluate", {"sampling.num_generations": 0}, ["num_generations"], must_not_exist=gone),
     ]
     return cases
 
@@ -1093,7 +1095,7 @@ def wait_for(predicate: Callable[[], bool], running: Running, limit: float) -> b
     return False
 
 
-LONG_TRAIN = {"max_steps": 150, "max_new_tokens": 16, "data.limit": 8}
+LONG_TRAIN = {"max_steps": 150, "sampling.max_new_tokens": 16, "data.limit": 8}
 
 
 def steps_problem(out: Path, max_steps: int) -> str | None:
@@ -1148,7 +1150,7 @@ def interrupted_train(sig: int, save_steps: int):
     return run
 
 
-LONG_EVAL = {"data.limit": 10, "batch_problems": 1, "num_generations": 2, "max_new_tokens": 24}
+LONG_EVAL = {"data.limit": 10, "batch_problems": 1, "sampling.num_generations": 2, "sampling.max_new_tokens": 24}
 
 
 def interrupted_eval(sig: int):
@@ -1227,7 +1229,7 @@ def full_disk_train(ctx: Context) -> Verdict:
 
 def full_disk_eval(ctx: Context) -> Verdict:
     with ctx.full_disk("out", 48) as (out, fsize):
-        changes = {"data.limit": 40, "max_new_tokens": 16, "num_generations": 2, "output_dir": str(out)}
+        changes = {"data.limit": 40, "sampling.max_new_tokens": 16, "sampling.num_generations": 2, "output_dir": str(out)}
         proc = ctx.run(ctx.entry(*overrides("evaluate", changes)), 180, fsize=fsize)
     verdict = judge_refusal(proc, DISK, before_load=False, code=None)
     if verdict.outcome == "silent_wrong":
@@ -1245,7 +1247,7 @@ def full_disk_traces(ctx: Context) -> Verdict:
         earlier = "".join(json.dumps({"id": i, "prompt": "p", "completion": "c", "completion_ids": [5, 2],
                                       "answer": "1", "correct": True}) + "\n" for i in range(20))  # fmt: skip
         target.write_text(earlier)
-        changes = {"output": str(target), "num_generations": 4, "data.limit": 16, "max_new_tokens": 48}
+        changes = {"output": str(target), "sampling.num_generations": 4, "data.limit": 16, "sampling.max_new_tokens": 48}
         proc = ctx.run(ctx.entry(*overrides("traces", changes)), 180, fsize=fsize)
         intact = read_text(target) == earlier
         left = sorted(p.name for p in disk.iterdir() if p != target and not p.name.endswith(".lock"))
@@ -1307,7 +1309,7 @@ def state_cases() -> list[Case]:
         first = ctx.run(ctx.entry(*overrides("evaluate", {})), 120)
         if first.rc != 0:
             return Verdict("crash", f"the first run failed: {failure_message(first.err)[:300]}")
-        again = ctx.run(ctx.entry(*overrides("evaluate", {"temperature": 0.3})), 120)
+        again = ctx.run(ctx.entry(*overrides("evaluate", {"sampling.temperature": 0.3})), 120)
         return judge_refusal(again, ["temperature"])
 
     def finished_again(ctx: Context, proc: Proc) -> Verdict:
@@ -1321,7 +1323,7 @@ def state_cases() -> list[Case]:
     cases = [
         Case("state_faults/two-evaluate-one-folder", K, L, "two scripts/evaluate.py runs into one folder at once: "
              "both exit 0 and samples.jsonl is duplicated (pass@1 doubled)",
-             concurrent("evaluate", {"data.limit": 6, "batch_problems": 1, "num_generations": 2, "max_new_tokens": 24},
+             concurrent("evaluate", {"data.limit": 6, "batch_problems": 1, "sampling.num_generations": 2, "sampling.max_new_tokens": 24},
                         lambda ctx: samples_problem(ctx, 2, 6), "ok"), 300),
         Case("state_faults/two-train-one-folder", K, L, "two train.py runs into one output_dir at once: both exit 0, "
              "steps logged twice", concurrent("train", {"max_steps": 20, "data.limit": 8}, steps_once,
@@ -1463,7 +1465,7 @@ def output_cases() -> list[Case]:
                ["rank"], s4r_rank_check, before_load=False),
         result("output/evaluate-strict-json", K, C, "every evaluate.py JSON file and line parses strictly (3 "
                "problems x 3 samples, uneven batches)", "evaluate",
-               {"data.limit": 3, "num_generations": 3, "batch_problems": 2},
+               {"data.limit": 3, "sampling.num_generations": 3, "batch_problems": 2},
                strict_outputs("{work}/out", eval_files, lambda ctx, proc: pass_at_k_problem(ctx, proc, 3, 3))),
         result("output/evaluate-one-problem", K, C, "one problem, one sample: undefined intervals written as null",
                "evaluate", {"data.limit": 1}, strict_outputs("{work}/out", eval_files,
@@ -1483,7 +1485,7 @@ def output_cases() -> list[Case]:
                "(mismatch < 1e-3)", "train", {"compression.method": "s4r", "max_steps": 2},
                lambda ctx, proc: mismatch_problem(ctx)),
         result("output/traces-strict-json", K, C, "generate_traces.py: each line strict, counts agree", "traces",
-               {"data.limit": 3, "num_generations": 2}, strict_outputs("{work}", ["traces.jsonl"], traces_outputs)),
+               {"data.limit": 3, "sampling.num_generations": 2}, strict_outputs("{work}", ["traces.jsonl"], traces_outputs)),
         result("output/distill-offline", K, C, "recipe=distill from a traces file: strict outputs, each step once",
                "train", {"recipe": "distill", "max_steps": 2, "distill.traces": "{work}/traces.jsonl"},
                lambda ctx, proc: distill_problem(ctx, proc), setup=tiny_traces),

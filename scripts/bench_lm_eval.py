@@ -81,8 +81,8 @@ def main() -> None:
 
     start = time.perf_counter()
     subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), f"model={args.model}", f"data.name={args.task}",
-                    "data.split=test", f"data.limit={args.problems}", "num_generations=1", "temperature=0",
-                    f"max_new_tokens={args.max_new_tokens}", f"batch_problems={args.batch}", f"methods=[{args.method}]",
+                    "data.split=test", f"data.limit={args.problems}", "sampling.num_generations=1", "sampling.temperature=0",
+                    f"sampling.max_new_tokens={args.max_new_tokens}", f"batch_problems={args.batch}", f"methods=[{args.method}]",
                     f"budgets=[{args.budget}]", *compression, f"output_dir={root / 'evaluate'}", "plots=false"],
                    check=True, cwd=ROOT)  # fmt: skip
     evaluate_seconds = time.perf_counter() - start

@@ -11,7 +11,7 @@ batch by batch from its folder under ``--work-root``. When every planned run has
 
     python scripts/bench_methods.py                                     # SVAMP and GSM8K, 64 problems, n 4
     python scripts/bench_methods.py --datasets svamp --limit 16 --samples 2 --max-new-tokens 64   # quick
-    python scripts/bench_methods.py --evaluate /other/checkout/scripts/evaluate.py --samples-key n_samples --tag before
+    python scripts/bench_methods.py --evaluate /other/checkout/scripts/evaluate.py --sampling-keys n_samples --tag before
     python scripts/bench_methods.py --datasets recall-d8 --limit 128 --budgets 32 48 --intervals 32 --max-new-tokens 10
 
 A dataset is a preset name (``svamp``, ``gsm8k``, ...) or ``recall-d<N>``: the built-in task's level 0 (test
@@ -76,6 +76,14 @@ def planned_runs(args) -> list[tuple[str, int, str, int | None]]:
 
 
 RECALL_PROMPT = "{problem} Reply with only the number."
+
+
+def sampling_overrides(args) -> list[str]:
+    """evaluate.py's sampling options, named as ``--sampling-keys`` says the evaluated version names them."""
+    flat = args.sampling_keys != "group"
+    prefix, samples = ("", args.sampling_keys) if flat else ("sampling.", "sampling.num_generations")
+    return [f"{samples}={args.samples}", f"{prefix}max_new_tokens={args.max_new_tokens}",
+            f"{prefix}temperature={args.temperature}", f"{prefix}top_p={args.top_p}"]  # fmt: skip
 
 
 def data_overrides(dataset: str, limit: int, work_root: Path) -> list[str]:
@@ -182,7 +190,9 @@ def main() -> None:
     parser.add_argument("--work-root", type=Path, default=ROOT / "outputs" / "bench_methods", help="evaluate.py output")
     parser.add_argument("--tag", default="current", help="a name for this code version (a folder under the roots)")
     parser.add_argument("--evaluate", type=Path, default=ROOT / "scripts" / "evaluate.py", help="evaluate.py to run")
-    parser.add_argument("--samples-key", default="num_generations", help="evaluate.py's sample-count key")
+    parser.add_argument("--sampling-keys", choices=["group", "num_generations", "n_samples"], default="group",
+                        help="how evaluate.py names its sampling keys: the sampling group (sampling.num_generations, "
+                        "...; since 2026-12-03), or flat keys with this sample-count key (earlier versions)")
     parser.add_argument("--plan-only", action="store_true", help="print the runs still to do and stop")
     parser.add_argument("--report", nargs="+", metavar="TAG", help="write <results>.md: the run files of these "
                         "tags side by side (whatever is there), and stop")  # fmt: skip
@@ -217,8 +227,8 @@ def main() -> None:
         out = args.work_root / args.tag / path.stem
         command = [
             sys.executable, str(args.evaluate), f"model={args.model}",
-            *data_overrides(dataset, args.limit, args.work_root), f"{args.samples_key}={args.samples}", f"max_new_tokens={args.max_new_tokens}",
-            f"temperature={args.temperature}", f"top_p={args.top_p}", f"batch_problems={args.batch_problems}",
+            *data_overrides(dataset, args.limit, args.work_root), *sampling_overrides(args),
+            f"batch_problems={args.batch_problems}",
             f"methods=[{method}]", f"budgets=[{budget or 64}]", f"compression.interval={interval}",
             f"output_dir={out}", "plots=false",
         ]  # fmt: skip

@@ -47,8 +47,8 @@ def evaluate(task: str, context: int, split: str, problems: int, methods: list[s
     """One ``scripts/evaluate.py`` call; each run's summary by its name."""
     command = [
         sys.executable, str(ROOT / "scripts" / "evaluate.py"), f"model={args.model}", f"data.name={task}",
-        f"data.split={split}", f"data.limit={problems}", f"data.context={context}", f"num_generations={args.samples}",
-        f"max_new_tokens={args.max_new_tokens}", f"temperature={args.temperature}", f"batch_problems={args.batch_problems}",
+        f"data.split={split}", f"data.limit={problems}", f"data.context={context}", f"sampling.num_generations={args.samples}",
+        f"sampling.max_new_tokens={args.max_new_tokens}", f"sampling.temperature={args.temperature}", f"batch_problems={args.batch_problems}",
         f"methods=[{','.join(methods)}]", *([f"budgets=[{','.join(map(str, budgets))}]"] if budgets else []),
         *compression, f"output_dir={out}", "plots=false", f"seed={args.seed}",
     ]  # fmt: skip

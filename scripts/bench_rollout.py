@@ -94,7 +94,7 @@ def main() -> None:
     compression = compression_from_args(args)
     methods = [dataclasses.replace(compression, method=m) for m in args.methods or [compression.method]]
     if args.compile_decode:
-        check_compile_decode(True, methods)
+        check_compile_decode(True, methods, key="--compile-decode")
 
     model, tokenizer = load_model(args.model)
     prompts = encode_prompts(tokenizer, gsm8k_questions(args.batch))

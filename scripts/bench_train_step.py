@@ -90,9 +90,9 @@ def configuration(recipe: str, args, output_dir: Path, compile_decode: bool = Fa
     from gkv_train.cli import RECIPES, _schemas
 
     rows = "prompts_per_step=8" if recipe.startswith("distill") else "prompts_per_step=1"
-    samples = "num_generations=1" if recipe.startswith("distill") else "num_generations=8"
+    samples = "sampling.num_generations=1" if recipe.startswith("distill") else "sampling.num_generations=8"
     overrides = [
-        f"recipe={recipe}", f"model={args.model}", rows, samples, f"max_new_tokens={args.max_new_tokens}",
+        f"recipe={recipe}", f"model={args.model}", rows, samples, f"sampling.max_new_tokens={args.max_new_tokens}",
         f"max_steps={args.warmup + args.steps}", "gradient_checkpointing=false", "save_steps=100000",
         "eval_steps=null", f"output_dir={output_dir}", "report_to=[]", f"compression.budget={args.budget}",
         f"compression.window={args.window}", f"compression.interval={args.interval}", "data.limit=64",
@@ -100,7 +100,7 @@ def configuration(recipe: str, args, output_dir: Path, compile_decode: bool = Fa
     if recipe.startswith("distill"):
         overrides.append("distill.mode=onpolicy")
     if compile_decode:
-        overrides.append("compile_decode=true")
+        overrides.append("sampling.compile_decode=true")
     _schemas()
     with initialize_config_dir(config_dir=RECIPES, version_base=None):
         return OmegaConf.to_object(compose(config_name="train", overrides=overrides))

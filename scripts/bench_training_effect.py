@@ -75,8 +75,8 @@ def evaluate(
     interval, mean completion length, retention."""
     command = [
         sys.executable, str(ROOT / "scripts" / "evaluate.py"), *model_args, *data_keys,
-        f"num_generations={args.samples_eval}", f"max_new_tokens={args.max_new_tokens}", f"temperature={args.temperature}",
-        f"top_p={args.top_p}",
+        f"sampling.num_generations={args.samples_eval}", f"sampling.max_new_tokens={args.max_new_tokens}", f"sampling.temperature={args.temperature}",
+        f"sampling.top_p={args.top_p}",
         f"batch_problems={args.batch_problems}", f"methods=[full,{method}]", f"budgets=[{budget}]",
         f"compression.window={args.window}", f"compression.interval={args.interval}", f"output_dir={out}",
         "plots=false", f"seed={seed}",
@@ -134,13 +134,13 @@ def train_keys(recipe: str, chosen: dict, root: Path, args) -> list[str]:
         f"data.distractors={chosen['distractors']}", f"data.limit={args.train_problems}",
         f"eval_data.levels=[{args.level}]", f"eval_data.distractors={chosen['distractors']}", "eval_data.limit=8",
         template_key("data", args), template_key("eval_data", args),
-        f"max_steps={args.steps}", f"learning_rate={args.lr}", f"max_new_tokens={args.max_new_tokens}",
-        f"temperature={args.temperature}", f"top_p={args.top_p}", f"seed={args.seed}", f"save_steps={args.save_steps}",
+        f"max_steps={args.steps}", f"learning_rate={args.lr}", f"sampling.max_new_tokens={args.max_new_tokens}",
+        f"sampling.temperature={args.temperature}", f"sampling.top_p={args.top_p}", f"seed={args.seed}", f"save_steps={args.save_steps}",
         f"lora.enabled={str(args.lora).lower()}", "resume=last",
         f"prompts_per_step={rows if distill else args.prompts_per_step}",
     ]  # fmt: skip
     if not distill:
-        keys += [f"num_generations={args.samples}", f"rl.overlong_advantage_clip={str(args.overlong_clip).lower()}"]
+        keys += [f"sampling.num_generations={args.samples}", f"rl.overlong_advantage_clip={str(args.overlong_clip).lower()}"]
     if recipe != "rl_full":
         keys += compression_keys(chosen["method"], chosen["budget"], args)
     if recipe == "distill":
@@ -157,8 +157,8 @@ def training_traces(chosen: dict, root: Path, args) -> None:
     command = [
         sys.executable, str(ROOT / "scripts" / "generate_traces.py"), f"model={args.model}", "data.name=arithmetic",
         f"data.levels=[{args.level}]", f"data.distractors={chosen['distractors']}", f"data.limit={args.trace_problems}",
-        f"num_generations={args.samples}", f"max_new_tokens={args.max_new_tokens}", f"temperature={args.temperature}",
-        f"top_p={args.top_p}", f"seed={args.seed}", template_key("data", args), f"output={path.with_suffix('.partial')}",
+        f"sampling.num_generations={args.samples}", f"sampling.max_new_tokens={args.max_new_tokens}", f"sampling.temperature={args.temperature}",
+        f"sampling.top_p={args.top_p}", f"seed={args.seed}", template_key("data", args), f"output={path.with_suffix('.partial')}",
     ]  # fmt: skip
     run(command + (["keep_incorrect=true"] if args.quick else []), "train/teacher_traces")
     path.with_suffix(".partial").rename(path)

@@ -277,8 +277,8 @@ def grpo_step(shape: str, args) -> dict:
         AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if args.device == "cuda" else torch.float32
                                          ).save_pretrained(folder)  # fmt: skip
         tiny_tokenizer().save_pretrained(folder)
-        keys = ["recipe=rl_sparse", f"model={folder}", "max_steps=1", f"max_new_tokens={args.grpo_tokens}",
-                "prompts_per_step=4", "num_generations=4", "data.limit=16", "eval_data.limit=4", "save_steps=1000",
+        keys = ["recipe=rl_sparse", f"model={folder}", "max_steps=1", f"sampling.max_new_tokens={args.grpo_tokens}",
+                "prompts_per_step=4", "sampling.num_generations=4", "data.limit=16", "eval_data.limit=4", "save_steps=1000",
                 f"compression.budget={args.check_budget}", f"output_dir={run}",
                 *(["precision=bf16"] if args.device == "cuda" else [])]  # fmt: skip
         start = time.perf_counter()

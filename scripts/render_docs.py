@@ -11,6 +11,11 @@ the one a results file names (its ``"script"`` key), else ``scripts/NAME.py`` fo
 ``results/NAME_TAG.json`` (a run tagged ``TAG``) the longest such prefix of the name that is a script. A ``.jsonl`` file is read as its list of records. A table that
 compares runs names several files, ``FILE1+FILE2#VIEW``: ``result`` is then the list of them, in that order.
 
+Each block ``<!-- config:COMMAND -->`` ... ``<!-- /config -->`` (COMMAND: train, evaluate, traces) is rewritten
+with the keys of that command's configuration, their types, defaults and help, from the dataclasses themselves
+(``gkv_train.keyhelp``, what ``gkv-train COMMAND --help`` prints); TRL's own fields of ``train`` are named, not
+listed (their help is TRL's).
+
     python scripts/render_docs.py            # rewrite the blocks
     python scripts/render_docs.py --check    # change nothing; exit 1 naming each stale block (a test runs it)
 """
@@ -29,6 +34,8 @@ from _common import ROOT
 from gkv_train.jsonio import write_atomically
 
 BLOCK = re.compile(r"<!-- results:([\w.+]+)#(\w+) -->\n.*?<!-- /results -->", re.S)
+CONFIG = re.compile(r"<!-- config:(\w+) -->\n.*?<!-- /config -->", re.S)
+SCHEMAS = {"train": "TrainConfig", "evaluate": "EvalConfig", "traces": "TracesConfig"}
 
 
 def renderer(name: str) -> str:
@@ -68,6 +75,37 @@ def render(text: str, results: Path) -> str:
     return BLOCK.sub(block, text)
 
 
+def config_table(command: str) -> str:
+    """The keys of ``command``'s configuration as a markdown table (TRL's own fields of ``train`` named in a line
+    after it)."""
+    import dataclasses
+
+    from gkv_train import run_config
+    from gkv_train.keyhelp import rows
+
+    if command not in SCHEMAS:
+        raise SystemExit(f"error: a docs block names config:{command}; choose one of {', '.join(SCHEMAS)}")
+    schema = getattr(run_config, SCHEMAS[command])
+    trl = {f.name for f in dataclasses.fields(schema) if "type" in f.metadata}
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = ["| key | type | default | what it sets |", "|---|---|---|---|"]
+    lines += [f"| `{key}` | {cell(kind)} | `{cell(default)}` | {cell(text)} |"
+              for key, kind, default, text in rows(schema) if key not in trl]  # fmt: skip
+    if trl:
+        lines += ["", f"Every other field of TRL's `GRPOConfig` ({len(trl)}: `learning_rate`, `beta`, `loss_type`, "
+                  "`weight_decay`, `num_iterations`, ...) is a key under its own name, with TRL's type, default and "
+                  "help (`gkv-train train --help` lists them); the defaults this project changes say why there."]
+    return "\n".join(lines) + "\n"
+
+
+def render_config(text: str) -> str:
+    """``text`` with every configuration block rewritten (``config_table``)."""
+    return CONFIG.sub(lambda m: f"<!-- config:{m.group(1)} -->\n{config_table(m.group(1))}<!-- /config -->", text)
+
+
 def documents(root: Path) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
@@ -79,7 +117,7 @@ def main() -> None:
     stale = []
     for doc in documents(ROOT):
         text = doc.read_text()
-        new = render(text, ROOT / "results")
+        new = render_config(render(text, ROOT / "results"))
         if new != text:
             stale.append(doc.relative_to(ROOT))
             if not args.check:

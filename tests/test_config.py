@@ -101,33 +101,35 @@ def test_missing_model_path(path):
     "kwargs, message",
     [
         (dict(temperature=0.0), "temperature must be a finite number > 0 in training"),
-        (dict(temperature=float("nan")), "temperature must be a finite number > 0"),
-        (dict(temperature=-1.0), "temperature must be a finite number > 0"),
+        (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
+        (dict(temperature=-1.0), "temperature must be a finite number >= 0"),
         (dict(top_p=0.0), "top_p must lie in (0, 1]"),
         (dict(top_p=1.5), "top_p must lie in (0, 1]"),
     ],
 )
 def test_bad_sampling_settings_fail_before_training(kwargs, message):
-    from gkv_train.run_config import EvalConfig, TrainConfig
+    from gkv_train.run_config import EvalConfig, SamplingOptions, TrainConfig
 
     with pytest.raises(ValueError) as err:
-        TrainConfig(**kwargs)
+        TrainConfig(sampling=SamplingOptions(**kwargs))
     assert message in str(err.value)
     if kwargs.get("temperature") == 0.0:
-        EvalConfig(temperature=0.0)  # greedy decoding is an evaluation setting
+        EvalConfig(sampling=SamplingOptions(temperature=0.0))  # greedy decoding is an evaluation setting
     else:
         with pytest.raises(ValueError):
-            EvalConfig(**kwargs)
+            EvalConfig(sampling=SamplingOptions(**kwargs))
 
 
 def test_evaluation_warns_when_the_interval_outlasts_the_completion():
-    from gkv_train.run_config import EvalConfig
+    from gkv_train.run_config import EvalConfig, SamplingOptions
 
-    trap = EvalConfig(methods=["full", "gkv", "s4r"], budgets=[64], max_new_tokens=96)  # reference interval 128
-    assert len(trap.warnings()) == 1 and "compression.interval=128 exceeds max_new_tokens=96" in trap.warnings()[0]
-    assert EvalConfig(methods=["gkv"], budgets=[64], max_new_tokens=96, compression=CompressionConfig(
+    short = SamplingOptions(max_new_tokens=96)
+    trap = EvalConfig(methods=["full", "gkv", "s4r"], budgets=[64], sampling=short)  # reference interval 128
+    assert len(trap.warnings()) == 1
+    assert "compression.interval=128 exceeds sampling.max_new_tokens=96" in trap.warnings()[0]
+    assert EvalConfig(methods=["gkv"], budgets=[64], sampling=short, compression=CompressionConfig(
         "full", interval=16)).warnings() == []
-    assert EvalConfig(methods=["gkv"], budgets=[64], max_new_tokens=256).warnings() == []
+    assert EvalConfig(methods=["gkv"], budgets=[64], sampling=SamplingOptions(max_new_tokens=256)).warnings() == []
 
 
 def test_a_tracker_that_is_not_installed_is_refused_with_the_fix(monkeypatch):
@@ -141,42 +143,49 @@ def test_a_tracker_that_is_not_installed_is_refused_with_the_fix(monkeypatch):
     TrainConfig(report_to=[])  # control: no tracker, nothing to check
 
 
-def test_overrides_take_trl_names_and_suggest_on_typos():
-    from gkv_train.run_config import EvalConfig, TrainConfig, translate_overrides
+def test_trl_fields_are_keys_and_moved_keys_are_named():
+    """GRPOConfig's own fields are keys as they are (no translation); a moved key, a derived TRL field and the
+    old ``trl.`` prefix are refused naming the key to write; a typo gets "did you mean"."""
+    from gkv_train.run_config import EvalConfig, TrainConfig, check_overrides
 
-    argv = ["recipe=rl_full", "compression.budget=64", "max_completion_length=32", "bf16=true", "samples_per_prompt=4",
-            "weight_decay=0.01", "num_iterations=2", "log_completions=true", "push_to_hub=false", "+x=1", "trl.seed=3"]
-    out, notes = translate_overrides(argv, TrainConfig, passthrough=True)
-    assert out == ["recipe=rl_full", "compression.budget=64", "max_new_tokens=32", "precision=bf16", "num_generations=4",
-                   "+trl.weight_decay=0.01", "+trl.num_iterations=2", "+trl.log_completions=true",
-                   "+trl.push_to_hub=false", "+x=1", "+trl.seed=3"]
-    assert len(notes) == 3 and "max_new_tokens is the name used here" in notes[0]
-    with pytest.raises(ValueError, match="unknown configuration key 'num_generation'; did you mean num_generations"):
-        translate_overrides(["num_generation=4"], TrainConfig, passthrough=True)
-    with pytest.raises(ValueError, match="'compression.bugdet'; did you mean compression.budget"):
-        translate_overrides(["compression.bugdet=4"], TrainConfig, passthrough=True)
-    with pytest.raises(ValueError, match="per_device_train_batch_size is not set directly here: rows per step"):
-        translate_overrides(["per_device_train_batch_size=8"], TrainConfig, passthrough=True)
-    # evaluate.py: one sample-count name (n_samples is an alias), no trainer pass-through
-    assert translate_overrides(["n_samples=2"], EvalConfig, passthrough=False)[0] == ["num_generations=2"]
-    with pytest.raises(ValueError, match="unknown configuration key 'weight_decay'"):
-        translate_overrides(["weight_decay=0.1"], EvalConfig, passthrough=False)
+    argv = ["recipe=rl_full", "compression.budget=64", "sampling.max_new_tokens=32", "precision=bf16",
+            "weight_decay=0.01", "num_iterations=2", "log_completions=true", "push_to_hub=false", "+x=1"]
+    assert check_overrides(argv, TrainConfig) == argv
+    refusals = {
+        "max_new_tokens=32": "max_new_tokens is now sampling.max_new_tokens (the sampling group): write "
+                             "sampling.max_new_tokens=32",
+        "n_samples=2": "n_samples is now sampling.num_generations",
+        "max_completion_length=32": "max_completion_length (TRL's) is not a key here: it is set from "
+                                    "sampling.max_new_tokens",
+        "bf16=true": "bf16 (TRL's) is not a key here: it is set from precision=bf16",
+        "per_device_train_batch_size=8": "set from prompts_per_step",
+        "trl.weight_decay=0.01": "trl.weight_decay: TRL's fields are keys of their own: write weight_decay=0.01",
+        "num_generation=4": "unknown configuration key 'num_generation'; did you mean sampling.num_generations",
+        "compression.bugdet=4": "'compression.bugdet'; did you mean compression.budget",
+    }  # fmt: skip
+    for arg, message in refusals.items():
+        with pytest.raises(ValueError) as err:
+            check_overrides([arg], TrainConfig)
+        assert message in str(err.value), (arg, str(err.value))
+    assert check_overrides(["sampling.num_generations=2"], EvalConfig) == ["sampling.num_generations=2"]
+    with pytest.raises(ValueError, match="n_samples is now sampling.num_generations"):
+        check_overrides(["n_samples=2"], EvalConfig)
+    with pytest.raises(ValueError, match="unknown configuration key 'weight_decay'"):  # TRL's fields: training only
+        check_overrides(["weight_decay=0.1"], EvalConfig)
 
 
 def test_overrides_rough_edges():
     """Dashes refused with the fix; report_to as a string; a data path drops the default task name."""
-    from gkv_train.run_config import EvalConfig, TrainConfig, translate_overrides
+    from gkv_train.run_config import EvalConfig, TrainConfig, check_overrides
 
     for argv, fix in ((["--max_steps=5"], "max_steps=5"), (["--max_steps", "5"], "max_steps=5"), (["--lr"], "lr=VALUE")):
         with pytest.raises(ValueError, match=f"drop the dashes, overrides are key=value \\(write {fix}\\)"):
-            translate_overrides(argv, TrainConfig, passthrough=True)
-    assert translate_overrides(["--help"], TrainConfig, passthrough=True)[0] == ["--help"]  # Hydra's own flag
-    assert translate_overrides(["report_to=wandb"], TrainConfig, passthrough=True)[0] == ["report_to=[wandb]"]
-    assert translate_overrides(["report_to=[wandb]"], TrainConfig, passthrough=True)[0] == ["report_to=[wandb]"]
-    out = translate_overrides(["data.path=a.jsonl"], EvalConfig, passthrough=False)[0]
-    assert out == ["data.path=a.jsonl", "data.name=null"]
+            check_overrides(argv, TrainConfig)
+    assert check_overrides(["--help"], TrainConfig) == ["--help"]  # Hydra's own flag
+    assert TrainConfig(report_to="tensorboard").report_to == ["tensorboard"]  # TRL takes a string too
+    assert check_overrides(["data.path=a.jsonl"], EvalConfig) == ["data.path=a.jsonl", "data.name=null"]
     both = ["data.path=a.jsonl", "data.name=gsm8k"]  # control: an explicit name stays (and is refused later)
-    assert translate_overrides(both, EvalConfig, passthrough=False)[0] == both
+    assert check_overrides(both, EvalConfig) == both
     # through the entry point: one line, exit 2, before any work
     import subprocess
     import sys
@@ -188,30 +197,40 @@ def test_overrides_rough_edges():
         "error: --data.limit: drop the dashes, overrides are key=value (write data.limit=2)"), proc.stderr
 
 
-def test_trl_pass_through_is_checked_against_the_trainer_arguments():
-    from gkv_train.launch import trainer_args
-    from gkv_train.run_config import TrainConfig
+def test_trainer_arguments_are_trl_dataclasses_extended():
+    """GRPO: a ``CompressedGRPOConfig`` (GRPOConfig + compression, rl) with every TRL key as given and the sampling
+    group in TRL's fields; distillation: a ``CompressedDistillationConfig`` (TrainingArguments + compression,
+    distill, sampling); a GRPO-only key under distillation is refused, not dropped."""
+    import json
 
-    args = trainer_args(TrainConfig(trl={"weight_decay": 0.01, "num_iterations": 2}), 1)  # control: accepted
-    assert (args.weight_decay, args.num_iterations) == (0.01, 2)
-    with pytest.raises(ValueError, match="trl.no_such_field is not a field of GRPOConfig"):
-        trainer_args(TrainConfig(trl={"no_such_field": 1}), 1)
-    with pytest.raises(ValueError, match="trl.num_iterations is not a field of TrainingArguments"):
-        trainer_args(TrainConfig(algorithm="distill", trl={"num_iterations": 2}), 1)
-    with pytest.raises(ValueError, match="trl.per_device_train_batch_size is set by this project"):
-        trainer_args(TrainConfig(trl={"per_device_train_batch_size": 4}), 1)
-    with pytest.raises(ValueError, match=r"trl.fp16 is set by this project from its own keys: set precision"):
-        trainer_args(TrainConfig(trl={"fp16": True}), 1)  # not among the arguments set, but derived from precision
+    from gkv_train.distill import CompressedDistillationConfig
+    from gkv_train.grpo import CompressedGRPOConfig
+    from gkv_train.launch import trainer_args
+    from gkv_train.run_config import SamplingOptions, TrainConfig
+
+    config = TrainConfig(weight_decay=0.01, num_iterations=2, sampling=SamplingOptions(num_generations=4, top_p=0.9))
+    args = trainer_args(config, 1)
+    assert isinstance(args, CompressedGRPOConfig)
+    assert (args.weight_decay, args.num_iterations, args.num_generations, args.top_p) == (0.01, 2, 4, 0.9)
+    assert (args.per_device_train_batch_size, args.max_completion_length, args.learning_rate) == (8, 256, 2e-6)
+    assert args.compression == config.compression and args.rl == config.rl
+    assert json.loads(args.to_json_string())["compression"]["budget"] == 64  # option groups serialise
+    distill = trainer_args(TrainConfig(algorithm="distill", recipe="distill", weight_decay=0.01), 1)
+    assert isinstance(distill, CompressedDistillationConfig) and distill.weight_decay == 0.01
+    assert distill.sampling == TrainConfig().sampling and not distill.remove_unused_columns
+    with pytest.raises(ValueError, match="num_iterations: GRPO options .* algorithm=distill"):
+        TrainConfig(algorithm="distill", num_iterations=2)
 
 
 def test_compile_decode_with_s4r_is_refused_before_work():
-    from gkv_train.run_config import EvalConfig, TrainConfig
+    from gkv_train.run_config import EvalConfig, SamplingOptions, TrainConfig
 
-    with pytest.raises(ValueError, match="compile_decode=true does not apply to s4r"):
-        TrainConfig(compile_decode=True, compression=CompressionConfig("s4r"))
-    with pytest.raises(ValueError, match="compile_decode=true does not apply to s4r"):
-        EvalConfig(compile_decode=True, methods=["gkv", "s4r"])
-    assert EvalConfig(compile_decode=True, methods=["full", "gkv"]).compile_decode
+    compiled = SamplingOptions(compile_decode=True)
+    with pytest.raises(ValueError, match="sampling.compile_decode=true does not apply to s4r"):
+        TrainConfig(sampling=compiled, compression=CompressionConfig("s4r"))
+    with pytest.raises(ValueError, match="sampling.compile_decode=true does not apply to s4r"):
+        EvalConfig(sampling=compiled, methods=["gkv", "s4r"])
+    assert EvalConfig(sampling=compiled, methods=["full", "gkv"]).sampling.compile_decode
 
 
 @pytest.mark.parametrize(
@@ -315,7 +334,7 @@ def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model
     with pytest.raises(ValueError, match="the prompt of problem 8 \\(5000 tokens\\) plus 24 new tokens"):
         check()
     check(prompts=prompts[:1])  # control
-    with pytest.raises(ValueError, match="max_new_tokens=5000 does not fit .* at most 4082 does after the longest"):
+    with pytest.raises(ValueError, match="sampling.max_new_tokens=5000 does not fit .* at most 4082 does after the longest"):
         check(prompts=prompts[:1], new=5000)
     with pytest.raises(ValueError, match="compression.rank_v=33 exceeds"):
         check(prompts=prompts[:1], compressions=[CompressionConfig("s4r", rank_v=33)])
@@ -326,7 +345,7 @@ def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model
     one = preflight.rollout_bytes(preflight.ModelShape("m", 4096, 4, 6, 2, 16), full[0], 1, 10, 90, 4)
     assert one == 100 * 1024 + 90 * 12
     monkeypatch.setattr(preflight, "available_memory", lambda device: (20 * 10**6, "test memory"))
-    with pytest.raises(ValueError, match=r"the evaluation \(64 sequences, full cache, max_new_tokens=900\) needs about "
+    with pytest.raises(ValueError, match=r"the evaluation \(64 sequences, full cache, sampling.max_new_tokens=900\) needs about "
                                          r"60.\d MB .* more than the 20.0 MB of test memory"):
         check(prompts=["q" * 5], new=900, rows=64)
     check(prompts=["q" * 5], new=900, rows=16)  # controls: fewer rows; a compressed cache (budget + interval slots)
@@ -353,6 +372,10 @@ def test_help_lists_every_key_with_type_default_and_help():
             assert f"  {key}  ({kind}, default {default})" in shown, key
     train = subprocess.run([sys.executable, str(root / "train.py"), "-h"], capture_output=True, text=True, check=True).stdout
     assert "rl.rollout_veto  (float | None, default None)" in train and "recipe=NAME" in train
+    assert "sampling.max_new_tokens  (int, default 96)" in train and "\n  max_new_tokens " not in train
+    # TRL's own fields, with TRL's types and help; the project's defaults say why they differ
+    assert "  weight_decay  (float, default 0.0)\n      Weight decay coefficient" in train
+    assert "  learning_rate  (float, default 2e-06)" in train and "[Default here 2e-06: " in train
 
 
 def test_fields_added_later_leave_earlier_run_identities_valid():

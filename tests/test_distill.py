@@ -4,13 +4,12 @@ import datasets
 import pytest
 import torch
 from conftest import random_prompts  # noqa: F401  (fixtures)
-from transformers import TrainingArguments
 
-from gkv_train.distill import CompressedDistillationTrainer
+from gkv_train.distill import CompressedDistillationConfig, CompressedDistillationTrainer
 from gkv_train.logprobs import token_divergence
 from gkv_train.models import load_model
 from gkv_rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.run_config import DistillOptions
+from gkv_train.run_config import DistillOptions, SamplingOptions
 from gkv_train.traces import generate_traces, load_traces, write_traces
 
 
@@ -31,15 +30,15 @@ def traces(tmp_path_factory):
 def make_trainer(tmp_path, data, mode="offline", divergence="forward_kl", lr=1e-3, steps=1):
     student, tokenizer = load_model("tiny")
     teacher, _ = load_model("tiny")
-    args = TrainingArguments(
+    args = CompressedDistillationConfig(
         output_dir=str(tmp_path), per_device_train_batch_size=8, max_steps=steps, learning_rate=lr, report_to=[],
-        logging_steps=1, save_strategy="no", use_cpu=True, remove_unused_columns=False, seed=0,
-    )
-    return CompressedDistillationTrainer(
-        model=student, teacher=teacher, tokenizer=tokenizer, distill=DistillOptions(mode=mode, divergence=divergence),
+        logging_steps=1, save_strategy="no", use_cpu=True, seed=0,
+        distill=DistillOptions(mode=mode, divergence=divergence),
         compression=CompressionConfig("gkv", budget=10, window=2, interval=4),
-        sampling=SamplingConfig(max_new_tokens=20, temperature=0.8), args=args, train_dataset=data,
+        sampling=SamplingOptions(max_new_tokens=20, temperature=0.8, top_p=1.0),
     )
+    return CompressedDistillationTrainer(model=student, teacher=teacher, tokenizer=tokenizer, args=args,
+                                         train_dataset=data)
 
 
 def test_token_divergence_is_kl():

@@ -41,7 +41,7 @@ def test_pass_at_k_matches_brute_force(n, c):
 @pytest.mark.floor
 def test_evaluate_script_writes_every_output(tmp_path):
     args = [
-        "model=tiny", "data.limit=5", "num_generations=2", "max_new_tokens=12", "methods=[full,gkv,streaming]",
+        "model=tiny", "data.limit=5", "sampling.num_generations=2", "sampling.max_new_tokens=12", "methods=[full,gkv,streaming]",
         "budgets=[8,10]", "compression.window=2", "compression.interval=4", f"output_dir={tmp_path}",
     ]
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args], cwd=ROOT,
@@ -61,7 +61,7 @@ def test_evaluate_script_writes_every_output(tmp_path):
     assert (tmp_path / "pass_at_1_vs_budget.png").stat().st_size > 0
     assert (tmp_path / "retained_density.png").stat().st_size > 0
     summary = strict_json((tmp_path / "summary.json").read_text())  # what produced the results, and with what
-    assert summary["config"]["compression"]["window"] == 2 and summary["config"]["num_generations"] == 2
+    assert summary["config"]["compression"]["window"] == 2 and summary["config"]["sampling"]["num_generations"] == 2
     assert summary["model"]["model"] == "tiny" and summary["data"]["name"] == "arithmetic"
     assert {"torch", "transformers", "trl", "python"} <= set(summary["versions"])
     assert summary["versions"]["git_dirty"] in (True, False) and len(summary["versions"]["git_commit"]) == 40
@@ -147,7 +147,7 @@ def test_evaluate_script_checks_answers_and_keys_results_by_settings(tmp_path):
     another temperature is refused, naming the difference."""
     data = write_problems(tmp_path / "latex.jsonl")
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
-    args = ["model=tiny", "data.name=null", f"data.path={data}", "num_generations=1", "max_new_tokens=4", "plots=false"]
+    args = ["model=tiny", "data.name=null", f"data.path={data}", "sampling.num_generations=1", "sampling.max_new_tokens=4", "plots=false"]
     code = SCRIPT_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=str(ROOT / "scripts" / "evaluate.py"),
                                         answers=[a for _, a, _ in PAIRS], check=CHECK)
     proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -162,7 +162,7 @@ def test_evaluate_script_checks_answers_and_keys_results_by_settings(tmp_path):
     summary = strict_json((run_dir / "summary.json").read_text())
     assert summary["pass@1"] == pytest.approx(sum(e for _, _, e in PAIRS) / len(PAIRS))
 
-    other = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args, "temperature=0.3"],
+    other = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args, "sampling.temperature=0.3"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert other.returncode != 0 and "sampling.temperature" in other.stderr and "overwrite=true" in other.stderr
     assert read_jsonl(run_dir / "samples.jsonl") == samples
@@ -175,7 +175,7 @@ def test_evaluate_script_saves_a_check_whose_worker_died_as_an_error(tmp_path):
     cases = [("1,0", "10", False), ("-2,1", "1,-2", True), ("5", "die", None), ("1234", "1,234", True)]
     data = write_problems(tmp_path / "died.jsonl", [g for g, _, _ in cases])
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
-    args = ["model=tiny", "data.name=null", f"data.path={data}", "num_generations=1", "max_new_tokens=4", "plots=false",
+    args = ["model=tiny", "data.name=null", f"data.path={data}", "sampling.num_generations=1", "sampling.max_new_tokens=4", "plots=false",
             f"output_dir={tmp_path / 'out'}"]
     code = SCRIPT_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=str(ROOT / "scripts" / "evaluate.py"),
                                         answers=[a for _, a, _ in cases], check="verifier_probe:answers_or_die")
@@ -256,7 +256,7 @@ def test_a_second_evaluation_into_a_live_folder_is_refused(tmp_path):
     second is now refused at once (exit 2), naming the first's PID and start time, and the first's results are
     those of a lone run; the folder's lock goes with its holder."""
     out, gate, started = tmp_path / "out", tmp_path / "gate", tmp_path / "started"
-    args = ["model=tiny", "data.limit=6", "num_generations=2", "max_new_tokens=8", "plots=false", f"output_dir={out}"]
+    args = ["model=tiny", "data.limit=6", "sampling.num_generations=2", "sampling.max_new_tokens=8", "plots=false", f"output_dir={out}"]
     first = subprocess.Popen([sys.executable, "-c", GATED_EVALUATE, str(ROOT / "scripts" / "evaluate.py"), *args],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              env={**os.environ, "GATE": str(gate), "STARTED": str(started)})  # fmt: skip
@@ -289,7 +289,7 @@ def test_a_second_evaluation_into_a_live_folder_is_refused(tmp_path):
         ("methods=[gkv] budgets=[0]", "budgets are token counts: each must be at least 1, got [0]"),
         ("methods=[s4r] compression.rank=64",
          "compression.rank=64 exceeds what {model} allows: an S4R basis has at most KV heads x head dim = 2 x 16 = 32"),
-        ("max_new_tokens=100000", "max_new_tokens=100000 does not fit {model}'s context of 4096 tokens"),
+        ("sampling.max_new_tokens=100000", "sampling.max_new_tokens=100000 does not fit {model}'s context of 4096 tokens"),
         ("data.limit=0", "data.limit must be at least 1"),
         ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),
     ],
@@ -331,7 +331,7 @@ def test_a_failed_evaluation_keeps_its_error_in_the_log(tmp_path):
         "def boom(*a, **k):\n"
         "    raise RuntimeError('boom inside the evaluation')\n"
         "e.evaluate_compression = boom\n"
-        f"sys.argv = ['evaluate', 'model=tiny', 'data.limit=2', 'max_new_tokens=4', 'num_generations=1', "
+        f"sys.argv = ['evaluate', 'model=tiny', 'data.limit=2', 'sampling.max_new_tokens=4', 'sampling.num_generations=1', "
         f"'plots=false', 'output_dir={tmp_path / 'out'}']\n"
         "from gkv_train.cli import evaluate\n"
         "evaluate()\n"

@@ -5,9 +5,8 @@ import os
 import datasets
 import pytest
 import torch
-from trl import GRPOConfig
 
-from gkv_train.grpo import CompressedGRPOTrainer, clip_overlong_advantages, rollout_correction
+from gkv_train.grpo import CompressedGRPOConfig, CompressedGRPOTrainer, clip_overlong_advantages, rollout_correction
 from gkv_train.models import load_model
 from gkv_rollout.config import CompressionConfig
 from gkv_train.run_config import SparseRLOptions
@@ -35,12 +34,13 @@ def make_trainer(
         max_steps=steps, learning_rate=lr, bf16=False, report_to=[], logging_steps=1, save_strategy="no",
         use_cpu=True, temperature=1.0, loss_type=loss_type, seed=0,
     )
-    config = GRPOConfig(**{**settings, **args})
-    compression = compression or CompressionConfig("gkv", budget=12, window=4, interval=4)
+    config = CompressedGRPOConfig(
+        **{**settings, **args}, compression=compression or CompressionConfig("gkv", budget=12, window=4, interval=4),
+        rl=SparseRLOptions(train_with_record=train_with_record, rollout_is=rollout_is),
+    )
     return CompressedGRPOTrainer(
         model=model, reward_funcs=[reward], args=config, processing_class=tokenizer,
         train_dataset=datasets.Dataset.from_list([{"prompt": p} for p in PROMPTS]),
-        compression=compression, sparse=SparseRLOptions(train_with_record=train_with_record, rollout_is=rollout_is),
     )
 
 

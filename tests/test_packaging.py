@@ -69,7 +69,7 @@ def test_command_runs_from_any_folder(installed, tmp_path):
     # from the installed package
     out = tmp_path / "svamp"
     evaluate = run(target, tmp_path, "evaluate", "model=tiny", "data.name=svamp", "data.split=test", "data.limit=2",
-                   "max_new_tokens=4", "num_generations=1", "methods=[full]", f"output_dir={out}", "plots=false",
+                   "sampling.max_new_tokens=4", "sampling.num_generations=1", "methods=[full]", f"output_dir={out}", "plots=false",
                    GKV_DATA_DIR=str(ROOT.parent / "shared" / "data"))  # fmt: skip
     assert evaluate.returncode == 0, evaluate.stderr
     assert (out / "results.json").is_file() and "svamp" in (out / "results.json").read_text()
