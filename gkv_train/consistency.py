@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 import torch
 
@@ -95,8 +94,11 @@ def check(argv: list[str] | None = None) -> dict:
     parser.add_argument("--compile-decode", action="store_true", help="decode steps as compiled graphs")
     add_compression_args(parser, method="gkv", budget=32, window=8, interval=16)
     args = parser.parse_args(argv)
-    compression = compression_from_args(args)
-    check_compile_decode(args.compile_decode, [compression], key="--compile-decode")
+    try:
+        compression = compression_from_args(args)
+        check_compile_decode(args.compile_decode, [compression], key="--compile-decode")
+    except ValueError as err:
+        parser.error(str(err))  # one line and exit 2, before any work
 
     model, tokenizer = load_model(args.model)
     if args.model.startswith("tiny"):
@@ -123,7 +125,7 @@ def check(argv: list[str] | None = None) -> dict:
         "prompt_lengths": out.prompt_lengths.tolist(),
         "new_tokens": out.stats["new_tokens"],
         "retention": round(out.retention.mean().item(), 4),
-        "config": dataclasses.asdict(compression.resolved()),
+        "config": compression.resolved().flat(),
     }
     print(dumps(result), flush=True)
     return result

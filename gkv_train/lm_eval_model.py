@@ -51,7 +51,7 @@ class CompressedLM(LM):
 
             self.model = PeftModel.from_pretrained(self.model, adapter).merge_and_unload()
         options = {k: v for k, v in dict(budget=budget, window=window, interval=interval, eta=eta).items() if v is not None}
-        self.compression = CompressionConfig(method, **{k: type_of(k)(v) for k, v in options.items()})
+        self.compression = CompressionConfig.of(method, **{k: type_of(k)(v) for k, v in options.items()})
         self.engine = RolloutEngine(self.model, self.tokenizer, self.compression, chat=False)
         self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
         self.max_gen_toks, self.seed = int(max_gen_toks), int(seed)

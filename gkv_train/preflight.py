@@ -99,14 +99,14 @@ def check_ranks(shape: ModelShape, compressions: list[CompressionConfig]) -> Non
     """S4R ranks within the model's D' (a larger one would be cut to D', and the run recorded as what was given),
     and its ``full_layers`` among the model's layers (another index would be ignored)."""
     for c in compressions:
-        beyond = [layer for layer in c.full_layers if layer >= shape.layers] if c.method == "s4r" else []
+        beyond = [layer for layer in c.s4r.full_layers if layer >= shape.layers] if c.method == "s4r" else []
         if beyond:
-            raise ValueError(f"compression.full_layers={list(c.full_layers)}: {shape.name} has layers 0-{shape.layers - 1}")
+            raise ValueError(f"compression.s4r.full_layers={list(c.s4r.full_layers)}: {shape.name} has layers 0-{shape.layers - 1}")
         for key in ("rank", "rank_v"):
-            value = getattr(c, key)
+            value = getattr(c.s4r, key)
             if c.method == "s4r" and value is not None and value > shape.latent_dim:
                 raise ValueError(
-                    f"compression.{key}={value} exceeds what {shape.name} allows: an S4R basis has at most KV heads x "
+                    f"compression.s4r.{key}={value} exceeds what {shape.name} allows: an S4R basis has at most KV heads x "
                     f"head dim = {shape.kv_heads} x {shape.head_dim} = {shape.latent_dim} columns"
                 )
 
@@ -166,7 +166,7 @@ def rollout_bytes(shape: ModelShape, c: CompressionConfig, rows: int, prompt: in
     total = prompt + new
     per_token = 2 * L * H * D * dtype_bytes
     if c.method == "s4r":
-        rank = max(c.rank or 0, c.rank_v or 0) or shape.latent_dim  # the eta rank is at most D'
+        rank = max(c.s4r.rank or 0, c.s4r.rank_v or 0) or shape.latent_dim  # the eta rank is at most D'
         size = prompt * per_token + L * total * (2 * rank * 4 + G * 8) + L * new * (total + 7) // 8
     elif c.compresses:
         slots = min(total, max(prompt, c.budget) + c.interval)

@@ -10,6 +10,7 @@ the key ``seed``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import re
@@ -20,7 +21,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from gkv_train.data import DataConfig
-from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.config import GROUPS, CompressionConfig, SamplingConfig
 
 ALGORITHMS = ("grpo", "distill")
 # TRL's GRPO losses; each is ratio x advantage, so truncated importance sampling (``rl.rollout_is``) applies
@@ -314,6 +315,8 @@ class TrainOptions:
             for weight in self.reward_weights:
                 check_range("reward_weights", weight)
         check_recipe(self.recipe, self.compression, self.rl)
+        if not self.compression.compresses and self.compression.unread():
+            raise ValueError(f"compression.{self.compression.unread()[0]} does not apply to compression.method=full")
         if self.algorithm == "grpo" and self.sampling.num_generations < 2:
             raise ValueError("sampling.num_generations must be at least 2: GRPO compares samples of one prompt")
         if self.algorithm == "distill":
@@ -390,7 +393,6 @@ def _schema_type(kind):
 
 def _trl_fields() -> dict[str, TrlField]:
     """GRPOConfig's fields that are keys of ``TrainConfig`` (not the project's own, not ``DERIVED``)."""
-    import dataclasses
     import enum
     import typing
 
@@ -418,7 +420,6 @@ def _trl_fields() -> dict[str, TrlField]:
 def _train_config() -> type:
     """``TrainOptions`` + every ``GRPOConfig`` field of ``TRL_FIELDS``: the one schema of ``train.py``."""
     import copy
-    import dataclasses
 
     fields = []
     for key, trl in TRL_FIELDS.items():
@@ -444,7 +445,6 @@ def _train_config() -> type:
 def _generate() -> None:
     """Build ``TRL_FIELDS``, ``GRPO_ONLY`` and ``TrainConfig`` from the installed TRL, on first use (evaluation and
     traces need none of them, and so do not import TRL)."""
-    import dataclasses
 
     from transformers import TrainingArguments
 
@@ -494,7 +494,7 @@ LATER_COMPRESSION_FIELDS = ("refresh", "refresh_rank")
 def compression_identity(compression: CompressionConfig) -> dict:
     """The resolved compression settings that determine a run's results (``LATER_COMPRESSION_FIELDS`` left out
     when refresh is off)."""
-    settings = asdict(compression.resolved())
+    settings = compression.resolved().flat()
     if settings["refresh"] == 0:
         settings = {k: v for k, v in settings.items() if k not in LATER_COMPRESSION_FIELDS}
     return settings
@@ -627,13 +627,17 @@ class EvalConfig:
 
     def compressions(self) -> list[CompressionConfig]:
         """Every compression to evaluate (validated)."""
-        base = asdict(self.compression)
         methods = self.methods or [self.compression.method]
         budgets = self.budgets or [self.compression.budget]
         runs = []
         for method in methods:
             for budget in [None] if method == "full" else budgets:
-                runs.append(CompressionConfig(**{**base, "method": method, "budget": budget}))
+                runs.append(self.compression.for_method(method, budget))
+        read = {key for run in runs for key in run.reads()}
+        unread = [key for key in self.compression.unread() if key not in read] if self.compression.method == "full" \
+            else []  # (another method's own configuration was checked when it was built)
+        if unread:
+            raise ValueError(f"compression.{unread[0]} applies to none of the runs ({', '.join(methods)})")
         return runs
 
 
@@ -641,12 +645,13 @@ class EvalConfig:
 MOVED = {
     **{key: f"sampling.{key}" for key in ("num_generations", "max_new_tokens", "temperature", "top_p", "compile_decode")},
     "n_samples": "sampling.num_generations", "samples_per_prompt": "sampling.num_generations",
+    **{f"compression.{key}": f"compression.{group}.{key}" for group, options in GROUPS.items()
+       for key in (f.name for f in dataclasses.fields(options))},
 }  # fmt: skip
 
 
 def schema_keys(schema) -> set[str]:
     """Every dotted key of a config dataclass, nested groups included (``compression.budget``, ...)."""
-    import dataclasses
     import typing
 
     keys = set()
@@ -692,7 +697,7 @@ def check_overrides(argv: list[str], schema) -> list[str]:
         if not eq or key.startswith(("+", "~", "hydra.")) or key in known:
             continue
         if key in MOVED and MOVED[key] in known:
-            raise ValueError(f"{key} is now {MOVED[key]} (the sampling group): write {MOVED[key]}={value}")
+            raise ValueError(f"{key} is now {MOVED[key]} (options are grouped): write {MOVED[key]}={value}")
         if key in DERIVED and "prompts_per_step" in known:
             raise ValueError(f"{key} (TRL's) is not a key here: it is set from {DERIVED[key]}")
         if key.startswith("trl.") and key[4:] in known:

@@ -106,7 +106,7 @@ def main() -> None:
     for method in args.methods:
         config = dataclasses.replace(compression, method=method)
         seconds = time_compression(shape, config, args.batch, args.repeats)
-        result["compression"][method] = dataclasses.asdict(config.resolved())
+        result["compression"][method] = config.resolved().flat()
         result["ms_per_compression"][method] = {
             "median": round(statistics.median(seconds) * 1e3, 1), "min": round(min(seconds) * 1e3, 1),
         }  # fmt: skip

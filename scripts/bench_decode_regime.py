@@ -82,7 +82,15 @@ def task_keys(group: str, split: str, limit: int, args) -> list[str]:
 
 
 def sampling_keys(args) -> list[str]:
-    return [f"sampling.max_new_tokens={args.max_new_tokens}", f"sampling.temperature={args.temperature}", f"sampling.top_p={args.top_p}"]
+    """The sampling overrides of evaluate.py, train.py and the traces."""
+    return [f"sampling.max_new_tokens={args.max_new_tokens}", f"sampling.temperature={args.temperature}",
+            f"sampling.top_p={args.top_p}"]  # fmt: skip
+
+
+def sampling_settings(args) -> list[str]:
+    """The sampling settings as a results section records them (compared when a stage resumes or extends: the
+    form of the first results, before the keys were grouped)."""
+    return [f"max_new_tokens={args.max_new_tokens}", f"temperature={args.temperature}", f"top_p={args.top_p}"]
 
 
 def evaluate(model: list[str], split: str, problems: int, samples: int, methods: list[str], budgets: list[int],
@@ -142,7 +150,7 @@ def stage_methods(root: Path, args, publish) -> dict:
     folder, model, seed = root / "methods", [f"model={args.model}"], args.seed + 1
     problems, samples = args.methods_problems, args.methods_samples
     settings = {"model": args.model, "sentences": args.sentences, "window": args.window, "interval": args.interval,
-                "sampling": sampling_keys(args), "problems": problems, "samples": samples, "seed": seed,
+                "sampling": sampling_settings(args), "problems": problems, "samples": samples, "seed": seed,
                 "s4r_length": args.s4r_length}  # fmt: skip
     table: dict = {"full": None, "methods": {}}
     section = {"task": {"split": "test", "problems": problems, "samples_per_problem": samples},
@@ -169,16 +177,16 @@ def stage_methods(root: Path, args, publish) -> dict:
         for method in args.methods:
             measure(method, budget, lambda m=method: runs_of([m], budget, folder)[f"{m}-b{budget}"])
         for form in (f for f in args.gkv_forms if f != "max"):
-            extra = [f"compression.window={args.window}", f"compression.interval={args.interval}", f"compression.form={form}"]
+            extra = [f"compression.window={args.window}", f"compression.interval={args.interval}", f"compression.eviction.form={form}"]
             measure(f"gkv-{form}", budget,
                     lambda e=extra, f=form: runs_of(["gkv"], budget, folder / f"gkv-{f}", e)[f"gkv-b{budget}"])  # fmt: skip
         if args.s4r_length:
             eta = round(budget / args.s4r_length, 4)
             section["s4r"]["eta"][str(budget)] = eta
-            extra = [f"compression.eta={eta}", f"compression.expected_length={args.s4r_length}"]
+            extra = [f"compression.s4r.eta={eta}", f"compression.s4r.expected_length={args.s4r_length}"]
             measure("s4r", budget, lambda e=extra: runs_of(["s4r"], budget, folder, e)[f"s4r-b{budget}"])
             if args.s4r_refresh:  # the same memory, bases that follow the generation (docs/s4r.md)
-                extra = [*extra, f"compression.refresh={args.s4r_refresh}"]
+                extra = [*extra, f"compression.s4r.refresh={args.s4r_refresh}"]
                 measure("s4r-refresh", budget,
                         lambda e=extra: runs_of(["s4r"], budget, folder / "s4r-refresh", e)[f"s4r-b{budget}"])  # fmt: skip
     first = str(args.budgets[0])
@@ -244,7 +252,7 @@ def train_keys(name: str, root: Path, args) -> list[str]:
 def s4r_keys(budget: int, args) -> list[str]:
     """S4R at the persistent memory of an eviction cache of ``budget`` tokens: eta = budget / ``--s4r-length``, the
     rank solved at that length (S4R's own window and scoring otherwise)."""
-    return [f"compression.eta={round(budget / args.s4r_length, 4)}", f"compression.expected_length={args.s4r_length}"]
+    return [f"compression.s4r.eta={round(budget / args.s4r_length, 4)}", f"compression.s4r.expected_length={args.s4r_length}"]
 
 
 def teacher_traces(root: Path, args) -> Path:
@@ -277,7 +285,7 @@ def training_settings(args) -> dict:
     """What makes two training sections' models comparable: the task, cache, sampling, the training recipe's
     shared figures and the held-out evaluation."""
     return {"model": args.model, "sentences": args.sentences, "copy_required": args.copy_required,
-            "window": args.window, "interval": args.interval, "sampling": sampling_keys(args),
+            "window": args.window, "interval": args.interval, "sampling": sampling_settings(args),
             "train_method": args.train_method, "train_budget": args.train_budget, "eval_budgets": args.eval_budgets,
             "training": training_figures(args), "eval": eval_figures(args), "eval_seed": args.seed,
             "s4r_length": args.s4r_length}  # fmt: skip

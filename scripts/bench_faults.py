@@ -1460,8 +1460,8 @@ def output_cases() -> list[Case]:
     eval_files = ["summary.json", "results.json", "full/summary.json", "full/run.json", "full/samples.jsonl",
                   "full/density.jsonl"]  # fmt: skip
     cases = [
-        either("output/s4r-rank-recorded", K, L, "compression.rank=1000 for s4r: clamped to the model's width but "
-               "recorded as given", "evaluate", {"compression.method": "s4r", "compression.rank": 1000},
+        either("output/s4r-rank-recorded", K, L, "compression.s4r.rank=1000 for s4r: clamped to the model's width but "
+               "recorded as given", "evaluate", {"compression.method": "s4r", "compression.s4r.rank": 1000},
                ["rank"], s4r_rank_check, before_load=False),
         result("output/evaluate-strict-json", K, C, "every evaluate.py JSON file and line parses strictly (3 "
                "problems x 3 samples, uneven batches)", "evaluate",

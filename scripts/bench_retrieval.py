@@ -104,7 +104,7 @@ def stage_table(root: Path, chosen: dict, args) -> dict:
                         ["compression.interval=100000"], folder, args)  # fmt: skip  (prefill compression only)
         entry = {"context": context, "full": row(runs["full"]), "etas": {}}
         for eta, budget in zip(args.etas, budgets):
-            s4r = evaluate(task, context, "test", args.problems, ["s4r"], [budget], [f"compression.eta={eta}"],
+            s4r = evaluate(task, context, "test", args.problems, ["s4r"], [budget], [f"compression.s4r.eta={eta}"],
                            folder / f"s4r-eta{eta}", args)  # fmt: skip
             entry["etas"][str(eta)] = {"budget": budget, "s4r": row(s4r[f"s4r-b{budget}"]),
                                        **{m: row(runs[f"{m}-b{budget}"]) for m in args.methods}}  # fmt: skip
@@ -114,7 +114,7 @@ def stage_table(root: Path, chosen: dict, args) -> dict:
 
 
 def ablation_variants(args) -> dict[str, list[str]]:
-    variants = {"default": [], "no_sinks": ["compression.sinks=0"], "no_normalize": ["compression.normalize=false"],
+    variants = {"default": [], "no_sinks": ["compression.sinks=0"], "no_normalize": ["compression.s4r.normalize=false"],
                 "pool_avg": ["compression.pool=avg"]}  # fmt: skip
     variants.update({f"window_{w}": [f"compression.window={w}"] for w in args.windows if w != 32})
     return variants
@@ -132,7 +132,7 @@ def stage_ablations(root: Path, chosen: dict, args, publish=lambda section: None
         for name, keys in ablation_variants(args).items():
             if args.ablations and name not in args.ablations:
                 continue
-            runs = evaluate(task, context, "test", args.problems, ["s4r"], None, [f"compression.eta={eta}", *keys],
+            runs = evaluate(task, context, "test", args.problems, ["s4r"], None, [f"compression.s4r.eta={eta}", *keys],
                             root / "ablations" / f"{task}-{context}-eta{eta}" / name, args)  # fmt: skip
             (summary,) = runs.values()
             table[task][name] = row(summary)

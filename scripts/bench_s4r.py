@@ -84,7 +84,7 @@ def memory_share(model, tokenizer, prompt: str, eta: float, new_tokens: int) -> 
     """The share reached at the end of ``new_tokens`` forced tokens, per meaning of ``eta``."""
     shares = {}
     for label, expected in (("eta_at_prompt_length", 0), ("eta_at_end_of_generation", None)):
-        engine = RolloutEngine(model, tokenizer, CompressionConfig("s4r", eta=eta, expected_length=expected), chat=False)
+        engine = RolloutEngine(model, tokenizer, CompressionConfig.of("s4r", eta=eta, expected_length=expected), chat=False)
         out = engine.generate([prompt], SamplingConfig(max_new_tokens=new_tokens, temperature=0, ignore_eos=True))
         shares[label] = out.memory_share[0].item()
     return {"prompt_tokens": int(out.prompt_lengths[0]), "memory_share": shares}
@@ -174,7 +174,7 @@ def main() -> None:
     args = parser.parse_args()
 
     model, tokenizer = load_model(args.model)
-    s4r = CompressionConfig("s4r", eta=args.eta)
+    s4r = CompressionConfig.of("s4r", eta=args.eta)
     where = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
              "machine": machine()}  # fmt: skip
     prompt = long_prompt(tokenizer, args.context)
@@ -183,7 +183,7 @@ def main() -> None:
         sampled = engine.generate([prompt], SamplingConfig(max_new_tokens=args.new_tokens, temperature=0.6,
                                                            top_p=0.95, seed=args.seed, ignore_eos=True))  # fmt: skip
         completion = sampled.completions()[0]
-        configs = {"s4r": s4r, "s4r_refresh": CompressionConfig("s4r", eta=args.eta, refresh=args.refresh)}
+        configs = {"s4r": s4r, "s4r_refresh": CompressionConfig.of("s4r", eta=args.eta, refresh=args.refresh)}
         errors = {name: projection_errors(model, tokenizer, prompt, completion, c) for name, c in configs.items()}
         timed(model, tokenizer, prompt, s4r, 4)  # warm-up
         times = {name: timed(model, tokenizer, prompt, c, args.new_tokens)["decode_seconds_per_token"]
@@ -202,7 +202,7 @@ def main() -> None:
     timed(model, tokenizer, prompt[:2000], s4r, 4)  # warm-up: first-call allocations are not S4R's cost
     full = timed(model, tokenizer, prompt, CompressionConfig("full"), args.new_tokens)
     sparse = timed(model, tokenizer, prompt, s4r, args.new_tokens)
-    everything = timed(model, tokenizer, prompt, CompressionConfig("s4r", eta=args.eta, rho=1.0), args.new_tokens)
+    everything = timed(model, tokenizer, prompt, CompressionConfig.of("s4r", eta=args.eta, rho=1.0), args.new_tokens)
 
     budget, passkey = None, None
     if args.cases > 0:

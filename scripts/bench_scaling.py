@@ -64,7 +64,7 @@ def rollout_point(args) -> dict:
         prompts = encode_prompts(tokenizer, gsm8k_questions(args.batch))
     loaded = peak_rss_bytes()
     compression = {"full": CompressionConfig("full"), "gkv": CompressionConfig("gkv", budget=args.budget),
-                   "s4r": CompressionConfig("s4r", eta=args.eta)}[method]  # fmt: skip
+                   "s4r": CompressionConfig.of("s4r", eta=args.eta)}[method]  # fmt: skip
     sampling = SamplingConfig(max_new_tokens=length, temperature=0.6, top_p=0.95, seed=0, ignore_eos=True)
     out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling)
     s = out.stats

@@ -27,7 +27,6 @@ the loss's with them; for distillation the teacher's and the student's forward w
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import tempfile
 import sys
@@ -110,7 +109,7 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     from accelerate import PartialState
     from trl import GRPOTrainer
 
-    from gkv_train import grpo
+    from gkv_train import grpo, run_config
     from gkv_train.launch import distill_trainer, grpo_trainer, import_callable, trainer_args, training_data
     from gkv_train.models import load_model
     from gkv_rollout.config import SamplingConfig
@@ -139,7 +138,7 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
         trainer._generate = timer.timed("generation", trainer._generate)
     elif name == "distill":
         trainer = distill_trainer(config, training_args, model, tokenizer, state, [timer], torch.float32, data)
-        trainer.sampling = dataclasses.replace(trainer.sampling, ignore_eos=True)
+        run_config.SamplingConfig = functools.partial(SamplingConfig, ignore_eos=True)  # what its rollout samples with
         trainer._rollout = timer.timed("generation", trainer._rollout)
         trainer._student_loss = timer.timed("logprob_forward", trainer._student_loss)
     else:
@@ -153,7 +152,7 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     try:
         trainer.train()
     finally:
-        grpo.SamplingConfig = SamplingConfig
+        grpo.SamplingConfig = run_config.SamplingConfig = SamplingConfig
     timed = timer.steps[args.warmup :]
     result = {k: round(sum(s[k] for s in timed) / len(timed), 3) for k in (*PHASES, "total")}
     lengths = [r["completions/mean_length"] for r in trainer.state.log_history if "completions/mean_length" in r]

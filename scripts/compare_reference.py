@@ -95,9 +95,9 @@ def project_config(name: str, budget: int, window: int, interval: int) -> Compre
     if name == "snapkv":
         return CompressionConfig("snapkv", pool_kernel=5, **common)
     if name == "rkv":
-        return CompressionConfig("rkv", pool_kernel=5, lambda_=0.1, **common)
+        return CompressionConfig.of("rkv", pool_kernel=5, lambda_=0.1, **common)
     if name == "h2o":
-        return CompressionConfig("h2o", alpha=0.8, **dict(common, window=1))
+        return CompressionConfig.of("h2o", alpha=0.8, **dict(common, window=1))
     if name.startswith("gkv-"):
         return CompressionConfig(
             "gkv", alpha=0.8, lambda_=0.5, pool_kernel=1, redundancy=True, form=name[4:], **common

@@ -22,8 +22,57 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig
 )
 def test_bad_compression_config_names_the_problem(kwargs, message):
     with pytest.raises(ValueError) as err:
-        CompressionConfig(**kwargs)
+        CompressionConfig.of(**kwargs)
     assert message in str(err.value)
+
+
+def test_each_method_takes_only_the_options_it_reads():
+    """Options are grouped (``compression.eviction.*``, ``compression.s4r.*``); a method refuses a group option
+    it does not read, naming what it reads; ``of`` puts flat names in their groups; a sweep gives each run the
+    options it reads and refuses one that no run reads."""
+    from gkv_train.run_config import EvalConfig
+
+    assert CompressionConfig.of("gkv", alpha=0.5, budget=64).eviction.alpha == 0.5
+    assert CompressionConfig.of("s4r", eta=0.3, window=8).s4r.eta == 0.3
+    assert CompressionConfig.of("rkv", lambda_=0.2).eviction.lambda_ == 0.2  # control: rkv reads lambda_
+    for method, options, message in [
+        ("snapkv", dict(alpha=0.5), "compression.eviction.alpha does not apply to compression.method=snapkv, which "
+         "reads none of the eviction options"),
+        ("rkv", dict(alpha=0.5), "which reads eviction.lambda_, eviction.redundancy, eviction.similarity"),
+        ("gkv", dict(eta=0.3), "compression.s4r.eta does not apply to compression.method=gkv"),
+        ("s4r", dict(form="mean"), "compression.eviction.form does not apply to compression.method=s4r"),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError) as err:
+            CompressionConfig.of(method, **options)
+        assert message in str(err.value)
+    with pytest.raises(ValueError, match="unknown compression option 'etta'"):
+        CompressionConfig.of("s4r", etta=0.3)
+    sweep = EvalConfig(methods=["full", "snapkv", "gkv", "s4r"], budgets=[64],
+                       compression=CompressionConfig.of("full", alpha=0.5, eta=0.3))  # fmt: skip
+    runs = {run.method: run for run in sweep.compressions()}
+    assert (runs["gkv"].eviction.alpha, runs["snapkv"].eviction.alpha, runs["s4r"].s4r.eta) == (0.5, None, 0.3)
+    assert runs["gkv"].s4r.eta == 0.2 and runs["full"].s4r.eta == 0.2  # not their options: defaults
+    with pytest.raises(ValueError, match="compression.s4r.eta applies to none of the runs \\(full, gkv\\)"):
+        EvalConfig(methods=["full", "gkv"], compression=CompressionConfig.of("full", eta=0.3))
+
+
+def test_run_identities_are_those_of_the_flat_configuration():
+    """Grouping the options left every run's identity as it was: the fingerprints keying evaluation folders are
+    those the flat configuration of c349af6 gave (computed then), so earlier results folders stay valid."""
+    from gkv_train.run_config import EvalConfig
+    from gkv_train.run_folder import fingerprint
+
+    config = EvalConfig(model="tiny")
+    expected = [
+        ("full", {}, "f7f44ec55a1482ef"), ("gkv", dict(budget=64, window=8, interval=16), "542610d8ae336aa5"),
+        ("gkv", dict(budget=64, form="mean", alpha=0.5), "14163031d2d25a9f"),
+        ("rkv", dict(budget=64, lambda_=0.2), "ca4f3cd31f98842a"), ("snapkv", dict(budget=32), "c0459fc038cba6a1"),
+        ("h2o", dict(budget=64), "1d6bb6e75279a59e"), ("tova", dict(budget=64), "f817d966bce5c25b"),
+        ("s4r", dict(eta=0.3), "2b9425c0ab2c2f71"), ("s4r", dict(eta=0.3, refresh=8), "c4979ae1721b2de4"),
+        ("s4r", dict(rank=4, full_layers=[0]), "4d6aae4c926479bf"),
+    ]  # fmt: skip
+    for method, options, digest in expected:
+        assert fingerprint(config.run_settings(CompressionConfig.of(method, **options))) == digest, (method, options)
 
 
 def test_method_defaults_are_the_reference_recipes():
@@ -33,12 +82,14 @@ def test_method_defaults_are_the_reference_recipes():
     r = {m: CompressionConfig(method=m).resolved() for m in ("streaming", "snapkv", "rkv", "gkv", "h2o", "s4r")}
     assert (r["streaming"].sinks, r["gkv"].sinks, r["s4r"].sinks) == (4, 0, 4)
     assert (r["snapkv"].pool_kernel, r["rkv"].pool_kernel, r["gkv"].pool_kernel, r["h2o"].pool_kernel) == (5, 5, 1, 1)
-    assert (r["rkv"].lambda_, r["rkv"].redundancy, r["snapkv"].redundancy) == (0.1, True, False)
-    gkv = r["gkv"]
-    assert (gkv.window, gkv.interval, gkv.alpha, gkv.lambda_, gkv.form, gkv.redundancy) == (16, 128, 0.8, 0.5, "max", True)
-    assert (gkv.group_agg, gkv.similarity) == ("max", "rkv")
-    assert (r["h2o"].window, r["h2o"].form, r["h2o"].redundancy, r["h2o"].alpha) == (1, "sum", False, 0.8)
-    assert (r["s4r"].window, r["s4r"].group_agg, r["s4r"].rho) == (32, "mean", 0.2)
+    assert (r["rkv"].eviction.lambda_, r["rkv"].eviction.redundancy, r["snapkv"].eviction.redundancy) == (0.1, True, False)
+    gkv, options = r["gkv"], r["gkv"].eviction
+    assert (gkv.window, gkv.interval, options.alpha, options.lambda_, options.form, options.redundancy) == (
+        16, 128, 0.8, 0.5, "max", True)
+    assert (gkv.group_agg, options.similarity) == ("max", "rkv")
+    h2o = r["h2o"].eviction
+    assert (r["h2o"].window, h2o.form, h2o.redundancy, h2o.alpha) == (1, "sum", False, 0.8)
+    assert (r["s4r"].window, r["s4r"].group_agg, r["s4r"].s4r.rho) == (32, "mean", 0.2)
     # an explicit value wins; changing the method later never keeps the other method's defaults
     cfg = CompressionConfig(method="gkv", pool_kernel=3)
     assert cfg.resolved().pool_kernel == 3
@@ -73,7 +124,7 @@ def test_a_method_from_the_users_own_module(tmp_path, monkeypatch):
 
 def test_tova_evicts_every_step():
     r = CompressionConfig("tova", budget=16).resolved()
-    assert (r.window, r.interval, r.pool_kernel, r.redundancy) == (1, 1, 1, False)
+    assert (r.window, r.interval, r.pool_kernel, r.eviction.redundancy) == (1, 1, 1, False)
 
 
 def test_unknown_method_lists_the_registered_ones():
@@ -152,7 +203,7 @@ def test_trl_fields_are_keys_and_moved_keys_are_named():
             "weight_decay=0.01", "num_iterations=2", "log_completions=true", "push_to_hub=false", "+x=1"]
     assert check_overrides(argv, TrainConfig) == argv
     refusals = {
-        "max_new_tokens=32": "max_new_tokens is now sampling.max_new_tokens (the sampling group): write "
+        "max_new_tokens=32": "max_new_tokens is now sampling.max_new_tokens (options are grouped): write "
                              "sampling.max_new_tokens=32",
         "n_samples=2": "n_samples is now sampling.num_generations",
         "max_completion_length=32": "max_completion_length (TRL's) is not a key here: it is set from "
@@ -336,11 +387,11 @@ def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model
     check(prompts=prompts[:1])  # control
     with pytest.raises(ValueError, match="sampling.max_new_tokens=5000 does not fit .* at most 4082 does after the longest"):
         check(prompts=prompts[:1], new=5000)
-    with pytest.raises(ValueError, match="compression.rank_v=33 exceeds"):
-        check(prompts=prompts[:1], compressions=[CompressionConfig("s4r", rank_v=33)])
-    check(prompts=prompts[:1], compressions=[CompressionConfig("s4r", rank_v=32)])
-    with pytest.raises(ValueError, match=r"compression.full_layers=\[1, 4\]: .* has layers 0-3"):
-        check(prompts=prompts[:1], compressions=[CompressionConfig("s4r", full_layers=[1, 4])])
+    with pytest.raises(ValueError, match="compression.s4r.rank_v=33 exceeds"):
+        check(prompts=prompts[:1], compressions=[CompressionConfig.of("s4r", rank_v=33)])
+    check(prompts=prompts[:1], compressions=[CompressionConfig.of("s4r", rank_v=32)])
+    with pytest.raises(ValueError, match=r"compression.s4r.full_layers=\[1, 4\]: .* has layers 0-3"):
+        check(prompts=prompts[:1], compressions=[CompressionConfig.of("s4r", full_layers=[1, 4])])
     # 2 x 4 layers x 2 KV heads x 16 x 4 bytes = 1 kB per token and row (full cache)
     one = preflight.rollout_bytes(preflight.ModelShape("m", 4096, 4, 6, 2, 16), full[0], 1, 10, 90, 4)
     assert one == 100 * 1024 + 90 * 12
@@ -387,5 +438,5 @@ def test_fields_added_later_leave_earlier_run_identities_valid():
     config = EvalConfig(model="tiny")
     plain = config.run_settings(CompressionConfig("s4r"))["compression"]
     assert "refresh" not in plain and "refresh_rank" not in plain
-    refreshed = config.run_settings(CompressionConfig("s4r", refresh=8))["compression"]
+    refreshed = config.run_settings(CompressionConfig.of("s4r", refresh=8))["compression"]
     assert refreshed["refresh"] == 8 and refreshed["refresh_rank"] == 2  # a new setting: a new identity

@@ -98,7 +98,7 @@ def run_project(cfg: CompressionConfig):
 @pytest.mark.parametrize("name", list(FIXTURE["cases"]))
 def test_kept_sets_equal_the_reference(name):
     case = FIXTURE["cases"][name]
-    results, cache = run_project(CompressionConfig(**case["project"]))
+    results, cache = run_project(CompressionConfig.of(**case["project"]))
     assert [step for step, _, _ in results] == case["steps"], "compressions at different steps"
     compared = exact = 0
     diverged = set()
@@ -155,7 +155,7 @@ def test_conformance_fixture_exercises_the_hard_parts():
 def test_control_departing_options_do_not_match(name, departure):
     """Control: the check bites. An option that departs from the reference changes most kept sets."""
     case = FIXTURE["cases"][name]
-    results, _ = run_project(CompressionConfig(**{**case["project"], **departure}))
+    results, _ = run_project(CompressionConfig.of(**{**case["project"], **departure}))
     pairs = [(kept[k], set(case["kept"][c][k].tolist())) for c, (_, kept, _) in enumerate(results) for k in kept]
     assert sum(a == b for a, b in pairs) < 0.5 * len(pairs)
 

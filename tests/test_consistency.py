@@ -20,8 +20,8 @@ def tiny_methods(budget, window, interval):
     common = dict(budget=budget, window=window, interval=interval)
     own = {name: {k: min(v, method_class(name).defaults[k]) for k, v in common.items() if k != "budget"} for name in METHODS}
     return [CompressionConfig(name, budget=budget, **own[name]) for name in METHODS] + [
-        CompressionConfig("gkv", form="mean", **common),
-        CompressionConfig("gkv", form="sum", redundancy=False, **common),
+        CompressionConfig.of("gkv", form="mean", **common),
+        CompressionConfig.of("gkv", form="sum", redundancy=False, **common),
     ]
 
 
@@ -39,7 +39,7 @@ def check(model, out, cfg):
 
 
 @pytest.mark.floor
-@pytest.mark.parametrize("cfg", tiny_methods(16, 4, 8), ids=lambda c: f"{c.method}-{c.form}")
+@pytest.mark.parametrize("cfg", tiny_methods(16, 4, 8), ids=lambda c: f"{c.method}-{c.eviction.form}")
 def test_consistency_tiny(tiny_llama, cfg):
     prompts = random_prompts([5, 23, 12, 30, 9])
     out = RolloutEngine(tiny_llama, compression=cfg).generate(prompts, SamplingConfig(max_new_tokens=40, temperature=1.0, seed=1))
@@ -88,14 +88,14 @@ def test_masked_logprobs_are_differentiable(tiny_llama):
 # On SmolLM2 the default run checks G-KV (the method with every scoring term); the others, which every method's
 # tiny-model test (test_consistency_tiny) covers in the default run, carry the slow marker.
 SMOLLM2_METHODS = [
-    pytest.param(CompressionConfig("gkv", budget=64, window=8, interval=16, form="max"), id="gkv-max"),
-    *(pytest.param(c, id=f"{c.method}-{c.form}", marks=pytest.mark.slow) for c in [
+    pytest.param(CompressionConfig.of("gkv", budget=64, window=8, interval=16, form="max"), id="gkv-max"),
+    *(pytest.param(c, id=f"{c.method}-{c.eviction.form}", marks=pytest.mark.slow) for c in [
         CompressionConfig("streaming", budget=64, window=8, interval=16),
         CompressionConfig("snapkv", budget=64, window=8, interval=16),
         CompressionConfig("h2o", budget=64, window=8, interval=16),
         CompressionConfig("rkv", budget=64, window=8, interval=16),
-        CompressionConfig("gkv", budget=64, window=8, interval=16, form="mean"),
-        CompressionConfig("gkv", budget=64, window=8, interval=16, form="sum"),
+        CompressionConfig.of("gkv", budget=64, window=8, interval=16, form="mean"),
+        CompressionConfig.of("gkv", budget=64, window=8, interval=16, form="sum"),
     ]),
 ]  # fmt: skip
 

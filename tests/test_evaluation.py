@@ -287,8 +287,8 @@ def test_a_second_evaluation_into_a_live_folder_is_refused(tmp_path):
     "override, message",
     [
         ("methods=[gkv] budgets=[0]", "budgets are token counts: each must be at least 1, got [0]"),
-        ("methods=[s4r] compression.rank=64",
-         "compression.rank=64 exceeds what {model} allows: an S4R basis has at most KV heads x head dim = 2 x 16 = 32"),
+        ("methods=[s4r] compression.s4r.rank=64",
+         "compression.s4r.rank=64 exceeds what {model} allows: an S4R basis has at most KV heads x head dim = 2 x 16 = 32"),
         ("sampling.max_new_tokens=100000", "sampling.max_new_tokens=100000 does not fit {model}'s context of 4096 tokens"),
         ("data.limit=0", "data.limit must be at least 1"),
         ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),

@@ -95,7 +95,7 @@ def test_record_survives_shuffle_and_split(tmp_path):
 
 def test_s4r_record_survives_shuffle_and_split(tmp_path):
     trainer = make_trainer(
-        tmp_path, compression=CompressionConfig("s4r", eta=0.4, window=4, sinks=1), steps=2,
+        tmp_path, compression=CompressionConfig.of("s4r", eta=0.4, window=4, sinks=1), steps=2,
         gradient_accumulation_steps=2, per_device_train_batch_size=4,
     )
     trainer.train()

@@ -37,7 +37,7 @@ METHODS = [
     CompressionConfig("snapkv", budget=20, window=4, interval=6),
     CompressionConfig("h2o", budget=20, window=4, interval=6, sinks=2),
     CompressionConfig("rkv", budget=20, window=4, interval=6),
-    CompressionConfig("gkv", budget=20, window=4, interval=6, form="mean"),
+    CompressionConfig.of("gkv", budget=20, window=4, interval=6, form="mean"),
 ]
 
 

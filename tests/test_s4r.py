@@ -33,10 +33,10 @@ def rollout(model, prompts, cfg, new_tokens=64, seed=1):
 @pytest.mark.parametrize(
     "cfg",
     [
-        CompressionConfig("s4r", eta=0.3, window=4),
-        CompressionConfig("s4r", eta=0.4, window=6, rank=6, rank_v=10, pool="avg", group_agg="max"),
-        CompressionConfig("s4r", eta=0.3, window=4, normalize=False, sinks=0, full_layers=[0, 3]),
-        CompressionConfig("s4r", eta=0.4, window=4, refresh=8, refresh_rank=2),
+        CompressionConfig.of("s4r", eta=0.3, window=4),
+        CompressionConfig.of("s4r", eta=0.4, window=6, rank=6, rank_v=10, pool="avg", group_agg="max"),
+        CompressionConfig.of("s4r", eta=0.3, window=4, normalize=False, sinks=0, full_layers=[0, 3]),
+        CompressionConfig.of("s4r", eta=0.4, window=4, refresh=8, refresh_rank=2),
     ],
     ids=["default", "asymmetric-avg-max", "no-norm-no-sinks-full-layers", "refresh"],
 )
@@ -51,12 +51,12 @@ def test_s4r_consistency_tiny(tiny_llama, cfg):
 
 def test_full_rank_and_rho_one_is_full_attention(tiny_llama):
     dim = tiny_llama.config.num_key_value_heads * tiny_llama.config.head_dim
-    out = rollout(tiny_llama, random_prompts(PROMPTS), CompressionConfig("s4r", window=4, rank=dim, rho=1.0))
+    out = rollout(tiny_llama, random_prompts(PROMPTS), CompressionConfig.of("s4r", window=4, rank=dim, rho=1.0))
     assert consistency_report(tiny_llama, out)["causal_mask_diff"] <= TOL
 
 
 def test_replay_reproduces_an_s4r_rollout(tiny_llama):
-    cfg = CompressionConfig("s4r", eta=0.3, window=4)
+    cfg = CompressionConfig.of("s4r", eta=0.3, window=4)
     engine = RolloutEngine(tiny_llama, compression=cfg)
     prompts = random_prompts(PROMPTS[:3], seed=2)
     sampled = engine.generate(prompts, SamplingConfig(max_new_tokens=30, seed=5))
@@ -66,7 +66,7 @@ def test_replay_reproduces_an_s4r_rollout(tiny_llama):
 
 
 def test_persistent_bytes_follow_the_formula(tiny_llama):
-    cfg = CompressionConfig("s4r", eta=0.25, window=4, expected_length=0)  # eta at the prompt's length
+    cfg = CompressionConfig.of("s4r", eta=0.25, window=4, expected_length=0)  # eta at the prompt's length
     caches = []
     engine = RolloutEngine(tiny_llama, compression=cfg, cache_factory=lambda *a: caches.append(make_cache(*a)) or caches[-1])
     prompts = random_prompts([60, 90])
@@ -82,7 +82,7 @@ def test_persistent_bytes_follow_the_formula(tiny_llama):
         formula = 2 * (cfg.resolved().sinks * dim + L * r + 0.5 * groups * cfg.resolved().window * r + dim * r)
         assert held == formula == persistent_elements(cfg.resolved().sinks, L, dim, groups, cfg.resolved().window, r, r)
         ratio = formula / (2 * (cfg.resolved().sinks + L) * dim)
-        assert ratio <= cfg.eta < formula / (2 * (cfg.resolved().sinks + L) * dim) + (L + groups * cfg.resolved().window / 2 + dim) / ((cfg.resolved().sinks + L) * dim)
+        assert ratio <= cfg.s4r.eta < formula / (2 * (cfg.resolved().sinks + L) * dim) + (L + groups * cfg.resolved().window / 2 + dim) / ((cfg.resolved().sinks + L) * dim)
         total += 4 * held + 8 * groups * L  # float32 state, and the window's float64 score sums
     assert cache.nbytes() == total * c.num_hidden_layers
 
@@ -91,7 +91,7 @@ def test_persistent_bytes_follow_the_formula(tiny_llama):
 def test_eta_is_the_memory_share_where_asked(tiny_llama, expected_length):
     """eta is the persistent-memory share at the end of the generation (prompt + max_new_tokens) unless
     ``expected_length`` says where; each sample reports the share it reached (``memory_share``)."""
-    cfg = CompressionConfig("s4r", eta=0.3, window=4, expected_length=expected_length)
+    cfg = CompressionConfig.of("s4r", eta=0.3, window=4, expected_length=expected_length)
     r = cfg.resolved()
     c = tiny_llama.config
     dim, groups = c.num_key_value_heads * c.head_dim, c.num_attention_heads // c.num_key_value_heads
@@ -99,14 +99,14 @@ def test_eta_is_the_memory_share_where_asked(tiny_llama, expected_length):
     out = rollout(tiny_llama, random_prompts(PROMPTS[:3]), cfg, new_tokens=new)
     for n, share in zip(out.prompt_lengths.tolist(), out.memory_share.tolist()):
         at = {None: n + new, 150: 150, 0: n}[expected_length]
-        rank = s4r_rank(cfg.eta, r.sinks, at - r.sinks, dim, groups, r.window)
+        rank = s4r_rank(cfg.s4r.eta, r.sinks, at - r.sinks, dim, groups, r.window)
         T = n + new
         assert share == pytest.approx(persistent_elements(r.sinks, T - r.sinks, dim, groups, r.window, rank, rank) / (2 * T * dim))
         if expected_length is None:  # reached at the end: within one rank step below eta
             step = (T - r.sinks + groups * r.window / 2 + dim) / (T * dim)
-            assert cfg.eta - step < share <= cfg.eta
+            assert cfg.s4r.eta - step < share <= cfg.s4r.eta
         if expected_length == 0:  # the prompt-length meaning: the share falls as the generation grows
-            assert share < cfg.eta
+            assert share < cfg.s4r.eta
 
 
 def test_memory_share_of_eviction_is_its_retention(tiny_llama):
@@ -235,7 +235,7 @@ def test_latent_probs_are_causal_softmaxes():
 def test_window_sum_follows_the_window(tiny_llama):
     """The running sum of the window's softmaxes (one query in, one out per step) equals the sum computed from
     scratch over the last W queries, rows that finished early included; the control: the previous window's."""
-    cfg = CompressionConfig("s4r", eta=0.3, window=4)
+    cfg = CompressionConfig.of("s4r", eta=0.3, window=4)
     caches = []
     engine = RolloutEngine(tiny_llama, compression=cfg, cache_factory=lambda *a: caches.append(make_cache(*a)) or caches[-1])
     engine.generate(random_prompts([40, 25]), SamplingConfig(max_new_tokens=12, seed=3))
@@ -257,7 +257,7 @@ def test_prompts_shorter_than_sinks_plus_window(tiny_llama):
     """A prompt of s + 1 tokens puts queries at sink positions in the first window: they see no stored key and
     take no part in the scores (no NaN, which would break the top-k count and the attention mask), and the
     trainer reproduces the rollout. The control: counting them as scoring queries gives NaN sums."""
-    cfg = CompressionConfig("s4r", eta=0.4, window=4, sinks=1)
+    cfg = CompressionConfig.of("s4r", eta=0.4, window=4, sinks=1)
     caches = []
     engine = RolloutEngine(tiny_llama, compression=cfg, cache_factory=lambda *a: caches.append(make_cache(*a)) or caches[-1])
     prompts = random_prompts([2, 3, 7, 2, 5], seed=4)
@@ -280,9 +280,9 @@ def test_short_prompt_is_a_clear_error(tiny_llama):
 
 def test_bad_s4r_options():
     with pytest.raises(ValueError, match="eta must lie in"):
-        CompressionConfig("s4r", eta=0.0)
+        CompressionConfig.of("s4r", eta=0.0)
     with pytest.raises(ValueError, match="rank must be at least 1"):
-        CompressionConfig("s4r", rank=0)
+        CompressionConfig.of("s4r", rank=0)
     assert CompressionConfig("s4r").resolved().window == 32 and CompressionConfig("s4r").resolved().sinks == 4
 
 
@@ -290,7 +290,7 @@ def test_bad_s4r_options():
 def test_s4r_consistency_smollm2(smollm2, gsm8k_questions):
     model, tokenizer = smollm2
     questions = [gsm8k_questions[i] for i in (0, 3, 7, 12)]
-    cfg = CompressionConfig("s4r", eta=0.2, window=16)
+    cfg = CompressionConfig.of("s4r", eta=0.2, window=16)
     out = RolloutEngine(model, tokenizer, cfg).generate(
         questions, SamplingConfig(max_new_tokens=64, temperature=1.0, seed=0, ignore_eos=True)
     )
@@ -309,7 +309,7 @@ def test_refresh_grows_the_bases_along_the_generation_and_training_follows(tiny_
 
     from gkv_train.consistency import logprob_mismatch
 
-    cfg = CompressionConfig("s4r", eta=0.4, window=4, refresh=8, refresh_rank=2)
+    cfg = CompressionConfig.of("s4r", eta=0.4, window=4, refresh=8, refresh_rank=2)
     prompts = random_prompts(PROMPTS)
     out = rollout(tiny_llama, prompts, cfg, new_tokens=40)
     rec = out.record
@@ -332,7 +332,7 @@ def test_refresh_grows_the_bases_along_the_generation_and_training_follows(tiny_
     assert torch.allclose(runs[0].logprobs, runs[1].logprobs, atol=1e-5)
     for name, value in runs[0].record.to_batch().items():
         assert torch.allclose(value.float(), runs[1].record.to_batch()[name].float(), atol=1e-5), name
-    plain = rollout(tiny_llama, prompts, dataclasses.replace(cfg, refresh=0), new_tokens=40)
+    plain = rollout(tiny_llama, prompts, dataclasses.replace(cfg, s4r=dataclasses.replace(cfg.s4r, refresh=0)), new_tokens=40)
     assert (out.memory_share > plain.memory_share).all()  # the last 8 tokens' keys and values are kept too
 
 

@@ -18,6 +18,90 @@ S4R_DEFAULTS = dict(window=32, sinks=4, pool_kernel=7, group_agg="mean")
 
 
 @dataclass
+class EvictionOptions:
+    """The scoring options of the G-KV family (``compression.eviction.*``); None takes the method's default
+    (``EvictionMethod.defaults``). A method reads only those it names in ``EvictionMethod.options``; setting one
+    it does not read is refused.
+
+    alpha: history weight (``gkv`` forms max/mean/sum: ``max(alpha*old, new)``, ``alpha*old + (1-alpha)*new``,
+        ``alpha*old + new``; ``h2o``: decay of the accumulated score). 0.8.
+    lambda_: weight of the attention score against key redundancy: ``lambda*score - (1-lambda)*redundancy``
+        (0.5 for ``gkv``, 0.1 for ``rkv``).
+    form: ``gkv`` history form, one of max/mean/sum (``h2o`` is the sum form without redundancy).
+    redundancy: subtract the key-redundancy term (on for ``gkv`` and ``rkv``).
+    similarity: how redundancy sums key similarities: ``rkv`` (the reference's kernel: each key's latest
+        near-duplicate, cosine > 0.5, is not counted; O(S^2 D)) or ``mean_cosine`` (every other key; O(S D)).
+    """
+
+    alpha: float | None = None
+    lambda_: float | None = None
+    form: str | None = None
+    redundancy: bool | None = None
+    similarity: str | None = None
+
+
+@dataclass
+class S4ROptions:
+    """The options of ``s4r`` (``compression.s4r.*``; see ``gkv_rollout.s4r_cache``).
+
+    eta: persistent-memory share: the rank is solved so that the stored state (exact sinks, the coefficients of
+        every token, the query window, the bases) is a share ``eta`` of the full KV cache when the sequence reaches
+        ``expected_length`` tokens; ``eta`` also sets the share of prompt tokens sampled for the bases and ``rho``
+        by default. The achieved share of each sample is reported (``memory_share``).
+    expected_length: sequence length (prompt + completion) at which ``eta`` holds; None: each prompt's length +
+        ``max_new_tokens`` (the end of the longest generation); 0: the prompt's length (the paper's setting and this
+        project's meaning before 2026-12-03: prompt-only workloads; over a long generation the share then falls,
+        e.g. 0.2 asked, ~0.08 after 1024 tokens on a 146-token prompt).
+    rank, rank_v: key / value ranks (None: from ``eta``; ``rank_v`` defaults to ``rank``).
+    refresh: bases that follow the generation (an extension beyond the paper; 0, the default: off, the paper's
+        bases from the prompt alone): every ``refresh`` generated tokens each layer's key and value bases gain the
+        ``refresh_rank`` leading directions of what they miss of the last ``refresh`` tokens' states (the
+        residual's SVD). The rank budget is kept: the prompt's bases start that many columns short of the rank
+        ``eta`` gives; a token keeps the columns that existed when it was written (the record says which).
+    refresh_rank: directions each refresh adds to the key and to the value bases (2).
+    rho: share of the cache reconstructed each step (window included); None: ``eta``.
+    recent_ratio: share of the sampled prompt tokens taken from the most recent ones (7:3 = 0.7).
+    normalize: normalise sampled key/value vectors to unit length before the SVD.
+    full_layers: layers that reconstruct every token instead of a top-k selection.
+    """
+
+    eta: float = 0.2
+    expected_length: int | None = None
+    rank: int | None = None
+    rank_v: int | None = None
+    refresh: int = 0
+    refresh_rank: int = 2
+    rho: float | None = None
+    recent_ratio: float = 0.7
+    normalize: bool = True
+    full_layers: list[int] = field(default_factory=list)
+
+    def validate(self) -> None:
+        """ValueError naming the first option out of its range."""
+        if not 0.0 < self.eta <= 1.0:
+            raise ValueError(f"eta must lie in (0, 1], got {self.eta}")
+        if self.rho is not None and not 0.0 < self.rho <= 1.0:
+            raise ValueError(f"rho must lie in (0, 1], got {self.rho}")
+        if self.expected_length is not None and self.expected_length < 0:
+            raise ValueError(f"expected_length must be >= 0 (0: the prompt's length), got {self.expected_length}")
+        if self.refresh < 0 or self.refresh_rank < 1:
+            raise ValueError(f"refresh must be >= 0 (0: off) and refresh_rank >= 1, got {self.refresh}, {self.refresh_rank}")
+        if 0 < self.refresh < self.refresh_rank:
+            raise ValueError(f"refresh ({self.refresh} tokens) must be at least refresh_rank ({self.refresh_rank}): "
+                             "each refresh takes its directions from that many tokens")  # fmt: skip
+        for name in ("rank", "rank_v"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0.0 <= self.recent_ratio <= 1.0:
+            raise ValueError(f"recent_ratio must lie in [0, 1], got {self.recent_ratio}")
+        if any(layer < 0 for layer in self.full_layers):
+            raise ValueError(f"full_layers must be layer indices, got {self.full_layers}")
+
+
+GROUPS = {"eviction": EvictionOptions, "s4r": S4ROptions}  # CompressionConfig's option groups
+
+
+@dataclass
 class CompressionConfig:
     """How the KV cache is compressed during decoding; every method works per layer and per KV head.
 
@@ -36,70 +120,42 @@ class CompressionConfig:
     interval: compress after every ``interval`` generated tokens (and right after prefill when a prompt
         exceeds the budget), so attention never sees more than ``budget + interval`` keys (128, the
         reference's ``divide_length``; 1 for ``tova``, which evicts at every step).
-    alpha: history weight (``gkv`` forms max/mean/sum: ``max(alpha*old, new)``, ``alpha*old + (1-alpha)*new``,
-        ``alpha*old + new``; ``h2o``: decay of the accumulated score). 0.8.
-    lambda_: weight of the attention score against key redundancy: ``lambda*score - (1-lambda)*redundancy``
-        (0.5 for ``gkv``, 0.1 for ``rkv``).
-    form: ``gkv`` history form, one of max/mean/sum (``h2o`` is the sum form without redundancy).
-    redundancy: subtract the key-redundancy term (on for ``gkv`` and ``rkv``).
-    similarity: how redundancy sums key similarities: ``rkv`` (the reference's kernel: each key's latest
-        near-duplicate, cosine > 0.5, is not counted; O(S^2 D)) or ``mean_cosine`` (every other key; O(S D)).
     pool_kernel, pool: pooling of scores along the sequence (odd kernel; 1 disables it; 5 for ``snapkv`` and
         ``rkv``, 7 for ``s4r``, off for the others), ``max`` or ``avg``.
     group_agg: how the query heads of a GQA group are combined, per window query (max; mean for ``s4r``).
     sinks: the first ``sinks`` tokens are always kept (4 for ``streaming`` and ``s4r``, 0 for the others).
-    eta: ``s4r`` persistent-memory share: the rank is solved so that the stored state (exact sinks, the
-        coefficients of every token, the query window, the bases) is a share ``eta`` of the full KV cache when the
-        sequence reaches ``expected_length`` tokens; ``eta`` also sets the share of prompt tokens sampled for the
-        bases and ``rho`` by default. The achieved share of each sample is reported (``memory_share``).
-    expected_length: ``s4r`` sequence length (prompt + completion) at which ``eta`` holds; None: each prompt's
-        length + ``max_new_tokens`` (the end of the longest generation); 0: the prompt's length (the paper's
-        setting and this project's meaning before 2026-12-03: prompt-only workloads; over a long generation the
-        share then falls, e.g. 0.2 asked, ~0.08 after 1024 tokens on a 146-token prompt).
-    rank, rank_v: ``s4r`` key / value ranks (None: from ``eta``; ``rank_v`` defaults to ``rank``).
-    refresh: ``s4r`` bases that follow the generation (an extension beyond the paper; 0, the default: off, the
-        paper's bases from the prompt alone): every ``refresh`` generated tokens each layer's key and value bases
-        gain the ``refresh_rank`` leading directions of what they miss of the last ``refresh`` tokens' states
-        (the residual's SVD). The rank budget is kept: the prompt's bases start that many columns short of the
-        rank ``eta`` gives; a token keeps the columns that existed when it was written (the record says which).
-    refresh_rank: ``s4r`` directions each refresh adds to the key and to the value bases (2).
-    rho: ``s4r`` share of the cache reconstructed each step (window included); None: ``eta``.
-    recent_ratio: ``s4r`` share of the sampled prompt tokens taken from the most recent ones (7:3 = 0.7).
-    normalize: ``s4r`` normalises sampled key/value vectors to unit length before the SVD.
-    full_layers: ``s4r`` layers that reconstruct every token instead of a top-k selection.
+    eviction: the G-KV family's scoring options (``EvictionOptions``: alpha, lambda_, form, redundancy,
+        similarity).
+    s4r: the options of ``s4r`` (``S4ROptions``: eta, rank, refresh, ...).
     Options left at None take the method's default; ``resolved()`` fills them in. They are resolved on use, so
-    that changing ``method`` (say, from a command line) never keeps another method's defaults.
+    that changing ``method`` (say, from a command line) never keeps another method's defaults. ``of(method,
+    **options)`` builds one from flat option names (``CompressionConfig.of("s4r", eta=0.3)``).
     """
 
     method: str = "full"
     budget: int = 2048
     window: int | None = None
     interval: int | None = None
-    alpha: float | None = None
-    lambda_: float | None = None
-    form: str | None = None
-    redundancy: bool | None = None
-    similarity: str | None = None
     pool_kernel: int | None = None
     pool: str = "max"
     group_agg: str | None = None
     sinks: int | None = None
-    eta: float = 0.2
-    expected_length: int | None = None
-    rank: int | None = None
-    rank_v: int | None = None
-    refresh: int = 0
-    refresh_rank: int = 2
-    rho: float | None = None
-    recent_ratio: float = 0.7
-    normalize: bool = True
-    full_layers: list[int] = field(default_factory=list)
+    eviction: EvictionOptions = field(default_factory=EvictionOptions)
+    s4r: S4ROptions = field(default_factory=S4ROptions)
 
     def __post_init__(self):
+        for name, group in GROUPS.items():  # a mapping (a results file, Hydra's dict) becomes the group
+            if isinstance(getattr(self, name), dict):
+                setattr(self, name, group(**getattr(self, name)))
         if self.method not in ("full", "s4r"):
             method_class(self.method)  # an unknown name: an error naming the registered ones
-        if self.method == "full":
+        if self.method == "full":  # reads no option (a sweep's template may hold its runs' options: EvalConfig)
             return
+        unread = self.unread()
+        if unread:
+            reads = ", ".join(self.reads()) or "none of the eviction options"
+            raise ValueError(f"compression.{unread[0]} does not apply to compression.method={self.method}, which "
+                             f"reads {reads}")  # fmt: skip
         r = self.resolved()
         if r.window <= 0:
             raise ValueError(f"window must be positive, got {r.window}")
@@ -112,69 +168,106 @@ class CompressionConfig:
         if r.group_agg not in GROUP_AGGREGATIONS:
             raise ValueError(f"unknown group aggregation {r.group_agg!r}; choose one of {', '.join(GROUP_AGGREGATIONS)}")
         if self.method == "s4r":
-            r._validate_s4r()
+            r.s4r.validate()
         else:
             r._validate_eviction()
 
     def _validate_eviction(self):
-        W = self.window
+        W, options = self.window, self.eviction
         if self.budget <= W:
             raise ValueError(f"budget ({self.budget}) must be larger than window ({W}): the budget counts the window")
         if self.sinks + W > self.budget:
             raise ValueError(f"sinks ({self.sinks}) + window ({W}) must fit in the budget ({self.budget})")
         if self.interval <= 0:
             raise ValueError(f"interval must be a positive number of tokens, got {self.interval}")
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha must lie in [0, 1], got {self.alpha}")
-        if not 0.0 <= self.lambda_ <= 1.0:
-            raise ValueError(f"lambda must lie in [0, 1], got {self.lambda_}")
-        if self.form not in GKV_FORMS:
-            raise ValueError(f"unknown gkv form {self.form!r}; choose one of {', '.join(GKV_FORMS)}")
-        if self.similarity not in SIMILARITIES:
-            raise ValueError(f"unknown similarity {self.similarity!r}; choose one of {', '.join(SIMILARITIES)}")
-        if self.method == "rkv" and not self.redundancy:
+        if not 0.0 <= options.alpha <= 1.0:
+            raise ValueError(f"alpha must lie in [0, 1], got {options.alpha}")
+        if not 0.0 <= options.lambda_ <= 1.0:
+            raise ValueError(f"lambda must lie in [0, 1], got {options.lambda_}")
+        if options.form not in GKV_FORMS:
+            raise ValueError(f"unknown gkv form {options.form!r}; choose one of {', '.join(GKV_FORMS)}")
+        if options.similarity not in SIMILARITIES:
+            raise ValueError(f"unknown similarity {options.similarity!r}; choose one of {', '.join(SIMILARITIES)}")
+        if self.method == "rkv" and not options.redundancy:
             raise ValueError("rkv always uses the redundancy term; use snapkv for attention scores alone")
 
-    def _validate_s4r(self):
-        if not 0.0 < self.eta <= 1.0:
-            raise ValueError(f"eta must lie in (0, 1], got {self.eta}")
-        if not 0.0 < self.rho <= 1.0:
-            raise ValueError(f"rho must lie in (0, 1], got {self.rho}")
-        if self.expected_length is not None and self.expected_length < 0:
-            raise ValueError(f"expected_length must be >= 0 (0: the prompt's length), got {self.expected_length}")
-        if self.refresh < 0 or self.refresh_rank < 1:
-            raise ValueError(f"refresh must be >= 0 (0: off) and refresh_rank >= 1, got {self.refresh}, {self.refresh_rank}")
-        if 0 < self.refresh < self.refresh_rank:
-            raise ValueError(f"refresh ({self.refresh} tokens) must be at least refresh_rank ({self.refresh_rank}): "
-                             "each refresh takes its directions from that many tokens")  # fmt: skip
-        for name in ("rank", "rank_v"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if not 0.0 <= self.recent_ratio <= 1.0:
-            raise ValueError(f"recent_ratio must lie in [0, 1], got {self.recent_ratio}")
-        if any(layer < 0 for layer in self.full_layers):
-            raise ValueError(f"full_layers must be layer indices, got {self.full_layers}")
+    def reads(self) -> tuple[str, ...]:
+        """The group options this method reads (``eviction.*`` of ``EvictionMethod.options``, every ``s4r.*``)."""
+        if self.method == "s4r":
+            return tuple(f"s4r.{f.name}" for f in dataclasses.fields(S4ROptions))
+        if self.method == "full":
+            return ()
+        return tuple(f"eviction.{name}" for name in method_class(self.method).options)
+
+    def unread(self) -> list[str]:
+        """The group options set away from their defaults that this method does not read (``eviction.alpha``)."""
+        reads = self.reads()
+        return [f"{name}.{key}" for name in GROUPS for key in changed(getattr(self, name))
+                if f"{name}.{key}" not in reads]  # fmt: skip
+
+    def for_method(self, method: str, budget: int | None) -> CompressionConfig:
+        """This configuration as a template for a run of ``method`` at ``budget``: the shared options kept, the group
+        options kept where ``method`` reads them (validated)."""
+        run = dataclasses.replace(self, method=method, budget=budget, eviction=EvictionOptions(), s4r=S4ROptions())
+        reads = set(run.reads()) if method != "full" else set()
+        groups = {name: {key: getattr(getattr(self, name), key) for key in changed(getattr(self, name))
+                         if f"{name}.{key}" in reads} for name in GROUPS}  # fmt: skip
+        return dataclasses.replace(run, **{name: dataclasses.replace(getattr(run, name), **values)
+                                           for name, values in groups.items()})  # fmt: skip
+
+    @classmethod
+    def of(cls, method: str, **options) -> CompressionConfig:
+        """A validated configuration from flat option names: each option goes to its group by its name
+        (``eta`` to ``s4r``, ``alpha`` to ``eviction``; the others are shared). The form of command-line flags
+        and lm-eval's ``model_args``."""
+        groups: dict[str, dict] = {name: {} for name in GROUPS}
+        shared = {}
+        for key, value in options.items():
+            group = next((name for name, g in GROUPS.items() if key in {f.name for f in dataclasses.fields(g)}), None)
+            if group is not None:
+                groups[group][key] = value
+            elif key in {f.name for f in dataclasses.fields(cls)} and key not in GROUPS:
+                shared[key] = value
+            else:
+                raise ValueError(f"unknown compression option {key!r}")
+        return cls(method, **shared, **{name: GROUPS[name](**values) for name, values in groups.items()})
+
+    def flat(self) -> dict:
+        """Every option by its own name, the groups flattened (the form of results files and run identities)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in GROUPS}
+        for name in GROUPS:
+            values.update(dataclasses.asdict(getattr(self, name)))
+        return values
 
     @property
     def compresses(self) -> bool:
         return self.method != "full"
 
     def defaults(self) -> dict:
-        """The values this method gives to options left at None."""
+        """The values this method gives to options left at None (by their flat names)."""
         if self.method == "s4r":
-            return {**EvictionMethod.defaults, **S4R_DEFAULTS, "rho": self.eta}
+            return {**EvictionMethod.defaults, **S4R_DEFAULTS, "rho": self.s4r.eta}
         return dict(method_class(self.method).defaults if self.method != "full" else EvictionMethod.defaults)
 
     def resolved(self) -> CompressionConfig:
         """A copy with every option left at None set to this method's default (what the caches read)."""
         defaults = self.defaults()
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values = self.flat()
         for name, value in defaults.items():
             if values.get(name) is None:
                 values[name] = value
         resolved = object.__new__(CompressionConfig)  # already validated: skip __post_init__, which calls this
-        resolved.__dict__.update(values)
+        for name, group in GROUPS.items():
+            own = {f.name for f in dataclasses.fields(group)}
+            resolved.__dict__[name] = group(**{k: v for k, v in values.items() if k in own})
+        resolved.__dict__.update({f.name: values[f.name] for f in dataclasses.fields(self) if f.name not in GROUPS})
         return resolved
+
+
+def changed(options) -> list[str]:
+    """The fields of an option group that differ from the group's defaults."""
+    default = type(options)()
+    return [f.name for f in dataclasses.fields(options) if getattr(options, f.name) != getattr(default, f.name)]
 
 
 @dataclass(frozen=True)
@@ -232,11 +325,19 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
+def flat_fields() -> list[tuple[dataclasses.Field, object]]:
+    """(field, type) of every option of ``CompressionConfig`` by its flat name: the shared ones, then each group's."""
+    found = [(f, typing.get_type_hints(CompressionConfig)[f.name]) for f in dataclasses.fields(CompressionConfig)
+             if f.name not in GROUPS]  # fmt: skip
+    for group in GROUPS.values():
+        found += [(f, typing.get_type_hints(group)[f.name]) for f in dataclasses.fields(group)]
+    return found
+
+
 def add_compression_args(parser, **defaults) -> None:
-    """Add one ``--option`` per ``CompressionConfig`` field to an argparse parser (``--lambda`` for ``lambda_``)."""
-    hints = typing.get_type_hints(CompressionConfig)
-    for f in dataclasses.fields(CompressionConfig):
-        kind = hints[f.name]
+    """Add one ``--option`` per option of ``CompressionConfig`` (flat names, the groups' included) to an argparse
+    parser (``--lambda`` for ``lambda_``)."""
+    for f, kind in flat_fields():
         if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None -> X
             kind = next(t for t in typing.get_args(kind) if t is not type(None))
         flag = "--" + f.name.rstrip("_").replace("_", "-")
@@ -248,4 +349,5 @@ def add_compression_args(parser, **defaults) -> None:
 
 def compression_from_args(args) -> CompressionConfig:
     """The validated ``CompressionConfig`` of options added by ``add_compression_args``."""
-    return CompressionConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(CompressionConfig)})
+    options = {f.name: getattr(args, f.name) for f, _ in flat_fields() if f.name != "method"}
+    return CompressionConfig.of(args.method, **options)

@@ -62,9 +62,12 @@ class LayerState:
 
 class EvictionMethod:
     """Base of the G-KV family. ``defaults`` are the values that ``CompressionConfig`` options left at None
-    take for this method; subclasses override only what differs."""
+    take for this method (by their flat names: ``window``, ``interval``, ``alpha``, ...); subclasses override only
+    what differs. ``options``: the ``EvictionOptions`` its score reads (``compression.eviction.*``); setting
+    another is refused."""
 
     name: ClassVar[str]
+    options: ClassVar[tuple[str, ...]] = ()
     defaults: ClassVar[dict] = dict(
         window=16, interval=128, sinks=0, pool_kernel=1, group_agg="max", alpha=0.8, lambda_=0.5, form="max",
         redundancy=False, similarity="rkv",
@@ -90,7 +93,7 @@ class EvictionMethod:
         return pool_scores(scores, state.candidates, self.config.pool_kernel, self.config.pool)
 
     def redundancy(self, state: LayerState) -> torch.Tensor:
-        return key_redundancy(state.keys, state.key_ok, self.config.similarity)
+        return key_redundancy(state.keys, state.key_ok, self.config.eviction.similarity)
 
 
 METHODS: dict[str, type[EvictionMethod]] = {}
@@ -148,10 +151,11 @@ class RKV(SnapKV):
 
     name = "rkv"
     defaults = {**SnapKV.defaults, "lambda_": 0.1, "redundancy": True}
+    options = ("lambda_", "redundancy", "similarity")
 
     def score(self, state):
         attention, _ = super().score(state)
-        lam = self.config.lambda_
+        lam = self.config.eviction.lambda_
         return lam * attention - (1.0 - lam) * self.redundancy(state), None
 
 
@@ -164,9 +168,10 @@ class GKV(EvictionMethod):
 
     name = "gkv"
     defaults = {**EvictionMethod.defaults, "redundancy": True}
+    options = ("alpha", "lambda_", "form", "redundancy", "similarity")
 
     def score(self, state):
-        cfg = self.config
+        cfg = self.config.eviction
         new = normalize_max(self.attention(state), state.candidates)
         history = merge_history(state.history, new, cfg.form, cfg.alpha)
         score = self.pool(history, state)

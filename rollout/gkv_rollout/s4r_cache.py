@@ -136,7 +136,7 @@ class S4RCache(KVCache):
             self._sync_bases()
         self.rows, self.B = self.rows[keep], len(keep)
         state = ("sink_k", "sink_v", "bases_k", "bases_v", "coef_k", "coef_v", "cq", "window_sum", "chosen")
-        state += ("recent_k", "recent_v") if self.compression.refresh else ()
+        state += ("recent_k", "recent_v") if self.compression.s4r.refresh else ()
         for name in state:  # one at a time
             setattr(self, name, getattr(self, name).index_select(1, keep))
         for name in ("valid", "lengths", "q_pos", "q_ok", "rank_k", "rank_v", "cap_k", "cap_v", "latent_scale"):
@@ -144,14 +144,14 @@ class S4RCache(KVCache):
         self._now = None
 
     def after_step(self, generated: int) -> None:
-        """Refresh (``compression.refresh``): every ``refresh`` generated tokens, each layer's key and value
+        """Refresh (``compression.s4r.refresh``): every ``refresh`` generated tokens, each layer's key and value
         bases gain ``refresh_rank`` directions from the last ``refresh`` tokens (``extend_bases``), up to each
         row's final rank; tokens written from now on use them."""
         cfg = self.compression
-        if not cfg.refresh or generated % cfg.refresh or generated >= self.max_new:
+        if not cfg.s4r.refresh or generated % cfg.s4r.refresh or generated >= self.max_new:
             return
         start = time.perf_counter()
-        k = cfg.refresh_rank
+        k = cfg.s4r.refresh_rank
         for bases, rank, cap, recent in ((self.bases_k, self.rank_k, self.cap_k, self.recent_k),
                                          (self.bases_v, self.rank_v, self.cap_v, self.recent_v)):  # fmt: skip
             for b, (r, c) in enumerate(zip(rank.tolist(), cap.tolist())):
@@ -159,7 +159,7 @@ class S4RCache(KVCache):
                 if add <= 0:
                     continue
                 for layer in range(self.L):
-                    bases[layer, b] = extend_bases(bases[layer, b], r, recent[layer, b], add, cfg.normalize)
+                    bases[layer, b] = extend_bases(bases[layer, b], r, recent[layer, b], add, cfg.s4r.normalize)
             rank.copy_(torch.minimum(rank + k, cap))
         self.seconds += time.perf_counter() - start
 
@@ -172,7 +172,7 @@ class S4RCache(KVCache):
 
     def _sync_bases(self) -> None:
         """Copy the rows held now into every row's bases (refresh changes them after prefill)."""
-        if self._all_bases is not None and self.compression.refresh:
+        if self._all_bases is not None and self.compression.s4r.refresh:
             self._all_bases[0][:, self.rows] = self.bases_k
             self._all_bases[1][:, self.rows] = self.bases_v
 
@@ -225,12 +225,12 @@ class S4RCache(KVCache):
         prompt = self.lengths  # real prompt tokens per sequence
         if bool((prompt <= self.s).any()):
             raise ValueError(f"s4r needs prompts longer than its {self.s} sinks")
-        ranks = [s4r_rank(cfg.eta, self.s, self._eta_length(int(n)) - self.s, self.dim, self.G, self.W) for n in prompt]
+        ranks = [s4r_rank(cfg.s4r.eta, self.s, self._eta_length(int(n)) - self.s, self.dim, self.G, self.W) for n in prompt]
         # the rank each row ends with (its coefficient buffers' width); with refresh it starts short of it by the
         # columns the refreshes will add, so that the budget is kept
-        self.cap_k = torch.tensor([cfg.rank or r for r in ranks], device=self.device).clamp_max(self.dim)
-        self.cap_v = torch.tensor([cfg.rank_v or cfg.rank or r for r in ranks], device=self.device).clamp_max(self.dim)
-        added = cfg.refresh_rank * ((self.max_new - 1) // cfg.refresh) if cfg.refresh else 0
+        self.cap_k = torch.tensor([cfg.s4r.rank or r for r in ranks], device=self.device).clamp_max(self.dim)
+        self.cap_v = torch.tensor([cfg.s4r.rank_v or cfg.s4r.rank or r for r in ranks], device=self.device).clamp_max(self.dim)
+        added = cfg.s4r.refresh_rank * ((self.max_new - 1) // cfg.s4r.refresh) if cfg.s4r.refresh else 0
         self.rank_k, self.rank_v = (self.cap_k - added).clamp_min(1), (self.cap_v - added).clamp_min(1)  # now
         self._ranks = (self.cap_k, self.cap_v)  # of every row (rows that finish leave the buffers)
         rk, rv, S = int(self.cap_k.max()), int(self.cap_v.max()), self.length - self.s
@@ -248,8 +248,8 @@ class S4RCache(KVCache):
         # the key and value rank each position was written with (every row of the batch, by logical position)
         self.rank_at_k = torch.zeros(B, self.length, dtype=torch.int16, device=self.device)
         self.rank_at_v = torch.zeros_like(self.rank_at_k)
-        if cfg.refresh:  # the last ``refresh`` tokens' pre-RoPE keys and values, for the next refresh
-            self.recent_k = torch.zeros(L, B, cfg.refresh, self.dim, **f32)
+        if cfg.s4r.refresh:  # the last ``refresh`` tokens' pre-RoPE keys and values, for the next refresh
+            self.recent_k = torch.zeros(L, B, cfg.s4r.refresh, self.dim, **f32)
             self.recent_v = torch.zeros_like(self.recent_k)
         self.q_pos = torch.zeros(B, self.W, dtype=torch.long, device=self.device)
         self.q_ok = torch.zeros(B, self.W, dtype=torch.bool, device=self.device)
@@ -260,7 +260,7 @@ class S4RCache(KVCache):
 
     def _eta_length(self, prompt: int) -> int:
         """The sequence length at which the persistent memory is the share ``eta`` (``expected_length``)."""
-        expected = self.compression.expected_length
+        expected = self.compression.s4r.expected_length
         if expected is None:
             return prompt + self.max_new
         return max(prompt, expected)  # 0 (or a length below the prompt's): at the prompt
@@ -280,13 +280,13 @@ class S4RCache(KVCache):
             sink_cols, rest = cols[: self.s], cols[self.s :]
             self.sink_k[layer, b] = key[b][:, sink_cols]
             self.sink_v[layer, b] = value[b][:, sink_cols]
-            count = max(round(cfg.eta * len(rest)), int(self.rank_k[b]))
-            sampled = rest[sample_positions(len(rest), count, cfg.recent_ratio)]
+            count = max(round(cfg.s4r.eta * len(rest)), int(self.rank_k[b]))
+            sampled = rest[sample_positions(len(rest), count, cfg.s4r.recent_ratio)]
             self.bases_k[layer, b] = torch.nn.functional.pad(
-                low_rank_bases(k_pre[b, sampled][None], int(self.rank_k[b]), cfg.normalize)[0], (0, rk - int(self.rank_k[b]))
+                low_rank_bases(k_pre[b, sampled][None], int(self.rank_k[b]), cfg.s4r.normalize)[0], (0, rk - int(self.rank_k[b]))
             )
             self.bases_v[layer, b] = torch.nn.functional.pad(
-                low_rank_bases(v_cat[b, sampled][None], int(self.rank_v[b]), cfg.normalize)[0], (0, rv - int(self.rank_v[b]))
+                low_rank_bases(v_cat[b, sampled][None], int(self.rank_v[b]), cfg.s4r.normalize)[0], (0, rv - int(self.rank_v[b]))
             )
         if layer == 0:
             self._stamp_ranks(pos, valid)
@@ -329,9 +329,9 @@ class S4RCache(KVCache):
         k_ok = self.valid[:, self.s : self.s + S] & (k_pos <= pos)
         sign = torch.tensor([1.0, -1.0], dtype=torch.float64, device=pos.device)
         pair_weight = (pair_ok.double() * sign)[:, None, None, :]
-        budget = selection_budget(k_pos, k_ok, pos[:, 0], self.W, self.compression.rho)
+        budget = selection_budget(k_pos, k_ok, pos[:, 0], self.W, self.compression.s4r.rho)
         full = None
-        if self.compression.full_layers:
+        if self.compression.s4r.full_layers:
             count = k_ok.sum(-1)
             full = int(count.max()), self._attention_mask(count, int(count.max()))
         return DecodeStep(
@@ -361,9 +361,9 @@ class S4RCache(KVCache):
         v_cat = heads_to_concat(value).float()  # [B, 1, D']
         coef_k.scatter_(1, now.slot.expand(-1, -1, coef_k.shape[-1]), proj[:, G])
         coef_v.scatter_(1, now.slot.expand(-1, -1, coef_v.shape[-1]), v_cat @ bases_v)
-        if cfg.refresh:
-            self.recent_k[layer, :, self.step % cfg.refresh] = pre[:, G, 0]
-            self.recent_v[layer, :, self.step % cfg.refresh] = v_cat[:, 0]
+        if cfg.s4r.refresh:
+            self.recent_k[layer, :, self.step % cfg.s4r.refresh] = pre[:, G, 0]
+            self.recent_v[layer, :, self.step % cfg.s4r.refresh] = v_cat[:, 0]
         pair = torch.cat([proj[:, :G], self.cq[layer, :, :, now.ring, None]], dim=2)  # [B, G, 2, r]: in, out
         self.cq[layer, :, :, now.ring] = proj[:, :G, 0]
 
@@ -376,7 +376,7 @@ class S4RCache(KVCache):
         # scores outside k_ok are 0 (nothing was ever added there), so max pooling needs no mask
         ok = None if cfg.pool == "max" else now.k_ok[:, None, :]
         score = aggregate_group(pool_scores(score, ok, cfg.pool_kernel, cfg.pool), 1, cfg.group_agg)
-        if layer in cfg.full_layers:
+        if layer in cfg.s4r.full_layers:
             chosen, (n, mask) = now.k_ok, now.full
         else:
             chosen, n, mask = select_tokens(score, now.budget), now.budget.n, now.mask
@@ -457,7 +457,7 @@ class S4RCache(KVCache):
         total = (prompt_lengths + completion_lengths).tolist()
         rank_k, rank_v = (r.tolist() for r in self._ranks)
         shares = [
-            persistent_elements(self.s, max(T - self.s, 0), self.dim, self.G, self.W, rk, rv, self.compression.refresh)
+            persistent_elements(self.s, max(T - self.s, 0), self.dim, self.G, self.W, rk, rv, self.compression.s4r.refresh)
             / (2 * T * self.dim)
             for T, rk, rv in zip(total, rank_k, rank_v)
         ]
@@ -465,6 +465,6 @@ class S4RCache(KVCache):
 
     def _persistent_elements(self) -> int:
         return sum(
-            persistent_elements(self.s, int(n) - self.s, self.dim, self.G, self.W, int(rk), int(rv), self.compression.refresh)
+            persistent_elements(self.s, int(n) - self.s, self.dim, self.G, self.W, int(rk), int(rv), self.compression.s4r.refresh)
             for n, rk, rv in zip(self.lengths, self.cap_k, self.cap_v)
         ) * self.L
