@@ -37,15 +37,19 @@ USAGE = "\n\n".join(__doc__.split("\n\n")[:2])
 COMMANDS = ("train", "evaluate", "traces", "check", "export", "lm-eval")
 
 
-def _schemas() -> None:
+SCHEMAS = {"train_schema": "TrainConfig", "eval_schema": "EvalConfig", "traces_schema": "TracesConfig"}
+
+
+def _schemas(*names: str) -> None:
+    """Register the Hydra schemas ``names`` (``train_schema``, ...; none given: all). Only the command's own: the
+    training schema is generated from TRL, which evaluation and traces need not import."""
     from hydra.core.config_store import ConfigStore
 
-    from gkv_train.run_config import EvalConfig, TracesConfig, TrainConfig
+    from gkv_train import run_config
 
     store = ConfigStore.instance()
-    store.store(name="train_schema", node=TrainConfig)
-    store.store(name="eval_schema", node=EvalConfig)
-    store.store(name="traces_schema", node=TracesConfig)
+    for name in names or SCHEMAS:
+        store.store(name=name, node=getattr(run_config, SCHEMAS[name]))
 
 
 class ConsoleHandler(logging.StreamHandler):
@@ -126,7 +130,7 @@ def _hydra_job(config_name: str, schema_name: str, work, before_work=None) -> No
     from gkv_train.exits import Preempted, Refused, refusing
     from gkv_train.storage import DiskFull
 
-    _schemas()
+    _schemas(next(name for name, cls in SCHEMAS.items() if cls == schema_name))
 
     @hydra.main(version_base=None, config_path=RECIPES, config_name=config_name)
     def main(cfg: DictConfig) -> None:

@@ -301,7 +301,7 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
         rewards = [import_callable(path) for path in config.rewards] if config.algorithm == "grpo" else []
         data = training_data(config)
         held_out = prompt_dataset(config, config.eval_data)
-        args = trainer_args(config, state.num_processes)  # trl.* pass-through options checked too
+        args = trainer_args(config, state.num_processes)  # TRL's fields checked by GRPOConfig's own __post_init__ too
         device = "cuda" if torch.cuda.is_available() else "cpu"
         local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         rollouts = generations(config, data, held_out, state.num_processes)

@@ -285,7 +285,9 @@ class TrainOptions:
         self.eval_data.check("eval_data")
         if isinstance(self.report_to, str):
             self.report_to = [self.report_to]
-        self.report_to = list(self.report_to or [])
+        if not isinstance(self.report_to, (list, tuple)) or not all(isinstance(n, str) for n in self.report_to):
+            raise ValueError(f"report_to must be a tracker name or a list of them, got {self.report_to!r}")
+        self.report_to = list(self.report_to)
         check_trackers(self.report_to)
         if self.sampling.temperature <= 0:
             check_sampling(self.sampling.temperature, self.sampling.top_p, greedy=False)
@@ -319,6 +321,14 @@ class TrainOptions:
             raise ValueError(f"compression.{self.compression.unread()[0]} does not apply to compression.method=full")
         if self.algorithm == "grpo" and self.sampling.num_generations < 2:
             raise ValueError("sampling.num_generations must be at least 2: GRPO compares samples of one prompt")
+        if not self.use_vllm:
+            ignored = [name for name in ENGINE_IGNORES if getattr(self, name) != TRL_FIELDS[name].default_value]
+            if ignored:
+                raise ValueError(
+                    f"{', '.join(ignored)}: options of TRL's own generation, which the rollout engine does not have "
+                    "(it samples with sampling.temperature and sampling.top_p); drop them (use_vllm=true, rl_full "
+                    "only, generates through TRL's vLLM path, which reads them)"
+                )
         if self.algorithm == "distill":
             changed = sorted(name for name in GRPO_ONLY if getattr(self, name) != TRL_FIELDS[name].default_value)
             if changed:
@@ -357,7 +367,15 @@ PROJECT_DEFAULTS = {
     "logging_steps": (1, "every step's metrics in metrics.jsonl"),
     "seed": (0, "this project's seed everywhere"),
     "epsilon_high": (0.28, "DAPO's clip-higher"),
+    # TRL 1.16's own defaults, pinned: the loss the recipes were measured with, whatever a later TRL defaults to
+    "loss_type": ("dapo", "pinned, the recipes' measured loss"),
+    "beta": (0.0, "pinned, the recipes' measured loss"),
+    "epsilon": (0.2, "pinned, the recipes' measured loss"),
+    "scale_rewards": ("group", "pinned, the recipes' measured loss"),
 }
+# GRPOConfig fields that TRL's own generation reads and the rollout engine does not: refused unless use_vllm
+ENGINE_IGNORES = ("top_k", "min_p", "repetition_penalty", "generation_kwargs", "cache_implementation",
+                  "use_transformers_paged", "chat_template_kwargs")  # fmt: skip
 
 
 @dataclass(frozen=True)

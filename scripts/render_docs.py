@@ -95,7 +95,7 @@ def config_table(command: str) -> str:
     lines += [f"| `{key}` | {cell(kind)} | `{cell(default)}` | {cell(text)} |"
               for key, kind, default, text in rows(schema) if key not in trl]  # fmt: skip
     if trl:
-        lines += ["", f"Every other field of TRL's `GRPOConfig` ({len(trl)}: `learning_rate`, `beta`, `loss_type`, "
+        lines += ["", "Every other field of TRL's `GRPOConfig` (`learning_rate`, `beta`, `loss_type`, "
                   "`weight_decay`, `num_iterations`, ...) is a key under its own name, with TRL's type, default and "
                   "help (`gkv-train train --help` lists them); the defaults this project changes say why there."]
     return "\n".join(lines) + "\n"

@@ -273,6 +273,25 @@ def test_trainer_arguments_are_trl_dataclasses_extended():
         TrainConfig(algorithm="distill", num_iterations=2)
 
 
+def test_trl_generation_options_the_engine_lacks_are_refused():
+    """top_k, repetition_penalty, ... are GRPOConfig fields that only TRL's own generation reads: refused with the
+    rollout engine (they used to pass through and be ignored), accepted with use_vllm; report_to of a wrong kind
+    is a refusal, not a traceback; evaluation's schema does not import TRL."""
+    import subprocess
+    import sys
+
+    from gkv_train.run_config import TrainConfig
+
+    for key, value in (("top_k", 1), ("repetition_penalty", 2.0), ("min_p", 0.5)):
+        with pytest.raises(ValueError, match=f"{key}: options of TRL's own generation"):
+            TrainConfig(**{key: value})
+    TrainConfig(top_k=1, use_vllm=True, recipe="rl_full", compression=CompressionConfig("full"))  # control
+    with pytest.raises(ValueError, match="report_to must be a tracker name or a list of them, got 5"):
+        TrainConfig(report_to=5)
+    probe = "import sys; from gkv_train import cli; cli._schemas('eval_schema', 'traces_schema'); print('trl' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
 def test_compile_decode_with_s4r_is_refused_before_work():
     from gkv_train.run_config import EvalConfig, SamplingOptions, TrainConfig
 
