@@ -283,8 +283,8 @@ class TrainOptions:
     def __post_init__(self):
         self.data.check("data")
         self.eval_data.check("eval_data")
-        if isinstance(self.report_to, str):
-            self.report_to = [self.report_to]
+        if isinstance(self.report_to, str) or self.report_to is None:  # a name; null: none
+            self.report_to = [] if self.report_to is None else [self.report_to]
         if not isinstance(self.report_to, (list, tuple)) or not all(isinstance(n, str) for n in self.report_to):
             raise ValueError(f"report_to must be a tracker name or a list of them, got {self.report_to!r}")
         self.report_to = list(self.report_to)
@@ -322,7 +322,8 @@ class TrainOptions:
         if self.algorithm == "grpo" and self.sampling.num_generations < 2:
             raise ValueError("sampling.num_generations must be at least 2: GRPO compares samples of one prompt")
         if not self.use_vllm:
-            ignored = [name for name in ENGINE_IGNORES if getattr(self, name) != TRL_FIELDS[name].default_value]
+            ignored = [name for name in ENGINE_IGNORES  # (those the installed TRL has)
+                       if name in TRL_FIELDS and getattr(self, name) != TRL_FIELDS[name].default_value]
             if ignored:
                 raise ValueError(
                     f"{', '.join(ignored)}: options of TRL's own generation, which the rollout engine does not have "
@@ -375,7 +376,8 @@ PROJECT_DEFAULTS = {
 }
 # GRPOConfig fields that TRL's own generation reads and the rollout engine does not: refused unless use_vllm
 ENGINE_IGNORES = ("top_k", "min_p", "repetition_penalty", "generation_kwargs", "cache_implementation",
-                  "use_transformers_paged", "chat_template_kwargs")  # fmt: skip
+                  "use_transformers_paged", "use_transformers_continuous_batching",
+                  "transformers_continuous_batching_config", "chat_template_kwargs")  # fmt: skip
 
 
 @dataclass(frozen=True)

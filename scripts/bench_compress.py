@@ -15,7 +15,6 @@ the rollout.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import time
 from types import SimpleNamespace
@@ -93,7 +92,10 @@ def main() -> None:
     parser.add_argument("--head-dim", type=int, default=64)
     add_compression_args(parser, method="gkv", budget=128, interval=32)
     args = parser.parse_args()
-    compression = compression_from_args(args)
+    try:
+        runs = compression_from_args(args, args.methods)
+    except ValueError as err:
+        parser.error(str(err))
     shape = SimpleNamespace(
         num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
         head_dim=args.head_dim, hidden_size=args.heads * args.head_dim,
@@ -103,8 +105,7 @@ def main() -> None:
         "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "threads": torch.get_num_threads(), "compression": {}, "ms_per_compression": {},
         "code": git_commit(), "date": time.strftime("%Y-%m-%d"), "machine": machine(),
     }  # fmt: skip
-    for method in args.methods:
-        config = dataclasses.replace(compression, method=method)
+    for method, config in zip(args.methods, runs):
         seconds = time_compression(shape, config, args.batch, args.repeats)
         result["compression"][method] = config.resolved().flat()
         result["ms_per_compression"][method] = {

@@ -91,8 +91,10 @@ def main() -> None:
     parser.add_argument("--compile-decode", action="store_true", help="also time compiled decode steps")
     add_compression_args(parser, method="gkv", budget=128, interval=32)
     args = parser.parse_args()
-    compression = compression_from_args(args)
-    methods = [dataclasses.replace(compression, method=m) for m in args.methods or [compression.method]]
+    try:
+        methods = compression_from_args(args, args.methods) if args.methods else [compression_from_args(args)]
+    except ValueError as err:
+        parser.error(str(err))
     if args.compile_decode:
         check_compile_decode(True, methods, key="--compile-decode")
 
@@ -107,7 +109,7 @@ def main() -> None:
         "batch": args.batch,
         "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(),
-        "compression": {c.method: dataclasses.asdict(c.resolved()) for c in methods},
+        "compression": {c.method: c.resolved().flat() for c in methods},
     }
     for c in [CompressionConfig("full"), *methods]:
         result["engine_" + c.method] = engine_run(model, tokenizer, prompts, sampling, c)

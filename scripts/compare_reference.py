@@ -90,18 +90,19 @@ REFERENCE_SCRIPT = ROOT / "scripts" / "reference" / "reference_generation.py"
 def project_config(name: str, budget: int, window: int, interval: int) -> CompressionConfig:
     """The project's CompressionConfig equal to the reference recipe ``name`` (see the module docstring)."""
     common = dict(budget=budget, window=window, interval=interval)
+    # flat option names: CompressionConfig.of since the options were grouped (2026-12-03), the constructor before
+    # (--project-root may name an older checkout)
+    build = getattr(CompressionConfig, "of", CompressionConfig)
     if name == "streaming":
-        return CompressionConfig("streaming", sinks=4, **common)
+        return build("streaming", sinks=4, **common)
     if name == "snapkv":
-        return CompressionConfig("snapkv", pool_kernel=5, **common)
+        return build("snapkv", pool_kernel=5, **common)
     if name == "rkv":
-        return CompressionConfig.of("rkv", pool_kernel=5, lambda_=0.1, **common)
+        return build("rkv", pool_kernel=5, lambda_=0.1, **common)
     if name == "h2o":
-        return CompressionConfig.of("h2o", alpha=0.8, **dict(common, window=1))
+        return build("h2o", alpha=0.8, **dict(common, window=1))
     if name.startswith("gkv-"):
-        return CompressionConfig(
-            "gkv", alpha=0.8, lambda_=0.5, pool_kernel=1, redundancy=True, form=name[4:], **common
-        )
+        return build("gkv", alpha=0.8, lambda_=0.5, pool_kernel=1, redundancy=True, form=name[4:], **common)
     raise ValueError(f"unknown method {name!r}; choose from {', '.join(METHODS)}")
 
 

@@ -48,12 +48,26 @@ def test_each_method_takes_only_the_options_it_reads():
     with pytest.raises(ValueError, match="unknown compression option 'etta'"):
         CompressionConfig.of("s4r", etta=0.3)
     sweep = EvalConfig(methods=["full", "snapkv", "gkv", "s4r"], budgets=[64],
-                       compression=CompressionConfig.of("full", alpha=0.5, eta=0.3))  # fmt: skip
+                       compression=CompressionConfig.template("full", alpha=0.5, eta=0.3))  # fmt: skip
     runs = {run.method: run for run in sweep.compressions()}
     assert (runs["gkv"].eviction.alpha, runs["snapkv"].eviction.alpha, runs["s4r"].s4r.eta) == (0.5, None, 0.3)
     assert runs["gkv"].s4r.eta == 0.2 and runs["full"].s4r.eta == 0.2  # not their options: defaults
     with pytest.raises(ValueError, match="compression.s4r.eta applies to none of the runs \\(full, gkv\\)"):
-        EvalConfig(methods=["full", "gkv"], compression=CompressionConfig.of("full", eta=0.3))
+        EvalConfig(methods=["full", "gkv"], compression=CompressionConfig.template("full", eta=0.3))
+    with pytest.raises(ValueError, match="compression.s4r.eta does not apply to compression.method=full"):
+        CompressionConfig.of("full", eta=0.3)  # a single run of full reads none (gkv-train check, lm-eval)
+    # the benches' flags (argparse): a sweep gives each method its options, as evaluate.py does
+    import argparse
+
+    from gkv_rollout.config import add_compression_args, compression_from_args
+
+    parser = argparse.ArgumentParser()
+    add_compression_args(parser, method="gkv", budget=128)
+    flags = parser.parse_args(["--similarity", "mean_cosine", "--eta", "0.3"])
+    runs = compression_from_args(flags, ["streaming", "rkv", "s4r"])
+    assert [r.eviction.similarity for r in runs] == [None, "mean_cosine", None] and runs[2].s4r.eta == 0.3
+    with pytest.raises(ValueError, match="compression.s4r.eta applies to none of the methods"):
+        compression_from_args(flags, ["rkv"])
 
 
 def test_run_identities_are_those_of_the_flat_configuration():

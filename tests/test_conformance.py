@@ -197,3 +197,22 @@ def test_similarity_sums_follow_their_definition():
                 want = sum(cos[m][n] for n in range(12) if latest[n] != m)
                 assert abs(float(got[b, h, m]) - want) < 1e-5, (b, h, m)
     assert any(v >= 0 for v in latest) and any(v < 0 for v in latest)  # both cases occurred
+
+
+def test_the_end_to_end_comparison_builds_every_reference_recipe():
+    """scripts/compare_reference.py's recipes are valid configurations with the reference's values (the script
+    builds them before any work; a recipe the configuration refuses would stop it)."""
+    import importlib.util
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "scripts"))  # its _common helper
+    try:
+        spec = importlib.util.spec_from_file_location("compare_reference", root / "scripts" / "compare_reference.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(root / "scripts"))
+    configs = {name: module.project_config(name, 128, 16, 32).resolved() for name in module.METHODS}
+    assert configs["rkv"].eviction.lambda_ == 0.1 and configs["h2o"].window == 1
+    assert [configs[f"gkv-{form}"].eviction.form for form in ("max", "mean", "sum")] == ["max", "mean", "sum"]

@@ -219,7 +219,16 @@ class CompressionConfig:
     def of(cls, method: str, **options) -> CompressionConfig:
         """A validated configuration from flat option names: each option goes to its group by its name
         (``eta`` to ``s4r``, ``alpha`` to ``eviction``; the others are shared). The form of command-line flags
-        and lm-eval's ``model_args``."""
+        and lm-eval's ``model_args``. ``full`` with a group option is refused (it reads none)."""
+        config = cls.template(method, **options)
+        if method == "full" and config.unread():
+            raise ValueError(f"compression.{config.unread()[0]} does not apply to compression.method=full")
+        return config
+
+    @classmethod
+    def template(cls, method: str, **options) -> CompressionConfig:
+        """``of`` without the refusal for ``full``: a sweep's template, whose group options its runs read
+        (``for_method``)."""
         groups: dict[str, dict] = {name: {} for name in GROUPS}
         shared = {}
         for key, value in options.items():
@@ -347,7 +356,15 @@ def add_compression_args(parser, **defaults) -> None:
         parser.add_argument(flag, dest=f.name, default=defaults.get(f.name, f.default), type=_parse_bool if kind is bool else kind)
 
 
-def compression_from_args(args) -> CompressionConfig:
-    """The validated ``CompressionConfig`` of options added by ``add_compression_args``."""
+def compression_from_args(args, methods: list[str] | None = None) -> list[CompressionConfig] | CompressionConfig:
+    """The validated ``CompressionConfig`` of options added by ``add_compression_args``; with ``methods`` (a
+    sweep), one per method, each with the options it reads (``for_method``; one that no run reads is refused)."""
     options = {f.name: getattr(args, f.name) for f, _ in flat_fields() if f.name != "method"}
-    return CompressionConfig.of(args.method, **options)
+    if methods is None:
+        return CompressionConfig.of(args.method, **options)
+    template = CompressionConfig.template("full", **options)
+    runs = [template.for_method(method, template.budget) for method in methods]
+    unread = [key for key in template.unread() if key not in {k for run in runs for k in run.reads()}]
+    if unread:
+        raise ValueError(f"compression.{unread[0]} applies to none of the methods ({', '.join(methods)})")
+    return runs

@@ -6,8 +6,9 @@ budget (``gkv_rollout.scoring.select_keep``, shared by every method). Defaults r
 implementation (microsoft/G-KV at 6db3b2e: ``ScoreBasedKV`` / ``StreamingLLMKV`` with the recipes of its
 ``scripts/inference.sh``); options that depart from it are listed in docs/methods.md with their reasons.
 
-Adding a method: subclass ``EvictionMethod`` (or a close relative), give it a ``name`` and the ``defaults``
-it changes (``interval`` among them), implement ``score``, and decorate it with ``@register``;
+Adding a method: subclass ``EvictionMethod`` (or a close relative), give it a ``name``, the ``defaults`` it
+changes (``interval`` among them) and the ``options`` of ``EvictionOptions`` its score reads (as
+``self.config.eviction.alpha``, ...), implement ``score``, and decorate it with ``@register``;
 ``CompressionConfig(method=name)``, the recipes, every script and the registry-driven tests then accept it. From
 the user's own code without touching this package: ``compression.method=package.module:Class`` (the module is
 imported and the class registered under that name).
