@@ -28,22 +28,17 @@ from gkv_train.consistency import mismatch_stats
 from gkv_train.console import rollout_progress
 from gkv_train.distributed import generation_model
 from gkv_train.logprobs import divergence_under_record, head_logprobs
-from gkv_rollout.config import CompressionConfig
 from gkv_rollout.engine import RolloutEngine
 from gkv_rewards.functions import accuracy
 from gkv_rollout.sampling import rollout_seed
-from gkv_train.run_config import DistillOptions, OptionGroups, SamplingOptions
+from gkv_train.run_config import CompressedArguments, DistillOptions, SamplingOptions
 
 
 @dataclass
-class CompressedDistillationConfig(OptionGroups, TrainingArguments):
+class CompressedDistillationConfig(CompressedArguments, TrainingArguments):
     """transformers' ``TrainingArguments`` with what distillation into a compressed-cache student adds: the
     arguments of ``CompressedDistillationTrainer``."""
 
-    compression: CompressionConfig = field(
-        default_factory=lambda: CompressionConfig("gkv"),
-        metadata={"help": "The student's KV-cache compression (gkv_rollout.config.CompressionConfig)."},
-    )
     distill: DistillOptions = field(
         default_factory=DistillOptions,
         metadata={"help": "Mode (offline traces / on-policy), divergence, teacher, chunking "
@@ -53,11 +48,6 @@ class CompressedDistillationConfig(OptionGroups, TrainingArguments):
         default_factory=lambda: SamplingOptions(num_generations=1, max_new_tokens=96),
         metadata={"help": "The temperature of the log-probs and of the divergence (> 0); for on-policy samples "
                   "also max_new_tokens, top_p and compile_decode (one sample per prompt; seeded from seed)."},
-    )  # fmt: skip
-    mask_backend: str = field(
-        default="auto",
-        metadata={"help": "How training forwards attend under the record: auto (FlexAttention on CUDA, SDPA "
-                  "elsewhere), flex or sdpa."},
     )  # fmt: skip
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "False: the trainer reads whole rows (traces or prompts with answers)."}

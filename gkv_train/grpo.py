@@ -36,13 +36,13 @@ from gkv_train.consistency import mismatch_stats
 from gkv_train.console import rollout_progress
 from gkv_train.distributed import generation_model, is_zero3
 from gkv_train.logprobs import logical_forward
-from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.config import SamplingConfig
 from gkv_rollout.contract import attention_context, record_from_batch
 from gkv_rollout.contract.attention import use_kv_attention
 from gkv_rollout.contract.record import Record
 from gkv_rollout.engine import RolloutEngine, RolloutOutput
 from gkv_rollout.sampling import rollout_seed
-from gkv_train.run_config import LOSS_TYPES, OptionGroups, SparseRLOptions
+from gkv_train.run_config import LOSS_TYPES, CompressedArguments, SparseRLOptions
 
 
 def rollout_correction(trainer_logps, rollout_logps, mask, options: SparseRLOptions):
@@ -99,25 +99,15 @@ class LogpsScope:
 
 
 @dataclass
-class CompressedGRPOConfig(OptionGroups, GRPOConfig):
+class CompressedGRPOConfig(CompressedArguments, GRPOConfig):
     """TRL's ``GRPOConfig`` with what a rollout under a compressed cache and RL-Sparse add: the arguments of
     ``CompressedGRPOTrainer``. TRL's own sampling fields (``num_generations``, ``max_completion_length``,
     ``temperature``, ``top_p``) drive the rollout engine."""
 
-    compression: CompressionConfig = field(
-        default_factory=lambda: CompressionConfig("gkv"),
-        metadata={"help": "The rollouts' KV-cache compression (gkv_rollout.config.CompressionConfig); "
-                  "CompressionConfig('full') for RL-Full."},
-    )  # fmt: skip
     rl: SparseRLOptions = field(
         default_factory=SparseRLOptions,
         metadata={"help": "What RL-Sparse adds to GRPO (gkv_train.run_config.SparseRLOptions): training under the "
                   "rollout's record, importance sampling and rejection against the rollout's log-probs."},
-    )  # fmt: skip
-    mask_backend: str = field(
-        default="auto",
-        metadata={"help": "How training forwards attend under the record: auto (FlexAttention on CUDA, SDPA "
-                  "elsewhere), flex or sdpa."},
     )  # fmt: skip
     compile_decode: bool = field(
         default=False,

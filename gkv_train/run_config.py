@@ -183,9 +183,23 @@ class LoraOptions:
         check_range("lora.dropout", self.dropout, low=0, high=1, high_open=True)
 
 
-class OptionGroups:
-    """For a ``TrainingArguments`` subclass whose fields include option groups (dataclasses): ``to_dict`` (which
-    transformers uses for logs, trackers and JSON) writes each group as a dict."""
+@dataclass
+class CompressedArguments:
+    """What both trainers' arguments (``CompressedGRPOConfig``, ``CompressedDistillationConfig``) add to TRL's /
+    transformers' own, mixed in before them: the compression the rollouts run with and how training forwards attend
+    under its record; ``to_dict`` (which transformers uses for logs, trackers and JSON) writes each option group
+    (a dataclass field) as a dict."""
+
+    compression: CompressionConfig = field(
+        default_factory=lambda: CompressionConfig("gkv"),
+        metadata={"help": "The rollouts' KV-cache compression (gkv_rollout.config.CompressionConfig); "
+                  "CompressionConfig('full') for none (RL-Full)."},
+    )  # fmt: skip
+    mask_backend: str = field(
+        default="auto",
+        metadata={"help": "How training forwards attend under the record: auto (FlexAttention on CUDA, SDPA "
+                  "elsewhere), flex or sdpa."},
+    )  # fmt: skip
 
     def to_dict(self) -> dict:
         found = super().to_dict()

@@ -260,6 +260,12 @@ def test_overrides_rough_edges():
     proc = subprocess.run([sys.executable, str(script), "--data.limit", "2"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip() == (
         "error: --data.limit: drop the dashes, overrides are key=value (write data.limit=2)"), proc.stderr
+    # a moved key, through both entry points: one line naming the new key, exit 2, before any work
+    for entry, key, moved in (("scripts/evaluate.py", "compression.eta=0.3", "compression.s4r.eta=0.3"),
+                              ("train.py", "max_new_tokens=8", "sampling.max_new_tokens=8")):  # fmt: skip
+        proc = subprocess.run([sys.executable, str(script.parents[1] / entry), key], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        assert proc.returncode == 2 and proc.stderr.strip().endswith(f"write {moved}"), proc.stderr
 
 
 def test_trainer_arguments_are_trl_dataclasses_extended():
