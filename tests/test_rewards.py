@@ -124,6 +124,66 @@ def test_verifier_timeout_really_stops_and_counts():
     verify.close()
 
 
+def test_a_check_that_overruns_once_is_retried_on_a_fresh_worker(tmp_path, monkeypatch):
+    """An overrun is first retried (a busy moment must not score a right answer 0); only a second one is a
+    timeout."""
+    monkeypatch.setenv("HANG_ONCE", str(tmp_path / "hung"))
+    verify = MathVerifier(timeout=1.0, check="verifier_probe:answers_or_die")
+    try:
+        assert verify.judge("5", "5") == Verdict(True)
+        assert (tmp_path / "hung").exists() and verify.stats["retries"] == 1 and verify.stats["timeouts"] == 0
+    finally:
+        verify.close()
+
+
+@pytest.mark.parametrize("check, correct", [("verifier_warm:slow_first_use", True), ("verifier_probe:slow_first_use", False)])
+def test_first_use_costs_are_paid_before_the_time_limit(monkeypatch, check, correct):
+    """A check module's ``warm_up`` runs before the worker is ready, so a first-use cost longer than the limit (here
+    2 s against 1 s) never turns a right answer into a timeout; the control, the same check without ``warm_up``,
+    times out on both tries."""
+    monkeypatch.setenv("SLOW_FIRST_USE", "2")
+    verify = MathVerifier(timeout=1.0, check=check)
+    try:
+        assert verify.judge("0.5", r"\frac{1}{2}") == Verdict(correct, timed_out=not correct)
+    finally:
+        verify.close()
+
+
+@pytest.mark.parametrize("check, correct", [(None, True), ("verifier_probe:answers_or_die", False)])
+def test_right_answers_score_1_on_a_loaded_machine(check, correct):
+    """The real check on a loaded machine (eight busy processes on this machine's cores): every fresh worker gets a
+    right LaTeX answer right within a tight limit (0.5 s; warm, the check takes ~0.01 s). The control, the same
+    comparison in a module without ``warm_up``, pays math-verify's first parse inside the limit and times out."""
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(8)]
+    try:
+        for _ in range(2 if correct else 1):
+            verify = MathVerifier(timeout=0.5, **({"check": check} if check else {}))
+            try:
+                assert verify.judge(r"\frac{1}{2}", "0.5") == Verdict(correct, timed_out=not correct)
+            finally:
+                verify.close()
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
+
+
+@pytest.mark.parametrize("times, starts", [(1, True), (2, False)])
+def test_a_worker_that_dies_while_starting_is_started_again(tmp_path, monkeypatch, times, starts):
+    """Killed once while starting: started again and the check answered; killed twice: an error that says how it
+    ended (not "did not start within 120 s")."""
+    monkeypatch.setenv("DIE_AT_START", f"{tmp_path / 'died'}:{times}")
+    verify = MathVerifier(timeout=30, check="verifier_probe:answers_or_die")
+    try:
+        if starts:
+            assert verify.judge("5", "5") == Verdict(True) and verify.stats["retries"] == 1
+        else:
+            with pytest.raises(RuntimeError, match="killed by signal 9 while starting, twice"):
+                verify.judge("5", "5")
+    finally:
+        verify.close()
+
+
 def test_reward_callables():
     completions = [r"... \boxed{6}", "#### 5", [{"role": "assistant", "content": "the answer is 6"}]]
     assert accuracy(completions=completions, answer=["6", "6", "6"]) == [1.0, 0.0, 1.0]

@@ -12,6 +12,21 @@ from pathlib import Path
 from gkv_rewards.functions import accuracy
 from gkv_rewards.verify import answers_match
 
+
+def _die_at_start():
+    """With ``$DIE_AT_START`` = ``FILE:N``, the first N workers that import this module kill themselves while
+    starting (SIGKILL, as the OOM killer does), counting in FILE."""
+    if not os.environ.get("DIE_AT_START"):
+        return
+    path, _, times = os.environ["DIE_AT_START"].rpartition(":")
+    died = len(Path(path).read_text()) if Path(path).exists() else 0
+    if died < int(times):
+        Path(path).write_text("x" * (died + 1))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+_die_at_start()
+
 # (gold, answer, equal): LaTeX, fractions, intervals, sets, scientific notation and huge exponents.
 PAIRS = [
     (r"\frac{1}{2}", r"\frac{1}{2}", True),
@@ -46,7 +61,12 @@ def latex_probe(prompts=None, completions=(), **_):
 
 def answers_or_die(gold, pred):
     """``answers_match``, except that the answer ``die`` kills the worker (SIGKILL, as the OOM killer does), the
-    answer ``raise`` raises, and with ``$DIE_ONCE`` set the first check kills its worker (creating that file)."""
+    answer ``raise`` raises, with ``$DIE_ONCE`` set the first check kills its worker (creating that file), and with
+    ``$HANG_ONCE`` set the first check hangs (creating that file)."""
+    hang = os.environ.get("HANG_ONCE")
+    if hang and not Path(hang).exists():
+        Path(hang).touch()
+        time.sleep(60)
     once = os.environ.get("DIE_ONCE")
     if once and not Path(once).exists():
         Path(once).touch()
@@ -84,3 +104,18 @@ evaluation.MathVerifier = traces.MathVerifier = lambda: MathVerifier(check={chec
 sys.argv = [{script!r}, *sys.argv[1:]]
 runpy.run_path({script!r}, run_name="__main__")
 """
+
+
+_paid_first_use = False
+
+
+def slow_first_use(gold, pred):
+    """``answers_match``, whose first call in a process first sleeps ``$SLOW_FIRST_USE`` seconds (default 3): the
+    first-use cost math-verify pays in a fresh worker, stretched as a loaded machine stretches it. This module has no
+    ``warm_up``, so a worker pays it inside the first check's time limit (the control);
+    ``verifier_warm:slow_first_use`` is the same check with a ``warm_up`` that pays it before the worker is ready."""
+    global _paid_first_use
+    if not _paid_first_use:
+        time.sleep(float(os.environ.get("SLOW_FIRST_USE", "3")))
+        _paid_first_use = True
+    return answers_match(gold, pred)

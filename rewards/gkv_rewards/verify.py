@@ -1,9 +1,12 @@
 """Answer checking under a hard time limit: exact numbers, and math-verify for everything else.
 
 Every comparison of model output, plain numbers included, runs in a worker process (``gkv_rewards.worker``) that is
-killed when a check overruns ``timeout``: the check then counts as wrong (reward 0) and as a timeout in
-``stats``, a warning is logged, and the run goes on with a fresh worker. A worker that dies during a check (killed,
-out of memory) is restarted and the check retried once; a check whose worker dies again has no verdict: it is
+killed when a check overruns ``timeout``. The worker is warm before its first check (it has imported math-verify
+and run one comparison: ``warm_up``), so the limit measures the check alone, never start-up costs that a loaded
+machine stretches; a check that overruns is retried once on a fresh warm worker, and only when it overruns again
+does it count as wrong (reward 0) and as a timeout in ``stats`` (a warning is logged, the run goes on with a fresh
+worker). A worker that dies during a check (killed,
+out of memory) or while it starts is restarted and the check retried once; a check whose worker dies again has no verdict: it is
 counted as an error (``stats["errors"]``, ``Verdict.error``), never as a wrong answer. A check that raises on its
 input (a malformed expression) is a wrong answer, counted in ``stats["malformed"]``. The worker is a plain
 ``python -m gkv_rewards.worker`` child: it imports only this module and math-verify (about a second), never the
@@ -107,6 +110,12 @@ def answers_match(gold: str, pred: str) -> bool:
     return _math_verify(gold, pred)
 
 
+def warm_up() -> None:
+    """Pay math-verify's first-use costs (its import, the parser's first build: seconds on a loaded machine) before
+    any check is timed: the worker calls a check module's ``warm_up`` before it says it is ready."""
+    _math_verify(r"\frac{1}{2}", "0.5")
+
+
 def warn_unverified(what: str, timeouts: int, errors: int, marked: str = "") -> None:
     """One line on stderr for each kind of answer check of ``what`` (e.g. "held-out evaluation") that gave no
     verdict: ``timeouts`` (scored 0) and ``errors`` (the worker died twice; scored 0, never a plain wrong answer:
@@ -129,9 +138,11 @@ class Verdict(NamedTuple):
 
 class MathVerifier:
     """``verifier(pred, gold) -> bool``: is the predicted answer equal to the gold one? (``judge`` tells a wrong
-    answer from a timeout or an error.) Each check runs in the worker process, which is killed after ``timeout``
-    seconds. ``stats`` counts checks, timeouts, errors (no verdict: the worker died, and died again on the retry),
-    retries (checks retried after their worker died) and malformed (checks that raised: wrong answers).
+    answer from a timeout or an error.) Each check runs in a warm worker process, which is killed when the check
+    overruns ``timeout`` seconds; the check is then retried once on a fresh worker. ``stats`` counts checks,
+    timeouts (a check that overran twice: scored 0), errors (no verdict: the worker died, and died again on the
+    retry), retries (checks retried after an overrun or a dead worker, and workers started again after dying
+    while starting) and malformed (checks that raised: wrong answers).
     ``check`` is the import path (``module:function``) of the comparison ``f(gold, pred) -> bool`` the worker
     runs."""
 
@@ -152,13 +163,20 @@ class MathVerifier:
         gold = gold_answer(gold)
         if pred is None or not pred.strip():
             return Verdict(False)
-        for attempt in range(2):
+        timed_out = died = 0
+        while True:
             reply = self._ask_worker(gold, pred)
-            if reply is None:
+            if reply is None:  # overran: the stuck worker is killed; a fresh, warm one gets one more try
+                self.close()
+                timed_out += 1
+                if timed_out == 1:
+                    self.stats["retries"] += 1
+                    log.warning("answer check overran %.1f s; retried once on a fresh worker (gold %.80r, answer "
+                                "%.80r)", self.timeout, gold, pred)
+                    continue
                 self.stats["timeouts"] += 1
-                log.warning("answer check timed out after %.1f s, scored 0 (gold %.80r, answer %.80r)", self.timeout,
-                            gold, pred)
-                self.close()  # a stuck worker is killed; the next check starts a fresh one
+                log.warning("answer check timed out twice after %.1f s, scored 0 (gold %.80r, answer %.80r)",
+                            self.timeout, gold, pred)
                 return Verdict(False, timed_out=True)
             if reply:
                 result = json.loads(reply)
@@ -166,18 +184,21 @@ class MathVerifier:
                     self.stats["malformed"] += 1
                 return Verdict(bool(result))
             self.close()  # the worker died: the next attempt (or check) starts a fresh one
-            if attempt == 0:
+            died += 1
+            if died == 1:
                 self.stats["retries"] += 1
                 log.warning("the answer-check worker died; restarted, check retried (gold %.80r, answer %.80r)",
                             gold, pred)
-        self.stats["errors"] += 1
-        log.warning("the answer-check worker died again: no verdict, counted as an error (gold %.80r, answer %.80r)",
-                    gold, pred)
-        return Verdict(False, error=True)
+                continue
+            self.stats["errors"] += 1
+            log.warning("the answer-check worker died again: no verdict, counted as an error (gold %.80r, answer "
+                        "%.80r)", gold, pred)
+            return Verdict(False, error=True)
 
     def _ask_worker(self, gold: str, pred: str) -> bytes | None:
-        """The worker's reply line to ``[gold, pred]``; None when it does not come within ``timeout`` seconds, b""
-        when the worker died (exited, or its pipe broke) before replying."""
+        """The worker's reply line to ``[gold, pred]``; None when it does not come within ``timeout`` seconds of
+        the question (a worker is started, warm, first: not counted), b"" when the worker died (exited, or its
+        pipe broke) before replying."""
         if self._process is None or self._process.poll() is not None:
             self._start()
         try:
@@ -203,19 +224,34 @@ class MathVerifier:
         return line
 
     def _start(self) -> None:
-        """Start the worker and wait until it has imported the check (not counted against the time limit)."""
+        """Start the worker and wait until it is warm (its check imported, the module's ``warm_up`` run: not
+        counted against the time limit). A worker that dies while it starts (killed, out of memory) is started
+        once more; RuntimeError when it dies again (naming how it ended; an error of its own is printed above) or
+        does not get ready within ``STARTUP_TIMEOUT`` seconds."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p or os.getcwd() for p in sys.path)}
-        self._buffer = b""
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "gkv_rewards.worker", str(os.getpid()), self.check],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0,
-        )
-        if self._read_line(STARTUP_TIMEOUT) != b"ready":
+        command = [sys.executable, "-m", "gkv_rewards.worker", str(os.getpid()), self.check]
+        for attempt in range(2):
+            self._buffer = b""
+            self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, bufsize=0)
+            line = self._read_line(STARTUP_TIMEOUT)
+            if line == b"ready":
+                return
+            if line is None:
+                self.close()
+                raise RuntimeError(f"the answer-check worker ({' '.join(command[1:3])}, check {self.check}) did not "
+                                   f"get ready within {STARTUP_TIMEOUT:.0f} s")
+            try:
+                status = self._process.wait(timeout=10)  # its output ended: it has exited (or is about to)
+            except subprocess.TimeoutExpired:
+                status = None
             self.close()
-            raise RuntimeError(
-                f"the answer-check worker ({sys.executable} -m gkv_rewards.worker, check {self.check}) did not start "
-                f"within {STARTUP_TIMEOUT:.0f} s; its error is printed above"
-            )
+            how = f"was killed by signal {-status}" if status is not None and status < 0 else f"exited ({status})"
+            if attempt == 0:
+                self.stats["retries"] += 1
+                log.warning("the answer-check worker %s while starting; started again", how)
+                continue
+            raise RuntimeError(f"the answer-check worker ({' '.join(command[1:3])}, check {self.check}) {how} while "
+                               "starting, twice (an error of its own is printed above)")
 
     def close(self) -> None:
         """Stop the worker (a later check starts a new one)."""

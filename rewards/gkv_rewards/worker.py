@@ -1,6 +1,7 @@
 """The answer-check worker: ``python -m gkv_rewards.worker PARENT_PID MODULE:FUNCTION`` (started by ``MathVerifier``).
 
-Prints ``ready`` once the check is imported, then answers each stdin line ``[gold, pred]`` with one stdout line:
+Prints ``ready`` once the check is imported and warm (its module's ``warm_up()``, when it has one, has run: a
+first-use cost that must not count against a check's time limit), then answers each stdin line ``[gold, pred]`` with one stdout line:
 ``true`` / ``false``, or ``null`` when the check raised. Exits at end of input, and is killed with its parent.
 """
 
@@ -16,7 +17,10 @@ from gkv_rewards.process import die_with_parent
 def main(parent_pid: int, check_path: str) -> None:
     die_with_parent(parent_pid)
     module, _, name = check_path.partition(":")
-    check = getattr(importlib.import_module(module), name)
+    loaded = importlib.import_module(module)
+    check = getattr(loaded, name)
+    if callable(getattr(loaded, "warm_up", None)):
+        loaded.warm_up()
     out = sys.stdout
     out.write("ready\n")
     out.flush()
