@@ -75,7 +75,10 @@ class DataConfig:
         ``gkv_train.retrieval``) or a hub dataset; None with ``path``.
     context: the retrieval tasks' prompt length, about this many tokens.
     copy_required: what a copy_recall completion must copy before the number: ``last`` (the last sentence) or
-        ``places`` (also every middle sentence's "goes to <place>", in order: the training variant).
+        ``places`` (the middle sentences' "goes to <place>", in order, at least a ``copy_share`` of them, the
+        number after them: the training variant).
+    copy_share: with ``copy_required=places``, the share of the middle sentences' places a completion must copy
+        in order (1.0: every one).
     answer_field: the field holding the gold answer.
     limit: the first N problems (None: all).
     prompt_template: the prompt around a problem (``{problem}`` is replaced by it).
@@ -91,6 +94,7 @@ class DataConfig:
     distractors: int = 0  # built-in task: facts about others placed between a problem's first fact and the rest
     sentences: int = 10  # copy_recall: the middle sentences written between the number and the blank (1-12)
     copy_required: str = "last"
+    copy_share: float = 1.0
     context: int = 1024
     prompt_template: str = PROMPT_TEMPLATE
     config: str | None = None  # a hub dataset's configuration (subset), e.g. "main" for openai/gsm8k
@@ -103,6 +107,12 @@ class DataConfig:
             raise ValueError(f"{key}.limit must be at least 1, or null for every problem; got {self.limit}")
         if not 1 <= self.sentences <= len(PLACES):
             raise ValueError(f"{key}.sentences must be 1-{len(PLACES)} (copy_recall's middle sentences), got {self.sentences}")
+        if self.copy_required not in COPY_REQUIRED:
+            raise ValueError(f"{key}.copy_required must be one of {', '.join(COPY_REQUIRED)}, got {self.copy_required!r}")
+        if not (math.isfinite(self.copy_share) and 0 < self.copy_share <= 1):
+            raise ValueError(f"{key}.copy_share must lie in (0, 1], got {self.copy_share}")
+        if self.copy_share != 1 and (self.name != COPY_RECALL or self.copy_required != "places"):
+            raise ValueError(f"{key}.copy_share applies to {key}.name=copy_recall with {key}.copy_required=places only")
         check_prompt_template(self.prompt_template, key)
 
     def identity(self) -> dict:
@@ -117,6 +127,8 @@ class DataConfig:
             del settings["sentences"]  # only copy_recall reads it
         if self.name != COPY_RECALL or self.copy_required == "last":
             del settings["copy_required"]  # added later: at its default earlier identities stay valid
+        if self.copy_share == 1:
+            del settings["copy_share"]
         if self.name not in RETRIEVAL_TASKS:
             del settings["context"]  # only the retrieval tasks read it
         return {**settings, "file": file_identity(file) if file is not None and file.is_file() else None}
@@ -154,7 +166,7 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
     if name == BUILTIN:
         return arithmetic_task(limit, split, seed, tuple(data.levels), data.distractors)
     if name == COPY_RECALL:
-        return copy_recall_task(limit, split, seed, data.sentences, data.copy_required)
+        return copy_recall_task(limit, split, seed, data.sentences, data.copy_required, data.copy_share)
     if name in RETRIEVAL_TASKS:
         return retrieval_task(name, limit, split, seed, data.context)
     if data.config is not None and (path is not None or name in PRESETS):
@@ -424,38 +436,45 @@ def copy_recall_space(sentences: int) -> int:
 
 
 def copy_recall_task(
-    n: int | None, split: str = "train", seed: int = 0, sentences: int = 10, required: str = "last"
+    n: int | None, split: str = "train", seed: int = 0, sentences: int = 10, required: str = "last",
+    share: float = 1.0,
 ) -> datasets.Dataset:
     """The built-in task of the decode-time regime: ``n`` problems that ask the model to copy a short story whose
     first sentence holds a number and whose last sentence stops where that number belongs ("... and still has");
     the answer is the number. Copying writes the story into the completion (SmolLM2-135M: about 120 tokens at
     10 sentences), so a compressed cache is compressed many times while it is written, and the number, from the
     prompt and the completion's first sentence, is needed again only at the very end, far outside the recent
-    window: a cache that drops it guesses. A completion is correct when its final answer (the last number or
-    ``\\boxed{}``) is the number and it has copied the story's last sentence verbatim (the ``required`` column,
-    ``copies_in_order``): the number must come where it belongs, at the end of the copy. Without that a model
-    that no longer sees the story writes the number straight away (SmolLM2 under G-KV at budget 64: 44 tokens
-    instead of 128, 47 % of numbers right but none after the last sentence), and the task would measure prompt
-    compression again. SmolLM2-135M copies loosely (about a third of the middle sentences verbatim), so they are
-    not required. ``required="places"`` (a variant for training) requires besides the last sentence every middle
-    sentence's "goes to <place>", in order: a model trained under a compressed cache can then no longer shorten
-    the copy to keep the number in its cache (RL-Sparse learned that on the base task), so it stays in the regime.
+    window: a cache that drops it guesses.
+
+    What a completion must copy besides the number (the ``required`` column, ``gkv_rewards.extract.copied``):
+    ``required="last"``: the story's last sentence verbatim, so the number comes where it belongs, at the end of
+    the copy. Without that a model that no longer sees the story writes the number straight away (SmolLM2 under
+    G-KV at budget 64: 44 tokens instead of 128, 47 % of numbers right but none after the last sentence), and the
+    task would measure prompt compression again. ``required="places"`` (the training variant): at least a
+    ``share`` of the middle sentences' "goes to <place>", in order, with the number read after them. A model
+    trained under a compressed cache can then no longer shorten the copy to keep the number in its cache (RL-Sparse
+    learned that on the base task): the copy itself is the work the cache must support, and the graded reward
+    ``gkv_rewards.functions.copy_score`` (the share copied when the number is right) pays for every place.
     Splits as ``arithmetic_task``: train and test never share a problem."""
     check_builtin_request("the built-in task copy_recall", split, n)
     if not 1 <= sentences <= len(PLACES):
         raise ValueError(f"data.sentences must be 1-{len(PLACES)} for copy_recall, got {sentences}")
+    if required not in COPY_REQUIRED:
+        raise ValueError(f"data.copy_required must be one of {', '.join(COPY_REQUIRED)}, got {required!r}")
 
     def stream(which: str):
         rng = random.Random(f"{seed}:copy_recall:{which}")
         while True:
             yield _copy_recall_problem(rng, sentences)
 
+    def needed(last: str, places: list[str]) -> str:
+        if required == "last":
+            return last
+        return "\n".join([f"at least {math.ceil(share * len(places) - 1e-9)} of:", *places])
+
     task = f"the built-in task copy_recall with {sentences} sentences"
-    if required not in COPY_REQUIRED:
-        raise ValueError(f"data.copy_required must be one of {', '.join(COPY_REQUIRED)}, got {required!r}")
     chosen = held_out_split(stream, n, split, task, copy_recall_space(sentences), "add sentences")
-    rows = [{"id": i, "problem": text, "answer": str(answer),
-             "required": "\n".join([*places, last]) if required == "places" else last}
+    rows = [{"id": i, "problem": text, "answer": str(answer), "required": needed(last, places)}
             for i, (text, answer, last, places) in enumerate(chosen)]  # fmt: skip
     return datasets.Dataset.from_list(rows)
 

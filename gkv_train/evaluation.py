@@ -84,6 +84,8 @@ def evaluate_compression(
                 "check_timed_out": grade.timed_out,
                 "check_error": grade.error,
                 "copied": grade.copied,
+                "copied_share": grade.share,
+                "score": grade.score,
                 "length": int(out.completion_lengths[i]),
                 "retention": out.retention[i].item(),
                 "memory_share": out.memory_share[i].item(),
@@ -115,7 +117,7 @@ def evaluate_compression(
 
 def summarize(samples_path: Path, density_path: Path, n: int) -> dict:
     """pass@k (k = 1..n, averaged over problems), pass@1's 95% bootstrap interval and standard error over
-    problems, lengths, compression rounds per batch,
+    problems, the graded score and the share of required lines copied (``Grade``), lengths, compression rounds per batch,
     retention (all / correct samples; and by relative position, ``retained_by_position``), the cache's persistent
     memory share at the end (``RolloutOutput.memory_share``), tokens/s, answer checks,
     their timeouts and their errors (no verdict). Empty means are None (null in JSON)."""
@@ -138,6 +140,8 @@ def summarize(samples_path: Path, density_path: Path, n: int) -> dict:
         **{f"pass@{k}": mean([pass_at_k(n, sum(c), k) for c in by_problem.values()]) for k in range(1, n + 1)},
         "pass@1_ci95": bootstrap_interval(per_problem),
         "pass@1_stderr": standard_error(per_problem),
+        "score": mean([s["score"] for s in samples if "score" in s]),
+        "copied_share": mean([s["copied_share"] for s in samples if "copied_share" in s]),
         "mean_completion_length": mean([s["length"] for s in samples]),
         "retention": mean([s["retention"] for s in samples]),
         "retention_correct": mean([s["retention"] for s in correct]),

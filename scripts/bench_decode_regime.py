@@ -77,8 +77,11 @@ def run(command: list[str]) -> None:
 
 
 def task_keys(group: str, split: str, limit: int, args) -> list[str]:
+    variant = [f"{group}.copy_required={args.copy_required}"] if args.copy_required != "last" else []
+    if args.copy_share != 1:
+        variant.append(f"{group}.copy_share={args.copy_share}")
     return [f"{group}.name=copy_recall", f"{group}.split={split}", f"{group}.sentences={args.sentences}",
-            f"{group}.limit={limit}", *([f"{group}.copy_required={args.copy_required}"] if args.copy_required != "last" else [])]  # fmt: skip
+            f"{group}.limit={limit}", *variant]
 
 
 def sampling_keys(args) -> list[str]:
@@ -478,7 +481,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="every stage, tiny model and sizes (a test runs it)")
     parser.add_argument("--sentences", type=int, default=10, help="copy_recall's middle sentences")
     parser.add_argument("--copy-required", default="last", choices=["last", "places"],
-                        help="what a completion must copy: the last sentence, or every place too (the training variant)")
+                        help="what a completion must copy: the last sentence, or the places (the training variant)")
+    parser.add_argument("--copy-share", type=float, default=1.0,
+                        help="with --copy-required places: the share of the places a completion must copy in order")
     parser.add_argument("--problems", type=int, default=32, help="probe: train-split problems")
     parser.add_argument("--samples", type=int, default=2, help="probe: samples per problem")
     parser.add_argument("--methods", nargs="+", default=EVICTION, choices=[m for m in METHODS if m != "full"])

@@ -225,20 +225,40 @@ def test_copy_recall_task_is_deterministic_held_out_and_reachable_by_name():
         load_problems(DataConfig(name="copy_recall", sentences=13))
     with pytest.raises(ValueError, match="splits train and test"):
         copy_recall_task(3, "validation")
-    # the training variant: every place, in order, then the last sentence; the same problems
-    places = copy_recall_task(40, "train", seed=1, required="places")
+    # the training variant: at least a share of the places, in order, the number after them; the same problems
+    places = copy_recall_task(40, "train", seed=1, required="places", share=0.5)
     assert places["problem"] == train["problem"]
-    for row, plain in zip(places, train):
-        *middle, last = row["required"].split("\n")
-        assert last == plain["required"] and len(middle) == 10 and all(p.startswith("goes to the ") for p in middle)
-    from gkv_rewards.extract import copies_in_order
+    for row in places:
+        head, *middle = row["required"].split("\n")
+        assert head == "at least 5 of:" and len(middle) == 10 and all(p.startswith("goes to the ") for p in middle)
+    from gkv_rewards.extract import copied, copies_in_order
+    from gkv_rewards.functions import copy_score
 
-    story = train[0]["problem"].split("\n\n", 1)[1]
-    assert copies_in_order(f"{story} {train[0]['answer']}", places[0]["required"])  # the whole copy passes
-    skipped = f"{story.split('. ')[0]}. {train[0]['required']} {train[0]['answer']}"  # the middle left out
+    story, answer = train[0]["problem"].split("\n\n", 1)[1], train[0]["answer"]
+    sentences = story.split(". ")
+    assert copies_in_order(f"{story} {answer}", places[0]["required"])  # the whole copy passes
+    skipped = f"{sentences[0]}. {train[0]['required']} {answer}"  # the middle left out
     assert copies_in_order(skipped, train[0]["required"]) and not copies_in_order(skipped, places[0]["required"])
+    half = ". ".join([*sentences[:6], sentences[-1]]) + f" {answer}"  # the first 5 places, then the number
+    assert copied(half, places[0]["required"]).share == 0.5 and copies_in_order(half, places[0]["required"])
+    assert not copies_in_order(". ".join(sentences[:5]) + f". {answer}", places[0]["required"])  # 4 of 10
+    from gkv_rewards.functions import accuracy
+
+    assert accuracy(completions=[f"{answer} {story}", f"{story} {answer}"], answer=[answer] * 2,
+                    required=[places[0]["required"]] * 2) == [0.0, 1.0]  # the number must follow the places
+    assert copy_score(completions=[half, f"{story} {answer}", f"{story} 1", skipped], answer=[answer] * 4,
+                      required=[places[0]["required"]] * 4) == [0.5, 1.0, 0.0, 0.0]  # every place counts
+    assert copy_score(completions=[f"so {answer}"], answer=[answer]) == [1.0]  # nothing required: accuracy
+    every = copy_recall_task(2, "train", seed=1, required="places")["required"][0]
+    assert every.split("\n")[0] == "at least 10 of:"
+    with pytest.raises(ValueError, match="copy_share must lie in"):
+        DataConfig(name="copy_recall", copy_required="places", copy_share=0).check()
+    with pytest.raises(ValueError, match="copy_share applies to"):
+        DataConfig(name="copy_recall", copy_share=0.5).check()
     assert "copy_required" not in DataConfig(name="copy_recall").identity()
     assert DataConfig(name="copy_recall", copy_required="places").identity() != DataConfig(name="copy_recall").identity()
+    half_identity = DataConfig(name="copy_recall", copy_required="places", copy_share=0.5).identity()
+    assert half_identity["copy_share"] == 0.5 and "copy_share" not in DataConfig(name="copy_recall").identity()
 
 
 @pytest.mark.parametrize("name", ["niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt"])

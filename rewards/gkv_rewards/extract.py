@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+from typing import NamedTuple
 
 _THOUSANDS = re.compile(r"(?<![\d.,])(\d{1,3})((?:,\d{3})+)(?!\d|,\d)")
 _ITEM = r"-?(?:\d+(?:\.\d+)?|\.\d+)(?:/\d+)?"
@@ -93,16 +94,65 @@ def gold_answer(value) -> str:
     return text
 
 
-def copies_in_order(text: str, required: str | None) -> bool:
-    """Whether ``text`` holds each line of ``required`` (a task's sentences the completion must reproduce, one per
-    line), in order, spaces normalised; True when nothing is required (None or empty). Used by tasks whose answer
-    counts only after the work that leads to it (``copy_recall``: the story copied, then the number)."""
+_AT_LEAST = re.compile(r"at least (\d+) of:")
+
+
+class Copy(NamedTuple):
+    """What a completion copied of a task's required lines: ``found`` of the ``lines`` in order (the most that
+    appear in order), ``needed`` of them to count as copied, and ``rest``: where the final answer is read (the text
+    after the last line found, for a requirement of "at least K of" the lines; else the whole text)."""
+
+    found: int
+    needed: int
+    lines: int
+    rest: str
+
+    @property
+    def ok(self) -> bool:
+        return self.found >= self.needed
+
+    @property
+    def share(self) -> float:
+        """The share of the required lines found in order (1.0 when nothing is required)."""
+        return self.found / self.lines if self.lines else 1.0
+
+
+def copied(text: str, required: str | None) -> Copy:
+    """What ``text`` copied of ``required``: a task's lines the completion must reproduce, one per line, in order,
+    spaces normalised. A first line ``at least K of:`` asks for any K of the lines that follow, in order; then the
+    final answer counts only after them (``rest``: the text after the last line found), so it comes at the end of
+    the copy. Used by tasks whose answer counts only after the work that leads to it (``copy_recall``)."""
     if not required:
-        return True
-    flat, at = " ".join(text.split()), 0
-    for line in required.split("\n"):
-        found = flat.find(" ".join(line.split()), at)
-        if found < 0:
-            return False
-        at = found + len(line)
-    return True
+        return Copy(0, 0, 0, text)
+    lines = required.split("\n")
+    relaxed = _AT_LEAST.fullmatch(lines[0].strip())
+    if relaxed:
+        lines = lines[1:]
+    flat = " ".join(text.split())
+    wanted = [" ".join(line.split()) for line in lines]
+    if not relaxed:  # every line, in order: the first occurrence of each after the one before
+        at = 0
+        for line in wanted:
+            found = flat.find(line, at)
+            if found < 0:
+                return Copy(0, len(wanted), len(wanted), text)
+            at = found + len(line)
+        return Copy(len(wanted), len(wanted), len(wanted), text)
+    # the most lines that appear in order: ends[i][c] = the earliest end of c lines in order, the last being line i
+    ends: list[dict[int, int]] = []
+    for i, line in enumerate(wanted):
+        found = flat.find(line)
+        ends.append({1: found + len(line)} if found >= 0 else {})
+        for j in range(i):
+            for count, end in ends[j].items():
+                found = flat.find(line, end)
+                if found >= 0 and found + len(line) < ends[i].get(count + 1, len(flat) + 1):
+                    ends[i][count + 1] = found + len(line)
+    count, end = max(((c, -e) for chains in ends for c, e in chains.items()), default=(0, 0))
+    end = -end
+    return Copy(count, min(int(relaxed[1]), len(wanted)), len(wanted), flat[end:])
+
+
+def copies_in_order(text: str, required: str | None) -> bool:
+    """Whether ``text`` holds what ``required`` asks for (``copied``); True when nothing is required."""
+    return copied(text, required).ok

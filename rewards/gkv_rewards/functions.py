@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from gkv_rewards.extract import copies_in_order, extract_answer
+from gkv_rewards.extract import copied, extract_answer
 from gkv_rewards.verify import MathVerifier
 
 _VERIFIER = MathVerifier()
@@ -24,12 +24,23 @@ def completion_text(completion) -> str:
 
 def accuracy(prompts=None, completions=(), answer=(), required=None, **_) -> list[float]:
     """1.0 when the completion's final answer equals the gold ``answer`` column (and, where the data has a
-    ``required`` column, the completion reproduces it: ``copies_in_order``), else 0.0 (also for a check that
-    timed out or ended in an error: both are counted in ``verifier_stats``)."""
+    ``required`` column, the completion reproduces it: ``gkv_rewards.extract.copied``), else 0.0 (also for a check
+    that timed out or ended in an error: both are counted in ``verifier_stats``)."""
+    return [float(copy.ok and _VERIFIER(extract_answer(copy.rest), gold)) for copy, gold in _copies(completions, answer, required)]
+
+
+def copy_score(prompts=None, completions=(), answer=(), required=None, **_) -> list[float]:
+    """The share of the ``required`` lines the completion copied in order when its final answer (read after them)
+    equals the gold ``answer``, else 0.0; ``accuracy`` for data without a ``required`` column. A graded form of
+    ``accuracy`` for copy tasks: every line copied counts, so a policy cannot raise it by copying less (the
+    training reward of ``copy_recall`` with ``data.copy_required=places``)."""
+    return [copy.share * _VERIFIER(extract_answer(copy.rest), gold) if copy.found or not copy.lines else 0.0
+            for copy, gold in _copies(completions, answer, required)]  # fmt: skip
+
+
+def _copies(completions, answer, required):
     required = [None] * len(answer) if required is None else required
-    texts = [completion_text(c) for c in completions]
-    return [float(copies_in_order(text, needed) and _VERIFIER(extract_answer(text), gold))
-            for text, gold, needed in zip(texts, answer, required)]  # fmt: skip
+    return [(copied(completion_text(c), needed), gold) for c, gold, needed in zip(completions, answer, required)]
 
 
 def boxed_format(prompts=None, completions=(), **_) -> list[float]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from gkv_rewards.extract import copies_in_order, extract_answer
+from gkv_rewards.extract import copied, extract_answer
 from gkv_rewards.verify import MathVerifier
 
 
@@ -14,8 +14,9 @@ from gkv_rewards.verify import MathVerifier
 class Grade:
     """One completion's text, extracted answer (None: none found), verdict, whether the check timed out, and
     whether it ended in an error (its worker died twice: no verdict); in both cases ``correct`` is False.
-    ``copied``: the completion reproduces what its problem requires (``copies_in_order``); when not, ``correct``
-    is False whatever the answer."""
+    ``copied``: the completion reproduces what its problem requires (``copied``); when not, ``correct`` is False
+    whatever the answer. ``share``: the share of the required lines it copied in order (1.0 when none are
+    required); ``score``: that share when the answer is right, else 0 (``gkv_rewards.functions.copy_score``)."""
 
     text: str
     answer: str | None
@@ -23,6 +24,8 @@ class Grade:
     timed_out: bool
     error: bool
     copied: bool = True
+    share: float = 1.0
+    score: float = 0.0
 
 
 def grade_completions(
@@ -39,10 +42,11 @@ def grade_completions(
     required = [None] * len(golds) if required is None else required
     grades = []
     for text, gold, needed in zip(tokenizer.batch_decode(completion_ids, skip_special_tokens=True), golds, required):
-        answer = extract_answer(text)
+        copy = copied(text, needed)
+        answer = extract_answer(copy.rest)
         verdict = verify.judge(answer, gold)
-        copied = copies_in_order(text, needed)
-        grades.append(Grade(text, answer, verdict.correct and copied, verdict.timed_out, verdict.error, copied))
+        grades.append(Grade(text, answer, verdict.correct and copy.ok, verdict.timed_out, verdict.error, copy.ok,
+                            copy.share, copy.share * verdict.correct))
     return grades
 
 

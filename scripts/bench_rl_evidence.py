@@ -1,0 +1,678 @@
+"""Evidence for the central claim, with seeds: RL-Sparse (the exact record) against Sparse-RL's dense learner with
+importance sampling, RL-Full and distillation, all from the same model under the same compressed rollout, on a
+decode-regime task the trained models cannot leave (``copy_recall`` with ``data.copy_required=places``: a share
+of the story's places copied in order, the number after them). One JSON line.
+
+Stages (``--stages``; each resumable, every run a ``train.py`` or ``scripts/evaluate.py`` folder under
+``--output-root``):
+
+1. ``probe``: the untrained model on *train-split* problems (the full cache and every eviction method at
+   ``--probe-budgets``), with the regime's three checks (``bench_decode_regime.py``'s probe, on this task).
+2. ``methods``: the untrained model's method ordering on ``--methods-problems`` *held-out* problems x
+   ``--methods-samples`` (every eviction method, the G-KV forms, S4R at equal memory; ``bench_decode_regime.py``'s
+   methods stage, on this task).
+3. ``lr``: ``--lr-recipe`` at seed 0 with each of ``--lrs``, each model evaluated on ``--lr-problems``
+   *train-split* problems (another problem stream than training's) under the training compression; the chosen
+   rate (highest pass@1, then score) applies to every recipe. The run at the chosen rate is that recipe's seed 0.
+4. ``train``: every recipe of ``--recipes`` with every seed of ``--seeds`` (the distillation recipes with the
+   first ``--distill-seeds``): the same steps, learning rate, LoRA, prompts per step (a seed draws the problems and
+   their order: every recipe sees the same prompts at the same seed) and GRPO group size. Each finished run's
+   LoRA adapter is kept in fp16 under ``--adapters`` (a few MB each).
+5. ``eval``: the untrained model and every trained one on the same ``--eval-problems`` held-out problems x
+   ``--eval-samples`` (evaluation seed ``--eval-seed``), with the full cache and under the training method at every
+   budget of ``--eval-budgets``.
+
+Several processes may run the same command at once (one thread each): each takes the next job no other live
+process holds (a claim file per job) whose inputs are done, so two processes share the work; the results file
+(``--results``) is rebuilt from every finished folder after each job, under a lock. Tables and figures:
+``tables(view, result)`` (``scripts/render_docs.py``) and ``--figures``.
+
+    OMP_NUM_THREADS=1 python scripts/bench_rl_evidence.py &   # twice: two workers
+    python scripts/bench_rl_evidence.py --quick                 # every stage, a tiny random model (a test runs it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from _common import ROOT, git_commit, machine, print_json, provenance
+
+import bench_decode_regime as regime
+from gkv_train.jsonio import dumps, read_jsonl, write_atomically
+
+STAGES = ("probe", "methods", "lr", "train", "eval")
+RECIPES = ("rl_sparse", "sparse_rl", "rl_full", "distill", "distill_onpolicy")
+DISTILL = ("distill", "distill_onpolicy")
+REWARD = "gkv_rewards.functions.copy_score"  # GRPO's reward: the share of places copied when the number is right
+
+
+def log(message: str) -> None:
+    print(f"[rl_evidence {time.strftime('%H:%M:%S')} pid {os.getpid()}] {message}", file=sys.stderr, flush=True)
+
+
+def run(command: list[str]) -> None:
+    log(" ".join(command[1:]))
+    subprocess.run(command, check=True, cwd=ROOT)
+
+
+# ---- the task and its settings ----------------------------------------------------------------------------------
+def regime_args(args, extra: list[str] | None = None) -> argparse.Namespace:
+    """``bench_decode_regime.py``'s arguments for this task (its probe, methods and evaluate helpers read them)."""
+    argv = ["--model", args.model, "--sentences", str(args.sentences), "--copy-required", "places",
+            "--copy-share", str(args.copy_share), "--window", str(args.window), "--interval", str(args.interval),
+            "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature), "--top-p",
+            str(args.top_p), "--batch-problems", str(args.batch_problems), "--output-root", str(args.output_root),
+            "--seed", "0", *(extra or [])]  # fmt: skip
+    return regime.parse_arguments(argv)
+
+
+def lr_name(lr: float) -> str:
+    return f"{lr:g}"
+
+
+def run_name(recipe: str, seed: int, lr: float) -> str:
+    return f"{recipe}-s{seed}-lr{lr_name(lr)}"
+
+
+def train_keys(recipe: str, seed: int, lr: float, args) -> list[str]:
+    """``train.py``'s overrides of one run: the recipe under G-KV at the training budget (``rl_full``: the full
+    cache), ``--steps`` optimizer steps of ``--prompts-per-step`` x ``--group-size`` rows."""
+    task = regime_args(args)
+    distill = recipe in DISTILL
+    rows = args.prompts_per_step * args.group_size
+    keys = [
+        f"recipe={recipe}", f"model={args.model}", *regime.task_keys("data", "train", args.train_problems, task),
+        *regime.task_keys("eval_data", "test", 2, task), f"max_steps={args.steps}", f"learning_rate={lr}",
+        *regime.sampling_keys(task), f"seed={seed}", "save_steps=1", "lora.enabled=true", "resume=last",
+        f"prompts_per_step={rows if distill else args.prompts_per_step}",
+        f"output_dir={args.output_root / 'train' / run_name(recipe, seed, lr)}",
+    ]  # fmt: skip  (eval_data: train.py's own final evaluation, kept tiny: the bench evaluates every model itself)
+    if not distill:
+        keys += [f"sampling.num_generations={args.group_size}", f"rewards=[{REWARD}]"]
+    if recipe != "rl_full":
+        keys += ["compression.method=gkv", f"compression.budget={args.train_budget}", f"compression.window={args.window}",
+                 f"compression.interval={args.interval}"]  # fmt: skip
+    if recipe == "distill":
+        keys.append(f"distill.traces={teacher_traces(args)}")
+    return keys
+
+
+def teacher_traces(args) -> Path:
+    """Offline distillation's data: the full-cache initial model's correct completions of train-split problems."""
+    path = args.output_root / "train" / "teacher_traces.jsonl"
+    if not path.is_file():
+        partial = path.with_suffix(".partial")
+        task = regime_args(args)
+        run([sys.executable, str(ROOT / "scripts" / "generate_traces.py"), f"model={args.model}",
+             *regime.task_keys("data", "train", args.trace_problems, task), f"sampling.num_generations={args.group_size}",
+             *regime.sampling_keys(task), "seed=0", f"output={partial}",
+             *(["keep_incorrect=true"] if args.quick else [])])  # fmt: skip
+        partial.rename(path)
+    return path
+
+
+# ---- jobs: several processes share them -------------------------------------------------------------------------
+@dataclass
+class Job:
+    """One unit of work: ``kind`` (train, lr-eval, eval), its name (a folder under ``output_root``), the names of
+    the jobs it needs first, and how to run it."""
+
+    kind: str
+    name: str
+    needs: list[str] = field(default_factory=list)
+    recipe: str | None = None
+    seed: int | None = None
+    lr: float | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.kind}/{self.name}"
+
+
+def done_marker(job: Job, args) -> Path:
+    return args.output_root / "done" / job.key.replace("/", "__")
+
+
+def is_done(job: Job, args) -> bool:
+    return done_marker(job, args).is_file()
+
+
+def chosen_lr(args) -> float | None:
+    """The learning rate every recipe trains with: ``--lr``, or the ``lr`` stage's choice once every candidate is
+    evaluated (None before)."""
+    if args.lr is not None:
+        return args.lr
+    sweep = lr_sweep(args)
+    if any(r is None for r in sweep.values()):
+        return None
+    return max(args.lrs, key=lambda lr: (sweep[lr_name(lr)]["pass@1"], sweep[lr_name(lr)]["score"], -lr))
+
+
+def lr_sweep(args) -> dict:
+    """lr -> the lr stage's evaluation of its model (None until done)."""
+    found = {}
+    for lr in args.lrs:
+        summary = args.output_root / "lr-eval" / lr_name(lr) / "summary.json"
+        runs = {r["run"]: r for r in json.loads(summary.read_text())["runs"]} if summary.is_file() else {}
+        cell = runs.get(f"gkv-b{args.train_budget}")
+        found[lr_name(lr)] = None if cell is None else {
+            "pass@1": cell["pass@1"], "pass@1_ci95": cell["pass@1_ci95"], "score": cell["score"],
+            "mean_completion_length": cell["mean_completion_length"]}  # fmt: skip
+    return found
+
+
+def training_runs(args, lr: float) -> list[tuple[str, int]]:
+    """(recipe, seed) of every training run, seed by seed (so that every recipe has its first seed early)."""
+    return [(recipe, seed) for i, seed in enumerate(args.seeds) for recipe in args.recipes
+            if recipe not in DISTILL or i < args.distill_seeds]  # fmt: skip
+
+
+def jobs(args) -> list[Job]:
+    """Every job of the asked stages, in the order they are taken: the lr stage; the untrained model's evaluations;
+    each training run followed by its evaluations at the training budget and with the full cache (so that results
+    arrive run by run); the other budgets' evaluations last."""
+    found = []
+    if "lr" in args.stages and args.lr is None:
+        for lr in args.lrs:
+            train = Job("train", run_name(args.lr_recipe, args.seeds[0], lr), recipe=args.lr_recipe, seed=args.seeds[0], lr=lr)
+            found += [train, Job("lr-eval", lr_name(lr), needs=[train.key], lr=lr)]
+    lr = chosen_lr(args)
+    if lr is None:
+        return found
+    first, later = [f"gkv-b{args.train_budget}", "full"], [c for c in conditions(args) if c not in (f"gkv-b{args.train_budget}", "full")]
+    evaluate = "eval" in args.stages
+    if evaluate:
+        found += [Job("eval", f"untrained@{c}") for c in first]
+    rest = []
+    for recipe, seed in training_runs(args, lr):
+        train = Job("train", run_name(recipe, seed, lr), recipe=recipe, seed=seed, lr=lr)
+        if "train" in args.stages and train.key not in {j.key for j in found}:
+            found.append(train)
+        if evaluate:
+            found += [Job("eval", f"{train.name}@{c}", needs=[train.key]) for c in first]
+            rest += [Job("eval", f"{train.name}@{c}", needs=[train.key]) for c in later]
+    if evaluate:
+        found += [Job("eval", f"untrained@{c}") for c in later] + rest
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def claim(job: Job, args) -> bool:
+    """Take ``job`` for this process: create its claim file (exclusive); a claim of a process that is gone is
+    taken over."""
+    path = args.output_root / "claims" / job.key.replace("/", "__")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                holder = int(path.read_text() or 0)
+            except (OSError, ValueError):
+                holder = 0
+            if holder and alive(holder):
+                return False
+            path.unlink(missing_ok=True)  # its process is gone: resumable, taken over
+            continue
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        return True
+    return False
+
+
+def release(job: Job, args) -> None:
+    (args.output_root / "claims" / job.key.replace("/", "__")).unlink(missing_ok=True)
+
+
+def work(args, publish) -> None:
+    """Take jobs until every one is done: the next one whose inputs are done and that no live process holds; wait
+    while only held or blocked ones remain."""
+    if chosen_lr(args) is None and "lr" not in args.stages:
+        raise SystemExit("error: the train and eval stages need a learning rate: --lr, or the lr stage (its results "
+                         f"under {args.output_root / 'lr-eval'})")
+    while True:
+        todo = [j for j in jobs(args) if not is_done(j, args)]
+        if not todo:
+            return
+        ready = [j for j in todo if all(done_marker(Job(*n.split("/", 1)), args).is_file() for n in j.needs)]
+        taken = next((j for j in ready if claim(j, args)), None)
+        if taken is None:
+            time.sleep(args.poll)
+            continue
+        try:
+            run_job(taken, args)
+            done_marker(taken, args).parent.mkdir(parents=True, exist_ok=True)
+            done_marker(taken, args).write_text(time.strftime("%Y-%m-%d %H:%M:%S"))
+        finally:
+            release(taken, args)
+        publish()
+
+
+def run_job(job: Job, args) -> None:
+    task = regime_args(args)
+    if job.kind == "train":
+        folder = args.output_root / "train" / job.name
+        if not (folder / "eval.json").is_file():
+            run([sys.executable, str(ROOT / "train.py"), *train_keys(job.recipe, job.seed, job.lr, args)])
+        keep_adapter(folder, args.adapters / job.name)
+    elif job.kind == "lr-eval":
+        folder = args.output_root / "train" / run_name(args.lr_recipe, args.seeds[0], job.lr)
+        regime.evaluate([f"model={args.model}", f"adapter={folder}"], "train", args.lr_problems, args.lr_samples,
+                        ["gkv"], [args.train_budget], args.output_root / "lr-eval" / job.name, args.lr_eval_seed, task,
+                        full=False)  # fmt: skip
+    else:
+        name, condition = job.name.split("@")
+        model = [f"model={args.model}"] + ([] if name == "untrained" else [f"adapter={args.output_root / 'train' / name}"])
+        budgets = [int(condition.split("-b")[1])] if condition != "full" else [args.train_budget]
+        regime.evaluate(model, "test", args.eval_problems, args.eval_samples, [] if condition == "full" else ["gkv"],
+                        budgets, args.output_root / "eval" / name / condition, args.eval_seed, task,
+                        full=condition == "full")  # fmt: skip
+
+
+def keep_adapter(folder: Path, target: Path) -> None:
+    """The run's LoRA adapter in fp16 (``adapter_model.safetensors`` + its config) under ``target``."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    if (target / "adapter_model.safetensors").is_file():
+        return
+    target.mkdir(parents=True, exist_ok=True)
+    weights = load_file(folder / "adapter_model.safetensors")
+    save_file({k: v.to(torch.float16) for k, v in weights.items()}, target / "adapter_model.safetensors.partial")
+    (target / "adapter_config.json").write_text((folder / "adapter_config.json").read_text())
+    (target / "adapter_model.safetensors.partial").rename(target / "adapter_model.safetensors")
+
+
+# ---- the results: per-sample data, hierarchical intervals, paired differences ------------------------------------
+def samples_of(folder: Path, run: str) -> dict | None:
+    """Per problem (by id, in order): correct (0/1), score, length of each sample of one evaluation run."""
+    path = folder / run / "samples.jsonl"
+    summary = folder / "summary.json"
+    if not path.is_file() or not summary.is_file() or run not in {r["run"] for r in json.loads(summary.read_text())["runs"]}:
+        return None
+    by_problem: dict = {}
+    for s in read_jsonl(path):
+        by_problem.setdefault(s["problem_id"], []).append(s)
+    ids = sorted(by_problem)
+    return {"problems": ids,
+            "correct": [[int(s["correct"]) for s in by_problem[i]] for i in ids],
+            "score": [[round(s["score"], 4) for s in by_problem[i]] for i in ids],
+            "length": [[s["length"] for s in by_problem[i]] for i in ids]}  # fmt: skip
+
+
+def conditions(args) -> list[str]:
+    return ["full", *(f"gkv-b{b}" for b in args.eval_budgets)]
+
+
+def rounds(length: int, interval: int) -> int:
+    """Decode-time compression rounds a completion of ``length`` tokens went through (one after every
+    ``interval``-th token, the next token on seeing the result; the prefill's round not counted)."""
+    return max(length - 1, 0) // interval
+
+
+def hierarchical_interval(per_seed: list[list[float]], draws: int = 2000, seed: int = 0) -> list[float]:
+    """95% interval of the mean over seeds of the mean over problems: resample seeds, then problems within each
+    (``per_seed``: per seed, one value per problem)."""
+    rng = random.Random(seed)
+    means = []
+    for _ in range(draws):
+        seeds = [per_seed[rng.randrange(len(per_seed))] for _ in per_seed]
+        means.append(sum(sum(v[rng.randrange(len(v))] for _ in v) / len(v) for v in seeds) / len(seeds))
+    means.sort()
+    return [means[int(0.025 * draws)], means[min(draws - 1, int(0.975 * draws))]]
+
+
+def per_problem(cell: dict, what: str = "correct") -> list[float]:
+    return [sum(v) / len(v) for v in cell[what]]
+
+
+def summarize_recipe(cells: list[dict], interval: int) -> dict:
+    """One recipe's figures under one condition, over its seeds (``cells``: one evaluation per seed)."""
+    seeds = [per_problem(c) for c in cells]
+    lengths = [x for c in cells for v in c["length"] for x in v]
+    return {
+        "seeds": len(cells),
+        "pass@1": sum(sum(s) / len(s) for s in seeds) / len(seeds),
+        "pass@1_ci95": hierarchical_interval(seeds),
+        "per_seed": [sum(s) / len(s) for s in seeds],
+        "score": sum(sum(per_problem(c, "score")) / len(c["score"]) for c in cells) / len(cells),
+        "mean_length": sum(lengths) / len(lengths),
+        "mean_rounds": sum(rounds(x, interval) for x in lengths) / len(lengths),
+    }
+
+
+def paired_difference(mine: list[dict], other: list[dict], draws: int = 2000) -> dict:
+    """RL-Sparse minus another recipe, paired by seed (same seed: same prompts, initial model and evaluation
+    problems) and by problem: the mean difference and its 95% interval (resample seed pairs, then problems)."""
+    pairs = [[a - b for a, b in zip(per_problem(x), per_problem(y))] for x, y in zip(mine, other)]
+    if not pairs:
+        return {}
+    mean = sum(sum(p) / len(p) for p in pairs) / len(pairs)
+    return {"seeds": len(pairs), "difference": mean, "ci95": hierarchical_interval(pairs, draws)}
+
+
+def by_rounds(cells: list[dict], interval: int, bins: list[int]) -> list[dict]:
+    """pass@1 of the samples whose completion went through [bins[i], bins[i+1]) decode-time rounds (the last bin
+    open), pooled over seeds: a gain that survives at equal length."""
+    found = []
+    for i, low in enumerate(bins):
+        high = bins[i + 1] if i + 1 < len(bins) else None
+        picked = [ok for c in cells for oks, lens in zip(c["correct"], c["length"]) for ok, n in zip(oks, lens)
+                  if low <= rounds(n, interval) and (high is None or rounds(n, interval) < high)]  # fmt: skip
+        found.append({"rounds": [low, high], "samples": len(picked),
+                      "pass@1": sum(picked) / len(picked) if picked else None})  # fmt: skip
+    return found
+
+
+def curve(folder: Path) -> dict:
+    """Per-step figures of one run: the reward of the step's rollouts, the mismatch telemetry, the share of
+    completion tokens left out of the loss (Sparse-RL's rejection)."""
+    keys = ("reward", "mismatch/agreement_p5", "mismatch/ratio_p1", "mismatch/ratio_p99", "mismatch/mean_abs",
+            "sampling/rollout_tokens_dropped", "completions/mean_length")  # fmt: skip
+    steps = [r for r in read_jsonl(folder / "metrics.jsonl") if "mismatch/max_abs" in r or "loss" in r]
+    return {k: [[r["step"], r[k]] for r in steps if k in r] for k in keys}
+
+
+def collect(args) -> dict:
+    """The results section built from every finished folder."""
+    lr = chosen_lr(args)
+    section: dict = {"settings": settings(args), "lr_sweep": lr_sweep(args), "learning_rate": lr, "models": {}}
+    if lr is None:
+        return section
+    names = ["untrained", *(run_name(r, s, lr) for r, s in training_runs(args, lr))]
+    for name in names:
+        cells = {c: samples_of(args.output_root / "eval" / name / c, c) for c in conditions(args)}
+        if all(v is None for v in cells.values()):
+            continue
+        model: dict = {"cells": cells}
+        if name != "untrained":
+            recipe, seed = name.split("-s")[0], int(name.split("-s")[1].split("-")[0])
+            model.update(recipe=recipe, seed=seed, curve=curve(args.output_root / "train" / name))
+        section["models"][name] = model
+    section["recipes"] = recipe_table(section, args)
+    return section
+
+
+def recipe_table(section: dict, args) -> dict:
+    """Per condition: per recipe (and the untrained model) its figures over seeds, and RL-Sparse's paired
+    differences."""
+    table = {}
+    models = section["models"]
+    for condition in conditions(args):
+        rows = {}
+        groups = {"untrained": [models["untrained"]["cells"][condition]] if "untrained" in models and models["untrained"]["cells"].get(condition) else []}
+        for recipe in args.recipes:
+            groups[recipe] = [m["cells"][condition] for m in sorted((m for m in models.values() if m.get("recipe") == recipe), key=lambda m: m["seed"])
+                              if m["cells"].get(condition)]  # fmt: skip
+        for name, cells in groups.items():
+            if cells:
+                rows[name] = summarize_recipe(cells, args.interval)
+                rows[name]["by_rounds"] = by_rounds(cells, args.interval, args.round_bins)
+        mine = {m["seed"]: m["cells"][condition] for m in models.values() if m.get("recipe") == "rl_sparse" and m["cells"].get(condition)}
+        for name in [r for r in args.recipes if r != "rl_sparse"] + ["untrained"]:
+            if name == "untrained":
+                theirs = {s: groups["untrained"][0] for s in mine} if groups["untrained"] else {}
+            else:
+                theirs = {m["seed"]: m["cells"][condition] for m in models.values() if m.get("recipe") == name and m["cells"].get(condition)}
+            common = sorted(set(mine) & set(theirs))
+            if common and name in rows:
+                rows[name]["rl_sparse_minus"] = paired_difference([mine[s] for s in common], [theirs[s] for s in common])
+        table[condition] = rows
+    return table
+
+
+def settings(args) -> dict:
+    return {"model": args.model, "task": {"name": "copy_recall", "sentences": args.sentences, "copy_required": "places",
+            "copy_share": args.copy_share}, "window": args.window, "interval": args.interval,
+            "sampling": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p},
+            "train": {"method": "gkv", "budget": args.train_budget, "steps": args.steps, "prompts_per_step": args.prompts_per_step,
+                      "group_size": args.group_size, "lora": True, "reward": REWARD, "train_problems": args.train_problems,
+                      "seeds": args.seeds, "distill_seeds": args.distill_seeds, "lr_recipe": args.lr_recipe, "lrs": args.lrs,
+                      "lr_problems": args.lr_problems, "lr_samples": args.lr_samples},
+            "eval": {"split": "test", "problems": args.eval_problems, "samples": args.eval_samples, "seed": args.eval_seed,
+                     "budgets": args.eval_budgets}}  # fmt: skip
+
+
+# ---- tables and figures -------------------------------------------------------------------------------------------
+def cell(figures: dict) -> str:
+    lo, hi = figures["pass@1_ci95"]
+    return f"{figures['pass@1']:.3f} [{lo:.2f}, {hi:.2f}]"
+
+
+def training_table(section: dict) -> str:
+    """Per recipe: pass@1 over seeds [hierarchical 95% interval] under each condition, per-seed values at the
+    training budget, RL-Sparse minus it (paired, with its interval), mean length and decode rounds."""
+    table = section.get("recipes") or {}
+    if not table:
+        return "(no model evaluated yet)\n"
+    conditions_ = list(table)
+    train = f"gkv-b{section['settings']['train']['budget']}"
+    lines = ["| recipe | seeds | " + " | ".join(conditions_) + f" | per seed ({train}) | RL-Sparse minus it ({train}) | "
+             f"RL-Sparse minus it (full) | length ({train}) | rounds ({train}) |",
+             "|---|---|" + "---|" * (len(conditions_) + 5)]  # fmt: skip
+    names = list(dict.fromkeys(n for c in conditions_ for n in table[c]))
+    for name in names:
+        at = table.get(train, {}).get(name)
+        cells = [cell(table[c][name]) if name in table[c] else "-" for c in conditions_]
+
+        def diff(condition: str) -> str:
+            d = table.get(condition, {}).get(name, {}).get("rl_sparse_minus")
+            if not d:
+                return "-"
+            lo, hi = d["ci95"]
+            mark = " *" if lo > 0 or hi < 0 else ""
+            return f"{d['difference']:+.3f} [{lo:+.2f}, {hi:+.2f}]{mark}"
+
+        per_seed = ", ".join(f"{v:.2f}" for v in at["per_seed"]) if at else "-"
+        lines.append(f"| {name} | {max((table[c][name]['seeds'] for c in conditions_ if name in table[c]), default=0)} | "
+                     + " | ".join(cells) + f" | {per_seed} | {diff(train)} | {diff('full')} | "
+                     + (f"{at['mean_length']:.0f} | {at['mean_rounds']:.1f} |" if at else "- | - |"))  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def rounds_table(section: dict) -> str:
+    """pass@1 by decode-time compression rounds per completion at the training budget (samples in brackets)."""
+    train = f"gkv-b{section['settings']['train']['budget']}"
+    rows = (section.get("recipes") or {}).get(train, {})
+    if not rows:
+        return "(no model evaluated yet)\n"
+    bins = [b["rounds"] for b in next(iter(rows.values()))["by_rounds"]]
+    heads = [(f"{lo}-{hi - 1}" if hi - 1 > lo else f"{lo}") if hi is not None else f">= {lo}" for lo, hi in bins]
+    lines = ["| recipe | " + " | ".join(f"rounds {h}" for h in heads) + " |", "|---|" + "---|" * len(heads)]
+    for name, r in rows.items():
+        lines.append(f"| {name} | " + " | ".join("-" if b["pass@1"] is None else f"{b['pass@1']:.2f} ({b['samples']})"
+                                              for b in r["by_rounds"]) + " |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def lr_table(section: dict) -> str:
+    lines = ["| learning rate | pass@1 (train split) | score | length |", "|---|---|---|---|"]
+    for lr, r in section.get("lr_sweep", {}).items():
+        if r is None:
+            lines.append(f"| {lr} | - | - | - |")
+            continue
+        lo, hi = r["pass@1_ci95"]
+        chosen = " (chosen)" if section.get("learning_rate") is not None and lr_name(section["learning_rate"]) == lr else ""
+        lines.append(f"| {lr}{chosen} | {r['pass@1']:.3f} [{lo:.2f}, {hi:.2f}] | {r['score']:.3f} | "
+                     f"{r['mean_completion_length']:.0f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def tables(view: str, result: dict) -> str:
+    """``scripts/render_docs.py``'s views: ``probe``, ``methods`` (the ordering tables), ``lr``, ``training``,
+    ``rounds``."""
+    if view in ("probe", "methods"):
+        checks = "".join(f"- {name.replace('_', ' ')} {want}: {'yes' if ok else 'NO'}\n"
+                         for name, (want, ok) in result[view].get("checks", {}).items())  # fmt: skip
+        return regime.stage_table(view, result[view]) + (f"\nRegime checks (train split):\n{checks}" if checks else "")
+    section = result["training"]
+    body = {"lr": lr_table, "training": training_table, "rounds": rounds_table}[view](section)
+    state = " (partial: runs still going)" if section.get("partial") else ""
+    return f"{body}\n{provenance(section)}{state}\n"
+
+
+def figures(section: dict, path: Path) -> None:
+    """Training curves with seed bands (reward of each step's rollouts, per recipe: mean and min-max over seeds)
+    and the mismatch telemetry per step (agreement p5, ratio p1 / p99, share of tokens left out of the loss)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("reward", "reward of the step's rollouts"), ("mismatch/agreement_p5", "agreement p5"),
+              ("mismatch/ratio_p1", "token ratio p1"), ("sampling/rollout_tokens_dropped", "tokens left out (sparse_rl)")]  # fmt: skip
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
+    recipes = sorted({m["recipe"] for m in section["models"].values() if "recipe" in m})
+    for ax, (key, title) in zip(axes, panels):
+        for recipe in recipes:
+            curves = [m["curve"].get(key, []) for m in section["models"].values() if m.get("recipe") == recipe]
+            curves = [c for c in curves if c]
+            if not curves:
+                continue
+            steps = sorted({s for c in curves for s, _ in c})
+            values = [[dict(c).get(s) for c in curves] for s in steps]
+            mean = [sum(v for v in vs if v is not None) / max(1, sum(v is not None for v in vs)) for vs in values]
+            low = [min((v for v in vs if v is not None), default=math.nan) for vs in values]
+            high = [max((v for v in vs if v is not None), default=math.nan) for vs in values]
+            line, = ax.plot(steps, mean, label=f"{recipe} ({len(curves)} seeds)")
+            ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("optimizer step")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# ---- the command ----------------------------------------------------------------------------------------------------
+def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--model", default="smollm2-135m")
+    add("--output-root", type=Path, default=ROOT / "outputs" / "rl_evidence")
+    add("--results", type=Path, default=ROOT / "results" / "bench_rl_evidence.json")
+    add("--adapters", type=Path, default=ROOT / "results" / "rl_evidence", help="where each run's fp16 adapter is kept")
+    add("--figures", type=Path, default=ROOT / "results" / "bench_rl_evidence_curves.png")
+    add("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    add("--quick", action="store_true", help="every stage, a tiny random model and sizes (a test runs it)")
+    add("--sentences", type=int, default=10)
+    add("--copy-share", type=float, default=0.5, help="the share of the places a completion must copy in order")
+    add("--window", type=int, default=8)
+    add("--interval", type=int, default=16)
+    add("--max-new-tokens", type=int, default=300)
+    add("--temperature", type=float, default=0.6)
+    add("--top-p", type=float, default=0.95)
+    add("--batch-problems", type=int, default=16)
+    add("--probe-budgets", nargs="+", type=int, default=[192, 160])
+    add("--probe-problems", type=int, default=32)
+    add("--probe-samples", type=int, default=2)
+    add("--methods-budgets", nargs="+", type=int, default=[192])
+    add("--methods-problems", type=int, default=128)
+    add("--methods-samples", type=int, default=4)
+    add("--train-budget", type=int, default=192)
+    add("--recipes", nargs="+", default=list(RECIPES), choices=RECIPES)
+    add("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    add("--distill-seeds", type=int, default=1, help="the distillation recipes run the first this many seeds")
+    add("--steps", type=int, default=16)
+    add("--prompts-per-step", type=int, default=2)
+    add("--group-size", type=int, default=4, help="GRPO samples per prompt (distillation: prompts x this rows)")
+    add("--train-problems", type=int, default=256)
+    add("--trace-problems", type=int, default=64)
+    add("--lr", type=float, help="the learning rate of every recipe (no lr stage)")
+    add("--lr-recipe", default="rl_sparse", choices=RECIPES)
+    add("--lrs", nargs="+", type=float, default=[1e-4, 3e-4, 1e-3])
+    add("--lr-problems", type=int, default=32)
+    add("--lr-samples", type=int, default=2)
+    add("--lr-eval-seed", type=int, default=1000, help="the lr stage's train-split problem stream (not training's)")
+    add("--eval-problems", type=int, default=64)
+    add("--eval-samples", type=int, default=4)
+    add("--eval-seed", type=int, default=0)
+    add("--eval-budgets", nargs="+", type=int, default=[192, 160], help="the training budget and tighter ones")
+    add("--round-bins", nargs="+", type=int, default=[0, 4, 6, 8, 10])
+    add("--min-gap", type=float, default=0.15, help="probe: every method's loss at the training budget, at least")
+    add("--poll", type=float, default=30.0, help="seconds between looks for a job while others hold the rest")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.max_new_tokens, args.batch_problems, args.sentences, args.interval = "tiny", 24, 2, 2, 8
+        args.probe_budgets, args.probe_problems, args.probe_samples = [24], 2, 2
+        args.methods_budgets, args.methods_problems, args.methods_samples = [24], 2, 1
+        args.train_budget, args.eval_budgets, args.steps, args.prompts_per_step, args.group_size = 24, [24], 1, 1, 2
+        args.train_problems, args.trace_problems, args.lrs, args.lr_problems, args.lr_samples = 4, 2, [1e-4, 1e-3], 2, 1
+        args.eval_problems, args.eval_samples, args.seeds, args.poll = 2, 1, [0, 1], 0.5
+        args.round_bins = [0, 1]
+        if args.recipes == list(RECIPES):
+            args.recipes = ["rl_sparse", "sparse_rl"]
+    if args.train_budget not in args.eval_budgets:
+        parser.error(f"--eval-budgets {args.eval_budgets} must include the training budget {args.train_budget}")
+    return args
+
+
+def main() -> None:
+    args = parse_arguments()
+    args.output_root.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    where = {"command": "python " + " ".join(sys.argv), "commit": git_commit(), "machine": machine()}
+    lock_path = args.output_root / "results.lock"
+
+    def publish(stage: str, section: dict) -> None:
+        """Replace ``stage``'s section of the results file (under a lock: several workers publish)."""
+        with open(lock_path, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            old = json.loads(args.results.read_text()) if args.results.is_file() else {}
+            old.setdefault("benchmark", "rl_evidence")
+            old[stage] = {**section, **where, "date": time.strftime("%Y-%m-%d")}
+            write_atomically(args.results, dumps(old, indent=2))
+
+    def publish_training() -> None:
+        section = collect(args)
+        section["partial"] = any(not is_done(j, args) for j in jobs(args)) or section["learning_rate"] is None
+        publish("training", section)
+        if section["models"]:
+            figures(section, args.figures)
+
+    if "probe" in args.stages:
+        probe = regime_args(args, ["--budgets", *map(str, args.probe_budgets)])
+        probe.methods = regime.EVICTION
+        section = regime.ordering("probe", "train", args.probe_problems, args.probe_samples, args.output_root, probe)
+        at_budget = [by[str(args.train_budget)]["gap"] for by in section["table"]["methods"].values()
+                     if str(args.train_budget) in by]  # fmt: skip
+        section["checks"]["every_gap_at_training_budget_at_least"] = [
+            args.min_gap, bool(at_budget) and min(at_budget) >= args.min_gap]
+        section["train_budget"] = args.train_budget
+        publish("probe", section)
+    if "methods" in args.stages:
+        ordering = regime_args(args, ["--budgets", *map(str, args.methods_budgets), "--methods-problems",
+                                      str(args.methods_problems), "--methods-samples", str(args.methods_samples),
+                                      "--s4r-length", str(500 if not args.quick else 96), "--s4r-refresh", "0"])  # fmt: skip
+        ordering.results = None
+        publish("methods", regime.stage_methods(args.output_root, ordering, lambda s: publish("methods", s)))
+    if {"lr", "train", "eval"} & set(args.stages):
+        work(args, publish_training)
+        publish_training()
+    result = json.loads(args.results.read_text())
+    training = result.get("training", {})
+    print_json({"benchmark": "rl_evidence", "stages": args.stages, "seconds": round(time.perf_counter() - start, 1),
+                "learning_rate": training.get("learning_rate"), "recipes": training.get("recipes"), **where})
+
+
+if __name__ == "__main__":
+    main()
