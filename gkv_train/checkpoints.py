@@ -4,16 +4,22 @@ stop on SIGTERM / SIGINT.
 A checkpoint is written under ``<output_dir>/.staging/checkpoint-N`` and renamed to ``<output_dir>/checkpoint-N``
 once every process has written its part, so a ``checkpoint-N`` folder is always complete; a save killed half
 way (or failing on a full disk, which the error names with the space free and needed) leaves only the staging
-folder, removed at the next start. ``StopOnSignal`` ends training at a step boundary with such a checkpoint.
+folder, removed at the next start. Each checkpoint, and the final model in the run folder, carries a manifest
+(``manifest.json``: every file's size and SHA-256, and the settings its optimizer and scheduler state were made
+with), so a file damaged later (truncated, overwritten) is found before it is loaded: ``resume=last`` passes
+over a damaged checkpoint to the one before, saying so. ``StopOnSignal`` ends training at a step boundary with
+such a checkpoint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import shutil
 import signal
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,6 +33,7 @@ from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.storage import FULL, disk_full, free_bytes
 
 STAGING = ".staging"
+MANIFEST = "manifest.json"
 METRICS = "metrics.jsonl"
 EVAL = "eval.json"
 TRACES = "traces.jsonl"
@@ -34,10 +41,80 @@ _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 # What a training run leaves in its output folder (besides its resolved configuration, ``hydra/``, rewritten at each
 # start, and the lock file ``.run.lock``): removed by overwrite=true.
 RUN_FILES = (
-    "checkpoint-*", STAGING, METRICS, EVAL, TRACES, "runs", "README.md", "*.safetensors", "*.bin", "*.pt",
+    "checkpoint-*", STAGING, MANIFEST, METRICS, EVAL, TRACES, "runs", "README.md", "*.safetensors", "*.bin", "*.pt",
     "adapter_config.json", "config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json",
     "chat_template.jinja",
 )
+
+
+# The model files of a run folder (what ``save_model`` writes there), listed by the final model's manifest
+MODEL_FILES = ("*.safetensors", "*.bin", "adapter_config.json", "config.json", "generation_config.json", "tokenizer*",
+               "special_tokens_map.json", "chat_template.jinja")  # fmt: skip
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path, files: list[Path], settings: dict) -> None:
+    """``folder/manifest.json``: the size and SHA-256 of each of ``files`` (paths under ``folder``) and ``settings``
+    (what the saved state was made with: ``resume_settings``)."""
+    folder = Path(folder)
+    entries = {str(f.relative_to(folder)): {"bytes": f.stat().st_size, "sha256": sha256(f)} for f in sorted(files)}
+    write_atomically(folder / MANIFEST, dumps({"files": entries, "settings": settings}, indent=2))
+
+
+def read_manifest(folder: Path) -> dict | None:
+    """The manifest of ``folder`` (None: it has none: a checkpoint of an earlier version); ValueError naming the
+    file when it is damaged."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+            raise ValueError("not a manifest")
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is damaged ({err})") from None
+    return manifest
+
+
+def damage(folder: Path, hashes: bool = True) -> str | None:
+    """What is wrong with the saved files of ``folder`` against its manifest (a missing file, another size, another
+    SHA-256 when ``hashes``), or None when they are whole; a folder without a manifest (an earlier version's) is
+    checked for a readable trainer state when it is a checkpoint."""
+    folder = Path(folder)
+    try:
+        manifest = read_manifest(folder)
+    except ValueError as err:
+        return str(err)
+    if manifest is None:
+        if _CHECKPOINT.fullmatch(folder.name):
+            try:
+                json.loads((folder / TRAINER_STATE_NAME).read_text())["global_step"]
+            except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+                return f"{folder / TRAINER_STATE_NAME} is damaged ({type(err).__name__}: {err})"
+        return None
+    for name, saved in manifest["files"].items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing"
+        size = path.stat().st_size
+        if size != saved["bytes"]:
+            return f"{path} has {size} bytes, {saved['bytes']} when it was saved"
+        if hashes and sha256(path) != saved["sha256"]:
+            return f"{path} differs from what was saved (SHA-256)"
+    return None
+
+
+def saved_settings(folder: Path) -> dict | None:
+    """The settings a checkpoint's optimizer and scheduler state were made with (None: no manifest)."""
+    manifest = read_manifest(folder)
+    return None if manifest is None else manifest.get("settings")
 
 
 def complete_checkpoints(output_dir: Path) -> list[Path]:
@@ -50,6 +127,18 @@ def complete_checkpoints(output_dir: Path) -> list[Path]:
             if match and path.is_dir() and (path / TRAINER_STATE_NAME).is_file():
                 found.append((int(match[1]), path))
     return [path for _, path in sorted(found)]
+
+
+def newest_whole_checkpoint(output_dir: Path) -> Path | None:
+    """The newest complete checkpoint of ``output_dir`` whose files are whole (``damage``); each damaged newer one
+    is passed over with a line on stderr saying what is wrong with it."""
+    for checkpoint in reversed(complete_checkpoints(output_dir)):
+        problem = damage(checkpoint)
+        if problem is None:
+            return checkpoint
+        print(f"warning: {checkpoint.name} is damaged ({problem}): passed over for the checkpoint before it",
+              file=sys.stderr)  # fmt: skip
+    return None
 
 
 def checkpoint_step(checkpoint: Path) -> int:
@@ -127,6 +216,24 @@ def name_adapter_base(folder: Path, name: str | None) -> None:
     write_atomically(path, json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
+# TrainingArguments fields a resumed run takes from its checkpoint's optimizer and scheduler state, whatever the new
+# configuration says (so a different value would be silently ignored)
+RESUME_SETTINGS = ("learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio", "optim",
+                   "optim_args", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")  # fmt: skip
+
+
+def resume_settings(args, model: str | None, peft_config=None) -> dict:
+    """The settings of ``RESUME_SETTINGS`` of trainer arguments ``args``, the base ``model`` and the LoRA
+    configuration (``peft_config``: PEFT's, by adapter name), as plain values."""
+    found = {name: getattr(args, name, None) for name in RESUME_SETTINGS}
+    found = json.loads(dumps({k: v.value if hasattr(v, "value") else v for k, v in found.items()}))
+    lora = None
+    if peft_config:
+        config = next(iter(peft_config.values()))
+        lora = {"r": config.r, "alpha": config.lora_alpha, "target_modules": sorted(config.target_modules)}
+    return {**found, "model": model, "lora": lora}
+
+
 class AtomicCheckpoints:
     """Mixin for a transformers ``Trainer``: checkpoints are staged and renamed into place when complete, and
     saved files (adapter config, model card) name the base model as the user did, not the local folder it was
@@ -158,6 +265,19 @@ class AtomicCheckpoints:
         run_dir = super()._get_output_dir(trial)
         return os.path.join(run_dir, STAGING) if self._staging else run_dir
 
+    def resume_settings(self) -> dict:
+        """What a checkpoint's saved state was made with and a resumed run keeps whatever it is told
+        (``RESUME_SETTINGS``: the optimizer's and scheduler's settings, the base model, LoRA)."""
+        return resume_settings(self.args, self.base_model_name, getattr(self.model, "peft_config", None))
+
+    def save_final(self, output_dir: str) -> None:
+        """The final model into ``output_dir`` (``save_model``), with its manifest."""
+        self.save_model(output_dir)
+        if self.args.should_save:
+            folder = Path(output_dir)
+            files = {f for pattern in MODEL_FILES for f in folder.glob(pattern) if f.is_file()}
+            write_manifest(folder, list(files), self.resume_settings())
+
     def checkpoint_bytes(self) -> int:
         """About how much a checkpoint takes: the newest complete one's size, else the weights plus two optimizer
         states (Adam's) of the trainable ones."""
@@ -184,7 +304,9 @@ class AtomicCheckpoints:
             self._staging = False
         self.accelerator.wait_for_everyone()  # every process has written its part (RNG states, shards)
         if self.args.should_save:
-            publish(run_dir / STAGING / name, run_dir / name)
+            staged = run_dir / STAGING / name
+            write_manifest(staged, [f for f in staged.rglob("*") if f.is_file()], self.resume_settings())
+            publish(staged, run_dir / name)
             clear_staging(run_dir)
             rotate_checkpoints(
                 output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,

@@ -4,13 +4,15 @@ A LoRA run (``adapter_config.json`` in ``RUN_DIR``) is merged into its base (the
 configuration: the run's ``model``); a full fine-tune is loaded as it is. The folder holds the weights
 (safetensors), the configuration with the standard attention (``sdpa``: this project's registered attention
 function is not needed to load or run it) and the tokenizer, so ``AutoModelForCausalLM.from_pretrained(OUT_DIR)``
-loads it anywhere, without this package."""
+loads it anywhere, without this package. The run's files are checked against its manifest first (a damaged one is
+named, before anything is loaded)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from gkv_train.checkpoints import damage
 from gkv_train.models import load_model
 
 
@@ -22,6 +24,9 @@ def export(run_dir: str | Path, out_dir: str | Path) -> Path:
         raise ValueError(f"{run_dir} holds no trained model (no adapter_config.json or config.json)")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(f"{out_dir} exists and is not empty")
+    problem = damage(run_dir)
+    if problem is not None:
+        raise ValueError(f"{run_dir}: the trained model is damaged ({problem})")
     if adapter.is_file():
         from peft import PeftModel
 

@@ -24,8 +24,11 @@ from gkv_train.checkpoints import (
     checkpoint_step,
     clear_run,
     clear_staging,
-    complete_checkpoints,
+    damage,
+    newest_whole_checkpoint,
+    resume_settings,
     run_artefacts,
+    saved_settings,
     truncate_metrics,
 )
 from gkv_train.console import log_console_to
@@ -37,7 +40,7 @@ from gkv_train.graded import generate_and_grade
 from gkv_train.grpo import CompressedGRPOConfig, CompressedGRPOTrainer
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import base_model_name, base_weights_note, card_model_name, check_model, load_model
-from gkv_train.preflight import Generation, check_generations
+from gkv_train.preflight import Generation, check_generations, check_task_contexts
 from gkv_rewards.functions import verifier_stats
 from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig
@@ -51,16 +54,16 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is how TR
 
 
 def import_callable(path: str):
-    """``package.module.name`` -> the object (reward functions are named this way in recipes). The project's
-    own are ``gkv_rewards...``; the bare ``rewards...`` of earlier versions is read as that, with a note."""
-    if path.startswith("rewards."):
-        print(f"note: reward {path} is now gkv_train.{path} (the rewards moved into gkv_train)", file=sys.stderr)
-        path = "gkv_train." + path
+    """``package.module.name`` -> the object (reward functions are named this way in recipes, the project's own
+    ``gkv_rewards.functions...``). Importing runs the module's code: a configuration names code to run."""
     module, _, name = path.rpartition(".")
     try:
-        return getattr(importlib.import_module(module), name)
+        found = getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as err:
         raise ValueError(f"cannot import reward function {path!r}: {err}") from err
+    if not callable(found):
+        raise ValueError(f"reward function {path!r} is a {type(found).__name__}, not a callable")
+    return found
 
 
 class JsonlLogger(TrainerCallback):
@@ -138,24 +141,53 @@ def trainer_args(config: TrainConfig, num_processes: int) -> TrainingArguments:
     )
 
 
-def resume_checkpoint(config: TrainConfig) -> str | None:
-    """The checkpoint to resume from: ``resume=last``: the newest complete one in ``output_dir`` (None when there
-    is none); a path: that checkpoint, which must be complete."""
+def resume_checkpoint(config: TrainConfig, args: TrainingArguments) -> str | None:
+    """The checkpoint to resume from, checked before any work: ``resume=last``: the newest complete, undamaged
+    one in ``output_dir`` (a damaged newer one passed over with a line; None when there is none); a path: that
+    checkpoint, which must be complete and undamaged, and of this run's folder unless ``resume_other_run=true``.
+    Either way the settings its optimizer and scheduler state were made with (``RESUME_SETTINGS``, the base model,
+    LoRA) must be this run's ``args``: a resumed run keeps the checkpoint's, so another value would be ignored.
+    ValueError / FileNotFoundError naming the checkpoint and what is wrong."""
     if config.resume is None:
         return None
     if config.resume == "last":
-        found = complete_checkpoints(config.output_dir)
-        if not found:
+        found = newest_whole_checkpoint(config.output_dir)
+        if found is None:
             print(f"resume=last: no complete checkpoint in {config.output_dir}, starting from scratch", file=sys.stderr)
             return None
-        return str(found[-1])
-    if not Path(config.resume, "trainer_state.json").is_file():
-        raise FileNotFoundError(f"resume={config.resume}: not a complete checkpoint directory (no trainer_state.json)")
-    return config.resume
+    else:
+        found = Path(config.resume)
+        if not (found / "trainer_state.json").is_file():
+            raise FileNotFoundError(f"resume={config.resume}: not a complete checkpoint directory (no trainer_state.json)")
+        problem = damage(found)
+        if problem is not None:
+            raise ValueError(f"resume={config.resume}: the checkpoint is damaged ({problem}); resume=last takes the "
+                             "newest whole one")  # fmt: skip
+        run = found.resolve().parent
+        if run != Path(config.output_dir).resolve() and not config.resume_other_run:
+            raise ValueError(
+                f"resume={config.resume} is a checkpoint of another run ({run}), not of output_dir={config.output_dir}: "
+                "resuming continues that run's optimizer, scheduler and step count here; to do that, add "
+                "resume_other_run=true (to start a new run from its weights instead, use its folder as model=)"
+            )
+    saved = saved_settings(found)
+    if saved is not None:
+        wanted = resume_settings(args, base_model_name(config.model), None)
+        wanted["lora"] = None if not config.lora.enabled else {
+            "r": config.lora.r, "alpha": config.lora.alpha, "target_modules": sorted(config.lora.target_modules)}
+        differ = [k for k in wanted if k in saved and saved[k] != wanted[k]]
+        if differ:
+            what = ", ".join(f"{k}={saved[k]!r} there, {wanted[k]!r} here" for k in differ)
+            raise ValueError(
+                f"resume={config.resume}: {found.name} was trained with other settings ({what}); a resumed run keeps "
+                "its checkpoint's optimizer, scheduler and model, so these would be ignored: resume with the "
+                "settings it was saved with, or start a new run (overwrite=true, or another output_dir)"
+            )
+    return str(found)
 
 
-def prepare_output_dir(config: TrainConfig, state) -> str | None:
-    """Check ``output_dir`` before any work and get it ready; returns the checkpoint to resume from.
+def prepare_output_dir(config: TrainConfig, state, checkpoint: str | None) -> None:
+    """Check ``output_dir`` before any work and get it ready to resume from ``checkpoint`` (``resume_checkpoint``).
 
     A folder holding another run is refused unless ``resume`` (continue it) or ``overwrite=true`` (its run files
     are removed) is given. On resume, metrics logged after the checkpoint and staging leftovers are removed, so
@@ -168,7 +200,6 @@ def prepare_output_dir(config: TrainConfig, state) -> str | None:
             f"output_dir {out} holds another run ({', '.join(found)}): pass resume=last to continue it, overwrite=true "
             "to replace it, or choose another output_dir"
         )
-    checkpoint = resume_checkpoint(config)
     state.wait_for_everyone()  # every process has looked before anything changes
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
@@ -178,7 +209,6 @@ def prepare_output_dir(config: TrainConfig, state) -> str | None:
             clear_staging(out)
             truncate_metrics(out / METRICS, checkpoint_step(checkpoint) if checkpoint else 0)
     state.wait_for_everyone()
-    return checkpoint
 
 
 @cache
@@ -225,7 +255,7 @@ def lora_config(config: TrainConfig):
 def finish(trainer, tokenizer, config: TrainConfig, held_out, is_main_process: bool) -> dict:
     """Save the final model, evaluate it on the held-out problems, print and write the evaluation line."""
     with naming_full_disk(Path(config.output_dir), "the final model", trainer.checkpoint_bytes()):
-        trainer.save_model(config.output_dir)
+        trainer.save_final(config.output_dir)
     with generation_model(trainer) as model:  # every process enters (ZeRO-3 gathers); the main one evaluates
         if not is_main_process:
             return {}
@@ -298,10 +328,12 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
             if name is not None:
                 check_model(name)
         check_output_dir(out, "output_dir")
+        check_task_contexts(config.model, {"data": config.data, "eval_data": config.eval_data})
         rewards = [import_callable(path) for path in config.rewards] if config.algorithm == "grpo" else []
         data = training_data(config)
         held_out = prompt_dataset(config, config.eval_data)
         args = trainer_args(config, state.num_processes)  # TRL's fields checked by GRPOConfig's own __post_init__ too
+        checkpoint = resume_checkpoint(config, args)  # before the folder is made: a refused resume leaves nothing
         device = "cuda" if torch.cuda.is_available() else "cpu"
         local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         rollouts = generations(config, data, held_out, state.num_processes)
@@ -310,7 +342,7 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
         lock = lock_output_dir(out, state)
     with lock or contextlib.nullcontext():
         with refusing():
-            checkpoint = prepare_output_dir(config, state)
+            prepare_output_dir(config, state, checkpoint)
         if state.is_main_process:
             for name, text in (config_files or {}).items():
                 (out / "hydra").mkdir(exist_ok=True)

@@ -19,44 +19,64 @@ Contexts are plain text (lm-eval applies chat templates itself with ``--apply_ch
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
+import sys
+import types
+import typing
 from pathlib import Path
 
 import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
-from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.config import CompressionConfig, SamplingConfig, flat_fields
 from gkv_rollout.engine import RolloutEngine
 from gkv_train.logprobs import decoder_and_head, hidden_states
-from gkv_train.models import load_model
+from gkv_train.exits import REFUSED, Refused, refusing
+from gkv_train.models import check_model, load_model
+
+
+OWN = ("pretrained", "adapter", "method", "batch_size", "max_batch_size", "max_gen_toks", "precision", "seed", "stats",
+       "device")  # the model's own arguments; every other one is a compression option (CompressionConfig's flat names)
 
 
 @register_model("gkv")
 class CompressedLM(LM):
     """lm-eval's model ``gkv``: ``pretrained`` (a built-in model, hub name or local folder), ``adapter`` (a LoRA run),
-    ``method`` / ``budget`` / ``window`` / ``interval`` / ``eta`` (the compression, ``CompressionConfig``'s
-    defaults otherwise), ``batch_size`` (lm-eval's ``--batch_size``), ``max_gen_toks`` (when a task gives none), ``precision`` (fp32 / bf16),
-    ``seed`` (sampling tasks), ``stats`` (a JSONL file for the per-request statistics)."""
+    ``method`` and any compression option by its flat name (``budget``, ``window``, ``interval``, ``sinks``,
+    ``alpha``, ``lambda``, ``form``, ``eta``, ``refresh``, ...: ``CompressionConfig.of``; the method's defaults
+    otherwise), ``batch_size`` (lm-eval's ``--batch_size``; ``auto``: 8), ``max_gen_toks`` (when a task gives none),
+    ``precision`` (fp32 / bf16), ``seed`` (sampling tasks), ``stats`` (a JSONL file for the per-request statistics),
+    ``device`` (lm-eval's ``--device``: cpu, cuda, cuda:N). Every argument is checked before the model loads: an
+    unknown one (a typo, HF's ``dtype``) or a bad value is refused with ``Refused``, naming it."""
 
     def __init__(self, pretrained: str = "smollm2-135m", adapter: str | None = None, method: str = "full",
-                 budget: int | None = None, window: int | None = None, interval: int | None = None,
-                 eta: float | None = None, batch_size: int | str = 8, max_gen_toks: int = 256, precision: str = "fp32",
-                 seed: int = 0, stats: str | None = None, **_ignored):  # fmt: skip
+                 batch_size: int | str = 8, max_batch_size: int | None = None, max_gen_toks: int = 256,
+                 precision: str = "fp32", seed: int = 0, stats: str | None = None, device: str | None = None,
+                 **compression):  # fmt: skip
         super().__init__()
+        with refusing():
+            self.compression = model_args_compression(method, compression)
+            self.batch_size = checked_batch_size(batch_size)
+            self.max_gen_toks, self.seed = checked_int("max_gen_toks", max_gen_toks, 1), checked_int("seed", seed, 0)
+            if precision not in ("fp32", "bf16"):
+                raise ValueError(f"precision={precision}: choose fp32 or bf16")
+            self._device = checked_device(device)
+            self.stats_path = checked_stats(stats)
+            check_model(pretrained)
+            if adapter and not (Path(adapter) / "adapter_config.json").is_file():
+                raise ValueError(f"adapter={adapter}: no LoRA adapter there (no adapter_config.json)")
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.model, self.tokenizer = load_model(pretrained, dtype=dtype)
         if adapter:
             from peft import PeftModel
 
             self.model = PeftModel.from_pretrained(self.model, adapter).merge_and_unload()
-        options = {k: v for k, v in dict(budget=budget, window=window, interval=interval, eta=eta).items() if v is not None}
-        self.compression = CompressionConfig.of(method, **{k: type_of(k)(v) for k, v in options.items()})
+        self.model.to(self._device)
         self.engine = RolloutEngine(self.model, self.tokenizer, self.compression, chat=False)
-        self.batch_size = int(batch_size) if str(batch_size).isdigit() else 8
-        self.max_gen_toks, self.seed = int(max_gen_toks), int(seed)
         self.stats: list[dict] = []
-        self.stats_path = Path(stats) if stats else None
 
     # ---- lm-eval's interface -------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
@@ -147,15 +167,102 @@ class CompressedLM(LM):
                 f.write("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def type_of(option: str):
-    return float if option == "eta" else int
+def model_args_compression(method: str, options: dict) -> CompressionConfig:
+    """The ``CompressionConfig`` of lm-eval model arguments: ``method`` and compression options by their flat
+    names (``lambda`` for ``lambda_``), each converted to its field's type. ValueError for an unknown argument
+    ("did you mean"), a value of the wrong type, or an option the method does not read."""
+    kinds = {f.name: kind for f, kind in flat_fields() if f.name != "method"}
+    converted = {}
+    for key, value in options.items():
+        name = "lambda_" if key == "lambda" else key
+        if name not in kinds:
+            known = sorted({*OWN, *(k.rstrip("_") for k in kinds)})
+            close = difflib.get_close_matches(key, known, n=3, cutoff=0.6)
+            hint = f"; did you mean {' or '.join(close)}?" if close else ""
+            if key in ("dtype", "torch_dtype"):
+                hint = "; write precision=fp32 or precision=bf16"
+            raise ValueError(f"unknown gkv model argument {key}={value}{hint} (the model's own: {', '.join(OWN)}; "
+                             "compression options by their flat names: budget, window, interval, alpha, eta, ...)")  # fmt: skip
+        converted[name] = convert(key, value, kinds[name])
+    return CompressionConfig.of(method, **converted)
+
+
+def convert(key: str, value, kind):
+    """An lm-eval argument (already an int, float or bool where it reads as one) as ``kind``; ValueError naming it."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None
+        if value is None or str(value).lower() in ("none", "null"):
+            return None
+        kind = next(t for t in typing.get_args(kind) if t is not type(None))
+    if typing.get_origin(kind) is list:  # a single value: lm-eval's arguments are comma-separated
+        return [convert(key, value, typing.get_args(kind)[0])]
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+    elif kind is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    elif kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    elif kind is str:
+        return str(value)
+    raise ValueError(f"{key}={value}: expected {getattr(kind, '__name__', kind)}")
+
+
+def checked_int(key: str, value, low: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{key}={value}: expected an integer >= {low}")
+    return value
+
+
+def checked_batch_size(value) -> int:
+    """lm-eval's batch size: a number, or ``auto`` (``auto:N``), which this model reads as 8."""
+    if isinstance(value, str) and value.startswith("auto"):
+        return 8
+    return checked_int("batch_size", value, 1)
+
+
+def checked_device(device: str | None) -> torch.device:
+    """lm-eval's ``--device`` (None: cuda when there is one, else cpu). A CUDA device on a machine without one
+    (lm-eval's default is cuda:0) is the CPU, with a note, as lm-eval's own models do; ValueError for anything else
+    that is not a device here."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        found = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device={device}: not a device (cpu, cuda, cuda:N)") from None
+    if found.type == "cuda" and not torch.cuda.is_available():
+        print(f"note: device={device}, but this machine has no CUDA device: running on the CPU", file=sys.stderr)
+        return torch.device("cpu")
+    if found.type not in ("cpu", "cuda"):
+        raise ValueError(f"device={device}: choose cpu or cuda")
+    return found
+
+
+def checked_stats(stats: str | None) -> Path | None:
+    """The statistics file: its folder must exist and be writable (checked before any work, not after it)."""
+    if not stats:
+        return None
+    path = Path(stats)
+    if path.is_dir():
+        raise ValueError(f"stats={stats} is a folder: name a file")
+    if not path.parent.is_dir():
+        raise ValueError(f"stats={stats}: the folder {path.parent} does not exist")
+    if not os.access(path.parent, os.W_OK):
+        raise ValueError(f"stats={stats}: the folder {path.parent} is not writable")
+    return path
 
 
 def main() -> None:
     """lm-eval's own command line, with the model ``gkv`` registered."""
     from lm_eval.__main__ import cli_evaluate
 
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except Refused as err:  # a model argument refused before any work: one line, exit 2
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(REFUSED)
 
 
 if __name__ == "__main__":

@@ -95,6 +95,23 @@ def check_generations(
         check_memory(shape, need * (processes if device == "cpu" else 1), biggest, device, processes)
 
 
+def check_task_contexts(model: str, datas: dict) -> None:
+    """The prompt length a generated task is asked for (``<key>.context`` of the retrieval tasks, ``datas``: key
+    -> ``DataConfig``) within ``model``'s context, checked before the prompts are built: a prompt of a billion
+    tokens would exhaust the machine's memory long before the context check of ``check_generations``."""
+    from gkv_train.models import load_config_and_tokenizer
+    from gkv_train.retrieval import RETRIEVAL_TASKS
+
+    asked = {key: data.context for key, data in datas.items() if data is not None and data.name in RETRIEVAL_TASKS}
+    if not asked:
+        return
+    shape = ModelShape.of(model, load_config_and_tokenizer(model)[0])
+    for key, context in asked.items():
+        if shape.context is not None and context > shape.context:
+            raise ValueError(f"{key}.context={context} exceeds {model}'s context of {shape.context} tokens "
+                             f"(max_position_embeddings): at most {shape.context}, less the new tokens")  # fmt: skip
+
+
 def check_ranks(shape: ModelShape, compressions: list[CompressionConfig]) -> None:
     """S4R ranks within the model's D' (a larger one would be cut to D', and the run recorded as what was given),
     and its ``full_layers`` among the model's layers (another index would be ignored)."""
@@ -160,14 +177,16 @@ def rollout_bytes(shape: ModelShape, c: CompressionConfig, rows: int, prompt: in
     full: K and V of every token (2 x layers x KV heads x head dim x bytes per token and row); eviction methods:
     of at most max(prompt, budget) + interval slots, plus the int32 record of every position per layer and KV head
     and the slots' positions and scores; s4r: the prompt's exact K and V during prefill, then float32
-    coefficients at rank <= D' per token (keys and values), the window's float64 score sums and the bit-packed
-    selections of every generated token. Plus the sampled tokens and their log-probs (12 bytes per token)."""
+    coefficients at rank <= D' per token (keys and values), the window's float64 score sums, the bit-packed
+    selections of every generated token, and with ``refresh`` the last ``refresh`` tokens' float32 pre-RoPE keys
+    and values. Plus the sampled tokens and their log-probs (12 bytes per token)."""
     L, H, G, D = shape.layers, shape.kv_heads, shape.heads // shape.kv_heads, shape.head_dim
     total = prompt + new
     per_token = 2 * L * H * D * dtype_bytes
     if c.method == "s4r":
         rank = max(c.s4r.rank or 0, c.s4r.rank_v or 0) or shape.latent_dim  # the eta rank is at most D'
         size = prompt * per_token + L * total * (2 * rank * 4 + G * 8) + L * new * (total + 7) // 8
+        size += 2 * L * min(c.s4r.refresh, new) * H * D * 4
     elif c.compresses:
         slots = min(total, max(prompt, c.budget) + c.interval)
         size = slots * per_token + L * H * (total * 4 + slots * 12)

@@ -256,7 +256,8 @@ class TrainOptions:
     sampling: the rollouts' sampling (GRPO: num_generations is the group size).
     prompts_per_step: GRPO: distinct prompts per optimizer step (rows: x sampling.num_generations); distillation:
         rows (traces or prompts) per step. Sets TRL's per_device_train_batch_size.
-    rewards: reward functions by import path (plain callables, TRL's signature).
+    rewards: reward functions by import path (plain callables, TRL's signature). Naming one imports its module,
+        whose code runs: like a trust-remote-code choice, a configuration names code to run.
     rl: what RL-Sparse adds to GRPO (training under the record; importance sampling against the rollout).
     distill: distillation (algorithm=distill).
     precision: fp32 or bf16 (bf16: forwards under autocast, weights kept fp32; under accelerate launch, follows
@@ -267,7 +268,10 @@ class TrainOptions:
     output_dir: the run's folder (checkpoints, metrics.jsonl, train.log, eval.json).
     report_to: trackers (tensorboard, wandb, mlflow, trackio); a single name is read as a list of one.
     eval_samples: completions per held-out problem in the final evaluation.
-    resume: a checkpoint directory, or "last" for the newest complete one in output_dir.
+    resume: a checkpoint directory of this run (output_dir), or "last" for the newest complete one in output_dir;
+        its optimizer and scheduler state come with it, so settings that differ from it are refused.
+    resume_other_run: allow resume= to name a checkpoint of another run's folder (its optimizer, scheduler and step
+        count continue in this output_dir).
     overwrite: replace a previous run in output_dir (otherwise refused unless resume is given).
     """
 
@@ -292,6 +296,7 @@ class TrainOptions:
     report_to: Any = field(default_factory=list)
     eval_samples: int = 1
     resume: str | None = None
+    resume_other_run: bool = False
     overwrite: bool = False
 
     def __post_init__(self):
@@ -317,6 +322,18 @@ class TrainOptions:
                      "eval_samples"):  # fmt: skip
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name, low in TRL_AT_LEAST.items():
+            if name in TRL_FIELDS and getattr(self, name) is not None and getattr(self, name) < low:
+                raise ValueError(f"{name} must be at least {low}, got {getattr(self, name)}")
+        for name, choices in TRL_CHOICES.items():
+            if name in TRL_FIELDS and getattr(self, name) not in choices:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(map(str, choices))}")
+        if self.push_to_hub:
+            check_hub_access()
+        if self.resume_other_run and (self.resume is None or self.resume == "last"):
+            raise ValueError("resume_other_run=true applies to resume=<a checkpoint of another run's folder>")
+        for compression in (self.compression,):
+            compression.check_generation(self.sampling.max_new_tokens)
         for name in ("eval_steps", "save_total_limit"):  # None: off / no limit
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 or null, got {getattr(self, name)}")
@@ -388,6 +405,25 @@ PROJECT_DEFAULTS = {
     "epsilon": (0.2, "pinned, the recipes' measured loss"),
     "scale_rewards": ("group", "pinned, the recipes' measured loss"),
 }
+# TRL fields whose values TRL checks only once the trainer is built (after the model loads), or never: the least
+# value, and the values allowed
+TRL_AT_LEAST = {"num_iterations": 1, "steps_per_generation": 1, "generation_batch_size": 1}
+TRL_CHOICES = {"scale_rewards": ("group", "batch", "none", True, False)}
+
+
+def check_hub_access() -> None:
+    """``push_to_hub=true`` needs the Hugging Face Hub: ValueError when it is switched off (``HF_HUB_OFFLINE``) or
+    no token is found (checked before the model loads; the push would fail only after training)."""
+    from huggingface_hub import constants, get_token
+
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError("push_to_hub=true needs the Hugging Face Hub, which HF_HUB_OFFLINE=1 switches off: drop "
+                         "push_to_hub, or unset HF_HUB_OFFLINE")  # fmt: skip
+    if get_token() is None:
+        raise ValueError("push_to_hub=true needs a Hugging Face token (huggingface-cli login, or HF_TOKEN), and none "
+                         "is set: drop push_to_hub, or log in")  # fmt: skip
+
+
 # GRPOConfig fields that TRL's own generation reads and the rollout engine does not: refused unless use_vllm
 ENGINE_IGNORES = ("top_k", "min_p", "repetition_penalty", "generation_kwargs", "cache_implementation",
                   "use_transformers_paged", "use_transformers_continuous_batching",
@@ -624,6 +660,8 @@ class EvalConfig:
         if self.budgets is not None and any(b < 1 for b in self.budgets):
             raise ValueError(f"budgets are token counts: each must be at least 1, got {list(self.budgets)}")
         check_compile_decode(self.sampling.compile_decode, self.compressions())
+        for compression in self.compressions():
+            compression.check_generation(self.sampling.max_new_tokens)
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
 

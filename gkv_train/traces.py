@@ -14,7 +14,7 @@ from gkv_train.exits import refusing
 from gkv_train.graded import generate_and_grade
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import check_model, load_model
-from gkv_train.preflight import Generation, check_generations
+from gkv_train.preflight import Generation, check_generations, check_task_contexts
 from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
@@ -93,6 +93,7 @@ def run_traces(config) -> dict:
     output = Path(config.output)
     with refusing():
         check_model(config.model)
+        check_task_contexts(config.model, {"data": config.data})
         problems = load_problems(config.data, config.seed)
         check_output_file(output, "output")
         prompts = [config.data.prompt_template.format(problem=p) for p in problems["problem"]]

@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,11 +16,14 @@ SCRIPT = ROOT / "scripts" / "bench_faults.py"
 
 @pytest.fixture(scope="module")
 def bench():
+    """The script's module with its harness's names (``scripts/faults/harness.py``) beside its own."""
     spec = importlib.util.spec_from_file_location("bench_faults", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_faults"] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
-    return module
+    from faults import harness  # importable now: the script puts scripts/ on the path
+
+    return SimpleNamespace(**{**vars(harness), **vars(module)})
 
 
 def child(bench, rc=2, err="", out="", timed_out=False, loaded=False):

@@ -6,10 +6,18 @@ from types import SimpleNamespace
 
 import pytest
 
-from gkv_train.checkpoints import clear_run, complete_checkpoints, run_artefacts, truncate_metrics
+from gkv_train.checkpoints import (
+    clear_run,
+    complete_checkpoints,
+    damage,
+    resume_settings,
+    run_artefacts,
+    truncate_metrics,
+    write_manifest,
+)
 from gkv_train.jsonio import dumps, read_jsonl
-from gkv_train.launch import prepare_output_dir
-from gkv_train.run_config import DistillOptions, TrainConfig
+from gkv_train.launch import prepare_output_dir, resume_checkpoint, trainer_args
+from gkv_train.run_config import DistillOptions, LoraOptions, TrainConfig
 
 STATE = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
 
@@ -31,8 +39,60 @@ def test_newest_complete_checkpoint_is_resumed(tmp_path):
     assert complete_checkpoints(tmp_path) == [tmp_path / "checkpoint-1", second]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 0.1}) + "\n" for s in (1, 2, 3)))
     config = TrainConfig(model="tiny", output_dir=str(tmp_path), resume="last")
-    assert prepare_output_dir(config, STATE) == str(second)
+    assert resume_checkpoint(config, None) == str(second)
+    prepare_output_dir(config, STATE, str(second))
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]  # step 3 is logged again
+
+
+def saved(root, step, args, model="smollm2-135m"):
+    """A checkpoint with its manifest, as training writes it."""
+    path = checkpoint(root, step)
+    (path / "optimizer.pt").write_bytes(b"x" * 100)
+    write_manifest(path, [f for f in path.iterdir() if f.is_file()], resume_settings(args, model))
+    return path
+
+
+def test_damaged_checkpoints_are_found_by_their_manifest(tmp_path, capsys):
+    """A checkpoint whose files no longer match its manifest (truncated, overwritten, missing): resume=last takes the
+    one before and says so; resume=<it> and its damage are named; a whole one resumes."""
+    config = TrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last")
+    args = trainer_args(config, 1)
+    first, second = saved(tmp_path, 1, args), saved(tmp_path, 2, args)
+    assert damage(second) is None and resume_checkpoint(config, args) == str(second)
+    (second / "optimizer.pt").write_bytes(b"x" * 10)  # truncated
+    assert "optimizer.pt has 10 bytes, 100 when it was saved" in damage(second)
+    assert resume_checkpoint(config, args) == str(first)
+    assert "checkpoint-2 is damaged" in capsys.readouterr().err
+    (first / "trainer_state.json").write_text(json.dumps({"global_step": 9}))  # same size, other content
+    assert "differs from what was saved" in damage(first)
+    (first / "manifest.json").write_text("{garbage")
+    assert f"{first / 'manifest.json'} is damaged" in damage(first)
+    (first / "manifest.json").unlink()  # an earlier version's checkpoint: its trainer state must read
+    (first / "trainer_state.json").write_text("{garbage")
+    assert f"{first / 'trainer_state.json'} is damaged" in damage(first)
+    with pytest.raises(ValueError, match="checkpoint-2: the checkpoint is damaged .*optimizer.pt"):
+        resume_checkpoint(TrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume=str(second)), args)
+
+
+def test_a_resume_keeps_its_checkpoints_settings_or_is_refused(tmp_path):
+    """A resumed run keeps the checkpoint's optimizer and scheduler, so another learning rate, base model or LoRA is
+    refused, naming both values; another run's checkpoint only with resume_other_run=true."""
+    other = tmp_path / "other"
+    config = TrainConfig(model="smollm2-135m", output_dir=str(other), resume="last")
+    saved(other, 1, trainer_args(config, 1))
+    here = dict(model="smollm2-135m", output_dir=str(tmp_path / "new"), resume=str(other / "checkpoint-1"))
+    with pytest.raises(ValueError, match="checkpoint of another run .*resume_other_run=true"):
+        resume_checkpoint(TrainConfig(**here), None)
+    allowed = TrainConfig(**here, resume_other_run=True)
+    assert resume_checkpoint(allowed, trainer_args(allowed, 1)) == str(other / "checkpoint-1")
+    faster = TrainConfig(**here, resume_other_run=True, learning_rate=1e-3)
+    with pytest.raises(ValueError, match=r"learning_rate=2e-06 there, 0.001 here"):
+        resume_checkpoint(faster, trainer_args(faster, 1))
+    lora = TrainConfig(**here, resume_other_run=True, lora=LoraOptions(enabled=True))
+    with pytest.raises(ValueError, match="lora=None there"):
+        resume_checkpoint(lora, trainer_args(lora, 1))
+    with pytest.raises(ValueError, match="resume_other_run=true applies to"):
+        TrainConfig(model="tiny", resume="last", resume_other_run=True)
 
 
 def test_used_output_folder_is_refused_or_overwritten(tmp_path):
@@ -40,8 +100,8 @@ def test_used_output_folder_is_refused_or_overwritten(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="holds another run .*pass resume=last .*overwrite=true"):
-        prepare_output_dir(TrainConfig(model="tiny", output_dir=str(tmp_path)), STATE)
-    assert prepare_output_dir(TrainConfig(model="tiny", output_dir=str(tmp_path), overwrite=True), STATE) is None
+        prepare_output_dir(TrainConfig(model="tiny", output_dir=str(tmp_path)), STATE, None)
+    prepare_output_dir(TrainConfig(model="tiny", output_dir=str(tmp_path), overwrite=True), STATE, None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
     with pytest.raises(ValueError, match="contradict"):
         TrainConfig(overwrite=True, resume="last")
@@ -67,11 +127,11 @@ def test_given_traces_file_in_the_output_folder_is_an_input(tmp_path):
     traces = tmp_path / "traces.jsonl"
     traces.write_text('{"prompt": "p", "completion_ids": [3]}\n')
     config = TrainConfig(model="tiny", output_dir=str(tmp_path), distill=DistillOptions(traces=str(traces)), overwrite=True)
-    assert prepare_output_dir(TrainConfig(model="tiny", output_dir=str(tmp_path), distill=DistillOptions(traces=str(traces))), STATE) is None
-    prepare_output_dir(config, STATE)
+    prepare_output_dir(TrainConfig(model="tiny", output_dir=str(tmp_path), distill=DistillOptions(traces=str(traces))), STATE, None)
+    prepare_output_dir(config, STATE, None)
     assert traces.is_file()
     with pytest.raises(FileExistsError, match=r"\(traces.jsonl\)"):  # generated by an earlier run: not ours
-        prepare_output_dir(TrainConfig(model="tiny", output_dir=str(tmp_path)), STATE)
+        prepare_output_dir(TrainConfig(model="tiny", output_dir=str(tmp_path)), STATE, None)
 
 
 def test_run_lock_names_a_live_holder_and_outlives_no_process(tmp_path):

@@ -339,6 +339,9 @@ def test_compile_decode_with_s4r_is_refused_before_work():
         (dict(logging_steps=0), "logging_steps must be at least 1"),
         (dict(eval_samples=0), "eval_samples must be at least 1"),
         (dict(reward_weights=[float("nan")]), "reward_weights must be a finite number"),
+        (dict(num_iterations=0), "num_iterations must be at least 1, got 0"),
+        (dict(steps_per_generation=0), "steps_per_generation must be at least 1, got 0"),
+        (dict(scale_rewards="bogus"), "unknown scale_rewards 'bogus'; choose one of group, batch, none"),
     ],
 )
 def test_numeric_options_outside_their_range_are_refused(kwargs, message):
@@ -347,6 +350,42 @@ def test_numeric_options_outside_their_range_are_refused(kwargs, message):
     with pytest.raises(ValueError) as err:
         TrainConfig(**kwargs)
     assert message in str(err.value)
+
+
+def test_push_to_hub_without_the_hub_is_refused_before_work(monkeypatch):
+    from huggingface_hub import constants
+
+    from gkv_train.run_config import TrainConfig
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ValueError, match="push_to_hub=true needs the Hugging Face Hub, which HF_HUB_OFFLINE=1"):
+        TrainConfig(push_to_hub=True)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
+    with pytest.raises(ValueError, match="push_to_hub=true needs a Hugging Face token"):
+        TrainConfig(push_to_hub=True)
+
+
+def test_s4r_refresh_within_the_generation_and_counted_in_memory():
+    """A refresh at or past the generation's end refreshes nothing and only takes memory: refused by every job and
+    the engine; the memory estimate counts the refresh buffers."""
+    from gkv_train.preflight import ModelShape, rollout_bytes
+    from gkv_train.run_config import EvalConfig, SamplingOptions, TrainConfig
+
+    refresh = CompressionConfig.of("s4r", refresh=64)
+    for build in (lambda: EvalConfig(compression=refresh, sampling=SamplingOptions(max_new_tokens=8)),
+                  lambda: TrainConfig(compression=refresh, sampling=SamplingOptions(max_new_tokens=64, num_generations=2))):  # fmt: skip
+        with pytest.raises(ValueError, match="compression.s4r.refresh=64 refreshes nothing in a generation of"):
+            build()
+    EvalConfig(compression=refresh, sampling=SamplingOptions(max_new_tokens=65))  # control
+    model, tokenizer = load_model("tiny")
+    from gkv_rollout.engine import RolloutEngine
+
+    with pytest.raises(ValueError, match="refreshes nothing in a generation of 8 tokens"):
+        RolloutEngine(model, tokenizer, refresh).generate(["a prompt"], SamplingConfig(max_new_tokens=8))
+    shape = ModelShape("m", 4096, 4, 6, 2, 16)
+    grows = [rollout_bytes(shape, CompressionConfig.of("s4r", refresh=r).resolved(), 1, 100, 200, 4) for r in (0, 64, 128)]
+    assert grows[0] < grows[1] < grows[2] and grows[2] - grows[1] == 2 * 4 * 64 * 2 * 16 * 4
 
 
 def test_lora_options_are_checked_and_range_edges_accepted():

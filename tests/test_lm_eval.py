@@ -91,3 +91,55 @@ def test_a_local_task_offline_from_python_and_the_command_line(tmp_path, monkeyp
     assert done.returncode == 0, done.stderr[-3000:]
     written = list(out.rglob("results_*.json"))
     assert written and "gkv_local_gen" in json.loads(written[0].read_text())["results"]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (dict(budgte=64), "unknown gkv model argument budgte=64; did you mean budget?"),
+        (dict(dtype="bfloat16"), "dtype=bfloat16; write precision=fp32 or precision=bf16"),
+        (dict(method="s4r", alpha=0.5), "compression.eviction.alpha does not apply to compression.method=s4r"),
+        (dict(method="gkv", alpha=5), "alpha must lie in [0, 1]"),
+        (dict(method="gkv", budget="abc"), "budget=abc: expected int"),
+        (dict(method="gkv", budget=16, window=32), "budget (16) must be larger than window (32)"),
+        (dict(method="gkv", interval=0), "interval must be a positive number of tokens"),
+        (dict(method="s4r", eta=-1), "eta must lie in (0, 1]"),
+        (dict(method="foo"), "unknown compression method 'foo'"),
+        (dict(pretrained="/no/such/model"), "model path /no/such/model does not exist"),
+        (dict(stats="/no/such/folder/stats.jsonl"), "the folder /no/such/folder does not exist"),
+        (dict(max_gen_toks=0), "max_gen_toks=0: expected an integer >= 1"),
+        (dict(device="tpu"), "device=tpu"),
+    ],
+)
+def test_model_arguments_are_refused_before_the_model_loads(monkeypatch, args, message):
+    """Every argument is checked first (the model never loads: loading fails the test); a refusal names it."""
+    from gkv_train import lm_eval_model
+    from gkv_train.exits import Refused
+
+    monkeypatch.setattr(lm_eval_model, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    with pytest.raises(Refused) as err:
+        CompressedLM(**{"pretrained": "tiny", **args})
+    assert message in str(err.value)
+
+
+def test_every_compression_option_is_a_model_argument():
+    """gkv's alpha, lambda, form and sinks (and S4R's refresh) reach the compression, as CompressionConfig.of
+    builds it."""
+    from gkv_rollout.config import CompressionConfig
+
+    lm = CompressedLM(pretrained="tiny", method="gkv", budget=32, window=4, interval=8, alpha=0.5, sinks=2, form="mean",
+                      **{"lambda": 0.3})  # fmt: skip
+    assert lm.compression == CompressionConfig.of("gkv", budget=32, window=4, interval=8, alpha=0.5, lambda_=0.3,
+                                                  form="mean", sinks=2)  # fmt: skip
+    assert CompressedLM(pretrained="tiny", method="s4r", eta=0.5, refresh=16).compression.s4r.refresh == 16
+
+
+def test_a_typo_through_the_command_line_is_one_line_before_work(tmp_path):
+    command = [sys.executable, "-m", "gkv_train.cli", "lm-eval", "--model", "gkv", "--model_args",
+               "pretrained=tiny,method=gkv,budgte=64", "--tasks", "gkv_local_gen", "--include_path",
+               str(local_task(tmp_path)), "--output_path", str(tmp_path / "out")]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                          env={**os.environ, "HF_DATASETS_OFFLINE": "1"})  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("error: unknown gkv model argument budgte=64; did you mean")
+    assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()

@@ -560,6 +560,9 @@ def refusal(proc) -> str:
         ("data.prompt_template='Q:{foo}'", "data.prompt_template='Q:{foo}' has the field(s) {foo}: its one field"),
         ("eval_data.prompt_template='Q:'", "eval_data.prompt_template='Q:' has no {problem} field"),
         ("eval_data.limit=0", "eval_data.limit must be at least 1, or null for every problem; got 0"),
+        ("resume={tmp}/nowhere", "resume={tmp}/nowhere: not a complete checkpoint directory"),  # and no folder left
+        ("data.name=niah_single data.context=1000000000", "data.context=1000000000 exceeds"),  # before the prompts
+        ("compression.method=gkv_rollout.methods:EvictionMethod", "does not implement score"),
     ],
 )
 def test_bad_config_fails_clearly(tmp_path, weightless_model, override, message):

@@ -112,8 +112,9 @@ class CompressionConfig:
         minus key redundancy), ``random`` (a fresh uniform draw per token at each compression: the control);
         ``tova`` (the newest query's attention, every step); or ``s4r`` (low-rank cache with sparse
         reconstruction, scored every step: see ``gkv_rollout.s4r_cache``). A method from outside the package:
-        ``package.module:Class`` (an ``EvictionMethod`` subclass; the module is imported and the class registered
-        under that name when the configuration is validated).
+        ``package.module:Class`` (an ``EvictionMethod`` subclass; the module is imported, its code run, and the
+        class registered under that name when the configuration is validated: like a trust-remote-code choice, a
+        configuration naming one names code to run).
     budget: tokens each (layer, KV head) keeps after a compression, the window included (eviction methods).
     window: the last ``window`` queries score the cache, and the last ``window`` keys are always kept and never
         scored (16; 1 for ``h2o``; 32 for ``s4r``, its W).
@@ -190,6 +191,16 @@ class CompressionConfig:
             raise ValueError(f"unknown similarity {options.similarity!r}; choose one of {', '.join(SIMILARITIES)}")
         if self.method == "rkv" and not options.redundancy:
             raise ValueError("rkv always uses the redundancy term; use snapkv for attention scores alone")
+
+    def check_generation(self, max_new_tokens: int, key: str = "sampling.max_new_tokens") -> None:
+        """Options that only make sense within a generation of ``max_new_tokens`` (the setting ``key``): s4r's
+        ``refresh`` below it (a refresh every that many generated tokens; at or beyond the generation's end none
+        ever happens, and its buffers would only take memory). ValueError naming both."""
+        if self.method == "s4r" and self.s4r.refresh >= max_new_tokens:
+            raise ValueError(
+                f"compression.s4r.refresh={self.s4r.refresh} refreshes nothing in a generation of {max_new_tokens} "
+                f"tokens ({key}): set it below {max_new_tokens}, or 0 for no refresh"
+            )
 
     def reads(self) -> tuple[str, ...]:
         """The group options this method reads (``eviction.*`` of ``EvictionMethod.options``, every ``s4r.*``)."""

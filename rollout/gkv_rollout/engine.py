@@ -241,6 +241,8 @@ class RolloutEngine:
         ids, prompt_mask = left_pad(rows, pad_id, device)
         N, P = ids.shape
         max_new = sampling.max_new_tokens
+        if forced is None:  # (a replay's length is its completions', whatever they are)
+            self.compression.check_generation(max_new, "max_new_tokens")
         cache = self.cache_factory(model, self.compression, N, P, max_new, device, sampling.seed)
         step = DecodeStep(model, cache, sampling.compile_decode, self.compression.method)
         pick = TokenPicker(sampling, forced, N, pad_id, stop_ids_of(model, self.tokenizer, sampling), device)

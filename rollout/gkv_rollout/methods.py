@@ -117,6 +117,9 @@ def method_class(name: str) -> type[EvictionMethod]:
             raise ValueError(f"compression method {name!r}: cannot import {attribute} from {module} ({error})") from None
         if not (isinstance(cls, type) and issubclass(cls, EvictionMethod)):
             raise ValueError(f"compression method {name!r} is not an EvictionMethod subclass")
+        if cls.score is EvictionMethod.score:
+            raise ValueError(f"compression method {name!r} does not implement score(state): an EvictionMethod "
+                             "subclass gives each cached token its score")  # fmt: skip
         METHODS[name] = cls
     if name not in METHODS:
         known = ", ".join(("full", *METHODS, "s4r"))

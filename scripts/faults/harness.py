@@ -1,0 +1,672 @@
+"""The probe's machinery: the files its children load (``SITECUSTOMIZE``, the misbehaving answer checks), a
+child process and its record (``Context``, ``Running``, ``Proc``), the outcome rules (``judge_refusal``,
+``judge_result``, ``judge_either``), readers of what a child wrote, and the three kinds of case
+(``refuse``, ``result``, ``either``). The outcomes are defined in ``scripts/bench_faults.py``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+
+ROOT = Path(__file__).resolve().parents[2]
+OUTCOMES = ("ok", "clear_error", "unclear_error", "silent_wrong", "crash", "hang", "data_lost")
+CATEGORIES = ("harness", "rewards", "configuration", "data", "state_faults", "output")
+KINDS = ("listed", "control", "new", "round3")
+REFUSAL_CODE = 2
+TRACEBACK = "Traceback (most recent call last)"
+HYDRA_DUMP = "Error executing job"
+TAIL = 1500  # characters of each stream kept per process in cases.jsonl
+
+SITECUSTOMIZE = '''"""Written by scripts/bench_faults.py for its child processes: appends to $BENCH_FAULTS_MARKS where
+gkv_train is imported from and every model load. Changes nothing else."""
+import functools
+import importlib.abc
+import json
+import os
+import sys
+import time
+
+_PATH = os.environ.get("BENCH_FAULTS_MARKS")
+
+
+def _mark(event, **fields):
+    if not _PATH:
+        return
+    try:
+        with open(_PATH, "a") as f:
+            f.write(json.dumps({"event": event, "pid": os.getpid(), "time": time.time(), **fields}) + "\\n")
+    except OSError:
+        pass
+
+
+def _imported(module):
+    _mark("import", module=module.__name__, file=getattr(module, "__file__", None))
+
+
+def _wrap_load_model(module):
+    _imported(module)
+    original = module.load_model
+
+    @functools.wraps(original)
+    def load_model(*args, **kwargs):
+        _mark("model_load", via="gkv_train.models.load_model", args=[str(a) for a in args[:1]])
+        return original(*args, **kwargs)
+
+    module.load_model = load_model
+
+
+def _wrap_from_pretrained(module):
+    cls = getattr(module, "PreTrainedModel", None)
+    raw = None if cls is None else cls.__dict__.get("from_pretrained")
+    if not isinstance(raw, classmethod):
+        return
+    original = raw.__func__
+
+    @functools.wraps(original)
+    def from_pretrained(klass, *args, **kwargs):
+        _mark("model_load", via="PreTrainedModel.from_pretrained", args=[str(a) for a in args[:1]])
+        return original(klass, *args, **kwargs)
+
+    cls.from_pretrained = classmethod(from_pretrained)
+
+
+_HOOKS = {"gkv_train": _imported, "gkv_train.models": _wrap_load_model,
+          "transformers.modeling_utils": _wrap_from_pretrained}
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        hook = _HOOKS.get(name)
+        if hook is None:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+
+        def run(module):
+            exec_module(module)
+            try:
+                hook(module)
+            except Exception:
+                pass
+
+        loader.exec_module = run
+        return spec
+
+
+if _PATH:
+    sys.meta_path.insert(0, _AfterImport())
+'''
+
+CHECKS_MODULE = '''"""Written by scripts/bench_faults.py: answer checks for the reward worker that misbehave on
+purpose."""
+import os
+import signal
+import time
+
+
+def die_once(gold, pred):
+    """Killed (SIGKILL) the first time ever (a marker file, $BENCH_FAULTS_DIE_MARKER, remembers); then the real
+    check."""
+    marker = os.environ["BENCH_FAULTS_DIE_MARKER"]
+    if not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    from gkv_rewards.verify import answers_match
+
+    return answers_match(gold, pred)
+
+
+def die_always(gold, pred):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def sleep_long(gold, pred):
+    time.sleep(120)
+    return True
+
+
+def raise_always(gold, pred):
+    raise ValueError("malformed")
+'''
+
+START_MODULE = '''"""Written by scripts/bench_faults.py: an answer check whose worker is killed (SIGKILL) while it starts, the
+first time ever (a marker file, $BENCH_FAULTS_START_MARKER, remembers)."""
+import os
+import signal
+
+_marker = os.environ.get("BENCH_FAULTS_START_MARKER")
+if _marker and not os.path.exists(_marker):
+    open(_marker, "w").close()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+from gkv_rewards.verify import answers_match as answers  # noqa: E402
+'''
+
+# The reward cases' child: evaluates its spec (a Python literal; nan / inf allowed) and prints one result line.
+REWARD_CHILD = r'''
+import json, sys, time
+spec = eval(open(sys.argv[1]).read(), {"nan": float("nan"), "inf": float("inf"), "__builtins__": {"set": set}})
+import subprocess
+load = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(spec.get("load", 0))]
+start = time.time()
+try:
+    if spec["call"] == "accuracy":
+        from gkv_rewards.functions import accuracy, verifier_stats
+        out = {"scores": accuracy(prompts=None, completions=spec["completions"], answer=spec["answers"]),
+               "stats": verifier_stats()}
+    elif spec["call"] == "boxed_format":
+        from gkv_rewards.functions import boxed_format
+        out = {"scores": boxed_format(prompts=None, completions=spec["completions"])}
+    elif spec["call"] == "fresh_verifiers":  # each pair checked by a verifier of its own (a worker's first check)
+        from gkv_rewards.verify import CHECK, MathVerifier
+        out = {"scores": [], "stats": []}
+        for pred, gold in spec["pairs"]:
+            verifier = MathVerifier(timeout=spec.get("timeout", 5.0), check=spec.get("check", CHECK))
+            out["scores"].append(float(verifier(pred, gold)))
+            out["stats"].append(dict(verifier.stats))
+            verifier.close()
+    else:
+        from gkv_rewards.verify import CHECK, MathVerifier
+        verifier = MathVerifier(timeout=spec.get("timeout", 5.0), check=spec.get("check", CHECK))
+        out = {"scores": [float(verifier(pred, gold)) for pred, gold in spec["pairs"]], "stats": dict(verifier.stats)}
+        verifier.close()
+except Exception as err:
+    out = {"raised": type(err).__name__, "message": str(err)[:400]}
+finally:
+    for burner in load:
+        burner.kill()
+out["seconds"] = time.time() - start
+print("BENCH_RESULT " + json.dumps(out, default=str), flush=True)
+'''
+
+
+# ----------------------------------------------------------------------------------------------------- running
+
+
+@dataclass
+class Proc:
+    """One finished child: exit code (negative: killed by that signal), output, seconds, whether it ran past its
+    limit, and what the sitecustomize recorded (``marks``)."""
+
+    argv: list[str]
+    rc: int | None
+    out: str
+    err: str
+    seconds: float
+    timed_out: bool
+    marks: list[dict]
+
+    @property
+    def model_loaded(self) -> bool:
+        return any(m["event"] == "model_load" for m in self.marks)
+
+    def record(self) -> dict:
+        return {"argv": self.argv, "rc": self.rc, "seconds": round(self.seconds, 2), "timed_out": self.timed_out,
+                "model_loaded": self.model_loaded, "stdout_tail": self.out[-TAIL:], "stderr_tail": self.err[-TAIL:]}
+
+
+@dataclass
+class Verdict:
+    outcome: str
+    detail: str
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        assert self.outcome in OUTCOMES, self.outcome
+
+
+class Running:
+    """A child started in the background (signals, concurrent runs); ``wait`` turns it into a ``Proc``. Its output
+    is read through pipes (a file-size limit given to the child does not apply to them)."""
+
+    def __init__(self, ctx: "Context", argv: list[str], popen: subprocess.Popen, marks: Path):
+        self.ctx, self.argv, self.popen, self.marks = ctx, argv, popen, marks
+        self.start = time.time()
+        self._chunks: dict[str, list[bytes]] = {"out": [], "err": []}
+        self._readers = [threading.Thread(target=self._read, args=(stream, self._chunks[key]), daemon=True)
+                         for key, stream in (("out", popen.stdout), ("err", popen.stderr))]  # fmt: skip
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _read(stream, chunks: list[bytes]) -> None:
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            chunks.append(chunk)
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, sig)
+
+    def wait(self, timeout: float) -> Proc:
+        timed_out = False
+        try:
+            self.popen.wait(max(timeout - (time.time() - self.start), 0.1))
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        kill_group(self.popen)
+        for reader in self._readers:
+            reader.join(10)
+        text = {k: b"".join(v).decode(errors="replace") for k, v in self._chunks.items()}
+        proc = Proc(self.argv, None if timed_out else self.popen.returncode, text["out"], text["err"],
+                    time.time() - self.start, timed_out, read_marks(self.marks))  # fmt: skip
+        self.ctx.procs.append(proc)
+        return proc
+
+
+def kill_group(popen: subprocess.Popen) -> None:
+    """SIGKILL the child's process group (the child leads its own session: reward workers, relaunched
+    processes), then reap the child."""
+    try:
+        os.killpg(popen.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    popen.wait()
+
+
+def read_text(path: Path) -> str:
+    return path.read_text(errors="replace") if path.is_file() else ""
+
+
+def read_marks(path: Path) -> list[dict]:
+    marks = []
+    for line in read_text(path).splitlines():
+        try:
+            marks.append(json.loads(line))
+        except json.JSONDecodeError:
+            pass
+    return marks
+
+
+def import_roots(repo: Path) -> list[Path]:
+    """The folders a checkout's packages import from: its three distributions' (rollout/, rewards/, the root),
+    or an older tree's root alone."""
+    split = (repo / "rollout" / "gkv_rollout").is_dir()
+    return [repo / "rollout", repo / "rewards", repo] if split else [repo]
+
+
+class Context:
+    """What a case runs with: the checkout, the interpreter, a fresh work folder (the children's working folder),
+    the limits; ``procs`` collects every child's record."""
+
+    def __init__(self, repo: Path, python: str, work: Path, site: Path, memory_bytes: int, data_dir: Path | None):
+        self.repo, self.python, self.work, self.site = repo, python, work, site
+        self.memory_bytes, self.data_dir = memory_bytes, data_dir
+        self.procs: list[Proc] = []
+        self.notes: dict = {}
+        self._count = 0
+
+    def env(self, extra: dict | None = None) -> dict:
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HYDRA_FULL_ERROR", "PYTHONSTARTUP")}
+        env.update(
+            PYTHONPATH=os.pathsep.join([str(self.site), *map(str, import_roots(self.repo))]), OMP_NUM_THREADS="1",
+            MKL_NUM_THREADS="1",
+            HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", WANDB_MODE="offline",
+            BENCH_FAULTS_DIE_MARKER=str(self.work / "worker-died-once"),
+            BENCH_FAULTS_START_MARKER=str(self.work / "worker-died-starting"),
+        )
+        if self.data_dir is not None:
+            env["GKV_DATA_DIR"] = str(self.data_dir)
+        env.update(extra or {})
+        return env
+
+    def path(self, text: str) -> str:
+        return text.replace("{work}", str(self.work))
+
+    def entry(self, script: str, overrides: dict) -> list[str]:
+        """``[python, <repo>/<script>, key=value, ...]`` ({work} in values: this case's folder)."""
+        pairs = [f"{k}={self.path(hydra_value(v))}" for k, v in overrides.items()]
+        return [self.python, str(self.repo / script), *pairs]
+
+    def start(self, argv: list[str], fsize: int | None = None, env: dict | None = None) -> Running:
+        self._count += 1
+        marks = self.work / f".proc{self._count}.marks"
+        limits = (self.memory_bytes, fsize)
+
+        def child_setup():
+            os.setsid()
+            os.nice(10)
+            resource.setrlimit(resource.RLIMIT_AS, (limits[0], limits[0]))
+            if limits[1] is not None:
+                resource.setrlimit(resource.RLIMIT_FSIZE, (limits[1], limits[1]))
+
+        popen = subprocess.Popen(
+            argv, cwd=self.work, env=self.env({"BENCH_FAULTS_MARKS": str(marks), **(env or {})}),
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=child_setup,
+        )
+        return Running(self, argv, popen, marks)
+
+    def run(self, argv: list[str], timeout: float, fsize: int | None = None, env: dict | None = None) -> Proc:
+        return self.start(argv, fsize, env).wait(timeout)
+
+    @contextmanager
+    def full_disk(self, name: str, kilobytes: int):
+        """A folder that fills after ``kilobytes``: yields (path, fsize) where fsize is the RLIMIT_FSIZE to give
+        the children (None when a tmpfs of that size is mounted on the folder)."""
+        path = self.work / name
+        path.mkdir(parents=True, exist_ok=True)
+        mounted = False
+        if os.geteuid() == 0 and shutil.which("mount"):
+            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kilobytes}k", "tmpfs", str(path)],
+                                  capture_output=True, check=False)  # fmt: skip
+            mounted = done.returncode == 0
+        self.notes["full_disk"] = "tmpfs (ENOSPC)" if mounted else "RLIMIT_FSIZE (EFBIG)"
+        try:
+            yield path, None if mounted else kilobytes * 1024
+        finally:
+            if mounted:
+                subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+def hydra_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    return str(value)
+
+
+# ------------------------------------------------------------------------------------------------- classifying
+
+
+def failure_message(err: str) -> str:
+    """What a failed child said: its last ``error:`` line, else the exception line of its last traceback, else
+    its last paragraph joined by " / " (Hydra's HYDRA_FULL_ERROR hint left out)."""
+    lines = [line.rstrip() for line in err.splitlines() if line.strip() and "HYDRA_FULL_ERROR" not in line]
+    errors = [line for line in lines if line.startswith("error:")]
+    if errors:
+        return errors[-1]
+    if TRACEBACK in err:
+        after = [l for l in err.rsplit(TRACEBACK, 1)[1].splitlines() if "HYDRA_FULL_ERROR" not in l]
+        exception = [l for l in after if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)?\b.*", l)
+                     and not l.startswith((" ", "\t"))]  # fmt: skip
+        if exception:
+            return exception[-1]
+    paragraphs = "\n".join(line for line in err.splitlines() if "HYDRA_FULL_ERROR" not in line).strip().split("\n\n")
+    return " / ".join(line.strip() for line in paragraphs[-1].splitlines() if line.strip())
+
+
+def names_all(text: str, patterns: list[str]) -> bool:
+    return all(re.search(p, text, re.IGNORECASE) for p in patterns)
+
+
+def judge_refusal(proc: Proc, names: list[str], before_load: bool = True, must_not_exist: list[Path] = (),
+                  code: int | None = REFUSAL_CODE) -> Verdict:
+    """A case that expects a refusal (see the module docstring for the outcomes); ``code``: the exit code a clear
+    refusal has (None: any but 0, for a failure of the machine, such as a full disk, rather than of the input)."""
+    if proc.timed_out:
+        return Verdict("hang", f"no answer within {proc.seconds:.0f} s (killed)")
+    if proc.rc == 0:
+        return Verdict("silent_wrong", "exit 0: the bad input was accepted")
+    if proc.rc < 0:
+        return Verdict("crash", f"killed by signal {signal.Signals(-proc.rc).name}: {failure_message(proc.err)[:200]}")
+    message = failure_message(proc.err)
+    dump = TRACEBACK in proc.err or HYDRA_DUMP in proc.err
+    named = names_all(message, names)
+    if dump and not named:
+        return Verdict("crash", f"exit {proc.rc}, traceback: {message[:300]}")
+    problems = []
+    if dump:
+        problems.append("a traceback" + (" (Hydra's dump)" if HYDRA_DUMP in proc.err else ""))
+    if not named:
+        problems.append(f"the message does not name the problem ({' & '.join(names)})")
+    if code is not None and proc.rc != code:
+        problems.append(f"exit {proc.rc}, not {code}")
+    if not message.startswith("error:"):
+        problems.append("no 'error:' line")
+    if before_load and proc.model_loaded:
+        problems.append("only after the model loaded")
+    left = [str(p) for p in must_not_exist if Path(p).exists()]
+    if left:
+        problems.append(f"left {', '.join(left)} behind")
+    if problems:
+        return Verdict("unclear_error", "; ".join(problems) + f": {message[:300]}")
+    return Verdict("clear_error", message[:300])
+
+
+def judge_result(proc: Proc, check: Callable[[], str | None]) -> Verdict:
+    """A case that expects a result: ``check()`` returns what is wrong with it, or None."""
+    if proc.timed_out:
+        return Verdict("hang", f"no result within {proc.seconds:.0f} s (killed)")
+    if proc.rc != 0:
+        how = f"killed by signal {signal.Signals(-proc.rc).name}" if proc.rc < 0 else f"exit {proc.rc}"
+        return Verdict("crash", f"{how} on a valid input: {failure_message(proc.err)[:300]}")
+    problem = check()
+    return Verdict("silent_wrong", problem) if problem else Verdict("ok", "right result")
+
+
+def judge_either(proc: Proc, names: list[str], check: Callable[[], str | None], before_load: bool = True) -> Verdict:
+    """A case where a right result and a clear refusal are both right."""
+    if proc.rc == 0 and not proc.timed_out:
+        return judge_result(proc, check)
+    return judge_refusal(proc, names, before_load)
+
+
+# ------------------------------------------------------------------------------------------------ output reading
+
+
+def strict_json(text: str):
+    """``json.loads`` that refuses NaN / Infinity (what a strict parser does)."""
+
+    def constant(name):
+        raise ValueError(f"non-standard JSON constant {name}")
+
+    return json.loads(text, parse_constant=constant)
+
+
+def strict_file(path: Path) -> str | None:
+    """None when ``path`` is strict JSON (or JSONL, every line), else what is wrong."""
+    if not path.is_file():
+        return f"{path.name} missing"
+    text = path.read_text()
+    try:
+        if path.suffix == ".jsonl":
+            for number, line in enumerate(text.splitlines(), 1):
+                if line.strip():
+                    strict_json(line)
+        else:
+            strict_json(text)
+    except ValueError as err:
+        return f"{path.name} is not strict JSON: {err}"
+    return None
+
+
+def last_json_line(text: str):
+    lines = [line for line in text.splitlines() if line.startswith("{")]
+    if not lines:
+        return None
+    try:
+        return strict_json(lines[-1])
+    except ValueError:
+        return None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
+def training_steps(out: Path) -> list[int]:
+    """The steps of the training records of ``metrics.jsonl`` (those with a loss), in the order logged."""
+    return [r["step"] for r in read_jsonl(out / "metrics.jsonl") if "loss" in r]
+
+
+def complete_checkpoints(out: Path) -> list[int]:
+    return sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*")
+                  if p.name.split("-")[1].isdigit() and (p / "trainer_state.json").is_file())  # fmt: skip
+
+
+def half_written(out: Path) -> list[str]:
+    return [p.name for p in out.glob("checkpoint-*") if p.is_dir() and not (p / "trainer_state.json").is_file()]
+
+
+def eval_problems(ctx: Context, run: str = "full", out: str = "{work}/out") -> int | None:
+    path = Path(ctx.path(out)) / run / "summary.json"
+    return json.loads(path.read_text()).get("problems") if path.is_file() else None
+
+
+def samples_problem(ctx: Context, n: int, problems: int, run: str = "full", out: str = "{work}/out") -> str | None:
+    """What is wrong with ``<out>/<run>/samples.jsonl`` and its summary for ``problems`` x ``n`` samples, or None:
+    every (problem, sample) once, the summary's count and pass@1 equal to those of the samples."""
+    folder = Path(ctx.path(out)) / run
+    samples = read_jsonl(folder / "samples.jsonl")
+    keys = [(s.get("problem_id"), s.get("sample")) for s in samples]
+    if len(keys) != len(set(keys)):
+        return f"samples.jsonl holds {len(keys) - len(set(keys))} duplicated samples ({len(keys)} lines)"
+    if len(keys) != problems * n:
+        return f"samples.jsonl holds {len(keys)} samples, not {problems} x {n}"
+    summary_path = folder / "summary.json"
+    if not summary_path.is_file():
+        return "no summary.json"
+    summary = json.loads(summary_path.read_text())
+    if summary.get("problems") != problems:
+        return f"summary counts {summary.get('problems')} problems, not {problems}"
+    right = sum(bool(s.get("correct")) for s in samples) / len(samples)
+    if summary.get("pass@1") is None or abs(summary["pass@1"] - right) > 1e-9:
+        return f"summary pass@1 {summary.get('pass@1')} but the samples give {right}"
+    return None
+
+
+def write_jsonl(path: Path, records: list) -> Path:
+    """``records`` as lines: a dict as JSON (NaN written as the bare NaN that json.dumps allows), a string as is."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for record in records:
+            f.write((record if isinstance(record, str) else json.dumps(record)) + "\n")
+    return path
+
+
+# --------------------------------------------------------------------------------------------------------- cases
+
+
+@dataclass
+class Case:
+    name: str
+    category: str
+    kind: str
+    about: str
+    run: Callable[[Context], Verdict]
+    timeout: float = 120.0
+
+    def __post_init__(self):
+        assert self.category in CATEGORIES and self.kind in KINDS, self.name
+
+
+TRAIN = {"model": "tiny", "max_steps": 1, "prompts_per_step": 1, "sampling.num_generations": 2, "sampling.max_new_tokens": 8,
+         "data.limit": 4, "eval_data.limit": 2, "output_dir": "{work}/out"}  # fmt: skip
+EVAL = {"model": "tiny", "sampling.num_generations": 1, "sampling.max_new_tokens": 4, "data.limit": 2, "output_dir": "{work}/out",
+        "plots": False}  # fmt: skip
+TRACES = {"model": "tiny", "sampling.num_generations": 1, "sampling.max_new_tokens": 4, "data.limit": 2,
+          "output": "{work}/traces.jsonl", "keep_incorrect": True}  # fmt: skip
+SCRIPTS = {"train": ("train.py", TRAIN), "evaluate": ("scripts/evaluate.py", EVAL),
+           "traces": ("scripts/generate_traces.py", TRACES)}  # fmt: skip
+FILE_DATA = {"data.name": None, "data.path": "{work}/data.jsonl"}
+
+
+LM_EVAL_TASK = """task: faults_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+doc_to_text: "{{{{problem}}}} Answer:"
+output_type: generate_until
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 4
+  do_sample: false
+metric_list:
+  - metric: exact_match
+"""
+
+
+def lm_eval_command(ctx: Context, model_args: str) -> list[str]:
+    """``gkv-train lm-eval`` (``python -m gkv_train.cli lm-eval``) with the model ``gkv`` and ``model_args``, on a
+    local two-problem task written into the case's folder (offline), results under ``{work}/out``."""
+    data = ctx.work / "task.jsonl"
+    data.write_text("".join(json.dumps({"problem": f"What is {a} plus 1?", "answer": str(a + 1)}) + "\n" for a in (1, 2)))
+    (ctx.work / "task.yaml").write_text(LM_EVAL_TASK.format(data=data))
+    return [ctx.python, "-m", "gkv_train.cli", "lm-eval", "--model", "gkv", "--model_args", ctx.path(model_args),
+            "--tasks", "faults_gen", "--include_path", str(ctx.work), "--output_path", str(ctx.work / "out"),
+            "--limit", "2"]  # fmt: skip
+
+
+def overrides(entry: str, changes: dict) -> tuple[str, dict]:
+    """The script of ``entry`` and its base overrides updated with ``changes`` (a value ``...`` drops the key)."""
+    script, base = SCRIPTS[entry]
+    merged = {**base, **changes}
+    return script, {k: v for k, v in merged.items() if v is not ...}
+
+
+def refuse(name, category, kind, about, entry, changes, names, before_load=True, setup=None, must_not_exist=(),
+           timeout=120.0) -> Case:
+    """A case whose right outcome is a clear refusal (``names``: patterns its message must match)."""
+
+    def run(ctx: Context) -> Verdict:
+        if setup:
+            setup(ctx)
+        script, ov = overrides(entry, changes)
+        proc = ctx.run(ctx.entry(script, ov), timeout)
+        return judge_refusal(proc, names, before_load, [Path(ctx.path(p)) for p in must_not_exist])
+
+    return Case(name, category, kind, about, run, timeout)
+
+
+def result(name, category, kind, about, entry, changes, check, setup=None, timeout=180.0) -> Case:
+    """A case whose right outcome is exit 0 with ``check(ctx, proc)`` returning None."""
+
+    def run(ctx: Context) -> Verdict:
+        if setup:
+            setup(ctx)
+        script, ov = overrides(entry, changes)
+        proc = ctx.run(ctx.entry(script, ov), timeout)
+        return judge_result(proc, lambda: check(ctx, proc))
+
+    return Case(name, category, kind, about, run, timeout)
+
+
+def either(name, category, kind, about, entry, changes, names, check, before_load=True, setup=None,
+           timeout=180.0) -> Case:
+    """A case where a clear refusal and a right result (``check``) are both right."""
+
+    def run(ctx: Context) -> Verdict:
+        if setup:
+            setup(ctx)
+        script, ov = overrides(entry, changes)
+        proc = ctx.run(ctx.entry(script, ov), timeout)
+        return judge_either(proc, names, lambda: check(ctx, proc), before_load)
+
+    return Case(name, category, kind, about, run, timeout)
