@@ -9,7 +9,7 @@ FLOOR_VENV ?= .venv-floor
 FLOOR_PY := $(FLOOR_VENV)/bin/python
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
 
-.PHONY: venv lock demo rollout-demo test test-floor device-kit bench clean
+.PHONY: venv lock demo rollout-demo test lint test-floor device-kit bench clean
 
 venv: $(STAMP)
 
@@ -35,6 +35,11 @@ rollout-demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q --durations=15
+
+# The code formats and checks itself: ruff's formatter and linter (pyflakes, pycodestyle, import order), as CI runs them
+lint: $(STAMP)
+	$(PY) -m ruff format --check .
+	$(PY) -m ruff check .
 
 # The oldest supported stack, which is the GPU image's: .venv-floor holds the image's packages at its versions
 # (constraints-floor.txt); what the image lacks comes from the device kit (device-kit.txt, the project's wheels

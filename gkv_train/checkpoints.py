@@ -41,15 +41,37 @@ _CHECKPOINT = re.compile(r"checkpoint-(\d+)")
 # What a training run leaves in its output folder (besides its resolved configuration, ``hydra/``, rewritten at each
 # start, and the lock file ``.run.lock``): removed by overwrite=true.
 RUN_FILES = (
-    "checkpoint-*", STAGING, MANIFEST, METRICS, EVAL, TRACES, "runs", "README.md", "*.safetensors", "*.bin", "*.pt",
-    "adapter_config.json", "config.json", "generation_config.json", "tokenizer*", "special_tokens_map.json",
+    "checkpoint-*",
+    STAGING,
+    MANIFEST,
+    METRICS,
+    EVAL,
+    TRACES,
+    "runs",
+    "README.md",
+    "*.safetensors",
+    "*.bin",
+    "*.pt",
+    "adapter_config.json",
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
     "chat_template.jinja",
 )
 
 
 # The model files of a run folder (what ``save_model`` writes there), listed by the final model's manifest
-MODEL_FILES = ("*.safetensors", "*.bin", "adapter_config.json", "config.json", "generation_config.json", "tokenizer*",
-               "special_tokens_map.json", "chat_template.jinja")  # fmt: skip
+MODEL_FILES = (
+    "*.safetensors",
+    "*.bin",
+    "adapter_config.json",
+    "config.json",
+    "generation_config.json",
+    "tokenizer*",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 
 
 def sha256(path: Path) -> str:
@@ -136,8 +158,10 @@ def newest_whole_checkpoint(output_dir: Path) -> Path | None:
         problem = damage(checkpoint)
         if problem is None:
             return checkpoint
-        print(f"warning: {checkpoint.name} is damaged ({problem}): passed over for the checkpoint before it",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"warning: {checkpoint.name} is damaged ({problem}): passed over for the checkpoint before it",
+            file=sys.stderr,
+        )
     return None
 
 
@@ -218,8 +242,19 @@ def name_adapter_base(folder: Path, name: str | None) -> None:
 
 # TrainingArguments fields a resumed run takes from its checkpoint's optimizer and scheduler state, whatever the new
 # configuration says (so a different value would be silently ignored)
-RESUME_SETTINGS = ("learning_rate", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps", "warmup_ratio", "optim",
-                   "optim_args", "weight_decay", "adam_beta1", "adam_beta2", "adam_epsilon")  # fmt: skip
+RESUME_SETTINGS = (
+    "learning_rate",
+    "lr_scheduler_type",
+    "lr_scheduler_kwargs",
+    "warmup_steps",
+    "warmup_ratio",
+    "optim",
+    "optim_args",
+    "weight_decay",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+)
 
 
 def resume_settings(args, model: str | None, peft_config=None) -> dict:
@@ -309,8 +344,10 @@ class AtomicCheckpoints:
             publish(staged, run_dir / name)
             clear_staging(run_dir)
             rotate_checkpoints(
-                output_dir=str(run_dir), save_total_limit=self.args.save_total_limit,
-                best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=False,
+                output_dir=str(run_dir),
+                save_total_limit=self.args.save_total_limit,
+                best_model_checkpoint=self.state.best_model_checkpoint,
+                use_mtime=False,
             )
         self.accelerator.wait_for_everyone()
 
@@ -357,8 +394,11 @@ class StopOnSignal(TrainerCallback):
         self.received = signum
         name = signal.Signals(signum).name
         if not self.in_loop:
-            raise Preempted(signum, f"stopped by {name} outside training: nothing since the newest complete "
-                                    "checkpoint is lost; resume=last continues from it")  # fmt: skip
+            raise Preempted(
+                signum,
+                f"stopped by {name} outside training: nothing since the newest complete "
+                "checkpoint is lost; resume=last continues from it",
+            )
         # os.write, not print: the handler may have interrupted a print to the same stream
         os.write(2, f"{name} received: stopping at the end of this step, with a checkpoint\n".encode())
 
@@ -390,5 +430,8 @@ class StopOnSignal(TrainerCallback):
             return None
         signum = self.received or signal.SIGTERM  # another process got it
         name = signal.Signals(signum).name
-        return Preempted(signum, f"stopped by {name} after step {step}: {Path(output_dir) / f'checkpoint-{step}'} is "
-                                 "complete; resume=last continues from it")  # fmt: skip
+        return Preempted(
+            signum,
+            f"stopped by {name} after step {step}: {Path(output_dir) / f'checkpoint-{step}'} is "
+            "complete; resume=last continues from it",
+        )

@@ -8,8 +8,8 @@
     gkv-train lm-eval --model gkv --model_args method=gkv,budget=512 --tasks ...   # lm-eval under a compressed cache
 
 ``train``, ``evaluate`` and ``traces`` take Hydra overrides of the recipes shipped inside the package
-(``gkv_train/recipes`` in the wheel: the repository's ``recipes/``); ``check`` takes ``--options``. Multi-GPU training runs
-under ``accelerate launch -m gkv_train.cli train ...``. Each command's work lives in the package
+(``gkv_train/recipes`` in the wheel: the repository's ``recipes/``); ``check`` takes ``--options``. Multi-GPU
+training runs under ``accelerate launch -m gkv_train.cli train ...``. Each command's work lives in the package
 (``gkv_train.launch``, ``gkv_train.evaluation``, ``gkv_train.traces``, ``gkv_train.consistency``); the scripts
 in the repository call these same functions.
 """
@@ -100,7 +100,9 @@ def quiet_upstream_warnings() -> None:
     PEFT call transformers' ``gradient_checkpointing*`` names, which transformers 5.x renamed)."""
     import warnings
 
-    warnings.filterwarnings("ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated", category=FutureWarning)
+    warnings.filterwarnings(
+        "ignore", message=r"`(is_)?gradient_checkpointing\w*` is deprecated", category=FutureWarning
+    )
 
 
 def _hydra_job(config_name: str, schema_name: str, work, before_work=None) -> None:
@@ -142,8 +144,10 @@ def _hydra_job(config_name: str, schema_name: str, work, before_work=None) -> No
             if before_work is not None:
                 before_work(config)
             overrides = list(HydraConfig.get().overrides.task)
-            files = {"config.yaml": OmegaConf.to_yaml(cfg, resolve=True),
-                     "overrides.yaml": OmegaConf.to_yaml(overrides)}  # fmt: skip
+            files = {
+                "config.yaml": OmegaConf.to_yaml(cfg, resolve=True),
+                "overrides.yaml": OmegaConf.to_yaml(overrides),
+            }
             work(config, cfg, files)
         except Refused as err:
             _fail(f"error: {err}", REFUSED)
@@ -169,16 +173,22 @@ def precision_from_launcher(overrides: list[str]) -> list[str]:
     if launcher == "no":
         return overrides
     if launcher != "bf16":
-        _fail(f"error: accelerate launches with mixed_precision={launcher}; training here is fp32 or bf16: launch "
-              "with --mixed_precision bf16 (or no) and set precision=bf16 (or fp32)", REFUSED)  # fmt: skip
+        _fail(
+            f"error: accelerate launches with mixed_precision={launcher}; training here is fp32 or bf16: launch "
+            "with --mixed_precision bf16 (or no) and set precision=bf16 (or fp32)",
+            REFUSED,
+        )
     given = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] == "precision"]
     if not given:
         print("precision=bf16: accelerate launches with mixed_precision=bf16", file=sys.stderr, flush=True)
         return [*overrides, "precision=bf16"]
     if given[-1].partition("=")[2] == "bf16":
         return overrides
-    _fail(f"error: {given[-1]}, but accelerate launches with mixed_precision=bf16 (its config file or "
-          "--mixed_precision): give precision=bf16, or launch with --mixed_precision no", REFUSED)  # fmt: skip
+    _fail(
+        f"error: {given[-1]}, but accelerate launches with mixed_precision=bf16 (its config file or "
+        "--mixed_precision): give precision=bf16, or launch with --mixed_precision no",
+        REFUSED,
+    )
 
 
 def train(script: list[str]) -> None:
@@ -237,7 +247,10 @@ def main(argv: list[str] | None = None) -> None:
         try:
             from gkv_train.lm_eval_model import main as lm_eval_main
         except ImportError as err:
-            _fail(f"error: gkv-train lm-eval needs lm-evaluation-harness: pip install 'gkv-train[lm-eval]' ({err})", REFUSED)
+            _fail(
+                f"error: gkv-train lm-eval needs lm-evaluation-harness: pip install 'gkv-train[lm-eval]' ({err})",
+                REFUSED,
+            )
         sys.argv = [f"{sys.argv[0]} lm-eval", *rest]
         lm_eval_main()
         return

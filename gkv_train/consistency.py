@@ -6,12 +6,12 @@ import argparse
 
 import torch
 
+from gkv_rollout.config import SamplingConfig, add_compression_args, compression_from_args
+from gkv_rollout.engine import RolloutEngine
 from gkv_train.data import gsm8k_questions
 from gkv_train.jsonio import dumps
 from gkv_train.logprobs import token_logprobs
 from gkv_train.models import load_model, random_prompts
-from gkv_rollout.config import SamplingConfig, add_compression_args, compression_from_args
-from gkv_rollout.engine import RolloutEngine
 from gkv_train.run_config import check_compile_decode
 
 
@@ -21,7 +21,12 @@ def logprob_mismatch(model, out, record, temperature: float = 1.0, backend: str 
     ``backend`` (auto, sdpa, flex)."""
     with torch.no_grad():
         trainer = token_logprobs(
-            model, out.sequences, out.attention_mask, out.num_completion_tokens, record, temperature=temperature,
+            model,
+            out.sequences,
+            out.attention_mask,
+            out.num_completion_tokens,
+            record,
+            temperature=temperature,
             backend=backend,
         )
     return mismatch_stats(trainer, out.logprobs, out.completion_mask)
@@ -106,7 +111,10 @@ def check(argv: list[str] | None = None) -> dict:
     else:
         prompts = gsm8k_questions(args.batch)
     sampling = SamplingConfig(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed, ignore_eos=True,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        seed=args.seed,
+        ignore_eos=True,
         compile_decode=args.compile_decode,
     )
     device = next(model.parameters()).device.type

@@ -56,8 +56,16 @@ def rollout_progress(rows: int, max_new_tokens: int, enabled: bool = True):
     ``RolloutEngine.generate(progress=...)`` takes. ``enabled``: False on processes other than the main one."""
     from tqdm import tqdm
 
-    bar = tqdm(total=rows * max_new_tokens, desc="rollout", unit="tok", unit_scale=True, delay=ROLLOUT_BAR_DELAY,
-               leave=False, disable=not enabled, dynamic_ncols=True)  # fmt: skip
+    bar = tqdm(
+        total=rows * max_new_tokens,
+        desc="rollout",
+        unit="tok",
+        unit_scale=True,
+        delay=ROLLOUT_BAR_DELAY,
+        leave=False,
+        disable=not enabled,
+        dynamic_ncols=True,
+    )
     try:
         yield bar.update
     finally:

@@ -17,10 +17,10 @@ from typing import Any
 
 import datasets
 
+from gkv_rewards.extract import gold_answer
 from gkv_train.jsonio import file_identity
 from gkv_train.retrieval import RETRIEVAL_TASKS, retrieval_task
 from gkv_train.splits import check_builtin_request, held_out_split
-from gkv_rewards.extract import gold_answer
 
 
 def find_data_dir() -> Path:
@@ -106,9 +106,13 @@ class DataConfig:
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"{key}.limit must be at least 1, or null for every problem; got {self.limit}")
         if not 1 <= self.sentences <= len(PLACES):
-            raise ValueError(f"{key}.sentences must be 1-{len(PLACES)} (copy_recall's middle sentences), got {self.sentences}")
+            raise ValueError(
+                f"{key}.sentences must be 1-{len(PLACES)} (copy_recall's middle sentences), got {self.sentences}"
+            )
         if self.copy_required not in COPY_REQUIRED:
-            raise ValueError(f"{key}.copy_required must be one of {', '.join(COPY_REQUIRED)}, got {self.copy_required!r}")
+            raise ValueError(
+                f"{key}.copy_required must be one of {', '.join(COPY_REQUIRED)}, got {self.copy_required!r}"
+            )
         if not (math.isfinite(self.copy_share) and 0 < self.copy_share <= 1):
             raise ValueError(f"{key}.copy_share must lie in (0, 1], got {self.copy_share}")
         if self.copy_share != 1 and (self.name != COPY_RECALL or self.copy_required != "places"):
@@ -177,7 +181,8 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
         preset = PRESETS[name]
         if split != preset.split:
             raise ValueError(
-                f"{name} in {DATA_DIR} holds only its {preset.split} split, not {split!r}: set data.split={preset.split} "
+                f"{name} in {DATA_DIR} holds only its {preset.split} split, not {split!r}: set "
+                f"data.split={preset.split} "
                 "(or data.path to your own file)"
             )
         question_field, answer_field = list(preset.question_field), preset.answer_field
@@ -206,7 +211,8 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
         raw = raw[:limit] if isinstance(raw, list) else raw.select(range(min(limit, len(raw))))
     rows = [
         {
-            "id": i, "problem": " ".join(str(row[f]).strip() for f in fields),
+            "id": i,
+            "problem": " ".join(str(row[f]).strip() for f in fields),
             "answer": checked_gold(
                 row, answer_field, locations[i] if locations else f"dataset {name} ({split}) row {i}"
             ),
@@ -250,11 +256,14 @@ def read_records(path: Path) -> list[tuple[str, dict]]:
             records = [(f"{path}: record {i}", row) for i, row in enumerate(_parquet_rows(path), 1)]
         elif kind == ".json" and path.read_text().lstrip().startswith("["):  # one JSON array (else: JSON Lines)
             rows = _json_value(path.read_text(), path, 0)
-            records = [(f"{path}: record {i}", row) for i, row in enumerate(rows if isinstance(rows, list) else [rows], 1)]
+            records = [
+                (f"{path}: record {i}", row) for i, row in enumerate(rows if isinstance(rows, list) else [rows], 1)
+            ]
         else:
             records = [
                 (f"{path}:{number}", _json_value(line, path, number))
-                for number, line in enumerate(path.read_text().splitlines(), 1) if line.strip()
+                for number, line in enumerate(path.read_text().splitlines(), 1)
+                if line.strip()
             ]
     except (OSError, UnicodeDecodeError) as err:
         raise ValueError(f"cannot read dataset file {path}: {err}") from None
@@ -307,7 +316,10 @@ ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "shells",
 # The operations each level draws: one or more patterns, each a list of the operation sets its steps draw from
 # (``_pattern`` picks one); "-" with nothing left becomes "+".
 LEVEL_PATTERNS = {
-    0: [[]], 1: [["+-"]], 2: [["*"], ["+-", "+-"]], 3: [["+-*", "+-", "+-"]],
+    0: [[]],
+    1: [["+-"]],
+    2: [["*"], ["+-", "+-"]],
+    3: [["+-*", "+-", "+-"]],
     4: [["+-*"] * 3 + ["/"], ["+-*"] * 4 + ["/"]],
 }
 DISTRACTOR_SENTENCES = (len(NAMES) - 1) * 19 * (len(ITEMS) - 1)  # another name, 2-20, another item
@@ -334,8 +346,15 @@ def _step_options(op: str, total: int, who: str, item: str) -> list[tuple[str, i
     if op == "*":
         return [(f"Then the number of {item} {who} has becomes {n} times as large.", total * n) for n in range(2, 6)]
     divisors = [d for d in range(2, 7) if total % d == 0] or [1]
-    return [(f"{who} splits the {item} into {n} equal groups and keeps one group." if n > 1 else
-             f"{who} keeps all the {item}.", total // n) for n in divisors]  # fmt: skip
+    return [
+        (
+            f"{who} splits the {item} into {n} equal groups and keeps one group."
+            if n > 1
+            else f"{who} keeps all the {item}.",
+            total // n,
+        )
+        for n in divisors
+    ]
 
 
 def _problem(rng: random.Random, level: int, distractors: int = 0) -> tuple[str, int]:
@@ -404,16 +423,41 @@ def arithmetic_task(
 
     task = f"the built-in task at levels {sorted(set(levels))} with {distractors} distractors"
     chosen = held_out_split(stream, n, split, task, problem_count(levels, distractors), "add levels / distractors")
-    rows = [{"id": i, "problem": text, "answer": str(answer), "level": level}
-            for i, (text, answer, level) in enumerate(chosen)]  # fmt: skip
+    rows = [
+        {"id": i, "problem": text, "answer": str(answer), "level": level}
+        for i, (text, answer, level) in enumerate(chosen)
+    ]
     return datasets.Dataset.from_list(rows)
 
 
-PLACES = ["the park", "the library", "the beach", "the market", "the zoo", "the museum", "the garden", "the lake",
-          "the school", "the farm", "the shop", "the pool"]  # fmt: skip
-ACTIVITIES = ["reads a book", "eats a sandwich", "watches the birds", "talks to a friend", "draws a picture",
-              "plays a game", "drinks some water", "takes a short nap", "sings a song", "looks at the clouds",
-              "writes a letter", "feeds the ducks"]  # fmt: skip
+PLACES = [
+    "the park",
+    "the library",
+    "the beach",
+    "the market",
+    "the zoo",
+    "the museum",
+    "the garden",
+    "the lake",
+    "the school",
+    "the farm",
+    "the shop",
+    "the pool",
+]
+ACTIVITIES = [
+    "reads a book",
+    "eats a sandwich",
+    "watches the birds",
+    "talks to a friend",
+    "draws a picture",
+    "plays a game",
+    "drinks some water",
+    "takes a short nap",
+    "sings a song",
+    "looks at the clouds",
+    "writes a letter",
+    "feeds the ducks",
+]
 COPY_REQUIRED = ("last", "places")  # what a copy_recall completion must copy besides the number
 COPY_INSTRUCTION = "Repeat this text word for word, and finish the last sentence with the right number:"
 
@@ -436,7 +480,11 @@ def copy_recall_space(sentences: int) -> int:
 
 
 def copy_recall_task(
-    n: int | None, split: str = "train", seed: int = 0, sentences: int = 10, required: str = "last",
+    n: int | None,
+    split: str = "train",
+    seed: int = 0,
+    sentences: int = 10,
+    required: str = "last",
     share: float = 1.0,
 ) -> datasets.Dataset:
     """The built-in task of the decode-time regime: ``n`` problems that ask the model to copy a short story whose
@@ -474,8 +522,10 @@ def copy_recall_task(
 
     task = f"the built-in task copy_recall with {sentences} sentences"
     chosen = held_out_split(stream, n, split, task, copy_recall_space(sentences), "add sentences")
-    rows = [{"id": i, "problem": text, "answer": str(answer), "required": needed(last, places)}
-            for i, (text, answer, last, places) in enumerate(chosen)]  # fmt: skip
+    rows = [
+        {"id": i, "problem": text, "answer": str(answer), "required": needed(last, places)}
+        for i, (text, answer, last, places) in enumerate(chosen)
+    ]
     return datasets.Dataset.from_list(rows)
 
 

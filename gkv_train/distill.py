@@ -24,13 +24,13 @@ from dataclasses import dataclass, field
 import torch
 from transformers import Trainer, TrainingArguments
 
+from gkv_rewards.functions import accuracy
+from gkv_rollout.engine import RolloutEngine
+from gkv_rollout.sampling import rollout_seed
 from gkv_train.consistency import mismatch_stats
 from gkv_train.console import rollout_progress
 from gkv_train.distributed import generation_model
 from gkv_train.logprobs import divergence_under_record, head_logprobs
-from gkv_rollout.engine import RolloutEngine
-from gkv_rewards.functions import accuracy
-from gkv_rollout.sampling import rollout_seed
 from gkv_train.run_config import CompressedArguments, DistillOptions, SamplingOptions
 
 
@@ -41,14 +41,18 @@ class CompressedDistillationConfig(CompressedArguments, TrainingArguments):
 
     distill: DistillOptions = field(
         default_factory=DistillOptions,
-        metadata={"help": "Mode (offline traces / on-policy), divergence, teacher, chunking "
-                  "(gkv_train.run_config.DistillOptions)."},
-    )  # fmt: skip
+        metadata={
+            "help": "Mode (offline traces / on-policy), divergence, teacher, chunking "
+            "(gkv_train.run_config.DistillOptions)."
+        },
+    )
     sampling: SamplingOptions = field(
         default_factory=lambda: SamplingOptions(num_generations=1, max_new_tokens=96),
-        metadata={"help": "The temperature of the log-probs and of the divergence (> 0); for on-policy samples "
-                  "also max_new_tokens, top_p and compile_decode (one sample per prompt; seeded from seed)."},
-    )  # fmt: skip
+        metadata={
+            "help": "The temperature of the log-probs and of the divergence (> 0); for on-policy samples "
+            "also max_new_tokens, top_p and compile_decode (one sample per prompt; seeded from seed)."
+        },
+    )
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "False: the trainer reads whole rows (traces or prompts with answers)."}
     )
@@ -67,8 +71,10 @@ class CompressedDistillationTrainer(Trainer):
         sampling); ``teacher``: the frozen full-attention model."""
         config = args[1] if len(args) > 1 else kwargs.get("args")
         if not isinstance(config, CompressedDistillationConfig):
-            raise TypeError(f"args must be a CompressedDistillationConfig (TrainingArguments with compression, "
-                            f"distill and sampling), got {type(config).__name__}")  # fmt: skip
+            raise TypeError(
+                f"args must be a CompressedDistillationConfig (TrainingArguments with compression, "
+                f"distill and sampling), got {type(config).__name__}"
+            )
         super().__init__(*args, processing_class=tokenizer, data_collator=lambda rows: {"rows": rows}, **kwargs)
         self.teacher = teacher.eval().requires_grad_(False)
         self.tokenizer = tokenizer
@@ -104,8 +110,9 @@ class CompressedDistillationTrainer(Trainer):
             [ids[:n] for ids, n in zip(out.completion_ids.tolist(), out.completion_lengths.tolist())],
             skip_special_tokens=True,
         )
-        scores = accuracy(completions=texts, answer=[row["answer"] for row in rows],
-                          required=[row.get("required") for row in rows])  # fmt: skip
+        scores = accuracy(
+            completions=texts, answer=[row["answer"] for row in rows], required=[row.get("required") for row in rows]
+        )
         return sum(scores) / len(scores)
 
     def _student_loss(self, model, out, rollout_seconds: float):
@@ -113,9 +120,15 @@ class CompressedDistillationTrainer(Trainer):
         logs the rollout-trainer mismatch. Returns the loss and the student's final hidden states at the
         completion tokens [N, d]."""
         total, student_hidden, targets, student_head = divergence_under_record(
-            model, self.teacher, out, self.args.distill.divergence, self.args.sampling.temperature, self.args.distill.chunk_tokens,
-            self.args.mask_backend, base=self.accelerator.unwrap_model(model),
-        )  # fmt: skip
+            model,
+            self.teacher,
+            out,
+            self.args.distill.divergence,
+            self.args.sampling.temperature,
+            self.args.distill.chunk_tokens,
+            self.args.mask_backend,
+            base=self.accelerator.unwrap_model(model),
+        )
         targets_mask = out.completion_mask.bool()
         loss = total / targets_mask.sum().clamp_min(1)
         with torch.no_grad():
@@ -124,14 +137,16 @@ class CompressedDistillationTrainer(Trainer):
             )
         mismatch = mismatch_stats(student_logps, out.logprobs[targets_mask], torch.ones_like(targets, dtype=torch.bool))
         metrics = {f"mismatch/{k}": v for k, v in mismatch.items()}
-        metrics.update({
-            "distill/loss": loss.item(),
-            "rollout/retention": out.retention.mean().item(),
-            "rollout/memory_share": out.memory_share.mean().item(),
-            "rollout/tokens_per_s": out.stats["tokens_per_s"],
-            "rollout/seconds": rollout_seconds,
-            "completions/mean_length": out.completion_lengths.float().mean().item(),
-        })
+        metrics.update(
+            {
+                "distill/loss": loss.item(),
+                "rollout/retention": out.retention.mean().item(),
+                "rollout/memory_share": out.memory_share.mean().item(),
+                "rollout/tokens_per_s": out.stats["tokens_per_s"],
+                "rollout/seconds": rollout_seconds,
+                "completions/mean_length": out.completion_lengths.float().mean().item(),
+            }
+        )
         for name, value in metrics.items():
             self._last_metrics.setdefault(name, []).append(value)
         return loss, student_hidden

@@ -13,6 +13,9 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from gkv_rewards.verify import MathVerifier, warn_unverified
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.engine import RolloutEngine
 from gkv_train.console import log_console_to
 from gkv_train.data import load_problems, local_file
 from gkv_train.exits import refusing
@@ -23,9 +26,6 @@ from gkv_train.models import check_model, load_model, model_identity
 from gkv_train.preflight import Generation, check_generations, check_task_contexts
 from gkv_train.report import lm_eval_results, plot_summaries, results_table, software_versions
 from gkv_train.run_folder import claim_run_dir, finished_batches
-from gkv_rewards.verify import MathVerifier, warn_unverified
-from gkv_rollout.config import CompressionConfig, SamplingConfig
-from gkv_rollout.engine import RolloutEngine
 from gkv_train.runlock import RunLock
 from gkv_train.storage import check_output_dir, naming_full_disk
 
@@ -68,30 +68,40 @@ def evaluate_compression(
             continue
         batch = problems.select(rows)
         prompts = [prompt_template.format(problem=p) for p in batch["problem"]]
-        graded = generate_and_grade(engine, tokenizer, batch, prompts,
-                                    SamplingConfig(**{**asdict(sampling), "seed": sampling.seed + index}), verify)  # fmt: skip
+        graded = generate_and_grade(
+            engine,
+            tokenizer,
+            batch,
+            prompts,
+            SamplingConfig(**{**asdict(sampling), "seed": sampling.seed + index}),
+            verify,
+        )
         out, golds, n = graded.out, graded.golds, sampling.num_samples
         lines = []
         for i, grade in enumerate(graded.grades):
-            lines.append({
-                "batch": index,
-                "problem_id": batch["id"][i // n],
-                "sample": i % n,
-                "completion": grade.text,
-                "extracted": grade.answer,
-                "gold": golds[i],
-                "correct": grade.correct,
-                "check_timed_out": grade.timed_out,
-                "check_error": grade.error,
-                "copied": grade.copied,
-                "copied_share": grade.share,
-                "score": grade.score,
-                "length": int(out.completion_lengths[i]),
-                "retention": out.retention[i].item(),
-                "memory_share": out.memory_share[i].item(),
-                "tokens_per_s": out.stats["tokens_per_s"],
-                "batch_compressions": out.stats.get("compressions", 0),  # rounds in the batch, the prefill's included
-            })
+            lines.append(
+                {
+                    "batch": index,
+                    "problem_id": batch["id"][i // n],
+                    "sample": i % n,
+                    "completion": grade.text,
+                    "extracted": grade.answer,
+                    "gold": golds[i],
+                    "correct": grade.correct,
+                    "check_timed_out": grade.timed_out,
+                    "check_error": grade.error,
+                    "copied": grade.copied,
+                    "copied_share": grade.share,
+                    "score": grade.score,
+                    "length": int(out.completion_lengths[i]),
+                    "retention": out.retention[i].item(),
+                    "memory_share": out.memory_share[i].item(),
+                    "tokens_per_s": out.stats["tokens_per_s"],
+                    "batch_compressions": out.stats.get(
+                        "compressions", 0
+                    ),  # rounds in the batch, the prefill's included
+                }
+            )
         kept, present = retained_by_position(out.record, out.prompt_lengths, out.completion_lengths)
         with naming_full_disk(out_dir, "evaluation samples"):
             with open(density_path, "a") as f:  # before the samples: a batch counts as done once its samples are in
@@ -109,18 +119,22 @@ def evaluate_compression(
     write_atomically(samples_path, "".join(dumps(s) + "\n" for s in in_order))  # recomputed batches in place
     summary = summarize(samples_path, density_path, sampling.num_samples)
     summary.update(run=run_name(compression), compression=compression.resolved().flat())
-    warn_unverified(run_name(compression), summary["verifier_timeouts"], summary["verifier_errors"],
-                    ", check_error in samples.jsonl")
+    warn_unverified(
+        run_name(compression),
+        summary["verifier_timeouts"],
+        summary["verifier_errors"],
+        ", check_error in samples.jsonl",
+    )
     write_atomically(out_dir / "summary.json", dumps(summary, indent=2))
     return summary
 
 
 def summarize(samples_path: Path, density_path: Path, n: int) -> dict:
     """pass@k (k = 1..n, averaged over problems), pass@1's 95% bootstrap interval and standard error over
-    problems, the graded score and the share of required lines copied (``Grade``), lengths, compression rounds per batch,
-    retention (all / correct samples; and by relative position, ``retained_by_position``), the cache's persistent
-    memory share at the end (``RolloutOutput.memory_share``), tokens/s, answer checks,
-    their timeouts and their errors (no verdict). Empty means are None (null in JSON)."""
+    problems, the graded score and the share of required lines copied (``Grade``), lengths, compression rounds per
+    batch, retention (all / correct samples; and by relative position, ``retained_by_position``), the cache's
+    persistent memory share at the end (``RolloutOutput.memory_share``), tokens/s, answer checks, their timeouts and
+    their errors (no verdict). Empty means are None (null in JSON)."""
     samples = read_jsonl(samples_path)
     by_problem: dict = {}
     for s in samples:
@@ -208,22 +222,45 @@ def _evaluate(config, settings: dict, runs: list[CompressionConfig], problems, o
     with tqdm(total=batches * len(runs), unit="batch") as sweep:  # one bar over the sweep: every run's batches
         for i, compression in enumerate(runs):
             sweep.set_description(f"{run_name(compression)} (run {i + 1}/{len(runs)})")
-            summaries.append(evaluate_compression(
-                model, tokenizer, problems, compression, sampling, out_dir / run_name(compression),
-                config.batch_problems, data.prompt_template, progress=sweep,
-            ))  # fmt: skip
+            summaries.append(
+                evaluate_compression(
+                    model,
+                    tokenizer,
+                    problems,
+                    compression,
+                    sampling,
+                    out_dir / run_name(compression),
+                    config.batch_problems,
+                    data.prompt_template,
+                    progress=sweep,
+                )
+            )
     versions = software_versions()
-    identity = {"model": model_identity(config.model),
-                "adapter": None if config.adapter is None else model_identity(config.adapter)}  # fmt: skip
+    identity = {
+        "model": model_identity(config.model),
+        "adapter": None if config.adapter is None else model_identity(config.adapter),
+    }
     data_name = data.name or local_file(data.path, None, data.split).stem
-    write_atomically(out_dir / "summary.json", dumps(
-        {"date": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "config": settings, **identity, "data": data.identity(),
-         "versions": versions, "runs": summaries}, indent=2,
-    ))  # fmt: skip
+    write_atomically(
+        out_dir / "summary.json",
+        dumps(
+            {
+                "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "config": settings,
+                **identity,
+                "data": data.identity(),
+                "versions": versions,
+                "runs": summaries,
+            },
+            indent=2,
+        ),
+    )
     results = lm_eval_results(summaries, data_name, settings, versions)
     write_atomically(out_dir / "results.json", dumps({**results, "date": time.time()}, indent=2))
-    title = f"{config.model}{' + ' + config.adapter if config.adapter else ''} · {data_name} · " \
-            f"{summaries[0]['problems']} problems x {config.sampling.num_generations} samples"
+    title = (
+        f"{config.model}{' + ' + config.adapter if config.adapter else ''} · {data_name} · "
+        f"{summaries[0]['problems']} problems x {config.sampling.num_generations} samples"
+    )
     if config.plots:
         plot_summaries(summaries, out_dir, title)
     print(title + "\n" + results_table(summaries), file=sys.stderr, flush=True)

@@ -32,16 +32,16 @@ import torch
 from accelerate.utils import gather_object
 from trl import GRPOConfig, GRPOTrainer
 
-from gkv_train.consistency import mismatch_stats
-from gkv_train.console import rollout_progress
-from gkv_train.distributed import generation_model, is_zero3
-from gkv_train.logprobs import logical_forward
 from gkv_rollout.config import SamplingConfig
 from gkv_rollout.contract import attention_context, record_from_batch
 from gkv_rollout.contract.attention import use_kv_attention
 from gkv_rollout.contract.record import Record
 from gkv_rollout.engine import RolloutEngine, RolloutOutput
 from gkv_rollout.sampling import rollout_seed
+from gkv_train.consistency import mismatch_stats
+from gkv_train.console import rollout_progress
+from gkv_train.distributed import generation_model, is_zero3
+from gkv_train.logprobs import logical_forward
 from gkv_train.run_config import LOSS_TYPES, CompressedArguments, SparseRLOptions
 
 
@@ -106,9 +106,11 @@ class CompressedGRPOConfig(CompressedArguments, GRPOConfig):
 
     rl: SparseRLOptions = field(
         default_factory=SparseRLOptions,
-        metadata={"help": "What RL-Sparse adds to GRPO (gkv_train.run_config.SparseRLOptions): training under the "
-                  "rollout's record, importance sampling and rejection against the rollout's log-probs."},
-    )  # fmt: skip
+        metadata={
+            "help": "What RL-Sparse adds to GRPO (gkv_train.run_config.SparseRLOptions): training under the "
+            "rollout's record, importance sampling and rejection against the rollout's log-probs."
+        },
+    )
     compile_decode: bool = field(
         default=False,
         metadata={"help": "Rollout decode steps as compiled graphs (SamplingConfig.compile_decode; not s4r)."},
@@ -123,8 +125,10 @@ class CompressedGRPOTrainer(GRPOTrainer):
         options among its fields)."""
         config = args[2] if len(args) > 2 else kwargs.get("args")
         if not isinstance(config, CompressedGRPOConfig):
-            raise TypeError(f"args must be a CompressedGRPOConfig (TRL's GRPOConfig with compression and rl), got "
-                            f"{type(config).__name__}")  # fmt: skip
+            raise TypeError(
+                f"args must be a CompressedGRPOConfig (TRL's GRPOConfig with compression and rl), got "
+                f"{type(config).__name__}"
+            )
         if kwargs.get("rollout_func") is not None:
             raise ValueError("CompressedGRPOTrainer generates with its own rollout engine")
         self._scope: LogpsScope | None = None  # set only inside ``scoped``
@@ -167,9 +171,13 @@ class CompressedGRPOTrainer(GRPOTrainer):
             compile_decode=self.args.compile_decode,
         )
         rows = len(prompts)  # TRL passes every sample's prompt (num_generations per problem)
-        with generation_model(self) as model, rollout_progress(rows, sampling.max_new_tokens,
-                                                               self.accelerator.is_main_process) as progress:  # fmt: skip
-            out = RolloutEngine(model, self.processing_class, self.args.compression).generate(prompts, sampling, progress=progress)
+        with (
+            generation_model(self) as model,
+            rollout_progress(rows, sampling.max_new_tokens, self.accelerator.is_main_process) as progress,
+        ):
+            out = RolloutEngine(model, self.processing_class, self.args.compression).generate(
+                prompts, sampling, progress=progress
+            )
         self._scope.generation = out
         self._scope.record = out.record if self.rl.train_with_record else None
         completions = out.completions()
@@ -232,7 +240,11 @@ class CompressedGRPOTrainer(GRPOTrainer):
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         with self.scoped(LogpsScope(record=self._batch_record(batch))):
             logps, _, _ = self._get_per_token_logps_and_entropies(
-                self.model, ids, mask, batch["completion_ids"].shape[1], batch_size=self.args.per_device_train_batch_size
+                self.model,
+                ids,
+                mask,
+                batch["completion_ids"].shape[1],
+                batch_size=self.args.per_device_train_batch_size,
             )
         return logps
 
@@ -248,7 +260,9 @@ class CompressedGRPOTrainer(GRPOTrainer):
         with self.scoped(LogpsScope(record=self._batch_record(inputs), rollout_logps=rollout_logps)):
             return super()._compute_loss(model, inputs)
 
-    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, **kwargs):
+    def _get_per_token_logps_and_entropies(
+        self, model, input_ids, attention_mask, logits_to_keep, batch_size=None, **kwargs
+    ):
         scope = self._scope or LogpsScope()
         rollout_logps, scope.rollout_logps = scope.rollout_logps, None  # measured once per loss computation
         batch_size = batch_size or input_ids.size(0)
@@ -259,9 +273,11 @@ class CompressedGRPOTrainer(GRPOTrainer):
             record = None if scope.record is None else scope.record[rows]
             context = attention_context(record, unwrapped, attention_mask[rows], self.args.mask_backend)
             with logical_forward(unwrapped, context):
-                outputs.append(super()._get_per_token_logps_and_entropies(
-                    model, input_ids[rows], attention_mask[rows], logits_to_keep, **kwargs
-                ))
+                outputs.append(
+                    super()._get_per_token_logps_and_entropies(
+                        model, input_ids[rows], attention_mask[rows], logits_to_keep, **kwargs
+                    )
+                )
         logps = torch.cat([o[0] for o in outputs])
         entropies = None if outputs[0][1] is None else torch.cat([o[1] for o in outputs])
         aux = None if outputs[0][2] is None else torch.stack([o[2] for o in outputs]).mean()

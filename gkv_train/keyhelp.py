@@ -70,8 +70,11 @@ def rows(cls: type, prefix: str = "", defaults=None) -> list[tuple[str, str, str
         if defaults is not None:
             default = getattr(defaults, f.name)
         else:
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else None)  # fmt: skip
+            default = (
+                f.default
+                if f.default is not dataclasses.MISSING
+                else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+            )
         if dataclasses.is_dataclass(default):
             found += rows(type(default), f"{prefix}{f.name}.", default)
             continue
@@ -89,8 +92,12 @@ def help_text(cls: type, command: str, recipes: list[str] | None = None) -> str:
     trl = {f.name for f in dataclasses.fields(cls) if "type" in f.metadata}  # TRL's own fields (train)
     for key, kind, default, text in rows(cls):
         if key in trl:
-            lines += ["", "TRL's GRPOConfig fields, their help TRL's (distillation takes those of transformers' "
-                      "TrainingArguments):", ""]  # fmt: skip
+            lines += [
+                "",
+                "TRL's GRPOConfig fields, their help TRL's (distillation takes those of transformers' "
+                "TrainingArguments):",
+                "",
+            ]
             trl = set()
         lines.append(f"  {key}  ({kind}, default {default})")
         for part in textwrap.wrap(text or "-", 100):

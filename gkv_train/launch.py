@@ -16,6 +16,10 @@ import torch
 from transformers import TrainerCallback, TrainingArguments
 from trl import GRPOTrainer
 
+from gkv_rewards.functions import verifier_stats
+from gkv_rewards.verify import MathVerifier, warn_unverified
+from gkv_rollout.config import CompressionConfig
+from gkv_rollout.engine import RolloutEngine
 from gkv_train.checkpoints import (
     EVAL,
     METRICS,
@@ -41,10 +45,6 @@ from gkv_train.grpo import CompressedGRPOConfig, CompressedGRPOTrainer
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import base_model_name, base_weights_note, card_model_name, check_model, load_model
 from gkv_train.preflight import Generation, check_generations, check_task_contexts
-from gkv_rewards.functions import verifier_stats
-from gkv_rewards.verify import MathVerifier, warn_unverified
-from gkv_rollout.config import CompressionConfig
-from gkv_rollout.engine import RolloutEngine
 from gkv_train.run_config import TRL_FIELDS, TrainConfig
 from gkv_train.runlock import RunLock, RunLocked
 from gkv_train.storage import check_output_dir, naming_full_disk
@@ -99,7 +99,8 @@ def batch_rows(config: TrainConfig, rows: int, num_processes: int) -> int:
 # transformers 5.23 renamed TrainingArguments.gradient_checkpointing to activation_checkpointing (the old name an
 # alias until v6, with a FutureWarning); older releases (the GPU image's 5.17) know only the old name.
 CHECKPOINTING_FIELD = next(
-    name for name in ("activation_checkpointing", "gradient_checkpointing")
+    name
+    for name in ("activation_checkpointing", "gradient_checkpointing")
     if name in {f.name for f in dataclasses.fields(TrainingArguments)}
 )
 
@@ -158,23 +159,30 @@ def resume_checkpoint(config: TrainConfig, args: TrainingArguments) -> str | Non
     else:
         found = Path(config.resume)
         if not (found / "trainer_state.json").is_file():
-            raise FileNotFoundError(f"resume={config.resume}: not a complete checkpoint directory (no trainer_state.json)")
+            raise FileNotFoundError(
+                f"resume={config.resume}: not a complete checkpoint directory (no trainer_state.json)"
+            )
         problem = damage(found)
         if problem is not None:
-            raise ValueError(f"resume={config.resume}: the checkpoint is damaged ({problem}); resume=last takes the "
-                             "newest whole one")  # fmt: skip
+            raise ValueError(
+                f"resume={config.resume}: the checkpoint is damaged ({problem}); resume=last takes the newest whole one"
+            )
         run = found.resolve().parent
         if run != Path(config.output_dir).resolve() and not config.resume_other_run:
             raise ValueError(
-                f"resume={config.resume} is a checkpoint of another run ({run}), not of output_dir={config.output_dir}: "
+                f"resume={config.resume} is a checkpoint of another run ({run}), not of "
+                f"output_dir={config.output_dir}: "
                 "resuming continues that run's optimizer, scheduler and step count here; to do that, add "
                 "resume_other_run=true (to start a new run from its weights instead, use its folder as model=)"
             )
     saved = saved_settings(found)
     if saved is not None:
         wanted = resume_settings(args, base_model_name(config.model), None)
-        wanted["lora"] = None if not config.lora.enabled else {
-            "r": config.lora.r, "alpha": config.lora.alpha, "target_modules": sorted(config.lora.target_modules)}
+        wanted["lora"] = (
+            None
+            if not config.lora.enabled
+            else {"r": config.lora.r, "alpha": config.lora.alpha, "target_modules": sorted(config.lora.target_modules)}
+        )
         differ = [k for k in wanted if k in saved and saved[k] != wanted[k]]
         if differ:
             what = ", ".join(f"{k}={saved[k]!r} there, {wanted[k]!r} here" for k in differ)
@@ -247,7 +255,10 @@ def lora_config(config: TrainConfig):
 
     lora = config.lora
     return LoraConfig(
-        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules),
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
         task_type="CAUSAL_LM",
     )
 
@@ -291,23 +302,54 @@ def generations(config: TrainConfig, data, held_out, num_processes: int) -> list
     """The kinds of rollouts a training run makes (each process: its share of a step's rows), for
     ``check_generations``: the training rollouts (GRPO, on-policy distillation), the replayed traces (offline
     distillation) or the teacher's traces generated at start, and the held-out evaluation."""
-    found = [Generation("held-out evaluation", list(held_out["prompt"]), held_out["id"],
-                        len(held_out) * config.eval_samples, config.sampling.max_new_tokens, [config.compression])]  # fmt: skip
+    found = [
+        Generation(
+            "held-out evaluation",
+            list(held_out["prompt"]),
+            held_out["id"],
+            len(held_out) * config.eval_samples,
+            config.sampling.max_new_tokens,
+            [config.compression],
+        )
+    ]
     per_process = -(-config.prompts_per_step // num_processes)
     if config.algorithm == "grpo" or config.distill.mode == "onpolicy":
         samples = config.sampling.num_generations if config.algorithm == "grpo" else 1
         rows = -(-config.prompts_per_step * samples // num_processes)
-        found.append(Generation("training rollouts", list(data["prompt"]), data["id"], rows,
-                                config.sampling.max_new_tokens,
-                                [config.compression]))  # fmt: skip
+        found.append(
+            Generation(
+                "training rollouts",
+                list(data["prompt"]),
+                data["id"],
+                rows,
+                config.sampling.max_new_tokens,
+                [config.compression],
+            )
+        )
     elif config.distill.traces is not None:
-        found.append(Generation("replayed traces", list(data["prompt"]), list(range(len(data))), per_process,
-                                [len(c) for c in data["completion_ids"]], [config.compression],
-                                key="the traces' completion lengths"))  # fmt: skip
+        found.append(
+            Generation(
+                "replayed traces",
+                list(data["prompt"]),
+                list(range(len(data))),
+                per_process,
+                [len(c) for c in data["completion_ids"]],
+                [config.compression],
+                key="the traces' completion lengths",
+            )
+        )
     else:
         prompts = [config.data.prompt_template.format(problem=p) for p in data["problem"]]
-        found.append(Generation("teacher traces", prompts, data["id"], TRACE_BATCH * config.distill.trace_samples,
-                                config.sampling.max_new_tokens, [CompressionConfig("full")]))  # fmt: skip
+        found.append(
+            Generation(
+                "teacher traces",
+                prompts,
+                data["id"],
+                TRACE_BATCH * config.distill.trace_samples,
+                config.sampling.max_new_tokens,
+                [CompressionConfig("full")],
+            )
+        )
     return found
 
 
@@ -365,7 +407,8 @@ def train_and_evaluate(
         if state.is_main_process:
             print(
                 f"{out} holds a finished run ({checkpoint_step(checkpoint)} steps, max_steps={config.max_steps}): "
-                "nothing to do. Raise max_steps to train on, or pass overwrite=true to start again.", file=sys.stderr,
+                "nothing to do. Raise max_steps to train on, or pass overwrite=true to start again.",
+                file=sys.stderr,
             )
             print(dumps(result), flush=True)
         return result
@@ -404,7 +447,9 @@ def training_data(config: TrainConfig):
     return prompt_dataset(config, config.data)
 
 
-def grpo_trainer(config: TrainConfig, args: CompressedGRPOConfig, model, tokenizer, rewards: list, callbacks, data, held_out):
+def grpo_trainer(
+    config: TrainConfig, args: CompressedGRPOConfig, model, tokenizer, rewards: list, callbacks, data, held_out
+):
     """The GRPO trainer of ``config`` (``rewards``: the reward functions, ``import_callable`` of
     ``config.rewards``)."""
     common = dict(
@@ -421,7 +466,9 @@ def grpo_trainer(config: TrainConfig, args: CompressedGRPOConfig, model, tokeniz
     return atomic(GRPOTrainer if config.use_vllm else CompressedGRPOTrainer)(**common)
 
 
-def distill_trainer(config: TrainConfig, args: CompressedDistillationConfig, model, tokenizer, state, callbacks, dtype, data):
+def distill_trainer(
+    config: TrainConfig, args: CompressedDistillationConfig, model, tokenizer, state, callbacks, dtype, data
+):
     # the teacher is frozen; by default a copy of the initial student
     teacher = load_model(config.distill.teacher or config.model, dtype=dtype)[0]
     if config.distill.mode == "offline" and config.distill.traces is None:
@@ -432,7 +479,12 @@ def distill_trainer(config: TrainConfig, args: CompressedDistillationConfig, mod
 
         model = get_peft_model(model, peft)
     return atomic(CompressedDistillationTrainer)(
-        model=model, teacher=teacher, tokenizer=tokenizer, args=args, train_dataset=data, callbacks=callbacks,
+        model=model,
+        teacher=teacher,
+        tokenizer=tokenizer,
+        args=args,
+        train_dataset=data,
+        callbacks=callbacks,
     )
 
 

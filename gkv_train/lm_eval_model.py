@@ -2,7 +2,7 @@
 compressed KV cache.
 
     gkv-train lm-eval --model gkv --model_args pretrained=smollm2-135m,method=gkv,budget=512 --tasks <task>
-    python -m gkv_train.lm_eval_model --model gkv ...          # the same: lm-eval's own command, with ``gkv`` registered
+    python -m gkv_train.lm_eval_model --model gkv ...          # the same: lm-eval's own command, ``gkv`` registered
 
     from gkv_train.lm_eval_model import CompressedLM           # from Python
     lm_eval.simple_evaluate(model=CompressedLM(pretrained="smollm2-135m", method="gkv", budget=512), tasks=[...])
@@ -33,13 +33,22 @@ from lm_eval.api.registry import register_model
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig, flat_fields
 from gkv_rollout.engine import RolloutEngine
-from gkv_train.logprobs import decoder_and_head, hidden_states
 from gkv_train.exits import REFUSED, Refused, refusing
+from gkv_train.logprobs import decoder_and_head, hidden_states
 from gkv_train.models import check_model, load_model
 
-
-OWN = ("pretrained", "adapter", "method", "batch_size", "max_batch_size", "max_gen_toks", "precision", "seed", "stats",
-       "device")  # the model's own arguments; every other one is a compression option (CompressionConfig's flat names)
+OWN = (
+    "pretrained",
+    "adapter",
+    "method",
+    "batch_size",
+    "max_batch_size",
+    "max_gen_toks",
+    "precision",
+    "seed",
+    "stats",
+    "device",
+)  # the model's own arguments; every other one is a compression option (CompressionConfig's flat names)
 
 
 @register_model("gkv")
@@ -52,10 +61,20 @@ class CompressedLM(LM):
     ``device`` (lm-eval's ``--device``: cpu, cuda, cuda:N). Every argument is checked before the model loads: an
     unknown one (a typo, HF's ``dtype``) or a bad value is refused with ``Refused``, naming it."""
 
-    def __init__(self, pretrained: str = "smollm2-135m", adapter: str | None = None, method: str = "full",
-                 batch_size: int | str = 8, max_batch_size: int | None = None, max_gen_toks: int = 256,
-                 precision: str = "fp32", seed: int = 0, stats: str | None = None, device: str | None = None,
-                 **compression):  # fmt: skip
+    def __init__(
+        self,
+        pretrained: str = "smollm2-135m",
+        adapter: str | None = None,
+        method: str = "full",
+        batch_size: int | str = 8,
+        max_batch_size: int | None = None,
+        max_gen_toks: int = 256,
+        precision: str = "fp32",
+        seed: int = 0,
+        stats: str | None = None,
+        device: str | None = None,
+        **compression,
+    ):
         super().__init__()
         with refusing():
             self.compression = model_args_compression(method, compression)
@@ -123,8 +142,9 @@ class CompressedLM(LM):
         sampling = SamplingConfig(
             max_new_tokens=int(kwargs.get("max_gen_toks", self.max_gen_toks)),
             temperature=float(kwargs.get("temperature", 1.0)) if sample else 0.0,
-            top_p=float(kwargs.get("top_p", 1.0)) if sample else 1.0, seed=self.seed,
-        )  # fmt: skip
+            top_p=float(kwargs.get("top_p", 1.0)) if sample else 1.0,
+            seed=self.seed,
+        )
         out = self.engine.generate([self._encode(c) for c in contexts], sampling)
         texts = []
         for i, ids in enumerate(out.completions()):
@@ -158,9 +178,18 @@ class CompressedLM(LM):
         return results
 
     def _keep_stats(self, kind: str, out) -> None:
-        rows = [{"request": kind, "method": self.compression.method, "prompt_tokens": int(p), "new_tokens": int(c),
-                 "retention": float(r), "memory_share": float(m), "batch_compressions": out.stats.get("compressions", 0)}
-                for p, c, r, m in zip(out.prompt_lengths, out.completion_lengths, out.retention, out.memory_share)]  # fmt: skip
+        rows = [
+            {
+                "request": kind,
+                "method": self.compression.method,
+                "prompt_tokens": int(p),
+                "new_tokens": int(c),
+                "retention": float(r),
+                "memory_share": float(m),
+                "batch_compressions": out.stats.get("compressions", 0),
+            }
+            for p, c, r, m in zip(out.prompt_lengths, out.completion_lengths, out.retention, out.memory_share)
+        ]
         self.stats += rows
         if self.stats_path is not None:
             with open(self.stats_path, "a") as f:
@@ -181,8 +210,10 @@ def model_args_compression(method: str, options: dict) -> CompressionConfig:
             hint = f"; did you mean {' or '.join(close)}?" if close else ""
             if key in ("dtype", "torch_dtype"):
                 hint = "; write precision=fp32 or precision=bf16"
-            raise ValueError(f"unknown gkv model argument {key}={value}{hint} (the model's own: {', '.join(OWN)}; "
-                             "compression options by their flat names: budget, window, interval, alpha, eta, ...)")  # fmt: skip
+            raise ValueError(
+                f"unknown gkv model argument {key}={value}{hint} (the model's own: {', '.join(OWN)}; "
+                "compression options by their flat names: budget, window, interval, alpha, eta, ...)"
+            )
         converted[name] = convert(key, value, kinds[name])
     return CompressionConfig.of(method, **converted)
 

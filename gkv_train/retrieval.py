@@ -29,12 +29,54 @@ from gkv_train.splits import check_builtin_request, held_out_split
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 TOKENS_PER_WORD = 1.3
-KEY_WORDS = ["amber", "bold", "calm", "dusty", "eager", "frosty", "gentle", "hollow", "icy", "jolly", "keen",
-             "lucky", "misty", "noble", "odd", "proud", "quiet", "rapid", "silent", "tidy"]  # fmt: skip
-KEY_NOUNS = ["anchor", "badger", "candle", "dragon", "falcon", "garden", "harbor", "island", "jacket", "kettle",
-             "lantern", "meadow", "needle", "orchard", "pepper", "quartz", "river", "saddle", "tunnel", "violin"]  # fmt: skip
-INTRO = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "
-         "I will quiz you about the numbers afterwards.")  # fmt: skip
+KEY_WORDS = [
+    "amber",
+    "bold",
+    "calm",
+    "dusty",
+    "eager",
+    "frosty",
+    "gentle",
+    "hollow",
+    "icy",
+    "jolly",
+    "keen",
+    "lucky",
+    "misty",
+    "noble",
+    "odd",
+    "proud",
+    "quiet",
+    "rapid",
+    "silent",
+    "tidy",
+]
+KEY_NOUNS = [
+    "anchor",
+    "badger",
+    "candle",
+    "dragon",
+    "falcon",
+    "garden",
+    "harbor",
+    "island",
+    "jacket",
+    "kettle",
+    "lantern",
+    "meadow",
+    "needle",
+    "orchard",
+    "pepper",
+    "quartz",
+    "river",
+    "saddle",
+    "tunnel",
+    "violin",
+]
+INTRO = (
+    "Some special magic numbers are hidden within the following text. Make sure to memorize it. "
+    "I will quiz you about the numbers afterwards."
+)
 VT_INTRO = "Memorize and track the chain(s) of variable assignment hidden in the following text."
 VT_HOPS = 4
 NEEDLES = 4
@@ -119,7 +161,9 @@ def _vt(rng: random.Random, context: int) -> tuple[str, str]:
 RETRIEVAL_TASKS = ("niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt")
 
 
-def retrieval_task(name: str, n: int | None, split: str = "train", seed: int = 0, context: int = 1024) -> datasets.Dataset:
+def retrieval_task(
+    name: str, n: int | None, split: str = "train", seed: int = 0, context: int = 1024
+) -> datasets.Dataset:
     """``n`` problems of the retrieval task ``name`` (``RETRIEVAL_TASKS``) with prompts of about ``context``
     tokens; columns ``id``, ``problem``, ``answer`` (the number, or the last of several) and ``required`` (the
     numbers, one per line, when there are several; else None)."""
@@ -135,6 +179,8 @@ def retrieval_task(name: str, n: int | None, split: str = "train", seed: int = 0
             yield _vt(rng, context) if name == "vt" else _niah(rng, name, context)
 
     chosen = held_out_split(stream, n, split, f"the built-in task {name}", 10**9, "")
-    rows = [{"id": i, "problem": p, "answer": values[-1], "required": "\n".join(values) if len(values) > 1 else None}
-            for i, (p, values) in enumerate(chosen)]  # fmt: skip
+    rows = [
+        {"id": i, "problem": p, "answer": values[-1], "required": "\n".join(values) if len(values) > 1 else None}
+        for i, (p, values) in enumerate(chosen)
+    ]
     return datasets.Dataset.from_list(rows)

@@ -20,8 +20,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from gkv_train.data import DataConfig
 from gkv_rollout.config import GROUPS, CompressionConfig, SamplingConfig
+from gkv_train.data import DataConfig
 
 ALGORITHMS = ("grpo", "distill")
 # TRL's GRPO losses; each is ratio x advantage, so truncated importance sampling (``rl.rollout_is``) applies
@@ -71,7 +71,11 @@ def check_sampling(temperature: float, top_p: float, greedy: bool) -> None:
     evaluation) and 0 < ``top_p`` <= 1; raises ValueError naming the problem."""
     lowest = 0 <= temperature if greedy else 0 < temperature
     if not (math.isfinite(temperature) and lowest):
-        need = ">= 0 (0: greedy)" if greedy else "> 0 in training (greedy decoding, temperature=0, is an evaluation setting)"
+        need = (
+            ">= 0 (0: greedy)"
+            if greedy
+            else "> 0 in training (greedy decoding, temperature=0, is an evaluation setting)"
+        )
         raise ValueError(f"temperature must be a finite number {need}, got {temperature}")
     if not (math.isfinite(top_p) and 0 < top_p <= 1):
         raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
@@ -192,14 +196,18 @@ class CompressedArguments:
 
     compression: CompressionConfig = field(
         default_factory=lambda: CompressionConfig("gkv"),
-        metadata={"help": "The rollouts' KV-cache compression (gkv_rollout.config.CompressionConfig); "
-                  "CompressionConfig('full') for none (RL-Full)."},
-    )  # fmt: skip
+        metadata={
+            "help": "The rollouts' KV-cache compression (gkv_rollout.config.CompressionConfig); "
+            "CompressionConfig('full') for none (RL-Full)."
+        },
+    )
     mask_backend: str = field(
         default="auto",
-        metadata={"help": "How training forwards attend under the record: auto (FlexAttention on CUDA, SDPA "
-                  "elsewhere), flex or sdpa."},
-    )  # fmt: skip
+        metadata={
+            "help": "How training forwards attend under the record: auto (FlexAttention on CUDA, SDPA "
+            "elsewhere), flex or sdpa."
+        },
+    )
 
     def to_dict(self) -> dict:
         found = super().to_dict()
@@ -236,8 +244,11 @@ class SamplingOptions:
         """The rollout engine's ``SamplingConfig``: ``num_samples`` completions per prompt (None:
         ``num_generations``), seeded with ``seed``."""
         return SamplingConfig(
-            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
-            num_samples=self.num_generations if num_samples is None else num_samples, seed=seed,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            num_samples=self.num_generations if num_samples is None else num_samples,
+            seed=seed,
             compile_decode=self.compile_decode,
         )
 
@@ -318,8 +329,14 @@ class TrainOptions:
             raise ValueError(f"unknown loss_type {self.loss_type!r}; choose one of {LOSS_TYPES}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
-        for name in ("prompts_per_step", "max_steps", "save_steps", "gradient_accumulation_steps", "logging_steps",
-                     "eval_samples"):  # fmt: skip
+        for name in (
+            "prompts_per_step",
+            "max_steps",
+            "save_steps",
+            "gradient_accumulation_steps",
+            "logging_steps",
+            "eval_samples",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
         for name, low in TRL_AT_LEAST.items():
@@ -327,7 +344,9 @@ class TrainOptions:
                 raise ValueError(f"{name} must be at least {low}, got {getattr(self, name)}")
         for name, choices in TRL_CHOICES.items():
             if name in TRL_FIELDS and getattr(self, name) not in choices:
-                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(map(str, choices))}")
+                raise ValueError(
+                    f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(map(str, choices))}"
+                )
         if self.push_to_hub:
             check_hub_access()
         if self.resume_other_run and (self.resume is None or self.resume == "last"):
@@ -353,8 +372,11 @@ class TrainOptions:
         if self.algorithm == "grpo" and self.sampling.num_generations < 2:
             raise ValueError("sampling.num_generations must be at least 2: GRPO compares samples of one prompt")
         if not self.use_vllm:
-            ignored = [name for name in ENGINE_IGNORES  # (those the installed TRL has)
-                       if name in TRL_FIELDS and getattr(self, name) != TRL_FIELDS[name].default_value]
+            ignored = [
+                name
+                for name in ENGINE_IGNORES  # (those the installed TRL has)
+                if name in TRL_FIELDS and getattr(self, name) != TRL_FIELDS[name].default_value
+            ]
             if ignored:
                 raise ValueError(
                     f"{', '.join(ignored)}: options of TRL's own generation, which the rollout engine does not have "
@@ -370,8 +392,9 @@ class TrainOptions:
                 )
         check_compile_decode(self.sampling.compile_decode, [self.compression])
         if self.use_vllm and self.sampling.compile_decode:
-            raise ValueError("use_vllm generates through vLLM: sampling.compile_decode=true (the engine's option) has "
-                             "no effect")  # fmt: skip
+            raise ValueError(
+                "use_vllm generates through vLLM: sampling.compile_decode=true (the engine's option) has no effect"
+            )
         if self.use_vllm and self.compression.compresses:
             raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
@@ -383,12 +406,17 @@ DERIVED = {
     "per_device_train_batch_size": "prompts_per_step (rows per step: prompts_per_step x sampling.num_generations, "
     "divided by processes x gradient_accumulation_steps)",
     "per_device_eval_batch_size": "prompts_per_step x sampling.num_generations",
-    "num_generations": "sampling.num_generations", "max_completion_length": "sampling.max_new_tokens",
-    "temperature": "sampling.temperature", "top_p": "sampling.top_p",
-    "bf16": "precision=bf16", "fp16": "precision (fp32 or bf16)", "use_cpu": "the machine (true when no GPU)",
-    "eval_strategy": "eval_steps", "save_strategy": "save_steps (a checkpoint every save_steps steps)",
+    "num_generations": "sampling.num_generations",
+    "max_completion_length": "sampling.max_new_tokens",
+    "temperature": "sampling.temperature",
+    "top_p": "sampling.top_p",
+    "bf16": "precision=bf16",
+    "fp16": "precision (fp32 or bf16)",
+    "use_cpu": "the machine (true when no GPU)",
+    "eval_strategy": "eval_steps",
+    "save_strategy": "save_steps (a checkpoint every save_steps steps)",
     "activation_checkpointing": "gradient_checkpointing",
-}  # fmt: skip
+}
 # GRPOConfig fields whose default here differs from TRL's: field -> (default, why)
 PROJECT_DEFAULTS = {
     "learning_rate": (2e-6, "RL-scale updates on the 135M default"),
@@ -417,17 +445,29 @@ def check_hub_access() -> None:
     from huggingface_hub import constants, get_token
 
     if constants.HF_HUB_OFFLINE:
-        raise ValueError("push_to_hub=true needs the Hugging Face Hub, which HF_HUB_OFFLINE=1 switches off: drop "
-                         "push_to_hub, or unset HF_HUB_OFFLINE")  # fmt: skip
+        raise ValueError(
+            "push_to_hub=true needs the Hugging Face Hub, which HF_HUB_OFFLINE=1 switches off: drop "
+            "push_to_hub, or unset HF_HUB_OFFLINE"
+        )
     if get_token() is None:
-        raise ValueError("push_to_hub=true needs a Hugging Face token (huggingface-cli login, or HF_TOKEN), and none "
-                         "is set: drop push_to_hub, or log in")  # fmt: skip
+        raise ValueError(
+            "push_to_hub=true needs a Hugging Face token (huggingface-cli login, or HF_TOKEN), and none "
+            "is set: drop push_to_hub, or log in"
+        )
 
 
 # GRPOConfig fields that TRL's own generation reads and the rollout engine does not: refused unless use_vllm
-ENGINE_IGNORES = ("top_k", "min_p", "repetition_penalty", "generation_kwargs", "cache_implementation",
-                  "use_transformers_paged", "use_transformers_continuous_batching",
-                  "transformers_continuous_batching_config", "chat_template_kwargs")  # fmt: skip
+ENGINE_IGNORES = (
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "generation_kwargs",
+    "cache_implementation",
+    "use_transformers_paged",
+    "use_transformers_continuous_batching",
+    "transformers_continuous_batching_config",
+    "chat_template_kwargs",
+)
 
 
 @dataclass(frozen=True)
@@ -590,13 +630,16 @@ TRACKERS = {  # report_to name -> the modules that provide it (any one)
 }
 
 
-def check_compile_decode(compile_decode: bool, compressions: list[CompressionConfig],
-                         key: str = "sampling.compile_decode") -> None:
+def check_compile_decode(
+    compile_decode: bool, compressions: list[CompressionConfig], key: str = "sampling.compile_decode"
+) -> None:
     """``compile_decode`` (the option ``key``) only with caches that have a static decode step (not s4r); raises
     ValueError."""
     if compile_decode and any(c.method == "s4r" for c in compressions):
-        raise ValueError(f"{key}=true does not apply to s4r, which scores and reconstructs at every step outside any "
-                         "graph; drop it or choose another method")
+        raise ValueError(
+            f"{key}=true does not apply to s4r, which scores and reconstructs at every step outside any "
+            "graph; drop it or choose another method"
+        )
 
 
 def check_trackers(report_to: list[str]) -> None:
@@ -677,8 +720,13 @@ class EvalConfig:
             "data": self.data.identity(),
             "compression": compression_identity(compression),
             # "n_samples": the key of earlier identities, kept so that their results stay valid
-            "sampling": dict(n_samples=self.sampling.num_generations, max_new_tokens=self.sampling.max_new_tokens,
-                             temperature=self.sampling.temperature, top_p=self.sampling.top_p, seed=self.seed),
+            "sampling": dict(
+                n_samples=self.sampling.num_generations,
+                max_new_tokens=self.sampling.max_new_tokens,
+                temperature=self.sampling.temperature,
+                top_p=self.sampling.top_p,
+                seed=self.seed,
+            ),
             "batch_problems": self.batch_problems,
             "precision": self.precision,
         }
@@ -692,7 +740,8 @@ class EvalConfig:
             if resolved.compresses and run.method != "s4r" and resolved.interval > self.sampling.max_new_tokens:
                 found.append(
                     f"{run.method} budget {run.budget}: compression.interval={resolved.interval} exceeds "
-                    f"sampling.max_new_tokens={self.sampling.max_new_tokens}, so it compresses only after the prompt, never while "
+                    f"sampling.max_new_tokens={self.sampling.max_new_tokens}, so it compresses only after the "
+                    "prompt, never while "
                     "generating (the training recipes use interval 16); set compression.interval to compare"
                 )
         return found
@@ -706,8 +755,9 @@ class EvalConfig:
             for budget in [None] if method == "full" else budgets:
                 runs.append(self.compression.for_method(method, budget))
         read = {key for run in runs for key in run.reads()}
-        unread = [key for key in self.compression.unread() if key not in read] if self.compression.method == "full" \
-            else []  # (another method's own configuration was checked when it was built)
+        unread = (
+            [key for key in self.compression.unread() if key not in read] if self.compression.method == "full" else []
+        )  # (another method's own configuration was checked when it was built)
         if unread:
             raise ValueError(f"compression.{unread[0]} applies to none of the runs ({', '.join(methods)})")
         return runs
@@ -715,11 +765,18 @@ class EvalConfig:
 
 # Keys of earlier versions: key -> where it is now (named in the error that refuses them)
 MOVED = {
-    **{key: f"sampling.{key}" for key in ("num_generations", "max_new_tokens", "temperature", "top_p", "compile_decode")},
-    "n_samples": "sampling.num_generations", "samples_per_prompt": "sampling.num_generations",
-    **{f"compression.{key}": f"compression.{group}.{key}" for group, options in GROUPS.items()
-       for key in (f.name for f in dataclasses.fields(options))},
-}  # fmt: skip
+    **{
+        key: f"sampling.{key}"
+        for key in ("num_generations", "max_new_tokens", "temperature", "top_p", "compile_decode")
+    },
+    "n_samples": "sampling.num_generations",
+    "samples_per_prompt": "sampling.num_generations",
+    **{
+        f"compression.{key}": f"compression.{group}.{key}"
+        for group, options in GROUPS.items()
+        for key in (f.name for f in dataclasses.fields(options))
+    },
+}
 
 
 def schema_keys(schema) -> set[str]:
@@ -736,9 +793,32 @@ def schema_keys(schema) -> set[str]:
 
 
 # Hydra's own command-line flags (everything else with leading dashes is a key=value override written wrongly)
-HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p", "--info",
-               "-i", "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc", "--config-path", "-cp",
-               "--config-name", "-cn", "--config-dir", "-cd", "--experimental-rerun"}  # fmt: skip
+HYDRA_FLAGS = {
+    "--help",
+    "-h",
+    "--hydra-help",
+    "--version",
+    "--cfg",
+    "-c",
+    "--resolve",
+    "--package",
+    "-p",
+    "--info",
+    "-i",
+    "--run",
+    "-r",
+    "--multirun",
+    "-m",
+    "--shell-completion",
+    "-sc",
+    "--config-path",
+    "-cp",
+    "--config-name",
+    "-cn",
+    "--config-dir",
+    "-cd",
+    "--experimental-rerun",
+}
 
 
 def check_overrides(argv: list[str], schema) -> list[str]:

@@ -47,8 +47,10 @@ def claim_run_dir(out_dir: Path, settings: dict, overwrite: bool) -> None:
     same = old is not None and old.get("fingerprint") == fingerprint(settings)
     if has_results and not same:
         if not overwrite:
-            what = "results of unknown settings" if old is None else (
-                "results made with other " + ", ".join(differences(old.get("settings", {}), settings))
+            what = (
+                "results of unknown settings"
+                if old is None
+                else ("results made with other " + ", ".join(differences(old.get("settings", {}), settings)))
             )
             raise FileExistsError(
                 f"{out_dir} holds {what}: choose another output_dir, or pass overwrite=true to replace them"

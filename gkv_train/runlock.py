@@ -58,8 +58,12 @@ class RunLock:
         except BaseException:
             os.close(fd)
             raise
-        note = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-                "command": " ".join([os.path.basename(sys.executable), *sys.argv])}  # fmt: skip
+        note = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(note) + "\n").encode(), 0)
         return cls(lock_path.parent, fd)

@@ -9,15 +9,15 @@ from pathlib import Path
 import datasets
 from tqdm import tqdm
 
+from gkv_rewards.verify import MathVerifier, warn_unverified
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.engine import RolloutEngine
 from gkv_train.data import load_problems, read_records
 from gkv_train.exits import refusing
 from gkv_train.graded import generate_and_grade
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import check_model, load_model
 from gkv_train.preflight import Generation, check_generations, check_task_contexts
-from gkv_rewards.verify import MathVerifier, warn_unverified
-from gkv_rollout.config import CompressionConfig, SamplingConfig
-from gkv_rollout.engine import RolloutEngine
 from gkv_train.runlock import RunLock
 from gkv_train.storage import check_output_file, naming_full_disk
 
@@ -26,8 +26,14 @@ TRACE_BATCH = 4  # problems per generate call
 
 
 def generate_traces(
-    model, tokenizer, problems, sampling: SamplingConfig, prompt_template: str, batch_problems: int = TRACE_BATCH,
-    keep_incorrect: bool = False, verify: MathVerifier | None = None,
+    model,
+    tokenizer,
+    problems,
+    sampling: SamplingConfig,
+    prompt_template: str,
+    batch_problems: int = TRACE_BATCH,
+    keep_incorrect: bool = False,
+    verify: MathVerifier | None = None,
 ) -> list[dict]:
     """Sample ``sampling.num_samples`` full-cache completions per problem and check them with ``verify`` (default:
     a new ``MathVerifier``; pass one to read its ``stats`` afterwards). Checks that gave no verdict (timed out, or
@@ -51,15 +57,26 @@ def generate_traces(
         for i, (ids, grade) in enumerate(zip(completions, graded.grades)):
             row = i // sampling.num_samples
             if grade.correct or keep_incorrect:
-                rows.append({
-                    "id": batch["id"][row], "prompt": prompts[row], "completion": grade.text, "completion_ids": ids,
-                    "answer": golds[i], "correct": grade.correct, "check_timed_out": grade.timed_out,
-                    "check_error": grade.error,
-                })
+                rows.append(
+                    {
+                        "id": batch["id"][row],
+                        "prompt": prompts[row],
+                        "completion": grade.text,
+                        "completion_ids": ids,
+                        "answer": golds[i],
+                        "correct": grade.correct,
+                        "check_timed_out": grade.timed_out,
+                        "check_error": grade.error,
+                    }
+                )
     verify.close()
     marked = ", check_error in the traces" if keep_incorrect else ", left out of the traces"
-    warn_unverified("teacher traces", verify.stats["timeouts"] - before["timeouts"],
-                    verify.stats["errors"] - before["errors"], marked)  # fmt: skip
+    warn_unverified(
+        "teacher traces",
+        verify.stats["timeouts"] - before["timeouts"],
+        verify.stats["errors"] - before["errors"],
+        marked,
+    )
     return rows
 
 
@@ -98,8 +115,9 @@ def run_traces(config) -> dict:
         check_output_file(output, "output")
         prompts = [config.data.prompt_template.format(problem=p) for p in problems["problem"]]
         rows = min(TRACE_BATCH, len(problems)) * config.sampling.num_generations
-        generation = Generation("teacher traces", prompts, problems["id"], rows, config.sampling.max_new_tokens,
-                                [CompressionConfig("full")])  # fmt: skip
+        generation = Generation(
+            "teacher traces", prompts, problems["id"], rows, config.sampling.max_new_tokens, [CompressionConfig("full")]
+        )
         check_generations(config.model, [generation], dtype_bytes=4, device="cpu")
         output.parent.mkdir(parents=True, exist_ok=True)
         lock = RunLock.acquire_file(output, "output")
@@ -107,11 +125,23 @@ def run_traces(config) -> dict:
         model, tokenizer = load_model(config.model)
         sampling = config.sampling.engine(config.seed)
         verify = MathVerifier()
-        rows = generate_traces(model, tokenizer, problems, sampling, config.data.prompt_template,
-                               keep_incorrect=config.keep_incorrect, verify=verify)  # fmt: skip
+        rows = generate_traces(
+            model,
+            tokenizer,
+            problems,
+            sampling,
+            config.data.prompt_template,
+            keep_incorrect=config.keep_incorrect,
+            verify=verify,
+        )
         write_traces(rows, output)
-    result = {"traces": config.output, "problems": len(problems), "samples": len(problems) * config.sampling.num_generations,
-              "written": len(rows), "correct": sum(r["correct"] for r in rows),
-              **{"verifier_" + k: v for k, v in verify.stats.items()}}  # fmt: skip
+    result = {
+        "traces": config.output,
+        "problems": len(problems),
+        "samples": len(problems) * config.sampling.num_generations,
+        "written": len(rows),
+        "correct": sum(r["correct"] for r in rows),
+        **{"verifier_" + k: v for k, v in verify.stats.items()},
+    }
     print(dumps(result), flush=True)
     return result

@@ -13,7 +13,6 @@ from gkv_train.models import random_prompts  # noqa: F401
 ROOT = Path(__file__).resolve().parents[1]
 
 
-
 def print_json(record: dict) -> None:
     """One strict JSON line on stdout (NaN written as null)."""
     print(dumps(record), flush=True)
@@ -28,13 +27,16 @@ def machine() -> str:
     import os
     import platform
 
-    return f"{os.cpu_count()}-core CPU ({platform.machine()}), fp32, torch threads {os.environ.get('OMP_NUM_THREADS', 'default')}"
+    threads = os.environ.get("OMP_NUM_THREADS", "default")
+    return f"{os.cpu_count()}-core CPU ({platform.machine()}), fp32, torch threads {threads}"
 
 
 def provenance(section: dict) -> str:
     """The line under a generated table: the command, date, commit and machine a results section came from."""
-    return (f"`{section.get('command', '?')}` — {section.get('date', '?')}, commit {section.get('commit', '?')}, "
-            f"{section.get('machine', '?')}")
+    return (
+        f"`{section.get('command', '?')}` — {section.get('date', '?')}, commit {section.get('commit', '?')}, "
+        f"{section.get('machine', '?')}"
+    )
 
 
 def merge_section(path: Path, stage: str, section: dict, header: dict) -> None:

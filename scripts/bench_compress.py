@@ -20,12 +20,13 @@ import time
 from types import SimpleNamespace
 
 import torch
-from _common import git_commit, machine, print_json
 
 from gkv_rollout.config import CompressionConfig, add_compression_args, compression_from_args
 from gkv_rollout.contract.eviction import NEVER
 from gkv_rollout.eviction_cache import EvictionCache
 from gkv_rollout.methods import METHODS
+
+from _common import git_commit, machine, print_json
 
 
 def time_compression(shape: SimpleNamespace, compression: CompressionConfig, batch: int, repeats: int) -> list[float]:
@@ -76,9 +77,11 @@ def tables(view: str, records: list[dict]) -> str:
             cells.append(f"{low}" if low == high else f"{low}-{high}")
         lines.append(f"| {code} ({len(mine)} runs) | " + " | ".join(cells) + " |")
     first = runs[0]
-    return "\n".join(lines) + (f"\n\n`python scripts/bench_compress.py` — {date}, batch {first['batch']}, {first['slots']} "
-                               f"occupied slots, {first['layers']} layers x {first['kv_heads']} KV heads x "
-                               f"{first['head_dim']}, threads {first['threads']}; runs of the versions alternated\n")  # fmt: skip
+    return "\n".join(lines) + (
+        f"\n\n`python scripts/bench_compress.py` — {date}, batch {first['batch']}, {first['slots']} "
+        f"occupied slots, {first['layers']} layers x {first['kv_heads']} KV heads x "
+        f"{first['head_dim']}, threads {first['threads']}; runs of the versions alternated\n"
+    )
 
 
 def main() -> None:
@@ -97,20 +100,34 @@ def main() -> None:
     except ValueError as err:
         parser.error(str(err))
     shape = SimpleNamespace(
-        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-        head_dim=args.head_dim, hidden_size=args.heads * args.head_dim,
-    )  # fmt: skip
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        hidden_size=args.heads * args.head_dim,
+    )
     result = {
-        "benchmark": "compress", "batch": args.batch, "slots": args.budget + args.interval, "layers": args.layers,
-        "heads": args.heads, "kv_heads": args.kv_heads, "head_dim": args.head_dim, "threads": torch.get_num_threads(), "compression": {}, "ms_per_compression": {},
-        "code": git_commit(), "date": time.strftime("%Y-%m-%d"), "machine": machine(),
-    }  # fmt: skip
+        "benchmark": "compress",
+        "batch": args.batch,
+        "slots": args.budget + args.interval,
+        "layers": args.layers,
+        "heads": args.heads,
+        "kv_heads": args.kv_heads,
+        "head_dim": args.head_dim,
+        "threads": torch.get_num_threads(),
+        "compression": {},
+        "ms_per_compression": {},
+        "code": git_commit(),
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+    }
     for method, config in zip(args.methods, runs):
         seconds = time_compression(shape, config, args.batch, args.repeats)
         result["compression"][method] = config.resolved().flat()
         result["ms_per_compression"][method] = {
-            "median": round(statistics.median(seconds) * 1e3, 1), "min": round(min(seconds) * 1e3, 1),
-        }  # fmt: skip
+            "median": round(statistics.median(seconds) * 1e3, 1),
+            "min": round(min(seconds) * 1e3, 1),
+        }
     print_json(result)
 
 

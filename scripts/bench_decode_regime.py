@@ -45,11 +45,11 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, git_commit, machine, merge_section, print_json, provenance
-
-from gkv_train.report import plot_retained_density
-from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_rollout.methods import METHODS
+from gkv_train.jsonio import dumps, read_jsonl, write_atomically
+from gkv_train.report import plot_retained_density
+
+from _common import ROOT, git_commit, machine, merge_section, print_json, provenance
 
 EVICTION = [m for m in METHODS if m not in ("full", "s4r")]
 STAGES = ("probe", "methods", "training")
@@ -63,8 +63,17 @@ RECIPES = {
     "rl_sparse_s4r": ("rl_sparse", "s4r"),  # at the persistent memory of the training budget (s4r_keys)
     "distill": ("distill", "train"),
 }
-TELEMETRY = ("mismatch/mean_abs", "mismatch/max_abs", "mismatch/kl", "mismatch/ratio_p1", "mismatch/ratio_p5",
-             "mismatch/ratio_p50", "mismatch/ratio_p95", "mismatch/ratio_p99", "mismatch/agreement_p5")  # fmt: skip
+TELEMETRY = (
+    "mismatch/mean_abs",
+    "mismatch/max_abs",
+    "mismatch/kl",
+    "mismatch/ratio_p1",
+    "mismatch/ratio_p5",
+    "mismatch/ratio_p50",
+    "mismatch/ratio_p95",
+    "mismatch/ratio_p99",
+    "mismatch/agreement_p5",
+)
 
 
 def log(message: str) -> None:
@@ -80,14 +89,22 @@ def task_keys(group: str, split: str, limit: int, args) -> list[str]:
     variant = [f"{group}.copy_required={args.copy_required}"] if args.copy_required != "last" else []
     if args.copy_share != 1:
         variant.append(f"{group}.copy_share={args.copy_share}")
-    return [f"{group}.name=copy_recall", f"{group}.split={split}", f"{group}.sentences={args.sentences}",
-            f"{group}.limit={limit}", *variant]
+    return [
+        f"{group}.name=copy_recall",
+        f"{group}.split={split}",
+        f"{group}.sentences={args.sentences}",
+        f"{group}.limit={limit}",
+        *variant,
+    ]
 
 
 def sampling_keys(args) -> list[str]:
     """The sampling overrides of evaluate.py, train.py and the traces."""
-    return [f"sampling.max_new_tokens={args.max_new_tokens}", f"sampling.temperature={args.temperature}",
-            f"sampling.top_p={args.top_p}"]  # fmt: skip
+    return [
+        f"sampling.max_new_tokens={args.max_new_tokens}",
+        f"sampling.temperature={args.temperature}",
+        f"sampling.top_p={args.top_p}",
+    ]
 
 
 def sampling_settings(args) -> list[str]:
@@ -96,27 +113,57 @@ def sampling_settings(args) -> list[str]:
     return [f"max_new_tokens={args.max_new_tokens}", f"temperature={args.temperature}", f"top_p={args.top_p}"]
 
 
-def evaluate(model: list[str], split: str, problems: int, samples: int, methods: list[str], budgets: list[int],
-             out: Path, seed: int, args, full: bool = True, compression: list[str] | None = None) -> dict:  # fmt: skip
+def evaluate(
+    model: list[str],
+    split: str,
+    problems: int,
+    samples: int,
+    methods: list[str],
+    budgets: list[int],
+    out: Path,
+    seed: int,
+    args,
+    full: bool = True,
+    compression: list[str] | None = None,
+) -> dict:
     """One ``scripts/evaluate.py`` call: the full cache (``full``) and ``methods`` x ``budgets``; each run's
     summary by its name (``full``, ``gkv-b64``). ``compression``: its ``compression.*`` keys (default: the
     bench's window and interval)."""
     if compression is None:
         compression = [f"compression.window={args.window}", f"compression.interval={args.interval}"]
-    run([
-        sys.executable, str(ROOT / "scripts" / "evaluate.py"), *model, *task_keys("data", split, problems, args),
-        f"sampling.num_generations={samples}", *sampling_keys(args), f"batch_problems={args.batch_problems}",
-        f"methods=[{','.join((['full'] if full else []) + methods)}]", f"budgets=[{','.join(map(str, budgets))}]",
-        *compression, f"output_dir={out}", "plots=false", f"seed={seed}",
-    ])  # fmt: skip
+    run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "evaluate.py"),
+            *model,
+            *task_keys("data", split, problems, args),
+            f"sampling.num_generations={samples}",
+            *sampling_keys(args),
+            f"batch_problems={args.batch_problems}",
+            f"methods=[{','.join((['full'] if full else []) + methods)}]",
+            f"budgets=[{','.join(map(str, budgets))}]",
+            *compression,
+            f"output_dir={out}",
+            "plots=false",
+            f"seed={seed}",
+        ]
+    )
     return {r["run"]: r for r in json.loads((out / "summary.json").read_text())["runs"]}
 
 
 def row(summary: dict, full: dict | None) -> dict:
     """One table cell: pass@1 and its interval, length, retention, memory share, compression rounds; with the
     full cache's summary, the gap to it and the decode-time rounds."""
-    keep = ("pass@1", "pass@1_ci95", "mean_completion_length", "retention", "batch_compressions", "verifier_errors",
-            "retention_by_position", "retained_density")  # fmt: skip
+    keep = (
+        "pass@1",
+        "pass@1_ci95",
+        "mean_completion_length",
+        "retention",
+        "batch_compressions",
+        "verifier_errors",
+        "retention_by_position",
+        "retained_density",
+    )
     result = {k: summary[k] for k in keep if k in summary}
     result["memory_share"] = summary.get("memory_share", summary["retention"])
     if full is not None:
@@ -129,20 +176,26 @@ def row(summary: dict, full: dict | None) -> dict:
 def ordering(stage: str, split: str, problems: int, samples: int, root: Path, args) -> dict:
     """The method table of the untrained model on ``split`` (stage ``probe``), with the regime's checks.
     seed + 1: other train-split samples than the ones a training run at ``--seed`` draws first."""
-    runs = evaluate([f"model={args.model}"], split, problems, samples, args.methods, args.budgets, root / stage,
-                    args.seed + 1, args)  # fmt: skip
+    runs = evaluate(
+        [f"model={args.model}"], split, problems, samples, args.methods, args.budgets, root / stage, args.seed + 1, args
+    )
     full = row(runs["full"], None)
     methods = {m: {str(b): row(runs[f"{m}-b{b}"], runs["full"]) for b in args.budgets} for m in args.methods}
     rows = [r for by_budget in methods.values() for r in by_budget.values()]
     checks = {
         "full_pass@1_at_least": [args.min_full, full["pass@1"] >= args.min_full],
         "decode_compressions_at_least": [
-            args.min_decode_compressions, min(r["decode_compressions"] for r in rows) >= args.min_decode_compressions
+            args.min_decode_compressions,
+            min(r["decode_compressions"] for r in rows) >= args.min_decode_compressions,
         ],
         "some_gap_at_least": [args.min_gap, max(r["gap"] for r in rows) >= args.min_gap],
     }
-    return {"task": {"split": split, "problems": problems, "samples_per_problem": samples},
-            "budgets": args.budgets, "table": {"full": full, "methods": methods}, "checks": checks}  # fmt: skip
+    return {
+        "task": {"split": split, "problems": problems, "samples_per_problem": samples},
+        "budgets": args.budgets,
+        "table": {"full": full, "methods": methods},
+        "checks": checks,
+    }
 
 
 def stage_methods(root: Path, args, publish) -> dict:
@@ -152,14 +205,27 @@ def stage_methods(root: Path, args, publish) -> dict:
     another machine too)."""
     folder, model, seed = root / "methods", [f"model={args.model}"], args.seed + 1
     problems, samples = args.methods_problems, args.methods_samples
-    settings = {"model": args.model, "sentences": args.sentences, "window": args.window, "interval": args.interval,
-                "sampling": sampling_settings(args), "problems": problems, "samples": samples, "seed": seed,
-                "s4r_length": args.s4r_length}  # fmt: skip
+    settings = {
+        "model": args.model,
+        "sentences": args.sentences,
+        "window": args.window,
+        "interval": args.interval,
+        "sampling": sampling_settings(args),
+        "problems": problems,
+        "samples": samples,
+        "seed": seed,
+        "s4r_length": args.s4r_length,
+    }
     table: dict = {"full": None, "methods": {}}
-    section = {"task": {"split": "test", "problems": problems, "samples_per_problem": samples},
-               "budgets": args.budgets, "seed": seed,
-               "s4r": {"length": args.s4r_length, "eta": {}, "refresh": args.s4r_refresh},
-               "settings": settings, "table": table, "partial": True}  # fmt: skip
+    section = {
+        "task": {"split": "test", "problems": problems, "samples_per_problem": samples},
+        "budgets": args.budgets,
+        "seed": seed,
+        "s4r": {"length": args.s4r_length, "eta": {}, "refresh": args.s4r_refresh},
+        "settings": settings,
+        "table": table,
+        "partial": True,
+    }
     earlier = earlier_rows(args.results, settings)
 
     def measure(name: str, budget: int | None, run) -> None:
@@ -173,16 +239,25 @@ def stage_methods(root: Path, args, publish) -> dict:
         publish(section)
 
     def runs_of(methods: list[str], budget: int, out: Path, extra: list[str] | None = None, full: bool = False):
-        return evaluate(model, "test", problems, samples, methods, [budget], out, seed, args, full=full, compression=extra)
+        return evaluate(
+            model, "test", problems, samples, methods, [budget], out, seed, args, full=full, compression=extra
+        )
 
     for budget in args.budgets:  # one evaluate.py call per row: each is published as soon as it is done
         measure("full", None, lambda: runs_of([], budget, folder, full=True)["full"])
         for method in args.methods:
             measure(method, budget, lambda m=method: runs_of([m], budget, folder)[f"{m}-b{budget}"])
         for form in (f for f in args.gkv_forms if f != "max"):
-            extra = [f"compression.window={args.window}", f"compression.interval={args.interval}", f"compression.eviction.form={form}"]
-            measure(f"gkv-{form}", budget,
-                    lambda e=extra, f=form: runs_of(["gkv"], budget, folder / f"gkv-{f}", e)[f"gkv-b{budget}"])  # fmt: skip
+            extra = [
+                f"compression.window={args.window}",
+                f"compression.interval={args.interval}",
+                f"compression.eviction.form={form}",
+            ]
+            measure(
+                f"gkv-{form}",
+                budget,
+                lambda e=extra, f=form: runs_of(["gkv"], budget, folder / f"gkv-{f}", e)[f"gkv-b{budget}"],
+            )
         if args.s4r_length:
             eta = round(budget / args.s4r_length, 4)
             section["s4r"]["eta"][str(budget)] = eta
@@ -190,8 +265,11 @@ def stage_methods(root: Path, args, publish) -> dict:
             measure("s4r", budget, lambda e=extra: runs_of(["s4r"], budget, folder, e)[f"s4r-b{budget}"])
             if args.s4r_refresh:  # the same memory, bases that follow the generation (docs/s4r.md)
                 extra = [*extra, f"compression.s4r.refresh={args.s4r_refresh}"]
-                measure("s4r-refresh", budget,
-                        lambda e=extra: runs_of(["s4r"], budget, folder / "s4r-refresh", e)[f"s4r-b{budget}"])  # fmt: skip
+                measure(
+                    "s4r-refresh",
+                    budget,
+                    lambda e=extra: runs_of(["s4r"], budget, folder / "s4r-refresh", e)[f"s4r-b{budget}"],
+                )
     first = str(args.budgets[0])
     rows = {"full": table["full"], **{name: by[first] for name, by in table["methods"].items() if first in by}}
     plot_density(rows, args.budgets[0], root / "methods_density.png")
@@ -217,9 +295,17 @@ def earlier_rows(results: Path | None, settings: dict) -> dict:
 
 def plot_density(rows: dict, budget: int, path: Path) -> None:
     """The retained-position plot of every row at one budget (``plot_retained_density``), rows by name."""
-    named = [{"run": name, "compression": {"method": name.split("-")[0], "budget": None if name == "full" else budget},
-              "retention": r["retention"], "retention_by_position": r["retention_by_position"],
-              "retained_density": r["retained_density"]} for name, r in rows.items() if "retained_density" in r]  # fmt: skip
+    named = [
+        {
+            "run": name,
+            "compression": {"method": name.split("-")[0], "budget": None if name == "full" else budget},
+            "retention": r["retention"],
+            "retention_by_position": r["retention_by_position"],
+            "retained_density": r["retained_density"],
+        }
+        for name, r in rows.items()
+        if "retained_density" in r
+    ]
     title = f"copy_recall (held-out), budget {budget} (s4r: the same memory), at each sequence's last decoding step"
     plot_retained_density(named, path, title)
 
@@ -234,19 +320,31 @@ def train_keys(name: str, root: Path, args) -> list[str]:
     distill = recipe.startswith("distill")
     rows = args.prompts_per_step * args.group_size
     keys = [
-        f"recipe={recipe}", f"model={args.model}", *task_keys("data", "train", args.train_problems, args),
-        *task_keys("eval_data", "test", 2, args), f"max_steps={args.steps}", f"learning_rate={args.lr}",
-        *sampling_keys(args), f"seed={args.seed}", f"save_steps={args.save_steps}", "lora.enabled=true",
-        "resume=last", f"prompts_per_step={rows if distill else args.prompts_per_step}",
+        f"recipe={recipe}",
+        f"model={args.model}",
+        *task_keys("data", "train", args.train_problems, args),
+        *task_keys("eval_data", "test", 2, args),
+        f"max_steps={args.steps}",
+        f"learning_rate={args.lr}",
+        *sampling_keys(args),
+        f"seed={args.seed}",
+        f"save_steps={args.save_steps}",
+        "lora.enabled=true",
+        "resume=last",
+        f"prompts_per_step={rows if distill else args.prompts_per_step}",
         f"output_dir={root / 'training' / 'train' / name}",
-    ]  # fmt: skip  (eval_data: train.py's own final evaluation, kept tiny: the bench evaluates every model itself)
+    ]  # eval_data: train.py's own final evaluation, kept tiny: the bench evaluates every model itself
     if not distill:
         keys.append(f"sampling.num_generations={args.group_size}")
     if method == "s4r":
         keys += ["compression.method=s4r", *s4r_keys(args.train_budget, args)]
     elif method is not None:
-        keys += [f"compression.method={method}", f"compression.budget={args.train_budget}",
-                 f"compression.window={args.window}", f"compression.interval={args.interval}"]  # fmt: skip
+        keys += [
+            f"compression.method={method}",
+            f"compression.budget={args.train_budget}",
+            f"compression.window={args.window}",
+            f"compression.interval={args.interval}",
+        ]
     if recipe == "distill":
         keys.append(f"distill.traces={teacher_traces(root, args)}")
     return keys
@@ -255,7 +353,10 @@ def train_keys(name: str, root: Path, args) -> list[str]:
 def s4r_keys(budget: int, args) -> list[str]:
     """S4R at the persistent memory of an eviction cache of ``budget`` tokens: eta = budget / ``--s4r-length``, the
     rank solved at that length (S4R's own window and scoring otherwise)."""
-    return [f"compression.s4r.eta={round(budget / args.s4r_length, 4)}", f"compression.s4r.expected_length={args.s4r_length}"]
+    return [
+        f"compression.s4r.eta={round(budget / args.s4r_length, 4)}",
+        f"compression.s4r.expected_length={args.s4r_length}",
+    ]
 
 
 def teacher_traces(root: Path, args) -> Path:
@@ -264,10 +365,19 @@ def teacher_traces(root: Path, args) -> Path:
     path = root / "training" / "train" / "teacher_traces.jsonl"
     if not path.is_file():
         partial = path.with_suffix(".partial")
-        run([sys.executable, str(ROOT / "scripts" / "generate_traces.py"), f"model={args.model}",
-             *task_keys("data", "train", args.trace_problems, args), f"sampling.num_generations={args.group_size}",
-             *sampling_keys(args), f"seed={args.seed}", f"output={partial}",
-             *(["keep_incorrect=true"] if args.quick else [])])  # fmt: skip
+        run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "generate_traces.py"),
+                f"model={args.model}",
+                *task_keys("data", "train", args.trace_problems, args),
+                f"sampling.num_generations={args.group_size}",
+                *sampling_keys(args),
+                f"seed={args.seed}",
+                f"output={partial}",
+                *(["keep_incorrect=true"] if args.quick else []),
+            ]
+        )
         partial.rename(path)
     return path
 
@@ -279,7 +389,9 @@ def curve(folder: Path) -> dict:
     return {
         "reward": [[r["step"], r["reward"]] for r in steps if "reward" in r],
         "loss": [[r["step"], r.get("loss")] for r in steps],
-        "telemetry": {k: sum(r[k] for r in steps) / len(steps) for k in TELEMETRY if steps and all(k in r for r in steps)},
+        "telemetry": {
+            k: sum(r[k] for r in steps) / len(steps) for k in TELEMETRY if steps and all(k in r for r in steps)
+        },
         "seconds_per_step": (steps[-1]["time"] - steps[0]["time"]) / max(1, len(steps) - 1) if steps else None,
     }
 
@@ -287,17 +399,34 @@ def curve(folder: Path) -> dict:
 def training_settings(args) -> dict:
     """What makes two training sections' models comparable: the task, cache, sampling, the training recipe's
     shared figures and the held-out evaluation."""
-    return {"model": args.model, "sentences": args.sentences, "copy_required": args.copy_required,
-            "window": args.window, "interval": args.interval, "sampling": sampling_settings(args),
-            "train_method": args.train_method, "train_budget": args.train_budget, "eval_budgets": args.eval_budgets,
-            "training": training_figures(args), "eval": eval_figures(args), "eval_seed": args.seed,
-            "s4r_length": args.s4r_length}  # fmt: skip
+    return {
+        "model": args.model,
+        "sentences": args.sentences,
+        "copy_required": args.copy_required,
+        "window": args.window,
+        "interval": args.interval,
+        "sampling": sampling_settings(args),
+        "train_method": args.train_method,
+        "train_budget": args.train_budget,
+        "eval_budgets": args.eval_budgets,
+        "training": training_figures(args),
+        "eval": eval_figures(args),
+        "eval_seed": args.seed,
+        "s4r_length": args.s4r_length,
+    }
 
 
 def training_figures(args) -> dict:
-    return {"steps": args.steps, "learning_rate": args.lr, "lr_search_budget": 1, "lora": True,
-            "grpo_prompts_per_step": args.prompts_per_step, "samples_per_prompt": args.group_size,
-            "distill_rows_per_step": args.prompts_per_step * args.group_size, "train_problems": args.train_problems}  # fmt: skip
+    return {
+        "steps": args.steps,
+        "learning_rate": args.lr,
+        "lr_search_budget": 1,
+        "lora": True,
+        "grpo_prompts_per_step": args.prompts_per_step,
+        "samples_per_prompt": args.group_size,
+        "distill_rows_per_step": args.prompts_per_step * args.group_size,
+        "train_problems": args.train_problems,
+    }
 
 
 def eval_figures(args) -> dict:
@@ -318,9 +447,13 @@ def earlier_models(results: Path | None, settings: dict, replace: bool = False) 
         if replace:
             log(f"the training section of {results} was measured with other settings: replaced")
             return {}
-        differ = sorted(k for k in {*settings, *old.get("settings", {})} if settings.get(k) != old.get("settings", {}).get(k))
-        raise SystemExit(f"error: the training section of {results} was measured with other settings ({', '.join(differ)}):"
-                         " use the same ones to extend it, another --results file, or --replace-training")  # fmt: skip
+        differ = sorted(
+            k for k in {*settings, *old.get("settings", {})} if settings.get(k) != old.get("settings", {}).get(k)
+        )
+        raise SystemExit(
+            f"error: the training section of {results} was measured with other settings ({', '.join(differ)}):"
+            " use the same ones to extend it, another --results file, or --replace-training"
+        )
     where = {k: old.get(k) for k in ("command", "date", "commit", "machine")}
     return {name: {**r, "measured": r.get("measured", where)} for name, r in old["models"].items()}
 
@@ -335,14 +468,28 @@ def stage_training(root: Path, args, publish) -> dict:
     settings = training_settings(args)
     earlier = earlier_models(args.results, settings, args.replace_training)
     recipes = list(dict.fromkeys(args.recipes))
-    eval_methods = sorted({m for name in recipes if (m := method_of(name, args)) is not None} | {args.train_method}
-                          | {m for r in earlier.values() for m in r["compressed"]})  # fmt: skip
+    eval_methods = sorted(
+        {m for name in recipes if (m := method_of(name, args)) is not None}
+        | {args.train_method}
+        | {m for r in earlier.values() for m in r["compressed"]}
+    )
     models: dict = dict(earlier)  # published with every row from the start: a cut run loses none
-    section = {"train_method": args.train_method, "train_budget": args.train_budget, "eval_budgets": args.eval_budgets,
-               "eval": eval_figures(args), "training": training_figures(args), "settings": settings,
-               "models": models, "partial": True}  # fmt: skip
-    provenance = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
-                  "machine": machine()}  # fmt: skip
+    section = {
+        "train_method": args.train_method,
+        "train_budget": args.train_budget,
+        "eval_budgets": args.eval_budgets,
+        "eval": eval_figures(args),
+        "training": training_figures(args),
+        "settings": settings,
+        "models": models,
+        "partial": True,
+    }
+    provenance = {
+        "command": "python " + " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": git_commit(),
+        "machine": machine(),
+    }
     for name in [*earlier, *(n for n in ["untrained", *recipes] if n not in earlier)]:
         folder = root / "training" / "train" / name
         found = earlier.get(name)
@@ -350,8 +497,10 @@ def stage_training(root: Path, args, publish) -> dict:
         if found is not None and name != "untrained" and not (name in recipes and trained_here):
             continue  # its adapter is elsewhere (or not asked for): kept as measured
         if found is not None and name != "untrained" and found.get("curve") != json.loads(dumps(curve(folder))):
-            raise SystemExit(f"error: {folder} is not the run that {args.results} measured as {name!r} (its training "
-                             "curve differs): another --output-root, or remove that folder")  # fmt: skip
+            raise SystemExit(
+                f"error: {folder} is not the run that {args.results} measured as {name!r} (its training "
+                "curve differs): another --output-root, or remove that folder"
+            )
         model = [f"model={args.model}"]
         if name != "untrained":
             if not trained_here:
@@ -374,29 +523,58 @@ def evaluate_model(name: str, model: list[str], found: dict | None, eval_methods
     trained model's recipe, rollout cache and training curve."""
     out = root / "training" / "eval" / name
     result = json.loads(json.dumps(found)) if found is not None else {"compressed": {}}  # the earlier row untouched
-    result["added"] = any(str(b) not in result["compressed"].get(m, {}) for m in eval_methods for b in args.eval_budgets)
+    result["added"] = any(
+        str(b) not in result["compressed"].get(m, {}) for m in eval_methods for b in args.eval_budgets
+    )
     if "full" not in result:
-        result["full"] = row(evaluate(model, "test", args.eval_problems, args.eval_samples, [], args.eval_budgets, out,
-                                      args.seed, args)["full"], None)  # fmt: skip
+        result["full"] = row(
+            evaluate(model, "test", args.eval_problems, args.eval_samples, [], args.eval_budgets, out, args.seed, args)[
+                "full"
+            ],
+            None,
+        )
     full = result["full"]
     for method in eval_methods:
         cells = result["compressed"].setdefault(method, {})
         missing = [b for b in args.eval_budgets if str(b) not in cells]
         if method == "s4r":  # each budget's memory, its own eta
             for b in missing:
-                runs = evaluate(model, "test", args.eval_problems, args.eval_samples, ["s4r"], [b], out / f"s4r-b{b}",
-                                args.seed, args, full=False, compression=s4r_keys(b, args))  # fmt: skip
+                runs = evaluate(
+                    model,
+                    "test",
+                    args.eval_problems,
+                    args.eval_samples,
+                    ["s4r"],
+                    [b],
+                    out / f"s4r-b{b}",
+                    args.seed,
+                    args,
+                    full=False,
+                    compression=s4r_keys(b, args),
+                )
                 cells[str(b)] = row(runs[f"s4r-b{b}"], full)
         elif missing:
-            runs = evaluate(model, "test", args.eval_problems, args.eval_samples, [method], missing, out, args.seed,
-                            args, full=False)  # fmt: skip
+            runs = evaluate(
+                model,
+                "test",
+                args.eval_problems,
+                args.eval_samples,
+                [method],
+                missing,
+                out,
+                args.seed,
+                args,
+                full=False,
+            )
             cells.update({str(b): row(runs[f"{method}-b{b}"], full) for b in missing})
         result["compressed"][method] = {str(b): cells[str(b)] for b in sorted(map(int, cells))}
     if name != "untrained":
         recipe, method = RECIPES[name][0], method_of(name, args)
         result.update(recipe=recipe, rollout=method or "full", curve=curve(root / "training" / "train" / name))
-    log(f"{name}: full {full['pass@1']:.3f}, " + ", ".join(
-        f"{m}-b{b} {c['pass@1']:.3f}" for m, by in result["compressed"].items() for b, c in by.items()))
+    log(
+        f"{name}: full {full['pass@1']:.3f}, "
+        + ", ".join(f"{m}-b{b} {c['pass@1']:.3f}" for m, by in result["compressed"].items() for b, c in by.items())
+    )
     return result
 
 
@@ -409,13 +587,17 @@ def ordering_table(section: dict) -> str:
     """pass@1 [95% interval] and the memory share reached per method (rows) and budget (columns); the full
     cache's on its own row; a budget not yet run: -."""
     budgets, table = section["budgets"], section["table"]
-    lines = ["| method | " + " | ".join(f"budget {b} | memory" for b in budgets) + " |",
-             "|---|" + "---|---|" * len(budgets)]  # fmt: skip
+    lines = [
+        "| method | " + " | ".join(f"budget {b} | memory" for b in budgets) + " |",
+        "|---|" + "---|---|" * len(budgets),
+    ]
     if table["full"] is not None:
         lines.append(f"| full | {cell(table['full'])} (every budget) | 1.00 |" + " | |" * (len(budgets) - 1))
     for method, by_budget in table["methods"].items():
-        cells = [(cell(r), f"{r.get('memory_share', r['retention']):.2f}") if (r := by_budget.get(str(b))) else ("-", "-")
-                 for b in budgets]  # fmt: skip
+        cells = [
+            (cell(r), f"{r.get('memory_share', r['retention']):.2f}") if (r := by_budget.get(str(b))) else ("-", "-")
+            for b in budgets
+        ]
         lines.append(f"| {method} | " + " | ".join(f"{c} | {m}" for c, m in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -424,19 +606,31 @@ def training_table(section: dict) -> str:
     """Per model: pass@1 [95% interval] with the full cache and under each evaluated method and budget (the
     training method's first; ``-``: not evaluated), the agreement tail, and where the row was measured."""
     models = section["models"]
-    methods = sorted({m for r in models.values() for m in r["compressed"]}, key=lambda m: (m != section["train_method"], m))
+    methods = sorted(
+        {m for r in models.values() for m in r["compressed"]}, key=lambda m: (m != section["train_method"], m)
+    )
     columns = [(m, b) for m in methods for b in section["eval_budgets"]]
-    lines = ["| model | rollout | full cache | " + " | ".join(f"{m} b{b}" for m, b in columns) + " | agreement p5 | measured |",
-             "|---|---|---|" + "---|" * (len(columns) + 2)]  # fmt: skip
+    lines = [
+        "| model | rollout | full cache | "
+        + " | ".join(f"{m} b{b}" for m, b in columns)
+        + " | agreement p5 | measured |",
+        "|---|---|---|" + "---|" * (len(columns) + 2),
+    ]
     for name, r in models.items():
         agreement = r.get("curve", {}).get("telemetry", {}).get("mismatch/agreement_p5")
         measured = r.get("measured") or {k: section.get(k) for k in ("date", "commit")}
         extended = r.get("extended", [])
-        where = ", ".join([f"{measured['date']} {measured['commit']}" if measured.get("date") else "-",
-                           *(f"{w['date']} {w['commit']} (cells added)" for w in extended)])  # fmt: skip
-        lines.append(f"| {name} | {r.get('rollout', '-')} | {cell(r['full'])} | "
-                     + " | ".join(cell(c) if (c := r["compressed"].get(m, {}).get(str(b))) else "-" for m, b in columns)
-                     + f" | {'-' if agreement is None else f'{agreement:.4f}'} | {where} |")  # fmt: skip
+        where = ", ".join(
+            [
+                f"{measured['date']} {measured['commit']}" if measured.get("date") else "-",
+                *(f"{w['date']} {w['commit']} (cells added)" for w in extended),
+            ]
+        )
+        lines.append(
+            f"| {name} | {r.get('rollout', '-')} | {cell(r['full'])} | "
+            + " | ".join(cell(c) if (c := r["compressed"].get(m, {}).get(str(b))) else "-" for m, b in columns)
+            + f" | {'-' if agreement is None else f'{agreement:.4f}'} | {where} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -450,7 +644,13 @@ def plot_curves(section: dict, path: Path) -> None:
     for name, r in section["models"].items():
         points = r.get("curve", {}).get("reward", [])
         if points:
-            ax.plot([s for s, _ in points], [v for _, v in points], marker="o", markersize=3, label=f"{name} ({r['rollout']})")
+            ax.plot(
+                [s for s, _ in points],
+                [v for _, v in points],
+                marker="o",
+                markersize=3,
+                label=f"{name} ({r['rollout']})",
+            )
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("reward of the step's rollouts")
     ax.set_ylim(0, 1)
@@ -480,23 +680,49 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     parser.add_argument("--quick", action="store_true", help="every stage, tiny model and sizes (a test runs it)")
     parser.add_argument("--sentences", type=int, default=10, help="copy_recall's middle sentences")
-    parser.add_argument("--copy-required", default="last", choices=["last", "places"],
-                        help="what a completion must copy: the last sentence, or the places (the training variant)")
-    parser.add_argument("--copy-share", type=float, default=1.0,
-                        help="with --copy-required places: the share of the places a completion must copy in order")
+    parser.add_argument(
+        "--copy-required",
+        default="last",
+        choices=["last", "places"],
+        help="what a completion must copy: the last sentence, or the places (the training variant)",
+    )
+    parser.add_argument(
+        "--copy-share",
+        type=float,
+        default=1.0,
+        help="with --copy-required places: the share of the places a completion must copy in order",
+    )
     parser.add_argument("--problems", type=int, default=32, help="probe: train-split problems")
     parser.add_argument("--samples", type=int, default=2, help="probe: samples per problem")
     parser.add_argument("--methods", nargs="+", default=EVICTION, choices=[m for m in METHODS if m != "full"])
-    parser.add_argument("--budgets", nargs="+", type=int, default=[160, 128],
-                        help="probe and methods: eviction budgets (methods: run in this order)")
-    parser.add_argument("--gkv-forms", nargs="+", default=["max", "mean", "sum"], choices=["max", "mean", "sum"],
-                        help="methods: G-KV history forms (max: the gkv row)")
-    parser.add_argument("--s4r-length", type=int, default=500,
-                        help="methods: S4R at eta = budget / this length, its rank solved there (0: no S4R row); "
-                             "500: a ~200-token prompt + max-new-tokens")
-    parser.add_argument("--s4r-refresh", type=int, default=64,
-                        help="methods: also S4R with bases refreshed every this many generated tokens, at the same "
-                             "memory (the s4r-refresh row; 0: none)")
+    parser.add_argument(
+        "--budgets",
+        nargs="+",
+        type=int,
+        default=[160, 128],
+        help="probe and methods: eviction budgets (methods: run in this order)",
+    )
+    parser.add_argument(
+        "--gkv-forms",
+        nargs="+",
+        default=["max", "mean", "sum"],
+        choices=["max", "mean", "sum"],
+        help="methods: G-KV history forms (max: the gkv row)",
+    )
+    parser.add_argument(
+        "--s4r-length",
+        type=int,
+        default=500,
+        help="methods: S4R at eta = budget / this length, its rank solved there (0: no S4R row); "
+        "500: a ~200-token prompt + max-new-tokens",
+    )
+    parser.add_argument(
+        "--s4r-refresh",
+        type=int,
+        default=64,
+        help="methods: also S4R with bases refreshed every this many generated tokens, at the same "
+        "memory (the s4r-refresh row; 0: none)",
+    )
     parser.add_argument("--results", type=Path, help="a results file whose stage sections are replaced as they come")
     parser.add_argument("--methods-problems", type=int, default=128, help="methods: held-out problems")
     parser.add_argument("--methods-samples", type=int, default=4, help="methods: samples per held-out problem")
@@ -509,19 +735,36 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-full", type=float, default=0.40)
     parser.add_argument("--min-gap", type=float, default=0.15)
     parser.add_argument("--min-decode-compressions", type=int, default=6)
-    parser.add_argument("--recipes", nargs="+", default=["rl_sparse", "sparse_rl", "rl_full", "distill_onpolicy"],
-                        choices=list(RECIPES), help="training: in this order (rl_sparse_snapkv, rl_sparse_s4r, distill: also)")
-    parser.add_argument("--replace-training", action="store_true",
-                        help="training: replace a --results training section measured with other settings")
+    parser.add_argument(
+        "--recipes",
+        nargs="+",
+        default=["rl_sparse", "sparse_rl", "rl_full", "distill_onpolicy"],
+        choices=list(RECIPES),
+        help="training: in this order (rl_sparse_snapkv, rl_sparse_s4r, distill: also)",
+    )
+    parser.add_argument(
+        "--replace-training",
+        action="store_true",
+        help="training: replace a --results training section measured with other settings",
+    )
     parser.add_argument("--train-method", default="gkv", choices=[m for m in METHODS if m != "full"])
     parser.add_argument("--train-budget", type=int, default=160)
-    parser.add_argument("--eval-budgets", nargs="+", type=int, default=[128, 160, 224],
-                        help="training: held-out evaluation budgets (tighter, the training one, looser)")
+    parser.add_argument(
+        "--eval-budgets",
+        nargs="+",
+        type=int,
+        default=[128, 160, 224],
+        help="training: held-out evaluation budgets (tighter, the training one, looser)",
+    )
     parser.add_argument("--steps", type=int, default=12, help="training: optimizer steps of every recipe")
     parser.add_argument("--save-steps", type=int, default=2, help="training: checkpoint interval (resume)")
     parser.add_argument("--prompts-per-step", type=int, default=2, help="training: GRPO prompts per step")
-    parser.add_argument("--group-size", type=int, default=2,
-                        help="training: GRPO samples per prompt (distillation: prompts-per-step x this rows per step)")
+    parser.add_argument(
+        "--group-size",
+        type=int,
+        default=2,
+        help="training: GRPO samples per prompt (distillation: prompts-per-step x this rows per step)",
+    )
     parser.add_argument("--train-problems", type=int, default=256)
     parser.add_argument("--trace-problems", type=int, default=64, help="training, offline distill: teacher problems")
     parser.add_argument("--lr", type=float, default=3e-4, help="training: the one learning rate (LoRA)")
@@ -546,10 +789,14 @@ def main() -> None:
     root = args.output_root
     root.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    result = {"benchmark": "decode_regime", "model": args.model, "quick": args.quick,
-              "task": {"name": "copy_recall", "sentences": args.sentences, "copy_required": args.copy_required},
-              "compression": {"window": args.window, "interval": args.interval},
-              "sampling": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p}}  # fmt: skip
+    result = {
+        "benchmark": "decode_regime",
+        "model": args.model,
+        "quick": args.quick,
+        "task": {"name": "copy_recall", "sentences": args.sentences, "copy_required": args.copy_required},
+        "compression": {"window": args.window, "interval": args.interval},
+        "sampling": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p},
+    }
     tables = []
     provenance = {"command": "python " + " ".join(sys.argv), "commit": git_commit(), "machine": machine()}
 

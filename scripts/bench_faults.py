@@ -66,13 +66,13 @@ from faults.data import data_cases  # noqa: E402
 from faults.harness import (  # noqa: E402
     CATEGORIES,
     CHECKS_MODULE,
-    Case,
-    Context,
     KINDS,
     OUTCOMES,
     ROOT,
     SITECUSTOMIZE,
     START_MODULE,
+    Case,
+    Context,
     read_jsonl,
 )
 from faults.output import harness_cases, output_cases  # noqa: E402
@@ -97,8 +97,11 @@ def select(cases: list[Case], pattern: str | None) -> list[Case]:
     if not pattern:
         return cases
     parts = [p.strip() for p in pattern.split(",") if p.strip()]
-    return [c for c in cases if any(fnmatch.fnmatchcase(c.name, p) if any(ch in p for ch in "*?[") else p in c.name
-                                    for p in parts)]  # fmt: skip
+    return [
+        c
+        for c in cases
+        if any(fnmatch.fnmatchcase(c.name, p) if any(ch in p for ch in "*?[") else p in c.name for p in parts)
+    ]
 
 
 def git(repo: Path, *args) -> str | None:
@@ -106,8 +109,16 @@ def git(repo: Path, *args) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def run_case(case: Case, repo: Path, python: str, work_root: Path, site: Path, memory_bytes: int,
-             data_dir: Path | None, keep: bool) -> dict:
+def run_case(
+    case: Case,
+    repo: Path,
+    python: str,
+    work_root: Path,
+    site: Path,
+    memory_bytes: int,
+    data_dir: Path | None,
+    keep: bool,
+) -> dict:
     work = work_root / f"case-{hashlib.sha1(case.name.encode()).hexdigest()[:10]}"  # no words a pattern could match
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -117,15 +128,26 @@ def run_case(case: Case, repo: Path, python: str, work_root: Path, site: Path, m
         verdict = case.run(ctx)
     except Exception as err:  # a fault of the harness or of a check, not of the code probed: stop, do not record
         raise RuntimeError(f"case {case.name}: the probe itself failed: {type(err).__name__}: {err}") from err
-    outside = sorted({m["file"] for p in ctx.procs for m in p.marks if m["event"] == "import" and m.get("file")
-                      and not Path(m["file"]).resolve().is_relative_to(repo.resolve())})  # fmt: skip
+    outside = sorted(
+        {
+            m["file"]
+            for p in ctx.procs
+            for m in p.marks
+            if m["event"] == "import" and m.get("file") and not Path(m["file"]).resolve().is_relative_to(repo.resolve())
+        }
+    )
     if outside:
         raise RuntimeError(f"case {case.name}: gkv_train was imported from {outside}, not from {repo}")
     if not keep:
         shutil.rmtree(work, ignore_errors=True)
     return {
-        "name": case.name, "category": case.category, "kind": case.kind, "about": case.about,
-        "outcome": verdict.outcome, "detail": verdict.detail, "seconds": round(time.time() - start, 1),
+        "name": case.name,
+        "category": case.category,
+        "kind": case.kind,
+        "about": case.about,
+        "outcome": verdict.outcome,
+        "detail": verdict.detail,
+        "seconds": round(time.time() - start, 1),
         "extra": {**ctx.notes, **verdict.extra},
         "procs": [p.record() for p in ctx.procs],
     }
@@ -144,17 +166,35 @@ def table(records: list[dict], by: str = "category") -> dict:
 
 def markdown(rows: dict, records: list[dict], tag: str, commit: str | None) -> str:
     """The table by category, the same by kind of case, and every case's outcome."""
-    head = ["category", "cases", "ok", "clear errors", "unclear errors", "silent wrong", "crashes", "hangs",
-            "data lost"]
-    lines = [f"Hostile-input and fault probe, `{tag}` (commit {commit}): outcomes per category", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]  # fmt: skip
+    head = [
+        "category",
+        "cases",
+        "ok",
+        "clear errors",
+        "unclear errors",
+        "silent wrong",
+        "crashes",
+        "hangs",
+        "data lost",
+    ]
+    lines = [
+        f"Hostile-input and fault probe, `{tag}` (commit {commit}): outcomes per category",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for category, row in rows.items():
         cells = [row["cases"], *(row[o] for o in OUTCOMES)]
         name = f"**{category}**" if category == "total" else category
         lines.append(f"| {name} | " + " | ".join(str(c) for c in cells) + " |")
-    lines += ["", "By kind of case (listed: a defect of issue 24's list; control: handled before, result or check; "
-              "new: not in the list; round3: a defect of issue 37's list):",
-              "", "| kind | " + " | ".join(head[1:]) + " |", "|" + "---|" * len(head)]
+    lines += [
+        "",
+        "By kind of case (listed: a defect of issue 24's list; control: handled before, result or check; "
+        "new: not in the list; round3: a defect of issue 37's list):",
+        "",
+        "| kind | " + " | ".join(head[1:]) + " |",
+        "|" + "---|" * len(head),
+    ]
     for kind, row in table(records, "kind").items():
         lines.append(f"| {kind} | " + " | ".join(str(c) for c in [row["cases"], *(row[o] for o in OUTCOMES)]) + " |")
     lines += ["", "| case | kind | outcome | detail |", "|---|---|---|---|"]
@@ -180,7 +220,9 @@ def tables(view: str, runs: dict | list[dict]) -> str:
             commit = run["repo_commit"][:7] + (" (uncommitted changes)" if run.get("repo_dirty") else "")
             cells = [f"{run['tag']} ({run['date'][:10]})", commit, total["cases"], *(total[o] for o in OUTCOMES)]
             lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-        return "\n".join(lines) + f"\n\n{commands} (each row: the run's date and the commit of the checkout it probed)\n"
+        return (
+            "\n".join(lines) + f"\n\n{commands} (each row: the run's date and the commit of the checkout it probed)\n"
+        )
     by, key = ("category", "table") if view == "categories" else ("kind", "table_by_kind")
     lines = [f"| {by} | run | " + " | ".join(head) + " |", "|" + "---|" * (len(head) + 2)]
     groups = list(dict.fromkeys(g for run in runs for g in run[key]))
@@ -189,21 +231,30 @@ def tables(view: str, runs: dict | list[dict]) -> str:
             row = run[key].get(group)
             if row is not None:
                 name = f"**{group}**" if group == "total" else group
-                lines.append(f"| {name} | {run['tag']} | " + " | ".join(str(c) for c in [row["cases"], *(row[o] for o in OUTCOMES)]) + " |")
+                lines.append(
+                    f"| {name} | {run['tag']} | "
+                    + " | ".join(str(c) for c in [row["cases"], *(row[o] for o in OUTCOMES)])
+                    + " |"
+                )
     return "\n".join(lines) + f"\n\n{commands}\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--repo", type=Path, default=ROOT, help="the checkout to probe (default: this one)")
     parser.add_argument("--tag", default="after", help="names the results: before, after, ...")
     parser.add_argument("--cases", help="comma-separated globs (or substrings) of case names")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
-    parser.add_argument("--python", default=sys.executable,
-                        help="the children's interpreter, with the project's dependencies (default: this one)")
-    parser.add_argument("--out", type=Path,
-                        help="per-case results and work folders (default outputs/bench_faults/<tag>)")
+    parser.add_argument(
+        "--python",
+        default=sys.executable,
+        help="the children's interpreter, with the project's dependencies (default: this one)",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="per-case results and work folders (default outputs/bench_faults/<tag>)"
+    )
     parser.add_argument("--results", type=Path, default=ROOT / "results", help="where bench_faults_<tag>.json goes")
     parser.add_argument("--memory-gb", type=float, default=8.0, help="address-space cap of every child (RLIMIT_AS)")
     parser.add_argument("--data-dir", type=Path, help="GKV_DATA_DIR for the children (default: as the code finds it)")
@@ -231,11 +282,19 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     meta_path, results_path = out / "meta.json", out / "cases.jsonl"
-    meta = {"repo": str(repo), "commit": commit, "dirty": bool(dirty), "python": args.python,
-            "memory_gb": args.memory_gb}  # fmt: skip
+    meta = {
+        "repo": str(repo),
+        "commit": commit,
+        "dirty": bool(dirty),
+        "python": args.python,
+        "memory_gb": args.memory_gb,
+    }
     if meta_path.is_file() and json.loads(meta_path.read_text()) != meta:
-        print(f"error: {out} holds results of {json.loads(meta_path.read_text())}, not {meta}: pass --fresh or "
-              "another --out", file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {out} holds results of {json.loads(meta_path.read_text())}, not {meta}: pass --fresh or "
+            "another --out",
+            file=sys.stderr,
+        )
         return 2
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     site = out / "site"
@@ -249,27 +308,41 @@ def main(argv: list[str] | None = None) -> int:
     for number, case in enumerate(cases, 1):
         if case.name in done:
             continue
-        record = run_case(case, repo, args.python, out / "work", site, int(args.memory_gb * 2**30), args.data_dir,
-                          args.keep)  # fmt: skip
+        record = run_case(
+            case, repo, args.python, out / "work", site, int(args.memory_gb * 2**30), args.data_dir, args.keep
+        )
         with open(results_path, "a") as f:
             f.write(json.dumps(record) + "\n")
         done[case.name] = record
-        print(f"[{number}/{len(cases)}] {case.name}: {record['outcome']} ({record['seconds']:.0f} s) "
-              f"{record['detail'][:150]}", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"[{number}/{len(cases)}] {case.name}: {record['outcome']} ({record['seconds']:.0f} s) "
+            f"{record['detail'][:150]}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     records = [done[c.name] for c in cases]
     rows = table(records)
     command = " ".join([Path(sys.executable).name, *sys.argv]) if argv is None else " ".join(["bench_faults.py", *argv])
     summary = {
-        "bench": "faults", "tag": args.tag, "command": command, "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "repo": str(repo), "repo_commit": commit, "repo_dirty": bool(dirty), "memory_gb": args.memory_gb,
+        "bench": "faults",
+        "tag": args.tag,
+        "command": command,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "repo": str(repo),
+        "repo_commit": commit,
+        "repo_dirty": bool(dirty),
+        "memory_gb": args.memory_gb,
         "full_disk": sorted({r["extra"]["full_disk"] for r in records if "full_disk" in r.get("extra", {})}),
         "seconds_this_call": round(time.time() - started, 1),
         "seconds_all_cases": round(sum(r["seconds"] for r in records), 1),
-        "table": rows, "table_by_kind": table(records, "kind"),
-        "cases": [{k: r[k] for k in ("name", "category", "kind", "about", "outcome", "detail", "seconds", "extra")}
-                  for r in records],
-    }  # fmt: skip
+        "table": rows,
+        "table_by_kind": table(records, "kind"),
+        "cases": [
+            {k: r[k] for k in ("name", "category", "kind", "about", "outcome", "detail", "seconds", "extra")}
+            for r in records
+        ],
+    }
     args.results.mkdir(parents=True, exist_ok=True)
     (args.results / f"bench_faults_{args.tag}.json").write_text(json.dumps(summary, indent=1) + "\n")
     text = markdown(rows, records, args.tag, commit)

@@ -21,10 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, git_commit, print_json
-
 from gkv_train.data import DataConfig, load_problems
 from gkv_train.models import load_config_and_tokenizer, load_model
+
+from _common import ROOT, git_commit, print_json
 
 UTILS = '''"""lm-eval's process_results for the bench: this project's grading of a completion."""
 from gkv_rewards.extract import copies_in_order, extract_answer
@@ -73,18 +73,39 @@ def main() -> None:
     for p in problems:
         text = data.prompt_template.format(problem=p["problem"])
         if tokenizer.chat_template:
-            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True)
+            text = tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+            )
         rows.append({"prompt": text, "answer": p["answer"], "required": p.get("required")})
     write_task(root / "task", rows, args.max_new_tokens)
-    compression = [f"compression.budget={args.budget}", f"compression.window={args.window}",
-                   f"compression.interval={args.interval}"]  # fmt: skip
+    compression = [
+        f"compression.budget={args.budget}",
+        f"compression.window={args.window}",
+        f"compression.interval={args.interval}",
+    ]
 
     start = time.perf_counter()
-    subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), f"model={args.model}", f"data.name={args.task}",
-                    "data.split=test", f"data.limit={args.problems}", "sampling.num_generations=1", "sampling.temperature=0",
-                    f"sampling.max_new_tokens={args.max_new_tokens}", f"batch_problems={args.batch}", f"methods=[{args.method}]",
-                    f"budgets=[{args.budget}]", *compression, f"output_dir={root / 'evaluate'}", "plots=false"],
-                   check=True, cwd=ROOT)  # fmt: skip
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "evaluate.py"),
+            f"model={args.model}",
+            f"data.name={args.task}",
+            "data.split=test",
+            f"data.limit={args.problems}",
+            "sampling.num_generations=1",
+            "sampling.temperature=0",
+            f"sampling.max_new_tokens={args.max_new_tokens}",
+            f"batch_problems={args.batch}",
+            f"methods=[{args.method}]",
+            f"budgets=[{args.budget}]",
+            *compression,
+            f"output_dir={root / 'evaluate'}",
+            "plots=false",
+        ],
+        check=True,
+        cwd=ROOT,
+    )
     evaluate_seconds = time.perf_counter() - start
     (ours,) = json.loads((root / "evaluate" / "summary.json").read_text())["runs"]
     per_problem = {}
@@ -93,25 +114,59 @@ def main() -> None:
         per_problem[sample["problem_id"]] = sample["correct"]
 
     start = time.perf_counter()
-    model_args = (f"pretrained={args.model},method={args.method},budget={args.budget},window={args.window},"
-                  f"interval={args.interval},max_gen_toks={args.max_new_tokens}")  # fmt: skip
-    subprocess.run([sys.executable, "-m", "gkv_train.cli", "lm-eval", "--model", "gkv", "--model_args", model_args,
-                    "--tasks", "gkv_bench", "--include_path", str(root / "task"), "--output_path", str(root / "lm_eval"),
-                    "--batch_size", str(args.batch),
-                    "--log_samples"], check=True, cwd=root, env={**os.environ, "HF_DATASETS_OFFLINE": "1"})  # fmt: skip
+    model_args = (
+        f"pretrained={args.model},method={args.method},budget={args.budget},window={args.window},"
+        f"interval={args.interval},max_gen_toks={args.max_new_tokens}"
+    )
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gkv_train.cli",
+            "lm-eval",
+            "--model",
+            "gkv",
+            "--model_args",
+            model_args,
+            "--tasks",
+            "gkv_bench",
+            "--include_path",
+            str(root / "task"),
+            "--output_path",
+            str(root / "lm_eval"),
+            "--batch_size",
+            str(args.batch),
+            "--log_samples",
+        ],
+        check=True,
+        cwd=root,
+        env={**os.environ, "HF_DATASETS_OFFLINE": "1"},
+    )
     lm_eval_seconds = time.perf_counter() - start
     results = json.loads(sorted((root / "lm_eval").rglob("results_*.json"))[-1].read_text())
-    theirs = {int(s["doc_id"]): s["acc"] for f in (root / "lm_eval").rglob("samples_gkv_bench_*.jsonl")
-              for s in map(json.loads, f.read_text().splitlines())}  # fmt: skip
+    theirs = {
+        int(s["doc_id"]): s["acc"]
+        for f in (root / "lm_eval").rglob("samples_gkv_bench_*.jsonl")
+        for s in map(json.loads, f.read_text().splitlines())
+    }
     agree = sum(bool(theirs.get(i)) == bool(per_problem.get(i)) for i in range(args.problems))
-    print_json({
-        "benchmark": "lm_eval", "model": args.model, "task": args.task, "problems": args.problems,
-        "compression": f"{args.method} budget {args.budget} window {args.window} interval {args.interval}",
-        "max_new_tokens": args.max_new_tokens, "batch": args.batch, "commit": git_commit(),
-        "evaluate_pass@1": ours["pass@1"], "lm_eval_acc": results["results"]["gkv_bench"]["acc,none"],
-        "problems_graded_alike": agree, "evaluate_seconds_per_request": evaluate_seconds / args.problems,
-        "lm_eval_seconds_per_request": lm_eval_seconds / args.problems,
-    })  # fmt: skip
+    print_json(
+        {
+            "benchmark": "lm_eval",
+            "model": args.model,
+            "task": args.task,
+            "problems": args.problems,
+            "compression": f"{args.method} budget {args.budget} window {args.window} interval {args.interval}",
+            "max_new_tokens": args.max_new_tokens,
+            "batch": args.batch,
+            "commit": git_commit(),
+            "evaluate_pass@1": ours["pass@1"],
+            "lm_eval_acc": results["results"]["gkv_bench"]["acc,none"],
+            "problems_graded_alike": agree,
+            "evaluate_seconds_per_request": evaluate_seconds / args.problems,
+            "lm_eval_seconds_per_request": lm_eval_seconds / args.problems,
+        }
+    )
 
 
 if __name__ == "__main__":

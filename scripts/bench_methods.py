@@ -11,7 +11,7 @@ batch by batch from its folder under ``--work-root``. When every planned run has
 
     python scripts/bench_methods.py                                     # SVAMP and GSM8K, 64 problems, n 4
     python scripts/bench_methods.py --datasets svamp --limit 16 --samples 2 --max-new-tokens 64   # quick
-    python scripts/bench_methods.py --evaluate /other/checkout/scripts/evaluate.py --sampling-keys n_samples --tag before
+    python scripts/bench_methods.py --evaluate /old/checkout/scripts/evaluate.py --sampling-keys n_samples --tag before
     python scripts/bench_methods.py --datasets recall-d8 --limit 128 --budgets 32 48 --intervals 32 --max-new-tokens 10
 
 A dataset is a preset name (``svamp``, ``gsm8k``, ...) or ``recall-d<N>``: the built-in task's level 0 (test
@@ -31,10 +31,10 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, print_json
-
-from gkv_train.metrics import bootstrap_interval
 from gkv_train.jsonio import write_atomically
+from gkv_train.metrics import bootstrap_interval
+
+from _common import ROOT, print_json
 
 
 def read_run(run_dir: Path) -> dict:
@@ -82,8 +82,12 @@ def sampling_overrides(args) -> list[str]:
     """evaluate.py's sampling options, named as ``--sampling-keys`` says the evaluated version names them."""
     flat = args.sampling_keys != "group"
     prefix, samples = ("", args.sampling_keys) if flat else ("sampling.", "sampling.num_generations")
-    return [f"{samples}={args.samples}", f"{prefix}max_new_tokens={args.max_new_tokens}",
-            f"{prefix}temperature={args.temperature}", f"{prefix}top_p={args.top_p}"]  # fmt: skip
+    return [
+        f"{samples}={args.samples}",
+        f"{prefix}max_new_tokens={args.max_new_tokens}",
+        f"{prefix}temperature={args.temperature}",
+        f"{prefix}top_p={args.top_p}",
+    ]
 
 
 def data_overrides(dataset: str, limit: int, work_root: Path) -> list[str]:
@@ -95,9 +99,17 @@ def data_overrides(dataset: str, limit: int, work_root: Path) -> list[str]:
     problems = arithmetic_task(limit, "test", seed=0, levels=(0,), distractors=int(dataset.removeprefix("recall-d")))
     path = work_root / f"{dataset}_{limit}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, "".join(json.dumps({"question": p["problem"], "answer": p["answer"]}) + "\n" for p in problems))
-    return [f"data.path={path}", "data.name=null", "data.question_field=question", "data.answer_field=answer",
-            f"data.limit={limit}", f"data.prompt_template='{RECALL_PROMPT}'"]  # fmt: skip
+    write_atomically(
+        path, "".join(json.dumps({"question": p["problem"], "answer": p["answer"]}) + "\n" for p in problems)
+    )
+    return [
+        f"data.path={path}",
+        "data.name=null",
+        "data.question_field=question",
+        "data.answer_field=answer",
+        f"data.limit={limit}",
+        f"data.prompt_template='{RECALL_PROMPT}'",
+    ]
 
 
 def run_key(method: str, budget: int | None, interval: int) -> str:
@@ -122,21 +134,29 @@ def report(results: Path, tags: list[str]) -> str:
     lines = []
     for dataset, runs in found.items():
         settings = next(iter(next(iter(runs.values())).values()))["settings"]
-        title = (f"### {dataset}: {settings['problems']} problems x {settings['n']} samples, {settings['model']}, "
-                 f"temperature {settings['temperature']}, top-p {settings['top_p']}, up to "
-                 f"{settings['max_new_tokens']} new tokens")  # fmt: skip
+        title = (
+            f"### {dataset}: {settings['problems']} problems x {settings['n']} samples, {settings['model']}, "
+            f"temperature {settings['temperature']}, top-p {settings['top_p']}, up to "
+            f"{settings['max_new_tokens']} new tokens"
+        )
         lines += [title, ""]
         others = {t: r[t]["settings"] for r in runs.values() for t in r if r[t]["settings"] != settings}
         lines += [f"(measured with other settings: {', '.join(sorted(others))})", ""] if others else []
-        lines += ["| run | " + " | ".join(f"pass@1 {t} [95%]" for t in tags) + " | length | retention |",
-                  "|---|" + "---|" * (len(tags) + 2)]  # fmt: skip
+        lines += [
+            "| run | " + " | ".join(f"pass@1 {t} [95%]" for t in tags) + " | length | retention |",
+            "|---|" + "---|" * (len(tags) + 2),
+        ]
         for name in sorted(runs, key=sort_key):
             cells = []
             for tag in tags:
                 run = runs[name].get(tag)
-                cells.append("-" if run is None else f"{run['pass@1']:.3f} [{run['ci95'][0]:.3f}, {run['ci95'][1]:.3f}]")
+                cells.append(
+                    "-" if run is None else f"{run['pass@1']:.3f} [{run['ci95'][0]:.3f}, {run['ci95'][1]:.3f}]"
+                )
             first = next(iter(runs[name].values()))
-            lines.append(f"| {name} | " + " | ".join(cells) + f" | {first['mean_length']:.0f} | {first['retention']:.2f} |")
+            lines.append(
+                f"| {name} | " + " | ".join(cells) + f" | {first['mean_length']:.0f} | {first['retention']:.2f} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -149,8 +169,10 @@ def tables(view: str, summaries: dict | list[dict]) -> str:
     dataset = view.replace("_", "-")
     by_tag = {s["tag"]: {r["run"]: r for r in s["runs"].values() if r["dataset"] == dataset} for s in summaries}
     if len(by_tag) != len(summaries) or not any(by_tag.values()):
-        raise SystemExit(f"error: bench_methods view {view!r}: one summary per tag, and a dataset that was run "
-                         f"(here: {sorted({r['dataset'] for s in summaries for r in s['runs'].values()})})")  # fmt: skip
+        raise SystemExit(
+            f"error: bench_methods view {view!r}: one summary per tag, and a dataset that was run "
+            f"(here: {sorted({r['dataset'] for s in summaries for r in s['runs'].values()})})"
+        )
     names = {name for runs in by_tag.values() for name in runs if name != "full"}
     settings = sorted({tuple(int(p[1:]) for p in name.split("-")[1:]) for name in names})  # (budget, interval)
     intervals = {i for _, i in settings}
@@ -162,15 +184,22 @@ def tables(view: str, summaries: dict | list[dict]) -> str:
 
     columns = [(b, i, tag) for b, i in settings for tag in by_tag]
     full = "; ".join(f"{tag} {cell(runs.get('full'))}" for tag, runs in by_tag.items())
-    lines = [f"| {dataset} (full cache: {full}) | "
-             + " | ".join(f"budget {b}{f' interval {i}' if len(intervals) > 1 else ''} {tag}" for b, i, tag in columns)
-             + " |", "|---|" + "---|" * len(columns)]  # fmt: skip
+    lines = [
+        f"| {dataset} (full cache: {full}) | "
+        + " | ".join(f"budget {b}{f' interval {i}' if len(intervals) > 1 else ''} {tag}" for b, i, tag in columns)
+        + " |",
+        "|---|" + "---|" * len(columns),
+    ]
     for method in methods:
-        lines.append(f"| {method} | " + " | ".join(cell(by_tag[tag].get(f"{method}-b{b}-i{i}")) for b, i, tag in columns) + " |")
+        lines.append(
+            f"| {method} | " + " | ".join(cell(by_tag[tag].get(f"{method}-b{b}-i{i}")) for b, i, tag in columns) + " |"
+        )
     first = next(r for runs in by_tag.values() for r in runs.values())["settings"]
-    return "\n".join(lines) + (f"\n\n{first['problems']} problems x {first['n']} samples, {first['model']}, temperature "
-                               f"{first['temperature']}, top-p {first['top_p']}, up to {first['max_new_tokens']} new "
-                               f"tokens; tags: {', '.join(by_tag)} (results/bench_methods_<tag>.json)\n")  # fmt: skip
+    return "\n".join(lines) + (
+        f"\n\n{first['problems']} problems x {first['n']} samples, {first['model']}, temperature "
+        f"{first['temperature']}, top-p {first['top_p']}, up to {first['max_new_tokens']} new "
+        f"tokens; tags: {', '.join(by_tag)} (results/bench_methods_<tag>.json)\n"
+    )
 
 
 def main() -> None:
@@ -190,14 +219,26 @@ def main() -> None:
     parser.add_argument("--work-root", type=Path, default=ROOT / "outputs" / "bench_methods", help="evaluate.py output")
     parser.add_argument("--tag", default="current", help="a name for this code version (a folder under the roots)")
     parser.add_argument("--evaluate", type=Path, default=ROOT / "scripts" / "evaluate.py", help="evaluate.py to run")
-    parser.add_argument("--sampling-keys", choices=["group", "num_generations", "n_samples"], default="group",
-                        help="how evaluate.py names its sampling keys: the sampling group (sampling.num_generations, "
-                        "...; since 2026-12-03), or flat keys with this sample-count key (earlier versions)")
+    parser.add_argument(
+        "--sampling-keys",
+        choices=["group", "num_generations", "n_samples"],
+        default="group",
+        help="how evaluate.py names its sampling keys: the sampling group (sampling.num_generations, "
+        "...; since 2026-12-03), or flat keys with this sample-count key (earlier versions)",
+    )
     parser.add_argument("--plan-only", action="store_true", help="print the runs still to do and stop")
-    parser.add_argument("--report", nargs="+", metavar="TAG", help="write <results>.md: the run files of these "
-                        "tags side by side (whatever is there), and stop")  # fmt: skip
+    parser.add_argument(
+        "--report",
+        nargs="+",
+        metavar="TAG",
+        help="write <results>.md: the run files of these tags side by side (whatever is there), and stop",
+    )
     args = parser.parse_args()
-    args.results, args.work_root, args.evaluate = args.results.resolve(), args.work_root.resolve(), args.evaluate.resolve()
+    args.results, args.work_root, args.evaluate = (
+        args.results.resolve(),
+        args.work_root.resolve(),
+        args.evaluate.resolve(),
+    )
     if args.report:
         path = args.results.parent / f"{args.results.name}.md"
         path.write_text(report(args.results, args.report))
@@ -205,9 +246,13 @@ def main() -> None:
         return
 
     settings = {
-        "model": args.model, "problems": args.limit, "n": args.samples, "max_new_tokens": args.max_new_tokens,
-        "temperature": args.temperature, "top_p": args.top_p,
-    }  # fmt: skip
+        "model": args.model,
+        "problems": args.limit,
+        "n": args.samples,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+    }
     results_dir = args.results / args.tag
     results_dir.mkdir(parents=True, exist_ok=True)
     todo = []
@@ -226,17 +271,28 @@ def main() -> None:
     for path, dataset, interval, method, budget in todo:
         out = args.work_root / args.tag / path.stem
         command = [
-            sys.executable, str(args.evaluate), f"model={args.model}",
-            *data_overrides(dataset, args.limit, args.work_root), *sampling_overrides(args),
+            sys.executable,
+            str(args.evaluate),
+            f"model={args.model}",
+            *data_overrides(dataset, args.limit, args.work_root),
+            *sampling_overrides(args),
             f"batch_problems={args.batch_problems}",
-            f"methods=[{method}]", f"budgets=[{budget or 64}]", f"compression.interval={interval}",
-            f"output_dir={out}", "plots=false",
-        ]  # fmt: skip
+            f"methods=[{method}]",
+            f"budgets=[{budget or 64}]",
+            f"compression.interval={interval}",
+            f"output_dir={out}",
+            "plots=false",
+        ]
         print(f"[bench_methods] {path.name}: {' '.join(command[2:])}", file=sys.stderr, flush=True)
         start = time.perf_counter()
         subprocess.run(command, check=True, cwd=args.evaluate.parents[1])
         (run_dir,) = [p for p in out.iterdir() if (p / "samples.jsonl").is_file()]
-        result = {"settings": settings, "dataset": dataset, "run": run_key(method, budget, interval), **read_run(run_dir)}
+        result = {
+            "settings": settings,
+            "dataset": dataset,
+            "run": run_key(method, budget, interval),
+            **read_run(run_dir),
+        }
         result["seconds"] = round(time.perf_counter() - start, 1)  # of this call (less when it resumed)
         result["command"] = " ".join(command[1:])
         path.write_text(json.dumps(result, indent=1) + "\n")
@@ -246,7 +302,9 @@ def main() -> None:
     runs = {}
     for path in sorted(results_dir.glob("*.json")):
         done = json.loads(path.read_text())
-        runs[f"{done['dataset']}/{done['run']}"] = {k: v for k, v in done.items() if k not in ("per_problem", "command")}
+        runs[f"{done['dataset']}/{done['run']}"] = {
+            k: v for k, v in done.items() if k not in ("per_problem", "command")
+        }
     result = {"benchmark": "methods", "tag": args.tag, "runs": runs}
     (args.results.parent / f"bench_methods_{args.tag}.json").write_text(json.dumps(result, indent=2) + "\n")
     print_json(result)

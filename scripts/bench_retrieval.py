@@ -30,10 +30,10 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, git_commit, machine, merge_section, print_json, provenance
-
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.retrieval import RETRIEVAL_TASKS
+
+from _common import ROOT, git_commit, machine, merge_section, print_json, provenance
 
 STAGES = ("probe", "table", "ablations")
 
@@ -42,16 +42,37 @@ def log(message: str) -> None:
     print(f"[retrieval {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def evaluate(task: str, context: int, split: str, problems: int, methods: list[str], budgets: list[int] | None,
-             compression: list[str], out: Path, args) -> dict:  # fmt: skip
+def evaluate(
+    task: str,
+    context: int,
+    split: str,
+    problems: int,
+    methods: list[str],
+    budgets: list[int] | None,
+    compression: list[str],
+    out: Path,
+    args,
+) -> dict:
     """One ``scripts/evaluate.py`` call; each run's summary by its name."""
     command = [
-        sys.executable, str(ROOT / "scripts" / "evaluate.py"), f"model={args.model}", f"data.name={task}",
-        f"data.split={split}", f"data.limit={problems}", f"data.context={context}", f"sampling.num_generations={args.samples}",
-        f"sampling.max_new_tokens={args.max_new_tokens}", f"sampling.temperature={args.temperature}", f"batch_problems={args.batch_problems}",
-        f"methods=[{','.join(methods)}]", *([f"budgets=[{','.join(map(str, budgets))}]"] if budgets else []),
-        *compression, f"output_dir={out}", "plots=false", f"seed={args.seed}",
-    ]  # fmt: skip
+        sys.executable,
+        str(ROOT / "scripts" / "evaluate.py"),
+        f"model={args.model}",
+        f"data.name={task}",
+        f"data.split={split}",
+        f"data.limit={problems}",
+        f"data.context={context}",
+        f"sampling.num_generations={args.samples}",
+        f"sampling.max_new_tokens={args.max_new_tokens}",
+        f"sampling.temperature={args.temperature}",
+        f"batch_problems={args.batch_problems}",
+        f"methods=[{','.join(methods)}]",
+        *([f"budgets=[{','.join(map(str, budgets))}]"] if budgets else []),
+        *compression,
+        f"output_dir={out}",
+        "plots=false",
+        f"seed={args.seed}",
+    ]
     log(" ".join(command[2:]))
     subprocess.run(command, check=True, cwd=ROOT)
     return {r["run"]: r for r in json.loads((out / "summary.json").read_text())["runs"]}
@@ -67,12 +88,27 @@ def stage_probe(root: Path, args) -> dict:
     for task in args.tasks:
         table[task] = {}
         for context in args.contexts:
-            runs = evaluate(task, context, "train", args.probe_problems, ["full"], None, [],
-                            root / "probe" / f"{task}-{context}", args)  # fmt: skip
+            runs = evaluate(
+                task,
+                context,
+                "train",
+                args.probe_problems,
+                ["full"],
+                None,
+                [],
+                root / "probe" / f"{task}-{context}",
+                args,
+            )
             table[task][str(context)] = row(runs["full"])
         fits = [c for c in args.contexts if table[task][str(c)]["pass@1"] >= args.min_full]
         chosen[task] = max(fits) if fits else None
-    return {"split": "train", "problems": args.probe_problems, "min_full": args.min_full, "table": table, "chosen": chosen}
+    return {
+        "split": "train",
+        "problems": args.probe_problems,
+        "min_full": args.min_full,
+        "table": table,
+        "chosen": chosen,
+    }
 
 
 def capped(probe: dict, max_context: int | None) -> dict:
@@ -80,8 +116,12 @@ def capped(probe: dict, max_context: int | None) -> dict:
     passing context not above it (CPU time: a 2048-token prefill costs ~30 s a problem on one core)."""
     if max_context is None:
         return probe["chosen"]
-    chosen = {task: max((int(c) for c, r in by.items() if int(c) <= max_context and r["pass@1"] >= probe["min_full"]),
-                        default=None) for task, by in probe["table"].items()}  # fmt: skip
+    chosen = {
+        task: max(
+            (int(c) for c, r in by.items() if int(c) <= max_context and r["pass@1"] >= probe["min_full"]), default=None
+        )
+        for task, by in probe["table"].items()
+    }
     if all(c is None for c in chosen.values()):
         raise SystemExit(f"error: no task passed the probe at a context <= {max_context}")
     for task in (t for t, c in chosen.items() if c is None and probe["chosen"].get(t) is not None):
@@ -100,22 +140,53 @@ def stage_table(root: Path, chosen: dict, args) -> dict:
             continue
         folder = root / "table" / f"{task}-{context}"
         budgets = [budget_for(eta, context, args) for eta in args.etas]
-        runs = evaluate(task, context, "test", args.problems, ["full", *args.methods], budgets,
-                        ["compression.interval=100000"], folder, args)  # fmt: skip  (prefill compression only)
+        runs = evaluate(
+            task,
+            context,
+            "test",
+            args.problems,
+            ["full", *args.methods],
+            budgets,
+            ["compression.interval=100000"],
+            folder,
+            args,
+        )  # prefill compression only
         entry = {"context": context, "full": row(runs["full"]), "etas": {}}
         for eta, budget in zip(args.etas, budgets):
-            s4r = evaluate(task, context, "test", args.problems, ["s4r"], [budget], [f"compression.s4r.eta={eta}"],
-                           folder / f"s4r-eta{eta}", args)  # fmt: skip
-            entry["etas"][str(eta)] = {"budget": budget, "s4r": row(s4r[f"s4r-b{budget}"]),
-                                       **{m: row(runs[f"{m}-b{budget}"]) for m in args.methods}}  # fmt: skip
+            s4r = evaluate(
+                task,
+                context,
+                "test",
+                args.problems,
+                ["s4r"],
+                [budget],
+                [f"compression.s4r.eta={eta}"],
+                folder / f"s4r-eta{eta}",
+                args,
+            )
+            entry["etas"][str(eta)] = {
+                "budget": budget,
+                "s4r": row(s4r[f"s4r-b{budget}"]),
+                **{m: row(runs[f"{m}-b{budget}"]) for m in args.methods},
+            }
         table[task] = entry
-    return {"split": "test", "problems": args.problems, "etas": args.etas, "methods": args.methods,
-            "max_context": args.max_context, "table": table}  # fmt: skip
+    return {
+        "split": "test",
+        "problems": args.problems,
+        "etas": args.etas,
+        "methods": args.methods,
+        "max_context": args.max_context,
+        "table": table,
+    }
 
 
 def ablation_variants(args) -> dict[str, list[str]]:
-    variants = {"default": [], "no_sinks": ["compression.sinks=0"], "no_normalize": ["compression.s4r.normalize=false"],
-                "pool_avg": ["compression.pool=avg"]}  # fmt: skip
+    variants = {
+        "default": [],
+        "no_sinks": ["compression.sinks=0"],
+        "no_normalize": ["compression.s4r.normalize=false"],
+        "pool_avg": ["compression.pool=avg"],
+    }
     variants.update({f"window_{w}": [f"compression.window={w}"] for w in args.windows if w != 32})
     return variants
 
@@ -123,8 +194,14 @@ def ablation_variants(args) -> dict[str, list[str]]:
 def stage_ablations(root: Path, chosen: dict, args, publish=lambda section: None) -> dict:
     """S4R's variants per task; ``publish(section)`` after every run (``"partial": true`` until the end)."""
     eta, table = max(args.etas), {}
-    section = {"eta": eta, "split": "test", "problems": args.problems, "max_context": args.max_context, "table": table,
-               "partial": True}  # fmt: skip
+    section = {
+        "eta": eta,
+        "split": "test",
+        "problems": args.problems,
+        "max_context": args.max_context,
+        "table": table,
+        "partial": True,
+    }
     for task, context in chosen.items():
         if context is None:
             continue
@@ -132,8 +209,17 @@ def stage_ablations(root: Path, chosen: dict, args, publish=lambda section: None
         for name, keys in ablation_variants(args).items():
             if args.ablations and name not in args.ablations:
                 continue
-            runs = evaluate(task, context, "test", args.problems, ["s4r"], None, [f"compression.s4r.eta={eta}", *keys],
-                            root / "ablations" / f"{task}-{context}-eta{eta}" / name, args)  # fmt: skip
+            runs = evaluate(
+                task,
+                context,
+                "test",
+                args.problems,
+                ["s4r"],
+                None,
+                [f"compression.s4r.eta={eta}", *keys],
+                root / "ablations" / f"{task}-{context}-eta{eta}" / name,
+                args,
+            )
             (summary,) = runs.values()
             table[task][name] = row(summary)
             publish(section)
@@ -154,7 +240,10 @@ def tables(view: str, result: dict) -> str:
     section = result[view]
     if view == "probe":
         contexts = sorted({int(c) for by in section["table"].values() for c in by})
-        rows = [f"| task | {' | '.join(f'context {c}' for c in contexts)} | chosen |", "|---" * (len(contexts) + 2) + "|"]
+        rows = [
+            f"| task | {' | '.join(f'context {c}' for c in contexts)} | chosen |",
+            "|---" * (len(contexts) + 2) + "|",
+        ]
         for task, by in section["table"].items():
             cells = [cell(by[str(c)]) if str(c) in by else "-" for c in contexts]
             rows.append(f"| {task} | {' | '.join(cells)} | {section['chosen'].get(task) or 'none'} |")
@@ -164,8 +253,10 @@ def tables(view: str, result: dict) -> str:
         for task, entry in section["table"].items():
             for eta, at in entry["etas"].items():
                 cells = [f"{cell(at[m])} (memory {at[m]['memory_share']:.2f})" for m in methods]
-                rows.append(f"| {task} ({entry['context']}) | {cell(entry['full'])} | {eta} (budget {at['budget']}) "
-                            f"| {' | '.join(cells)} |")  # fmt: skip
+                rows.append(
+                    f"| {task} ({entry['context']}) | {cell(entry['full'])} | {eta} (budget {at['budget']}) "
+                    f"| {' | '.join(cells)} |"
+                )
     else:
         variants = list(dict.fromkeys(v for by in section["table"].values() for v in by))
         rows = [f"| task | {' | '.join(variants)} |", "|---" * (len(variants) + 1) + "|"]
@@ -183,8 +274,12 @@ def main() -> None:
     parser.add_argument("--contexts", nargs="+", type=int, default=[512, 1024, 2048])
     parser.add_argument("--min-full", type=float, default=0.6)
     parser.add_argument("--probe-problems", type=int, default=32)
-    parser.add_argument("--max-context", type=int, default=None,
-                        help="table, ablations: at most this context (the longest passing one at or below it)")
+    parser.add_argument(
+        "--max-context",
+        type=int,
+        default=None,
+        help="table, ablations: at most this context (the longest passing one at or below it)",
+    )
     parser.add_argument("--problems", type=int, default=64, help="table, ablations: held-out problems per task")
     parser.add_argument("--samples", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=0.0)
@@ -194,8 +289,12 @@ def main() -> None:
     parser.add_argument("--methods", nargs="+", default=["snapkv", "gkv", "streaming"])
     parser.add_argument("--prompt-overhead", type=int, default=100, help="tokens beyond the context: facts, question")
     parser.add_argument("--windows", nargs="+", type=int, default=[1, 4, 32])
-    parser.add_argument("--ablations", nargs="+", default=None,
-                        help="only these variants (default, no_sinks, no_normalize, pool_avg, window_<W>)")
+    parser.add_argument(
+        "--ablations",
+        nargs="+",
+        default=None,
+        help="only these variants (default, no_sinks, no_normalize, pool_avg, window_<W>)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "retrieval")
     parser.add_argument("--results", type=Path, help="a results file whose stage sections are replaced as they come")
@@ -207,14 +306,24 @@ def main() -> None:
         args.ablations = ["default", "window_1"]
     root = args.output_root
     root.mkdir(parents=True, exist_ok=True)
-    result = {"benchmark": "retrieval", "model": args.model, "greedy": args.temperature == 0, "max_new_tokens": args.max_new_tokens}
+    result = {
+        "benchmark": "retrieval",
+        "model": args.model,
+        "greedy": args.temperature == 0,
+        "max_new_tokens": args.max_new_tokens,
+    }
     provenance = {"command": "python " + " ".join(sys.argv), "commit": git_commit(), "machine": machine()}
     summary_path = root / "summary.json"
     done = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+
     def publish(stage: str, section: dict) -> None:
         if args.results is not None:
-            merge_section(args.results, stage, {**section, **provenance, "date": time.strftime("%Y-%m-%d")},
-                          {k: v for k, v in result.items() if k not in STAGES})  # fmt: skip
+            merge_section(
+                args.results,
+                stage,
+                {**section, **provenance, "date": time.strftime("%Y-%m-%d")},
+                {k: v for k, v in result.items() if k not in STAGES},
+            )
 
     for stage in args.stages:
         if stage == "probe":
@@ -222,7 +331,9 @@ def main() -> None:
         else:
             probe = result.get("probe") or done.get("probe")
             if probe is None:
-                raise SystemExit("error: the table and ablations need the probe's chosen contexts: run --stages probe first")
+                raise SystemExit(
+                    "error: the table and ablations need the probe's chosen contexts: run --stages probe first"
+                )
             chosen = capped(probe, args.max_context)
             if stage == "table":
                 section = stage_table(root, chosen, args)

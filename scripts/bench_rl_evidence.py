@@ -45,10 +45,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _common import ROOT, git_commit, machine, print_json, provenance
+from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 
 import bench_decode_regime as regime
-from gkv_train.jsonio import dumps, read_jsonl, write_atomically
+from _common import ROOT, git_commit, machine, print_json, provenance
 
 STAGES = ("probe", "methods", "lr", "train", "eval")
 RECIPES = ("rl_sparse", "sparse_rl", "rl_full", "distill", "distill_onpolicy")
@@ -68,11 +68,33 @@ def run(command: list[str]) -> None:
 # ---- the task and its settings ----------------------------------------------------------------------------------
 def regime_args(args, extra: list[str] | None = None) -> argparse.Namespace:
     """``bench_decode_regime.py``'s arguments for this task (its probe, methods and evaluate helpers read them)."""
-    argv = ["--model", args.model, "--sentences", str(args.sentences), "--copy-required", "places",
-            "--copy-share", str(args.copy_share), "--window", str(args.window), "--interval", str(args.interval),
-            "--max-new-tokens", str(args.max_new_tokens), "--temperature", str(args.temperature), "--top-p",
-            str(args.top_p), "--batch-problems", str(args.batch_problems), "--output-root", str(args.output_root),
-            "--seed", "0", *(extra or [])]  # fmt: skip
+    argv = [
+        "--model",
+        args.model,
+        "--sentences",
+        str(args.sentences),
+        "--copy-required",
+        "places",
+        "--copy-share",
+        str(args.copy_share),
+        "--window",
+        str(args.window),
+        "--interval",
+        str(args.interval),
+        "--max-new-tokens",
+        str(args.max_new_tokens),
+        "--temperature",
+        str(args.temperature),
+        "--top-p",
+        str(args.top_p),
+        "--batch-problems",
+        str(args.batch_problems),
+        "--output-root",
+        str(args.output_root),
+        "--seed",
+        "0",
+        *(extra or []),
+    ]
     return regime.parse_arguments(argv)
 
 
@@ -91,17 +113,29 @@ def train_keys(recipe: str, seed: int, lr: float, args) -> list[str]:
     distill = recipe in DISTILL
     rows = args.prompts_per_step * args.group_size
     keys = [
-        f"recipe={recipe}", f"model={args.model}", *regime.task_keys("data", "train", args.train_problems, task),
-        *regime.task_keys("eval_data", "test", 2, task), f"max_steps={args.steps}", f"learning_rate={lr}",
-        *regime.sampling_keys(task), f"seed={seed}", "save_steps=1", "lora.enabled=true", "resume=last",
+        f"recipe={recipe}",
+        f"model={args.model}",
+        *regime.task_keys("data", "train", args.train_problems, task),
+        *regime.task_keys("eval_data", "test", 2, task),
+        f"max_steps={args.steps}",
+        f"learning_rate={lr}",
+        *regime.sampling_keys(task),
+        f"seed={seed}",
+        "save_steps=1",
+        "lora.enabled=true",
+        "resume=last",
         f"prompts_per_step={rows if distill else args.prompts_per_step}",
         f"output_dir={args.output_root / 'train' / run_name(recipe, seed, lr)}",
-    ]  # fmt: skip  (eval_data: train.py's own final evaluation, kept tiny: the bench evaluates every model itself)
+    ]  # eval_data: train.py's own final evaluation, kept tiny: the bench evaluates every model itself
     if not distill:
         keys += [f"sampling.num_generations={args.group_size}", f"rewards=[{REWARD}]"]
     if recipe != "rl_full":
-        keys += ["compression.method=gkv", f"compression.budget={args.train_budget}", f"compression.window={args.window}",
-                 f"compression.interval={args.interval}"]  # fmt: skip
+        keys += [
+            "compression.method=gkv",
+            f"compression.budget={args.train_budget}",
+            f"compression.window={args.window}",
+            f"compression.interval={args.interval}",
+        ]
     if recipe == "distill":
         keys.append(f"distill.traces={teacher_traces(args)}")
     return keys
@@ -113,10 +147,19 @@ def teacher_traces(args) -> Path:
     if not path.is_file():
         partial = path.with_suffix(".partial")
         task = regime_args(args)
-        run([sys.executable, str(ROOT / "scripts" / "generate_traces.py"), f"model={args.model}",
-             *regime.task_keys("data", "train", args.trace_problems, task), f"sampling.num_generations={args.group_size}",
-             *regime.sampling_keys(task), "seed=0", f"output={partial}",
-             *(["keep_incorrect=true"] if args.quick else [])])  # fmt: skip
+        run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "generate_traces.py"),
+                f"model={args.model}",
+                *regime.task_keys("data", "train", args.trace_problems, task),
+                f"sampling.num_generations={args.group_size}",
+                *regime.sampling_keys(task),
+                "seed=0",
+                f"output={partial}",
+                *(["keep_incorrect=true"] if args.quick else []),
+            ]
+        )
         partial.rename(path)
     return path
 
@@ -165,16 +208,27 @@ def lr_sweep(args) -> dict:
         summary = args.output_root / "lr-eval" / lr_name(lr) / "summary.json"
         runs = {r["run"]: r for r in json.loads(summary.read_text())["runs"]} if summary.is_file() else {}
         cell = runs.get(f"gkv-b{args.train_budget}")
-        found[lr_name(lr)] = None if cell is None else {
-            "pass@1": cell["pass@1"], "pass@1_ci95": cell["pass@1_ci95"], "score": cell["score"],
-            "mean_completion_length": cell["mean_completion_length"]}  # fmt: skip
+        found[lr_name(lr)] = (
+            None
+            if cell is None
+            else {
+                "pass@1": cell["pass@1"],
+                "pass@1_ci95": cell["pass@1_ci95"],
+                "score": cell["score"],
+                "mean_completion_length": cell["mean_completion_length"],
+            }
+        )
     return found
 
 
 def training_runs(args, lr: float) -> list[tuple[str, int]]:
     """(recipe, seed) of every training run, seed by seed (so that every recipe has its first seed early)."""
-    return [(recipe, seed) for i, seed in enumerate(args.seeds) for recipe in args.recipes
-            if recipe not in DISTILL or i < args.distill_seeds]  # fmt: skip
+    return [
+        (recipe, seed)
+        for i, seed in enumerate(args.seeds)
+        for recipe in args.recipes
+        if recipe not in DISTILL or i < args.distill_seeds
+    ]
 
 
 def jobs(args) -> list[Job]:
@@ -184,12 +238,17 @@ def jobs(args) -> list[Job]:
     found = []
     if "lr" in args.stages and args.lr is None:
         for lr in args.lrs:
-            train = Job("train", run_name(args.lr_recipe, args.seeds[0], lr), recipe=args.lr_recipe, seed=args.seeds[0], lr=lr)
+            train = Job(
+                "train", run_name(args.lr_recipe, args.seeds[0], lr), recipe=args.lr_recipe, seed=args.seeds[0], lr=lr
+            )
             found += [train, Job("lr-eval", lr_name(lr), needs=[train.key], lr=lr)]
     lr = chosen_lr(args)
     if lr is None:
         return found
-    first, later = [f"gkv-b{args.train_budget}", "full"], [c for c in conditions(args) if c not in (f"gkv-b{args.train_budget}", "full")]
+    first, later = (
+        [f"gkv-b{args.train_budget}", "full"],
+        [c for c in conditions(args) if c not in (f"gkv-b{args.train_budget}", "full")],
+    )
     evaluate = "eval" in args.stages
     if evaluate:
         found += [Job("eval", f"untrained@{c}") for c in first]
@@ -247,8 +306,10 @@ def work(args, publish) -> None:
     """Take jobs until every one is done: the next one whose inputs are done and that no live process holds; wait
     while only held or blocked ones remain."""
     if chosen_lr(args) is None and "lr" not in args.stages:
-        raise SystemExit("error: the train and eval stages need a learning rate: --lr, or the lr stage (its results "
-                         f"under {args.output_root / 'lr-eval'})")
+        raise SystemExit(
+            "error: the train and eval stages need a learning rate: --lr, or the lr stage (its results "
+            f"under {args.output_root / 'lr-eval'})"
+        )
     while True:
         todo = [j for j in jobs(args) if not is_done(j, args)]
         if not todo:
@@ -276,16 +337,36 @@ def run_job(job: Job, args) -> None:
         keep_adapter(folder, args.adapters / job.name)
     elif job.kind == "lr-eval":
         folder = args.output_root / "train" / run_name(args.lr_recipe, args.seeds[0], job.lr)
-        regime.evaluate([f"model={args.model}", f"adapter={folder}"], "train", args.lr_problems, args.lr_samples,
-                        ["gkv"], [args.train_budget], args.output_root / "lr-eval" / job.name, args.lr_eval_seed, task,
-                        full=False)  # fmt: skip
+        regime.evaluate(
+            [f"model={args.model}", f"adapter={folder}"],
+            "train",
+            args.lr_problems,
+            args.lr_samples,
+            ["gkv"],
+            [args.train_budget],
+            args.output_root / "lr-eval" / job.name,
+            args.lr_eval_seed,
+            task,
+            full=False,
+        )
     else:
         name, condition = job.name.split("@")
-        model = [f"model={args.model}"] + ([] if name == "untrained" else [f"adapter={args.output_root / 'train' / name}"])
+        model = [f"model={args.model}"] + (
+            [] if name == "untrained" else [f"adapter={args.output_root / 'train' / name}"]
+        )
         budgets = [int(condition.split("-b")[1])] if condition != "full" else [args.train_budget]
-        regime.evaluate(model, "test", args.eval_problems, args.eval_samples, [] if condition == "full" else ["gkv"],
-                        budgets, args.output_root / "eval" / name / condition, args.eval_seed, task,
-                        full=condition == "full")  # fmt: skip
+        regime.evaluate(
+            model,
+            "test",
+            args.eval_problems,
+            args.eval_samples,
+            [] if condition == "full" else ["gkv"],
+            budgets,
+            args.output_root / "eval" / name / condition,
+            args.eval_seed,
+            task,
+            full=condition == "full",
+        )
 
 
 def keep_adapter(folder: Path, target: Path) -> None:
@@ -307,16 +388,22 @@ def samples_of(folder: Path, run: str) -> dict | None:
     """Per problem (by id, in order): correct (0/1), score, length of each sample of one evaluation run."""
     path = folder / run / "samples.jsonl"
     summary = folder / "summary.json"
-    if not path.is_file() or not summary.is_file() or run not in {r["run"] for r in json.loads(summary.read_text())["runs"]}:
+    if (
+        not path.is_file()
+        or not summary.is_file()
+        or run not in {r["run"] for r in json.loads(summary.read_text())["runs"]}
+    ):
         return None
     by_problem: dict = {}
     for s in read_jsonl(path):
         by_problem.setdefault(s["problem_id"], []).append(s)
     ids = sorted(by_problem)
-    return {"problems": ids,
-            "correct": [[int(s["correct"]) for s in by_problem[i]] for i in ids],
-            "score": [[round(s["score"], 4) for s in by_problem[i]] for i in ids],
-            "length": [[s["length"] for s in by_problem[i]] for i in ids]}  # fmt: skip
+    return {
+        "problems": ids,
+        "correct": [[int(s["correct"]) for s in by_problem[i]] for i in ids],
+        "score": [[round(s["score"], 4) for s in by_problem[i]] for i in ids],
+        "length": [[s["length"] for s in by_problem[i]] for i in ids],
+    }
 
 
 def conditions(args) -> list[str]:
@@ -376,18 +463,31 @@ def by_rounds(cells: list[dict], interval: int, bins: list[int]) -> list[dict]:
     found = []
     for i, low in enumerate(bins):
         high = bins[i + 1] if i + 1 < len(bins) else None
-        picked = [ok for c in cells for oks, lens in zip(c["correct"], c["length"]) for ok, n in zip(oks, lens)
-                  if low <= rounds(n, interval) and (high is None or rounds(n, interval) < high)]  # fmt: skip
-        found.append({"rounds": [low, high], "samples": len(picked),
-                      "pass@1": sum(picked) / len(picked) if picked else None})  # fmt: skip
+        picked = [
+            ok
+            for c in cells
+            for oks, lens in zip(c["correct"], c["length"])
+            for ok, n in zip(oks, lens)
+            if low <= rounds(n, interval) and (high is None or rounds(n, interval) < high)
+        ]
+        found.append(
+            {"rounds": [low, high], "samples": len(picked), "pass@1": sum(picked) / len(picked) if picked else None}
+        )
     return found
 
 
 def curve(folder: Path) -> dict:
     """Per-step figures of one run: the reward of the step's rollouts, the mismatch telemetry, the share of
     completion tokens left out of the loss (Sparse-RL's rejection)."""
-    keys = ("reward", "mismatch/agreement_p5", "mismatch/ratio_p1", "mismatch/ratio_p99", "mismatch/mean_abs",
-            "sampling/rollout_tokens_dropped", "completions/mean_length")  # fmt: skip
+    keys = (
+        "reward",
+        "mismatch/agreement_p5",
+        "mismatch/ratio_p1",
+        "mismatch/ratio_p99",
+        "mismatch/mean_abs",
+        "sampling/rollout_tokens_dropped",
+        "completions/mean_length",
+    )
     steps = [r for r in read_jsonl(folder / "metrics.jsonl") if "mismatch/max_abs" in r or "loss" in r]
     return {k: [[r["step"], r[k]] for r in steps if k in r] for k in keys}
 
@@ -419,37 +519,80 @@ def recipe_table(section: dict, args) -> dict:
     models = section["models"]
     for condition in conditions(args):
         rows = {}
-        groups = {"untrained": [models["untrained"]["cells"][condition]] if "untrained" in models and models["untrained"]["cells"].get(condition) else []}
+        groups = {
+            "untrained": [models["untrained"]["cells"][condition]]
+            if "untrained" in models and models["untrained"]["cells"].get(condition)
+            else []
+        }
         for recipe in args.recipes:
-            groups[recipe] = [m["cells"][condition] for m in sorted((m for m in models.values() if m.get("recipe") == recipe), key=lambda m: m["seed"])
-                              if m["cells"].get(condition)]  # fmt: skip
+            groups[recipe] = [
+                m["cells"][condition]
+                for m in sorted((m for m in models.values() if m.get("recipe") == recipe), key=lambda m: m["seed"])
+                if m["cells"].get(condition)
+            ]
         for name, cells in groups.items():
             if cells:
                 rows[name] = summarize_recipe(cells, args.interval)
                 rows[name]["by_rounds"] = by_rounds(cells, args.interval, args.round_bins)
-        mine = {m["seed"]: m["cells"][condition] for m in models.values() if m.get("recipe") == "rl_sparse" and m["cells"].get(condition)}
+        mine = {
+            m["seed"]: m["cells"][condition]
+            for m in models.values()
+            if m.get("recipe") == "rl_sparse" and m["cells"].get(condition)
+        }
         for name in [r for r in args.recipes if r != "rl_sparse"] + ["untrained"]:
             if name == "untrained":
                 theirs = {s: groups["untrained"][0] for s in mine} if groups["untrained"] else {}
             else:
-                theirs = {m["seed"]: m["cells"][condition] for m in models.values() if m.get("recipe") == name and m["cells"].get(condition)}
+                theirs = {
+                    m["seed"]: m["cells"][condition]
+                    for m in models.values()
+                    if m.get("recipe") == name and m["cells"].get(condition)
+                }
             common = sorted(set(mine) & set(theirs))
             if common and name in rows:
-                rows[name]["rl_sparse_minus"] = paired_difference([mine[s] for s in common], [theirs[s] for s in common])
+                rows[name]["rl_sparse_minus"] = paired_difference(
+                    [mine[s] for s in common], [theirs[s] for s in common]
+                )
         table[condition] = rows
     return table
 
 
 def settings(args) -> dict:
-    return {"model": args.model, "task": {"name": "copy_recall", "sentences": args.sentences, "copy_required": "places",
-            "copy_share": args.copy_share}, "window": args.window, "interval": args.interval,
-            "sampling": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p},
-            "train": {"method": "gkv", "budget": args.train_budget, "steps": args.steps, "prompts_per_step": args.prompts_per_step,
-                      "group_size": args.group_size, "lora": True, "reward": REWARD, "train_problems": args.train_problems,
-                      "seeds": args.seeds, "distill_seeds": args.distill_seeds, "lr_recipe": args.lr_recipe, "lrs": args.lrs,
-                      "lr_problems": args.lr_problems, "lr_samples": args.lr_samples},
-            "eval": {"split": "test", "problems": args.eval_problems, "samples": args.eval_samples, "seed": args.eval_seed,
-                     "budgets": args.eval_budgets}}  # fmt: skip
+    return {
+        "model": args.model,
+        "task": {
+            "name": "copy_recall",
+            "sentences": args.sentences,
+            "copy_required": "places",
+            "copy_share": args.copy_share,
+        },
+        "window": args.window,
+        "interval": args.interval,
+        "sampling": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p},
+        "train": {
+            "method": "gkv",
+            "budget": args.train_budget,
+            "steps": args.steps,
+            "prompts_per_step": args.prompts_per_step,
+            "group_size": args.group_size,
+            "lora": True,
+            "reward": REWARD,
+            "train_problems": args.train_problems,
+            "seeds": args.seeds,
+            "distill_seeds": args.distill_seeds,
+            "lr_recipe": args.lr_recipe,
+            "lrs": args.lrs,
+            "lr_problems": args.lr_problems,
+            "lr_samples": args.lr_samples,
+        },
+        "eval": {
+            "split": "test",
+            "problems": args.eval_problems,
+            "samples": args.eval_samples,
+            "seed": args.eval_seed,
+            "budgets": args.eval_budgets,
+        },
+    }
 
 
 # ---- tables and figures -------------------------------------------------------------------------------------------
@@ -466,9 +609,11 @@ def training_table(section: dict) -> str:
         return "(no model evaluated yet)\n"
     conditions_ = list(table)
     train = f"gkv-b{section['settings']['train']['budget']}"
-    lines = ["| recipe | seeds | " + " | ".join(conditions_) + f" | per seed ({train}) | RL-Sparse minus it ({train}) | "
-             f"RL-Sparse minus it (full) | length ({train}) | rounds ({train}) |",
-             "|---|---|" + "---|" * (len(conditions_) + 5)]  # fmt: skip
+    lines = [
+        "| recipe | seeds | " + " | ".join(conditions_) + f" | per seed ({train}) | RL-Sparse minus it ({train}) | "
+        f"RL-Sparse minus it (full) | length ({train}) | rounds ({train}) |",
+        "|---|---|" + "---|" * (len(conditions_) + 5),
+    ]
     names = list(dict.fromkeys(n for c in conditions_ for n in table[c]))
     for name in names:
         at = table.get(train, {}).get(name)
@@ -483,9 +628,12 @@ def training_table(section: dict) -> str:
             return f"{d['difference']:+.3f} [{lo:+.2f}, {hi:+.2f}]{mark}"
 
         per_seed = ", ".join(f"{v:.2f}" for v in at["per_seed"]) if at else "-"
-        lines.append(f"| {name} | {max((table[c][name]['seeds'] for c in conditions_ if name in table[c]), default=0)} | "
-                     + " | ".join(cells) + f" | {per_seed} | {diff(train)} | {diff('full')} | "
-                     + (f"{at['mean_length']:.0f} | {at['mean_rounds']:.1f} |" if at else "- | - |"))  # fmt: skip
+        lines.append(
+            f"| {name} | {max((table[c][name]['seeds'] for c in conditions_ if name in table[c]), default=0)} | "
+            + " | ".join(cells)
+            + f" | {per_seed} | {diff(train)} | {diff('full')} | "
+            + (f"{at['mean_length']:.0f} | {at['mean_rounds']:.1f} |" if at else "- | - |")
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -499,8 +647,11 @@ def rounds_table(section: dict) -> str:
     heads = [(f"{lo}-{hi - 1}" if hi - 1 > lo else f"{lo}") if hi is not None else f">= {lo}" for lo, hi in bins]
     lines = ["| recipe | " + " | ".join(f"rounds {h}" for h in heads) + " |", "|---|" + "---|" * len(heads)]
     for name, r in rows.items():
-        lines.append(f"| {name} | " + " | ".join("-" if b["pass@1"] is None else f"{b['pass@1']:.2f} ({b['samples']})"
-                                              for b in r["by_rounds"]) + " |")  # fmt: skip
+        lines.append(
+            f"| {name} | "
+            + " | ".join("-" if b["pass@1"] is None else f"{b['pass@1']:.2f} ({b['samples']})" for b in r["by_rounds"])
+            + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -511,9 +662,13 @@ def lr_table(section: dict) -> str:
             lines.append(f"| {lr} | - | - | - |")
             continue
         lo, hi = r["pass@1_ci95"]
-        chosen = " (chosen)" if section.get("learning_rate") is not None and lr_name(section["learning_rate"]) == lr else ""
-        lines.append(f"| {lr}{chosen} | {r['pass@1']:.3f} [{lo:.2f}, {hi:.2f}] | {r['score']:.3f} | "
-                     f"{r['mean_completion_length']:.0f} |")  # fmt: skip
+        chosen = (
+            " (chosen)" if section.get("learning_rate") is not None and lr_name(section["learning_rate"]) == lr else ""
+        )
+        lines.append(
+            f"| {lr}{chosen} | {r['pass@1']:.3f} [{lo:.2f}, {hi:.2f}] | {r['score']:.3f} | "
+            f"{r['mean_completion_length']:.0f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -521,8 +676,10 @@ def tables(view: str, result: dict) -> str:
     """``scripts/render_docs.py``'s views: ``probe``, ``methods`` (the ordering tables), ``lr``, ``training``,
     ``rounds``."""
     if view in ("probe", "methods"):
-        checks = "".join(f"- {name.replace('_', ' ')} {want}: {'yes' if ok else 'NO'}\n"
-                         for name, (want, ok) in result[view].get("checks", {}).items())  # fmt: skip
+        checks = "".join(
+            f"- {name.replace('_', ' ')} {want}: {'yes' if ok else 'NO'}\n"
+            for name, (want, ok) in result[view].get("checks", {}).items()
+        )
         return regime.stage_table(view, result[view]) + (f"\nRegime checks (train split):\n{checks}" if checks else "")
     section = result["training"]
     body = {"lr": lr_table, "training": training_table, "rounds": rounds_table}[view](section)
@@ -538,8 +695,12 @@ def figures(section: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("reward", "reward of the step's rollouts"), ("mismatch/agreement_p5", "agreement p5"),
-              ("mismatch/ratio_p1", "token ratio p1"), ("sampling/rollout_tokens_dropped", "tokens left out (sparse_rl)")]  # fmt: skip
+    panels = [
+        ("reward", "reward of the step's rollouts"),
+        ("mismatch/agreement_p5", "agreement p5"),
+        ("mismatch/ratio_p1", "token ratio p1"),
+        ("sampling/rollout_tokens_dropped", "tokens left out (sparse_rl)"),
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
     recipes = sorted({m["recipe"] for m in section["models"].values() if "recipe" in m})
     for ax, (key, title) in zip(axes, panels):
@@ -553,7 +714,7 @@ def figures(section: dict, path: Path) -> None:
             mean = [sum(v for v in vs if v is not None) / max(1, sum(v is not None for v in vs)) for vs in values]
             low = [min((v for v in vs if v is not None), default=math.nan) for vs in values]
             high = [max((v for v in vs if v is not None), default=math.nan) for vs in values]
-            line, = ax.plot(steps, mean, label=f"{recipe} ({len(curves)} seeds)")
+            (line,) = ax.plot(steps, mean, label=f"{recipe} ({len(curves)} seeds)")
             ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("optimizer step")
@@ -653,16 +814,33 @@ def main() -> None:
         probe = regime_args(args, ["--budgets", *map(str, args.probe_budgets)])
         probe.methods = regime.EVICTION
         section = regime.ordering("probe", "train", args.probe_problems, args.probe_samples, args.output_root, probe)
-        at_budget = [by[str(args.train_budget)]["gap"] for by in section["table"]["methods"].values()
-                     if str(args.train_budget) in by]  # fmt: skip
+        at_budget = [
+            by[str(args.train_budget)]["gap"]
+            for by in section["table"]["methods"].values()
+            if str(args.train_budget) in by
+        ]
         section["checks"]["every_gap_at_training_budget_at_least"] = [
-            args.min_gap, bool(at_budget) and min(at_budget) >= args.min_gap]
+            args.min_gap,
+            bool(at_budget) and min(at_budget) >= args.min_gap,
+        ]
         section["train_budget"] = args.train_budget
         publish("probe", section)
     if "methods" in args.stages:
-        ordering = regime_args(args, ["--budgets", *map(str, args.methods_budgets), "--methods-problems",
-                                      str(args.methods_problems), "--methods-samples", str(args.methods_samples),
-                                      "--s4r-length", str(500 if not args.quick else 96), "--s4r-refresh", "0"])  # fmt: skip
+        ordering = regime_args(
+            args,
+            [
+                "--budgets",
+                *map(str, args.methods_budgets),
+                "--methods-problems",
+                str(args.methods_problems),
+                "--methods-samples",
+                str(args.methods_samples),
+                "--s4r-length",
+                str(500 if not args.quick else 96),
+                "--s4r-refresh",
+                "0",
+            ],
+        )
         ordering.results = None
         publish("methods", regime.stage_methods(args.output_root, ordering, lambda s: publish("methods", s)))
     if {"lr", "train", "eval"} & set(args.stages):
@@ -670,8 +848,16 @@ def main() -> None:
         publish_training()
     result = json.loads(args.results.read_text())
     training = result.get("training", {})
-    print_json({"benchmark": "rl_evidence", "stages": args.stages, "seconds": round(time.perf_counter() - start, 1),
-                "learning_rate": training.get("learning_rate"), "recipes": training.get("recipes"), **where})
+    print_json(
+        {
+            "benchmark": "rl_evidence",
+            "stages": args.stages,
+            "seconds": round(time.perf_counter() - start, 1),
+            "learning_rate": training.get("learning_rate"),
+            "recipes": training.get("recipes"),
+            **where,
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -21,13 +21,14 @@ import dataclasses
 import time
 
 import torch
-from _common import gsm8k_questions, print_json
 
-from gkv_train.models import load_model
 from gkv_rollout.config import CompressionConfig, SamplingConfig, add_compression_args, compression_from_args
 from gkv_rollout.contract.attention import ATTENTION_NAME
 from gkv_rollout.engine import RolloutEngine, encode_prompts, left_pad
+from gkv_train.models import load_model
 from gkv_train.run_config import check_compile_decode
+
+from _common import gsm8k_questions, print_json
 
 
 def hf_generate(model, tokenizer, prompts, sampling: SamplingConfig) -> dict:
@@ -40,9 +41,15 @@ def hf_generate(model, tokenizer, prompts, sampling: SamplingConfig) -> dict:
         start = time.perf_counter()
         with torch.no_grad():
             out = model.generate(
-                input_ids=ids, attention_mask=mask, do_sample=True, temperature=sampling.temperature,
-                top_p=sampling.top_p, top_k=0, max_new_tokens=sampling.max_new_tokens,
-                min_new_tokens=sampling.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=0,
+                max_new_tokens=sampling.max_new_tokens,
+                min_new_tokens=sampling.max_new_tokens,
+                pad_token_id=tokenizer.pad_token_id,
             )
         seconds = time.perf_counter() - start
     finally:
@@ -76,8 +83,11 @@ def compiled_run(model, tokenizer, prompts, sampling: SamplingConfig, compressio
     cold = engine_run(model, tokenizer, prompts, sampling, compression)
     warm = engine_run(model, tokenizer, prompts, sampling, compression)
     new_tokens = warm["tokens_per_s"] * warm["seconds"]
-    return {**warm, "compile_seconds": cold["seconds"] - warm["seconds"],
-            "tokens_per_s_with_compile": new_tokens / cold["seconds"]}  # fmt: skip
+    return {
+        **warm,
+        "compile_seconds": cold["seconds"] - warm["seconds"],
+        "tokens_per_s_with_compile": new_tokens / cold["seconds"],
+    }
 
 
 def main() -> None:
@@ -122,7 +132,7 @@ def main() -> None:
         for c in methods:
             result[f"speedup_{c.method}_vs_hf"] = result["engine_" + c.method]["tokens_per_s"] / hf
         for name in [n for n in result if n.endswith("_compiled")]:
-            result[f"speedup_{name[len('engine_'):]}_vs_hf"] = result[name]["tokens_per_s"] / hf
+            result[f"speedup_{name[len('engine_') :]}_vs_hf"] = result[name]["tokens_per_s"] / hf
     print_json(result)
 
 

@@ -33,11 +33,12 @@ import sys
 import time
 
 import torch
-from _common import DATA_DIR, git_commit, machine, print_json, provenance
 
-from gkv_train.models import load_model
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
+from gkv_train.models import load_model
+
+from _common import DATA_DIR, git_commit, machine, print_json, provenance
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
@@ -63,7 +64,10 @@ def passkey_case(tokenizer, context: int, rng: random.Random) -> tuple[str, str]
     depth = rng.randint(0, n)
     needle = f"The pass key is {key}. Remember it. {key} is the pass key. "
     text = FILLER * depth + needle + FILLER * (n - depth)
-    intro = "There is an important piece of information hidden inside a lot of irrelevant text. Find it and memorize it.\n\n"
+    intro = (
+        "There is an important piece of information hidden inside a lot of irrelevant text. Find it and memorize it."
+        "\n\n"
+    )
     return intro + text + "\n\nWhat is the pass key? The pass key is", key
 
 
@@ -84,7 +88,9 @@ def memory_share(model, tokenizer, prompt: str, eta: float, new_tokens: int) -> 
     """The share reached at the end of ``new_tokens`` forced tokens, per meaning of ``eta``."""
     shares = {}
     for label, expected in (("eta_at_prompt_length", 0), ("eta_at_end_of_generation", None)):
-        engine = RolloutEngine(model, tokenizer, CompressionConfig.of("s4r", eta=eta, expected_length=expected), chat=False)
+        engine = RolloutEngine(
+            model, tokenizer, CompressionConfig.of("s4r", eta=eta, expected_length=expected), chat=False
+        )
         out = engine.generate([prompt], SamplingConfig(max_new_tokens=new_tokens, temperature=0, ignore_eos=True))
         shares[label] = out.memory_share[0].item()
     return {"prompt_tokens": int(out.prompt_lengths[0]), "memory_share": shares}
@@ -97,10 +103,14 @@ def projection_errors(model, tokenizer, prompt: str, completion: list[int], cfg:
     out = engine.replay([prompt], [completion], SamplingConfig(max_new_tokens=len(completion)))
     rec, P = out.record, int(out.prompt_lengths[0])
     states: dict[str, list[torch.Tensor]] = {"k": [], "v": []}
-    hooks = [layer.self_attn.k_proj.register_forward_hook(lambda m, i, o: states["k"].append(o[0].float()))
-             for layer in model.model.layers]  # fmt: skip
-    hooks += [layer.self_attn.v_proj.register_forward_hook(lambda m, i, o: states["v"].append(o[0].float()))
-              for layer in model.model.layers]  # fmt: skip
+    hooks = [
+        layer.self_attn.k_proj.register_forward_hook(lambda m, i, o: states["k"].append(o[0].float()))
+        for layer in model.model.layers
+    ]
+    hooks += [
+        layer.self_attn.v_proj.register_forward_hook(lambda m, i, o: states["v"].append(o[0].float()))
+        for layer in model.model.layers
+    ]
     try:
         with torch.no_grad():
             model(out.sequences[:, -(P + len(completion)) :])
@@ -131,8 +141,12 @@ def passkey_accuracy(model, tokenizer, cases, compression: CompressionConfig, ba
             found = re.findall(r"\d{5}", text)
             correct += bool(found) and found[0] == key
             retention.append(out.retention[i].item())
-    return {"accuracy": correct / len(cases), "correct": correct, "cases": len(cases),
-            "retention": sum(retention) / len(retention)}
+    return {
+        "accuracy": correct / len(cases),
+        "correct": correct,
+        "cases": len(cases),
+        "retention": sum(retention) / len(retention),
+    }
 
 
 def tables(view: str, result: dict | list[dict]) -> str:
@@ -143,19 +157,26 @@ def tables(view: str, result: dict | list[dict]) -> str:
     if view == "refresh":
         errors = result["relative_error_by_128_tokens"]
         stretches = len(errors["s4r"]["k"])
-        lines = ["| stretch of the completion | " + " | ".join(str(i + 1) for i in range(stretches)) + " |",
-                 "|---|" + "---|" * stretches]  # fmt: skip
+        lines = [
+            "| stretch of the completion | " + " | ".join(str(i + 1) for i in range(stretches)) + " |",
+            "|---|" + "---|" * stretches,
+        ]
         for kind, label in (("k", "keys"), ("v", "values")):
             for run, bases in (("s4r", "prompt bases"), ("s4r_refresh", f"refresh {result['refresh']}")):
                 lines.append(f"| {label}, {bases} | " + " | ".join(f"{e:.3f}" for e in errors[run][kind]) + " |")
         return "\n".join(lines) + f"\n\n{provenance(result)}\n"
     if view == "timing":
-        lines = ["| run | decode full (s / token) | decode s4r | s4r / full | reconstruct all (rho 1) | prefill s4r / full |",
-                 "|---|---|---|---|---|---|"]  # fmt: skip
+        lines = [
+            "| run | decode full (s / token) | decode s4r | s4r / full | reconstruct all (rho 1) | prefill s4r / "
+            "full |",
+            "|---|---|---|---|---|---|",
+        ]
         for i, r in enumerate(result, 1):
             d = r["decode_seconds_per_token"]
-            lines.append(f"| {i} | {d['full']:.3f} | {d['s4r']:.3f} | {r['decode_ratio_s4r_vs_full']:.2f}x "
-                         f"| {d['s4r_reconstruct_all']:.3f} | {r['prefill_ratio_s4r_vs_full']:.2f}x |")  # fmt: skip
+            lines.append(
+                f"| {i} | {d['full']:.3f} | {d['s4r']:.3f} | {r['decode_ratio_s4r_vs_full']:.2f}x "
+                f"| {d['s4r_reconstruct_all']:.3f} | {r['prefill_ratio_s4r_vs_full']:.2f}x |"
+            )
         return "\n".join(lines) + "\n\n" + "\n".join(sorted({f"runs: {provenance(r)}" for r in result})) + "\n"
     raise SystemExit(f"error: bench_s4r has the views refresh and timing, not {view!r}")
 
@@ -175,29 +196,57 @@ def main() -> None:
 
     model, tokenizer = load_model(args.model)
     s4r = CompressionConfig.of("s4r", eta=args.eta)
-    where = {"command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
-             "machine": machine()}  # fmt: skip
+    where = {
+        "command": "python " + " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": git_commit(),
+        "machine": machine(),
+    }
     prompt = long_prompt(tokenizer, args.context)
     if args.refresh:
         engine = RolloutEngine(model, tokenizer, CompressionConfig("full"), chat=False)
-        sampled = engine.generate([prompt], SamplingConfig(max_new_tokens=args.new_tokens, temperature=0.6,
-                                                           top_p=0.95, seed=args.seed, ignore_eos=True))  # fmt: skip
+        sampled = engine.generate(
+            [prompt],
+            SamplingConfig(
+                max_new_tokens=args.new_tokens, temperature=0.6, top_p=0.95, seed=args.seed, ignore_eos=True
+            ),
+        )
         completion = sampled.completions()[0]
         configs = {"s4r": s4r, "s4r_refresh": CompressionConfig.of("s4r", eta=args.eta, refresh=args.refresh)}
         errors = {name: projection_errors(model, tokenizer, prompt, completion, c) for name, c in configs.items()}
         timed(model, tokenizer, prompt, s4r, 4)  # warm-up
-        times = {name: timed(model, tokenizer, prompt, c, args.new_tokens)["decode_seconds_per_token"]
-                 for name, c in {"full": CompressionConfig("full"), **configs}.items()}  # fmt: skip
-        print_json({"benchmark": "s4r_refresh", "model": args.model, "eta": args.eta, "refresh": args.refresh,
-                    "prompt_tokens": int(sampled.prompt_lengths[0]), "new_tokens": args.new_tokens,
-                    "relative_error_by_128_tokens": errors, "decode_seconds_per_token": times,
-                    "decode_ratio_refresh_vs_s4r": times["s4r_refresh"] / times["s4r"],
-                    "decode_ratio_refresh_vs_full": times["s4r_refresh"] / times["full"], **where})  # fmt: skip
+        times = {
+            name: timed(model, tokenizer, prompt, c, args.new_tokens)["decode_seconds_per_token"]
+            for name, c in {"full": CompressionConfig("full"), **configs}.items()
+        }
+        print_json(
+            {
+                "benchmark": "s4r_refresh",
+                "model": args.model,
+                "eta": args.eta,
+                "refresh": args.refresh,
+                "prompt_tokens": int(sampled.prompt_lengths[0]),
+                "new_tokens": args.new_tokens,
+                "relative_error_by_128_tokens": errors,
+                "decode_seconds_per_token": times,
+                "decode_ratio_refresh_vs_s4r": times["s4r_refresh"] / times["s4r"],
+                "decode_ratio_refresh_vs_full": times["s4r_refresh"] / times["full"],
+                **where,
+            }
+        )
         return
     if args.memory_share:
         shares = memory_share(model, tokenizer, prompt, args.eta, args.new_tokens)
-        print_json({"benchmark": "s4r_memory_share", "model": args.model, "eta": args.eta,
-                    "new_tokens": args.new_tokens, **shares, **where})  # fmt: skip
+        print_json(
+            {
+                "benchmark": "s4r_memory_share",
+                "model": args.model,
+                "eta": args.eta,
+                "new_tokens": args.new_tokens,
+                **shares,
+                **where,
+            }
+        )
         return
     timed(model, tokenizer, prompt[:2000], s4r, 4)  # warm-up: first-call allocations are not S4R's cost
     full = timed(model, tokenizer, prompt, CompressionConfig("full"), args.new_tokens)
@@ -216,27 +265,29 @@ def main() -> None:
             "gkv": CompressionConfig("gkv", budget=budget, window=16, interval=32),
         }
         passkey = {name: passkey_accuracy(model, tokenizer, cases, c, args.batch) for name, c in methods.items()}
-    print_json({
-        "benchmark": "s4r",
-        "model": args.model,
-        "prompt_tokens": full["prompt_tokens"],
-        "new_tokens": args.new_tokens,
-        "eta": args.eta,
-        "threads": torch.get_num_threads(),
-        "prefill_seconds": {"full": full["prefill_seconds"], "s4r": sparse["prefill_seconds"]},
-        "prefill_ratio_s4r_vs_full": sparse["prefill_seconds"] / full["prefill_seconds"],
-        "decode_ratio_s4r_vs_full": sparse["decode_seconds_per_token"] / full["decode_seconds_per_token"],
-        "decode_seconds_per_token": {
-            "full": full["decode_seconds_per_token"],
-            "s4r": sparse["decode_seconds_per_token"],
-            "s4r_reconstruct_all": everything["decode_seconds_per_token"],
-        },
-        "persistent_bytes": {"s4r": sparse["cache_bytes"], "full": full["cache_bytes"]},  # prompt + new tokens
-        "persistent_ratio_s4r_vs_full": sparse["cache_bytes"] / full["cache_bytes"],
-        "passkey_budget_tokens": budget,
-        "passkey": passkey,
-        **where,
-    })
+    print_json(
+        {
+            "benchmark": "s4r",
+            "model": args.model,
+            "prompt_tokens": full["prompt_tokens"],
+            "new_tokens": args.new_tokens,
+            "eta": args.eta,
+            "threads": torch.get_num_threads(),
+            "prefill_seconds": {"full": full["prefill_seconds"], "s4r": sparse["prefill_seconds"]},
+            "prefill_ratio_s4r_vs_full": sparse["prefill_seconds"] / full["prefill_seconds"],
+            "decode_ratio_s4r_vs_full": sparse["decode_seconds_per_token"] / full["decode_seconds_per_token"],
+            "decode_seconds_per_token": {
+                "full": full["decode_seconds_per_token"],
+                "s4r": sparse["decode_seconds_per_token"],
+                "s4r_reconstruct_all": everything["decode_seconds_per_token"],
+            },
+            "persistent_bytes": {"s4r": sparse["cache_bytes"], "full": full["cache_bytes"]},  # prompt + new tokens
+            "persistent_ratio_s4r_vs_full": sparse["cache_bytes"] / full["cache_bytes"],
+            "passkey_budget_tokens": budget,
+            "passkey": passkey,
+            **where,
+        }
+    )
 
 
 if __name__ == "__main__":

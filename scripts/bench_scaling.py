@@ -30,9 +30,9 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, git_commit, machine, print_json, provenance
-
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
+
+from _common import ROOT, git_commit, machine, print_json, provenance
 
 METHODS = ("full", "gkv", "s4r")
 TRAINERS = ("rl_sparse", "rl_full")
@@ -54,6 +54,7 @@ def rollout_point(args) -> dict:
     from gkv_rollout.config import CompressionConfig, SamplingConfig
     from gkv_rollout.engine import RolloutEngine, encode_prompts
     from gkv_train.models import load_model, random_prompts
+
     from _common import gsm8k_questions
 
     method, length = args.point[1], int(args.point[2])
@@ -63,27 +64,52 @@ def rollout_point(args) -> dict:
     else:
         prompts = encode_prompts(tokenizer, gsm8k_questions(args.batch))
     loaded = peak_rss_bytes()
-    compression = {"full": CompressionConfig("full"), "gkv": CompressionConfig("gkv", budget=args.budget),
-                   "s4r": CompressionConfig.of("s4r", eta=args.eta)}[method]  # fmt: skip
+    compression = {
+        "full": CompressionConfig("full"),
+        "gkv": CompressionConfig("gkv", budget=args.budget),
+        "s4r": CompressionConfig.of("s4r", eta=args.eta),
+    }[method]
     sampling = SamplingConfig(max_new_tokens=length, temperature=0.6, top_p=0.95, seed=0, ignore_eos=True)
     out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling)
     s = out.stats
     return {
-        "kind": "rollout", "method": method, "length": length, "batch": args.batch, "threads": torch.get_num_threads(),
-        "tokens_per_s": s["tokens_per_s"], "seconds": s["seconds"], "prefill_seconds": s["prefill_seconds"],
-        "decode_seconds": s["decode_seconds"], "decode_seconds_per_token": s["decode_seconds"] / length,
+        "kind": "rollout",
+        "method": method,
+        "length": length,
+        "batch": args.batch,
+        "threads": torch.get_num_threads(),
+        "tokens_per_s": s["tokens_per_s"],
+        "seconds": s["seconds"],
+        "prefill_seconds": s["prefill_seconds"],
+        "decode_seconds": s["decode_seconds"],
+        "decode_seconds_per_token": s["decode_seconds"] / length,
         "compress_share_of_decode": s["compress_seconds"] / s["decode_seconds"] if s["decode_seconds"] else None,
-        "kv_cache_peak_bytes": s["kv_cache_bytes"], "memory_share": out.memory_share.mean().item(),
-        "peak_rss_bytes": peak_rss_bytes(), "peak_rss_above_model_bytes": peak_rss_bytes() - loaded,
-    }  # fmt: skip
+        "kv_cache_peak_bytes": s["kv_cache_bytes"],
+        "memory_share": out.memory_share.mean().item(),
+        "peak_rss_bytes": peak_rss_bytes(),
+        "peak_rss_above_model_bytes": peak_rss_bytes() - loaded,
+    }
 
 
 def training_point(trainer: str, length: int, args) -> dict:
     """One ``bench_train_step.py`` step of ``trainer`` at ``length`` new tokens, in a child process whose own
     peak resident memory ``os.wait4`` reports."""
-    command = [sys.executable, str(ROOT / "scripts" / "bench_train_step.py"), "--model", args.model,
-               "--max-new-tokens", str(length), "--budget", str(args.budget), "--steps", "1", "--warmup", "0",
-               "--trainers", trainer]  # fmt: skip
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "bench_train_step.py"),
+        "--model",
+        args.model,
+        "--max-new-tokens",
+        str(length),
+        "--budget",
+        str(args.budget),
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--trainers",
+        trainer,
+    ]
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     stdout = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
@@ -91,13 +117,34 @@ def training_point(trainer: str, length: int, args) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"error: bench_train_step.py {trainer} at {length} tokens failed ({proc.returncode})")
     step = json.loads(stdout.strip().splitlines()[-1])["trainers"][trainer]
-    return {"kind": "training", "trainer": trainer, "length": length, "rows": 8, "step": step,
-            "seconds": step["total"], "peak_rss_bytes": usage.ru_maxrss * 1024}  # fmt: skip
+    return {
+        "kind": "training",
+        "trainer": trainer,
+        "length": length,
+        "rows": 8,
+        "step": step,
+        "seconds": step["total"],
+        "peak_rss_bytes": usage.ru_maxrss * 1024,
+    }
 
 
 def run_rollout_point(method: str, length: int, args) -> dict:
-    command = [sys.executable, __file__, "--point", "rollout", method, str(length), "--model", args.model,
-               "--batch", str(args.batch), "--budget", str(args.budget), "--eta", str(args.eta)]  # fmt: skip
+    command = [
+        sys.executable,
+        __file__,
+        "--point",
+        "rollout",
+        method,
+        str(length),
+        "--model",
+        args.model,
+        "--batch",
+        str(args.batch),
+        "--budget",
+        str(args.budget),
+        "--eta",
+        str(args.eta),
+    ]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise SystemExit(f"error: rollout {method} at {length} tokens failed: {done.stderr[-2000:]}")
@@ -108,10 +155,12 @@ def with_marginals(points: list[dict]) -> None:
     """Each rollout point's marginal decode time per token: (decode time here - at the previous length) /
     (length here - previous length), per method."""
     for method in METHODS:
-        rows = sorted((p for p in points if p["kind"] == "rollout" and p["method"] == method), key=lambda p: p["length"])
+        rows = sorted(
+            (p for p in points if p["kind"] == "rollout" and p["method"] == method), key=lambda p: p["length"]
+        )
         for before, here in zip(rows, rows[1:]):
-            here["marginal_decode_seconds_per_token"] = (
-                (here["decode_seconds"] - before["decode_seconds"]) / (here["length"] - before["length"])
+            here["marginal_decode_seconds_per_token"] = (here["decode_seconds"] - before["decode_seconds"]) / (
+                here["length"] - before["length"]
             )
 
 
@@ -124,23 +173,60 @@ def plot(points: list[dict], path: Path, title: str) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     from gkv_train.report import method_style
 
-    colours = {m: method_style(m)["color"] for m in METHODS} | {"rl_sparse": method_style("gkv")["color"], "rl_full": "black"}
+    colours = {m: method_style(m)["color"] for m in METHODS} | {
+        "rl_sparse": method_style("gkv")["color"],
+        "rl_full": "black",
+    }
     for method in METHODS:
-        rows = sorted((p for p in points if p["kind"] == "rollout" and p["method"] == method), key=lambda p: p["length"])
+        rows = sorted(
+            (p for p in points if p["kind"] == "rollout" and p["method"] == method), key=lambda p: p["length"]
+        )
         if not rows:
             continue
         x = [p["length"] for p in rows]
-        axes[0].plot(x, [p["decode_seconds_per_token"] * 1e3 for p in rows], marker="o", color=colours[method], label=f"{method} (mean)")
-        marginal = [(p["length"], p["marginal_decode_seconds_per_token"] * 1e3) for p in rows if "marginal_decode_seconds_per_token" in p]
+        axes[0].plot(
+            x,
+            [p["decode_seconds_per_token"] * 1e3 for p in rows],
+            marker="o",
+            color=colours[method],
+            label=f"{method} (mean)",
+        )
+        marginal = [
+            (p["length"], p["marginal_decode_seconds_per_token"] * 1e3)
+            for p in rows
+            if "marginal_decode_seconds_per_token" in p
+        ]
         if marginal:
-            axes[0].plot(*zip(*marginal), marker="x", linestyle="--", color=colours[method], label=f"{method} (marginal)")
-        axes[1].plot(x, [p["kv_cache_peak_bytes"] / 2**20 for p in rows], marker="o", color=colours[method], label=f"{method} KV cache")
-        axes[1].plot(x, [p["peak_rss_above_model_bytes"] / 2**20 for p in rows], marker="x", linestyle=":", color=colours[method],
-                     label=f"{method} peak RSS above the model")  # fmt: skip
+            axes[0].plot(
+                *zip(*marginal), marker="x", linestyle="--", color=colours[method], label=f"{method} (marginal)"
+            )
+        axes[1].plot(
+            x,
+            [p["kv_cache_peak_bytes"] / 2**20 for p in rows],
+            marker="o",
+            color=colours[method],
+            label=f"{method} KV cache",
+        )
+        axes[1].plot(
+            x,
+            [p["peak_rss_above_model_bytes"] / 2**20 for p in rows],
+            marker="x",
+            linestyle=":",
+            color=colours[method],
+            label=f"{method} peak RSS above the model",
+        )
     for trainer in TRAINERS:
-        rows = sorted((p for p in points if p["kind"] == "training" and p["trainer"] == trainer), key=lambda p: p["length"])
+        rows = sorted(
+            (p for p in points if p["kind"] == "training" and p["trainer"] == trainer), key=lambda p: p["length"]
+        )
         if rows:
-            axes[2].plot([p["length"] for p in rows], [p["seconds"] for p in rows], marker="o", color=colours[trainer], label=trainer)
+            axes[2].plot(
+                [p["length"] for p in rows],
+                [p["seconds"] for p in rows],
+                marker="o",
+                color=colours[trainer],
+                label=trainer,
+            )
     axes[0].set_ylabel("decode ms per token (batch)")
     axes[1].set_ylabel("MiB")
     axes[2].set_ylabel("seconds per training step (1 x 8 rows)")
@@ -198,12 +284,24 @@ def main() -> None:
             f.write(dumps(point) + "\n")
     points = [p for p in points if (p["kind"], p.get("method") or p.get("trainer"), p["length"]) in set(todo)]
     with_marginals(points)
-    plot(points, args.output_root / "scaling.png",
-         f"{args.model}, rollout batch {args.batch} (gkv budget {args.budget}, s4r eta {args.eta}); training 1 x 8 rows")  # fmt: skip
-    result = {"benchmark": "scaling", **settings, "lengths": args.lengths, "train_lengths": args.train_lengths,
-              "seconds": round(time.perf_counter() - start, 1), "points": points,
-              "plot": str(args.output_root / "scaling.png"), "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
-              "machine": machine(), "command": "python scripts/bench_scaling.py " + " ".join(sys.argv[1:])}  # fmt: skip
+    plot(
+        points,
+        args.output_root / "scaling.png",
+        f"{args.model}, rollout batch {args.batch} (gkv budget {args.budget}, s4r eta {args.eta}); training 1 x 8 rows",
+    )
+    result = {
+        "benchmark": "scaling",
+        **settings,
+        "lengths": args.lengths,
+        "train_lengths": args.train_lengths,
+        "seconds": round(time.perf_counter() - start, 1),
+        "points": points,
+        "plot": str(args.output_root / "scaling.png"),
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": git_commit(),
+        "machine": machine(),
+        "command": "python scripts/bench_scaling.py " + " ".join(sys.argv[1:]),
+    }
     if args.results:
         write_atomically(args.results, dumps(result) + "\n")
     print_json(result)
@@ -214,24 +312,38 @@ def tables(view: str, result: dict) -> str:
     with where it came from."""
     mib = 2**20
     if view == "rollout":
-        rows = ["| method | new tokens | tokens/s | decode ms/token (mean) | marginal ms/token | KV cache MiB "
-                "| peak RSS above the model, MiB | memory share | compression share of decode |",
-                "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        for p in sorted((p for p in result["points"] if p["kind"] == "rollout"),
-                        key=lambda p: (METHODS.index(p["method"]), p["length"])):  # fmt: skip
+        rows = [
+            "| method | new tokens | tokens/s | decode ms/token (mean) | marginal ms/token | KV cache MiB "
+            "| peak RSS above the model, MiB | memory share | compression share of decode |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for p in sorted(
+            (p for p in result["points"] if p["kind"] == "rollout"),
+            key=lambda p: (METHODS.index(p["method"]), p["length"]),
+        ):
             marginal = p.get("marginal_decode_seconds_per_token")
-            rows.append(f"| {p['method']} | {p['length']} | {p['tokens_per_s']:.1f} | {p['decode_seconds_per_token'] * 1e3:.0f} "
-                        f"| {'-' if marginal is None else f'{marginal * 1e3:.0f}'} | {p['kv_cache_peak_bytes'] / mib:.0f} "
-                        f"| {p['peak_rss_above_model_bytes'] / mib:.0f} | {p['memory_share']:.2f} "
-                        f"| {p['compress_share_of_decode'] or 0:.1%} |")  # fmt: skip
+            rows.append(
+                f"| {p['method']} | {p['length']} | {p['tokens_per_s']:.1f} | "
+                f"{p['decode_seconds_per_token'] * 1e3:.0f} "
+                f"| {'-' if marginal is None else f'{marginal * 1e3:.0f}'} | {p['kv_cache_peak_bytes'] / mib:.0f} "
+                f"| {p['peak_rss_above_model_bytes'] / mib:.0f} | {p['memory_share']:.2f} "
+                f"| {p['compress_share_of_decode'] or 0:.1%} |"
+            )
     else:
-        rows = ["| trainer | new tokens (8 rows) | step s | generation s | log-prob forward s | backward s "
-                "| peak RSS MiB |", "|---|---|---|---|---|---|---|"]  # fmt: skip
-        for p in sorted((p for p in result["points"] if p["kind"] == "training"),
-                        key=lambda p: (TRAINERS.index(p["trainer"]), p["length"])):  # fmt: skip
+        rows = [
+            "| trainer | new tokens (8 rows) | step s | generation s | log-prob forward s | backward s "
+            "| peak RSS MiB |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for p in sorted(
+            (p for p in result["points"] if p["kind"] == "training"),
+            key=lambda p: (TRAINERS.index(p["trainer"]), p["length"]),
+        ):
             step = p["step"]
-            rows.append(f"| {p['trainer']} | {p['length']} | {p['seconds']:.1f} | {step['generation']:.1f} "
-                        f"| {step['logprob_forward']:.1f} | {step['backward']:.1f} | {p['peak_rss_bytes'] / mib:.0f} |")  # fmt: skip
+            rows.append(
+                f"| {p['trainer']} | {p['length']} | {p['seconds']:.1f} | {step['generation']:.1f} "
+                f"| {step['logprob_forward']:.1f} | {step['backward']:.1f} | {p['peak_rss_bytes'] / mib:.0f} |"
+            )
     return "\n".join(rows) + f"\n\n{provenance(result)}\n"
 
 

@@ -28,17 +28,18 @@ from __future__ import annotations
 
 import argparse
 import functools
-import tempfile
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
-from _common import ROOT, git_commit, machine, print_json, provenance
 from transformers import TrainerCallback
 
 from gkv_train.jsonio import dumps
+
+from _common import ROOT, git_commit, machine, print_json, provenance
 
 PHASES = ("generation", "logprob_forward", "backward", "optimizer", "other")
 
@@ -91,11 +92,22 @@ def configuration(recipe: str, args, output_dir: Path, compile_decode: bool = Fa
     rows = "prompts_per_step=8" if recipe.startswith("distill") else "prompts_per_step=1"
     samples = "sampling.num_generations=1" if recipe.startswith("distill") else "sampling.num_generations=8"
     overrides = [
-        f"recipe={recipe}", f"model={args.model}", rows, samples, f"sampling.max_new_tokens={args.max_new_tokens}",
-        f"max_steps={args.warmup + args.steps}", "gradient_checkpointing=false", "save_steps=100000",
-        "eval_steps=null", f"output_dir={output_dir}", "report_to=[]", f"compression.budget={args.budget}",
-        f"compression.window={args.window}", f"compression.interval={args.interval}", "data.limit=64",
-    ]  # fmt: skip
+        f"recipe={recipe}",
+        f"model={args.model}",
+        rows,
+        samples,
+        f"sampling.max_new_tokens={args.max_new_tokens}",
+        f"max_steps={args.warmup + args.steps}",
+        "gradient_checkpointing=false",
+        "save_steps=100000",
+        "eval_steps=null",
+        f"output_dir={output_dir}",
+        "report_to=[]",
+        f"compression.budget={args.budget}",
+        f"compression.window={args.window}",
+        f"compression.interval={args.interval}",
+        "data.limit=64",
+    ]
     if recipe.startswith("distill"):
         overrides.append("distill.mode=onpolicy")
     if compile_decode:
@@ -109,10 +121,10 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     from accelerate import PartialState
     from trl import GRPOTrainer
 
+    from gkv_rollout.config import SamplingConfig
     from gkv_train import grpo, run_config
     from gkv_train.launch import distill_trainer, grpo_trainer, import_callable, trainer_args, training_data
     from gkv_train.models import load_model
-    from gkv_rollout.config import SamplingConfig
 
     base, _, variant = name.partition("+")
     if variant not in ("", "compile") or (variant and base == "trl"):
@@ -131,9 +143,13 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
         if tokenizer.chat_template:  # the chat template, as the engine applies it
             data = data.map(lambda row: {"prompt": [{"role": "user", "content": row["prompt"]}]})
         trainer = GRPOTrainer(
-            model=model, reward_funcs=rewards, args=training_args,
-            train_dataset=data, processing_class=tokenizer, callbacks=[timer],
-        )  # fmt: skip
+            model=model,
+            reward_funcs=rewards,
+            args=training_args,
+            train_dataset=data,
+            processing_class=tokenizer,
+            callbacks=[timer],
+        )
         trainer.generation_config.min_new_tokens = args.max_new_tokens
         trainer._generate = timer.timed("generation", trainer._generate)
     elif name == "distill":
@@ -157,12 +173,16 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     result = {k: round(sum(s[k] for s in timed) / len(timed), 3) for k in (*PHASES, "total")}
     lengths = [r["completions/mean_length"] for r in trainer.state.log_history if "completions/mean_length" in r]
     return result | {
-        "steps": len(timed), "mean_completion_length": sum(lengths) / max(len(lengths), 1),
+        "steps": len(timed),
+        "mean_completion_length": sum(lengths) / max(len(lengths), 1),
         "warmup_total": round(sum(s["total"] for s in timer.steps[: args.warmup]), 3),
-    }  # fmt: skip
+    }
 
 
-NAMES = {"trl": "plain TRL `GRPOTrainer` (HF `generate`)", "distill": "on-policy distillation (forwards: teacher + student)"}
+NAMES = {
+    "trl": "plain TRL `GRPOTrainer` (HF `generate`)",
+    "distill": "on-policy distillation (forwards: teacher + student)",
+}
 
 
 def tables(view: str, result: dict) -> str:
@@ -171,13 +191,21 @@ def tables(view: str, result: dict) -> str:
     if view != "steps":
         raise SystemExit(f"error: bench_train_step has the view steps, not {view!r}")
     phases = ("generation", "logprob_forward", "backward", "optimizer", "other", "total")
-    lines = [f"| seconds per step | generation | log-prob forwards | backward | optimizer | other | total | vs TRL | "
-             f"warm-up ({result.get('warmup', '?')} steps) |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = [
+        f"| seconds per step | generation | log-prob forwards | backward | optimizer | other | total | vs TRL | "
+        f"warm-up ({result.get('warmup', '?')} steps) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, t in result["trainers"].items():
-        label = NAMES.get(name) or f"`{name.removesuffix('+compile')}`" + (", compiled decode" if name.endswith("+compile") else "")
+        label = NAMES.get(name) or f"`{name.removesuffix('+compile')}`" + (
+            ", compiled decode" if name.endswith("+compile") else ""
+        )
         ratio = result.get("step_time_vs_trl", {}).get(name)
-        lines.append(f"| {label} | " + " | ".join(f"{t[p]:.2f}" if t[p] < 0.1 else f"{t[p]:.1f}" for p in phases)
-                     + f" | {'-' if ratio is None else f'{ratio:.2f}x'} | {t['warmup_total']:.1f} |")  # fmt: skip
+        lines.append(
+            f"| {label} | "
+            + " | ".join(f"{t[p]:.2f}" if t[p] < 0.1 else f"{t[p]:.1f}" for p in phases)
+            + f" | {'-' if ratio is None else f'{ratio:.2f}x'} | {t['warmup_total']:.1f} |"
+        )
     return "\n".join(lines) + f"\n\n{provenance(result)}\n"
 
 
@@ -195,12 +223,19 @@ def main() -> None:
     args = parser.parse_args()
 
     result = {
-        "benchmark": "train_step", "model": args.model, "rows": 8, "max_new_tokens": args.max_new_tokens,
+        "benchmark": "train_step",
+        "model": args.model,
+        "rows": 8,
+        "max_new_tokens": args.max_new_tokens,
         "compression": f"gkv budget {args.budget} window {args.window} interval {args.interval}",
-        "threads": torch.get_num_threads(), "warmup": args.warmup, "trainers": {},
-        "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
-        "commit": git_commit(), "machine": machine(),
-    }  # fmt: skip
+        "threads": torch.get_num_threads(),
+        "warmup": args.warmup,
+        "trainers": {},
+        "command": "python " + " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": git_commit(),
+        "machine": machine(),
+    }
     with tempfile.TemporaryDirectory(dir=ROOT / "outputs" if (ROOT / "outputs").is_dir() else None) as workdir:
         for name in args.trainers:
             torch.manual_seed(0)

@@ -31,14 +31,15 @@ import time
 from pathlib import Path
 
 import torch
-from _common import ROOT, git_commit, machine, print_json, provenance
 
-from gkv_train.data import DataConfig, load_problems
-from gkv_train.metrics import compressed_kl
-from gkv_train.jsonio import dumps, read_jsonl, write_atomically
-from gkv_train.models import load_model
 from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_train.data import DataConfig, load_problems
+from gkv_train.jsonio import dumps, read_jsonl, write_atomically
+from gkv_train.metrics import compressed_kl
+from gkv_train.models import load_model
 from gkv_train.traces import generate_traces
+
+from _common import ROOT, git_commit, machine, print_json, provenance
 
 RECIPES = ("rl_sparse", "rl_full", "distill", "distill_onpolicy")
 CACHES = ("compressed", "full")
@@ -64,8 +65,12 @@ def run(command: list[str], stage: str) -> None:
 
 
 def compression_keys(method: str, budget: int, args) -> list[str]:
-    return [f"compression.method={method}", f"compression.budget={budget}", f"compression.window={args.window}",
-            f"compression.interval={args.interval}"]  # fmt: skip
+    return [
+        f"compression.method={method}",
+        f"compression.budget={budget}",
+        f"compression.window={args.window}",
+        f"compression.interval={args.interval}",
+    ]
 
 
 def evaluate(
@@ -74,23 +79,35 @@ def evaluate(
     """``scripts/evaluate.py`` with the full cache and under ``method``/``budget``; per run: pass@1, its Wilson
     interval, mean completion length, retention."""
     command = [
-        sys.executable, str(ROOT / "scripts" / "evaluate.py"), *model_args, *data_keys,
-        f"sampling.num_generations={args.samples_eval}", f"sampling.max_new_tokens={args.max_new_tokens}", f"sampling.temperature={args.temperature}",
+        sys.executable,
+        str(ROOT / "scripts" / "evaluate.py"),
+        *model_args,
+        *data_keys,
+        f"sampling.num_generations={args.samples_eval}",
+        f"sampling.max_new_tokens={args.max_new_tokens}",
+        f"sampling.temperature={args.temperature}",
         f"sampling.top_p={args.top_p}",
-        f"batch_problems={args.batch_problems}", f"methods=[full,{method}]", f"budgets=[{budget}]",
-        f"compression.window={args.window}", f"compression.interval={args.interval}", f"output_dir={out}",
-        "plots=false", f"seed={seed}",
-    ]  # fmt: skip
+        f"batch_problems={args.batch_problems}",
+        f"methods=[full,{method}]",
+        f"budgets=[{budget}]",
+        f"compression.window={args.window}",
+        f"compression.interval={args.interval}",
+        f"output_dir={out}",
+        "plots=false",
+        f"seed={seed}",
+    ]
     run(command, stage)
     results = {}
     for cache, folder in (("full", "full"), ("compressed", f"{method}-b{budget}")):
         samples = list(read_jsonl(out / folder / "samples.jsonl"))
         correct = sum(s["correct"] for s in samples)
         results[cache] = {
-            "pass@1": correct / len(samples), "ci95": wilson(correct, len(samples)), "samples": len(samples),
+            "pass@1": correct / len(samples),
+            "ci95": wilson(correct, len(samples)),
+            "samples": len(samples),
             "mean_length": sum(s["length"] for s in samples) / len(samples),
             "retention": sum(s["retention"] for s in samples) / len(samples),
-        }  # fmt: skip
+        }
     return results
 
 
@@ -101,15 +118,29 @@ def stage_probe(args, root: Path) -> dict:
     rows = []
     for candidate in args.candidates:
         distractors, method, budget = candidate.split(":")
-        data = ["data.name=arithmetic", "data.split=train", f"data.levels=[{args.level}]",
-                f"data.distractors={distractors}", f"data.limit={args.probe_problems}",
-                template_key("data", args)]  # fmt: skip
+        data = [
+            "data.name=arithmetic",
+            "data.split=train",
+            f"data.levels=[{args.level}]",
+            f"data.distractors={distractors}",
+            f"data.limit={args.probe_problems}",
+            template_key("data", args),
+        ]
         out = root / "probe" / candidate.replace(":", "_")
         # a seed other than training's: other train-split problems than the first training prompts
         result = evaluate([f"model={args.model}"], data, method, int(budget), out, args, "probe", args.seed + 1)
         gap = result["full"]["pass@1"] - result["compressed"]["pass@1"]
-        rows.append({"candidate": candidate, "distractors": int(distractors), "method": method, "budget": int(budget),
-                     "full": result["full"], "compressed": result["compressed"], "gap": gap})  # fmt: skip
+        rows.append(
+            {
+                "candidate": candidate,
+                "distractors": int(distractors),
+                "method": method,
+                "budget": int(budget),
+                "full": result["full"],
+                "compressed": result["compressed"],
+                "gap": gap,
+            }
+        )
         full, compressed = result["full"]["pass@1"], result["compressed"]["pass@1"]
         log("probe", f"{candidate}: full {full:.3f}, compressed {compressed:.3f}")
     qualified = [r for r in rows if r["full"]["pass@1"] >= args.min_full and r["gap"] >= args.min_gap]
@@ -130,17 +161,33 @@ def train_keys(recipe: str, chosen: dict, root: Path, args) -> list[str]:
     distill = recipe.startswith("distill")
     rows = args.prompts_per_step * args.samples
     keys = [
-        f"recipe={recipe}", f"model={args.model}", "data.name=arithmetic", f"data.levels=[{args.level}]",
-        f"data.distractors={chosen['distractors']}", f"data.limit={args.train_problems}",
-        f"eval_data.levels=[{args.level}]", f"eval_data.distractors={chosen['distractors']}", "eval_data.limit=8",
-        template_key("data", args), template_key("eval_data", args),
-        f"max_steps={args.steps}", f"learning_rate={args.lr}", f"sampling.max_new_tokens={args.max_new_tokens}",
-        f"sampling.temperature={args.temperature}", f"sampling.top_p={args.top_p}", f"seed={args.seed}", f"save_steps={args.save_steps}",
-        f"lora.enabled={str(args.lora).lower()}", "resume=last",
+        f"recipe={recipe}",
+        f"model={args.model}",
+        "data.name=arithmetic",
+        f"data.levels=[{args.level}]",
+        f"data.distractors={chosen['distractors']}",
+        f"data.limit={args.train_problems}",
+        f"eval_data.levels=[{args.level}]",
+        f"eval_data.distractors={chosen['distractors']}",
+        "eval_data.limit=8",
+        template_key("data", args),
+        template_key("eval_data", args),
+        f"max_steps={args.steps}",
+        f"learning_rate={args.lr}",
+        f"sampling.max_new_tokens={args.max_new_tokens}",
+        f"sampling.temperature={args.temperature}",
+        f"sampling.top_p={args.top_p}",
+        f"seed={args.seed}",
+        f"save_steps={args.save_steps}",
+        f"lora.enabled={str(args.lora).lower()}",
+        "resume=last",
         f"prompts_per_step={rows if distill else args.prompts_per_step}",
-    ]  # fmt: skip
+    ]
     if not distill:
-        keys += [f"sampling.num_generations={args.samples}", f"rl.overlong_advantage_clip={str(args.overlong_clip).lower()}"]
+        keys += [
+            f"sampling.num_generations={args.samples}",
+            f"rl.overlong_advantage_clip={str(args.overlong_clip).lower()}",
+        ]
     if recipe != "rl_full":
         keys += compression_keys(chosen["method"], chosen["budget"], args)
     if recipe == "distill":
@@ -155,11 +202,21 @@ def training_traces(chosen: dict, root: Path, args) -> None:
     if path.is_file():
         return
     command = [
-        sys.executable, str(ROOT / "scripts" / "generate_traces.py"), f"model={args.model}", "data.name=arithmetic",
-        f"data.levels=[{args.level}]", f"data.distractors={chosen['distractors']}", f"data.limit={args.trace_problems}",
-        f"sampling.num_generations={args.samples}", f"sampling.max_new_tokens={args.max_new_tokens}", f"sampling.temperature={args.temperature}",
-        f"sampling.top_p={args.top_p}", f"seed={args.seed}", template_key("data", args), f"output={path.with_suffix('.partial')}",
-    ]  # fmt: skip
+        sys.executable,
+        str(ROOT / "scripts" / "generate_traces.py"),
+        f"model={args.model}",
+        "data.name=arithmetic",
+        f"data.levels=[{args.level}]",
+        f"data.distractors={chosen['distractors']}",
+        f"data.limit={args.trace_problems}",
+        f"sampling.num_generations={args.samples}",
+        f"sampling.max_new_tokens={args.max_new_tokens}",
+        f"sampling.temperature={args.temperature}",
+        f"sampling.top_p={args.top_p}",
+        f"seed={args.seed}",
+        template_key("data", args),
+        f"output={path.with_suffix('.partial')}",
+    ]
     run(command + (["keep_incorrect=true"] if args.quick else []), "train/teacher_traces")
     path.with_suffix(".partial").rename(path)
 
@@ -200,12 +257,19 @@ def held_out_traces(chosen: dict, root: Path, args) -> list[dict]:
     if path.is_file():
         return list(read_jsonl(path))
     log("kl", f"teacher traces of {args.kl_problems} held-out problems")
-    data = DataConfig(name="arithmetic", split="test", limit=args.kl_problems, levels=[args.level],
-                      distractors=chosen["distractors"], prompt_template=args.prompt_template)  # fmt: skip
+    data = DataConfig(
+        name="arithmetic",
+        split="test",
+        limit=args.kl_problems,
+        levels=[args.level],
+        distractors=chosen["distractors"],
+        prompt_template=args.prompt_template,
+    )
     problems = load_problems(data, args.seed)
     model, tokenizer = load_model(args.model)
-    sampling = SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                              seed=args.seed)  # fmt: skip
+    sampling = SamplingConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
+    )
     rows = generate_traces(model, tokenizer, problems, sampling, data.prompt_template, keep_incorrect=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomically(path, "".join(dumps(r) + "\n" for r in rows))
@@ -219,10 +283,12 @@ def probe_table(summary: dict) -> str:
     for c in summary["probe"]["candidates"]:
         chosen = " (chosen)" if c["candidate"] == summary["probe"]["chosen"] else ""
         full, compressed = c["full"], c["compressed"]
-        lines.append(f"| {c['distractors']} distractors, {c['method']} budget {c['budget']}{chosen} "
-                     f"| {full['pass@1']:.3f} [{full['ci95'][0]:.3f}, {full['ci95'][1]:.3f}] "
-                     f"| {compressed['pass@1']:.3f} [{compressed['ci95'][0]:.3f}, {compressed['ci95'][1]:.3f}] "
-                     f"| {c['gap']:.2f} | {compressed['retention']:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {c['distractors']} distractors, {c['method']} budget {c['budget']}{chosen} "
+            f"| {full['pass@1']:.3f} [{full['ci95'][0]:.3f}, {full['ci95'][1]:.3f}] "
+            f"| {compressed['pass@1']:.3f} [{compressed['ci95'][0]:.3f}, {compressed['ci95'][1]:.3f}] "
+            f"| {c['gap']:.2f} | {compressed['retention']:.2f} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -237,8 +303,9 @@ def tables(view: str, summary: dict) -> str:
 
 
 def markdown_table(summary: dict) -> str:
-    """The results table (docs/benchmarks/training_effect.md): per model, pass@1 [95% interval] under the compression and with the full cache, the gap,
-    mean completion length and retention under the compression, and the compressed KL to the teacher."""
+    """The results table (docs/benchmarks/training_effect.md): per model, pass@1 [95% interval] under the
+    compression and with the full cache, the gap, mean completion length and retention under the compression, and
+    the compressed KL to the teacher."""
     c = summary["compression"]
     lines = [
         f"| model | {c['method']} budget {c['budget']} | full cache | gap | length | retention | KL to teacher |",
@@ -273,8 +340,10 @@ def plot(summary: dict, path: Path) -> None:
     ax.set_xticks(range(len(names)), names)
     ax.set_ylim(0, 1)
     ax.set_ylabel("pass@1 (95% Wilson interval)")
-    ax.set_title(f"{summary['model']}, built-in task (distractors {summary['task']['distractors']}), "
-                 f"{summary['eval_problems']} held-out problems")  # fmt: skip
+    ax.set_title(
+        f"{summary['model']}, built-in task (distractors {summary['task']['distractors']}), "
+        f"{summary['eval_problems']} held-out problems"
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -288,8 +357,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="every stage on tiny settings (a test runs it)")
     parser.add_argument("--level", type=int, default=0, help="built-in task level (0: recall the first fact)")
     parser.add_argument("--prompt-template", default="{problem} Reply with only the number.")
-    parser.add_argument("--candidates", nargs="+", default=["4:gkv:32", "8:gkv:40", "4:snapkv:32"],
-                        help="distractors:method:budget settings probed on train-split problems, preferred first")
+    parser.add_argument(
+        "--candidates",
+        nargs="+",
+        default=["4:gkv:32", "8:gkv:40", "4:snapkv:32"],
+        help="distractors:method:budget settings probed on train-split problems, preferred first",
+    )
     parser.add_argument("--min-full", type=float, default=0.30)
     parser.add_argument("--min-gap", type=float, default=0.10)
     parser.add_argument("--probe-problems", type=int, default=96)
@@ -305,8 +378,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--max-new-tokens", type=int, default=10)
-    parser.add_argument("--overlong-clip", action=argparse.BooleanOptionalAction, default=False,
-                        help="GRPO rl.overlong_advantage_clip (off: at 10 tokens nearly every completion is cut off)")
+    parser.add_argument(
+        "--overlong-clip",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="GRPO rl.overlong_advantage_clip (off: at 10 tokens nearly every completion is cut off)",
+    )
     parser.add_argument("--temperature", type=float, default=0.6)
     parser.add_argument("--top-p", type=float, default=0.95)
     parser.add_argument("--eval-problems", type=int, default=256)
@@ -332,11 +409,23 @@ def main() -> None:
         training_traces(chosen, root, args)
     for recipe in args.recipes:
         if not (root / "train" / recipe / "eval.json").is_file():
-            run([sys.executable, str(ROOT / "train.py"), *train_keys(recipe, chosen, root, args),
-                 f"output_dir={root / 'train' / recipe}"], f"train/{recipe}")  # fmt: skip
-    data = ["data.name=arithmetic", "data.split=test", f"data.levels=[{args.level}]",
-            f"data.distractors={chosen['distractors']}", f"data.limit={args.eval_problems}",
-            template_key("data", args)]  # fmt: skip
+            run(
+                [
+                    sys.executable,
+                    str(ROOT / "train.py"),
+                    *train_keys(recipe, chosen, root, args),
+                    f"output_dir={root / 'train' / recipe}",
+                ],
+                f"train/{recipe}",
+            )
+    data = [
+        "data.name=arithmetic",
+        "data.split=test",
+        f"data.levels=[{args.level}]",
+        f"data.distractors={chosen['distractors']}",
+        f"data.limit={args.eval_problems}",
+        template_key("data", args),
+    ]
     traces = held_out_traces(chosen, root, args)
     models = {}
     for name in ["untrained", *args.recipes]:
@@ -344,29 +433,55 @@ def main() -> None:
         if done.is_file():
             result = json.loads(done.read_text())
         else:
-            result = evaluate(model_args(name, root, args), data, chosen["method"], chosen["budget"],
-                              root / "eval" / name, args, f"eval/{name}", args.seed)  # fmt: skip
+            result = evaluate(
+                model_args(name, root, args),
+                data,
+                chosen["method"],
+                chosen["budget"],
+                root / "eval" / name,
+                args,
+                f"eval/{name}",
+                args.seed,
+            )
             result["gap"] = result["full"]["pass@1"] - result["compressed"]["pass@1"]
             write_atomically(done, dumps(result, indent=2))
         result["kl_full_teacher_vs_compressed"] = stage_kl(name, chosen, root, args, traces)
         models[name] = result
         log(f"eval/{name}", f"compressed {result['compressed']['pass@1']:.3f}, full {result['full']['pass@1']:.3f}")
     summary = {
-        "benchmark": "training_effect", "model": args.model, "quick": args.quick,
+        "benchmark": "training_effect",
+        "model": args.model,
+        "quick": args.quick,
         "task": {"name": "arithmetic", "level": args.level, "distractors": chosen["distractors"]},
-        "compression": {"method": chosen["method"], "budget": chosen["budget"], "window": args.window,
-                        "interval": args.interval},
-        "probe": probe, "eval_problems": args.eval_problems, "samples_per_problem": args.samples_eval,
+        "compression": {
+            "method": chosen["method"],
+            "budget": chosen["budget"],
+            "window": args.window,
+            "interval": args.interval,
+        },
+        "probe": probe,
+        "eval_problems": args.eval_problems,
+        "samples_per_problem": args.samples_eval,
         "prompt_template": args.prompt_template,
-        "training": {"steps": args.steps, "overlong_advantage_clip": args.overlong_clip, "learning_rate": args.lr,
-                     "lr_search_budget": 1, "lora": args.lora,
-                     "grpo_prompts_per_step": args.prompts_per_step, "samples_per_prompt": args.samples,
-                     "distill_rows_per_step": args.prompts_per_step * args.samples,
-                     "max_new_tokens": args.max_new_tokens, "temperature": args.temperature},
-        "models": models, "seconds": round(time.perf_counter() - start, 1),
-        "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "commit": git_commit(),
+        "training": {
+            "steps": args.steps,
+            "overlong_advantage_clip": args.overlong_clip,
+            "learning_rate": args.lr,
+            "lr_search_budget": 1,
+            "lora": args.lora,
+            "grpo_prompts_per_step": args.prompts_per_step,
+            "samples_per_prompt": args.samples,
+            "distill_rows_per_step": args.prompts_per_step * args.samples,
+            "max_new_tokens": args.max_new_tokens,
+            "temperature": args.temperature,
+        },
+        "models": models,
+        "seconds": round(time.perf_counter() - start, 1),
+        "command": "python " + " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": git_commit(),
         "machine": machine(),
-    }  # fmt: skip
+    }
     write_atomically(root / "summary.json", dumps(summary, indent=2))
     plot(summary, root / "training_effect.png")
     write_atomically(root / "summary.md", tables("models", summary))

@@ -72,16 +72,16 @@ sys.path[:0] = [str(_tree / "rollout"), str(_tree / "rewards"), str(_tree)] if _
 from gkv_train.models import load_model  # noqa: E402
 
 try:  # this layout: one package
-    from gkv_train.data import PROMPT_TEMPLATE
     from gkv_rollout.config import CompressionConfig, SamplingConfig
     from gkv_rollout.contract.eviction import NEVER
     from gkv_rollout.engine import RolloutEngine, encode_prompts
+    from gkv_train.data import PROMPT_TEMPLATE
 except ModuleNotFoundError:  # an older tree given as --project-root (f27a70f, the "before" of issue 8)
-    from gkv_train.config import PROMPT_TEMPLATE
-    from gkv_train.record import NEVER
-
     from rollout.config import CompressionConfig, SamplingConfig
     from rollout.engine import RolloutEngine, encode_prompts
+
+    from gkv_train.config import PROMPT_TEMPLATE
+    from gkv_train.record import NEVER
 
 METHODS = ("streaming", "snapkv", "rkv", "h2o", "gkv-max", "gkv-mean", "gkv-sum")
 REFERENCE_SCRIPT = ROOT / "scripts" / "reference" / "reference_generation.py"
@@ -118,23 +118,40 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--max-cases", type=int, default=0, help="only the first N cases (0: all; for quick checks)")
     p.add_argument("--select", default="", help="comma-separated indices of the cases to use (default: all)")
-    p.add_argument("--max-completion", type=int, default=0,
-                   help="teacher-force only the first N completion tokens on both sides (0: all)")
-    p.add_argument("--project-root", default=str(ROOT),
-                   help="tree whose rollout/ and gkv_train/ are tested (e.g. an archive of an older commit)")
+    p.add_argument(
+        "--max-completion",
+        type=int,
+        default=0,
+        help="teacher-force only the first N completion tokens on both sides (0: all)",
+    )
+    p.add_argument(
+        "--project-root",
+        default=str(ROOT),
+        help="tree whose rollout/ and gkv_train/ are tested (e.g. an archive of an older commit)",
+    )
     p.add_argument("--project-label", default="", help="what --project-root is (e.g. its commit), for the JSON")
-    p.add_argument("--project-batch", action="store_true",
-                   help="replay all cases in one left-padded batch on the project side (faster; default batch 1)")
+    p.add_argument(
+        "--project-batch",
+        action="store_true",
+        help="replay all cases in one left-padded batch on the project side (faster; default batch 1)",
+    )
     p.add_argument("--cases-only", action="store_true", help="make the case file and stop")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--reference-python", default="/tmp/refvenv/bin/python")
     p.add_argument("--reference-root", default="/tmp/gkvref")
     p.add_argument("--reference-output", default=None, help="reference result file (default: a temp path per interval)")
     p.add_argument("--reuse-reference", action="store_true", help="use an existing --reference-output, do not rerun it")
-    p.add_argument("--wait-reference", action="store_true",
-                   help="with --reuse-reference: wait for a reference run started elsewhere to write its file")
-    p.add_argument("--similarity", choices=("torch", "triton", "check"), default="torch",
-                   help="reference redundancy term: plain-torch equivalent, the Triton kernel (interpreter), or both")
+    p.add_argument(
+        "--wait-reference",
+        action="store_true",
+        help="with --reuse-reference: wait for a reference run started elsewhere to write its file",
+    )
+    p.add_argument(
+        "--similarity",
+        choices=("torch", "triton", "check"),
+        default="torch",
+        help="reference redundancy term: plain-torch equivalent, the Triton kernel (interpreter), or both",
+    )
     p.add_argument("--threads", type=int, default=0, help="torch threads on both sides (0: torch's default)")
     p.add_argument("--output", default=None, help="file the JSON line is written to")
     return p.parse_args(argv)
@@ -185,18 +202,29 @@ def run_reference(args, model_dir: Path, interval: int, methods: list[str], case
                 time.sleep(10)
     if not (args.reuse_reference and out.is_file()):
         cmd = [
-            args.reference_python, str(REFERENCE_SCRIPT),
-            "--reference-root", args.reference_root,
-            "--model-dir", str(model_dir),
-            "--cases", str(cases_path),
-            "--output", str(out),
-            "--methods", ",".join(methods),
-            "--budget", str(args.budget),
-            "--window", str(args.window),
-            "--interval", str(interval),
-            "--similarity", args.similarity,
-            "--threads", str(args.threads),
-        ]  # fmt: skip
+            args.reference_python,
+            str(REFERENCE_SCRIPT),
+            "--reference-root",
+            args.reference_root,
+            "--model-dir",
+            str(model_dir),
+            "--cases",
+            str(cases_path),
+            "--output",
+            str(out),
+            "--methods",
+            ",".join(methods),
+            "--budget",
+            str(args.budget),
+            "--window",
+            str(args.window),
+            "--interval",
+            str(interval),
+            "--similarity",
+            args.similarity,
+            "--threads",
+            str(args.threads),
+        ]
         print("[compare] " + " ".join(cmd), file=sys.stderr, flush=True)
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         subprocess.run(cmd, check=True, env=env)
@@ -213,10 +241,15 @@ def project_description(args) -> str:
         return args.project_label
     root = Path(args.project_root)
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "rollout", "gkv_train"],
-                               capture_output=True, text=True, check=True).stdout.strip()
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "rollout", "gkv_train"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         return f"{root} at {head}" + (" (rollout/gkv_train modified)" if dirty else "")
     except (subprocess.CalledProcessError, FileNotFoundError):
         return str(root)
@@ -358,11 +391,19 @@ def tables(view: str, runs: dict | list[dict]) -> str:
     intervals = list(runs[0]["by_interval"])
     methods = list(runs[0]["by_interval"][intervals[0]]["methods"])
     head = " / ".join(f"i{i}" for i in intervals)
-    lines = ["| method | " + " | ".join(f"{r['project'].split(' (')[0]}, {head}: exact, Jaccard" for r in runs) + " |",
-             "|---|" + "---|" * len(runs)]  # fmt: skip
+    lines = [
+        "| method | " + " | ".join(f"{r['project'].split(' (')[0]}, {head}: exact, Jaccard" for r in runs) + " |",
+        "|---|" + "---|" * len(runs),
+    ]
     for method in methods:
-        cells = [" / ".join(f"{m['exact']:.3f}, {m['jaccard']:.3f}" for i in intervals
-                            if (m := r["by_interval"][i]["methods"].get(method))) for r in runs]  # fmt: skip
+        cells = [
+            " / ".join(
+                f"{m['exact']:.3f}, {m['jaccard']:.3f}"
+                for i in intervals
+                if (m := r["by_interval"][i]["methods"].get(method))
+            )
+            for r in runs
+        ]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     where = "; ".join(f"`{r.get('command', '?')}` ({r.get('date', '?')})" for r in runs)
     return "\n".join(lines) + f"\n\n{where}\n"
@@ -382,7 +423,9 @@ def main(argv=None):
     if args.cases_only:
         return
     chosen = [case_file["cases"][int(i)] for i in args.select.split(",")] if args.select else case_file["cases"]
-    cases = [dict(c, completion=c["completion"][: args.max_completion or None]) for c in chosen[: args.max_cases or None]]
+    cases = [
+        dict(c, completion=c["completion"][: args.max_completion or None]) for c in chosen[: args.max_cases or None]
+    ]
     effective = Path(f"/tmp/reference_e2e_cases_{os.getpid()}.json")
     effective.write_text(json.dumps({"cases": cases}))
     result = {
@@ -405,8 +448,11 @@ def main(argv=None):
         projects = {}
         for name in methods:
             projects[name] = replay_project(model, tokenizer, name, args, interval, cases)
-            print(f"[compare] project {name} interval {interval}: {projects[name]['seconds']:.0f}s", file=sys.stderr,
-                  flush=True)
+            print(
+                f"[compare] project {name} interval {interval}: {projects[name]['seconds']:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
         reference = run_reference(args, model_dir, interval, methods, effective)
         entry = {"model_check": model_check(model, cases, reference), "methods": {}}
         if "similarity_check" in reference:

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 
-from _common import gsm8k_questions
-
-from gkv_train.models import load_model
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
+from gkv_train.models import load_model
+
+from _common import gsm8k_questions
 
 
 def main() -> None:
@@ -32,8 +32,10 @@ def main() -> None:
             print(f"\n[{i}] Q: {question}\n    A: {text.strip()}")
             print(f"    tokens {int(out.completion_lengths[i])}, retention {out.retention[i]:.2f}")
         s = out.stats
-        print(f"\n{compression.method}: {s['tokens_per_s']:.1f} tokens/s, {s['compressions']} compressions, "
-              f"mean retention {out.retention.mean():.2f}")
+        print(
+            f"\n{compression.method}: {s['tokens_per_s']:.1f} tokens/s, {s['compressions']} compressions, "
+            f"mean retention {out.retention.mean():.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -36,17 +36,31 @@ def fetch(requirement: str, python: str, out: Path) -> str:
     """Download ``requirement``'s wheel for ``python`` (no dependencies: the kit names each one), or build it
     when the index has only an sdist; returns how it came ("wheel" or "built")."""
     tags = [f"--platform={p}" for p in PLATFORMS]
-    done = pip("download", "-q", "--no-deps", "--only-binary=:all:", f"--python-version={python}",
-               "--implementation=cp", *tags, "-d", str(out), requirement)  # fmt: skip
+    done = pip(
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        f"--python-version={python}",
+        "--implementation=cp",
+        *tags,
+        "-d",
+        str(out),
+        requirement,
+    )
     if done.returncode == 0:
         return "wheel"
     with tempfile.TemporaryDirectory() as scratch:
         built = pip("wheel", "-q", "--no-deps", "-w", scratch, requirement)
         wheels = list(Path(scratch).glob("*.whl"))
         if built.returncode != 0 or len(wheels) != 1:
-            raise SystemExit(f"error: no wheel for {requirement} (python {python}): {(done.stderr or built.stderr)[-800:]}")
+            raise SystemExit(
+                f"error: no wheel for {requirement} (python {python}): {(done.stderr or built.stderr)[-800:]}"
+            )
         if not wheels[0].name.endswith("-py3-none-any.whl"):
-            raise SystemExit(f"error: {requirement} built as {wheels[0].name}, not pure Python: it would not install on the device")
+            raise SystemExit(
+                f"error: {requirement} built as {wheels[0].name}, not pure Python: it would not install on the device"
+            )
         wheels[0].rename(out / wheels[0].name)
     return "built"
 
@@ -69,11 +83,20 @@ def main() -> None:
         sources[folder] = "project"
     files = sorted(args.out.glob("*.whl"))
     size = sum(f.stat().st_size for f in files)
-    result = {"device_kit": str(args.out), "python": args.python, "files": [f.name for f in files],
-              "sources": sources, "bytes": size, "mib": round(size / 2**20, 2), "limit_mib": args.limit_mib}  # fmt: skip
+    result = {
+        "device_kit": str(args.out),
+        "python": args.python,
+        "files": [f.name for f in files],
+        "sources": sources,
+        "bytes": size,
+        "mib": round(size / 2**20, 2),
+        "limit_mib": args.limit_mib,
+    }
     print_json(result)
     if size > args.limit_mib * 2**20:
-        raise SystemExit(f"error: the kit is {size / 2**20:.1f} MiB, over the {args.limit_mib} MiB one device call carries")
+        raise SystemExit(
+            f"error: the kit is {size / 2**20:.1f} MiB, over the {args.limit_mib} MiB one device call carries"
+        )
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ JSON line so far) and ``gpu_check.md`` (a summary) under ``--out``, and prints t
     bash scripts/device_check.sh                   # on the GPU machine: install the kit (make device-kit), run this
     python scripts/gpu_check.py --out /tmp/gpu     # CUDA, everything already installed
     python scripts/gpu_check.py --tiny --out /tmp/gpu   # CPU: tiny shapes and sizes, the same code paths (SDPA
-                                                   # for flex in the training cost: FlexAttention's CPU backward is slow)
+                                                   # for flex in the training cost: FlexAttention's CPU backward
+                                                   # is slow)
 """
 
 from __future__ import annotations
@@ -35,41 +36,68 @@ import time
 from pathlib import Path
 
 import torch
-from _common import ROOT, print_json, random_prompts
 from bench_rollout import compiled_run, engine_run, hf_generate
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.contract.attention import ATTENTION_NAME, head_dim, register
+from gkv_rollout.engine import RolloutEngine
 from gkv_train.consistency import consistency_report
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_config, tiny_tokenizer
-from gkv_rollout.config import CompressionConfig, SamplingConfig
-from gkv_rollout.contract.attention import ATTENTION_NAME, head_dim, register
-from gkv_rollout.engine import RolloutEngine
+
+from _common import ROOT, print_json, random_prompts
 
 # Architectures of public checkpoints (their config.json), built here without their weights.
 SHAPES = {
     "qwen2.5-1.5b": lambda: Qwen2Config(
-        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
         tie_word_embeddings=True,
     ),
     "llama-3.2-1b": lambda: LlamaConfig(
-        hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
-        num_key_value_heads=8, head_dim=64, vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5,
-        rope_theta=5e5, tie_word_embeddings=True, rope_scaling={
-            "rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_theta=5e5,
+        tie_word_embeddings=True,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
             "original_max_position_embeddings": 8192,
         },
     ),
     "qwen2.5-0.5b": lambda: Qwen2Config(
-        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-        num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768, rope_theta=1e6, rms_norm_eps=1e-6,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rope_theta=1e6,
+        rms_norm_eps=1e-6,
         tie_word_embeddings=True,
     ),
     "tiny-llama": lambda: tiny_config("tiny-llama"),
     "tiny-qwen2": lambda: tiny_config("tiny-qwen2"),
-}  # fmt: skip
+}
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
@@ -144,7 +172,6 @@ def hardware(device: str, tiny: bool) -> dict:
     dst.copy_(src)
     seconds, _ = timed(lambda: [dst.copy_(src) for _ in range(repeats)], device)
     bandwidth = 2 * src.numel() * src.element_size() * repeats / seconds
-    del a, b, src, dst
     return {"bf16_matmul_flops_per_s": flops, "memory_bytes_per_s": bandwidth, "matmul_n": n, "copy_bytes": numel * 2}
 
 
@@ -174,15 +201,20 @@ def ceiling(cost: dict, rates: dict, seconds: float) -> dict:
     compute = cost["flops"] / rates["bf16_matmul_flops_per_s"]
     memory = cost.get("bytes", 0) / rates["memory_bytes_per_s"]
     bound = max(compute, memory)
-    return {**cost, "ceiling_seconds": bound, "bound": "compute" if compute >= memory else "memory",
-            "achieved_over_ceiling": bound / seconds if seconds > 0 else None}  # fmt: skip
+    return {
+        **cost,
+        "ceiling_seconds": bound,
+        "bound": "compute" if compute >= memory else "memory",
+        "achieved_over_ceiling": bound / seconds if seconds > 0 else None,
+    }
 
 
 # ---- sections --------------------------------------------------------------------------------------------
 def consistency(model, tokenizer, prompts, method: str, args) -> dict:
     """Rollout vs trainer under the record (FlexAttention), with both controls."""
-    compression = CompressionConfig(method, budget=args.check_budget, window=args.check_window,
-                                    interval=args.check_interval)  # fmt: skip
+    compression = CompressionConfig(
+        method, budget=args.check_budget, window=args.check_window, interval=args.check_interval
+    )
     sampling = SamplingConfig(max_new_tokens=args.check_tokens, temperature=1.0, seed=0, ignore_eos=True)
     out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling)
     report = consistency_report(model, out, backend="flex")
@@ -199,8 +231,10 @@ def rollout_speed(model, tokenizer, batch: int, args, rates: dict, report: Repor
     sampling = SamplingConfig(max_new_tokens=new, temperature=0.6, top_p=0.95, seed=0, ignore_eos=True)
     gkv = CompressionConfig("gkv", budget=args.rollout_budget, window=args.rollout_window)
     # mean keys a decode step attends to: the whole sequence so far, or about the budget (+ half an interval)
-    contexts = {"full": args.rollout_prompt + new / 2,
-                "gkv": min(args.rollout_prompt + new / 2, args.rollout_budget + gkv.resolved().interval / 2)}  # fmt: skip
+    contexts = {
+        "full": args.rollout_prompt + new / 2,
+        "gkv": min(args.rollout_prompt + new / 2, args.rollout_budget + gkv.resolved().interval / 2),
+    }
     result = {}
     runs = [("", engine_run)] + ([("_compiled", compiled_run)] if args.compile_decode else [])
     for compression in (CompressionConfig("full"), gkv):
@@ -224,7 +258,7 @@ def rollout_speed(model, tokenizer, batch: int, args, rates: dict, report: Repor
         result["hf_generate"] = hf
         for name, r in list(result.items()):
             if name.startswith("engine_") and "tokens_per_s" in r:
-                result[f"speedup_{name[len('engine_'):]}"] = r["tokens_per_s"] / hf["tokens_per_s"]
+                result[f"speedup_{name[len('engine_') :]}"] = r["tokens_per_s"] / hf["tokens_per_s"]
     else:
         result["hf_generate"] = {"skipped": "time budget"}
     return {"batch": batch, "new_tokens": new, "prompt_tokens": args.rollout_prompt, **result}
@@ -236,16 +270,18 @@ def training_cost(model, tokenizer, args, rates: dict, backend: str) -> dict:
     vocab = min(model.config.vocab_size, 1000)
     new = args.train_new
     prompts = random_prompts([args.train_tokens - new] * args.train_batch, vocab, seed=3)
-    compression = CompressionConfig("gkv", budget=args.check_budget * 4, window=args.check_window,
-                                    interval=args.check_interval)  # fmt: skip
+    compression = CompressionConfig(
+        "gkv", budget=args.check_budget * 4, window=args.check_window, interval=args.check_interval
+    )
     sampling = SamplingConfig(max_new_tokens=new, temperature=1.0, seed=0, ignore_eos=True)
     out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling)
     model.train()
 
     def step(record):
         model.zero_grad(set_to_none=True)
-        logps = token_logprobs(model, out.sequences, out.attention_mask, out.num_completion_tokens, record,
-                               backend=backend)  # fmt: skip
+        logps = token_logprobs(
+            model, out.sequences, out.attention_mask, out.num_completion_tokens, record, backend=backend
+        )
         logps[out.completion_mask.bool()].sum().backward()
 
     step(out.record)  # warm-up (compiles FlexAttention's kernels)
@@ -260,11 +296,18 @@ def training_cost(model, tokenizer, args, rates: dict, backend: str) -> dict:
     attention = 3 * 4 * c.num_hidden_layers * c.num_attention_heads * head_dim(c) * T * T / 2 * args.train_batch
     cost = {"flops": 6 * layers * tokens + 6 * head * out.num_completion_tokens * args.train_batch + attention}
     return {
-        "backend": backend, "batch": args.train_batch, "tokens": tokens, "sequence_tokens": T,
-        "masked_seconds": masked_s, "causal_sdpa_seconds": sdpa_s, "time_ratio": masked_s / sdpa_s,
-        "masked_peak_bytes": masked_mem, "causal_sdpa_peak_bytes": sdpa_mem,
-        "roofline_masked": ceiling(cost, rates, masked_s), "roofline_causal_sdpa": ceiling(cost, rates, sdpa_s),
-    }  # fmt: skip
+        "backend": backend,
+        "batch": args.train_batch,
+        "tokens": tokens,
+        "sequence_tokens": T,
+        "masked_seconds": masked_s,
+        "causal_sdpa_seconds": sdpa_s,
+        "time_ratio": masked_s / sdpa_s,
+        "masked_peak_bytes": masked_mem,
+        "causal_sdpa_peak_bytes": sdpa_mem,
+        "roofline_masked": ceiling(cost, rates, masked_s),
+        "roofline_causal_sdpa": ceiling(cost, rates, sdpa_s),
+    }
 
 
 def grpo_step(shape: str, args) -> dict:
@@ -274,16 +317,32 @@ def grpo_step(shape: str, args) -> dict:
         folder, run = Path(scratch) / "model", Path(scratch) / "run"
         config = SHAPES[shape]()
         torch.manual_seed(0)
-        AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16 if args.device == "cuda" else torch.float32
-                                         ).save_pretrained(folder)  # fmt: skip
+        AutoModelForCausalLM.from_config(
+            config, dtype=torch.bfloat16 if args.device == "cuda" else torch.float32
+        ).save_pretrained(folder)
         tiny_tokenizer().save_pretrained(folder)
-        keys = ["recipe=rl_sparse", f"model={folder}", "max_steps=1", f"sampling.max_new_tokens={args.grpo_tokens}",
-                "prompts_per_step=4", "sampling.num_generations=4", "data.limit=16", "eval_data.limit=4", "save_steps=1000",
-                f"compression.budget={args.check_budget}", f"output_dir={run}",
-                *(["precision=bf16"] if args.device == "cuda" else [])]  # fmt: skip
+        keys = [
+            "recipe=rl_sparse",
+            f"model={folder}",
+            "max_steps=1",
+            f"sampling.max_new_tokens={args.grpo_tokens}",
+            "prompts_per_step=4",
+            "sampling.num_generations=4",
+            "data.limit=16",
+            "eval_data.limit=4",
+            "save_steps=1000",
+            f"compression.budget={args.check_budget}",
+            f"output_dir={run}",
+            *(["precision=bf16"] if args.device == "cuda" else []),
+        ]
         start = time.perf_counter()
-        done = subprocess.run([sys.executable, str(ROOT / "train.py"), *keys], cwd=ROOT, capture_output=True, text=True,
-                              timeout=args.budget_s)  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "train.py"), *keys],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=args.budget_s,
+        )
         seconds = time.perf_counter() - start
         if done.returncode != 0:
             return {"shape": shape, "ok": False, "seconds": seconds, "error": done.stderr[-2000:]}
@@ -300,30 +359,46 @@ def summary_markdown(result: dict) -> str:
     lines = [f"# gpu_check on {result.get('device', '?')} ({result.get('seconds', 0)} s)", ""]
     if "hardware" in s:
         h = s["hardware"]
-        lines += [f"- bf16 matmul {h['bf16_matmul_flops_per_s'] / 1e12:.1f} TFLOP/s, memory {h['memory_bytes_per_s'] / 1e9:.0f} GB/s", ""]
+        lines += [
+            f"- bf16 matmul {h['bf16_matmul_flops_per_s'] / 1e12:.1f} TFLOP/s, memory "
+            f"{h['memory_bytes_per_s'] / 1e9:.0f} GB/s",
+            "",
+        ]
     for name, value in s.items():
         if name.startswith("consistency/") and "skipped" not in value:
-            lines.append(f"- {name}: max |diff| {value['max_abs_logprob_diff']:.2e}, causal control "
-                         f"{value['causal_mask_diff']:.2e}, rotated control {value['rotated_layers_diff']}, "
-                         f"controls fail: {value['controls_fail']}")  # fmt: skip
+            lines.append(
+                f"- {name}: max |diff| {value['max_abs_logprob_diff']:.2e}, causal control "
+                f"{value['causal_mask_diff']:.2e}, rotated control {value['rotated_layers_diff']}, "
+                f"controls fail: {value['controls_fail']}"
+            )
     for name, value in s.items():
         if "skipped" in value:
             lines.append(f"- {name}: skipped ({value['skipped']})")
             continue
         if name.startswith("rollout/"):
-            lines += ["", f"## {name} (batch {value['batch']}, {value['new_tokens']} new tokens)", "",
-                      "| run | tokens/s | peak GB | compression share | achieved/ceiling |", "|---|---|---|---|---|"]  # fmt: skip
+            lines += [
+                "",
+                f"## {name} (batch {value['batch']}, {value['new_tokens']} new tokens)",
+                "",
+                "| run | tokens/s | peak GB | compression share | achieved/ceiling |",
+                "|---|---|---|---|---|",
+            ]
             for run, r in value.items():
                 if isinstance(r, dict) and "tokens_per_s" in r:
                     peak = "-" if r.get("peak_bytes") is None else f"{r['peak_bytes'] / 1e9:.1f}"
                     share = r.get("compress_fraction_of_decode")
-                    lines.append(f"| {run} | {r['tokens_per_s']:.0f} | {peak} | {'-' if share is None else f'{share:.3f}'} | "
-                                 f"{r['roofline']['achieved_over_ceiling']:.2f} |")  # fmt: skip
+                    lines.append(
+                        f"| {run} | {r['tokens_per_s']:.0f} | {peak} | {'-' if share is None else f'{share:.3f}'} | "
+                        f"{r['roofline']['achieved_over_ceiling']:.2f} |"
+                    )
                 elif isinstance(r, dict) and "skipped" in r:
                     lines.append(f"| {run} | skipped ({r['skipped']}) | | | |")
         if name.startswith("training_cost/"):
-            lines += ["", f"- {name}: masked {value['masked_seconds']:.3f} s vs causal SDPA {value['causal_sdpa_seconds']:.3f} s "
-                      f"(x{value['time_ratio']:.2f}) at {value['sequence_tokens']} tokens x {value['batch']}"]  # fmt: skip
+            lines += [
+                "",
+                f"- {name}: masked {value['masked_seconds']:.3f} s vs causal SDPA {value['causal_sdpa_seconds']:.3f} s "
+                f"(x{value['time_ratio']:.2f}) at {value['sequence_tokens']} tokens x {value['batch']}",
+            ]
         if name.startswith("grpo_step/"):
             lines += ["", f"- {name}: {'ok' if value.get('ok') else 'FAILED'} in {value['seconds']:.0f} s"]
     return "\n".join(lines) + "\n"
@@ -376,17 +451,23 @@ def main() -> None:
             del model
     model = build(speed_shape, torch.bfloat16, args.device) if report.time_left() else None  # 2. rollout speed
     for batch in args.batches:
-        report.section(f"rollout/{speed_shape}/bf16/batch{batch}",
-                       rollout_speed(model, tokenizer, batch, args, rates, report) if report.time_left()
-                       else {"skipped": "time budget"})  # fmt: skip
+        report.section(
+            f"rollout/{speed_shape}/bf16/batch{batch}",
+            rollout_speed(model, tokenizer, batch, args, rates, report)
+            if report.time_left()
+            else {"skipped": "time budget"},
+        )
     backend = "sdpa" if tiny else "flex"  # 3. training cost
-    report.section(f"training_cost/{speed_shape}/bf16", training_cost(model, tokenizer, args, rates, backend)
-                   if report.time_left() else {"skipped": "time budget"})  # fmt: skip
+    report.section(
+        f"training_cost/{speed_shape}/bf16",
+        training_cost(model, tokenizer, args, rates, backend) if report.time_left() else {"skipped": "time budget"},
+    )
     del model
     if cuda:
         torch.cuda.empty_cache()
-    report.section(f"grpo_step/{grpo_shape}", grpo_step(grpo_shape, args) if report.time_left()
-                   else {"skipped": "time budget"})  # fmt: skip  (4. one GRPO step through train.py)
+    report.section(
+        f"grpo_step/{grpo_shape}", grpo_step(grpo_shape, args) if report.time_left() else {"skipped": "time budget"}
+    )  # 4. one GRPO step through train.py
     print_json(report.result)
 
 

@@ -27,7 +27,10 @@ def canonical(name: str) -> str:
 
 
 def installed(python: str, env: dict) -> dict[str, str]:
-    code = "import json, importlib.metadata as m; print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+    code = (
+        "import json, importlib.metadata as m; "
+        "print(json.dumps({d.metadata['Name']: d.version for d in m.distributions()}))"
+    )
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True, env=env)
     return {canonical(k): v for k, v in json.loads(out.stdout).items()}
 
@@ -42,9 +45,13 @@ def tables(view: str, reports: list[dict]) -> str:
         replaced = ", ".join(f"{n} {v}" for n, v in r["replaced"].items()) or "nothing"
         lines.append(f"| {r['install_report']} | {replaced} | {', '.join(r['added']) or 'nothing'} |")
     stacks = {json.dumps(r["stack_before"]) for r in reports}
-    stack = ", ".join(f"{n} {v}" for n, v in reports[0]["stack_before"].items() if v) if len(stacks) == 1 else "(differs)"
-    return "\n".join(lines) + f"\n\ninto an environment holding {stack}; `python scripts/install_report.py --python " \
+    stack = (
+        ", ".join(f"{n} {v}" for n, v in reports[0]["stack_before"].items() if v) if len(stacks) == 1 else "(differs)"
+    )
+    return (
+        "\n".join(lines) + f"\n\ninto an environment holding {stack}; `python scripts/install_report.py --python "
         f"{reports[0]['python']} --tree <checkout> --label <label>`\n"
+    )
 
 
 def main() -> None:
@@ -60,21 +67,36 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "report.json"
         folders = [str(args.tree / "rollout"), str(args.tree / "rewards"), str(args.tree)]
-        done = subprocess.run([args.python, "-m", "pip", "install", "--dry-run", "-q", "--report", str(report),
-                               *folders], capture_output=True, text=True, env=env, check=False)  # fmt: skip
+        done = subprocess.run(
+            [args.python, "-m", "pip", "install", "--dry-run", "-q", "--report", str(report), *folders],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
         if done.returncode != 0:
             raise SystemExit(f"error: pip's dry run failed: {done.stderr[-2000:]}")
-        planned = {canonical(i["metadata"]["name"]): i["metadata"]["version"]
-                   for i in json.loads(report.read_text())["install"]}  # fmt: skip
+        planned = {
+            canonical(i["metadata"]["name"]): i["metadata"]["version"]
+            for i in json.loads(report.read_text())["install"]
+        }
     ours = {"gkv-train", "gkv-rollout", "gkv-rewards"}
     stack = ("torch", "transformers", "accelerate", "peft", "trl", "datasets", "numpy", "tokenizers", "huggingface-hub")
-    print_json({
-        "install_report": args.label, "tree": str(args.tree), "python": args.python,
-        "stack_before": {name: present.get(name) for name in stack},
-        "replaced": {n: f"{present[n]} -> {v}" for n, v in sorted(planned.items()) if n in present and n not in ours},
-        "added": {n: v for n, v in sorted(planned.items()) if n not in present and n not in ours},
-        "nvidia_or_cuda_wheels_added": sorted(n for n in planned if n.startswith(("nvidia-", "cuda-")) or n == "triton"),
-    })  # fmt: skip
+    print_json(
+        {
+            "install_report": args.label,
+            "tree": str(args.tree),
+            "python": args.python,
+            "stack_before": {name: present.get(name) for name in stack},
+            "replaced": {
+                n: f"{present[n]} -> {v}" for n, v in sorted(planned.items()) if n in present and n not in ours
+            },
+            "added": {n: v for n, v in sorted(planned.items()) if n not in present and n not in ours},
+            "nvidia_or_cuda_wheels_added": sorted(
+                n for n in planned if n.startswith(("nvidia-", "cuda-")) or n == "triton"
+            ),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -4,12 +4,13 @@
     ...
     <!-- /results -->
 
-of README.md and the markdown under docs/ is rewritten with the table VIEW of ``results/FILE``, made by the
-benchmark that wrote FILE (its ``tables(view, result)``: the figures with the command, date, commit and machine
-they came from), so no figure in the docs is copied by hand or left behind by a newer result. The benchmark is
-the one a results file names (its ``"script"`` key), else ``scripts/NAME.py`` for ``results/NAME.json``, or for
-``results/NAME_TAG.json`` (a run tagged ``TAG``) the longest such prefix of the name that is a script. A ``.jsonl`` file is read as its list of records. A table that
-compares runs names several files, ``FILE1+FILE2#VIEW``: ``result`` is then the list of them, in that order.
+of README.md and the markdown under docs/ is rewritten with the table VIEW of ``results/FILE``, made by the benchmark
+that wrote FILE (its ``tables(view, result)``: the figures with the command, date, commit and machine they came from),
+so no figure in the docs is copied by hand or left behind by a newer result. The benchmark is the one a results file
+names (its ``"script"`` key), else ``scripts/NAME.py`` for ``results/NAME.json``, or for ``results/NAME_TAG.json`` (a
+run tagged ``TAG``) the longest such prefix of the name that is a script. A ``.jsonl`` file is read as its list of
+records. A table that compares runs names several files, ``FILE1+FILE2#VIEW``: ``result`` is then the list of them, in
+that order.
 
 Each block ``<!-- config:COMMAND -->`` ... ``<!-- /config -->`` (COMMAND: train, evaluate, traces) is rewritten
 with the keys of that command's configuration, their types, defaults and help, from the dataclasses themselves
@@ -29,9 +30,9 @@ import re
 import sys
 from pathlib import Path
 
-from _common import ROOT
-
 from gkv_train.jsonio import write_atomically
+
+from _common import ROOT
 
 BLOCK = re.compile(r"<!-- results:([\w.+]+)#(\w+) -->\n.*?<!-- /results -->", re.S)
 CONFIG = re.compile(r"<!-- config:(\w+) -->\n.*?<!-- /config -->", re.S)
@@ -44,10 +45,14 @@ def renderer(name: str) -> str:
     parts = name.rsplit(".", 1)[0].split("_")
     for end in range(len(parts), 0, -1):
         script = "_".join(parts[:end])
-        if (ROOT / "scripts" / f"{script}.py").is_file() and "\ndef tables(" in (ROOT / "scripts" / f"{script}.py").read_text():
+        if (ROOT / "scripts" / f"{script}.py").is_file() and "\ndef tables(" in (
+            ROOT / "scripts" / f"{script}.py"
+        ).read_text():
             return script
-    raise SystemExit(f"error: a docs block names results/{name}, but no script under scripts/ renders it "
-                     "(a tables(view, result) function in scripts/<a prefix of its name>.py)")  # fmt: skip
+    raise SystemExit(
+        f"error: a docs block names results/{name}, but no script under scripts/ renders it "
+        "(a tables(view, result) function in scripts/<a prefix of its name>.py)"
+    )
 
 
 def read(path: Path):
@@ -65,12 +70,16 @@ def render(text: str, results: Path) -> str:
         names, view = match.groups()
         files = names.split("+")
         found = [read(results / name) for name in files if name]
-        scripts = {r.get("script") if isinstance(r, dict) and r.get("script") else renderer(name)
-                   for name, r in zip(files, found)}  # fmt: skip
+        scripts = {
+            r.get("script") if isinstance(r, dict) and r.get("script") else renderer(name)
+            for name, r in zip(files, found)
+        }
         if len(scripts) != 1 or len(found) != len(files):
             raise SystemExit(f"error: the docs block results:{names} must name files of one benchmark, joined by +")
         tables = importlib.import_module(scripts.pop()).tables
-        return f"<!-- results:{names}#{view} -->\n{tables(view, found if len(files) > 1 else found[0])}<!-- /results -->"
+        return (
+            f"<!-- results:{names}#{view} -->\n{tables(view, found if len(files) > 1 else found[0])}<!-- /results -->"
+        )
 
     return BLOCK.sub(block, text)
 
@@ -92,12 +101,18 @@ def config_table(command: str) -> str:
         return text.replace("|", "\\|")
 
     lines = ["| key | type | default | what it sets |", "|---|---|---|---|"]
-    lines += [f"| `{key}` | {cell(kind)} | `{cell(default)}` | {cell(text)} |"
-              for key, kind, default, text in rows(schema) if key not in trl]  # fmt: skip
+    lines += [
+        f"| `{key}` | {cell(kind)} | `{cell(default)}` | {cell(text)} |"
+        for key, kind, default, text in rows(schema)
+        if key not in trl
+    ]
     if trl:
-        lines += ["", "Every other field of TRL's `GRPOConfig` (`learning_rate`, `beta`, `loss_type`, "
-                  "`weight_decay`, `num_iterations`, ...) is a key under its own name, with TRL's type, default and "
-                  "help (`gkv-train train --help` lists them); the defaults this project changes say why there."]
+        lines += [
+            "",
+            "Every other field of TRL's `GRPOConfig` (`learning_rate`, `beta`, `loss_type`, "
+            "`weight_decay`, `num_iterations`, ...) is a key under its own name, with TRL's type, default and "
+            "help (`gkv-train train --help` lists them); the defaults this project changes say why there.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -123,8 +138,10 @@ def main() -> None:
             if not args.check:
                 write_atomically(doc, new)
     if args.check and stale:
-        print("stale results tables in " + ", ".join(map(str, stale)) + ": run python scripts/render_docs.py",
-              file=sys.stderr)
+        print(
+            "stale results tables in " + ", ".join(map(str, stale)) + ": run python scripts/render_docs.py",
+            file=sys.stderr,
+        )
         sys.exit(1)
     print(("rewrote " if stale else "up to date: ") + (", ".join(map(str, stale)) or "every results table"))
 

@@ -37,12 +37,12 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
-from _common import ROOT, print_json
-
-from gkv_train.data import DATA_DIR, PRESETS, DataConfig, load_problems, read_records
-from gkv_train.jsonio import dumps
 from gkv_rewards.extract import extract_answer
 from gkv_rewards.verify import CHECK, MathVerifier
+from gkv_train.data import DATA_DIR, PRESETS, DataConfig, load_problems, read_records
+from gkv_train.jsonio import dumps
+
+from _common import ROOT, print_json
 
 DATASETS = ("math500", "amc23", "aime24")
 _FRAC = r"\\d?frac\s*(?:\{(\d+)\}|(\d))\s*(?:\{(\d+)\}|(\d))"
@@ -215,11 +215,19 @@ def sweep_dataset(name: str, verify: MathVerifier, limit: int | None = None) -> 
                 tally["tried"] += 1
                 tally["passed"] += passed
             if not passed:
-                report["failures"].append({
-                    "line": line, "gold": gold, "kind": kind, "answer": answer, "extracted": extracted,
-                    "expected": expected, "got": verdict.correct, "timed_out": verdict.timed_out,
-                    "error": verdict.error,
-                })
+                report["failures"].append(
+                    {
+                        "line": line,
+                        "gold": gold,
+                        "kind": kind,
+                        "answer": answer,
+                        "extracted": extracted,
+                        "expected": expected,
+                        "got": verdict.correct,
+                        "timed_out": verdict.timed_out,
+                        "error": verdict.error,
+                    }
+                )
     for tally in report["rewritings"].values():
         tally["matched"] = tally.pop("passed")
     for tally in report["perturbed"].values():
@@ -232,8 +240,13 @@ def commit() -> str | None:
     """The checkout's commit (with ``+dirty`` when it has uncommitted changes), None outside a git checkout."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True,
-                               text=True, check=True)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
     except (OSError, subprocess.CalledProcessError):
         return None
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")

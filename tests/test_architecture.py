@@ -44,8 +44,13 @@ def module_names(path: Path, roots=IMPORT_ROOTS) -> list[str]:
 
 
 def source_files() -> list[Path]:
-    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    out = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "*.py"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return [ROOT / f for f in out if not f.startswith("scripts/reference/") and (ROOT / f).is_file()]
 
 
@@ -54,8 +59,13 @@ def test_every_file_has_one_module_name():
     ``rollout.methods`` and ``gkv_train.rollout.methods`` were two module objects with two registries)."""
     twice = {str(p.relative_to(ROOT)): n for p in source_files() if len(n := module_names(p)) > 1}
     assert not twice, twice
-    links = [f for f in subprocess.run(["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True,
-                                       check=True).stdout.splitlines() if f.startswith("120000")]  # fmt: skip
+    links = [
+        f
+        for f in subprocess.run(
+            ["git", "ls-files", "-s"], cwd=ROOT, capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+        if f.startswith("120000")
+    ]
     assert not links, links
     assert all(module_names(path) == [name] for name, path in MODULES.items())
 
@@ -63,8 +73,10 @@ def test_every_file_has_one_module_name():
 def test_the_packages_resolve_to_their_folders_from_the_root():
     """From the repository root (where scripts and train.py run), the installed names resolve to the folders,
     and the folders' bare names are no packages."""
-    code = ("import importlib.util as u, gkv_rollout.methods as m, gkv_rewards.grading as g, gkv_train.cli as c; "
-            "print(m.__file__, g.__file__, c.__file__, u.find_spec('rollout.methods'), u.find_spec('rewards.grading'))")  # fmt: skip
+    code = (
+        "import importlib.util as u, gkv_rollout.methods as m, gkv_rewards.grading as g, gkv_train.cli as c; "
+        "print(m.__file__, g.__file__, c.__file__, u.find_spec('rollout.methods'), u.find_spec('rewards.grading'))"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     methods, grading, cli, bare_rollout, bare_rewards = out.stdout.split()
     assert Path(methods) == ROOT / "rollout" / "gkv_rollout" / "methods.py"
@@ -115,8 +127,14 @@ def test_imports_run_one_way(module):
     assert not upward, f"{module} (layer {layer(module)}) imports a higher layer: {upward}"
 
 
-@pytest.mark.parametrize("path", sorted(ROOT.glob("*.py")) + sorted((ROOT / "scripts").glob("*.py")) + sorted(
-    (ROOT / "tests").glob("*.py")) + sorted(MODULES.values()), ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize(
+    "path",
+    sorted(ROOT.glob("*.py"))
+    + sorted((ROOT / "scripts").glob("*.py"))
+    + sorted((ROOT / "tests").glob("*.py"))
+    + sorted(MODULES.values()),
+    ids=lambda p: str(p.relative_to(ROOT)),
+)
 def test_everything_imports_the_package(path):
     if path == ROOT / "scripts" / "compare_reference.py":
         pytest.skip("falls back to the layout of an older tree given as --project-root (the 'before' of a comparison)")
@@ -160,7 +178,10 @@ def test_the_controls_would_fail():
     assert upward_imports(engine, "def f():\n    from gkv_train.grpo import x\n") == ["gkv_train.grpo"]
     assert upward_imports(engine, "import gkv_rewards.verify\n") == ["gkv_rewards.verify"]
     assert upward_imports("gkv_train.grpo", "from gkv_rollout.engine import RolloutEngine\n") == []
-    assert unpackaged_imports("from rollout.engine import RolloutEngine\nimport rewards\n") == ["rewards", "rollout.engine"]
+    assert unpackaged_imports("from rollout.engine import RolloutEngine\nimport rewards\n") == [
+        "rewards",
+        "rollout.engine",
+    ]
 
 
 def test_a_second_module_name_is_seen(tmp_path):

@@ -11,8 +11,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_times_every_eviction_method():
-    command = [sys.executable, str(ROOT / "scripts" / "bench_compress.py"), "--layers", "2", "--batch", "2",
-               "--repeats", "2", "--budget", "24", "--interval", "8"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "bench_compress.py"),
+        "--layers",
+        "2",
+        "--batch",
+        "2",
+        "--repeats",
+        "2",
+        "--budget",
+        "24",
+        "--interval",
+        "8",
+    ]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -13,8 +13,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_quick_bench_reports_every_stage_and_resumes(tmp_path):
     results = tmp_path / "results.json"
-    command = [sys.executable, str(ROOT / "scripts" / "bench_decode_regime.py"), "--quick",
-               "--output-root", str(tmp_path), "--results", str(results)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "bench_decode_regime.py"),
+        "--quick",
+        "--output-root",
+        str(tmp_path),
+        "--results",
+        str(results),
+    ]
     first = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
     assert first.returncode == 0, first.stderr[-3000:]
     line = json.loads(first.stdout.strip().splitlines()[-1])
@@ -28,7 +35,15 @@ def test_quick_bench_reports_every_stage_and_resumes(tmp_path):
     published = json.loads(results.read_text())  # every stage's section, with where it came from
     assert all(published[stage]["commit"] and published[stage]["command"] for stage in ("probe", "methods", "training"))
     # the methods stage continues from the results file alone (another machine: no evaluation folders)
-    elsewhere = [*command[:3], "--output-root", str(tmp_path / "elsewhere"), "--results", str(results), "--stages", "methods"]
+    elsewhere = [
+        *command[:3],
+        "--output-root",
+        str(tmp_path / "elsewhere"),
+        "--results",
+        str(results),
+        "--stages",
+        "methods",
+    ]
     again = subprocess.run(elsewhere, capture_output=True, text=True, timeout=300, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "evaluate.py" not in again.stderr  # nothing measured again
@@ -36,10 +51,13 @@ def test_quick_bench_reports_every_stage_and_resumes(tmp_path):
     (tmp_path / "published").mkdir()  # a benchmark page's tables come from the results file (render_docs.py)
     (tmp_path / "published" / "bench_decode_regime.json").write_text(results.read_text())
     page = "before\n<!-- results:bench_decode_regime.json#methods -->\nstale\n<!-- /results -->\nafter\n"
-    code = (f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from render_docs import render; "
-            f"print(render(sys.stdin.read(), __import__('pathlib').Path({str(tmp_path / 'published')!r})), end='')")
-    page = subprocess.run([sys.executable, "-c", code], input=page, capture_output=True, text=True, check=True,
-                          timeout=120).stdout  # fmt: skip
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from render_docs import render; "
+        f"print(render(sys.stdin.read(), __import__('pathlib').Path({str(tmp_path / 'published')!r})), end='')"
+    )
+    page = subprocess.run(
+        [sys.executable, "-c", code], input=page, capture_output=True, text=True, check=True, timeout=120
+    ).stdout
     assert "stale" not in page and "| s4r |" in page and page.startswith("before") and page.endswith("after\n")
     for stage, split in (("probe", "train"), ("methods", "test")):
         section = line[stage]

@@ -31,11 +31,15 @@ def child(bench, rc=2, err="", out="", timed_out=False, loaded=False):
     return bench.Proc(["x"], rc, out, err, 1.0, timed_out, marks)
 
 
-HYDRA = ("Error executing job with overrides: ['beta=-1']\nTraceback (most recent call last):\n  File \"cli.py\", "
-         "line 49, in main\n    work(OmegaConf.to_object(cfg), cfg)\nValueError: beta must be >= 0, got -1\n\n"
-         "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
-ZERO = ("Traceback (most recent call last):\n  File \"launch.py\", line 3, in f\n    x = beta / 0\n"
-        "ZeroDivisionError: division by zero\n")
+HYDRA = (
+    "Error executing job with overrides: ['beta=-1']\nTraceback (most recent call last):\n  File \"cli.py\", "
+    "line 49, in main\n    work(OmegaConf.to_object(cfg), cfg)\nValueError: beta must be >= 0, got -1\n\n"
+    "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n"
+)
+ZERO = (
+    'Traceback (most recent call last):\n  File "launch.py", line 3, in f\n    x = beta / 0\n'
+    "ZeroDivisionError: division by zero\n"
+)
 
 
 def test_refusal_outcomes(bench):
@@ -44,7 +48,8 @@ def test_refusal_outcomes(bench):
     assert judge(child(bench, 1, "error: beta must be >= 0, got -1\n"), ["beta"]).outcome == "unclear_error"  # code
     assert judge(child(bench, 2, "error: beta must be >= 0\n", loaded=True), ["beta"]).outcome == "unclear_error"
     assert judge(child(bench, 2, "error: beta must be >= 0\n", loaded=True), ["beta"], before_load=False).outcome == (
-        "clear_error")
+        "clear_error"
+    )
     assert judge(child(bench, 2, "error: a bad value\n"), ["beta"]).outcome == "unclear_error"  # not named
     hydra = judge(child(bench, 1, HYDRA), ["beta"])
     assert hydra.outcome == "unclear_error" and "ValueError: beta must be >= 0" in hydra.detail
@@ -72,18 +77,32 @@ def test_strict_json(bench, tmp_path):
 def test_cases_are_named_once(bench):
     cases = bench.all_cases()
     assert len(cases) >= 150 and {c.category for c in cases} == set(bench.CATEGORIES)
-    assert bench.select(cases, "rewards/plain-*,harness") == [c for c in cases if c.name in (
-        "harness/imports-repo", "rewards/plain-right", "rewards/plain-wrong")]
+    assert bench.select(cases, "rewards/plain-*,harness") == [
+        c for c in cases if c.name in ("harness/imports-repo", "rewards/plain-right", "rewards/plain-wrong")
+    ]
 
 
 def test_as_main(tmp_path):
-    command = [sys.executable, str(SCRIPT), "--tag", "t", "--cases", "harness/imports-repo,rewards/plain-*",
-               "--out", str(tmp_path / "out"), "--results", str(tmp_path / "results")]  # fmt: skip
+    command = [
+        sys.executable,
+        str(SCRIPT),
+        "--tag",
+        "t",
+        "--cases",
+        "harness/imports-repo,rewards/plain-*",
+        "--out",
+        str(tmp_path / "out"),
+        "--results",
+        str(tmp_path / "results"),
+    ]
     first = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert first.returncode == 0, first.stderr
     line = json.loads(first.stdout.strip().splitlines()[-1])
-    assert line["table"]["total"] == {"cases": 3, "ok": 3, **{o: 0 for o in ("clear_error", "unclear_error",
-                                      "silent_wrong", "crash", "hang", "data_lost")}}  # fmt: skip
+    assert line["table"]["total"] == {
+        "cases": 3,
+        "ok": 3,
+        **{o: 0 for o in ("clear_error", "unclear_error", "silent_wrong", "crash", "hang", "data_lost")},
+    }
     saved = json.loads((tmp_path / "results" / "bench_faults_t.json").read_text())
     assert saved["repo"] == str(ROOT) and {c["outcome"] for c in saved["cases"]} == {"ok"}
     assert "| **total** | 3 | 3 |" in (tmp_path / "results" / "bench_faults_t.md").read_text()

@@ -12,10 +12,30 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def bench(tmp_path, *extra):
     command = [
-        sys.executable, str(ROOT / "scripts" / "bench_methods.py"), "--model", "tiny", "--datasets", "arithmetic",
-        "--limit", "2", "--samples", "1", "--max-new-tokens", "4", "--methods", "full", "--intervals", "8",
-        "--results", str(tmp_path / "results"), "--work-root", str(tmp_path / "work"), "--tag", "t", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        str(ROOT / "scripts" / "bench_methods.py"),
+        "--model",
+        "tiny",
+        "--datasets",
+        "arithmetic",
+        "--limit",
+        "2",
+        "--samples",
+        "1",
+        "--max-new-tokens",
+        "4",
+        "--methods",
+        "full",
+        "--intervals",
+        "8",
+        "--results",
+        str(tmp_path / "results"),
+        "--work-root",
+        str(tmp_path / "work"),
+        "--tag",
+        "t",
+        *extra,
+    ]
     return subprocess.run(command, check=False, capture_output=True, text=True, timeout=600)
 
 

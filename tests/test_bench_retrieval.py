@@ -12,8 +12,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_quick_retrieval_bench(tmp_path):
     results = tmp_path / "results.json"
-    command = [sys.executable, str(ROOT / "scripts" / "bench_retrieval.py"), "--quick", "--output-root", str(tmp_path),
-               "--results", str(results)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "bench_retrieval.py"),
+        "--quick",
+        "--output-root",
+        str(tmp_path),
+        "--results",
+        str(results),
+    ]
     done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     line = json.loads(done.stdout.strip().splitlines()[-1])
@@ -26,7 +33,10 @@ def test_quick_retrieval_bench(tmp_path):
     assert set(line["ablations"]["table"]["vt"]) == {"default", "window_1"} and line["ablations"]["eta"] == 0.4
     published = json.loads(results.read_text())
     assert all(published[stage]["commit"] for stage in ("probe", "table", "ablations"))
-    code = (f"import json, sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from bench_retrieval import tables; "
-            f"r = json.load(open({str(results)!r})); print('\\n'.join(tables(v, r) for v in ('probe', 'table', 'ablations')))")
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from bench_retrieval import tables; "
+        f"r = json.load(open({str(results)!r})); print('\\n'.join(tables(v, r) for v in ('probe', 'table', "
+        "'ablations')))"
+    )
     pages = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
     assert "| vt | " in pages and "| vt (64) |" in pages and "(memory 0." in pages  # the docs' views (render_docs.py)

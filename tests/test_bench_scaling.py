@@ -11,8 +11,20 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_quick_scaling_points_and_resume(tmp_path):
-    command = [sys.executable, str(ROOT / "scripts" / "bench_scaling.py"), "--quick", "--output-root", str(tmp_path),
-               "--methods", "full", "s4r", "--trainers", "rl_sparse", "--train-lengths", "8"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "bench_scaling.py"),
+        "--quick",
+        "--output-root",
+        str(tmp_path),
+        "--methods",
+        "full",
+        "s4r",
+        "--trainers",
+        "rl_sparse",
+        "--train-lengths",
+        "8",
+    ]
     first = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
     assert first.returncode == 0, first.stderr[-3000:]
     line = json.loads(first.stdout.strip().splitlines()[-1])

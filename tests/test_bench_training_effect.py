@@ -15,7 +15,16 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.mark.slow  # the bench's stages are each tested through their entry points (train.py, evaluate.py)
 def test_quick_bench_runs_every_stage_and_resumes(tmp_path):
     script = ROOT / "scripts" / "bench_training_effect.py"
-    command = [sys.executable, str(script), "--quick", "--output-root", str(tmp_path), "--recipes", "rl_sparse", "distill"]
+    command = [
+        sys.executable,
+        str(script),
+        "--quick",
+        "--output-root",
+        str(tmp_path),
+        "--recipes",
+        "rl_sparse",
+        "distill",
+    ]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -1,7 +1,7 @@
 import pytest
 
-from gkv_train.models import load_model
 from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_train.models import load_model
 
 
 @pytest.mark.parametrize(
@@ -36,19 +36,26 @@ def test_each_method_takes_only_the_options_it_reads():
     assert CompressionConfig.of("s4r", eta=0.3, window=8).s4r.eta == 0.3
     assert CompressionConfig.of("rkv", lambda_=0.2).eviction.lambda_ == 0.2  # control: rkv reads lambda_
     for method, options, message in [
-        ("snapkv", dict(alpha=0.5), "compression.eviction.alpha does not apply to compression.method=snapkv, which "
-         "reads none of the eviction options"),
+        (
+            "snapkv",
+            dict(alpha=0.5),
+            "compression.eviction.alpha does not apply to compression.method=snapkv, which "
+            "reads none of the eviction options",
+        ),
         ("rkv", dict(alpha=0.5), "which reads eviction.lambda_, eviction.redundancy, eviction.similarity"),
         ("gkv", dict(eta=0.3), "compression.s4r.eta does not apply to compression.method=gkv"),
         ("s4r", dict(form="mean"), "compression.eviction.form does not apply to compression.method=s4r"),
-    ]:  # fmt: skip
+    ]:
         with pytest.raises(ValueError) as err:
             CompressionConfig.of(method, **options)
         assert message in str(err.value)
     with pytest.raises(ValueError, match="unknown compression option 'etta'"):
         CompressionConfig.of("s4r", etta=0.3)
-    sweep = EvalConfig(methods=["full", "snapkv", "gkv", "s4r"], budgets=[64],
-                       compression=CompressionConfig.template("full", alpha=0.5, eta=0.3))  # fmt: skip
+    sweep = EvalConfig(
+        methods=["full", "snapkv", "gkv", "s4r"],
+        budgets=[64],
+        compression=CompressionConfig.template("full", alpha=0.5, eta=0.3),
+    )
     runs = {run.method: run for run in sweep.compressions()}
     assert (runs["gkv"].eviction.alpha, runs["snapkv"].eviction.alpha, runs["s4r"].s4r.eta) == (0.5, None, 0.3)
     assert runs["gkv"].s4r.eta == 0.2 and runs["full"].s4r.eta == 0.2  # not their options: defaults
@@ -78,13 +85,17 @@ def test_run_identities_are_those_of_the_flat_configuration():
 
     config = EvalConfig(model="tiny")
     expected = [
-        ("full", {}, "f7f44ec55a1482ef"), ("gkv", dict(budget=64, window=8, interval=16), "542610d8ae336aa5"),
+        ("full", {}, "f7f44ec55a1482ef"),
+        ("gkv", dict(budget=64, window=8, interval=16), "542610d8ae336aa5"),
         ("gkv", dict(budget=64, form="mean", alpha=0.5), "14163031d2d25a9f"),
-        ("rkv", dict(budget=64, lambda_=0.2), "ca4f3cd31f98842a"), ("snapkv", dict(budget=32), "c0459fc038cba6a1"),
-        ("h2o", dict(budget=64), "1d6bb6e75279a59e"), ("tova", dict(budget=64), "f817d966bce5c25b"),
-        ("s4r", dict(eta=0.3), "2b9425c0ab2c2f71"), ("s4r", dict(eta=0.3, refresh=8), "c4979ae1721b2de4"),
+        ("rkv", dict(budget=64, lambda_=0.2), "ca4f3cd31f98842a"),
+        ("snapkv", dict(budget=32), "c0459fc038cba6a1"),
+        ("h2o", dict(budget=64), "1d6bb6e75279a59e"),
+        ("tova", dict(budget=64), "f817d966bce5c25b"),
+        ("s4r", dict(eta=0.3), "2b9425c0ab2c2f71"),
+        ("s4r", dict(eta=0.3, refresh=8), "c4979ae1721b2de4"),
         ("s4r", dict(rank=4, full_layers=[0]), "4d6aae4c926479bf"),
-    ]  # fmt: skip
+    ]
     for method, options, digest in expected:
         assert fingerprint(config.run_settings(CompressionConfig.of(method, **options))) == digest, (method, options)
 
@@ -96,10 +107,20 @@ def test_method_defaults_are_the_reference_recipes():
     r = {m: CompressionConfig(method=m).resolved() for m in ("streaming", "snapkv", "rkv", "gkv", "h2o", "s4r")}
     assert (r["streaming"].sinks, r["gkv"].sinks, r["s4r"].sinks) == (4, 0, 4)
     assert (r["snapkv"].pool_kernel, r["rkv"].pool_kernel, r["gkv"].pool_kernel, r["h2o"].pool_kernel) == (5, 5, 1, 1)
-    assert (r["rkv"].eviction.lambda_, r["rkv"].eviction.redundancy, r["snapkv"].eviction.redundancy) == (0.1, True, False)
+    assert (r["rkv"].eviction.lambda_, r["rkv"].eviction.redundancy, r["snapkv"].eviction.redundancy) == (
+        0.1,
+        True,
+        False,
+    )
     gkv, options = r["gkv"], r["gkv"].eviction
     assert (gkv.window, gkv.interval, options.alpha, options.lambda_, options.form, options.redundancy) == (
-        16, 128, 0.8, 0.5, "max", True)
+        16,
+        128,
+        0.8,
+        0.5,
+        "max",
+        True,
+    )
     assert (gkv.group_agg, options.similarity) == ("max", "rkv")
     h2o = r["h2o"].eviction
     assert (r["h2o"].window, h2o.form, h2o.redundancy, h2o.alpha) == (1, "sum", False, 0.8)
@@ -129,8 +150,11 @@ def test_a_method_from_the_users_own_module(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = CompressionConfig("user_methods:Oldest", budget=16, window=4)
     assert cfg.resolved().interval == 4 and "user_methods:Oldest" in METHODS
-    for name, message in (("user_methods:Missing", "cannot import Missing"), ("no_such_module:X", "cannot import X"),
-                          ("user_methods:NotAMethod", "not an EvictionMethod subclass")):  # fmt: skip
+    for name, message in (
+        ("user_methods:Missing", "cannot import Missing"),
+        ("no_such_module:X", "cannot import X"),
+        ("user_methods:NotAMethod", "not an EvictionMethod subclass"),
+    ):
         with pytest.raises(ValueError, match=message):
             CompressionConfig(name, budget=16, window=4)
     METHODS.pop("user_methods:Oldest")
@@ -192,8 +216,12 @@ def test_evaluation_warns_when_the_interval_outlasts_the_completion():
     trap = EvalConfig(methods=["full", "gkv", "s4r"], budgets=[64], sampling=short)  # reference interval 128
     assert len(trap.warnings()) == 1
     assert "compression.interval=128 exceeds sampling.max_new_tokens=96" in trap.warnings()[0]
-    assert EvalConfig(methods=["gkv"], budgets=[64], sampling=short, compression=CompressionConfig(
-        "full", interval=16)).warnings() == []
+    assert (
+        EvalConfig(
+            methods=["gkv"], budgets=[64], sampling=short, compression=CompressionConfig("full", interval=16)
+        ).warnings()
+        == []
+    )
     assert EvalConfig(methods=["gkv"], budgets=[64], sampling=SamplingOptions(max_new_tokens=256)).warnings() == []
 
 
@@ -213,21 +241,30 @@ def test_trl_fields_are_keys_and_moved_keys_are_named():
     old ``trl.`` prefix are refused naming the key to write; a typo gets "did you mean"."""
     from gkv_train.run_config import EvalConfig, TrainConfig, check_overrides
 
-    argv = ["recipe=rl_full", "compression.budget=64", "sampling.max_new_tokens=32", "precision=bf16",
-            "weight_decay=0.01", "num_iterations=2", "log_completions=true", "push_to_hub=false", "+x=1"]
+    argv = [
+        "recipe=rl_full",
+        "compression.budget=64",
+        "sampling.max_new_tokens=32",
+        "precision=bf16",
+        "weight_decay=0.01",
+        "num_iterations=2",
+        "log_completions=true",
+        "push_to_hub=false",
+        "+x=1",
+    ]
     assert check_overrides(argv, TrainConfig) == argv
     refusals = {
         "max_new_tokens=32": "max_new_tokens is now sampling.max_new_tokens (options are grouped): write "
-                             "sampling.max_new_tokens=32",
+        "sampling.max_new_tokens=32",
         "n_samples=2": "n_samples is now sampling.num_generations",
         "max_completion_length=32": "max_completion_length (TRL's) is not a key here: it is set from "
-                                    "sampling.max_new_tokens",
+        "sampling.max_new_tokens",
         "bf16=true": "bf16 (TRL's) is not a key here: it is set from precision=bf16",
         "per_device_train_batch_size=8": "set from prompts_per_step",
         "trl.weight_decay=0.01": "trl.weight_decay: TRL's fields are keys of their own: write weight_decay=0.01",
         "num_generation=4": "unknown configuration key 'num_generation'; did you mean sampling.num_generations",
         "compression.bugdet=4": "'compression.bugdet'; did you mean compression.budget",
-    }  # fmt: skip
+    }
     for arg, message in refusals.items():
         with pytest.raises(ValueError) as err:
             check_overrides([arg], TrainConfig)
@@ -243,7 +280,11 @@ def test_overrides_rough_edges():
     """Dashes refused with the fix; report_to as a string; a data path drops the default task name."""
     from gkv_train.run_config import EvalConfig, TrainConfig, check_overrides
 
-    for argv, fix in ((["--max_steps=5"], "max_steps=5"), (["--max_steps", "5"], "max_steps=5"), (["--lr"], "lr=VALUE")):
+    for argv, fix in (
+        (["--max_steps=5"], "max_steps=5"),
+        (["--max_steps", "5"], "max_steps=5"),
+        (["--lr"], "lr=VALUE"),
+    ):
         with pytest.raises(ValueError, match=f"drop the dashes, overrides are key=value \\(write {fix}\\)"):
             check_overrides(argv, TrainConfig)
     assert check_overrides(["--help"], TrainConfig) == ["--help"]  # Hydra's own flag
@@ -257,14 +298,20 @@ def test_overrides_rough_edges():
     from pathlib import Path
 
     script = Path(__file__).resolve().parents[1] / "scripts" / "evaluate.py"
-    proc = subprocess.run([sys.executable, str(script), "--data.limit", "2"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(script), "--data.limit", "2"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2 and proc.stderr.strip() == (
-        "error: --data.limit: drop the dashes, overrides are key=value (write data.limit=2)"), proc.stderr
+        "error: --data.limit: drop the dashes, overrides are key=value (write data.limit=2)"
+    ), proc.stderr
     # a moved key, through both entry points: one line naming the new key, exit 2, before any work
-    for entry, key, moved in (("scripts/evaluate.py", "compression.eta=0.3", "compression.s4r.eta=0.3"),
-                              ("train.py", "max_new_tokens=8", "sampling.max_new_tokens=8")):  # fmt: skip
-        proc = subprocess.run([sys.executable, str(script.parents[1] / entry), key], capture_output=True, text=True,
-                              timeout=120)  # fmt: skip
+    for entry, key, moved in (
+        ("scripts/evaluate.py", "compression.eta=0.3", "compression.s4r.eta=0.3"),
+        ("train.py", "max_new_tokens=8", "sampling.max_new_tokens=8"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, str(script.parents[1] / entry), key], capture_output=True, text=True, timeout=120
+        )
         assert proc.returncode == 2 and proc.stderr.strip().endswith(f"write {moved}"), proc.stderr
 
 
@@ -308,7 +355,10 @@ def test_trl_generation_options_the_engine_lacks_are_refused():
     TrainConfig(top_k=1, use_vllm=True, recipe="rl_full", compression=CompressionConfig("full"))  # control
     with pytest.raises(ValueError, match="report_to must be a tracker name or a list of them, got 5"):
         TrainConfig(report_to=5)
-    probe = "import sys; from gkv_train import cli; cli._schemas('eval_schema', 'traces_schema'); print('trl' in sys.modules)"
+    probe = (
+        "import sys; from gkv_train import cli; cli._schemas('eval_schema', 'traces_schema'); "
+        "print('trl' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "False\n"
 
 
@@ -373,8 +423,10 @@ def test_s4r_refresh_within_the_generation_and_counted_in_memory():
     from gkv_train.run_config import EvalConfig, SamplingOptions, TrainConfig
 
     refresh = CompressionConfig.of("s4r", refresh=64)
-    for build in (lambda: EvalConfig(compression=refresh, sampling=SamplingOptions(max_new_tokens=8)),
-                  lambda: TrainConfig(compression=refresh, sampling=SamplingOptions(max_new_tokens=64, num_generations=2))):  # fmt: skip
+    for build in (
+        lambda: EvalConfig(compression=refresh, sampling=SamplingOptions(max_new_tokens=8)),
+        lambda: TrainConfig(compression=refresh, sampling=SamplingOptions(max_new_tokens=64, num_generations=2)),
+    ):
         with pytest.raises(ValueError, match="compression.s4r.refresh=64 refreshes nothing in a generation of"):
             build()
     EvalConfig(compression=refresh, sampling=SamplingOptions(max_new_tokens=65))  # control
@@ -384,7 +436,9 @@ def test_s4r_refresh_within_the_generation_and_counted_in_memory():
     with pytest.raises(ValueError, match="refreshes nothing in a generation of 8 tokens"):
         RolloutEngine(model, tokenizer, refresh).generate(["a prompt"], SamplingConfig(max_new_tokens=8))
     shape = ModelShape("m", 4096, 4, 6, 2, 16)
-    grows = [rollout_bytes(shape, CompressionConfig.of("s4r", refresh=r).resolved(), 1, 100, 200, 4) for r in (0, 64, 128)]
+    grows = [
+        rollout_bytes(shape, CompressionConfig.of("s4r", refresh=r).resolved(), 1, 100, 200, 4) for r in (0, 64, 128)
+    ]
     assert grows[0] < grows[1] < grows[2] and grows[2] - grows[1] == 2 * 4 * 64 * 2 * 16 * 4
 
 
@@ -463,7 +517,9 @@ def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model
     with pytest.raises(ValueError, match="the prompt of problem 8 \\(5000 tokens\\) plus 24 new tokens"):
         check()
     check(prompts=prompts[:1])  # control
-    with pytest.raises(ValueError, match="sampling.max_new_tokens=5000 does not fit .* at most 4082 does after the longest"):
+    with pytest.raises(
+        ValueError, match="sampling.max_new_tokens=5000 does not fit .* at most 4082 does after the longest"
+    ):
         check(prompts=prompts[:1], new=5000)
     with pytest.raises(ValueError, match="compression.s4r.rank_v=33 exceeds"):
         check(prompts=prompts[:1], compressions=[CompressionConfig.of("s4r", rank_v=33)])
@@ -474,8 +530,11 @@ def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model
     one = preflight.rollout_bytes(preflight.ModelShape("m", 4096, 4, 6, 2, 16), full[0], 1, 10, 90, 4)
     assert one == 100 * 1024 + 90 * 12
     monkeypatch.setattr(preflight, "available_memory", lambda device: (20 * 10**6, "test memory"))
-    with pytest.raises(ValueError, match=r"the evaluation \(64 sequences, full cache, sampling.max_new_tokens=900\) needs about "
-                                         r"60.\d MB .* more than the 20.0 MB of test memory"):
+    with pytest.raises(
+        ValueError,
+        match=r"the evaluation \(64 sequences, full cache, sampling.max_new_tokens=900\) needs about "
+        r"60.\d MB .* more than the 20.0 MB of test memory",
+    ):
         check(prompts=["q" * 5], new=900, rows=64)
     check(prompts=["q" * 5], new=900, rows=16)  # controls: fewer rows; a compressed cache (budget + interval slots)
     check(prompts=["q" * 5], new=900, rows=64, compressions=[CompressionConfig("gkv", budget=64, interval=16)])
@@ -496,10 +555,14 @@ def test_help_lists_every_key_with_type_default_and_help():
     for cls, script in scripts.items():
         keys = rows(cls)
         assert all(text for _, _, _, text in keys), [key for key, _, _, text in keys if not text]
-        shown = subprocess.run([sys.executable, str(root / script), "--help"], capture_output=True, text=True, check=True).stdout
+        shown = subprocess.run(
+            [sys.executable, str(root / script), "--help"], capture_output=True, text=True, check=True
+        ).stdout
         for key, kind, default, _ in keys:
             assert f"  {key}  ({kind}, default {default})" in shown, key
-    train = subprocess.run([sys.executable, str(root / "train.py"), "-h"], capture_output=True, text=True, check=True).stdout
+    train = subprocess.run(
+        [sys.executable, str(root / "train.py"), "-h"], capture_output=True, text=True, check=True
+    ).stdout
     assert "rl.rollout_veto  (float | None, default None)" in train and "recipe=NAME" in train
     assert "sampling.max_new_tokens  (int, default 96)" in train and "\n  max_new_tokens " not in train
     # TRL's own fields, with TRL's types and help; the project's defaults say why they differ

@@ -113,7 +113,9 @@ def test_kept_sets_equal_the_reference(name):
                 exact += 1
                 continue
             # Only a tie at the reference's top-k boundary may be broken differently.
-            assert case["ties"][c][layer, b, h], f"{name}: compression {c} layer {layer} seq {b} head {h} differs without a tie"
+            assert case["ties"][c][layer, b, h], (
+                f"{name}: compression {c} layer {layer} seq {b} head {h} differs without a tie"
+            )
             s = scores[layer, b, h]
             boundary = min(s[p] for p in ours if p in s)
             for p in ours ^ theirs:
@@ -149,9 +151,15 @@ def test_conformance_fixture_exercises_the_hard_parts():
 
 @pytest.mark.parametrize(
     "name, departure",
-    [("gkv", dict(similarity="mean_cosine")), ("gkv", dict(group_agg="mean")), ("rkv", dict(lambda_=0.5)),
-     ("gkv-mean", dict(form="max")), ("snapkv", dict(pool_kernel=7)), ("h2o", dict(window=4))],
-)  # fmt: skip
+    [
+        ("gkv", dict(similarity="mean_cosine")),
+        ("gkv", dict(group_agg="mean")),
+        ("rkv", dict(lambda_=0.5)),
+        ("gkv-mean", dict(form="max")),
+        ("snapkv", dict(pool_kernel=7)),
+        ("h2o", dict(window=4)),
+    ],
+)
 def test_control_departing_options_do_not_match(name, departure):
     """Control: the check bites. An option that departs from the reference changes most kept sets."""
     case = FIXTURE["cases"][name]
@@ -190,8 +198,10 @@ def test_similarity_sums_follow_their_definition():
     unit = keys / (keys.norm(dim=-1, keepdim=True) + 1e-6)
     for b in range(2):
         for h in range(2):
-            cos = [[float(unit[b, h, m] @ unit[b, h, n]) if m != n and ok[b, m] and ok[b, n] else 0.0
-                    for n in range(12)] for m in range(12)]  # fmt: skip
+            cos = [
+                [float(unit[b, h, m] @ unit[b, h, n]) if m != n and ok[b, m] and ok[b, n] else 0.0 for n in range(12)]
+                for m in range(12)
+            ]
             latest = [max((m for m in range(12) if cos[m][n] > 0.5), default=-1) for n in range(12)]
             for m in range(12):
                 want = sum(cos[m][n] for n in range(12) if latest[n] != m)

@@ -4,12 +4,12 @@ import pytest
 import torch
 from conftest import random_prompts
 
-from gkv_train.consistency import consistency_report
-from gkv_train.logprobs import token_logprobs
-from gkv_train.models import tiny_model
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
 from gkv_rollout.methods import METHODS, method_class
+from gkv_train.consistency import consistency_report
+from gkv_train.logprobs import token_logprobs
+from gkv_train.models import tiny_model
 
 TOL = 1e-4
 
@@ -18,7 +18,10 @@ def tiny_methods(budget, window, interval):
     """Every registered eviction method at its defaults (a method whose own window or interval is smaller keeps
     it: TOVA evicts every step), and G-KV's other history forms."""
     common = dict(budget=budget, window=window, interval=interval)
-    own = {name: {k: min(v, method_class(name).defaults[k]) for k, v in common.items() if k != "budget"} for name in METHODS}
+    own = {
+        name: {k: min(v, method_class(name).defaults[k]) for k, v in common.items() if k != "budget"}
+        for name in METHODS
+    }
     return [CompressionConfig(name, budget=budget, **own[name]) for name in METHODS] + [
         CompressionConfig.of("gkv", form="mean", **common),
         CompressionConfig.of("gkv", form="sum", redundancy=False, **common),
@@ -42,7 +45,9 @@ def check(model, out, cfg):
 @pytest.mark.parametrize("cfg", tiny_methods(16, 4, 8), ids=lambda c: f"{c.method}-{c.eviction.form}")
 def test_consistency_tiny(tiny_llama, cfg):
     prompts = random_prompts([5, 23, 12, 30, 9])
-    out = RolloutEngine(tiny_llama, compression=cfg).generate(prompts, SamplingConfig(max_new_tokens=40, temperature=1.0, seed=1))
+    out = RolloutEngine(tiny_llama, compression=cfg).generate(
+        prompts, SamplingConfig(max_new_tokens=40, temperature=1.0, seed=1)
+    )
     check(tiny_llama, out, cfg)
 
 
@@ -50,7 +55,9 @@ def test_consistency_tiny(tiny_llama, cfg):
 def test_consistency_other_architectures(kind):
     model = tiny_model(kind)
     cfg = CompressionConfig("gkv", budget=16, window=4, interval=8)
-    out = RolloutEngine(model, compression=cfg).generate(random_prompts([5, 23, 12, 30]), SamplingConfig(max_new_tokens=40, seed=3))
+    out = RolloutEngine(model, compression=cfg).generate(
+        random_prompts([5, 23, 12, 30]), SamplingConfig(max_new_tokens=40, seed=3)
+    )
     check(model, out, cfg)
 
 
@@ -67,7 +74,9 @@ def test_full_consistency_and_chunking(tiny_llama):
 
 def test_flex_backend_matches_sdpa(tiny_llama):
     cfg = CompressionConfig("gkv", budget=12, window=4, interval=4)
-    out = RolloutEngine(tiny_llama, compression=cfg).generate(random_prompts([5, 14]), SamplingConfig(max_new_tokens=12))
+    out = RolloutEngine(tiny_llama, compression=cfg).generate(
+        random_prompts([5, 14]), SamplingConfig(max_new_tokens=12)
+    )
     args = (tiny_llama, out.sequences, out.attention_mask, out.num_completion_tokens, out.record)
     with torch.no_grad():  # FlexAttention has no backward on CPU
         flex = token_logprobs(*args, backend="flex")
@@ -77,8 +86,12 @@ def test_flex_backend_matches_sdpa(tiny_llama):
 
 def test_masked_logprobs_are_differentiable(tiny_llama):
     cfg = CompressionConfig("gkv", budget=12, window=4, interval=4)
-    out = RolloutEngine(tiny_llama, compression=cfg).generate(random_prompts([5, 14]), SamplingConfig(max_new_tokens=12))
-    lp = token_logprobs(tiny_llama, out.sequences, out.attention_mask, out.num_completion_tokens, out.record, chunk_tokens=5)
+    out = RolloutEngine(tiny_llama, compression=cfg).generate(
+        random_prompts([5, 14]), SamplingConfig(max_new_tokens=12)
+    )
+    lp = token_logprobs(
+        tiny_llama, out.sequences, out.attention_mask, out.num_completion_tokens, out.record, chunk_tokens=5
+    )
     (lp * out.completion_mask).sum().backward()
     grads = [p.grad for p in tiny_llama.parameters()]
     assert all(g is not None for g in grads) and sum(g.abs().sum() for g in grads) > 0
@@ -89,15 +102,18 @@ def test_masked_logprobs_are_differentiable(tiny_llama):
 # tiny-model test (test_consistency_tiny) covers in the default run, carry the slow marker.
 SMOLLM2_METHODS = [
     pytest.param(CompressionConfig.of("gkv", budget=64, window=8, interval=16, form="max"), id="gkv-max"),
-    *(pytest.param(c, id=f"{c.method}-{c.eviction.form}", marks=pytest.mark.slow) for c in [
-        CompressionConfig("streaming", budget=64, window=8, interval=16),
-        CompressionConfig("snapkv", budget=64, window=8, interval=16),
-        CompressionConfig("h2o", budget=64, window=8, interval=16),
-        CompressionConfig("rkv", budget=64, window=8, interval=16),
-        CompressionConfig.of("gkv", budget=64, window=8, interval=16, form="mean"),
-        CompressionConfig.of("gkv", budget=64, window=8, interval=16, form="sum"),
-    ]),
-]  # fmt: skip
+    *(
+        pytest.param(c, id=f"{c.method}-{c.eviction.form}", marks=pytest.mark.slow)
+        for c in [
+            CompressionConfig("streaming", budget=64, window=8, interval=16),
+            CompressionConfig("snapkv", budget=64, window=8, interval=16),
+            CompressionConfig("h2o", budget=64, window=8, interval=16),
+            CompressionConfig("rkv", budget=64, window=8, interval=16),
+            CompressionConfig.of("gkv", budget=64, window=8, interval=16, form="mean"),
+            CompressionConfig.of("gkv", budget=64, window=8, interval=16, form="sum"),
+        ]
+    ),
+]
 
 
 @pytest.mark.smollm2
@@ -145,13 +161,17 @@ def test_decode_one_token_is_one_graph():
     model.model.layers[1].register_forward_pre_hook(lambda module, args: torch._dynamo.graph_break())
     cfg = CompressionConfig("gkv", budget=16, window=4, interval=8)
     with pytest.raises(torch._dynamo.exc.Unsupported, match="graph_break"):
-        RolloutEngine(model, compression=cfg).generate(random_prompts([5]), SamplingConfig(max_new_tokens=3, compile_decode=True))
+        RolloutEngine(model, compression=cfg).generate(
+            random_prompts([5]), SamplingConfig(max_new_tokens=3, compile_decode=True)
+        )
 
 
 def test_compiled_decode_refuses_s4r(tiny_llama):
     cfg = CompressionConfig("s4r", budget=16, window=4, interval=8)
     with pytest.raises(ValueError, match="no static decode step"):
-        RolloutEngine(tiny_llama, compression=cfg).generate(random_prompts([5]), SamplingConfig(max_new_tokens=4, compile_decode=True))
+        RolloutEngine(tiny_llama, compression=cfg).generate(
+            random_prompts([5]), SamplingConfig(max_new_tokens=4, compile_decode=True)
+        )
 
 
 @pytest.mark.slow  # the compiled step's fp32 equality is in the default run; this is its bf16 variant

@@ -46,7 +46,10 @@ def test_local_split_by_name_and_data_dir(tmp_path, monkeypatch):
     for split, answer in (("train", "2"), ("test", "3")):
         (tmp_path / f"{split}.jsonl").write_text(f'{{"question": "q", "answer": "{answer}"}}\n')
     for split, answer in (("train", "2"), ("test", "3")):
-        assert load_problems(DataConfig(path=str(tmp_path / "{split}.jsonl"), name=None, split=split))[0]["answer"] == answer
+        assert (
+            load_problems(DataConfig(path=str(tmp_path / "{split}.jsonl"), name=None, split=split))[0]["answer"]
+            == answer
+        )
     from gkv_train import data
 
     monkeypatch.setenv("GKV_DATA_DIR", str(tmp_path / "elsewhere"))
@@ -94,14 +97,32 @@ def test_level_one_is_one_operation():
         ("empty.jsonl", "", "holds no records"),
         ("bad.jsonl", '{"question": "a", "answer": 1}\n{"question": "b", "answer": \n', "bad.jsonl:2: not valid JSON"),
         ("list.jsonl", '{"question": "a", "answer": 1}\n[1, 2]\n', "list.jsonl:2: a record must be a JSON object"),
-        ("null.jsonl", '{"question": "a", "answer": 1}\n{"question": "b", "answer": null}\n', "null.jsonl:2: record has no value"),
-        ("array.json", '[{"question": "a", "answer": 1},\n {"question": "b" "answer": 2}]', "array.json:2: not valid JSON"),
+        (
+            "null.jsonl",
+            '{"question": "a", "answer": 1}\n{"question": "b", "answer": null}\n',
+            "null.jsonl:2: record has no value",
+        ),
+        (
+            "array.json",
+            '[{"question": "a", "answer": 1},\n {"question": "b" "answer": 2}]',
+            "array.json:2: not valid JSON",
+        ),
         ("broken.parquet", "not parquet", "cannot read dataset file"),
-        ("nan.jsonl", '{"question": "a", "answer": 1}\n{"question": "b", "answer": NaN}\n',
-         "nan.jsonl:2: field 'answer': gold answer nan is not a finite number"),
-        ("list.json", '[{"question": "a", "answer": 1},\n {"question": "b", "answer": [2]}]',
-         "list.json: record 2: field 'answer': gold answer [2] is a list, not a string or a number"),
-        ("none.jsonl", '{"question": "a", "answer": "None"}\n', "none.jsonl:1: field 'answer': gold answer 'None' is empty"),
+        (
+            "nan.jsonl",
+            '{"question": "a", "answer": 1}\n{"question": "b", "answer": NaN}\n',
+            "nan.jsonl:2: field 'answer': gold answer nan is not a finite number",
+        ),
+        (
+            "list.json",
+            '[{"question": "a", "answer": 1},\n {"question": "b", "answer": [2]}]',
+            "list.json: record 2: field 'answer': gold answer [2] is a list, not a string or a number",
+        ),
+        (
+            "none.jsonl",
+            '{"question": "a", "answer": "None"}\n',
+            "none.jsonl:1: field 'answer': gold answer 'None' is empty",
+        ),
     ],
 )
 def test_bad_data_files_name_file_and_line(tmp_path, name, text, message):
@@ -160,8 +181,11 @@ def test_builtin_task_size_is_known_and_never_exceeded():
     assert len({_problem(rng, 0)[0] for _ in range(40000)}) == 2660  # saturated: all of them, no more
     test = arithmetic_task(None, "test", levels=(0,))
     assert 800 < len(test) < 1024  # the distinct problems of the 1024 test draws
-    with pytest.raises(ValueError, match=f"2660 distinct problems, {len(test)} of them held out for the test split, so "
-                                         f"the train split can give at most {2660 - len(test)}: data.limit=3000"):
+    with pytest.raises(
+        ValueError,
+        match=f"2660 distinct problems, {len(test)} of them held out for the test split, so "
+        f"the train split can give at most {2660 - len(test)}: data.limit=3000",
+    ):
         arithmetic_task(3000, "train", levels=(0,))
     train = arithmetic_task(2660 - len(test), "train", levels=(0,))  # every one of them
     assert not set(train["problem"]) & set(test["problem"])
@@ -244,10 +268,16 @@ def test_copy_recall_task_is_deterministic_held_out_and_reachable_by_name():
     assert not copies_in_order(". ".join(sentences[:5]) + f". {answer}", places[0]["required"])  # 4 of 10
     from gkv_rewards.functions import accuracy
 
-    assert accuracy(completions=[f"{answer} {story}", f"{story} {answer}"], answer=[answer] * 2,
-                    required=[places[0]["required"]] * 2) == [0.0, 1.0]  # the number must follow the places
-    assert copy_score(completions=[half, f"{story} {answer}", f"{story} 1", skipped], answer=[answer] * 4,
-                      required=[places[0]["required"]] * 4) == [0.5, 1.0, 0.0, 0.0]  # every place counts
+    assert accuracy(
+        completions=[f"{answer} {story}", f"{story} {answer}"],
+        answer=[answer] * 2,
+        required=[places[0]["required"]] * 2,
+    ) == [0.0, 1.0]  # the number must follow the places
+    assert copy_score(
+        completions=[half, f"{story} {answer}", f"{story} 1", skipped],
+        answer=[answer] * 4,
+        required=[places[0]["required"]] * 4,
+    ) == [0.5, 1.0, 0.0, 0.0]  # every place counts
     assert copy_score(completions=[f"so {answer}"], answer=[answer]) == [1.0]  # nothing required: accuracy
     every = copy_recall_task(2, "train", seed=1, required="places")["required"][0]
     assert every.split("\n")[0] == "at least 10 of:"
@@ -256,7 +286,9 @@ def test_copy_recall_task_is_deterministic_held_out_and_reachable_by_name():
     with pytest.raises(ValueError, match="copy_share applies to"):
         DataConfig(name="copy_recall", copy_share=0.5).check()
     assert "copy_required" not in DataConfig(name="copy_recall").identity()
-    assert DataConfig(name="copy_recall", copy_required="places").identity() != DataConfig(name="copy_recall").identity()
+    assert (
+        DataConfig(name="copy_recall", copy_required="places").identity() != DataConfig(name="copy_recall").identity()
+    )
     half_identity = DataConfig(name="copy_recall", copy_required="places", copy_share=0.5).identity()
     assert half_identity["copy_share"] == 0.5 and "copy_share" not in DataConfig(name="copy_recall").identity()
 
@@ -270,7 +302,10 @@ def test_retrieval_tasks_hide_what_they_ask_and_hold_out_their_test_split(name):
 
     from gkv_train.retrieval import retrieval_task
 
-    train, test = retrieval_task(name, 30, "train", seed=1, context=256), retrieval_task(name, 60, "test", seed=1, context=256)
+    train, test = (
+        retrieval_task(name, 30, "train", seed=1, context=256),
+        retrieval_task(name, 60, "test", seed=1, context=256),
+    )
     assert not set(train["problem"]) & set(test["problem"])
     assert train["problem"] == retrieval_task(name, 30, "train", seed=1, context=256)["problem"]
     for row in train:
@@ -285,7 +320,9 @@ def test_retrieval_tasks_hide_what_they_ask_and_hold_out_their_test_split(name):
             assert answers == [values[target]] and len(re.findall(r"VAR \w+ = \d+\.", text)) == 2  # a second chain
         else:
             asked = re.findall(r"\b([a-z]+-[a-z]+)\b", question)
-            found = dict(re.findall(r"numbers for ([a-z]+-[a-z]+) is: (\d+)", text)) if name != "niah_multivalue" else None
+            found = (
+                dict(re.findall(r"numbers for ([a-z]+-[a-z]+) is: (\d+)", text)) if name != "niah_multivalue" else None
+            )
             if name == "niah_multivalue":
                 assert answers == re.findall(rf"numbers for {asked[0]} is: (\d+)", text) and len(answers) == 4
             else:

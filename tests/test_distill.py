@@ -5,10 +5,10 @@ import pytest
 import torch
 from conftest import random_prompts  # noqa: F401  (fixtures)
 
+from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.distill import CompressedDistillationConfig, CompressedDistillationTrainer
 from gkv_train.logprobs import token_divergence
 from gkv_train.models import load_model
-from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.run_config import DistillOptions, SamplingOptions
 from gkv_train.traces import generate_traces, load_traces, write_traces
 
@@ -20,8 +20,14 @@ def traces(tmp_path_factory):
     problems = datasets.Dataset.from_list(
         [{"id": i, "problem": p, "answer": "0"} for i, p in enumerate(["1+1", "what is 7", "hello", "3 x 4 = ?"])]
     )
-    rows = generate_traces(teacher, tokenizer, problems, SamplingConfig(max_new_tokens=20, num_samples=2, seed=0),
-                           "{problem}", keep_incorrect=True)
+    rows = generate_traces(
+        teacher,
+        tokenizer,
+        problems,
+        SamplingConfig(max_new_tokens=20, num_samples=2, seed=0),
+        "{problem}",
+        keep_incorrect=True,
+    )
     path = tmp_path_factory.mktemp("traces") / "traces.jsonl"
     write_traces(rows, path)
     return str(path)
@@ -31,14 +37,22 @@ def make_trainer(tmp_path, data, mode="offline", divergence="forward_kl", lr=1e-
     student, tokenizer = load_model("tiny")
     teacher, _ = load_model("tiny")
     args = CompressedDistillationConfig(
-        output_dir=str(tmp_path), per_device_train_batch_size=8, max_steps=steps, learning_rate=lr, report_to=[],
-        logging_steps=1, save_strategy="no", use_cpu=True, seed=0,
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        max_steps=steps,
+        learning_rate=lr,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        use_cpu=True,
+        seed=0,
         distill=DistillOptions(mode=mode, divergence=divergence),
         compression=CompressionConfig("gkv", budget=10, window=2, interval=4),
         sampling=SamplingOptions(max_new_tokens=20, temperature=0.8, top_p=1.0),
     )
-    return CompressedDistillationTrainer(model=student, teacher=teacher, tokenizer=tokenizer, args=args,
-                                         train_dataset=data)
+    return CompressedDistillationTrainer(
+        model=student, teacher=teacher, tokenizer=tokenizer, args=args, train_dataset=data
+    )
 
 
 def test_token_divergence_is_kl():
@@ -63,7 +77,9 @@ def test_one_step_lowers_the_kl_on_its_batch(tmp_path, traces):
     assert after < before
 
 
-@pytest.mark.parametrize("mode, divergence", [("offline", "forward_kl"), ("offline", "sft"), ("onpolicy", "forward_kl")])
+@pytest.mark.parametrize(
+    "mode, divergence", [("offline", "forward_kl"), ("offline", "sft"), ("onpolicy", "forward_kl")]
+)
 def test_student_logprobs_match_the_rollout(tmp_path, traces, mode, divergence):
     data = load_traces(traces)
     if mode == "onpolicy":
@@ -88,9 +104,9 @@ def test_one_kl_path_for_training_and_evaluation(traces):
     """compressed_kl (evaluation) and the distillation loss are one function (``divergence_under_record``): a
     model against itself has KL 0 under the full cache and > 0 once its cache evicts (the control), and
     the trainer's loss on the same replayed rows is the evaluation's mean."""
-    from gkv_train.metrics import compressed_kl
-    from gkv_train.logprobs import divergence_under_record
     from gkv_rollout.engine import RolloutEngine
+    from gkv_train.logprobs import divergence_under_record
+    from gkv_train.metrics import compressed_kl
 
     model, tokenizer = load_model("tiny")
     rows = list(load_traces(traces))[:4]

@@ -9,17 +9,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from verifier_probe import PAIRS, SCRIPT_WITH_ANSWERS, write_problems
 
-from gkv_train.data import arithmetic_task
-from gkv_train.evaluation import evaluate_compression
-from gkv_train.metrics import pass_at_k
-from gkv_train.run_folder import claim_run_dir
-from gkv_train.jsonio import file_identity, read_jsonl
-from gkv_train.models import load_model
 from gkv_rewards.verify import CHECK
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
+from gkv_train.data import arithmetic_task
+from gkv_train.evaluation import evaluate_compression
+from gkv_train.jsonio import file_identity, read_jsonl
+from gkv_train.metrics import pass_at_k
+from gkv_train.models import load_model
+from gkv_train.run_folder import claim_run_dir
+
+from verifier_probe import PAIRS, SCRIPT_WITH_ANSWERS, write_problems
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -41,11 +42,23 @@ def test_pass_at_k_matches_brute_force(n, c):
 @pytest.mark.floor
 def test_evaluate_script_writes_every_output(tmp_path):
     args = [
-        "model=tiny", "data.limit=5", "sampling.num_generations=2", "sampling.max_new_tokens=12", "methods=[full,gkv,streaming]",
-        "budgets=[8,10]", "compression.window=2", "compression.interval=4", f"output_dir={tmp_path}",
+        "model=tiny",
+        "data.limit=5",
+        "sampling.num_generations=2",
+        "sampling.max_new_tokens=12",
+        "methods=[full,gkv,streaming]",
+        "budgets=[8,10]",
+        "compression.window=2",
+        "compression.interval=4",
+        f"output_dir={tmp_path}",
     ]
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [r["run"] for r in result["runs"]] == ["full", "gkv-b8", "gkv-b10", "streaming-b8", "streaming-b10"]
@@ -53,7 +66,9 @@ def test_evaluate_script_writes_every_output(tmp_path):
         samples = read_jsonl(tmp_path / run["run"] / "samples.jsonl")
         assert len(samples) == 10 and {s["problem_id"] for s in samples} == set(range(5))
         assert set(samples[0]) >= {"problem_id", "completion", "extracted", "correct", "length", "retention"}
-        assert {"pass@1", "pass@2", "retention", "retention_correct", "mean_completion_length", "tokens_per_s"} <= set(run)
+        assert {"pass@1", "pass@2", "retention", "retention_correct", "mean_completion_length", "tokens_per_s"} <= set(
+            run
+        )
         assert (run["retention"] == 1.0) == (run["run"] == "full")
         low, high = run["pass@1_ci95"]
         assert 0 <= low <= run["pass@1"] <= high <= 1
@@ -72,7 +87,7 @@ def test_evaluate_script_writes_every_output(tmp_path):
     task = results["results"]["arithmetic_gkv-b8"]
     assert task["pass@1,none"] == result["runs"][1]["pass@1"] and "pass@1_stderr,none" in task
     assert results["configs"]["arithmetic_gkv-b8"]["compression"]["budget"] == 8
-    table = proc.stderr[proc.stderr.index("pass@1 [95% interval]"):].splitlines()  # method x budget on the console
+    table = proc.stderr[proc.stderr.index("pass@1 [95% interval]") :].splitlines()  # method x budget on the console
     assert table[1].split() == ["method", "budget", "8", "budget", "10"]
     assert [row.split()[0] for row in table[2:5]] == ["full", "gkv", "streaming"]
     assert "pass@1 [95% interval]" in (tmp_path / "evaluate.log").read_text()  # the console, kept
@@ -134,7 +149,9 @@ def test_interrupted_or_damaged_evaluation_resumes(tmp_path, monkeypatch, damage
     assert resumed["problems"] == 6
 
     def outcome(run):  # everything but the timing
-        return [{k: v for k, v in s.items() if k != "tokens_per_s"} for s in read_jsonl(tmp_path / run / "samples.jsonl")]
+        return [
+            {k: v for k, v in s.items() if k != "tokens_per_s"} for s in read_jsonl(tmp_path / run / "samples.jsonl")
+        ]
 
     assert outcome("b") == outcome("a")
     for key in ("pass@1", "pass@2", "retention"):
@@ -147,11 +164,23 @@ def test_evaluate_script_checks_answers_and_keys_results_by_settings(tmp_path):
     another temperature is refused, naming the difference."""
     data = write_problems(tmp_path / "latex.jsonl")
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
-    args = ["model=tiny", "data.name=null", f"data.path={data}", "sampling.num_generations=1", "sampling.max_new_tokens=4", "plots=false"]
-    code = SCRIPT_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=str(ROOT / "scripts" / "evaluate.py"),
-                                        answers=[a for _, a, _ in PAIRS], check=CHECK)
-    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    args = [
+        "model=tiny",
+        "data.name=null",
+        f"data.path={data}",
+        "sampling.num_generations=1",
+        "sampling.max_new_tokens=4",
+        "plots=false",
+    ]
+    code = SCRIPT_WITH_ANSWERS.format(
+        tests=str(ROOT / "tests"),
+        script=str(ROOT / "scripts" / "evaluate.py"),
+        answers=[a for _, a, _ in PAIRS],
+        check=CHECK,
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = strict_json(proc.stdout.strip().splitlines()[-1])
     run_dir = tmp_path / "outputs" / "eval" / "tiny_latex" / "full"
@@ -162,8 +191,14 @@ def test_evaluate_script_checks_answers_and_keys_results_by_settings(tmp_path):
     summary = strict_json((run_dir / "summary.json").read_text())
     assert summary["pass@1"] == pytest.approx(sum(e for _, _, e in PAIRS) / len(PAIRS))
 
-    other = subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args, "sampling.temperature=0.3"],
-                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    other = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args, "sampling.temperature=0.3"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert other.returncode != 0 and "sampling.temperature" in other.stderr and "overwrite=true" in other.stderr
     assert read_jsonl(run_dir / "samples.jsonl") == samples
 
@@ -175,12 +210,24 @@ def test_evaluate_script_saves_a_check_whose_worker_died_as_an_error(tmp_path):
     cases = [("1,0", "10", False), ("-2,1", "1,-2", True), ("5", "die", None), ("1234", "1,234", True)]
     data = write_problems(tmp_path / "died.jsonl", [g for g, _, _ in cases])
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
-    args = ["model=tiny", "data.name=null", f"data.path={data}", "sampling.num_generations=1", "sampling.max_new_tokens=4", "plots=false",
-            f"output_dir={tmp_path / 'out'}"]
-    code = SCRIPT_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=str(ROOT / "scripts" / "evaluate.py"),
-                                        answers=[a for _, a, _ in cases], check="verifier_probe:answers_or_die")
-    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    args = [
+        "model=tiny",
+        "data.name=null",
+        f"data.path={data}",
+        "sampling.num_generations=1",
+        "sampling.max_new_tokens=4",
+        "plots=false",
+        f"output_dir={tmp_path / 'out'}",
+    ]
+    code = SCRIPT_WITH_ANSWERS.format(
+        tests=str(ROOT / "tests"),
+        script=str(ROOT / "scripts" / "evaluate.py"),
+        answers=[a for _, a, _ in cases],
+        check="verifier_probe:answers_or_die",
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     samples = read_jsonl(tmp_path / "out" / "full" / "samples.jsonl")
     assert [s["correct"] for s in samples] == [bool(equal) for _, _, equal in cases]
@@ -247,8 +294,14 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def evaluate_py(args, cwd=ROOT, **kwargs):
-    return subprocess.run([sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=600, **kwargs)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        **kwargs,
+    )
 
 
 def test_a_second_evaluation_into_a_live_folder_is_refused(tmp_path):
@@ -256,10 +309,22 @@ def test_a_second_evaluation_into_a_live_folder_is_refused(tmp_path):
     second is now refused at once (exit 2), naming the first's PID and start time, and the first's results are
     those of a lone run; the folder's lock goes with its holder."""
     out, gate, started = tmp_path / "out", tmp_path / "gate", tmp_path / "started"
-    args = ["model=tiny", "data.limit=6", "sampling.num_generations=2", "sampling.max_new_tokens=8", "plots=false", f"output_dir={out}"]
-    first = subprocess.Popen([sys.executable, "-c", GATED_EVALUATE, str(ROOT / "scripts" / "evaluate.py"), *args],
-                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "GATE": str(gate), "STARTED": str(started)})  # fmt: skip
+    args = [
+        "model=tiny",
+        "data.limit=6",
+        "sampling.num_generations=2",
+        "sampling.max_new_tokens=8",
+        "plots=false",
+        f"output_dir={out}",
+    ]
+    first = subprocess.Popen(
+        [sys.executable, "-c", GATED_EVALUATE, str(ROOT / "scripts" / "evaluate.py"), *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "GATE": str(gate), "STARTED": str(started)},
+    )
     try:
         deadline = time.monotonic() + 300
         while not started.exists():  # in its first rollout batch
@@ -287,9 +352,15 @@ def test_a_second_evaluation_into_a_live_folder_is_refused(tmp_path):
     "override, message",
     [
         ("methods=[gkv] budgets=[0]", "budgets are token counts: each must be at least 1, got [0]"),
-        ("methods=[s4r] compression.s4r.rank=64",
-         "compression.s4r.rank=64 exceeds what {model} allows: an S4R basis has at most KV heads x head dim = 2 x 16 = 32"),
-        ("sampling.max_new_tokens=100000", "sampling.max_new_tokens=100000 does not fit {model}'s context of 4096 tokens"),
+        (
+            "methods=[s4r] compression.s4r.rank=64",
+            "compression.s4r.rank=64 exceeds what {model} allows: an S4R basis has at most KV heads x head dim = 2 "
+            "x 16 = 32",
+        ),
+        (
+            "sampling.max_new_tokens=100000",
+            "sampling.max_new_tokens=100000 does not fit {model}'s context of 4096 tokens",
+        ),
         ("data.limit=0", "data.limit must be at least 1"),
         ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),
     ],
@@ -331,7 +402,8 @@ def test_a_failed_evaluation_keeps_its_error_in_the_log(tmp_path):
         "def boom(*a, **k):\n"
         "    raise RuntimeError('boom inside the evaluation')\n"
         "e.evaluate_compression = boom\n"
-        f"sys.argv = ['evaluate', 'model=tiny', 'data.limit=2', 'sampling.max_new_tokens=4', 'sampling.num_generations=1', "
+        f"sys.argv = ['evaluate', 'model=tiny', 'data.limit=2', 'sampling.max_new_tokens=4', "
+        "'sampling.num_generations=1', "
         f"'plots=false', 'output_dir={tmp_path / 'out'}']\n"
         "from gkv_train.cli import evaluate\n"
         "evaluate()\n"

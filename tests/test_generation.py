@@ -2,12 +2,12 @@ import pytest
 import torch
 from conftest import random_prompts
 
-from gkv_train.models import tiny_model
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract.attention import ATTENTION_NAME
 from gkv_rollout.engine import RolloutEngine, encode_prompts, left_pad
 from gkv_rollout.methods import METHODS as EVICTION_METHODS
 from gkv_rollout.scoring import hashed_uniform
+from gkv_train.models import tiny_model
 
 
 def hf_greedy(model, prompts, pad_id, max_new_tokens, eos):
@@ -15,12 +15,16 @@ def hf_greedy(model, prompts, pad_id, max_new_tokens, eos):
     model.set_attn_implementation("sdpa")
     try:
         out = model.generate(
-            input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-            eos_token_id=eos, pad_token_id=pad_id,
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=pad_id,
         )
     finally:
         model.set_attn_implementation(ATTENTION_NAME)
-    return out[:, ids.shape[1]:]
+    return out[:, ids.shape[1] :]
 
 
 @pytest.mark.parametrize("kind", ["tiny-llama", "tiny-qwen2", "tiny-qwen3"])
@@ -43,11 +47,15 @@ def test_full_greedy_matches_hf_generate_smollm2(smollm2, gsm8k_questions):
 
 def test_stop_token_ends_each_sequence_on_its_own(tiny_llama):
     prompts = random_prompts([6, 11, 3])
-    greedy = RolloutEngine(tiny_llama).generate(prompts, SamplingConfig(max_new_tokens=8, temperature=0, stop_token_ids=()))
+    greedy = RolloutEngine(tiny_llama).generate(
+        prompts, SamplingConfig(max_new_tokens=8, temperature=0, stop_token_ids=())
+    )
     row0 = greedy.completion_ids[0].tolist()
     first_new = next(i for i in range(1, 8) if row0[i] not in row0[:i])
     stop = row0[first_new]  # a greedy token of row 0, first seen after step 1, becomes the stop token
-    out = RolloutEngine(tiny_llama).generate(prompts, SamplingConfig(max_new_tokens=8, temperature=0, stop_token_ids=(stop,)))
+    out = RolloutEngine(tiny_llama).generate(
+        prompts, SamplingConfig(max_new_tokens=8, temperature=0, stop_token_ids=(stop,))
+    )
     for row in range(3):
         full = greedy.completion_ids[row].tolist()
         n = full.index(stop) + 1 if stop in full else 8
@@ -60,7 +68,9 @@ def test_stop_token_ends_each_sequence_on_its_own(tiny_llama):
 
 def test_ignore_eos_forces_length(tiny_llama):
     prompts = random_prompts([6, 9])
-    greedy = RolloutEngine(tiny_llama).generate(prompts, SamplingConfig(max_new_tokens=5, temperature=0, stop_token_ids=()))
+    greedy = RolloutEngine(tiny_llama).generate(
+        prompts, SamplingConfig(max_new_tokens=5, temperature=0, stop_token_ids=())
+    )
     stop = int(greedy.completion_ids[0, 0])
     out = RolloutEngine(tiny_llama).generate(
         prompts, SamplingConfig(max_new_tokens=5, temperature=1.0, stop_token_ids=(stop,), ignore_eos=True)
@@ -168,14 +178,25 @@ def test_replay_reproduces_a_sampled_rollout(tiny_llama, method):
 def test_dropping_finished_rows_changes_nothing(tiny_llama, method):
     """Finished sequences leaving the batch (at every finish) give the same tokens, log-probs and record as
     keeping them to the end; the control: a different seed gives different tokens."""
-    cfg = CompressionConfig(method, window=3) if method == "s4r" else CompressionConfig(method, budget=12, window=3, interval=5)
+    cfg = (
+        CompressionConfig(method, window=3)
+        if method == "s4r"
+        else CompressionConfig(method, budget=12, window=3, interval=5)
+    )
     engine = RolloutEngine(tiny_llama, compression=cfg)
     prompts = random_prompts([9, 30, 17, 12, 25, 8], seed=2)
     stops = tuple(range(10, 24))  # about one token in nine: rows end at many different steps
     runs = {}
     for drop in (1.0, 0.01):
-        sampling = SamplingConfig(max_new_tokens=40, temperature=1.0, top_p=0.95, num_samples=2, seed=1,
-                                  stop_token_ids=stops, drop_finished_at=drop)  # fmt: skip
+        sampling = SamplingConfig(
+            max_new_tokens=40,
+            temperature=1.0,
+            top_p=0.95,
+            num_samples=2,
+            seed=1,
+            stop_token_ids=stops,
+            drop_finished_at=drop,
+        )
         runs[drop] = engine.generate(prompts, sampling)
     kept, dropped = runs[1.0], runs[0.01]
     assert len(set(kept.completion_lengths.tolist())) > 4 and int(kept.completion_lengths.min()) < 20
@@ -186,11 +207,16 @@ def test_dropping_finished_rows_changes_nothing(tiny_llama, method):
         for name, value in kept.record.to_batch().items():
             assert torch.equal(value, dropped.record.to_batch()[name]), name
     replayed = engine.replay(
-        [p for p in prompts for _ in range(2)], dropped.completions(),
+        [p for p in prompts for _ in range(2)],
+        dropped.completions(),
         SamplingConfig(max_new_tokens=40, temperature=1.0, drop_finished_at=0.01),  # the rollout's (s4r's rank)
     )
-    assert torch.equal(replayed.sequences, kept.sequences) and torch.allclose(replayed.logprobs, kept.logprobs, atol=1e-5)
-    other = engine.generate(prompts, SamplingConfig(max_new_tokens=40, temperature=1.0, num_samples=2, seed=2, stop_token_ids=stops))
+    assert torch.equal(replayed.sequences, kept.sequences) and torch.allclose(
+        replayed.logprobs, kept.logprobs, atol=1e-5
+    )
+    other = engine.generate(
+        prompts, SamplingConfig(max_new_tokens=40, temperature=1.0, num_samples=2, seed=2, stop_token_ids=stops)
+    )
     assert not torch.equal(other.sequences, kept.sequences)
 
 
@@ -202,11 +228,12 @@ def test_rows_leaving_keep_the_compression_steps(tiny_llama, method):
     engine = RolloutEngine(tiny_llama, compression=CompressionConfig(method, budget=24, window=3, interval=4))
     prompts = random_prompts([60, 6, 60, 5], seed=3)
     completions = [c[:n] for c, n in zip(random_prompts([70] * 4, seed=4), [2, 70, 3, 70])]
-    runs = [engine.replay(prompts, completions, SamplingConfig(temperature=1.0, drop_finished_at=d)) for d in (1.0, 0.01)]
+    runs = [
+        engine.replay(prompts, completions, SamplingConfig(temperature=1.0, drop_finished_at=d)) for d in (1.0, 0.01)
+    ]
     assert runs[0].stats["compressions"] == runs[1].stats["compressions"] > 10
     assert torch.equal(runs[0].record.evict_at, runs[1].record.evict_at)
     assert torch.allclose(runs[0].logprobs, runs[1].logprobs, atol=1e-5)
-
 
 
 def test_progress_callback_counts_every_generated_token(tiny_llama):
@@ -217,5 +244,7 @@ def test_progress_callback_counts_every_generated_token(tiny_llama):
 
     counts = []
     engine = RolloutEngine(tiny_llama, compression=CompressionConfig("gkv", budget=16, window=4, interval=8))
-    out = engine.generate(random_prompts([12, 30, 7]), SamplingConfig(max_new_tokens=24, seed=3), progress=counts.append)
+    out = engine.generate(
+        random_prompts([12, 30, 7]), SamplingConfig(max_new_tokens=24, seed=3), progress=counts.append
+    )
     assert sum(counts) == int(out.completion_lengths.sum()) and len(counts) == out.num_completion_tokens

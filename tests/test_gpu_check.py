@@ -15,8 +15,22 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_gpu_check_tiny(tmp_path):
     """Every section, in order, written under --out as it finishes; the consistency controls fail; the rollout
     and training figures carry their roofline; one GRPO step through train.py."""
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--tiny", "--shapes", "tiny-qwen2",
-                           "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=900, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gpu_check.py"),
+            "--tiny",
+            "--shapes",
+            "tiny-qwen2",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])  # the JSON line is the last
     assert json.loads((tmp_path / "gpu_check.json").read_text()) == result
@@ -39,9 +53,24 @@ def test_gpu_check_tiny(tmp_path):
 
 def test_gpu_check_skips_what_does_not_fit_the_time_budget(tmp_path):
     """A run past --budget-s starts nothing more: the sections still come, marked skipped."""
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--tiny", "--shapes", "tiny-qwen2",
-                           "--budget-s", "0", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, check=False)  # fmt: skip
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "gpu_check.py"),
+            "--tiny",
+            "--shapes",
+            "tiny-qwen2",
+            "--budget-s",
+            "0",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     sections = json.loads(proc.stdout.strip().splitlines()[-1])["sections"]
     assert sections["hardware"]["memory_bytes_per_s"] > 0

@@ -6,9 +6,9 @@ import datasets
 import pytest
 import torch
 
+from gkv_rollout.config import CompressionConfig
 from gkv_train.grpo import CompressedGRPOConfig, CompressedGRPOTrainer, clip_overlong_advantages, rollout_correction
 from gkv_train.models import load_model
-from gkv_rollout.config import CompressionConfig
 from gkv_train.run_config import SparseRLOptions
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -25,21 +25,43 @@ def odd_first_token(completion_ids=(), **_):
 
 
 def make_trainer(
-    tmp_path, compression=None, train_with_record=True, steps=1, lr=1e-3, loss_type="dapo", reward=even_first_token,
-    rollout_is=None, **args
+    tmp_path,
+    compression=None,
+    train_with_record=True,
+    steps=1,
+    lr=1e-3,
+    loss_type="dapo",
+    reward=even_first_token,
+    rollout_is=None,
+    **args,
 ):
     model, tokenizer = load_model("tiny")
     settings = dict(
-        output_dir=str(tmp_path), per_device_train_batch_size=8, num_generations=4, max_completion_length=24,
-        max_steps=steps, learning_rate=lr, bf16=False, report_to=[], logging_steps=1, save_strategy="no",
-        use_cpu=True, temperature=1.0, loss_type=loss_type, seed=0,
+        output_dir=str(tmp_path),
+        per_device_train_batch_size=8,
+        num_generations=4,
+        max_completion_length=24,
+        max_steps=steps,
+        learning_rate=lr,
+        bf16=False,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        use_cpu=True,
+        temperature=1.0,
+        loss_type=loss_type,
+        seed=0,
     )
     config = CompressedGRPOConfig(
-        **{**settings, **args}, compression=compression or CompressionConfig("gkv", budget=12, window=4, interval=4),
+        **{**settings, **args},
+        compression=compression or CompressionConfig("gkv", budget=12, window=4, interval=4),
         rl=SparseRLOptions(train_with_record=train_with_record, rollout_is=rollout_is),
     )
     return CompressedGRPOTrainer(
-        model=model, reward_funcs=[reward], args=config, processing_class=tokenizer,
+        model=model,
+        reward_funcs=[reward],
+        args=config,
+        processing_class=tokenizer,
         train_dataset=datasets.Dataset.from_list([{"prompt": p} for p in PROMPTS]),
     )
 
@@ -95,8 +117,11 @@ def test_record_survives_shuffle_and_split(tmp_path):
 
 def test_s4r_record_survives_shuffle_and_split(tmp_path):
     trainer = make_trainer(
-        tmp_path, compression=CompressionConfig.of("s4r", eta=0.4, window=4, sinks=1), steps=2,
-        gradient_accumulation_steps=2, per_device_train_batch_size=4,
+        tmp_path,
+        compression=CompressionConfig.of("s4r", eta=0.4, window=4, sinks=1),
+        steps=2,
+        gradient_accumulation_steps=2,
+        per_device_train_batch_size=4,
     )
     trainer.train()
     found = mismatches(trainer)
@@ -155,8 +180,13 @@ def test_sparse_rl_correction():
     outside [0.5, 1.5] rejected, a completion with a token ratio below 1e-4 vetoed."""
     ratios = torch.tensor([[1.0, 1.2, 3.0, 0.4], [1.0, 1e-5, 1.0, 1.0], [0.9, 1.1, 1.0, 5.0]])
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, 0]])
-    options = SparseRLOptions(rollout_is="token_truncate", rollout_is_cap=1.5, rollout_is_normalize=True,
-                              rollout_rejection=[0.5, 1.5], rollout_veto=1e-4)  # fmt: skip
+    options = SparseRLOptions(
+        rollout_is="token_truncate",
+        rollout_is_cap=1.5,
+        rollout_is_normalize=True,
+        rollout_rejection=[0.5, 1.5],
+        rollout_veto=1e-4,
+    )
     weights, keep = rollout_correction(ratios.log(), torch.zeros(3, 4), mask, options)
     truncated = ratios.clamp(max=1.5) * mask
     assert torch.allclose(weights * mask, truncated / (truncated.sum() / mask.sum()))

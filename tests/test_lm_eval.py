@@ -24,10 +24,12 @@ def local_task(folder: Path) -> Path:
     rows = [{"problem": f"What is {a} plus {b}?", "answer": str(a + b)} for a, b in [(1, 2), (3, 4), (5, 6), (2, 2)]]
     data = folder / "data.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    common = f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n" \
-             'doc_to_text: "{{problem}} Answer:"\n'  # fmt: skip
+    common = (
+        f"dataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+        'doc_to_text: "{{problem}} Answer:"\n'
+    )
     (folder / "gen.yaml").write_text(
-        f"task: gkv_local_gen\n{common}output_type: generate_until\ndoc_to_target: \"{{{{answer}}}}\"\n"
+        f'task: gkv_local_gen\n{common}output_type: generate_until\ndoc_to_target: "{{{{answer}}}}"\n'
         'generation_kwargs:\n  until: ["\\n"]\n  max_gen_toks: 8\n  do_sample: false\n'
         "metric_list:\n  - metric: exact_match\n"
     )
@@ -41,7 +43,7 @@ def local_task(folder: Path) -> Path:
 def test_loglikelihood_is_the_models_under_the_full_cache():
     lm = CompressedLM(pretrained="tiny", method="full")
     context, continuation = "The answer is", " 42"
-    (score, _), = lm.loglikelihood([Instance("loglikelihood", {}, (context, continuation), 0)])
+    ((score, _),) = lm.loglikelihood([Instance("loglikelihood", {}, (context, continuation), 0)])
     ids = lm._encode(context + continuation)
     with torch.no_grad():
         logits = lm.model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
@@ -64,8 +66,12 @@ def test_a_greedy_generation_scores_as_greedy_under_compression():
     assert greedy and not other
     assert abs(score - rollout.logprobs[0].sum().item()) < 1e-3
     assert lm.stats[-1]["method"] == "gkv" and lm.stats[-1]["batch_compressions"] >= 2  # prefill and decode rounds
-    request = Instance("generate_until", {}, (lm.tokenizer.decode(context, skip_special_tokens=True),
-                                              {"until": [], "max_gen_toks": 20}), 0)  # fmt: skip
+    request = Instance(
+        "generate_until",
+        {},
+        (lm.tokenizer.decode(context, skip_special_tokens=True), {"until": [], "max_gen_toks": 20}),
+        0,
+    )
     assert lm.generate_until([request]) == [lm.tokenizer.decode(tokens, skip_special_tokens=True)]
 
 
@@ -76,18 +82,38 @@ def test_a_local_task_offline_from_python_and_the_command_line(tmp_path, monkeyp
     tasks = local_task(tmp_path)
     stats = tmp_path / "stats.jsonl"
     lm = CompressedLM(pretrained="tiny", method="gkv", budget=16, window=4, interval=8, stats=str(stats))
-    result = lm_eval.simple_evaluate(model=lm, tasks=["gkv_local_gen", "gkv_local_mc"],
-                                     task_manager=TaskManager(include_path=str(tasks)))  # fmt: skip
+    result = lm_eval.simple_evaluate(
+        model=lm, tasks=["gkv_local_gen", "gkv_local_mc"], task_manager=TaskManager(include_path=str(tasks))
+    )
     assert set(result["results"]) == {"gkv_local_gen", "gkv_local_mc"}
     lines = [json.loads(line) for line in stats.read_text().splitlines()]
     assert {line["request"] for line in lines} == {"generate_until", "loglikelihood"}
     assert all(0 < line["retention"] <= 1 for line in lines)
     out = tmp_path / "cli"
-    command = [sys.executable, "-m", "gkv_train.cli", "lm-eval", "--model", "gkv", "--model_args",
-               "pretrained=tiny,method=snapkv,budget=16,window=4,interval=8", "--tasks", "gkv_local_gen",
-               "--include_path", str(tasks), "--output_path", str(out)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env={**os.environ, "HF_DATASETS_OFFLINE": "1"})  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "gkv_train.cli",
+        "lm-eval",
+        "--model",
+        "gkv",
+        "--model_args",
+        "pretrained=tiny,method=snapkv,budget=16,window=4,interval=8",
+        "--tasks",
+        "gkv_local_gen",
+        "--include_path",
+        str(tasks),
+        "--output_path",
+        str(out),
+    ]
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "HF_DATASETS_OFFLINE": "1"},
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     written = list(out.rglob("results_*.json"))
     assert written and "gkv_local_gen" in json.loads(written[0].read_text())["results"]
@@ -127,19 +153,48 @@ def test_every_compression_option_is_a_model_argument():
     builds it."""
     from gkv_rollout.config import CompressionConfig
 
-    lm = CompressedLM(pretrained="tiny", method="gkv", budget=32, window=4, interval=8, alpha=0.5, sinks=2, form="mean",
-                      **{"lambda": 0.3})  # fmt: skip
-    assert lm.compression == CompressionConfig.of("gkv", budget=32, window=4, interval=8, alpha=0.5, lambda_=0.3,
-                                                  form="mean", sinks=2)  # fmt: skip
+    lm = CompressedLM(
+        pretrained="tiny",
+        method="gkv",
+        budget=32,
+        window=4,
+        interval=8,
+        alpha=0.5,
+        sinks=2,
+        form="mean",
+        **{"lambda": 0.3},
+    )
+    assert lm.compression == CompressionConfig.of(
+        "gkv", budget=32, window=4, interval=8, alpha=0.5, lambda_=0.3, form="mean", sinks=2
+    )
     assert CompressedLM(pretrained="tiny", method="s4r", eta=0.5, refresh=16).compression.s4r.refresh == 16
 
 
 def test_a_typo_through_the_command_line_is_one_line_before_work(tmp_path):
-    command = [sys.executable, "-m", "gkv_train.cli", "lm-eval", "--model", "gkv", "--model_args",
-               "pretrained=tiny,method=gkv,budgte=64", "--tasks", "gkv_local_gen", "--include_path",
-               str(local_task(tmp_path)), "--output_path", str(tmp_path / "out")]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=tmp_path,
-                          env={**os.environ, "HF_DATASETS_OFFLINE": "1"})  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "gkv_train.cli",
+        "lm-eval",
+        "--model",
+        "gkv",
+        "--model_args",
+        "pretrained=tiny,method=gkv,budgte=64",
+        "--tasks",
+        "gkv_local_gen",
+        "--include_path",
+        str(local_task(tmp_path)),
+        "--output_path",
+        str(tmp_path / "out"),
+    ]
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+        env={**os.environ, "HF_DATASETS_OFFLINE": "1"},
+    )
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1].startswith("error: unknown gkv model argument budgte=64; did you mean")
     assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()

@@ -45,10 +45,11 @@ def test_each_wheel_holds_one_package(installed):
     for package, names in wheels.items():
         top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
         assert top == {package}, top  # no generic top-level rollout / rewards / recipes
-    expected = {"gkv_rollout": ["gkv_rollout/engine.py", "gkv_rollout/contract/eviction.py"],
-                "gkv_rewards": ["gkv_rewards/verify.py", "gkv_rewards/worker.py"],
-                "gkv_train": ["gkv_train/recipes/train.yaml", "gkv_train/recipes/recipe/rl_sparse.yaml",
-                              "gkv_train/cli.py"]}  # fmt: skip
+    expected = {
+        "gkv_rollout": ["gkv_rollout/engine.py", "gkv_rollout/contract/eviction.py"],
+        "gkv_rewards": ["gkv_rewards/verify.py", "gkv_rewards/worker.py"],
+        "gkv_train": ["gkv_train/recipes/train.yaml", "gkv_train/recipes/recipe/rl_sparse.yaml", "gkv_train/cli.py"],
+    }
     for package, names in expected.items():
         assert set(names) <= set(wheels[package]), (package, set(names) - set(wheels[package]))
 
@@ -68,18 +69,33 @@ def test_command_runs_from_any_folder(installed, tmp_path):
     # installed package: without it the error names the variable, tests/test_data.py), the answer checker starts
     # from the installed package
     out = tmp_path / "svamp"
-    evaluate = run(target, tmp_path, "evaluate", "model=tiny", "data.name=svamp", "data.split=test", "data.limit=2",
-                   "sampling.max_new_tokens=4", "sampling.num_generations=1", "methods=[full]", f"output_dir={out}", "plots=false",
-                   GKV_DATA_DIR=str(ROOT.parent / "shared" / "data"))  # fmt: skip
+    evaluate = run(
+        target,
+        tmp_path,
+        "evaluate",
+        "model=tiny",
+        "data.name=svamp",
+        "data.split=test",
+        "data.limit=2",
+        "sampling.max_new_tokens=4",
+        "sampling.num_generations=1",
+        "methods=[full]",
+        f"output_dir={out}",
+        "plots=false",
+        GKV_DATA_DIR=str(ROOT.parent / "shared" / "data"),
+    )
     assert evaluate.returncode == 0, evaluate.stderr
     assert (out / "results.json").is_file() and "svamp" in (out / "results.json").read_text()
 
 
 def _module_files(target: Path, folder: Path) -> list[str]:
     """Where the command's Python imports gkv_train and its rollout from (the install folder, not the checkout)."""
-    code = "import importlib.util as u; print(*(u.find_spec(m).origin for m in ('gkv_train.cli', 'gkv_rollout.engine', 'gkv_rewards.worker')))"
+    modules = "('gkv_train.cli', 'gkv_rollout.engine', 'gkv_rewards.worker')"
+    code = f"import importlib.util as u; print(*(u.find_spec(m).origin for m in {modules}))"
     environ = {**os.environ, "PYTHONPATH": str(target)}
-    out = subprocess.run([sys.executable, "-c", code], check=True, cwd=folder, env=environ, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, cwd=folder, env=environ, capture_output=True, text=True
+    )
     return out.stdout.split()
 
 
@@ -94,12 +110,23 @@ def test_installing_beside_the_stack_replaces_nothing(installed, tmp_path):
         return re.sub(r"[-_.]+", "-", name).lower()
 
     report = tmp_path / "report.json"
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--report", str(report),
-                           *map(str, installed[2])], capture_output=True, text=True, timeout=600, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "-q", "--report", str(report), *map(str, installed[2])],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     present = {canonical(d.metadata["Name"]): d.version for d in distributions()}
-    planned = {canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    planned = {
+        canonical(i["metadata"]["name"]): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]
+    }
     ours = {"gkv-train", "gkv-rollout", "gkv-rewards"}
-    replaced = {name: f"{present[name]} -> {version}" for name, version in planned.items() if name in present and name not in ours}
+    replaced = {
+        name: f"{present[name]} -> {version}"
+        for name, version in planned.items()
+        if name in present and name not in ours
+    }
     assert not replaced, replaced
     assert "torch" in present and "transformers" in present

@@ -73,7 +73,9 @@ def test_every_compression_keeps_budget_window_and_sinks(tiny_llama, cfg):
 
 def test_heads_and_layers_evict_differently(tiny_llama):
     cfg = CompressionConfig("gkv", budget=20, window=4, interval=6)
-    out = RolloutEngine(tiny_llama, compression=cfg).generate(random_prompts([40, 33]), SamplingConfig(max_new_tokens=20))
+    out = RolloutEngine(tiny_llama, compression=cfg).generate(
+        random_prompts([40, 33]), SamplingConfig(max_new_tokens=20)
+    )
     rec = out.record.evict_at
     assert not torch.equal(rec[:, 0], rec[:, 1]) and not torch.equal(rec[:, :, 0], rec[:, :, 1])
 

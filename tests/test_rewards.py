@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from gkv_train.data import DataConfig, load_problems
 from gkv_rewards import functions
 from gkv_rewards.extract import drop_thousands_separators, extract_answer, gold_answer, last_boxed, last_number
 from gkv_rewards.functions import accuracy, boxed_format, verifier_stats
 from gkv_rewards.grading import grade_completions
 from gkv_rewards.verify import MathVerifier, Verdict, as_number, numbers_equal
+from gkv_train.data import DataConfig, load_problems
 
 # Completions with known verdicts against their gold; "defect": the case failed before commas were read as list
 # separators outside well-formed numbers and golds that are no answer were refused (45bc814).
@@ -37,9 +37,20 @@ def test_extraction_order_and_nesting():
 
 @pytest.mark.parametrize(
     "text, kept",
-    [("1,000", "1000"), ("12,345,678", "12345678"), ("-1,234.5", "-1234.5"), ("$1,000", "$1000"), ("1,2", "1,2"),
-     ("1,0", "1,0"), ("3,5", "3,5"), ("12,34", "12,34"), ("1,000,2", "1,000,2"), ("1,0000", "1,0000"),
-     ("0.1,234", "0.1,234"), ("(1,000, 2)", "(1000, 2)")],
+    [
+        ("1,000", "1000"),
+        ("12,345,678", "12345678"),
+        ("-1,234.5", "-1234.5"),
+        ("$1,000", "$1000"),
+        ("1,2", "1,2"),
+        ("1,0", "1,0"),
+        ("3,5", "3,5"),
+        ("12,34", "12,34"),
+        ("1,000,2", "1,000,2"),
+        ("1,0000", "1,0000"),
+        ("0.1,234", "0.1,234"),
+        ("(1,000, 2)", "(1000, 2)"),
+    ],
 )
 def test_thousands_separators_only_in_well_formed_numbers(text, kept):
     assert drop_thousands_separators(text) == kept
@@ -85,9 +96,19 @@ def test_gold_answers_of_each_dataset():
 
 @pytest.mark.parametrize(
     "a, b, equal",
-    [("0.5", "1/2", True), ("1e5", "100000", True), ("2.5e-3", "1/400", True), ("-3/4", "-0.75", True),
-     ("1e100000000", "10e99999999", True), ("1e100000000", "5", False), ("0", "0.0e7", True), ("-1", "1", False),
-     ("1e-100000000", "0", False), ("$1,000", "1000", True), ("20%", "20", True)],
+    [
+        ("0.5", "1/2", True),
+        ("1e5", "100000", True),
+        ("2.5e-3", "1/400", True),
+        ("-3/4", "-0.75", True),
+        ("1e100000000", "10e99999999", True),
+        ("1e100000000", "5", False),
+        ("0", "0.0e7", True),
+        ("-1", "1", False),
+        ("1e-100000000", "0", False),
+        ("$1,000", "1000", True),
+        ("20%", "20", True),
+    ],
 )
 def test_exact_numbers_with_any_exponent_are_instant(a, b, equal):
     start = time.perf_counter()
@@ -136,7 +157,9 @@ def test_a_check_that_overruns_once_is_retried_on_a_fresh_worker(tmp_path, monke
         verify.close()
 
 
-@pytest.mark.parametrize("check, correct", [("verifier_warm:slow_first_use", True), ("verifier_probe:slow_first_use", False)])
+@pytest.mark.parametrize(
+    "check, correct", [("verifier_warm:slow_first_use", True), ("verifier_probe:slow_first_use", False)]
+)
 def test_first_use_costs_are_paid_before_the_time_limit(monkeypatch, check, correct):
     """A check module's ``warm_up`` runs before the worker is ready, so a first-use cost longer than the limit (here
     2 s against 1 s) never turns a right answer into a timeout; the control, the same check without ``warm_up``,
@@ -197,7 +220,7 @@ class _Texts:
         self.texts = texts
 
     def batch_decode(self, ids, skip_special_tokens):
-        return [self.texts[i] for i, in ids]
+        return [self.texts[i] for (i,) in ids]
 
 
 def test_a_died_worker_is_restarted_and_the_check_retried_once(tmp_path, monkeypatch):
@@ -217,8 +240,11 @@ def test_a_check_whose_worker_dies_twice_is_an_error_not_a_wrong_answer(monkeypa
     try:
         texts = [r"\boxed{die}", r"\boxed{5}", r"\boxed{4}"]
         grades = grade_completions(_Texts(texts), [[0], [1], [2]], ["5", "5", "5"], verify)
-        assert [(g.correct, g.timed_out, g.error) for g in grades] == [(False, False, True), (True, False, False),
-                                                                         (False, False, False)]
+        assert [(g.correct, g.timed_out, g.error) for g in grades] == [
+            (False, False, True),
+            (True, False, False),
+            (False, False, False),
+        ]
         assert verify.stats == {"checks": 3, "timeouts": 0, "errors": 1, "retries": 1, "malformed": 0}
         monkeypatch.setattr(functions, "_VERIFIER", verify)
         assert accuracy(completions=texts, answer=["5", "5", "5"]) == [0.0, 1.0, 0.0]
@@ -233,8 +259,18 @@ def test_sweep_golds_script_on_a_subset(tmp_path, check, failures):
     golds, self-matches, rewritings and perturbations; a check that takes everything for right (the control) fails
     every perturbation, each listed with its line, and the script exits with 1."""
     out = tmp_path / "sweep.json"
-    command = [sys.executable, str(ROOT / "scripts" / "sweep_golds.py"), "--datasets", "math500", "aime24",
-               "--limit", "3", "--output", str(out), *(["--check", check] if check else [])]
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "sweep_golds.py"),
+        "--datasets",
+        "math500",
+        "aime24",
+        "--limit",
+        "3",
+        "--output",
+        str(out),
+        *(["--check", check] if check else []),
+    ]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'tests'}"}
     proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -264,6 +300,7 @@ def test_required_sentences_must_be_copied_in_order():
     assert copies_in_order(good, required) and copies_in_order("anything", None) and copies_in_order("x", "")
     assert not copies_in_order("At the end of the day, Ava still has 41. Then Ava goes to the zoo.", required)
     assert not copies_in_order("\\boxed{41}", required)  # the answer without the work: the shortcut
-    assert accuracy(completions=[good, "\\boxed{41}", good], answer=["41", "41", "42"],
-                    required=[required, required, required]) == [1.0, 0.0, 0.0]  # fmt: skip
+    assert accuracy(
+        completions=[good, "\\boxed{41}", good], answer=["41", "41", "42"], required=[required, required, required]
+    ) == [1.0, 0.0, 0.0]
     assert accuracy(completions=["\\boxed{41}"], answer=["41"]) == [1.0]  # no required column: answer only

@@ -4,7 +4,6 @@ import pytest
 import torch
 from conftest import random_prompts
 
-from gkv_train.consistency import consistency_report
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract.bits import pack_bits, unpack_bits
 from gkv_rollout.contract.rope import apply_rope, inverse_rope
@@ -19,6 +18,7 @@ from gkv_rollout.lowrank import (
     select_tokens,
     selection_budget,
 )
+from gkv_train.consistency import consistency_report
 
 TOL = 1e-4
 PROMPTS = [40, 63, 52, 71, 45]
@@ -68,7 +68,9 @@ def test_replay_reproduces_an_s4r_rollout(tiny_llama):
 def test_persistent_bytes_follow_the_formula(tiny_llama):
     cfg = CompressionConfig.of("s4r", eta=0.25, window=4, expected_length=0)  # eta at the prompt's length
     caches = []
-    engine = RolloutEngine(tiny_llama, compression=cfg, cache_factory=lambda *a: caches.append(make_cache(*a)) or caches[-1])
+    engine = RolloutEngine(
+        tiny_llama, compression=cfg, cache_factory=lambda *a: caches.append(make_cache(*a)) or caches[-1]
+    )
     prompts = random_prompts([60, 90])
     out = engine.generate(prompts, SamplingConfig(max_new_tokens=1))  # prefill only: the state at the prompt
     cache = caches[0]
@@ -78,11 +80,18 @@ def test_persistent_bytes_follow_the_formula(tiny_llama):
     for b, n in enumerate(out.prompt_lengths.tolist()):
         L, r = n - cfg.resolved().sinks, int(cache.rank_k[b])
         # what the buffers hold for this sequence: sinks K and V, coefficients K and V, query window, bases
-        held = 2 * cache.sink_k[0, b].numel() + 2 * L * r + cache.cq[0, b].numel() // cache.cq.shape[-1] * r + 2 * dim * r
+        held = (
+            2 * cache.sink_k[0, b].numel() + 2 * L * r + cache.cq[0, b].numel() // cache.cq.shape[-1] * r + 2 * dim * r
+        )
         formula = 2 * (cfg.resolved().sinks * dim + L * r + 0.5 * groups * cfg.resolved().window * r + dim * r)
         assert held == formula == persistent_elements(cfg.resolved().sinks, L, dim, groups, cfg.resolved().window, r, r)
         ratio = formula / (2 * (cfg.resolved().sinks + L) * dim)
-        assert ratio <= cfg.s4r.eta < formula / (2 * (cfg.resolved().sinks + L) * dim) + (L + groups * cfg.resolved().window / 2 + dim) / ((cfg.resolved().sinks + L) * dim)
+        assert (
+            ratio
+            <= cfg.s4r.eta
+            < formula / (2 * (cfg.resolved().sinks + L) * dim)
+            + (L + groups * cfg.resolved().window / 2 + dim) / ((cfg.resolved().sinks + L) * dim)
+        )
         total += 4 * held + 8 * groups * L  # float32 state, and the window's float64 score sums
     assert cache.nbytes() == total * c.num_hidden_layers
 
@@ -101,7 +110,9 @@ def test_eta_is_the_memory_share_where_asked(tiny_llama, expected_length):
         at = {None: n + new, 150: 150, 0: n}[expected_length]
         rank = s4r_rank(cfg.s4r.eta, r.sinks, at - r.sinks, dim, groups, r.window)
         T = n + new
-        assert share == pytest.approx(persistent_elements(r.sinks, T - r.sinks, dim, groups, r.window, rank, rank) / (2 * T * dim))
+        assert share == pytest.approx(
+            persistent_elements(r.sinks, T - r.sinks, dim, groups, r.window, rank, rank) / (2 * T * dim)
+        )
         if expected_length is None:  # reached at the end: within one rank step below eta
             step = (T - r.sinks + groups * r.window / 2 + dim) / (T * dim)
             assert cfg.s4r.eta - step < share <= cfg.s4r.eta
@@ -148,7 +159,8 @@ def test_key_rope_matches_the_rotary_module(tiny_llama):
     cos and sin. The control: unsigned sin differs."""
     caches = []
     engine = RolloutEngine(
-        tiny_llama, compression=CompressionConfig("s4r", window=4),
+        tiny_llama,
+        compression=CompressionConfig("s4r", window=4),
         cache_factory=lambda *a: caches.append(make_cache(*a)) or caches[-1],
     )
     engine.generate(random_prompts([20, 12]), SamplingConfig(max_new_tokens=2))
@@ -237,7 +249,9 @@ def test_window_sum_follows_the_window(tiny_llama):
     scratch over the last W queries, rows that finished early included; the control: the previous window's."""
     cfg = CompressionConfig.of("s4r", eta=0.3, window=4)
     caches = []
-    engine = RolloutEngine(tiny_llama, compression=cfg, cache_factory=lambda *a: caches.append(make_cache(*a)) or caches[-1])
+    engine = RolloutEngine(
+        tiny_llama, compression=cfg, cache_factory=lambda *a: caches.append(make_cache(*a)) or caches[-1]
+    )
     engine.generate(random_prompts([40, 25]), SamplingConfig(max_new_tokens=12, seed=3))
     cache = caches[0]
     S = int(cache.lengths.max()) - cache.s
@@ -259,7 +273,9 @@ def test_prompts_shorter_than_sinks_plus_window(tiny_llama):
     trainer reproduces the rollout. The control: counting them as scoring queries gives NaN sums."""
     cfg = CompressionConfig.of("s4r", eta=0.4, window=4, sinks=1)
     caches = []
-    engine = RolloutEngine(tiny_llama, compression=cfg, cache_factory=lambda *a: caches.append(make_cache(*a)) or caches[-1])
+    engine = RolloutEngine(
+        tiny_llama, compression=cfg, cache_factory=lambda *a: caches.append(make_cache(*a)) or caches[-1]
+    )
     prompts = random_prompts([2, 3, 7, 2, 5], seed=4)
     out = engine.generate(prompts, SamplingConfig(max_new_tokens=20, temperature=1.0, seed=3, ignore_eos=True))
     cache = caches[0]
@@ -317,22 +333,32 @@ def test_refresh_grows_the_bases_along_the_generation_and_training_follows(tiny_
         ranks = rec.key_rank[b, P : P + 39].tolist()  # the last sampled token is never fed, so never stored
         start = int(rec.key_rank[b, P - 1])  # the prompt's
         assert ranks == [min(start + 2 * (j // 8), max(ranks)) for j in range(39)] and max(ranks) > start
-        assert rec.bases_k[b, :, :, start:max(ranks)].abs().sum() > 0  # the added columns
+        assert rec.bases_k[b, :, :, start : max(ranks)].abs().sum() > 0  # the added columns
         gram = rec.bases_k[b, 0, :, : max(ranks)].T @ rec.bases_k[b, 0, :, : max(ranks)]
         assert torch.allclose(gram, torch.eye(max(ranks)), atol=1e-4)  # still orthonormal
     assert logprob_mismatch(tiny_llama, out, rec)["max_abs"] <= TOL
-    everything = dataclasses.replace(rec, key_rank=torch.full_like(rec.key_rank, rec.bases_k.shape[-1]),
-                                     value_rank=torch.full_like(rec.value_rank, rec.bases_v.shape[-1]))  # fmt: skip
+    everything = dataclasses.replace(
+        rec,
+        key_rank=torch.full_like(rec.key_rank, rec.bases_k.shape[-1]),
+        value_rank=torch.full_like(rec.value_rank, rec.bases_v.shape[-1]),
+    )
     assert logprob_mismatch(tiny_llama, out, everything)["max_abs"] > 1e-2
     # rows leaving at every finish: the same tokens, records and log-probs as keeping them
     stops = tuple(range(10, 24))
-    runs = [RolloutEngine(tiny_llama, compression=cfg).generate(prompts, SamplingConfig(
-        max_new_tokens=40, temperature=1.0, seed=1, stop_token_ids=stops, drop_finished_at=d)) for d in (1.0, 0.01)]  # fmt: skip
+    runs = [
+        RolloutEngine(tiny_llama, compression=cfg).generate(
+            prompts,
+            SamplingConfig(max_new_tokens=40, temperature=1.0, seed=1, stop_token_ids=stops, drop_finished_at=d),
+        )
+        for d in (1.0, 0.01)
+    ]
     assert torch.equal(runs[0].sequences, runs[1].sequences)
     assert torch.allclose(runs[0].logprobs, runs[1].logprobs, atol=1e-5)
     for name, value in runs[0].record.to_batch().items():
         assert torch.allclose(value.float(), runs[1].record.to_batch()[name].float(), atol=1e-5), name
-    plain = rollout(tiny_llama, prompts, dataclasses.replace(cfg, s4r=dataclasses.replace(cfg.s4r, refresh=0)), new_tokens=40)
+    plain = rollout(
+        tiny_llama, prompts, dataclasses.replace(cfg, s4r=dataclasses.replace(cfg.s4r, refresh=0)), new_tokens=40
+    )
     assert (out.memory_share > plain.memory_share).all()  # the last 8 tokens' keys and values are kept too
 
 
@@ -345,8 +371,23 @@ def test_bench_s4r_refresh_reports_errors_and_decode_cost():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    done = subprocess.run([sys.executable, str(root / "scripts" / "bench_s4r.py"), "--model", "tiny", "--refresh", "8",
-                           "--context", "60", "--new-tokens", "40"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(root / "scripts" / "bench_s4r.py"),
+            "--model",
+            "tiny",
+            "--refresh",
+            "8",
+            "--context",
+            "60",
+            "--new-tokens",
+            "40",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     line = json.loads(done.stdout.strip().splitlines()[-1])
     for name in ("s4r", "s4r_refresh"):

@@ -11,22 +11,31 @@ from pathlib import Path
 
 import pytest
 import torch
-from verifier_probe import PAIRS, SCRIPT_WITH_ANSWERS, write_problems
 
 from gkv_train.checkpoints import complete_checkpoints
 from gkv_train.jsonio import read_jsonl
 from gkv_train.runlock import RunLock
 from gkv_train.storage import filesystem
 
+from verifier_probe import PAIRS, SCRIPT_WITH_ANSWERS, write_problems
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
-    "model=tiny", "sampling.max_new_tokens=24", "compression.budget=16", "compression.window=4", "compression.interval=8",
-    "learning_rate=1e-3", "eval_data.limit=4",
+    "model=tiny",
+    "sampling.max_new_tokens=24",
+    "compression.budget=16",
+    "compression.window=4",
+    "compression.interval=8",
+    "learning_rate=1e-3",
+    "eval_data.limit=4",
 ]
 # train.py run as __main__ with torch.save failing inside checkpoint-<step> ($CRASH_SAVE = "<step>:kill" exits at
 # once as a SIGKILL would; "<step>:disk-full" raises ENOSPC; "<step>:iostream" raises what torch's C++ writer says
 # on a full disk, with the disk's free space reported as 1000 bytes).
-CRASH_AT_SAVE = (sys.executable, "-c", """
+CRASH_AT_SAVE = (
+    sys.executable,
+    "-c",
+    """
 import collections, errno, os, runpy, shutil, sys, torch
 step, how = os.environ["CRASH_SAVE"].split(":")
 save = torch.save
@@ -42,12 +51,19 @@ def failing_save(obj, f, *args, **kwargs):
 torch.save = failing_save
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
-""")
+""",
+)
 
 
 def run(args, launcher=(sys.executable,), check=True, env=None):
-    proc = subprocess.run([*launcher, str(ROOT / "train.py"), *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [*launcher, str(ROOT / "train.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, **(env or {})},
+    )
     if check and proc.returncode != 0:
         raise AssertionError(proc.stdout[-3000:] + proc.stderr[-3000:])
     return proc
@@ -70,16 +86,38 @@ def test_train_writes_logs_checkpoints_and_evaluation(tmp_path, recipe):
     the datasets cache."""
     out, cache = tmp_path / "out", tmp_path / "hf-datasets"
     data = write_problems(tmp_path / "latex.jsonl")
-    env = {"PROBE_OUT": str(tmp_path / "probe.jsonl"), "HF_DATASETS_CACHE": str(cache),
-           "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
-    proc = run([f"recipe={recipe}", *TINY, "max_steps=2", f"output_dir={out}", "data.name=null", f"data.path={data}",
-                "rewards=[gkv_rewards.functions.accuracy,verifier_probe.latex_probe]"], env=env)
+    env = {
+        "PROBE_OUT": str(tmp_path / "probe.jsonl"),
+        "HF_DATASETS_CACHE": str(cache),
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = run(
+        [
+            f"recipe={recipe}",
+            *TINY,
+            "max_steps=2",
+            f"output_dir={out}",
+            "data.name=null",
+            f"data.path={data}",
+            "rewards=[gkv_rewards.functions.accuracy,verifier_probe.latex_probe]",
+        ],
+        env=env,
+    )
     steps = metrics(out)
     assert [r["step"] for r in steps] == [1, 2]
     for r in steps:
         assert r["mismatch/max_abs"] <= 1e-4  # training saw what the rollout saw
-        assert {"reward", "reward_std", "rewards/accuracy/mean", "completions/mean_length", "rollout/retention",
-                "rollout/tokens_per_s", "forward_backward/tokens_per_s", "mismatch/kl", "verifier_timeouts"} <= set(r)
+        assert {
+            "reward",
+            "reward_std",
+            "rewards/accuracy/mean",
+            "completions/mean_length",
+            "rollout/retention",
+            "rollout/tokens_per_s",
+            "forward_backward/tokens_per_s",
+            "mismatch/kl",
+            "verifier_timeouts",
+        } <= set(r)
         assert (r["rollout/retention"] < 1) == (recipe == "rl_sparse")
         assert r["verifier_checks"] > 0 and r["verifier_timeouts"] == 0 and r["verifier_errors"] == 0
         assert "sampling/rollout_is_weight/mean" not in r  # rl.rollout_is=auto is off in fp32
@@ -109,9 +147,23 @@ def test_trl_users_keys_trackers_and_console_log(tmp_path):
 
     out = tmp_path / "out"
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
-    proc = run(["recipe=rl_sparse", *TINY, "max_steps=1", f"output_dir={out}", "report_to=[tensorboard,wandb]",
-                "run_name=probe", "sampling.max_new_tokens=20", "sampling.num_generations=4", "num_iterations=2",
-                "weight_decay=0.01", "log_completions=true", "sampling.compile_decode=true"], env=env)  # fmt: skip
+    proc = run(
+        [
+            "recipe=rl_sparse",
+            *TINY,
+            "max_steps=1",
+            f"output_dir={out}",
+            "report_to=[tensorboard,wandb]",
+            "run_name=probe",
+            "sampling.max_new_tokens=20",
+            "sampling.num_generations=4",
+            "num_iterations=2",
+            "weight_decay=0.01",
+            "log_completions=true",
+            "sampling.compile_decode=true",
+        ],
+        env=env,
+    )
     args = torch.load(out / "checkpoint-1" / "training_args.bin", weights_only=False)
     assert type(args).__name__ == "CompressedGRPOConfig" and args.compression.budget == 16
     assert (args.num_iterations, args.weight_decay, args.log_completions) == (2, 0.01, True)
@@ -150,9 +202,22 @@ def test_distillation_recipes(tmp_path, recipe):
     args = [f"recipe={recipe}", *TINY, "max_steps=2", f"output_dir={tmp_path}"]
     if recipe == "distill":  # a random teacher solves nothing: give it traces with wrong answers kept
         traces = tmp_path / "traces.jsonl"
-        subprocess.run([sys.executable, str(ROOT / "scripts" / "generate_traces.py"), "model=tiny", "data.limit=4",
-                        "sampling.num_generations=2", "sampling.max_new_tokens=16", "keep_incorrect=true", f"output={traces}"],
-                       cwd=ROOT, check=True, capture_output=True, timeout=600)
+        subprocess.run(
+            [
+                sys.executable,
+                str(ROOT / "scripts" / "generate_traces.py"),
+                "model=tiny",
+                "data.limit=4",
+                "sampling.num_generations=2",
+                "sampling.max_new_tokens=16",
+                "keep_incorrect=true",
+                f"output={traces}",
+            ],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
         args.append(f"distill.traces={traces}")
     proc = run(args)
     steps = metrics(tmp_path)
@@ -174,8 +239,17 @@ def test_a_users_method_through_train_py(tmp_path):
         "        return state.keys.float().norm(dim=-1), None\n"
     )
     out = tmp_path / "out"
-    proc = run(["recipe=rl_sparse", *TINY, "compression.method=my_methods:KeyNorm", "max_steps=1", "eval_data.limit=1",
-                f"output_dir={out}"], env={"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])})  # fmt: skip
+    proc = run(
+        [
+            "recipe=rl_sparse",
+            *TINY,
+            "compression.method=my_methods:KeyNorm",
+            "max_steps=1",
+            "eval_data.limit=1",
+            f"output_dir={out}",
+        ],
+        env={"PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])},
+    )
     (step,) = metrics(out)
     assert step["mismatch/max_abs"] <= 1e-4 and step["rollout/retention"] < 1
     assert strict_json(proc.stdout.strip().splitlines()[-1])["compression"] == "my_methods:KeyNorm"
@@ -189,12 +263,20 @@ def test_export_writes_a_self_contained_merged_folder(tmp_path):
     cli = [sys.executable, "-m", "gkv_train.cli", "export"]
     proc = subprocess.run([*cli, str(run_dir), str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0 and "is deprecated" not in proc.stderr, proc.stderr
-    code = ("import sys, torch, transformers; m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1]); "
-            "assert 'gkv_train' not in sys.modules; print(m(torch.arange(1, 9)[None]).logits.sum().item())")  # fmt: skip
+    code = (
+        "import sys, torch, transformers; m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1]); "
+        "assert 'gkv_train' not in sys.modules; print(m(torch.arange(1, 9)[None]).logits.sum().item())"
+    )
     empty = tmp_path / "empty"
     empty.mkdir()
-    loaded = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=300, cwd=empty,
-                            env={**os.environ, "PYTHONPATH": ""})  # fmt: skip
+    loaded = subprocess.run(
+        [sys.executable, "-c", code, str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=empty,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
     assert loaded.returncode == 0, loaded.stderr
     from peft import PeftModel
 
@@ -236,8 +318,18 @@ def test_sparse_rl_dense_learner_through_train_py(tmp_path):
 
 def test_lora_and_periodic_evaluation(tmp_path):
     cache = tmp_path.parent / f"{tmp_path.name}-conversion-cache"  # where the built-in model is kept, apart
-    run([*TINY, "max_steps=2", "lora.enabled=true", "lora.r=4", "eval_steps=1", "eval_data.limit=2",
-         f"output_dir={tmp_path}"], env={"GKV_TRAIN_CACHE": str(cache)})
+    run(
+        [
+            *TINY,
+            "max_steps=2",
+            "lora.enabled=true",
+            "lora.r=4",
+            "eval_steps=1",
+            "eval_data.limit=2",
+            f"output_dir={tmp_path}",
+        ],
+        env={"GKV_TRAIN_CACHE": str(cache)},
+    )
     lines = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     evals = [r for r in lines if "eval_reward" in r]
     assert [r["step"] for r in evals] == [1, 2]
@@ -264,7 +356,9 @@ def test_crashed_saves_resume_exactly(tmp_path):
     assert full.returncode == 1 and "No space left on device" in full.stderr
     named_full_disk(full.stderr, split)
     assert sorted(p.name for p in split.iterdir() if "checkpoint" in p.name or p.name == ".staging") == ["checkpoint-1"]
-    killed = run([*TINY, "max_steps=3", f"output_dir={split}", "resume=last"], CRASH_AT_SAVE, False, {"CRASH_SAVE": "3:kill"})
+    killed = run(
+        [*TINY, "max_steps=3", f"output_dir={split}", "resume=last"], CRASH_AT_SAVE, False, {"CRASH_SAVE": "3:kill"}
+    )
     assert killed.returncode == 137 and (split / ".staging" / "checkpoint-3").is_dir()
     assert not (split / "checkpoint-3").exists()
     run([*TINY, "max_steps=3", f"output_dir={split}", "resume=last"])
@@ -342,8 +436,12 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(tmp_path):
     split, whole = tmp_path / "split", tmp_path / "whole"
     args = [*TINY, "save_steps=100"]
     with open(tmp_path / "stderr", "w") as err:
-        proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args, "max_steps=200", f"output_dir={split}"],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "train.py"), *args, "max_steps=200", f"output_dir={split}"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
     try:
         wait_for_step(split, 1, proc)
         holder = lock_holder(split)
@@ -379,9 +477,13 @@ def test_two_processes_hold_one_lock_and_stop_on_sigterm(tmp_path):
     naming it); SIGTERM to the launcher (as a scheduler sends it) reaches the workers (the torch.distributed agent
     forwards it), which agree to stop at the same step and write a complete checkpoint of it."""
     launcher = [str(Path(sys.executable).parent / "accelerate"), "launch", "--num_processes", "2"]
-    proc = subprocess.Popen([*launcher, str(ROOT / "train.py"), *TINY, "max_steps=200", "save_steps=100",
-                             f"output_dir={tmp_path}"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [*launcher, str(ROOT / "train.py"), *TINY, "max_steps=200", "save_steps=100", f"output_dir={tmp_path}"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_for_step(tmp_path, 1, proc)
         holder = lock_holder(tmp_path)
@@ -428,8 +530,10 @@ def test_bf16_end_to_end(tmp_path, recipe):
 
     args = [a for a in TINY if not a.startswith("learning_rate=")]
     # precision comes from the launcher when the command names none (accelerate passes its mixed_precision on)
-    proc = run([*args, f"recipe={recipe}", "learning_rate=1e-6", "max_steps=2", f"output_dir={tmp_path}"],
-               env={"ACCELERATE_MIXED_PRECISION": "bf16"})  # fmt: skip
+    proc = run(
+        [*args, f"recipe={recipe}", "learning_rate=1e-6", "max_steps=2", f"output_dir={tmp_path}"],
+        env={"ACCELERATE_MIXED_PRECISION": "bf16"},
+    )
     assert "precision=bf16: accelerate launches with mixed_precision=bf16" in proc.stderr
     assert "precision: bf16" in (tmp_path / "hydra" / "config.yaml").read_text()
     steps = metrics(tmp_path)
@@ -452,10 +556,14 @@ def test_deepspeed(tmp_path, stage):
     from transformers import AutoModelForCausalLM
 
     launcher = (
-        str(Path(sys.executable).parent / "accelerate"), "launch", "--config_file",
-        str(ROOT / "recipes" / "accelerate" / f"{stage}.yaml"), "--num_processes", "2",
+        str(Path(sys.executable).parent / "accelerate"),
+        "launch",
+        "--config_file",
+        str(ROOT / "recipes" / "accelerate" / f"{stage}.yaml"),
+        "--num_processes",
+        "2",
         *(["--mixed_precision", "no"] if stage == "zero3" else []),
-    )  # fmt: skip
+    )
     proc = run([*TINY, "max_steps=2", f"output_dir={tmp_path}"], launcher=launcher)
     steps = metrics(tmp_path)
     assert [s["processes"] for s in steps] == [2, 2]
@@ -479,7 +587,9 @@ def test_deepspeed(tmp_path, stage):
 def test_precision_against_the_launcher_is_refused(tmp_path, precision):
     """A command whose precision contradicts accelerate's mixed precision stops before any work, naming both."""
     proc = run([*TINY, precision, f"output_dir={tmp_path}"], check=False, env={"ACCELERATE_MIXED_PRECISION": "bf16"})
-    assert proc.returncode == 2 and f"error: {precision}, but accelerate launches with mixed_precision=bf16" in proc.stderr
+    assert (
+        proc.returncode == 2 and f"error: {precision}, but accelerate launches with mixed_precision=bf16" in proc.stderr
+    )
     assert not any(tmp_path.iterdir())
 
 
@@ -507,8 +617,13 @@ def test_killed_agent_takes_its_workers(tmp_path):
     """`accelerate launch --num_processes 2`: when the torch.distributed agent dies, both workers stop at once
     instead of training on."""
     launcher = [str(Path(sys.executable).parent / "accelerate"), "launch", "--num_processes", "2"]
-    proc = subprocess.Popen([*launcher, str(ROOT / "train.py"), *TINY, "max_steps=50", f"output_dir={tmp_path}"],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [*launcher, str(ROOT / "train.py"), *TINY, "max_steps=50", f"output_dir={tmp_path}"],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline, workers = time.monotonic() + 300, []
         while time.monotonic() < deadline:
@@ -575,8 +690,13 @@ def test_bad_config_fails_clearly(tmp_path, weightless_model, override, message)
     long = [{"question": "1 + 1", "answer": "2"}, {"question": "x" * 5000, "answer": "1"}]
     (tmp_path / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in long))
     out = tmp_path / "out"
-    args = [f"model={weightless_model}", f"output_dir={out}", "max_steps=1", "sampling.max_new_tokens=24",
-            *override.replace("{tmp}", str(tmp_path)).split()]  # fmt: skip
+    args = [
+        f"model={weightless_model}",
+        f"output_dir={out}",
+        "max_steps=1",
+        "sampling.max_new_tokens=24",
+        *override.replace("{tmp}", str(tmp_path)).split(),
+    ]
     if "data.path" in override:
         args.append("data.name=null")
     start = time.monotonic()
@@ -589,8 +709,13 @@ def test_bad_config_fails_clearly(tmp_path, weightless_model, override, message)
 def test_traces_output_is_checked_before_generation(tmp_path, weightless_model):
     """A folder given as the traces file is refused before the teacher loads (it used to fail once generation was
     done, losing it)."""
-    command = [sys.executable, str(ROOT / "scripts" / "generate_traces.py"), f"model={weightless_model}",
-               "data.limit=2", f"output={tmp_path}"]  # fmt: skip
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "generate_traces.py"),
+        f"model={weightless_model}",
+        "data.limit=2",
+        f"output={tmp_path}",
+    ]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert f"output={tmp_path} is a folder, not a file" in refusal(proc)
 
@@ -609,25 +734,41 @@ def test_traces_check_errors_are_counted_named_and_marked(tmp_path):
     for keep in (True, False):
         out = tmp_path / f"traces-{keep}.jsonl"
         script = str(ROOT / "scripts" / "generate_traces.py")
-        code = SCRIPT_WITH_ANSWERS.format(tests=str(ROOT / "tests"), script=script, answers=answers,
-                                          check="verifier_probe:answers_or_die")  # fmt: skip
-        args = ["model=tiny", "data.name=null", f"data.path={data}", "sampling.num_generations=1", "sampling.max_new_tokens=4",
-                f"keep_incorrect={str(keep).lower()}", f"output={out}"]  # fmt: skip
-        proc = subprocess.run([sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True,
-                              text=True, timeout=600)  # fmt: skip
+        code = SCRIPT_WITH_ANSWERS.format(
+            tests=str(ROOT / "tests"), script=script, answers=answers, check="verifier_probe:answers_or_die"
+        )
+        args = [
+            "model=tiny",
+            "data.name=null",
+            f"data.path={data}",
+            "sampling.num_generations=1",
+            "sampling.max_new_tokens=4",
+            f"keep_incorrect={str(keep).lower()}",
+            f"output={out}",
+        ]
+        proc = subprocess.run(
+            [sys.executable, "-c", code, *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         result = strict_json(proc.stdout.strip().splitlines()[-1])
         assert result["verifier_errors"] == 1 and result["verifier_retries"] == 1 and result["correct"] == 1
         rows = read_jsonl(out)
         if keep:
             assert [(r["answer"], r["correct"], r["check_error"]) for r in rows] == [
-                ("5", True, False), ("7", False, True), ("9", False, False)]
-            assert "teacher traces: 1 answer checks have no verdict (their worker died twice; scored 0, check_error in"\
+                ("5", True, False),
+                ("7", False, True),
+                ("9", False, False),
+            ]
+            assert (
+                "teacher traces: 1 answer checks have no verdict (their worker died twice; scored 0, check_error in"
                 " the traces)" in proc.stderr
+            )
         else:
             assert [r["answer"] for r in rows] == ["5"]
-            assert "teacher traces: 1 answer checks have no verdict" in proc.stderr and "left out of the traces" in \
-                proc.stderr
+            assert (
+                "teacher traces: 1 answer checks have no verdict" in proc.stderr
+                and "left out of the traces" in proc.stderr
+            )
         assert "the answer-check worker died again: no verdict, counted as an error (gold '7'" in proc.stderr
 
 
@@ -636,8 +777,13 @@ def test_a_traces_file_in_use_is_refused(tmp_path, weightless_model):
     at once, naming the holder (it used to write over it); another file of the same folder stays free (control)."""
     target = tmp_path / "traces.jsonl"
     with RunLock.acquire_file(target, "output"):
-        proc = subprocess.run(traces_command(f"model={weightless_model}", "data.limit=2", f"output={target}"),
-                              cwd=ROOT, capture_output=True, text=True, timeout=600)  # fmt: skip
+        proc = subprocess.run(
+            traces_command(f"model={weightless_model}", "data.limit=2", f"output={target}"),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         line = refusal(proc)
         assert f"output {target} is in use by another run (pid {os.getpid()} on host " in line
         RunLock.acquire_file(tmp_path / "other.jsonl", "output").release()
@@ -646,7 +792,10 @@ def test_a_traces_file_in_use_is_refused(tmp_path, weightless_model):
 
 # generate_traces.py run as __main__ with the write of the traces' temporary file failing on a full disk half-way
 # (the disk's free space reported as 999 bytes).
-FULL_AT_TRACES = (sys.executable, "-c", """
+FULL_AT_TRACES = (
+    sys.executable,
+    "-c",
+    """
 import collections, errno, pathlib, runpy, shutil, sys
 write_text = pathlib.Path.write_text
 def failing(self, text, *args, **kwargs):
@@ -658,7 +807,8 @@ def failing(self, text, *args, **kwargs):
 pathlib.Path.write_text = failing
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
-""")
+""",
+)
 
 
 def test_a_full_disk_keeps_the_earlier_traces_and_leaves_no_temporary_file(tmp_path):
@@ -668,8 +818,14 @@ def test_a_full_disk_keeps_the_earlier_traces_and_leaves_no_temporary_file(tmp_p
     target = tmp_path / "traces.jsonl"
     target.write_text('{"id": 0, "prompt": "p", "completion": "c", "completion_ids": [5, 2]}\n')
     earlier = target.read_text()
-    command = traces_command("model=tiny", "data.limit=2", "sampling.num_generations=1", "sampling.max_new_tokens=4",
-                             "keep_incorrect=true", f"output={target}")  # fmt: skip
+    command = traces_command(
+        "model=tiny",
+        "data.limit=2",
+        "sampling.num_generations=1",
+        "sampling.max_new_tokens=4",
+        "keep_incorrect=true",
+        f"output={target}",
+    )
     proc = subprocess.run([*FULL_AT_TRACES, *command[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stderr[-3000:]
     line = proc.stderr.strip().splitlines()[-1]

@@ -26,7 +26,10 @@ def accuracy(prompts=None, completions=(), answer=(), required=None, **_) -> lis
     """1.0 when the completion's final answer equals the gold ``answer`` column (and, where the data has a
     ``required`` column, the completion reproduces it: ``gkv_rewards.extract.copied``), else 0.0 (also for a check
     that timed out or ended in an error: both are counted in ``verifier_stats``)."""
-    return [float(copy.ok and _VERIFIER(extract_answer(copy.rest), gold)) for copy, gold in _copies(completions, answer, required)]
+    return [
+        float(copy.ok and _VERIFIER(extract_answer(copy.rest), gold))
+        for copy, gold in _copies(completions, answer, required)
+    ]
 
 
 def copy_score(prompts=None, completions=(), answer=(), required=None, **_) -> list[float]:
@@ -34,8 +37,10 @@ def copy_score(prompts=None, completions=(), answer=(), required=None, **_) -> l
     equals the gold ``answer``, else 0.0; ``accuracy`` for data without a ``required`` column. A graded form of
     ``accuracy`` for copy tasks: every line copied counts, so a policy cannot raise it by copying less (the
     training reward of ``copy_recall`` with ``data.copy_required=places``)."""
-    return [copy.share * _VERIFIER(extract_answer(copy.rest), gold) if copy.found or not copy.lines else 0.0
-            for copy, gold in _copies(completions, answer, required)]  # fmt: skip
+    return [
+        copy.share * _VERIFIER(extract_answer(copy.rest), gold) if copy.found or not copy.lines else 0.0
+        for copy, gold in _copies(completions, answer, required)
+    ]
 
 
 def _copies(completions, answer, required):

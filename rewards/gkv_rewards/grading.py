@@ -45,8 +45,18 @@ def grade_completions(
         copy = copied(text, needed)
         answer = extract_answer(copy.rest)
         verdict = verify.judge(answer, gold)
-        grades.append(Grade(text, answer, verdict.correct and copy.ok, verdict.timed_out, verdict.error, copy.ok,
-                            copy.share, copy.share * verdict.correct))
+        grades.append(
+            Grade(
+                text,
+                answer,
+                verdict.correct and copy.ok,
+                verdict.timed_out,
+                verdict.error,
+                copy.ok,
+                copy.share,
+                copy.share * verdict.correct,
+            )
+        )
     return grades
 
 

@@ -1,16 +1,16 @@
 """Answer checking under a hard time limit: exact numbers, and math-verify for everything else.
 
 Every comparison of model output, plain numbers included, runs in a worker process (``gkv_rewards.worker``) that is
-killed when a check overruns ``timeout``. The worker is warm before its first check (it has imported math-verify
-and run one comparison: ``warm_up``), so the limit measures the check alone, never start-up costs that a loaded
-machine stretches; a check that overruns is retried once on a fresh warm worker, and only when it overruns again
-does it count as wrong (reward 0) and as a timeout in ``stats`` (a warning is logged, the run goes on with a fresh
-worker). A worker that dies during a check (killed,
-out of memory) or while it starts is restarted and the check retried once; a check whose worker dies again has no verdict: it is
-counted as an error (``stats["errors"]``, ``Verdict.error``), never as a wrong answer. A check that raises on its
-input (a malformed expression) is a wrong answer, counted in ``stats["malformed"]``. The worker is a plain
-``python -m gkv_rewards.worker`` child: it imports only this module and math-verify (about a second), never the
-launching script (``train.py``, with torch and transformers), and it dies with its parent.
+killed when a check overruns ``timeout``. The worker is warm before its first check (it has imported math-verify and run
+one comparison: ``warm_up``), so the limit measures the check alone, never start-up costs that a loaded machine
+stretches; a check that overruns is retried once on a fresh warm worker, and only when it overruns again does it count
+as wrong (reward 0) and as a timeout in ``stats`` (a warning is logged, the run goes on with a fresh worker). A worker
+that dies during a check (killed, out of memory) or while it starts is restarted and the check retried once; a check
+whose worker dies again has no verdict: it is counted as an error (``stats["errors"]``, ``Verdict.error``), never as a
+wrong answer. A check that raises on its input (a malformed expression) is a wrong answer, counted in
+``stats["malformed"]``. The worker is a plain ``python -m gkv_rewards.worker`` child: it imports only this module and
+math-verify (about a second), never the launching script (``train.py``, with torch and transformers), and it dies with
+its parent.
 """
 
 from __future__ import annotations
@@ -31,9 +31,7 @@ log = logging.getLogger(__name__)
 
 CHECK = "gkv_rewards.verify:answers_match"
 STARTUP_TIMEOUT = 120.0  # importing math-verify takes ~1 s; generous for a loaded machine
-_NUMBER = re.compile(
-    r"(?P<sign>[+-]?)(?P<int>\d*)(?:\.(?P<frac>\d*))?(?:[eE](?P<exp>[+-]?\d+))?(?:/(?P<den>\d+))?"
-)
+_NUMBER = re.compile(r"(?P<sign>[+-]?)(?P<int>\d*)(?:\.(?P<frac>\d*))?(?:[eE](?P<exp>[+-]?\d+))?(?:/(?P<den>\d+))?")
 
 
 def as_number(text: str) -> tuple[int, int, int] | None:
@@ -80,7 +78,7 @@ def latex_number(value: tuple[int, int, int]) -> str | None:
     numerator, power, denominator = value
     if abs(power) > 1000:
         return None
-    exact = Fraction(numerator * 10**max(power, 0), denominator * 10**max(-power, 0))
+    exact = Fraction(numerator * 10 ** max(power, 0), denominator * 10 ** max(-power, 0))
     if exact.denominator == 1:
         return str(exact.numerator)
     sign = "-" if exact < 0 else ""
@@ -123,8 +121,10 @@ def warn_unverified(what: str, timeouts: int, errors: int, marked: str = "") -> 
     if timeouts:
         print(f"{what}: {timeouts} answer checks timed out (scored 0)", file=sys.stderr)
     if errors:
-        print(f"{what}: {errors} answer checks have no verdict (their worker died twice; scored 0{marked})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"{what}: {errors} answer checks have no verdict (their worker died twice; scored 0{marked})",
+            file=sys.stderr,
+        )
 
 
 class Verdict(NamedTuple):
@@ -171,12 +171,20 @@ class MathVerifier:
                 timed_out += 1
                 if timed_out == 1:
                     self.stats["retries"] += 1
-                    log.warning("answer check overran %.1f s; retried once on a fresh worker (gold %.80r, answer "
-                                "%.80r)", self.timeout, gold, pred)
+                    log.warning(
+                        "answer check overran %.1f s; retried once on a fresh worker (gold %.80r, answer %.80r)",
+                        self.timeout,
+                        gold,
+                        pred,
+                    )
                     continue
                 self.stats["timeouts"] += 1
-                log.warning("answer check timed out twice after %.1f s, scored 0 (gold %.80r, answer %.80r)",
-                            self.timeout, gold, pred)
+                log.warning(
+                    "answer check timed out twice after %.1f s, scored 0 (gold %.80r, answer %.80r)",
+                    self.timeout,
+                    gold,
+                    pred,
+                )
                 return Verdict(False, timed_out=True)
             if reply:
                 result = json.loads(reply)
@@ -187,12 +195,16 @@ class MathVerifier:
             died += 1
             if died == 1:
                 self.stats["retries"] += 1
-                log.warning("the answer-check worker died; restarted, check retried (gold %.80r, answer %.80r)",
-                            gold, pred)
+                log.warning(
+                    "the answer-check worker died; restarted, check retried (gold %.80r, answer %.80r)", gold, pred
+                )
                 continue
             self.stats["errors"] += 1
-            log.warning("the answer-check worker died again: no verdict, counted as an error (gold %.80r, answer "
-                        "%.80r)", gold, pred)
+            log.warning(
+                "the answer-check worker died again: no verdict, counted as an error (gold %.80r, answer %.80r)",
+                gold,
+                pred,
+            )
             return Verdict(False, error=True)
 
     def _ask_worker(self, gold: str, pred: str) -> bytes | None:
@@ -238,8 +250,10 @@ class MathVerifier:
                 return
             if line is None:
                 self.close()
-                raise RuntimeError(f"the answer-check worker ({' '.join(command[1:3])}, check {self.check}) did not "
-                                   f"get ready within {STARTUP_TIMEOUT:.0f} s")
+                raise RuntimeError(
+                    f"the answer-check worker ({' '.join(command[1:3])}, check {self.check}) did not "
+                    f"get ready within {STARTUP_TIMEOUT:.0f} s"
+                )
             try:
                 status = self._process.wait(timeout=10)  # its output ended: it has exited (or is about to)
             except subprocess.TimeoutExpired:
@@ -250,8 +264,10 @@ class MathVerifier:
                 self.stats["retries"] += 1
                 log.warning("the answer-check worker %s while starting; started again", how)
                 continue
-            raise RuntimeError(f"the answer-check worker ({' '.join(command[1:3])}, check {self.check}) {how} while "
-                               "starting, twice (an error of its own is printed above)")
+            raise RuntimeError(
+                f"the answer-check worker ({' '.join(command[1:3])}, check {self.check}) {how} while "
+                "starting, twice (an error of its own is printed above)"
+            )
 
     def close(self) -> None:
         """Stop the worker (a later check starts a new one)."""

@@ -1,8 +1,8 @@
 """The answer-check worker: ``python -m gkv_rewards.worker PARENT_PID MODULE:FUNCTION`` (started by ``MathVerifier``).
 
-Prints ``ready`` once the check is imported and warm (its module's ``warm_up()``, when it has one, has run: a
-first-use cost that must not count against a check's time limit), then answers each stdin line ``[gold, pred]`` with one stdout line:
-``true`` / ``false``, or ``null`` when the check raised. Exits at end of input, and is killed with its parent.
+Prints ``ready`` once the check is imported and warm (its module's ``warm_up()``, when it has one, has run: a first-use
+cost that must not count against a check's time limit), then answers each stdin line ``[gold, pred]`` with one stdout
+line: ``true`` / ``false``, or ``null`` when the check raised. Exits at end of input, and is killed with its parent.
 """
 
 from __future__ import annotations

@@ -85,10 +85,14 @@ class S4ROptions:
         if self.expected_length is not None and self.expected_length < 0:
             raise ValueError(f"expected_length must be >= 0 (0: the prompt's length), got {self.expected_length}")
         if self.refresh < 0 or self.refresh_rank < 1:
-            raise ValueError(f"refresh must be >= 0 (0: off) and refresh_rank >= 1, got {self.refresh}, {self.refresh_rank}")
+            raise ValueError(
+                f"refresh must be >= 0 (0: off) and refresh_rank >= 1, got {self.refresh}, {self.refresh_rank}"
+            )
         if 0 < self.refresh < self.refresh_rank:
-            raise ValueError(f"refresh ({self.refresh} tokens) must be at least refresh_rank ({self.refresh_rank}): "
-                             "each refresh takes its directions from that many tokens")  # fmt: skip
+            raise ValueError(
+                f"refresh ({self.refresh} tokens) must be at least refresh_rank ({self.refresh_rank}): "
+                "each refresh takes its directions from that many tokens"
+            )
         for name in ("rank", "rank_v"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -155,8 +159,9 @@ class CompressionConfig:
         unread = self.unread()
         if unread:
             reads = ", ".join(self.reads()) or "none of the eviction options"
-            raise ValueError(f"compression.{unread[0]} does not apply to compression.method={self.method}, which "
-                             f"reads {reads}")  # fmt: skip
+            raise ValueError(
+                f"compression.{unread[0]} does not apply to compression.method={self.method}, which reads {reads}"
+            )
         r = self.resolved()
         if r.window <= 0:
             raise ValueError(f"window must be positive, got {r.window}")
@@ -167,7 +172,9 @@ class CompressionConfig:
         if r.pool_kernel < 1 or r.pool_kernel % 2 == 0:
             raise ValueError(f"pool_kernel must be a positive odd number, got {r.pool_kernel}")
         if r.group_agg not in GROUP_AGGREGATIONS:
-            raise ValueError(f"unknown group aggregation {r.group_agg!r}; choose one of {', '.join(GROUP_AGGREGATIONS)}")
+            raise ValueError(
+                f"unknown group aggregation {r.group_agg!r}; choose one of {', '.join(GROUP_AGGREGATIONS)}"
+            )
         if self.method == "s4r":
             r.s4r.validate()
         else:
@@ -213,18 +220,26 @@ class CompressionConfig:
     def unread(self) -> list[str]:
         """The group options set away from their defaults that this method does not read (``eviction.alpha``)."""
         reads = self.reads()
-        return [f"{name}.{key}" for name in GROUPS for key in changed(getattr(self, name))
-                if f"{name}.{key}" not in reads]  # fmt: skip
+        return [
+            f"{name}.{key}" for name in GROUPS for key in changed(getattr(self, name)) if f"{name}.{key}" not in reads
+        ]
 
     def for_method(self, method: str, budget: int | None) -> CompressionConfig:
         """This configuration as a template for a run of ``method`` at ``budget``: the shared options kept, the group
         options kept where ``method`` reads them (validated)."""
         run = dataclasses.replace(self, method=method, budget=budget, eviction=EvictionOptions(), s4r=S4ROptions())
         reads = set(run.reads()) if method != "full" else set()
-        groups = {name: {key: getattr(getattr(self, name), key) for key in changed(getattr(self, name))
-                         if f"{name}.{key}" in reads} for name in GROUPS}  # fmt: skip
-        return dataclasses.replace(run, **{name: dataclasses.replace(getattr(run, name), **values)
-                                           for name, values in groups.items()})  # fmt: skip
+        groups = {
+            name: {
+                key: getattr(getattr(self, name), key)
+                for key in changed(getattr(self, name))
+                if f"{name}.{key}" in reads
+            }
+            for name in GROUPS
+        }
+        return dataclasses.replace(
+            run, **{name: dataclasses.replace(getattr(run, name), **values) for name, values in groups.items()}
+        )
 
     @classmethod
     def of(cls, method: str, **options) -> CompressionConfig:
@@ -347,8 +362,11 @@ def _parse_bool(text: str) -> bool:
 
 def flat_fields() -> list[tuple[dataclasses.Field, object]]:
     """(field, type) of every option of ``CompressionConfig`` by its flat name: the shared ones, then each group's."""
-    found = [(f, typing.get_type_hints(CompressionConfig)[f.name]) for f in dataclasses.fields(CompressionConfig)
-             if f.name not in GROUPS]  # fmt: skip
+    found = [
+        (f, typing.get_type_hints(CompressionConfig)[f.name])
+        for f in dataclasses.fields(CompressionConfig)
+        if f.name not in GROUPS
+    ]
     for group in GROUPS.values():
         found += [(f, typing.get_type_hints(group)[f.name]) for f in dataclasses.fields(group)]
     return found
@@ -364,7 +382,9 @@ def add_compression_args(parser, **defaults) -> None:
         if typing.get_origin(kind) is list:
             parser.add_argument(flag, dest=f.name, default=defaults.get(f.name, []), type=int, nargs="*")
             continue
-        parser.add_argument(flag, dest=f.name, default=defaults.get(f.name, f.default), type=_parse_bool if kind is bool else kind)
+        parser.add_argument(
+            flag, dest=f.name, default=defaults.get(f.name, f.default), type=_parse_bool if kind is bool else kind
+        )
 
 
 def compression_from_args(args, methods: list[str] | None = None) -> list[CompressionConfig] | CompressionConfig:

@@ -1,7 +1,7 @@
 """The rollout's KV cache: preallocated per-layer buffers, compressed in place, that write the eviction record.
 
-``EvictionCache`` is the attention context (``gkv_rollout.contract.attention``) of the rollout's forward calls: each layer
-appends its new keys/values (after RoPE) to its buffer, keeps the last ``window`` queries for scoring, and
+``EvictionCache`` is the attention context (``gkv_rollout.contract.attention``) of the rollout's forward calls:
+each layer appends its new keys/values (after RoPE) to its buffer, keeps the last ``window`` queries for scoring, and
 attends over the occupied slots. Every slot carries the logical position of its token, so eviction never
 shifts a RoPE position, and ``compress`` keeps, per layer and KV head, the sinks, the window and the best
 scored others, compacting them into the first ``budget`` slots in position order and stamping the evicted ones in
@@ -50,7 +50,9 @@ def decode_attention(query, keys, values, mask, scaling):
     """
     B, H, _, D = query.shape
     Hkv = keys.shape[1]
-    out = F.scaled_dot_product_attention(query.reshape(B, Hkv, H // Hkv, D), keys, values, attn_mask=mask, scale=scaling)
+    out = F.scaled_dot_product_attention(
+        query.reshape(B, Hkv, H // Hkv, D), keys, values, attn_mask=mask, scale=scaling
+    )
     return out.reshape(B, 1, H, D), None
 
 
@@ -188,7 +190,9 @@ class EvictionCache(KVCache):
             W = self.queries[layer].shape[2]
             slots = (self._query_slot + torch.arange(min(W, Q), device=query.device)) % W
             self.queries[layer][:, :, slots] = query[:, :, -len(slots) :]
-        return sdpa_attention_forward(module, query, keys[:, :, :end], values[:, :, :end], attention_mask, scaling=scaling)
+        return sdpa_attention_forward(
+            module, query, keys[:, :, :end], values[:, :, :end], attention_mask, scaling=scaling
+        )
 
     def end(self) -> None:
         """Commit the slots written by the forward that just ran."""
@@ -261,9 +265,18 @@ class EvictionCache(KVCache):
         for layer in range(L):
             state = LayerState(
                 self.queries[layer].view(B, Hkv, -1, self.query_pos.shape[1], self.keys[layer].shape[-1]),
-                self.query_pos, self.query_ok, self.keys[layer][:, :, :S], positions[layer], key_ok,
-                candidates[layer], history[layer], self.scale, layer, rows, self.lengths,
-            )  # fmt: skip
+                self.query_pos,
+                self.query_ok,
+                self.keys[layer][:, :, :S],
+                positions[layer],
+                key_ok,
+                candidates[layer],
+                history[layer],
+                self.scale,
+                layer,
+                rows,
+                self.lengths,
+            )
             score, new_history = self.method.score(state)
             scores.append(score)
             histories.append(new_history)

@@ -27,7 +27,13 @@ def persistent_elements(
     of every other token, the projected query window, the two bases, and (with ``refresh``) the ``recent``
     tokens' keys and values kept for the next refresh. With r_k = r_v = r and no refresh this is twice the
     numerator of ``s4r_rank``'s equation."""
-    return 2 * sinks * dim + length * (rank_k + rank_v) + groups * window * rank_k + dim * (rank_k + rank_v) + 2 * recent * dim
+    return (
+        2 * sinks * dim
+        + length * (rank_k + rank_v)
+        + groups * window * rank_k
+        + dim * (rank_k + rank_v)
+        + 2 * recent * dim
+    )
 
 
 def extend_bases(bases: torch.Tensor, rank: int, samples: torch.Tensor, k: int, normalize: bool) -> torch.Tensor:

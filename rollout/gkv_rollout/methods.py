@@ -70,9 +70,17 @@ class EvictionMethod:
     name: ClassVar[str]
     options: ClassVar[tuple[str, ...]] = ()
     defaults: ClassVar[dict] = dict(
-        window=16, interval=128, sinks=0, pool_kernel=1, group_agg="max", alpha=0.8, lambda_=0.5, form="max",
-        redundancy=False, similarity="rkv",
-    )  # fmt: skip
+        window=16,
+        interval=128,
+        sinks=0,
+        pool_kernel=1,
+        group_agg="max",
+        alpha=0.8,
+        lambda_=0.5,
+        form="max",
+        redundancy=False,
+        similarity="rkv",
+    )
 
     def __init__(self, config: CompressionConfig, seed: int = 0):
         self.config = config  # resolved: no option is None
@@ -86,9 +94,15 @@ class EvictionMethod:
     def attention(self, state: LayerState) -> torch.Tensor:
         """The window's mean attention to every slot [B, Hkv, S] (GQA heads combined per query)."""
         return window_attention(
-            state.query, state.query_pos, state.query_ok, state.keys, state.key_pos, state.key_ok, state.scale,
+            state.query,
+            state.query_pos,
+            state.query_ok,
+            state.keys,
+            state.key_pos,
+            state.key_ok,
+            state.scale,
             self.config.group_agg,
-        )  # fmt: skip
+        )
 
     def pool(self, scores: torch.Tensor, state: LayerState) -> torch.Tensor:
         return pool_scores(scores, state.candidates, self.config.pool_kernel, self.config.pool)
@@ -114,12 +128,16 @@ def method_class(name: str) -> type[EvictionMethod]:
         try:
             cls = getattr(importlib.import_module(module), attribute)
         except (ImportError, AttributeError) as error:
-            raise ValueError(f"compression method {name!r}: cannot import {attribute} from {module} ({error})") from None
+            raise ValueError(
+                f"compression method {name!r}: cannot import {attribute} from {module} ({error})"
+            ) from None
         if not (isinstance(cls, type) and issubclass(cls, EvictionMethod)):
             raise ValueError(f"compression method {name!r} is not an EvictionMethod subclass")
         if cls.score is EvictionMethod.score:
-            raise ValueError(f"compression method {name!r} does not implement score(state): an EvictionMethod "
-                             "subclass gives each cached token its score")  # fmt: skip
+            raise ValueError(
+                f"compression method {name!r} does not implement score(state): an EvictionMethod "
+                "subclass gives each cached token its score"
+            )
         METHODS[name] = cls
     if name not in METHODS:
         known = ", ".join(("full", *METHODS, "s4r"))

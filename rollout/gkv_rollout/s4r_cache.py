@@ -152,8 +152,10 @@ class S4RCache(KVCache):
             return
         start = time.perf_counter()
         k = cfg.s4r.refresh_rank
-        for bases, rank, cap, recent in ((self.bases_k, self.rank_k, self.cap_k, self.recent_k),
-                                         (self.bases_v, self.rank_v, self.cap_v, self.recent_v)):  # fmt: skip
+        for bases, rank, cap, recent in (
+            (self.bases_k, self.rank_k, self.cap_k, self.recent_k),
+            (self.bases_v, self.rank_v, self.cap_v, self.recent_v),
+        ):
             for b, (r, c) in enumerate(zip(rank.tolist(), cap.tolist())):
                 add = min(k, c - r)
                 if add <= 0:
@@ -203,7 +205,9 @@ class S4RCache(KVCache):
 
     def _sign(self, like: torch.Tensor) -> torch.Tensor:
         half = self.D // 2
-        return torch.cat([-torch.ones(half, dtype=like.dtype), torch.ones(self.D - half, dtype=like.dtype)]).to(like.device)
+        return torch.cat([-torch.ones(half, dtype=like.dtype), torch.ones(self.D - half, dtype=like.dtype)]).to(
+            like.device
+        )
 
     def _table(self, like: torch.Tensor, device) -> torch.Tensor:
         """[length, 3, D]: cos, the signed sin and sin of every logical position (dtype of ``like``)."""
@@ -225,11 +229,15 @@ class S4RCache(KVCache):
         prompt = self.lengths  # real prompt tokens per sequence
         if bool((prompt <= self.s).any()):
             raise ValueError(f"s4r needs prompts longer than its {self.s} sinks")
-        ranks = [s4r_rank(cfg.s4r.eta, self.s, self._eta_length(int(n)) - self.s, self.dim, self.G, self.W) for n in prompt]
+        ranks = [
+            s4r_rank(cfg.s4r.eta, self.s, self._eta_length(int(n)) - self.s, self.dim, self.G, self.W) for n in prompt
+        ]
         # the rank each row ends with (its coefficient buffers' width); with refresh it starts short of it by the
         # columns the refreshes will add, so that the budget is kept
         self.cap_k = torch.tensor([cfg.s4r.rank or r for r in ranks], device=self.device).clamp_max(self.dim)
-        self.cap_v = torch.tensor([cfg.s4r.rank_v or cfg.s4r.rank or r for r in ranks], device=self.device).clamp_max(self.dim)
+        self.cap_v = torch.tensor([cfg.s4r.rank_v or cfg.s4r.rank or r for r in ranks], device=self.device).clamp_max(
+            self.dim
+        )
         added = cfg.s4r.refresh_rank * ((self.max_new - 1) // cfg.s4r.refresh) if cfg.s4r.refresh else 0
         self.rank_k, self.rank_v = (self.cap_k - added).clamp_min(1), (self.cap_v - added).clamp_min(1)  # now
         self._ranks = (self.cap_k, self.cap_v)  # of every row (rows that finish leave the buffers)
@@ -283,10 +291,12 @@ class S4RCache(KVCache):
             count = max(round(cfg.s4r.eta * len(rest)), int(self.rank_k[b]))
             sampled = rest[sample_positions(len(rest), count, cfg.s4r.recent_ratio)]
             self.bases_k[layer, b] = torch.nn.functional.pad(
-                low_rank_bases(k_pre[b, sampled][None], int(self.rank_k[b]), cfg.s4r.normalize)[0], (0, rk - int(self.rank_k[b]))
+                low_rank_bases(k_pre[b, sampled][None], int(self.rank_k[b]), cfg.s4r.normalize)[0],
+                (0, rk - int(self.rank_k[b])),
             )
             self.bases_v[layer, b] = torch.nn.functional.pad(
-                low_rank_bases(v_cat[b, sampled][None], int(self.rank_v[b]), cfg.s4r.normalize)[0], (0, rv - int(self.rank_v[b]))
+                low_rank_bases(v_cat[b, sampled][None], int(self.rank_v[b]), cfg.s4r.normalize)[0],
+                (0, rv - int(self.rank_v[b])),
             )
         if layer == 0:
             self._stamp_ranks(pos, valid)
@@ -335,8 +345,18 @@ class S4RCache(KVCache):
             count = k_ok.sum(-1)
             full = int(count.max()), self._attention_mask(count, int(count.max()))
         return DecodeStep(
-            self.step, cos, sin, (pos - self.s)[..., None], ring, S, k_ok, hidden_keys(pair_pos, pair_ok, k_pos, k_ok),
-            pair_weight, budget, self._attention_mask(budget.count, budget.n), full,
+            self.step,
+            cos,
+            sin,
+            (pos - self.s)[..., None],
+            ring,
+            S,
+            k_ok,
+            hidden_keys(pair_pos, pair_ok, k_pos, k_ok),
+            pair_weight,
+            budget,
+            self._attention_mask(budget.count, budget.n),
+            full,
             torch.arange(self.B, device=pos.device)[:, None] * self.coef_k.shape[2],
         )  # the slot: prompts are longer than the sinks, so every generated token is stored low-rank
 
@@ -352,7 +372,12 @@ class S4RCache(KVCache):
         if now is None or now.step != self.step:
             now = self._now = self._begin_step(value)
         B, G, Hkv, D = self.B, self.G, self.Hkv, self.D
-        coef_k, coef_v, bases_k, bases_v = self.coef_k[layer], self.coef_v[layer], self.bases_k[layer], self.bases_v[layer]
+        coef_k, coef_v, bases_k, bases_v = (
+            self.coef_k[layer],
+            self.coef_v[layer],
+            self.bases_k[layer],
+            self.bases_v[layer],
+        )
 
         # The new token's pre-RoPE query and key (rotated back together) onto B_K, its value onto B_V.
         pre = inverse_rope(torch.cat([query, key], dim=1), now.cos, now.sin).float()  # [B, H + Hkv, 1, D]
@@ -433,8 +458,10 @@ class S4RCache(KVCache):
         total = prompt_lengths + completion_lengths
         written = torch.arange(width, device=self.device)[None, :] < (total - 1)[:, None]
         key_rank, value_rank = (r[:, :width] * written for r in (self.rank_at_k, self.rank_at_v))
-        bases_k, bases_v = (b.transpose(0, 1) * (torch.arange(b.shape[-1], device=self.device)
-                            < r.amax(1)[:, None, None, None]) for b, r in ((bases_k, key_rank), (bases_v, value_rank)))  # fmt: skip
+        bases_k, bases_v = (
+            b.transpose(0, 1) * (torch.arange(b.shape[-1], device=self.device) < r.amax(1)[:, None, None, None])
+            for b, r in ((bases_k, key_rank), (bases_v, value_rank))
+        )
         record = S4RRecord(
             bases_k=bases_k.contiguous(),
             bases_v=bases_v.contiguous(),
@@ -457,14 +484,21 @@ class S4RCache(KVCache):
         total = (prompt_lengths + completion_lengths).tolist()
         rank_k, rank_v = (r.tolist() for r in self._ranks)
         shares = [
-            persistent_elements(self.s, max(T - self.s, 0), self.dim, self.G, self.W, rk, rv, self.compression.s4r.refresh)
+            persistent_elements(
+                self.s, max(T - self.s, 0), self.dim, self.G, self.W, rk, rv, self.compression.s4r.refresh
+            )
             / (2 * T * self.dim)
             for T, rk, rv in zip(total, rank_k, rank_v)
         ]
         return torch.tensor(shares, dtype=torch.float32, device=retention.device)
 
     def _persistent_elements(self) -> int:
-        return sum(
-            persistent_elements(self.s, int(n) - self.s, self.dim, self.G, self.W, int(rk), int(rv), self.compression.s4r.refresh)
-            for n, rk, rv in zip(self.lengths, self.cap_k, self.cap_v)
-        ) * self.L
+        return (
+            sum(
+                persistent_elements(
+                    self.s, int(n) - self.s, self.dim, self.G, self.W, int(rk), int(rv), self.compression.s4r.refresh
+                )
+                for n, rk, rv in zip(self.lengths, self.cap_k, self.cap_v)
+            )
+            * self.L
+        )

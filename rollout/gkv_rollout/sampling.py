@@ -58,7 +58,8 @@ def sample_tokens(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row.
 
-    logits [B, V]; uniform float [B] in [0, 1): each row's random draw (unused, may be None, when greedy); banned int64 [n] token ids never sampled (their probability still counts in the log-probs).
+    logits [B, V]; uniform float [B] in [0, 1): each row's random draw (unused, may be None, when greedy); banned
+    int64 [n] token ids never sampled (their probability still counts in the log-probs).
     Returns (tokens int64 [B], logprobs float32 [B]) where the log-prob is that of softmax(logits / temperature)
     (temperature 0: greedy, log-prob of softmax(logits)) without the top-p cut, the distribution a trainer
     recomputes from the same logits.

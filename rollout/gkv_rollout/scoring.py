@@ -18,7 +18,9 @@ import torch.nn.functional as F
 _EPS = 1e-12
 
 
-def candidate_slots(key_pos: torch.Tensor, key_ok: torch.Tensor, lengths: torch.Tensor, window: int, sinks: int) -> torch.Tensor:
+def candidate_slots(
+    key_pos: torch.Tensor, key_ok: torch.Tensor, lengths: torch.Tensor, window: int, sinks: int
+) -> torch.Tensor:
     """Occupied slots outside the window and the sinks: bool [..., B, Hkv, S].
 
     key_pos int64 [..., B, Hkv, S] (leading dims: e.g. layers); key_ok bool [B, S]; lengths int64 [B] tokens

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-
 ROOT = Path(__file__).resolve().parents[2]
 OUTCOMES = ("ok", "clear_error", "unclear_error", "silent_wrong", "crash", "hang", "data_lost")
 CATEGORIES = ("harness", "rewards", "configuration", "data", "state_faults", "output")
@@ -151,8 +150,8 @@ def raise_always(gold, pred):
     raise ValueError("malformed")
 '''
 
-START_MODULE = '''"""Written by scripts/bench_faults.py: an answer check whose worker is killed (SIGKILL) while it starts, the
-first time ever (a marker file, $BENCH_FAULTS_START_MARKER, remembers)."""
+START_MODULE = '''"""Written by scripts/bench_faults.py: an answer check whose worker is killed (SIGKILL) while it
+starts, the first time ever (a marker file, $BENCH_FAULTS_START_MARKER, remembers)."""
 import os
 import signal
 
@@ -165,7 +164,7 @@ from gkv_rewards.verify import answers_match as answers  # noqa: E402
 '''
 
 # The reward cases' child: evaluates its spec (a Python literal; nan / inf allowed) and prints one result line.
-REWARD_CHILD = r'''
+REWARD_CHILD = r"""
 import json, sys, time
 spec = eval(open(sys.argv[1]).read(), {"nan": float("nan"), "inf": float("inf"), "__builtins__": {"set": set}})
 import subprocess
@@ -199,7 +198,7 @@ finally:
         burner.kill()
 out["seconds"] = time.time() - start
 print("BENCH_RESULT " + json.dumps(out, default=str), flush=True)
-'''
+"""
 
 
 # ----------------------------------------------------------------------------------------------------- running
@@ -223,8 +222,15 @@ class Proc:
         return any(m["event"] == "model_load" for m in self.marks)
 
     def record(self) -> dict:
-        return {"argv": self.argv, "rc": self.rc, "seconds": round(self.seconds, 2), "timed_out": self.timed_out,
-                "model_loaded": self.model_loaded, "stdout_tail": self.out[-TAIL:], "stderr_tail": self.err[-TAIL:]}
+        return {
+            "argv": self.argv,
+            "rc": self.rc,
+            "seconds": round(self.seconds, 2),
+            "timed_out": self.timed_out,
+            "model_loaded": self.model_loaded,
+            "stdout_tail": self.out[-TAIL:],
+            "stderr_tail": self.err[-TAIL:],
+        }
 
 
 @dataclass
@@ -245,8 +251,10 @@ class Running:
         self.ctx, self.argv, self.popen, self.marks = ctx, argv, popen, marks
         self.start = time.time()
         self._chunks: dict[str, list[bytes]] = {"out": [], "err": []}
-        self._readers = [threading.Thread(target=self._read, args=(stream, self._chunks[key]), daemon=True)
-                         for key, stream in (("out", popen.stdout), ("err", popen.stderr))]  # fmt: skip
+        self._readers = [
+            threading.Thread(target=self._read, args=(stream, self._chunks[key]), daemon=True)
+            for key, stream in (("out", popen.stdout), ("err", popen.stderr))
+        ]
         for reader in self._readers:
             reader.start()
 
@@ -269,8 +277,15 @@ class Running:
         for reader in self._readers:
             reader.join(10)
         text = {k: b"".join(v).decode(errors="replace") for k, v in self._chunks.items()}
-        proc = Proc(self.argv, None if timed_out else self.popen.returncode, text["out"], text["err"],
-                    time.time() - self.start, timed_out, read_marks(self.marks))  # fmt: skip
+        proc = Proc(
+            self.argv,
+            None if timed_out else self.popen.returncode,
+            text["out"],
+            text["err"],
+            time.time() - self.start,
+            timed_out,
+            read_marks(self.marks),
+        )
         self.ctx.procs.append(proc)
         return proc
 
@@ -320,9 +335,13 @@ class Context:
     def env(self, extra: dict | None = None) -> dict:
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HYDRA_FULL_ERROR", "PYTHONSTARTUP")}
         env.update(
-            PYTHONPATH=os.pathsep.join([str(self.site), *map(str, import_roots(self.repo))]), OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join([str(self.site), *map(str, import_roots(self.repo))]),
+            OMP_NUM_THREADS="1",
             MKL_NUM_THREADS="1",
-            HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", WANDB_MODE="offline",
+            HF_HUB_OFFLINE="1",
+            TOKENIZERS_PARALLELISM="false",
+            PYTHONUNBUFFERED="1",
+            WANDB_MODE="offline",
             BENCH_FAULTS_DIE_MARKER=str(self.work / "worker-died-once"),
             BENCH_FAULTS_START_MARKER=str(self.work / "worker-died-starting"),
         )
@@ -352,8 +371,13 @@ class Context:
                 resource.setrlimit(resource.RLIMIT_FSIZE, (limits[1], limits[1]))
 
         popen = subprocess.Popen(
-            argv, cwd=self.work, env=self.env({"BENCH_FAULTS_MARKS": str(marks), **(env or {})}),
-            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=child_setup,
+            argv,
+            cwd=self.work,
+            env=self.env({"BENCH_FAULTS_MARKS": str(marks), **(env or {})}),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            preexec_fn=child_setup,
         )
         return Running(self, argv, popen, marks)
 
@@ -368,8 +392,11 @@ class Context:
         path.mkdir(parents=True, exist_ok=True)
         mounted = False
         if os.geteuid() == 0 and shutil.which("mount"):
-            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kilobytes}k", "tmpfs", str(path)],
-                                  capture_output=True, check=False)  # fmt: skip
+            done = subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={kilobytes}k", "tmpfs", str(path)],
+                capture_output=True,
+                check=False,
+            )
             mounted = done.returncode == 0
         self.notes["full_disk"] = "tmpfs (ENOSPC)" if mounted else "RLIMIT_FSIZE (EFBIG)"
         try:
@@ -400,9 +427,13 @@ def failure_message(err: str) -> str:
     if errors:
         return errors[-1]
     if TRACEBACK in err:
-        after = [l for l in err.rsplit(TRACEBACK, 1)[1].splitlines() if "HYDRA_FULL_ERROR" not in l]
-        exception = [l for l in after if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)?\b.*", l)
-                     and not l.startswith((" ", "\t"))]  # fmt: skip
+        after = [line for line in err.rsplit(TRACEBACK, 1)[1].splitlines() if "HYDRA_FULL_ERROR" not in line]
+        exception = [
+            line
+            for line in after
+            if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)?\b.*", line)
+            and not line.startswith((" ", "\t"))
+        ]
         if exception:
             return exception[-1]
     paragraphs = "\n".join(line for line in err.splitlines() if "HYDRA_FULL_ERROR" not in line).strip().split("\n\n")
@@ -413,8 +444,13 @@ def names_all(text: str, patterns: list[str]) -> bool:
     return all(re.search(p, text, re.IGNORECASE) for p in patterns)
 
 
-def judge_refusal(proc: Proc, names: list[str], before_load: bool = True, must_not_exist: list[Path] = (),
-                  code: int | None = REFUSAL_CODE) -> Verdict:
+def judge_refusal(
+    proc: Proc,
+    names: list[str],
+    before_load: bool = True,
+    must_not_exist: list[Path] = (),
+    code: int | None = REFUSAL_CODE,
+) -> Verdict:
     """A case that expects a refusal (see the module docstring for the outcomes); ``code``: the exit code a clear
     refusal has (None: any but 0, for a failure of the machine, such as a full disk, rather than of the input)."""
     if proc.timed_out:
@@ -524,8 +560,11 @@ def training_steps(out: Path) -> list[int]:
 
 
 def complete_checkpoints(out: Path) -> list[int]:
-    return sorted(int(p.name.split("-")[1]) for p in out.glob("checkpoint-*")
-                  if p.name.split("-")[1].isdigit() and (p / "trainer_state.json").is_file())  # fmt: skip
+    return sorted(
+        int(p.name.split("-")[1])
+        for p in out.glob("checkpoint-*")
+        if p.name.split("-")[1].isdigit() and (p / "trainer_state.json").is_file()
+    )
 
 
 def half_written(out: Path) -> list[str]:
@@ -584,14 +623,37 @@ class Case:
         assert self.category in CATEGORIES and self.kind in KINDS, self.name
 
 
-TRAIN = {"model": "tiny", "max_steps": 1, "prompts_per_step": 1, "sampling.num_generations": 2, "sampling.max_new_tokens": 8,
-         "data.limit": 4, "eval_data.limit": 2, "output_dir": "{work}/out"}  # fmt: skip
-EVAL = {"model": "tiny", "sampling.num_generations": 1, "sampling.max_new_tokens": 4, "data.limit": 2, "output_dir": "{work}/out",
-        "plots": False}  # fmt: skip
-TRACES = {"model": "tiny", "sampling.num_generations": 1, "sampling.max_new_tokens": 4, "data.limit": 2,
-          "output": "{work}/traces.jsonl", "keep_incorrect": True}  # fmt: skip
-SCRIPTS = {"train": ("train.py", TRAIN), "evaluate": ("scripts/evaluate.py", EVAL),
-           "traces": ("scripts/generate_traces.py", TRACES)}  # fmt: skip
+TRAIN = {
+    "model": "tiny",
+    "max_steps": 1,
+    "prompts_per_step": 1,
+    "sampling.num_generations": 2,
+    "sampling.max_new_tokens": 8,
+    "data.limit": 4,
+    "eval_data.limit": 2,
+    "output_dir": "{work}/out",
+}
+EVAL = {
+    "model": "tiny",
+    "sampling.num_generations": 1,
+    "sampling.max_new_tokens": 4,
+    "data.limit": 2,
+    "output_dir": "{work}/out",
+    "plots": False,
+}
+TRACES = {
+    "model": "tiny",
+    "sampling.num_generations": 1,
+    "sampling.max_new_tokens": 4,
+    "data.limit": 2,
+    "output": "{work}/traces.jsonl",
+    "keep_incorrect": True,
+}
+SCRIPTS = {
+    "train": ("train.py", TRAIN),
+    "evaluate": ("scripts/evaluate.py", EVAL),
+    "traces": ("scripts/generate_traces.py", TRACES),
+}
 FILE_DATA = {"data.name": None, "data.path": "{work}/data.jsonl"}
 
 
@@ -617,11 +679,28 @@ def lm_eval_command(ctx: Context, model_args: str) -> list[str]:
     """``gkv-train lm-eval`` (``python -m gkv_train.cli lm-eval``) with the model ``gkv`` and ``model_args``, on a
     local two-problem task written into the case's folder (offline), results under ``{work}/out``."""
     data = ctx.work / "task.jsonl"
-    data.write_text("".join(json.dumps({"problem": f"What is {a} plus 1?", "answer": str(a + 1)}) + "\n" for a in (1, 2)))
+    data.write_text(
+        "".join(json.dumps({"problem": f"What is {a} plus 1?", "answer": str(a + 1)}) + "\n" for a in (1, 2))
+    )
     (ctx.work / "task.yaml").write_text(LM_EVAL_TASK.format(data=data))
-    return [ctx.python, "-m", "gkv_train.cli", "lm-eval", "--model", "gkv", "--model_args", ctx.path(model_args),
-            "--tasks", "faults_gen", "--include_path", str(ctx.work), "--output_path", str(ctx.work / "out"),
-            "--limit", "2"]  # fmt: skip
+    return [
+        ctx.python,
+        "-m",
+        "gkv_train.cli",
+        "lm-eval",
+        "--model",
+        "gkv",
+        "--model_args",
+        ctx.path(model_args),
+        "--tasks",
+        "faults_gen",
+        "--include_path",
+        str(ctx.work),
+        "--output_path",
+        str(ctx.work / "out"),
+        "--limit",
+        "2",
+    ]
 
 
 def overrides(entry: str, changes: dict) -> tuple[str, dict]:
@@ -631,8 +710,9 @@ def overrides(entry: str, changes: dict) -> tuple[str, dict]:
     return script, {k: v for k, v in merged.items() if v is not ...}
 
 
-def refuse(name, category, kind, about, entry, changes, names, before_load=True, setup=None, must_not_exist=(),
-           timeout=120.0) -> Case:
+def refuse(
+    name, category, kind, about, entry, changes, names, before_load=True, setup=None, must_not_exist=(), timeout=120.0
+) -> Case:
     """A case whose right outcome is a clear refusal (``names``: patterns its message must match)."""
 
     def run(ctx: Context) -> Verdict:
@@ -658,8 +738,9 @@ def result(name, category, kind, about, entry, changes, check, setup=None, timeo
     return Case(name, category, kind, about, run, timeout)
 
 
-def either(name, category, kind, about, entry, changes, names, check, before_load=True, setup=None,
-           timeout=180.0) -> Case:
+def either(
+    name, category, kind, about, entry, changes, names, check, before_load=True, setup=None, timeout=180.0
+) -> Case:
     """A case where a clear refusal and a right result (``check``) are both right."""
 
     def run(ctx: Context) -> Verdict:

@@ -10,15 +10,15 @@ from typing import Callable
 
 from faults.configuration import mismatch_problem
 from faults.harness import (
-    judge_refusal,
-    lm_eval_command,
     Case,
     Context,
     Proc,
     Verdict,
     either,
+    judge_refusal,
     judge_result,
     last_json_line,
+    lm_eval_command,
     read_jsonl,
     result,
     samples_problem,
@@ -27,9 +27,6 @@ from faults.harness import (
     write_jsonl,
 )
 from faults.state import steps_problem
-
-
-
 
 
 def strict_outputs(out_rel: str, names: list[str], more: Callable[[Context, Proc], str | None] | None = None):
@@ -65,8 +62,9 @@ def pass_at_k_problem(ctx: Context, proc: Proc, n: int, problems: int) -> str | 
     for s in read_jsonl(folder / "samples.jsonl"):
         by_problem.setdefault(s["problem_id"], []).append(bool(s["correct"]))
     for k in range(1, n + 1):
-        want = sum(1.0 if n - sum(c) < k else 1 - math.comb(n - sum(c), k) / math.comb(n, k)
-                   for c in by_problem.values()) / len(by_problem)  # fmt: skip
+        want = sum(
+            1.0 if n - sum(c) < k else 1 - math.comb(n - sum(c), k) / math.comb(n, k) for c in by_problem.values()
+        ) / len(by_problem)
         if abs((summary.get(f"pass@{k}") or 0) - want) > 1e-9:
             return f"pass@{k} {summary.get(f'pass@{k}')} but the samples give {want}"
         if k > 1 and summary[f"pass@{k}"] < summary[f"pass@{k - 1}"] - 1e-12:
@@ -118,48 +116,139 @@ def traces_outputs(ctx: Context, proc: Proc) -> str | None:
 
 
 def output_cases() -> list[Case]:
-    L, C, N = "listed", "control", "new"
+    L, C = "listed", "control"
     K = "output"
-    eval_files = ["summary.json", "results.json", "full/summary.json", "full/run.json", "full/samples.jsonl",
-                  "full/density.jsonl"]  # fmt: skip
-    cases = [
-        either("output/s4r-rank-recorded", K, L, "compression.s4r.rank=1000 for s4r: clamped to the model's width but "
-               "recorded as given", "evaluate", {"compression.method": "s4r", "compression.s4r.rank": 1000},
-               ["rank"], s4r_rank_check, before_load=False),
-        result("output/evaluate-strict-json", K, C, "every evaluate.py JSON file and line parses strictly (3 "
-               "problems x 3 samples, uneven batches)", "evaluate",
-               {"data.limit": 3, "sampling.num_generations": 3, "batch_problems": 2},
-               strict_outputs("{work}/out", eval_files, lambda ctx, proc: pass_at_k_problem(ctx, proc, 3, 3))),
-        result("output/evaluate-one-problem", K, C, "one problem, one sample: undefined intervals written as null",
-               "evaluate", {"data.limit": 1}, strict_outputs("{work}/out", eval_files,
-                                                              lambda ctx, proc: pass_at_k_problem(ctx, proc, 1, 1))),
-        result("output/evaluate-with-plots", K, C, "plots on: both figures written", "evaluate",
-               {"plots": True}, strict_outputs("{work}/out", eval_files, lambda ctx, proc: figures_problem(ctx))),
-        result("output/evaluate-sweep", K, C, "methods=[full,gkv,snapkv] budgets=[16,32]: one run per pair",
-               "evaluate", {"methods": ["full", "gkv", "snapkv"], "budgets": [16, 32], "compression.window": 4,
-                            "compression.interval": 4}, strict_outputs("{work}/out", ["*/summary.json", "summary.json"],
-                                                                        lambda ctx, proc: sweep_problem(ctx, proc))),
-        result("output/train-strict-json", K, C, "train.py: metrics.jsonl and eval.json strict, each step once",
-               "train", {"max_steps": 2}, strict_outputs("{work}/out", ["metrics.jsonl", "eval.json"], train_outputs)),
-        result("output/train-rl-full", K, C, "recipe=rl_full: metrics and evaluation strict", "train",
-               {"recipe": "rl_full", "max_steps": 2}, strict_outputs("{work}/out", ["metrics.jsonl", "eval.json"],
-                                                                      train_outputs)),
-        result("output/train-s4r-record", K, C, "compression.method=s4r in rl_sparse: trained under the record "
-               "(mismatch < 1e-3)", "train", {"compression.method": "s4r", "max_steps": 2},
-               lambda ctx, proc: mismatch_problem(ctx)),
-        result("output/traces-strict-json", K, C, "generate_traces.py: each line strict, counts agree", "traces",
-               {"data.limit": 3, "sampling.num_generations": 2}, strict_outputs("{work}", ["traces.jsonl"], traces_outputs)),
-        result("output/distill-offline", K, C, "recipe=distill from a traces file: strict outputs, each step once",
-               "train", {"recipe": "distill", "max_steps": 2, "distill.traces": "{work}/traces.jsonl"},
-               lambda ctx, proc: distill_problem(ctx, proc), setup=tiny_traces),
+    eval_files = [
+        "summary.json",
+        "results.json",
+        "full/summary.json",
+        "full/run.json",
+        "full/samples.jsonl",
+        "full/density.jsonl",
     ]
+    cases = [
+        either(
+            "output/s4r-rank-recorded",
+            K,
+            L,
+            "compression.s4r.rank=1000 for s4r: clamped to the model's width but recorded as given",
+            "evaluate",
+            {"compression.method": "s4r", "compression.s4r.rank": 1000},
+            ["rank"],
+            s4r_rank_check,
+            before_load=False,
+        ),
+        result(
+            "output/evaluate-strict-json",
+            K,
+            C,
+            "every evaluate.py JSON file and line parses strictly (3 problems x 3 samples, uneven batches)",
+            "evaluate",
+            {"data.limit": 3, "sampling.num_generations": 3, "batch_problems": 2},
+            strict_outputs("{work}/out", eval_files, lambda ctx, proc: pass_at_k_problem(ctx, proc, 3, 3)),
+        ),
+        result(
+            "output/evaluate-one-problem",
+            K,
+            C,
+            "one problem, one sample: undefined intervals written as null",
+            "evaluate",
+            {"data.limit": 1},
+            strict_outputs("{work}/out", eval_files, lambda ctx, proc: pass_at_k_problem(ctx, proc, 1, 1)),
+        ),
+        result(
+            "output/evaluate-with-plots",
+            K,
+            C,
+            "plots on: both figures written",
+            "evaluate",
+            {"plots": True},
+            strict_outputs("{work}/out", eval_files, lambda ctx, proc: figures_problem(ctx)),
+        ),
+        result(
+            "output/evaluate-sweep",
+            K,
+            C,
+            "methods=[full,gkv,snapkv] budgets=[16,32]: one run per pair",
+            "evaluate",
+            {
+                "methods": ["full", "gkv", "snapkv"],
+                "budgets": [16, 32],
+                "compression.window": 4,
+                "compression.interval": 4,
+            },
+            strict_outputs(
+                "{work}/out", ["*/summary.json", "summary.json"], lambda ctx, proc: sweep_problem(ctx, proc)
+            ),
+        ),
+        result(
+            "output/train-strict-json",
+            K,
+            C,
+            "train.py: metrics.jsonl and eval.json strict, each step once",
+            "train",
+            {"max_steps": 2},
+            strict_outputs("{work}/out", ["metrics.jsonl", "eval.json"], train_outputs),
+        ),
+        result(
+            "output/train-rl-full",
+            K,
+            C,
+            "recipe=rl_full: metrics and evaluation strict",
+            "train",
+            {"recipe": "rl_full", "max_steps": 2},
+            strict_outputs("{work}/out", ["metrics.jsonl", "eval.json"], train_outputs),
+        ),
+        result(
+            "output/train-s4r-record",
+            K,
+            C,
+            "compression.method=s4r in rl_sparse: trained under the record (mismatch < 1e-3)",
+            "train",
+            {"compression.method": "s4r", "max_steps": 2},
+            lambda ctx, proc: mismatch_problem(ctx),
+        ),
+        result(
+            "output/traces-strict-json",
+            K,
+            C,
+            "generate_traces.py: each line strict, counts agree",
+            "traces",
+            {"data.limit": 3, "sampling.num_generations": 2},
+            strict_outputs("{work}", ["traces.jsonl"], traces_outputs),
+        ),
+        result(
+            "output/distill-offline",
+            K,
+            C,
+            "recipe=distill from a traces file: strict outputs, each step once",
+            "train",
+            {"recipe": "distill", "max_steps": 2, "distill.traces": "{work}/traces.jsonl"},
+            lambda ctx, proc: distill_problem(ctx, proc),
+            setup=tiny_traces,
+        ),
+    ]
+
     def lm_eval_stats(ctx: Context) -> Verdict:
-        proc = ctx.run(lm_eval_command(ctx, "pretrained=tiny,method=gkv,budget=16,window=4,interval=8,"
-                                            "stats={work}/missing/stats.jsonl"), 180, env={"HF_DATASETS_OFFLINE": "1"})
+        proc = ctx.run(
+            lm_eval_command(
+                ctx, "pretrained=tiny,method=gkv,budget=16,window=4,interval=8,stats={work}/missing/stats.jsonl"
+            ),
+            180,
+            env={"HF_DATASETS_OFFLINE": "1"},
+        )
         return judge_refusal(proc, ["missing"], before_load=True, must_not_exist=[ctx.work / "out"])
 
-    cases.append(Case("output/lm-eval-stats-missing-folder", "output", "round3", "gkv-train lm-eval with stats= in a "
-                      "folder that does not exist: a traceback after all the evaluation work", lm_eval_stats, 180))
+    cases.append(
+        Case(
+            "output/lm-eval-stats-missing-folder",
+            "output",
+            "round3",
+            "gkv-train lm-eval with stats= in a folder that does not exist: a traceback after all the evaluation work",
+            lm_eval_stats,
+            180,
+        )
+    )
     return cases
 
 
@@ -182,8 +271,10 @@ def tiny_traces(ctx: Context) -> None:
     prompt = "What is 2 + 3?\nPut your final answer in \\boxed{}."
     completion = "\\boxed{5}"
     ids = [ord(c) - 29 for c in completion] + [2]
-    rows = [{"id": i, "prompt": prompt, "completion": completion, "completion_ids": ids, "answer": "5", "correct": True}
-            for i in range(4)]  # fmt: skip
+    rows = [
+        {"id": i, "prompt": prompt, "completion": completion, "completion_ids": ids, "answer": "5", "correct": True}
+        for i in range(4)
+    ]
     write_jsonl(ctx.work / "traces.jsonl", rows)
 
 
@@ -209,5 +300,13 @@ def harness_cases() -> list[Case]:
 
         return judge_result(proc, check)
 
-    return [Case("harness/imports-repo", "harness", "control", "the children import gkv_train from --repo "
-                 "(prints gkv_train.__file__)", imports_repo, 60)]
+    return [
+        Case(
+            "harness/imports-repo",
+            "harness",
+            "control",
+            "the children import gkv_train from --repo (prints gkv_train.__file__)",
+            imports_repo,
+            60,
+        )
+    ]

@@ -6,15 +6,12 @@ import json
 import re
 
 from faults.harness import (
+    REWARD_CHILD,
     Case,
     Context,
-    REWARD_CHILD,
     Verdict,
     failure_message,
 )
-
-
-
 
 
 def reward_case(name, kind, about, spec: dict, expect, timeout=60.0) -> Case:
@@ -27,7 +24,7 @@ def reward_case(name, kind, about, spec: dict, expect, timeout=60.0) -> Case:
         proc = ctx.run([ctx.python, "-c", REWARD_CHILD, str(spec_file)], timeout)
         if proc.timed_out:
             return Verdict("hang", f"no score within {proc.seconds:.0f} s")
-        found = [l for l in proc.out.splitlines() if l.startswith("BENCH_RESULT ")]
+        found = [line for line in proc.out.splitlines() if line.startswith("BENCH_RESULT ")]
         if proc.rc != 0 or not found:
             return Verdict("crash", f"exit {proc.rc}: {failure_message(proc.err)[:300]}")
         got = json.loads(found[-1].split(" ", 1)[1])
@@ -50,16 +47,27 @@ def reward_case(name, kind, about, spec: dict, expect, timeout=60.0) -> Case:
 
 
 def acc(name, kind, about, completion, gold, expect, timeout=60.0) -> Case:
-    return reward_case(name, kind, about, {"call": "accuracy", "completions": [completion], "answers": [gold]},
-                       [float(expect)] if not isinstance(expect, str) else expect, timeout)  # fmt: skip
+    return reward_case(
+        name,
+        kind,
+        about,
+        {"call": "accuracy", "completions": [completion], "answers": [gold]},
+        [float(expect)] if not isinstance(expect, str) else expect,
+        timeout,
+    )
 
 
-def verifier_case(name, kind, about, check_name, expect_score, expect_stats=None, timeout=60.0,
-                  verifier_timeout=5.0, check_path=None) -> Case:
+def verifier_case(
+    name, kind, about, check_name, expect_score, expect_stats=None, timeout=60.0, verifier_timeout=5.0, check_path=None
+) -> Case:
     """The verifier with a misbehaving check (``CHECKS_MODULE``'s ``check_name``, or ``check_path``) on one right
     answer ('42' vs '42')."""
-    spec = {"call": "verifier", "check": check_path or f"bench_faults_checks:{check_name}", "timeout": verifier_timeout,
-            "pairs": [("42", "42")]}  # fmt: skip
+    spec = {
+        "call": "verifier",
+        "check": check_path or f"bench_faults_checks:{check_name}",
+        "timeout": verifier_timeout,
+        "pairs": [("42", "42")],
+    }
     inner = reward_case(name, kind, about, spec, [expect_score], timeout)
 
     def run(ctx: Context) -> Verdict:
@@ -68,8 +76,9 @@ def verifier_case(name, kind, about, check_name, expect_score, expect_stats=None
             stats = verdict.extra["got"].get("stats", {})
             missing = {k: v for k, v in expect_stats.items() if stats.get(k, 0) < v}
             if missing:
-                return Verdict("silent_wrong", f"scored {expect_score} but stats {stats} count none of {missing}",
-                               verdict.extra)  # fmt: skip
+                return Verdict(
+                    "silent_wrong", f"scored {expect_score} but stats {stats} count none of {missing}", verdict.extra
+                )
         return verdict
 
     return Case(name, "rewards", kind, about, run, timeout)
@@ -82,46 +91,113 @@ def reward_cases() -> list[Case]:
         # commas: lists vs thousands separators
         acc("rewards/boxed-1_2-vs-12", L, "\\boxed{1,2} against gold 12", "\\boxed{1,2}", "12", 0),
         acc("rewards/boxed-3_5-vs-35", L, "\\boxed{3,5} against gold 35", "\\boxed{3,5}", "35", 0),
-        acc("rewards/math500-457-boxed-21", L, "MATH-500 line 457 (gold -2,1): \\boxed{-21}", "\\boxed{-21}", "-2,1",
-            0),
-        acc("rewards/math500-457-boxed-1_-2", L, "MATH-500 line 457 (gold -2,1): \\boxed{1,-2}", "\\boxed{1,-2}",
-            "-2,1", 1),
+        acc(
+            "rewards/math500-457-boxed-21", L, "MATH-500 line 457 (gold -2,1): \\boxed{-21}", "\\boxed{-21}", "-2,1", 0
+        ),
+        acc(
+            "rewards/math500-457-boxed-1_-2",
+            L,
+            "MATH-500 line 457 (gold -2,1): \\boxed{1,-2}",
+            "\\boxed{1,-2}",
+            "-2,1",
+            1,
+        ),
         acc("rewards/gold-1_0-vs-10", L, "gold 1,0 against \\boxed{10}", "\\boxed{10}", "1,0", 0),
-        acc("rewards/boxed-12_34-vs-1234", N, "a malformed thousands group \\boxed{12,34} against 1234",
-            "\\boxed{12,34}", "1234", 0),
+        acc(
+            "rewards/boxed-12_34-vs-1234",
+            N,
+            "a malformed thousands group \\boxed{12,34} against 1234",
+            "\\boxed{12,34}",
+            "1234",
+            0,
+        ),
         acc("rewards/boxed-1_0-vs-10", N, "\\boxed{1,0} against gold 10", "\\boxed{1,0}", "10", 0),
         acc("rewards/boxed-35-vs-3_5", N, "\\boxed{35} against the list gold 3,5", "\\boxed{35}", "3,5", 0),
-        acc("rewards/answer-is-list", N, "'the answer is 1,-2' (no box) against gold -2,1",
-            "So the answer is 1,-2.", "-2,1", 1),
+        acc(
+            "rewards/answer-is-list",
+            N,
+            "'the answer is 1,-2' (no box) against gold -2,1",
+            "So the answer is 1,-2.",
+            "-2,1",
+            1,
+        ),
         acc("rewards/boxed--2_1-same-order", C, "\\boxed{-2,1} against gold -2,1", "\\boxed{-2,1}", "-2,1", 1),
         acc("rewards/boxed-3_space-5-vs-3_5", N, "\\boxed{3, 5} against gold 3,5", "\\boxed{3, 5}", "3,5", 1),
-        acc("rewards/boxed-1_000-vs-1000", C, "a thousands separator \\boxed{1,000} against 1000", "\\boxed{1,000}",
-            "1000", 1),
+        acc(
+            "rewards/boxed-1_000-vs-1000",
+            C,
+            "a thousands separator \\boxed{1,000} against 1000",
+            "\\boxed{1,000}",
+            "1000",
+            1,
+        ),
         acc("rewards/hashes-1_234", C, "GSM8K '#### 1,234' against 1234", "so #### 1,234", "1234", 1),
-        acc("rewards/last-number-1_000", C, "the last number '1,000 apples' against gold 1000 (int)",
-            "She has 1,000 apples.", 1000, 1),
+        acc(
+            "rewards/last-number-1_000",
+            C,
+            "the last number '1,000 apples' against gold 1000 (int)",
+            "She has 1,000 apples.",
+            1000,
+            1,
+        ),
         acc("rewards/tuple-order", C, "an ordered pair (2,1) against (1,2)", "\\boxed{(2,1)}", "(1,2)", 0),
         acc("rewards/decimal-vs-list", C, "\\boxed{1.2} against the list gold 1,2", "\\boxed{1.2}", "1,2", 0),
         # golds that are no answer
         acc("rewards/gold-nan-text", L, "gold 'nan' against \\boxed{nan}", "\\boxed{nan}", "nan", "zero_or_raise"),
         acc("rewards/gold-None-text", L, "gold 'None' against \\boxed{None}", "\\boxed{None}", "None", "zero_or_raise"),
-        acc("rewards/gold-nan-float", L, "gold NaN (a JSON NaN) against \\boxed{nan}", "\\boxed{nan}", float("nan"),
-            "zero_or_raise"),
+        acc(
+            "rewards/gold-nan-float",
+            L,
+            "gold NaN (a JSON NaN) against \\boxed{nan}",
+            "\\boxed{nan}",
+            float("nan"),
+            "zero_or_raise",
+        ),
         acc("rewards/gold-None", L, "gold None against \\boxed{None}", "\\boxed{None}", None, "zero_or_raise"),
-        acc("rewards/gold-list-2", L, "gold [2] (a list) against \\boxed{2}: read as the text '[2]'", "\\boxed{2}",
-            [2], "one_or_raise"),
+        acc(
+            "rewards/gold-list-2",
+            L,
+            "gold [2] (a list) against \\boxed{2}: read as the text '[2]'",
+            "\\boxed{2}",
+            [2],
+            "one_or_raise",
+        ),
         acc("rewards/gold-null-text", N, "gold 'null' against \\boxed{null}", "\\boxed{null}", "null", "zero_or_raise"),
-        acc("rewards/gold-inf-float", N, "gold inf (a float) against \\boxed{inf}", "\\boxed{inf}", float("inf"),
-            "zero_or_raise"),
+        acc(
+            "rewards/gold-inf-float",
+            N,
+            "gold inf (a float) against \\boxed{inf}",
+            "\\boxed{inf}",
+            float("inf"),
+            "zero_or_raise",
+        ),
         acc("rewards/gold-empty", N, "gold '' against an empty box", "\\boxed{}", "", "zero_or_raise"),
         acc("rewards/gold-blank", N, "gold '   ' against \\boxed{ }", "\\boxed{ }", "   ", "zero_or_raise"),
-        acc("rewards/gold-true", N, "gold True (a boolean) against \\boxed{True}", "\\boxed{True}", True,
-            "zero_or_raise"),
+        acc(
+            "rewards/gold-true",
+            N,
+            "gold True (a boolean) against \\boxed{True}",
+            "\\boxed{True}",
+            True,
+            "zero_or_raise",
+        ),
         acc("rewards/gold-dict", N, "gold {} (a dict) against \\boxed{\\{\\}}", "\\boxed{\\{\\}}", {}, "zero_or_raise"),
-        acc("rewards/gold-list-1_2", N, "gold [1, 2] (a list) against \\boxed{1,2}", "\\boxed{1,2}", [1, 2],
-            "one_or_raise"),
-        acc("rewards/gold-list-strings", N, "gold ['1', '2'] against \\boxed{1,2}", "\\boxed{1,2}", ["1", "2"],
-            "one_or_raise"),
+        acc(
+            "rewards/gold-list-1_2",
+            N,
+            "gold [1, 2] (a list) against \\boxed{1,2}",
+            "\\boxed{1,2}",
+            [1, 2],
+            "one_or_raise",
+        ),
+        acc(
+            "rewards/gold-list-strings",
+            N,
+            "gold ['1', '2'] against \\boxed{1,2}",
+            "\\boxed{1,2}",
+            ["1", "2"],
+            "one_or_raise",
+        ),
         acc("rewards/gold-set", N, "gold {1, 2} (a set) against \\boxed{1,2}", "\\boxed{1,2}", {1, 2}, "one_or_raise"),
         acc("rewards/gold-empty-list", N, "gold [] against \\boxed{[]}", "\\boxed{[]}", [], "zero_or_raise"),
         # what already worked
@@ -132,49 +208,121 @@ def reward_cases() -> list[Case]:
         acc("rewards/gold-aime-0042", C, "AIME gold '0042' against \\boxed{42}", "\\boxed{42}", "0042", 1),
         acc("rewards/frac-vs-decimal", C, "gold \\frac{1}{2} against \\boxed{0.5}", "\\boxed{0.5}", "\\frac{1}{2}", 1),
         acc("rewards/decimal-vs-frac", C, "gold 0.5 against \\boxed{\\frac12}", "\\boxed{\\frac12}", "0.5", 1),
-        acc("rewards/sqrt", C, "gold \\frac{\\sqrt{3}}{2} against \\boxed{\\frac{\\sqrt3}{2}}",
-            "\\boxed{\\frac{\\sqrt3}{2}}", "\\frac{\\sqrt{3}}{2}", 1),
+        acc(
+            "rewards/sqrt",
+            C,
+            "gold \\frac{\\sqrt{3}}{2} against \\boxed{\\frac{\\sqrt3}{2}}",
+            "\\boxed{\\frac{\\sqrt3}{2}}",
+            "\\frac{\\sqrt{3}}{2}",
+            1,
+        ),
         acc("rewards/answer-is-fraction", C, "'the answer is 3/4' against 3/4", "The answer is 3/4", "3/4", 1),
         acc("rewards/scientific", C, "gold 2.5e-3 against \\boxed{0.0025}", "\\boxed{0.0025}", "2.5e-3", 1),
-        acc("rewards/huge-exponent-wrong", C, "\\boxed{1e100000000} against 1 (must not build the number)",
-            "\\boxed{1e100000000}", "1", 0),
-        acc("rewards/huge-exponent-right", C, "\\boxed{1e100000000} against the same", "\\boxed{1e100000000}",
-            "1e100000000", 1),
+        acc(
+            "rewards/huge-exponent-wrong",
+            C,
+            "\\boxed{1e100000000} against 1 (must not build the number)",
+            "\\boxed{1e100000000}",
+            "1",
+            0,
+        ),
+        acc(
+            "rewards/huge-exponent-right",
+            C,
+            "\\boxed{1e100000000} against the same",
+            "\\boxed{1e100000000}",
+            "1e100000000",
+            1,
+        ),
         acc("rewards/megabyte-of-digits", C, "a completion of 1 MB of digits against 7", "9" * 1_000_000, "7", 0),
-        acc("rewards/unterminated-box", C, "an unterminated \\boxed{5 against 5: the last number (the documented "
-            "fallback)", "so \\boxed{5", "5", 1),
+        acc(
+            "rewards/unterminated-box",
+            C,
+            "an unterminated \\boxed{5 against 5: the last number (the documented fallback)",
+            "so \\boxed{5",
+            "5",
+            1,
+        ),
         acc("rewards/deep-braces", C, "3000 nested braces in the box against 1", deep, "1", 0),
-        acc("rewards/power-tower", C, "\\boxed{9^{9^{9^{9^{9}}}}} against 1 (time-limited check)",
-            "\\boxed{9^{9^{9^{9^{9}}}}}", "1", 0),
+        acc(
+            "rewards/power-tower",
+            C,
+            "\\boxed{9^{9^{9^{9^{9}}}}} against 1 (time-limited check)",
+            "\\boxed{9^{9^{9^{9^{9}}}}}",
+            "1",
+            0,
+        ),
         acc("rewards/nul-bytes", C, "NUL bytes around \\boxed{5}", "\x00\\boxed{5}\x00", "5", 1),
         acc("rewards/empty-completion", C, "an empty completion against 5", "", "5", 0),
         acc("rewards/none-completion", C, "a None completion against 5", None, "5", 0),
-        acc("rewards/conversational", C, "a conversational completion [{'role': 'assistant', ...}]",
-            [{"role": "assistant", "content": "\\boxed{7}"}], "7", 1),
+        acc(
+            "rewards/conversational",
+            C,
+            "a conversational completion [{'role': 'assistant', ...}]",
+            [{"role": "assistant", "content": "\\boxed{7}"}],
+            "7",
+            1,
+        ),
         acc("rewards/last-box-counts", C, "two boxes, the last one right", "\\boxed{1} no, \\boxed{2}", "2", 1),
         acc("rewards/set-latex", C, "gold \\{1,2\\} against \\boxed{\\{2,1\\}}", "\\boxed{\\{2,1\\}}", "\\{1,2\\}", 1),
         acc("rewards/interval", C, "gold [1,2) against \\boxed{(1,2]}", "\\boxed{(1,2]}", "[1,2)", 0),
         acc("rewards/boxed-nan-vs-number", C, "\\boxed{nan} against 5", "\\boxed{nan}", "5", 0),
-        reward_case("rewards/boxed-format", C, "boxed_format on a boxed and an unboxed completion",
-                    {"call": "boxed_format", "completions": ["\\boxed{3}", "3"]}, [1.0, 0.0]),
+        reward_case(
+            "rewards/boxed-format",
+            C,
+            "boxed_format on a boxed and an unboxed completion",
+            {"call": "boxed_format", "completions": ["\\boxed{3}", "3"]},
+            [1.0, 0.0],
+        ),
         # the verifier's worker
-        verifier_case("rewards/worker-killed-once", L, "the check's worker is killed during a right answer's check "
-                      "(once): it must be retried, not scored 0 as a wrong answer", "die_once", 1.0),
-        verifier_case("rewards/worker-always-dies", C, "a worker that dies on every check: 0 and counted as an error",
-                      "die_always", 0.0, {"errors": 1}),
-        verifier_case("rewards/check-hangs", C, "a check that never returns: 0 after the time limit, counted",
-                      "sleep_long", 0.0, {"timeouts": 1}, verifier_timeout=2.0),
-        verifier_case("rewards/check-raises", C, "a check that raises: 0 (a malformed answer), not a crash",
-                      "raise_always", 0.0),
+        verifier_case(
+            "rewards/worker-killed-once",
+            L,
+            "the check's worker is killed during a right answer's check "
+            "(once): it must be retried, not scored 0 as a wrong answer",
+            "die_once",
+            1.0,
+        ),
+        verifier_case(
+            "rewards/worker-always-dies",
+            C,
+            "a worker that dies on every check: 0 and counted as an error",
+            "die_always",
+            0.0,
+            {"errors": 1},
+        ),
+        verifier_case(
+            "rewards/check-hangs",
+            C,
+            "a check that never returns: 0 after the time limit, counted",
+            "sleep_long",
+            0.0,
+            {"timeouts": 1},
+            verifier_timeout=2.0,
+        ),
+        verifier_case(
+            "rewards/check-raises", C, "a check that raises: 0 (a malformed answer), not a crash", "raise_always", 0.0
+        ),
     ]
     cases += [
-        reward_case("rewards/right-answers-under-load", "round3", "\\frac{1}{2} against gold 0.5, each by a fresh "
-                    "worker, on a machine loaded with 8 busy processes, a 1 s limit (the check itself takes ~10 ms): "
-                    "math-verify's first use inside the limit scored right answers 0",
-                    {"call": "fresh_verifiers", "pairs": [("\\frac{1}{2}", "0.5")] * 4, "load": 8, "timeout": 1.0},
-                    [1.0] * 4, timeout=240),
-        verifier_case("rewards/worker-killed-while-starting", "round3", "the check's worker is killed while it starts "
-                      "(once): the run crashed with 'did not start within 120 s; its error is printed above'",
-                      None, 1.0, check_path="bench_faults_start:answers"),
+        reward_case(
+            "rewards/right-answers-under-load",
+            "round3",
+            "\\frac{1}{2} against gold 0.5, each by a fresh "
+            "worker, on a machine loaded with 8 busy processes, a 1 s limit (the check itself takes ~10 ms): "
+            "math-verify's first use inside the limit scored right answers 0",
+            {"call": "fresh_verifiers", "pairs": [("\\frac{1}{2}", "0.5")] * 4, "load": 8, "timeout": 1.0},
+            [1.0] * 4,
+            timeout=240,
+        ),
+        verifier_case(
+            "rewards/worker-killed-while-starting",
+            "round3",
+            "the check's worker is killed while it starts "
+            "(once): the run crashed with 'did not start within 120 s; its error is printed above'",
+            None,
+            1.0,
+            check_path="bench_faults_start:answers",
+        ),
     ]
     return cases

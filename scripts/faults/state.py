@@ -30,9 +30,6 @@ from faults.harness import (
 )
 
 
-
-
-
 def start_entry(ctx: Context, entry: str, changes: dict, fsize=None) -> Running:
     script, ov = overrides(entry, changes)
     return ctx.start(ctx.entry(script, ov), fsize)
@@ -87,18 +84,25 @@ def interrupted_train(sig: int, save_steps: int):
         extra = {"step_at_signal": reached, "checkpoints": saved}
         if sig == signal.SIGTERM:
             if not saved or saved[-1] < reached:
-                return Verdict("data_lost", f"SIGTERM after step {reached} (save_steps={save_steps}): exit {proc.rc}, "
-                               f"newest complete checkpoint {saved[-1] if saved else 'none'}; "
-                               f"said: {failure_message(proc.err)[:150]!r}", extra)  # fmt: skip
+                return Verdict(
+                    "data_lost",
+                    f"SIGTERM after step {reached} (save_steps={save_steps}): exit {proc.rc}, "
+                    f"newest complete checkpoint {saved[-1] if saved else 'none'}; "
+                    f"said: {failure_message(proc.err)[:150]!r}",
+                    extra,
+                )
         if half_written(out):
             return Verdict("data_lost", f"half-written checkpoint folders left: {half_written(out)}", extra)
         resumed = ctx.run(ctx.entry(*overrides("train", {**changes, "resume": "last"})), 240)
         verdict = judge_result(resumed, lambda: steps_problem(out, LONG_TRAIN["max_steps"]))
-        if verdict.outcome == "ok" and sig == signal.SIGTERM and not re.search(
-            r"SIGTERM|signal|terminat|preempt", proc.err + read_text(out / "train.log"), re.I
+        if (
+            verdict.outcome == "ok"
+            and sig == signal.SIGTERM
+            and not re.search(r"SIGTERM|signal|terminat|preempt", proc.err + read_text(out / "train.log"), re.I)
         ):
-            return Verdict("unclear_error", "saved and resumed, but the stop was not reported (no message naming "
-                           "SIGTERM)", extra)  # fmt: skip
+            return Verdict(
+                "unclear_error", "saved and resumed, but the stop was not reported (no message naming SIGTERM)", extra
+            )
         verdict.extra.update(extra)
         return verdict
 
@@ -143,8 +147,11 @@ def concurrent(entry: str, changes: dict, consistent: Callable[[Context], str | 
         if a.rc == 0 and b.rc == 0:
             if problem:
                 return Verdict("silent_wrong", f"both runs exit 0: {problem}")
-            return Verdict(both_ok_outcome, "both runs exit 0 into one folder" + (
-                "" if both_ok_outcome == "ok" else ": one run's results replaced the other's"))
+            return Verdict(
+                both_ok_outcome,
+                "both runs exit 0 into one folder"
+                + ("" if both_ok_outcome == "ok" else ": one run's results replaced the other's"),
+            )
         if a.rc != 0 and b.rc != 0:
             said = [failure_message(p.err)[:150] for p in (a, b)]
             return Verdict("crash", f"both runs failed: {said[0]} | {said[1]}")
@@ -184,7 +191,12 @@ def full_disk_train(ctx: Context) -> Verdict:
 
 def full_disk_eval(ctx: Context) -> Verdict:
     with ctx.full_disk("out", 48) as (out, fsize):
-        changes = {"data.limit": 40, "sampling.max_new_tokens": 16, "sampling.num_generations": 2, "output_dir": str(out)}
+        changes = {
+            "data.limit": 40,
+            "sampling.max_new_tokens": 16,
+            "sampling.num_generations": 2,
+            "output_dir": str(out),
+        }
         proc = ctx.run(ctx.entry(*overrides("evaluate", changes)), 180, fsize=fsize)
     verdict = judge_refusal(proc, DISK, before_load=False, code=None)
     if verdict.outcome == "silent_wrong":
@@ -199,10 +211,20 @@ def full_disk_traces(ctx: Context) -> Verdict:
     would keep the disk full), and the error must name the disk."""
     with ctx.full_disk("disk", 16) as (disk, fsize):
         target = disk / "traces.jsonl"
-        earlier = "".join(json.dumps({"id": i, "prompt": "p", "completion": "c", "completion_ids": [5, 2],
-                                      "answer": "1", "correct": True}) + "\n" for i in range(20))  # fmt: skip
+        earlier = "".join(
+            json.dumps(
+                {"id": i, "prompt": "p", "completion": "c", "completion_ids": [5, 2], "answer": "1", "correct": True}
+            )
+            + "\n"
+            for i in range(20)
+        )
         target.write_text(earlier)
-        changes = {"output": str(target), "sampling.num_generations": 4, "data.limit": 16, "sampling.max_new_tokens": 48}
+        changes = {
+            "output": str(target),
+            "sampling.num_generations": 4,
+            "data.limit": 16,
+            "sampling.max_new_tokens": 48,
+        }
         proc = ctx.run(ctx.entry(*overrides("traces", changes)), 180, fsize=fsize)
         intact = read_text(target) == earlier
         left = sorted(p.name for p in disk.iterdir() if p != target and not p.name.endswith(".lock"))
@@ -218,8 +240,12 @@ def full_disk_traces(ctx: Context) -> Verdict:
     return verdict
 
 
-def train_then(changes_first: dict, prepare: Callable[[Context, Path], None] | None, changes_second: dict,
-               judge: Callable[[Context, Proc], Verdict]):
+def train_then(
+    changes_first: dict,
+    prepare: Callable[[Context, Path], None] | None,
+    changes_second: dict,
+    judge: Callable[[Context, Proc], Verdict],
+):
     """Train once (must succeed), ``prepare`` the folder, train again with ``changes_second``, ``judge`` it."""
 
     def run(ctx: Context) -> Verdict:
@@ -276,47 +302,164 @@ def state_cases() -> list[Case]:
         return judge_result(proc, check)
 
     cases = [
-        Case("state_faults/two-evaluate-one-folder", K, L, "two scripts/evaluate.py runs into one folder at once: "
-             "both exit 0 and samples.jsonl is duplicated (pass@1 doubled)",
-             concurrent("evaluate", {"data.limit": 6, "batch_problems": 1, "sampling.num_generations": 2, "sampling.max_new_tokens": 24},
-                        lambda ctx: samples_problem(ctx, 2, 6), "ok"), 300),
-        Case("state_faults/two-train-one-folder", K, L, "two train.py runs into one output_dir at once: both exit 0, "
-             "steps logged twice", concurrent("train", {"max_steps": 20, "data.limit": 8}, steps_once,
-                                              "data_lost"), 300),
-        Case("state_faults/sigterm-train", K, L, "SIGTERM mid-run (save_steps beyond the run): nothing saved, "
-             "nothing logged; then resume=last", interrupted_train(signal.SIGTERM, 1000), 400),
-        Case("state_faults/sigkill-train-resume", K, C, "SIGKILL mid-run (a checkpoint every step), then resume=last: "
-             "finishes with every step logged once", interrupted_train(signal.SIGKILL, 1), 400),
-        Case("state_faults/sigkill-evaluate-resume", K, C, "SIGKILL mid-evaluation, then the same call: continues, "
-             "every sample once", interrupted_eval(signal.SIGKILL), 300),
-        Case("state_faults/sigterm-evaluate-resume", K, C, "SIGTERM mid-evaluation, then the same call",
-             interrupted_eval(signal.SIGTERM), 300),
-        Case("state_faults/full-disk-train", K, L, "a full disk during a checkpoint save: the error must name the "
-             "disk (was 'basic_ios::clear: iostream error'), nothing half-written", full_disk_train, 240),
-        Case("state_faults/full-disk-evaluate", K, N, "a full disk while scripts/evaluate.py writes its samples",
-             full_disk_eval, 240),
-        Case("state_faults/full-disk-traces-keeps-old", K, N, "a full disk while generate_traces.py replaces an "
-             "earlier traces file", full_disk_traces, 240),
-        Case("state_faults/resume-garbled-metrics", K, C, "resume=last with a damaged last line in metrics.jsonl",
-             train_then(three, garble_metrics, {**three, "resume": "last"}, resumed_ok(3)), 400),
-        Case("state_faults/resume-staging-leftover", K, C, "resume=last with a leftover .staging folder",
-             train_then(three, lambda ctx, out: (out / ".staging" / "checkpoint-9").mkdir(parents=True),
-                        {**six, "resume": "last"}, resumed_ok(6)), 400),
-        Case("state_faults/resume-bare-checkpoint", K, C, "resume=last beside a bare checkpoint-99 (no trainer state)",
-             train_then(three, lambda ctx, out: (out / "checkpoint-99").mkdir(), {**six, "resume": "last"},
-                        resumed_ok(6)), 400),
-        Case("state_faults/resume-raised-max-steps", K, C, "a finished run continued with a higher max_steps",
-             train_then(three, None, {**six, "resume": "last"}, resumed_ok(6)), 400),
-        Case("state_faults/resume-finished", K, C, "resume=last on a finished run: nothing trained, the saved "
-             "evaluation printed", train_then(three, None, {**three, "resume": "last"}, finished_again), 400),
-        Case("state_faults/second-run-refused", K, C, "a second run into a folder holding a run (no resume)",
-             train_then(three, None, three, refused(["output_dir|resume|overwrite"])), 400),
-        refuse("state_faults/resume-not-a-checkpoint", K, C, "resume=<a folder that is no checkpoint>", "train",
-               {"resume": "{work}/nothing"}, ["nothing"], setup=lambda ctx: (ctx.work / "nothing").mkdir()),
-        Case("state_faults/evaluate-reused", K, C, "the same evaluation twice: results reused, not duplicated",
-             reuse_eval),
-        Case("state_faults/evaluate-other-settings", K, C, "another evaluation into a folder of other settings",
-             other_settings_eval),
+        Case(
+            "state_faults/two-evaluate-one-folder",
+            K,
+            L,
+            "two scripts/evaluate.py runs into one folder at once: "
+            "both exit 0 and samples.jsonl is duplicated (pass@1 doubled)",
+            concurrent(
+                "evaluate",
+                {"data.limit": 6, "batch_problems": 1, "sampling.num_generations": 2, "sampling.max_new_tokens": 24},
+                lambda ctx: samples_problem(ctx, 2, 6),
+                "ok",
+            ),
+            300,
+        ),
+        Case(
+            "state_faults/two-train-one-folder",
+            K,
+            L,
+            "two train.py runs into one output_dir at once: both exit 0, steps logged twice",
+            concurrent("train", {"max_steps": 20, "data.limit": 8}, steps_once, "data_lost"),
+            300,
+        ),
+        Case(
+            "state_faults/sigterm-train",
+            K,
+            L,
+            "SIGTERM mid-run (save_steps beyond the run): nothing saved, nothing logged; then resume=last",
+            interrupted_train(signal.SIGTERM, 1000),
+            400,
+        ),
+        Case(
+            "state_faults/sigkill-train-resume",
+            K,
+            C,
+            "SIGKILL mid-run (a checkpoint every step), then resume=last: finishes with every step logged once",
+            interrupted_train(signal.SIGKILL, 1),
+            400,
+        ),
+        Case(
+            "state_faults/sigkill-evaluate-resume",
+            K,
+            C,
+            "SIGKILL mid-evaluation, then the same call: continues, every sample once",
+            interrupted_eval(signal.SIGKILL),
+            300,
+        ),
+        Case(
+            "state_faults/sigterm-evaluate-resume",
+            K,
+            C,
+            "SIGTERM mid-evaluation, then the same call",
+            interrupted_eval(signal.SIGTERM),
+            300,
+        ),
+        Case(
+            "state_faults/full-disk-train",
+            K,
+            L,
+            "a full disk during a checkpoint save: the error must name the "
+            "disk (was 'basic_ios::clear: iostream error'), nothing half-written",
+            full_disk_train,
+            240,
+        ),
+        Case(
+            "state_faults/full-disk-evaluate",
+            K,
+            N,
+            "a full disk while scripts/evaluate.py writes its samples",
+            full_disk_eval,
+            240,
+        ),
+        Case(
+            "state_faults/full-disk-traces-keeps-old",
+            K,
+            N,
+            "a full disk while generate_traces.py replaces an earlier traces file",
+            full_disk_traces,
+            240,
+        ),
+        Case(
+            "state_faults/resume-garbled-metrics",
+            K,
+            C,
+            "resume=last with a damaged last line in metrics.jsonl",
+            train_then(three, garble_metrics, {**three, "resume": "last"}, resumed_ok(3)),
+            400,
+        ),
+        Case(
+            "state_faults/resume-staging-leftover",
+            K,
+            C,
+            "resume=last with a leftover .staging folder",
+            train_then(
+                three,
+                lambda ctx, out: (out / ".staging" / "checkpoint-9").mkdir(parents=True),
+                {**six, "resume": "last"},
+                resumed_ok(6),
+            ),
+            400,
+        ),
+        Case(
+            "state_faults/resume-bare-checkpoint",
+            K,
+            C,
+            "resume=last beside a bare checkpoint-99 (no trainer state)",
+            train_then(
+                three, lambda ctx, out: (out / "checkpoint-99").mkdir(), {**six, "resume": "last"}, resumed_ok(6)
+            ),
+            400,
+        ),
+        Case(
+            "state_faults/resume-raised-max-steps",
+            K,
+            C,
+            "a finished run continued with a higher max_steps",
+            train_then(three, None, {**six, "resume": "last"}, resumed_ok(6)),
+            400,
+        ),
+        Case(
+            "state_faults/resume-finished",
+            K,
+            C,
+            "resume=last on a finished run: nothing trained, the saved evaluation printed",
+            train_then(three, None, {**three, "resume": "last"}, finished_again),
+            400,
+        ),
+        Case(
+            "state_faults/second-run-refused",
+            K,
+            C,
+            "a second run into a folder holding a run (no resume)",
+            train_then(three, None, three, refused(["output_dir|resume|overwrite"])),
+            400,
+        ),
+        refuse(
+            "state_faults/resume-not-a-checkpoint",
+            K,
+            C,
+            "resume=<a folder that is no checkpoint>",
+            "train",
+            {"resume": "{work}/nothing"},
+            ["nothing"],
+            setup=lambda ctx: (ctx.work / "nothing").mkdir(),
+        ),
+        Case(
+            "state_faults/evaluate-reused",
+            K,
+            C,
+            "the same evaluation twice: results reused, not duplicated",
+            reuse_eval,
+        ),
+        Case(
+            "state_faults/evaluate-other-settings",
+            K,
+            C,
+            "another evaluation into a folder of other settings",
+            other_settings_eval,
+        ),
     ]
     R = "round3"
     two = {"max_steps": 2, "save_steps": 1}
@@ -337,7 +480,9 @@ def state_cases() -> list[Case]:
                 problem = steps_problem(out, 3)
                 if problem:
                     return problem
-                return None if re.search(r"checkpoint-2 is damaged", proc.err) else "no line named the damaged checkpoint"
+                return (
+                    None if re.search(r"checkpoint-2 is damaged", proc.err) else "no line named the damaged checkpoint"
+                )
 
             return judge_result(proc, check)
 
@@ -359,7 +504,9 @@ def state_cases() -> list[Case]:
         if first.rc != 0:
             return Verdict("crash", f"the first run failed: {failure_message(first.err)[:300]}")
         truncate("model.safetensors")(out / "checkpoint-2")
-        proc = ctx.run(ctx.entry(*overrides("train", {**two, "max_steps": 3, "resume": str(out / "checkpoint-2")})), 240)
+        proc = ctx.run(
+            ctx.entry(*overrides("train", {**two, "max_steps": 3, "resume": str(out / "checkpoint-2")})), 240
+        )
         return judge_refusal(proc, ["model.safetensors"])
 
     def export_damaged(ctx: Context) -> Verdict:
@@ -386,29 +533,87 @@ def state_cases() -> list[Case]:
         return run
 
     cases += [
-        refuse("state_faults/refused-run-leaves-no-folder", K, R, "resume=<missing> into a new output_dir: refused, "
-               "but the folder was created with a .run.lock in it", "train", {"resume": "{work}/missing"},
-               ["missing"], must_not_exist=["{work}/out"]),
-        Case("state_faults/resume-another-run", K, R, "resume=<another run's checkpoint> output_dir=<new> "
-             "learning_rate=1e-3: accepted, trains at the other run's 2e-6",
-             resume_other({"learning_rate": 0.001}, ["another run"]), 400),
-        Case("state_faults/resume-another-architecture", K, R, "resume=<a tiny-llama run's checkpoint> with "
-             "model=tiny-qwen2: an optimizer param-group traceback",
-             resume_other({"model": "tiny-qwen2", "output_dir": "{work}/first"}, ["model"]), 400),
-        Case("state_faults/resume-changed-learning-rate", K, R, "resume=last with another learning_rate: the "
-             "checkpoint's optimizer and scheduler keep the old one, silently",
-             train_then({"max_steps": 1}, None, {"max_steps": 2, "resume": "last", "learning_rate": 0.001},
-                        refused(["learning_rate"])), 400),
-        Case("state_faults/checkpoint-truncated-model", K, R, "the newest checkpoint's model.safetensors truncated: "
-             "a traceback naming no file, and it still counted as complete for resume=last",
-             damaged_then_resumed(truncate("model.safetensors")), 500),
-        Case("state_faults/checkpoint-truncated-optimizer", K, R, "the newest checkpoint's optimizer.pt truncated: "
-             "torch's reader error", damaged_then_resumed(truncate("optimizer.pt")), 500),
-        Case("state_faults/checkpoint-garbage-trainer-state", K, R, "garbage in the newest checkpoint's "
-             "trainer_state.json: one line naming no file", damaged_then_resumed(garbage), 500),
-        Case("state_faults/resume-damaged-checkpoint", K, R, "resume=<a checkpoint whose model.safetensors is "
-             "truncated>: a traceback naming no file", resume_damaged, 400),
-        Case("state_faults/export-damaged-model", K, R, "gkv-train export of a run whose model.safetensors is "
-             "truncated: a traceback naming no file", export_damaged, 400),
+        refuse(
+            "state_faults/refused-run-leaves-no-folder",
+            K,
+            R,
+            "resume=<missing> into a new output_dir: refused, but the folder was created with a .run.lock in it",
+            "train",
+            {"resume": "{work}/missing"},
+            ["missing"],
+            must_not_exist=["{work}/out"],
+        ),
+        Case(
+            "state_faults/resume-another-run",
+            K,
+            R,
+            "resume=<another run's checkpoint> output_dir=<new> "
+            "learning_rate=1e-3: accepted, trains at the other run's 2e-6",
+            resume_other({"learning_rate": 0.001}, ["another run"]),
+            400,
+        ),
+        Case(
+            "state_faults/resume-another-architecture",
+            K,
+            R,
+            "resume=<a tiny-llama run's checkpoint> with model=tiny-qwen2: an optimizer param-group traceback",
+            resume_other({"model": "tiny-qwen2", "output_dir": "{work}/first"}, ["model"]),
+            400,
+        ),
+        Case(
+            "state_faults/resume-changed-learning-rate",
+            K,
+            R,
+            "resume=last with another learning_rate: the "
+            "checkpoint's optimizer and scheduler keep the old one, silently",
+            train_then(
+                {"max_steps": 1},
+                None,
+                {"max_steps": 2, "resume": "last", "learning_rate": 0.001},
+                refused(["learning_rate"]),
+            ),
+            400,
+        ),
+        Case(
+            "state_faults/checkpoint-truncated-model",
+            K,
+            R,
+            "the newest checkpoint's model.safetensors truncated: "
+            "a traceback naming no file, and it still counted as complete for resume=last",
+            damaged_then_resumed(truncate("model.safetensors")),
+            500,
+        ),
+        Case(
+            "state_faults/checkpoint-truncated-optimizer",
+            K,
+            R,
+            "the newest checkpoint's optimizer.pt truncated: torch's reader error",
+            damaged_then_resumed(truncate("optimizer.pt")),
+            500,
+        ),
+        Case(
+            "state_faults/checkpoint-garbage-trainer-state",
+            K,
+            R,
+            "garbage in the newest checkpoint's trainer_state.json: one line naming no file",
+            damaged_then_resumed(garbage),
+            500,
+        ),
+        Case(
+            "state_faults/resume-damaged-checkpoint",
+            K,
+            R,
+            "resume=<a checkpoint whose model.safetensors is truncated>: a traceback naming no file",
+            resume_damaged,
+            400,
+        ),
+        Case(
+            "state_faults/export-damaged-model",
+            K,
+            R,
+            "gkv-train export of a run whose model.safetensors is truncated: a traceback naming no file",
+            export_damaged,
+            400,
+        ),
     ]
     return cases

@@ -113,7 +113,7 @@ def make_states(seed: int):
     B, H = len(PROMPTS), KV_HEADS * GROUP
     centers = torch.randn(LAYERS, KV_HEADS, 6, HEAD_DIM, generator=g)
     pick = torch.randint(0, 6, (LAYERS, B, KV_HEADS, T), generator=g)
-    keys = torch.stack([centers[l, h][pick[l, :, h]] for l in range(LAYERS) for h in range(KV_HEADS)])
+    keys = torch.stack([centers[i, h][pick[i, :, h]] for i in range(LAYERS) for h in range(KV_HEADS)])
     keys = keys.view(LAYERS, KV_HEADS, B, T, HEAD_DIM).transpose(1, 2)
     keys = 1.2 * keys + torch.randn(LAYERS, B, KV_HEADS, T, HEAD_DIM, generator=g)
     queries = 0.8 * keys.repeat_interleave(GROUP, dim=2).roll(3, dims=3)
@@ -154,10 +154,15 @@ def run_case(reference, ref_kwargs, queries, keys):
     values = torch.zeros_like(keys)
     state = []
     for layer in range(LAYERS):
-        state.append(dict(
-            keys=keys[layer, :, :, :P], values=values[layer, :, :, :P], queries=queries[layer, :, :, P - window : P],
-            pos=torch.arange(P).expand(B, KV_HEADS, P).clone(), score=None,
-        ))  # fmt: skip
+        state.append(
+            dict(
+                keys=keys[layer, :, :, :P],
+                values=values[layer, :, :, :P],
+                queries=queries[layer, :, :, P - window : P],
+                pos=torch.arange(P).expand(B, KV_HEADS, P).clone(),
+                score=None,
+            )
+        )
     results = []
     for step in range(NEW_TOKENS):  # forward 0 is the prefill; forward j feeds generated token j (1-based)
         if step > 0:
@@ -177,10 +182,15 @@ def run_case(reference, ref_kwargs, queries, keys):
             ranked = []
             with capture_topk(ranked):
                 out = compressor.update_kv(
-                    key_states=s["keys"], query_states=s["queries"], value_states=s["values"],
-                    pos_ids_cache=None if streaming else s["pos"], cur_len=length, attention_mask=mask[:, :length],
-                    unfinished_sequences=torch.ones(B, dtype=torch.long), score_cache=s["score"],
-                )  # fmt: skip
+                    key_states=s["keys"],
+                    query_states=s["queries"],
+                    value_states=s["values"],
+                    pos_ids_cache=None if streaming else s["pos"],
+                    cur_len=length,
+                    attention_mask=mask[:, :length],
+                    unfinished_sequences=torch.ones(B, dtype=torch.long),
+                    score_cache=s["score"],
+                )
             new_keys, new_values, new_pos, new_score = out
             compressed = new_keys.shape[2] < keys_seen
             if streaming and compressed:  # StreamingLLMKV keeps no positions: the first sinks and the last window
@@ -226,17 +236,28 @@ def main() -> None:
 
     queries, keys = make_states(args.seed)
     fixture = dict(
-        source="microsoft/G-KV@6db3b2e", seed=args.seed, budget=BUDGET, window=WINDOW, interval=INTERVAL,
-        prompt_lengths=list(PROMPTS), new_tokens=NEW_TOKENS, queries=queries, keys=keys,
-        redundancy_kernel="triton-interpreter" if triton_kernel else "torch-restatement", cases={},
-    )  # fmt: skip
+        source="microsoft/G-KV@6db3b2e",
+        seed=args.seed,
+        budget=BUDGET,
+        window=WINDOW,
+        interval=INTERVAL,
+        prompt_lengths=list(PROMPTS),
+        new_tokens=NEW_TOKENS,
+        queries=queries,
+        keys=keys,
+        redundancy_kernel="triton-interpreter" if triton_kernel else "torch-restatement",
+        cases={},
+    )
     for name, (ref_kwargs, project) in CASES.items():
         results = run_case(reference, ref_kwargs, queries, keys)
         ties = sum(int(t.sum()) for _, _, t in results)
         fixture["cases"][name] = dict(
-            reference=ref_kwargs, project=dict(project, budget=BUDGET, interval=INTERVAL, **({} if name == "h2o" else {"window": WINDOW})),
-            steps=[s for s, _, _ in results], kept=[k for _, k, _ in results], ties=[t for _, _, t in results],
-        )  # fmt: skip
+            reference=ref_kwargs,
+            project=dict(project, budget=BUDGET, interval=INTERVAL, **({} if name == "h2o" else {"window": WINDOW})),
+            steps=[s for s, _, _ in results],
+            kept=[k for _, k, _ in results],
+            ties=[t for _, _, t in results],
+        )
         print(f"{name}: {len(results)} compressions, {ties} boundary ties")
     args.output.parent.mkdir(parents=True, exist_ok=True)
     torch.save(fixture, args.output)

@@ -379,8 +379,13 @@ def main():
     if ARGS.max_cases:
         cases = cases[: ARGS.max_cases]
     methods = [m for m in ARGS.methods.split(",") if m]
-    result = {"args": vars(ARGS), "cases_digest": cases_digest(cases), "model_check": model_check(model_dir, cases),
-              "runs": {}, "recipes": {}}
+    result = {
+        "args": vars(ARGS),
+        "cases_digest": cases_digest(cases),
+        "model_check": model_check(model_dir, cases),
+        "runs": {},
+        "recipes": {},
+    }
     for name in methods:
         compression = recipe(name, ARGS.budget, ARGS.window, ARGS.interval)
         result["recipes"][name] = compression

@@ -4,8 +4,8 @@
 ``AttentionMaskInterface``) under ``ATTENTION_NAME``. A model set to it behaves exactly like ``sdpa`` unless a
 forward call passes ``kv_context=...``: an object with an ``attend(module, query, key, value, attention_mask,
 scaling, dropout)`` method, which then owns the attention of every layer (it reads ``module.layer_idx``). The
-rollout caches and the records' attention contexts (masks) are such contexts. No modeling file is forked and no library global is
-patched.
+rollout caches and the records' attention contexts (masks) are such contexts. No modeling file is forked and no
+library global is patched.
 """
 
 from __future__ import annotations
@@ -33,12 +33,21 @@ class AttentionContext(Protocol):
 
 
 def kv_attention(
-    module, query, key, value, attention_mask, scaling=None, dropout=0.0, kv_context: AttentionContext | None = None,
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    scaling=None,
+    dropout=0.0,
+    kv_context: AttentionContext | None = None,
     **kwargs,
 ):
     """query [B, H, Q, D], key/value [B, Hkv, K, D] (after RoPE) -> (out [B, Q, H, D], None)."""
     if kv_context is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
     if kwargs.get("sliding_window") is not None:
         raise NotImplementedError("compressed-cache attention does not support sliding-window layers")
     return kv_context.attend(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout)
@@ -61,7 +70,9 @@ def sdpa_with_head_mask(query, key, value, mask, scaling, dropout=0.0):
             query.reshape(B * Hkv, groups, Q, D),
             key.reshape(B * Hkv, 1, K, D).expand(-1, groups, -1, -1),
             value.reshape(B * Hkv, 1, K, value.shape[-1]).expand(-1, groups, -1, -1),
-            attn_mask=mask.reshape(B * Hkv, 1, Q, K), dropout_p=dropout, scale=scaling,
+            attn_mask=mask.reshape(B * Hkv, 1, Q, K),
+            dropout_p=dropout,
+            scale=scaling,
         ).reshape(B, H, Q, -1)  # a kernel may return another layout (CUDA's memory-efficient one does)
     else:
         out = F.scaled_dot_product_attention(

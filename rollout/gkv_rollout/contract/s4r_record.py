@@ -56,8 +56,13 @@ class S4RRecord:
     def roll_layers(self, shift: int) -> "S4RRecord":
         """The record with every layer's bases and selections moved ``shift`` layers (a control)."""
         return S4RRecord(
-            self.bases_k.roll(shift, 1), self.bases_v.roll(shift, 1), self.selected.roll(shift, 1),
-            self.prompt_lengths, self.sinks, self.key_rank, self.value_rank,
+            self.bases_k.roll(shift, 1),
+            self.bases_v.roll(shift, 1),
+            self.selected.roll(shift, 1),
+            self.prompt_lengths,
+            self.sinks,
+            self.key_rank,
+            self.value_rank,
         )
 
     def to_batch(self) -> dict[str, torch.Tensor]:
@@ -134,7 +139,10 @@ class S4RMasks:
         cos, sin = self.rotary(value, self.positions)
         pre = heads_to_concat(inverse_rope(key, cos, sin))  # [B, T, D']
         bk, bv = self.record.bases_k[:, layer].to(pre.dtype), self.record.bases_v[:, layer].to(pre.dtype)
-        ck, cv = self.stored_columns(pre @ bk, self.record.key_rank), self.stored_columns(heads_to_concat(value) @ bv, self.record.value_rank)
+        ck, cv = (
+            self.stored_columns(pre @ bk, self.record.key_rank),
+            self.stored_columns(heads_to_concat(value) @ bv, self.record.value_rank),
+        )
         key_hat = apply_rope(concat_to_heads(ck @ bk.transpose(-1, -2), heads), cos, sin)
         value_hat = concat_to_heads(cv @ bv.transpose(-1, -2), heads)
         keys, values = torch.cat([key, key_hat], dim=2), torch.cat([value, value_hat], dim=2)
