@@ -17,9 +17,11 @@ those set from the project's keys (``max_completion_length`` from ``sampling.max
 
 import signal
 
-from gkv_rewards.process import die_with_parent, launched_by_agent
+from gkv_rewards.process import die_with_parent, started_by_launcher
 
-if __name__ == "__main__" and launched_by_agent():  # first of all: a killed launcher / agent stops its workers
+if (
+    __name__ == "__main__" and started_by_launcher()
+):  # first of all: a killed launcher (torchrun's agent) stops its workers
     die_with_parent(signum=signal.SIGTERM)  # which stop at the end of their step, with a checkpoint
 
 from gkv_train.cli import train  # noqa: E402

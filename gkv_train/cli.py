@@ -268,9 +268,11 @@ def main(argv: list[str] | None = None) -> None:
     if command == "train":
         import signal
 
-        from gkv_rewards.process import die_with_parent, launched_by_agent
+        from gkv_rewards.process import die_with_parent, started_by_launcher
 
-        if launched_by_agent():  # first of all: a killed launcher / agent stops its workers (with a checkpoint)
+        if (
+            started_by_launcher()
+        ):  # first of all: a killed launcher (torchrun's agent) stops its workers (with a checkpoint)
             die_with_parent(signum=signal.SIGTERM)
     sys.argv = [f"{sys.argv[0]} {command}", *rest]
     if command == "train":

@@ -224,7 +224,7 @@ def main() -> None:
         choices=["group", "num_generations", "n_samples"],
         default="group",
         help="how evaluate.py names its sampling keys: the sampling group (sampling.num_generations, "
-        "...; since 2026-12-03), or flat keys with this sample-count key (earlier versions)",
+        "...), or flat keys with this sample-count key (a checkout of the flat layout)",
     )
     parser.add_argument("--plan-only", action="store_true", help="print the runs still to do and stop")
     parser.add_argument(

@@ -11,8 +11,8 @@
   every token each step (``rho=1``);
 * persistent cache bytes of S4R against the full cache at the prompt length;
 * ``--memory-share`` (alone): the persistent-memory share S4R reaches at the end of a long generation with the
-  rank solved at the prompt's length (``expected_length=0``, the meaning of ``eta`` before 2026-12-03) and at
-  the end of the generation (the default now), against the ``eta`` asked;
+  rank solved at the prompt's length (``expected_length=0``, the paper's setting) and at the end of the
+  generation (the default), against the ``eta`` asked;
 * ``--refresh N`` (alone): along one generation of ``--new-tokens`` (sampled with the full cache, then replayed
   through S4R with and without ``refresh=N``), the relative reconstruction error ||x - x B_r B_r^T|| / ||x|| of
   every generated token's pre-RoPE key and value (per layer, with the rank it was stored with), by 128-token

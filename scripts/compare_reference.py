@@ -76,7 +76,7 @@ try:  # this layout: one package
     from gkv_rollout.contract.eviction import NEVER
     from gkv_rollout.engine import RolloutEngine, encode_prompts
     from gkv_train.data import PROMPT_TEMPLATE
-except ModuleNotFoundError:  # an older tree given as --project-root (f27a70f, the "before" of issue 8)
+except ModuleNotFoundError:  # a tree of the single-package layout given as --project-root (e.g. f27a70f)
     from rollout.config import CompressionConfig, SamplingConfig
     from rollout.engine import RolloutEngine, encode_prompts
 
@@ -90,8 +90,8 @@ REFERENCE_SCRIPT = ROOT / "scripts" / "reference" / "reference_generation.py"
 def project_config(name: str, budget: int, window: int, interval: int) -> CompressionConfig:
     """The project's CompressionConfig equal to the reference recipe ``name`` (see the module docstring)."""
     common = dict(budget=budget, window=window, interval=interval)
-    # flat option names: CompressionConfig.of since the options were grouped (2026-12-03), the constructor before
-    # (--project-root may name an older checkout)
+    # flat option names: CompressionConfig.of where the options are grouped, else the constructor (--project-root
+    # may name a checkout of the flat layout)
     build = getattr(CompressionConfig, "of", CompressionConfig)
     if name == "streaming":
         return build("streaming", sinks=4, **common)

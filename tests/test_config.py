@@ -342,7 +342,7 @@ def test_trainer_arguments_are_trl_dataclasses_extended():
 
 def test_trl_generation_options_the_engine_lacks_are_refused():
     """top_k, repetition_penalty, ... are GRPOConfig fields that only TRL's own generation reads: refused with the
-    rollout engine (they used to pass through and be ignored), accepted with use_vllm; report_to of a wrong kind
+    rollout engine (not passed through to be ignored), accepted with use_vllm; report_to of a wrong kind
     is a refusal, not a traceback; evaluation's schema does not import TRL."""
     import subprocess
     import sys
@@ -443,7 +443,7 @@ def test_s4r_refresh_within_the_generation_and_counted_in_memory():
 
 
 def test_lora_options_are_checked_and_range_edges_accepted():
-    """lora.r=0 used to fail only once the model had loaded. Controls: the edges of each range run
+    """lora.r=0 is refused with the configuration, before the model loads. Controls: the edges of each range run
     (max_grad_norm=0 is transformers' "no clipping")."""
     from gkv_train.run_config import LoraOptions, TrainConfig
 
@@ -460,7 +460,7 @@ def test_lora_options_are_checked_and_range_edges_accepted():
 
 
 def test_rl_full_with_a_compressing_method_is_refused_unless_the_dense_learner_is_asked_for():
-    """recipe=rl_full compression.method=s4r used to roll out compressed and train without the record, silently;
+    """recipe=rl_full compression.method=s4r would roll out compressed and train without the record, silently:
     it runs only with rl.train_with_record=false given (the dense-learner baseline)."""
     from gkv_train.run_config import SparseRLOptions, TrainConfig
 

@@ -154,8 +154,8 @@ def test_local_files_leave_no_datasets_cache(tmp_path, monkeypatch):
 
 
 def test_limit_below_one_is_refused(tmp_path):
-    """data.limit=0 used to become 256 problems of the built-in task (and crash in a file's plot); -1 looped forever
-    on the built-in task and dropped a file's last record. Control: a file's limit is taken as given."""
+    """data.limit=0 and -1 are refused (not read as the default 256, not a loop without end, not a file's last
+    record dropped). Control: a file's limit is taken as given."""
     for limit in (0, -1):
         with pytest.raises(ValueError, match=f"data.limit must be at least 1, or null for every problem; got {limit}"):
             load_problems(DataConfig(limit=limit))
@@ -169,8 +169,8 @@ def test_limit_below_one_is_refused(tmp_path):
 
 def test_builtin_task_size_is_known_and_never_exceeded():
     """The generator's space is finite (level 0: 14 names x 10 items x 19 numbers): asking for more than the train
-    split can give (the space less the held-out test problems) is an error that says how many it can, where it
-    used to loop forever; the count is exact (the generator reaches every problem it counts)."""
+    split can give (the space less the held-out test problems) is an error that says how many it can, not a loop
+    without end; the count is exact (the generator reaches every problem it counts)."""
     import random
 
     from gkv_train.data import _problem, problem_count
@@ -217,8 +217,8 @@ def test_a_folder_named_like_a_data_file_and_empty_questions_are_named(tmp_path)
     ],
 )
 def test_prompt_templates_that_cannot_format_a_problem_are_refused(template, message):
-    """A template is checked with its configuration (it used to fail with a KeyError at the first prompt, or, with
-    no {problem}, to give every problem the same prompt); the shipped one and escaped braces pass."""
+    """A template is checked with its configuration (not a KeyError at the first prompt; not, without {problem}, the
+    same prompt for every problem); the shipped one and escaped braces pass."""
     with pytest.raises(ValueError, match=re.escape(f"data.prompt_template={template!r} {message}")):
         DataConfig(prompt_template=template).check()
     with pytest.raises(ValueError, match=re.escape(f"eval_data.prompt_template={template!r} {message}")):

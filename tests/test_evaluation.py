@@ -305,8 +305,8 @@ def evaluate_py(args, cwd=ROOT, **kwargs):
 
 
 def test_a_second_evaluation_into_a_live_folder_is_refused(tmp_path):
-    """Two evaluations into one output_dir used to both run, appending every batch twice to samples.jsonl: the
-    second is now refused at once (exit 2), naming the first's PID and start time, and the first's results are
+    """Two evaluations into one output_dir would both append every batch to samples.jsonl: the second is refused
+    at once (exit 2), naming the first's PID and start time, and the first's results are
     those of a lone run; the folder's lock goes with its holder."""
     out, gate, started = tmp_path / "out", tmp_path / "gate", tmp_path / "started"
     args = [
@@ -366,8 +366,8 @@ def test_a_second_evaluation_into_a_live_folder_is_refused(tmp_path):
     ],
 )
 def test_evaluate_refuses_before_any_work(tmp_path, weightless_model, override, message):
-    """Values never silently replaced (budgets=[0] used to run at 2048, an S4R rank above D' was cut to it but
-    recorded as given), limits checked before the model loads (a model without weights): one line, exit 2, no
+    """Values never silently replaced (budgets=[0] not run at 2048, an S4R rank above D' not cut to it and recorded
+    as given), limits checked before the model loads (a model without weights): one line, exit 2, no
     output folder."""
     (tmp_path / "a_file").write_text("")
     out = tmp_path / "out"

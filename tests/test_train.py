@@ -707,8 +707,8 @@ def test_bad_config_fails_clearly(tmp_path, weightless_model, override, message)
 
 
 def test_traces_output_is_checked_before_generation(tmp_path, weightless_model):
-    """A folder given as the traces file is refused before the teacher loads (it used to fail once generation was
-    done, losing it)."""
+    """A folder given as the traces file is refused before the teacher loads (not once generation is done, losing
+    it)."""
     command = [
         sys.executable,
         str(ROOT / "scripts" / "generate_traces.py"),
@@ -774,7 +774,7 @@ def test_traces_check_errors_are_counted_named_and_marked(tmp_path):
 
 def test_a_traces_file_in_use_is_refused(tmp_path, weightless_model):
     """One generate_traces.py call per output file: a second one writing the file a live process holds is refused
-    at once, naming the holder (it used to write over it); another file of the same folder stays free (control)."""
+    at once, naming the holder (not written over); another file of the same folder stays free (control)."""
     target = tmp_path / "traces.jsonl"
     with RunLock.acquire_file(target, "output"):
         proc = subprocess.run(
@@ -813,7 +813,7 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 def test_a_full_disk_keeps_the_earlier_traces_and_leaves_no_temporary_file(tmp_path):
     """A traces file is replaced through a temporary file and a rename: when the write fails on a full disk, the
-    earlier file stays whole, the partial temporary file is removed (it used to stay, holding the disk), and the
+    earlier file stays whole, the partial temporary file is removed (it would hold the disk), and the
     error names the disk, its free space and what the traces need."""
     target = tmp_path / "traces.jsonl"
     target.write_text('{"id": 0, "prompt": "p", "completion": "c", "completion_ids": [5, 2]}\n')

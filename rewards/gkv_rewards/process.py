@@ -28,7 +28,7 @@ def die_with_parent(parent_pid: int | None = None, signum: int = signal.SIGKILL)
         os._exit(1)
 
 
-def launched_by_agent() -> bool:
+def started_by_launcher() -> bool:
     """Whether this process was started by a launcher (``accelerate launch``, ``torch.distributed.run``), which
     sets the rendezvous variables; a plain ``python train.py`` is left alone (``nohup`` keeps working)."""
     return "MASTER_ADDR" in os.environ or "LOCAL_RANK" in os.environ

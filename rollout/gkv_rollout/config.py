@@ -49,9 +49,9 @@ class S4ROptions:
         ``expected_length`` tokens; ``eta`` also sets the share of prompt tokens sampled for the bases and ``rho``
         by default. The achieved share of each sample is reported (``memory_share``).
     expected_length: sequence length (prompt + completion) at which ``eta`` holds; None: each prompt's length +
-        ``max_new_tokens`` (the end of the longest generation); 0: the prompt's length (the paper's setting and this
-        project's meaning before 2026-12-03: prompt-only workloads; over a long generation the share then falls,
-        e.g. 0.2 asked, ~0.08 after 1024 tokens on a 146-token prompt).
+        ``max_new_tokens`` (the end of the longest generation); 0: the prompt's length (the paper's setting, for
+        prompt-only workloads; over a long generation the share then falls, e.g. 0.2 asked, ~0.08 after 1024 tokens
+        on a 146-token prompt).
     rank, rank_v: key / value ranks (None: from ``eta``; ``rank_v`` defaults to ``rank``).
     refresh: bases that follow the generation (an extension beyond the paper; 0, the default: off, the paper's
         bases from the prompt alone): every ``refresh`` generated tokens each layer's key and value bases gain the
