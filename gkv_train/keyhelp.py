@@ -78,8 +78,33 @@ def rows(cls: type, prefix: str = "", defaults=None) -> list[tuple[str, str, str
         if dataclasses.is_dataclass(default):
             found += rows(type(default), f"{prefix}{f.name}.", default)
             continue
+        if f.name == "options" and getattr(cls, "__name__", "") == "CompressionConfig":
+            found += method_option_rows(f"{prefix}{f.name}.")
+            continue
         kind = f.metadata.get("type", hints.get(f.name, f.type))  # a TRL field: its own type, not the schema's
         found.append((prefix + f.name, type_name(kind), repr(default), helps.get(f.name, "")))
+    return found
+
+
+def method_option_rows(prefix: str) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, help) of every registered method's own options (``compression.options.*``): each name
+    once, with the methods that have it and, where they differ, each one's default."""
+    from gkv_rollout.methods import registered
+
+    by_name: dict[str, list] = {}
+    for kind in registered().values():
+        hints = typing.get_type_hints(kind.Options)
+        helps = field_help(kind.Options)
+        for f in dataclasses.fields(kind.Options):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            by_name.setdefault(f.name, []).append((kind.name, type_name(hints[f.name]), default, helps.get(f.name, "")))
+    found = []
+    for name, entries in by_name.items():
+        methods = ", ".join(method for method, *_ in entries)
+        defaults = {repr(default) for _, _, default, _ in entries}
+        default = entries[0][2] if len(defaults) == 1 else ", ".join(f"{m}: {d!r}" for m, _, d, _ in entries)
+        text = f"[{methods}] {entries[0][3]}"
+        found.append((prefix + name, entries[0][1], repr(default) if len(defaults) == 1 else default, text))
     return found
 
 

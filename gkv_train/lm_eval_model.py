@@ -200,7 +200,7 @@ def model_args_compression(method: str, options: dict) -> CompressionConfig:
     """The ``CompressionConfig`` of lm-eval model arguments: ``method`` and compression options by their flat
     names (``lambda`` for ``lambda_``), each converted to its field's type. ValueError for an unknown argument
     ("did you mean"), a value of the wrong type, or an option the method does not read."""
-    kinds = {f.name: kind for f, kind in flat_fields() if f.name != "method"}
+    kinds = {name: kind for name, kind, _ in flat_fields() if name != "method"}
     converted = {}
     for key, value in options.items():
         name = "lambda_" if key == "lambda" else key

@@ -1,9 +1,9 @@
 """Limits a job checks before any work, from the model's configuration and tokenizer (never its weights).
 
 ``check_generations`` checks every kind of ``generate`` call a job will make: each prompt plus its new tokens
-within the model's context (``max_position_embeddings``), an S4R rank within what the model's bases can hold,
-prompts longer than S4R's sinks, and the memory the rollout's cache and record will take (estimated from the
-configuration) within the memory free on the device.
+within the model's context (``max_position_embeddings``), what each method asks of the model and the prompts
+(``Method.check_model``, ``Method.check_prompts``: S4R's ranks, prompts longer than its sinks), and the memory the
+rollout's cache and record will take (``Method.cache_bytes``) within the memory free on the device.
 """
 
 from __future__ import annotations
@@ -14,36 +14,10 @@ import sys
 from dataclasses import dataclass
 
 from gkv_rollout.config import CompressionConfig
+from gkv_rollout.methods import ModelShape
 from gkv_train.storage import size_text
 
 NEAR_LIMIT = 64  # tokens: prompts estimated this close to the context are tokenised exactly (chat template)
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """What a model's configuration says about its context and cache: ``context`` (max_position_embeddings;
-    None when the configuration gives none), layers, query and KV heads, head dim."""
-
-    name: str
-    context: int | None
-    layers: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-
-    @classmethod
-    def of(cls, name: str, config) -> ModelShape:
-        config = getattr(config, "text_config", None) or config
-        heads = config.num_attention_heads
-        kv_heads = getattr(config, "num_key_value_heads", None) or heads
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        context = getattr(config, "max_position_embeddings", None)
-        return cls(name, context, config.num_hidden_layers, heads, kv_heads, head_dim)
-
-    @property
-    def latent_dim(self) -> int:
-        """D' = KV heads x head dim: the most columns an S4R basis can have."""
-        return self.kv_heads * self.head_dim
 
 
 @dataclass
@@ -83,14 +57,13 @@ def check_generations(
         if shape.context is not None:
             check_context(shape, gen, lengths, skipped, new)
         for compression in gen.compressions:
-            resolved = compression.resolved()
-            if compression.method == "s4r" and min(lengths) <= resolved.sinks:
-                short = gen.ids[min(range(len(lengths)), key=lengths.__getitem__)]
-                raise ValueError(
-                    f"s4r needs prompts longer than its {resolved.sinks} sinks (compression.sinks); the "
-                    f"prompt of problem {short} in the {gen.what} has {min(lengths)} tokens"
-                )
-            size = rollout_bytes(shape, resolved, gen.rows, max(lengths), max(new), dtype_bytes)
+            short = gen.ids[min(range(len(lengths)), key=lengths.__getitem__)]
+            compression.kind.check_prompts(
+                compression.settings, min(lengths), f"the prompt of problem {short} in the {gen.what}"
+            )
+            size = compression.kind.cache_bytes(
+                compression.settings, shape, gen.rows, max(lengths), max(new), dtype_bytes
+            )
             if size > need:
                 need, biggest = size, (gen, compression)
     if biggest is not None:
@@ -117,22 +90,9 @@ def check_task_contexts(model: str, datas: dict) -> None:
 
 
 def check_ranks(shape: ModelShape, compressions: list[CompressionConfig]) -> None:
-    """S4R ranks within the model's D' (a larger one would be cut to D', and the run recorded as what was given),
-    and its ``full_layers`` among the model's layers (another index would be ignored)."""
+    """Each method's options within what the model allows (``Method.check_model``: S4R's ranks and full layers)."""
     for c in compressions:
-        beyond = [layer for layer in c.s4r.full_layers if layer >= shape.layers] if c.method == "s4r" else []
-        if beyond:
-            raise ValueError(
-                f"compression.s4r.full_layers={list(c.s4r.full_layers)}: {shape.name} has layers 0-{shape.layers - 1}"
-            )
-        for key in ("rank", "rank_v"):
-            value = getattr(c.s4r, key)
-            if c.method == "s4r" and value is not None and value > shape.latent_dim:
-                raise ValueError(
-                    f"compression.s4r.{key}={value} exceeds what {shape.name} allows: an S4R basis has at most KV "
-                    "heads x "
-                    f"head dim = {shape.kv_heads} x {shape.head_dim} = {shape.latent_dim} columns"
-                )
+        c.kind.check_model(c.settings, shape)
 
 
 def prompt_tokens(tokenizer, prompts: list[str], context: int | None) -> tuple[list[int], set[int]]:
@@ -181,27 +141,9 @@ def check_context(shape: ModelShape, gen: Generation, lengths: list[int], skippe
 
 def rollout_bytes(shape: ModelShape, c: CompressionConfig, rows: int, prompt: int, new: int, dtype_bytes: int) -> int:
     """Estimated bytes of one rollout's cache, record and per-token buffers: ``rows`` sequences of ``prompt``
-    (the padded width) + ``new`` tokens under the resolved compression ``c``, cache entries of ``dtype_bytes``.
-
-    full: K and V of every token (2 x layers x KV heads x head dim x bytes per token and row); eviction methods:
-    of at most max(prompt, budget) + interval slots, plus the int32 record of every position per layer and KV head
-    and the slots' positions and scores; s4r: the prompt's exact K and V during prefill, then float32
-    coefficients at rank <= D' per token (keys and values), the window's float64 score sums, the bit-packed
-    selections of every generated token, and with ``refresh`` the last ``refresh`` tokens' float32 pre-RoPE keys
-    and values. Plus the sampled tokens and their log-probs (12 bytes per token)."""
-    L, H, G, D = shape.layers, shape.kv_heads, shape.heads // shape.kv_heads, shape.head_dim
-    total = prompt + new
-    per_token = 2 * L * H * D * dtype_bytes
-    if c.method == "s4r":
-        rank = max(c.s4r.rank or 0, c.s4r.rank_v or 0) or shape.latent_dim  # the eta rank is at most D'
-        size = prompt * per_token + L * total * (2 * rank * 4 + G * 8) + L * new * (total + 7) // 8
-        size += 2 * L * min(c.s4r.refresh, new) * H * D * 4
-    elif c.compresses:
-        slots = min(total, max(prompt, c.budget) + c.interval)
-        size = slots * per_token + L * H * (total * 4 + slots * 12)
-    else:
-        size = total * per_token
-    return rows * (size + new * 12)
+    (the padded width) + ``new`` tokens under the compression ``c``, cache entries of ``dtype_bytes``
+    (``Method.cache_bytes``)."""
+    return c.kind.cache_bytes(c.settings, shape, rows, prompt, new, dtype_bytes)
 
 
 def available_memory(device: str) -> tuple[int, str]:

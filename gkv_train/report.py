@@ -7,7 +7,7 @@ import collections
 import zlib
 from pathlib import Path
 
-from gkv_rollout.methods import METHODS
+from gkv_rollout.methods import registered
 
 MARKERS = "osD^vP*Xh<>p"
 
@@ -37,10 +37,10 @@ def results_table(summaries: list[dict]) -> str:
 
 def method_style(method: str) -> dict:
     """One colour and marker per method in every figure: the full cache black, a registered method by its place in
-    the registry (then ``s4r``), any other name (a user's method, a bench's variant) by a hash of it."""
+    the registry, any other name (a user's method, a bench's variant) by a hash of it."""
     if method == "full":
         return {"color": "black", "marker": "s"}
-    names = [m for m in METHODS if m != "full"] + ["s4r"]
+    names = [m for m in registered() if m != "full"]
     index = names.index(method) if method in names else len(names) + zlib.crc32(method.encode()) % 7
     return {"color": f"C{index % 10}", "marker": MARKERS[index % len(MARKERS)]}
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from gkv_rollout.config import GROUPS, CompressionConfig, SamplingConfig
+from gkv_rollout.config import CompressionConfig, SamplingConfig, flat_fields
 from gkv_train.data import DataConfig
 
 ALGORITHMS = ("grpo", "distill")
@@ -368,7 +368,9 @@ class TrainOptions:
                 check_range("reward_weights", weight)
         check_recipe(self.recipe, self.compression, self.rl)
         if not self.compression.compresses and self.compression.unread():
-            raise ValueError(f"compression.{self.compression.unread()[0]} does not apply to compression.method=full")
+            raise ValueError(
+                f"compression.options.{self.compression.unread()[0]} does not apply to compression.method=full"
+            )
         if self.algorithm == "grpo" and self.sampling.num_generations < 2:
             raise ValueError("sampling.num_generations must be at least 2: GRPO compares samples of one prompt")
         if not self.use_vllm:
@@ -604,7 +606,7 @@ LATER_COMPRESSION_FIELDS = ("refresh", "refresh_rank")
 def compression_identity(compression: CompressionConfig) -> dict:
     """The resolved compression settings that determine a run's results (``LATER_COMPRESSION_FIELDS`` left out
     when refresh is off)."""
-    settings = compression.resolved().flat()
+    settings = compression.flat()
     if settings["refresh"] == 0:
         settings = {k: v for k, v in settings.items() if k not in LATER_COMPRESSION_FIELDS}
     return settings
@@ -633,12 +635,13 @@ TRACKERS = {  # report_to name -> the modules that provide it (any one)
 def check_compile_decode(
     compile_decode: bool, compressions: list[CompressionConfig], key: str = "sampling.compile_decode"
 ) -> None:
-    """``compile_decode`` (the option ``key``) only with caches that have a static decode step (not s4r); raises
-    ValueError."""
-    if compile_decode and any(c.method == "s4r" for c in compressions):
+    """``compile_decode`` (the option ``key``) only with caches that have a static decode step
+    (``Method.static_decode``); raises ValueError."""
+    dynamic = [c.method for c in compressions if not c.kind.static_decode]
+    if compile_decode and dynamic:
         raise ValueError(
-            f"{key}=true does not apply to s4r, which scores and reconstructs at every step outside any "
-            "graph; drop it or choose another method"
+            f"{key}=true does not apply to {dynamic[0]}, whose cache has no static decode step (it works at every "
+            "step outside any graph); drop it or choose another method"
         )
 
 
@@ -736,10 +739,9 @@ class EvalConfig:
         completion, so the budget applies at most once (after the prompt) and never while generating."""
         found = []
         for run in self.compressions():
-            resolved = run.resolved()
-            if resolved.compresses and run.method != "s4r" and resolved.interval > self.sampling.max_new_tokens:
+            if run.kind.rounds and run.settings.interval > self.sampling.max_new_tokens:
                 found.append(
-                    f"{run.method} budget {run.budget}: compression.interval={resolved.interval} exceeds "
+                    f"{run.method} budget {run.budget}: compression.interval={run.settings.interval} exceeds "
                     f"sampling.max_new_tokens={self.sampling.max_new_tokens}, so it compresses only after the "
                     "prompt, never while "
                     "generating (the training recipes use interval 16); set compression.interval to compare"
@@ -754,12 +756,12 @@ class EvalConfig:
         for method in methods:
             for budget in [None] if method == "full" else budgets:
                 runs.append(self.compression.for_method(method, budget))
-        read = {key for run in runs for key in run.reads()}
+        read = {key for run in runs for key in run.option_names()}
         unread = (
             [key for key in self.compression.unread() if key not in read] if self.compression.method == "full" else []
         )  # (another method's own configuration was checked when it was built)
         if unread:
-            raise ValueError(f"compression.{unread[0]} applies to none of the runs ({', '.join(methods)})")
+            raise ValueError(f"compression.options.{unread[0]} applies to none of the runs ({', '.join(methods)})")
         return runs
 
 
@@ -771,10 +773,13 @@ MOVED = {
     },
     "n_samples": "sampling.num_generations",
     "samples_per_prompt": "sampling.num_generations",
+    # a method's own options, once flat (compression.alpha), then grouped (compression.eviction.alpha,
+    # compression.s4r.eta): refused with their new key for one release (0.1.x), then dropped
     **{
-        f"compression.{key}": f"compression.{group}.{key}"
-        for group, options in GROUPS.items()
-        for key in (f.name for f in dataclasses.fields(options))
+        f"compression{group}.{name}": f"compression.options.{name}"
+        for group in ("", ".eviction", ".s4r")
+        for name, _, _ in flat_fields()
+        if name not in {f.name for f in dataclasses.fields(CompressionConfig)}
     },
 }
 
@@ -831,10 +836,14 @@ def check_overrides(argv: list[str], schema) -> list[str]:
       field this project sets from its own keys (``DERIVED``: ``bf16`` from ``precision``), ``trl.<field>`` (the
       fields are keys of their own), naming the key to write;
     * any other unknown key, with the closest known names ("did you mean").
-    Hydra's own syntax (``+key``, ``~key``, ``hydra.*``) is left alone."""
+    A method's option ``compression.options.<name>=value`` (checked by the method when the configuration is built)
+    is passed on as ``++compression.options.<name>=value``: Hydra's way to set a key of a mapping the schema does
+    not list. Hydra's own syntax (``+key``, ``~key``, ``hydra.*``) is left alone."""
     import difflib
 
     known = schema_keys(schema)
+    options = "compression.options" in known
+    known |= {f"compression.options.{name}" for name, _, _ in flat_fields()} if options else set()
     for i, arg in enumerate(argv):
         if arg.startswith("--") and arg.partition("=")[0] not in HYDRA_FLAGS:
             key, eq, value = arg[2:].partition("=")
@@ -846,10 +855,15 @@ def check_overrides(argv: list[str], schema) -> list[str]:
             argv = [*argv, f"{group}.name=null"]
     for arg in argv:
         key, eq, value = arg.partition("=")
-        if not eq or key.startswith(("+", "~", "hydra.")) or key in known:
+        if (
+            not eq
+            or key.startswith(("+", "~", "hydra."))
+            or key in known
+            or (options and key.startswith("compression.options."))
+        ):
             continue
         if key in MOVED and MOVED[key] in known:
-            raise ValueError(f"{key} is now {MOVED[key]} (options are grouped): write {MOVED[key]}={value}")
+            raise ValueError(f"{key} is now {MOVED[key]}: write {MOVED[key]}={value}")
         if key in DERIVED and "prompts_per_step" in known:
             raise ValueError(f"{key} (TRL's) is not a key here: it is set from {DERIVED[key]}")
         if key.startswith("trl.") and key[4:] in known:
@@ -858,7 +872,7 @@ def check_overrides(argv: list[str], schema) -> list[str]:
         close = list(dict.fromkeys(MOVED.get(name, name) for name in close))  # a moved key by its new name
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
         raise ValueError(f"unknown configuration key {key!r}{hint}")
-    return argv
+    return [f"++{arg}" if options and arg.startswith("compression.options.") else arg for arg in argv]
 
 
 def apply_overrides(schema) -> None:

@@ -24,16 +24,16 @@ import torch
 from gkv_rollout.config import CompressionConfig, add_compression_args, compression_from_args
 from gkv_rollout.contract.eviction import NEVER
 from gkv_rollout.eviction_cache import EvictionCache
-from gkv_rollout.methods import METHODS
+from gkv_rollout.methods import eviction_methods
 
 from _common import git_commit, machine, print_json
 
 
 def time_compression(shape: SimpleNamespace, compression: CompressionConfig, batch: int, repeats: int) -> list[float]:
     """Seconds of ``repeats`` compressions of a cache holding budget + interval tokens per sequence."""
-    cfg = compression.resolved()
-    slots, start = cfg.budget + cfg.interval, 1000  # logical positions start..start+slots-1
-    cache = EvictionCache(shape, compression, batch, slots, start + slots, torch.float32, torch.device("cpu"))
+    settings = compression.settings
+    slots, start = settings.budget + settings.interval, 1000  # logical positions start..start+slots-1
+    cache = EvictionCache(shape, settings, batch, slots, start + slots, torch.float32, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)
     seconds = []
     for _ in range(repeats):
@@ -48,12 +48,12 @@ def time_compression(shape: SimpleNamespace, compression: CompressionConfig, bat
         cache.positions.copy_(torch.arange(start, start + slots))
         cache.history.fill_(float("nan"))
         cache.evict_at.fill_(NEVER)
-        cache.query_pos.copy_(torch.arange(start + slots - cfg.window, start + slots))
+        cache.query_pos.copy_(torch.arange(start + slots - settings.window, start + slots))
         cache.query_ok.fill_(True)
         begin = time.perf_counter()
         cache.compress()
         seconds.append(time.perf_counter() - begin)
-        if cache.used != cfg.budget or not bool(cache.evict_at.eq(start + slots).any()):
+        if cache.used != settings.budget or not bool(cache.evict_at.eq(start + slots).any()):
             raise RuntimeError(f"{compression.method}: the compression did not evict down to the budget")
     return seconds
 
@@ -86,7 +86,7 @@ def tables(view: str, records: list[dict]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--methods", nargs="+", default=[m for m in METHODS if m != "full"])
+    parser.add_argument("--methods", nargs="+", default=eviction_methods())
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--layers", type=int, default=30, help="default: SmolLM2-135M's shapes")
@@ -123,7 +123,7 @@ def main() -> None:
     }
     for method, config in zip(args.methods, runs):
         seconds = time_compression(shape, config, args.batch, args.repeats)
-        result["compression"][method] = config.resolved().flat()
+        result["compression"][method] = config.flat()
         result["ms_per_compression"][method] = {
             "median": round(statistics.median(seconds) * 1e3, 1),
             "min": round(min(seconds) * 1e3, 1),

@@ -45,13 +45,13 @@ import sys
 import time
 from pathlib import Path
 
-from gkv_rollout.methods import METHODS
+from gkv_rollout.methods import eviction_methods, registered
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.report import plot_retained_density
 
 from _common import ROOT, git_commit, machine, merge_section, print_json, provenance
 
-EVICTION = [m for m in METHODS if m not in ("full", "s4r")]
+EVICTION = eviction_methods()
 STAGES = ("probe", "methods", "training")
 # name -> (train.py recipe, the rollout's compression method; None: the full cache)
 RECIPES = {
@@ -251,7 +251,7 @@ def stage_methods(root: Path, args, publish) -> dict:
             extra = [
                 f"compression.window={args.window}",
                 f"compression.interval={args.interval}",
-                f"compression.eviction.form={form}",
+                f"compression.options.form={form}",
             ]
             measure(
                 f"gkv-{form}",
@@ -261,10 +261,10 @@ def stage_methods(root: Path, args, publish) -> dict:
         if args.s4r_length:
             eta = round(budget / args.s4r_length, 4)
             section["s4r"]["eta"][str(budget)] = eta
-            extra = [f"compression.s4r.eta={eta}", f"compression.s4r.expected_length={args.s4r_length}"]
+            extra = [f"compression.options.eta={eta}", f"compression.options.expected_length={args.s4r_length}"]
             measure("s4r", budget, lambda e=extra: runs_of(["s4r"], budget, folder, e)[f"s4r-b{budget}"])
             if args.s4r_refresh:  # the same memory, bases that follow the generation (docs/s4r.md)
-                extra = [*extra, f"compression.s4r.refresh={args.s4r_refresh}"]
+                extra = [*extra, f"compression.options.refresh={args.s4r_refresh}"]
                 measure(
                     "s4r-refresh",
                     budget,
@@ -354,8 +354,8 @@ def s4r_keys(budget: int, args) -> list[str]:
     """S4R at the persistent memory of an eviction cache of ``budget`` tokens: eta = budget / ``--s4r-length``, the
     rank solved at that length (S4R's own window and scoring otherwise)."""
     return [
-        f"compression.s4r.eta={round(budget / args.s4r_length, 4)}",
-        f"compression.s4r.expected_length={args.s4r_length}",
+        f"compression.options.eta={round(budget / args.s4r_length, 4)}",
+        f"compression.options.expected_length={args.s4r_length}",
     ]
 
 
@@ -694,7 +694,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--problems", type=int, default=32, help="probe: train-split problems")
     parser.add_argument("--samples", type=int, default=2, help="probe: samples per problem")
-    parser.add_argument("--methods", nargs="+", default=EVICTION, choices=[m for m in METHODS if m != "full"])
+    parser.add_argument("--methods", nargs="+", default=EVICTION, choices=[m for m in registered() if m != "full"])
     parser.add_argument(
         "--budgets",
         nargs="+",
@@ -747,7 +747,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="training: replace a --results training section measured with other settings",
     )
-    parser.add_argument("--train-method", default="gkv", choices=[m for m in METHODS if m != "full"])
+    parser.add_argument("--train-method", default="gkv", choices=[m for m in registered() if m != "full"])
     parser.add_argument("--train-budget", type=int, default=160)
     parser.add_argument(
         "--eval-budgets",

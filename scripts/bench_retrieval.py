@@ -160,7 +160,7 @@ def stage_table(root: Path, chosen: dict, args) -> dict:
                 args.problems,
                 ["s4r"],
                 [budget],
-                [f"compression.s4r.eta={eta}"],
+                [f"compression.options.eta={eta}"],
                 folder / f"s4r-eta{eta}",
                 args,
             )
@@ -184,7 +184,7 @@ def ablation_variants(args) -> dict[str, list[str]]:
     variants = {
         "default": [],
         "no_sinks": ["compression.sinks=0"],
-        "no_normalize": ["compression.s4r.normalize=false"],
+        "no_normalize": ["compression.options.normalize=false"],
         "pool_avg": ["compression.pool=avg"],
     }
     variants.update({f"window_{w}": [f"compression.window={w}"] for w in args.windows if w != 32})
@@ -216,7 +216,7 @@ def stage_ablations(root: Path, chosen: dict, args, publish=lambda section: None
                 args.problems,
                 ["s4r"],
                 None,
-                [f"compression.s4r.eta={eta}", *keys],
+                [f"compression.options.eta={eta}", *keys],
                 root / "ablations" / f"{task}-{context}-eta{eta}" / name,
                 args,
             )

@@ -15,7 +15,8 @@ that order.
 Each block ``<!-- config:COMMAND -->`` ... ``<!-- /config -->`` (COMMAND: train, evaluate, traces) is rewritten
 with the keys of that command's configuration, their types, defaults and help, from the dataclasses themselves
 (``gkv_train.keyhelp``, what ``gkv-train COMMAND --help`` prints); TRL's own fields of ``train`` are named, not
-listed (their help is TRL's).
+listed (their help is TRL's). Each block ``<!-- methods -->`` ... ``<!-- /methods -->`` is rewritten with the
+registered compression methods (``gkv_rollout.methods``): name, one-line summary, own options.
 
     python scripts/render_docs.py            # rewrite the blocks
     python scripts/render_docs.py --check    # change nothing; exit 1 naming each stale block (a test runs it)
@@ -36,6 +37,7 @@ from _common import ROOT
 
 BLOCK = re.compile(r"<!-- results:([\w.+]+)#(\w+) -->\n.*?<!-- /results -->", re.S)
 CONFIG = re.compile(r"<!-- config:(\w+) -->\n.*?<!-- /config -->", re.S)
+METHODS = re.compile(r"<!-- methods(:detail)? -->\n.*?<!-- /methods -->", re.S)
 SCHEMAS = {"train": "TrainConfig", "evaluate": "EvalConfig", "traces": "TracesConfig"}
 
 
@@ -121,6 +123,39 @@ def render_config(text: str) -> str:
     return CONFIG.sub(lambda m: f"<!-- config:{m.group(1)} -->\n{config_table(m.group(1))}<!-- /config -->", text)
 
 
+def methods_table(detail: bool = False) -> str:
+    """Every registered method (``gkv_rollout.methods``) with its one-line summary (``detail``: its class's
+    docstring, and the shared options it sets) and its own options with their defaults."""
+    import dataclasses
+    import inspect
+
+    from gkv_rollout.methods import Method, registered
+
+    what = "what it does (the class's docstring)" if detail else "one line"
+    lines = [f"| method | {what} | its options (`compression.options.*`) |", "|---|---|---|"]
+    for name, kind in registered().items():
+        options = []
+        for f in dataclasses.fields(kind.Options):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            options.append(f"`{f.name}` {default!r}")
+        text = kind.summary
+        if detail:
+            text = " ".join(inspect.getdoc(kind).split("\n\n")[0].split())
+            shared = {k: v for k, v in kind.defaults.items() if v != Method.defaults[k]}
+            if shared:
+                text += " Shared options set: " + ", ".join(f"`{k}` {v}" for k, v in shared.items()) + "."
+        cell = text.replace("|", "\\|")
+        lines.append(f"| `{name}` | {cell} | {', '.join(options) or '-'} |")
+    return "\n".join(lines) + "\n"
+
+
+def render_methods(text: str) -> str:
+    """``text`` with every methods block rewritten (``methods_table``; ``methods:detail``: with the docstrings)."""
+    return METHODS.sub(
+        lambda m: f"<!-- methods{m.group(1) or ''} -->\n{methods_table(bool(m.group(1)))}<!-- /methods -->", text
+    )
+
+
 def documents(root: Path) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
 
@@ -132,7 +167,7 @@ def main() -> None:
     stale = []
     for doc in documents(ROOT):
         text = doc.read_text()
-        new = render_config(render(text, ROOT / "results"))
+        new = render_methods(render_config(render(text, ROOT / "results")))
         if new != text:
             stale.append(doc.relative_to(ROOT))
             if not args.check:

@@ -216,3 +216,17 @@ def test_the_four_attention_contexts_implement_the_contract_protocol():
         def attend(self, module, query, key, value, attention_mask, scale=None, dropout=0.0): ...
 
     assert inspect.signature(Drifted.attend) != wanted
+
+
+def test_the_layout_names_every_module():
+    """ARCHITECTURE.md's layout table names every module of the three packages by its path and every script by its
+    file name (so a module added without a line there, or renamed, fails here)."""
+    layout = (ROOT / "ARCHITECTURE.md").read_text().split("## Layout", 1)[1]
+    packages = [*(ROOT / "gkv_train").glob("*.py"), *(ROOT / "rollout" / "gkv_rollout").rglob("*.py"),
+                *(ROOT / "rewards" / "gkv_rewards").glob("*.py")]  # fmt: skip
+    unnamed = [
+        str(p.relative_to(ROOT)) for p in packages if p.name != "__init__.py" and str(p.relative_to(ROOT)) not in layout
+    ]
+    scripts = [p for p in (ROOT / "scripts").rglob("*.py") if "reference" not in p.parts and p.name != "__init__.py"]
+    unnamed += [str(p.relative_to(ROOT)) for p in scripts if p.name not in layout]
+    assert not unnamed, f"ARCHITECTURE.md's layout does not name {unnamed}"

@@ -27,41 +27,47 @@ def test_bad_compression_config_names_the_problem(kwargs, message):
 
 
 def test_each_method_takes_only_the_options_it_reads():
-    """Options are grouped (``compression.eviction.*``, ``compression.s4r.*``); a method refuses a group option
-    it does not read, naming what it reads; ``of`` puts flat names in their groups; a sweep gives each run the
-    options it reads and refuses one that no run reads."""
+    """A method declares its own options (``compression.options.*``, its ``Options`` dataclass); it refuses one
+    it does not have, naming those it has; ``of`` puts flat names among the shared options or the method's own; a
+    sweep gives each run the options it has and refuses one that no run has."""
     from gkv_train.run_config import EvalConfig
 
-    assert CompressionConfig.of("gkv", alpha=0.5, budget=64).eviction.alpha == 0.5
-    assert CompressionConfig.of("s4r", eta=0.3, window=8).s4r.eta == 0.3
-    assert CompressionConfig.of("rkv", lambda_=0.2).eviction.lambda_ == 0.2  # control: rkv reads lambda_
+    assert CompressionConfig.of("gkv", alpha=0.5, budget=64).settings.options.alpha == 0.5
+    assert CompressionConfig.of("s4r", eta=0.3, window=8).settings.options.eta == 0.3
+    assert CompressionConfig.of("rkv", lambda_=0.2).settings.options.lambda_ == 0.2  # control: rkv has lambda_
+    assert CompressionConfig("gkv", options={"alpha": 1}).settings.options.alpha == 1.0  # an int where a float is asked
     for method, options, message in [
         (
             "snapkv",
             dict(alpha=0.5),
-            "compression.eviction.alpha does not apply to compression.method=snapkv, which "
-            "reads none of the eviction options",
+            "compression.options.alpha does not apply to compression.method=snapkv, whose options are: none",
         ),
-        ("rkv", dict(alpha=0.5), "which reads eviction.lambda_, eviction.redundancy, eviction.similarity"),
-        ("gkv", dict(eta=0.3), "compression.s4r.eta does not apply to compression.method=gkv"),
-        ("s4r", dict(form="mean"), "compression.eviction.form does not apply to compression.method=s4r"),
+        ("rkv", dict(alpha=0.5), "whose options are: lambda_, redundancy, similarity"),
+        ("gkv", dict(eta=0.3), "compression.options.eta does not apply to compression.method=gkv"),
+        ("s4r", dict(form="mean"), "compression.options.form does not apply to compression.method=s4r"),
     ]:
         with pytest.raises(ValueError) as err:
             CompressionConfig.of(method, **options)
         assert message in str(err.value)
     with pytest.raises(ValueError, match="unknown compression option 'etta'"):
         CompressionConfig.of("s4r", etta=0.3)
+    with pytest.raises(ValueError, match=r"compression.options.etta does not apply .* \(did you mean eta\?\)"):
+        CompressionConfig("s4r", options={"etta": 0.3})
+    with pytest.raises(ValueError, match="compression.options.alpha='high': expected float"):
+        CompressionConfig("gkv", options={"alpha": "high"})
     sweep = EvalConfig(
         methods=["full", "snapkv", "gkv", "s4r"],
         budgets=[64],
         compression=CompressionConfig.template("full", alpha=0.5, eta=0.3),
     )
     runs = {run.method: run for run in sweep.compressions()}
-    assert (runs["gkv"].eviction.alpha, runs["snapkv"].eviction.alpha, runs["s4r"].s4r.eta) == (0.5, None, 0.3)
-    assert runs["gkv"].s4r.eta == 0.2 and runs["full"].s4r.eta == 0.2  # not their options: defaults
-    with pytest.raises(ValueError, match="compression.s4r.eta applies to none of the runs \\(full, gkv\\)"):
+    assert (runs["gkv"].settings.options.alpha, runs["s4r"].settings.options.eta) == (0.5, 0.3)
+    assert (
+        runs["snapkv"].option_names() == () and runs["h2o" if "h2o" in runs else "gkv"].settings.options.form == "max"
+    )
+    with pytest.raises(ValueError, match="compression.options.eta applies to none of the runs \\(full, gkv\\)"):
         EvalConfig(methods=["full", "gkv"], compression=CompressionConfig.template("full", eta=0.3))
-    with pytest.raises(ValueError, match="compression.s4r.eta does not apply to compression.method=full"):
+    with pytest.raises(ValueError, match="compression.options.eta does not apply to compression.method=full"):
         CompressionConfig.of("full", eta=0.3)  # a single run of full reads none (gkv-train check, lm-eval)
     # the benches' flags (argparse): a sweep gives each method its options, as evaluate.py does
     import argparse
@@ -72,9 +78,55 @@ def test_each_method_takes_only_the_options_it_reads():
     add_compression_args(parser, method="gkv", budget=128)
     flags = parser.parse_args(["--similarity", "mean_cosine", "--eta", "0.3"])
     runs = compression_from_args(flags, ["streaming", "rkv", "s4r"])
-    assert [r.eviction.similarity for r in runs] == [None, "mean_cosine", None] and runs[2].s4r.eta == 0.3
-    with pytest.raises(ValueError, match="compression.s4r.eta applies to none of the methods"):
+    assert runs[1].settings.options.similarity == "mean_cosine" and runs[2].settings.options.eta == 0.3
+    assert runs[1].settings.options.lambda_ == 0.1  # not given: rkv's own default
+    with pytest.raises(ValueError, match="compression.options.eta applies to none of the methods"):
         compression_from_args(flags, ["rkv"])
+
+
+def test_a_method_with_an_option_of_its_own_is_one_class_in_one_file(tmp_path, monkeypatch):
+    """A plug-in method from the user's module (``package.module:Class``) with an ``Options`` dataclass: its option
+    is a key (``compression.options.<name>``) through train.py's configuration, checked as the built-in ones are,
+    listed in the generated methods table once registered, and trained under by the registry-driven path (a
+    rollout whose record the trainer reproduces)."""
+    from gkv_rollout.engine import RolloutEngine
+    from gkv_rollout.methods import METHODS
+    from gkv_train.logprobs import token_logprobs
+    from gkv_train.run_config import TrainConfig, check_overrides
+
+    (tmp_path / "my_methods.py").write_text(
+        "from dataclasses import dataclass, field\n"
+        "from gkv_rollout.methods import EvictionMethod\n"
+        "@dataclass\n"
+        "class RecentOptions:\n"
+        "    offset: int = field(default=0, metadata={'help': 'positions added to each score'})\n"
+        "    def __post_init__(self):\n"
+        "        if self.offset < 0:\n"
+        "            raise ValueError(f'offset must be >= 0, got {self.offset}')\n"
+        "class Recent(EvictionMethod):\n"
+        "    name = 'recent'\n"
+        "    summary = 'the most recent tokens, an offset apart'\n"
+        "    Options = RecentOptions\n"
+        "    def score(self, state):\n"
+        "        return state.key_pos.float() + self.options.offset, None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        argv = check_overrides(["compression.method=my_methods:Recent", "compression.options.offset=3"], TrainConfig)
+        assert argv[1] == "++compression.options.offset=3"  # Hydra's way into the options mapping
+        cfg = CompressionConfig("my_methods:Recent", budget=16, window=4, interval=4, options={"offset": 3})
+        assert cfg.settings.options.offset == 3 and cfg.flat()["offset"] == 3
+        with pytest.raises(ValueError, match="offset must be >= 0"):
+            CompressionConfig("my_methods:Recent", budget=16, window=4, options={"offset": -1})
+        with pytest.raises(ValueError, match=r"compression.options.ofset does not apply .* \(did you mean offset\?\)"):
+            CompressionConfig("my_methods:Recent", budget=16, window=4, options={"ofset": 1})
+        model, tokenizer = load_model("tiny")
+        out = RolloutEngine(model, tokenizer, cfg).generate(["a prompt to compress"], SamplingConfig(max_new_tokens=24))
+        lp = token_logprobs(model, out.sequences, out.attention_mask, out.num_completion_tokens, out.record, 1.0)
+        real = out.completion_mask.bool()
+        assert (lp - out.logprobs)[real].abs().max() < 1e-4 and out.stats["compressions"] >= 2
+    finally:
+        METHODS.pop("my_methods:Recent", None)
 
 
 def test_run_identities_are_those_of_the_flat_configuration():
@@ -104,15 +156,12 @@ def test_method_defaults_are_the_reference_recipes():
     # microsoft/G-KV scripts/inference.sh: window 16, divide_length 128; SnapKV and R-KV pool with kernel 5,
     # R-KV lambda 0.1; G-KV alpha 0.8, lambda 0.5, redundancy, no pooling; H2O sum form, window 1;
     # StreamingLLM 4 sinks.
-    r = {m: CompressionConfig(method=m).resolved() for m in ("streaming", "snapkv", "rkv", "gkv", "h2o", "s4r")}
+    r = {m: CompressionConfig(method=m) for m in ("streaming", "snapkv", "rkv", "gkv", "h2o", "s4r")}
+    r = {m: c.settings for m, c in r.items()}
     assert (r["streaming"].sinks, r["gkv"].sinks, r["s4r"].sinks) == (4, 0, 4)
     assert (r["snapkv"].pool_kernel, r["rkv"].pool_kernel, r["gkv"].pool_kernel, r["h2o"].pool_kernel) == (5, 5, 1, 1)
-    assert (r["rkv"].eviction.lambda_, r["rkv"].eviction.redundancy, r["snapkv"].eviction.redundancy) == (
-        0.1,
-        True,
-        False,
-    )
-    gkv, options = r["gkv"], r["gkv"].eviction
+    assert (r["rkv"].options.lambda_, r["rkv"].options.redundancy) == (0.1, True)
+    gkv, options = r["gkv"], r["gkv"].options
     assert (gkv.window, gkv.interval, options.alpha, options.lambda_, options.form, options.redundancy) == (
         16,
         128,
@@ -122,13 +171,14 @@ def test_method_defaults_are_the_reference_recipes():
         True,
     )
     assert (gkv.group_agg, options.similarity) == ("max", "rkv")
-    h2o = r["h2o"].eviction
+    h2o = r["h2o"].options
     assert (r["h2o"].window, h2o.form, h2o.redundancy, h2o.alpha) == (1, "sum", False, 0.8)
-    assert (r["s4r"].window, r["s4r"].group_agg, r["s4r"].s4r.rho) == (32, "mean", 0.2)
-    # an explicit value wins; changing the method later never keeps the other method's defaults
-    cfg = CompressionConfig(method="gkv", pool_kernel=3)
-    assert cfg.resolved().pool_kernel == 3
-    assert CompressionConfig(method="snapkv", window=8).resolved().pool_kernel == 5
+    assert (r["s4r"].window, r["s4r"].group_agg, r["s4r"].options.rho) == (32, "mean", 0.2)
+    # an explicit value wins; a sweep's run of another method never keeps the template method's defaults
+    assert CompressionConfig(method="gkv", pool_kernel=3).settings.pool_kernel == 3
+    assert CompressionConfig(method="snapkv", window=8).settings.pool_kernel == 5
+    assert CompressionConfig(method="gkv", window=8).for_method("h2o", 64).settings.window == 8  # given: kept
+    assert CompressionConfig(method="gkv").for_method("h2o", 64).settings.window == 1  # not given: h2o's own
     assert CompressionConfig(method="full", budget=1, window=16).budget == 1  # budget unused without compression
 
 
@@ -149,7 +199,7 @@ def test_a_method_from_the_users_own_module(tmp_path, monkeypatch):
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = CompressionConfig("user_methods:Oldest", budget=16, window=4)
-    assert cfg.resolved().interval == 4 and "user_methods:Oldest" in METHODS
+    assert cfg.settings.interval == 4 and "user_methods:Oldest" in METHODS
     for name, message in (
         ("user_methods:Missing", "cannot import Missing"),
         ("no_such_module:X", "cannot import X"),
@@ -161,8 +211,8 @@ def test_a_method_from_the_users_own_module(tmp_path, monkeypatch):
 
 
 def test_tova_evicts_every_step():
-    r = CompressionConfig("tova", budget=16).resolved()
-    assert (r.window, r.interval, r.pool_kernel, r.eviction.redundancy) == (1, 1, 1, False)
+    r = CompressionConfig("tova", budget=16)
+    assert (r.settings.window, r.settings.interval, r.settings.pool_kernel, r.option_names()) == (1, 1, 1, ())
 
 
 def test_unknown_method_lists_the_registered_ones():
@@ -254,8 +304,10 @@ def test_trl_fields_are_keys_and_moved_keys_are_named():
     ]
     assert check_overrides(argv, TrainConfig) == argv
     refusals = {
-        "max_new_tokens=32": "max_new_tokens is now sampling.max_new_tokens (options are grouped): write "
-        "sampling.max_new_tokens=32",
+        "max_new_tokens=32": "max_new_tokens is now sampling.max_new_tokens: write sampling.max_new_tokens=32",
+        "compression.eviction.alpha=0.5": "compression.eviction.alpha is now compression.options.alpha: write "
+        "compression.options.alpha=0.5",
+        "compression.eta=0.3": "compression.eta is now compression.options.eta",
         "n_samples=2": "n_samples is now sampling.num_generations",
         "max_completion_length=32": "max_completion_length (TRL's) is not a key here: it is set from "
         "sampling.max_new_tokens",
@@ -306,7 +358,7 @@ def test_overrides_rough_edges():
     ), proc.stderr
     # a moved key, through both entry points: one line naming the new key, exit 2, before any work
     for entry, key, moved in (
-        ("scripts/evaluate.py", "compression.eta=0.3", "compression.s4r.eta=0.3"),
+        ("scripts/evaluate.py", "compression.eta=0.3", "compression.options.eta=0.3"),
         ("train.py", "max_new_tokens=8", "sampling.max_new_tokens=8"),
     ):
         proc = subprocess.run(
@@ -427,7 +479,7 @@ def test_s4r_refresh_within_the_generation_and_counted_in_memory():
         lambda: EvalConfig(compression=refresh, sampling=SamplingOptions(max_new_tokens=8)),
         lambda: TrainConfig(compression=refresh, sampling=SamplingOptions(max_new_tokens=64, num_generations=2)),
     ):
-        with pytest.raises(ValueError, match="compression.s4r.refresh=64 refreshes nothing in a generation of"):
+        with pytest.raises(ValueError, match="compression.options.refresh=64 refreshes nothing in a generation of"):
             build()
     EvalConfig(compression=refresh, sampling=SamplingOptions(max_new_tokens=65))  # control
     model, tokenizer = load_model("tiny")
@@ -436,9 +488,7 @@ def test_s4r_refresh_within_the_generation_and_counted_in_memory():
     with pytest.raises(ValueError, match="refreshes nothing in a generation of 8 tokens"):
         RolloutEngine(model, tokenizer, refresh).generate(["a prompt"], SamplingConfig(max_new_tokens=8))
     shape = ModelShape("m", 4096, 4, 6, 2, 16)
-    grows = [
-        rollout_bytes(shape, CompressionConfig.of("s4r", refresh=r).resolved(), 1, 100, 200, 4) for r in (0, 64, 128)
-    ]
+    grows = [rollout_bytes(shape, CompressionConfig.of("s4r", refresh=r), 1, 100, 200, 4) for r in (0, 64, 128)]
     assert grows[0] < grows[1] < grows[2] and grows[2] - grows[1] == 2 * 4 * 64 * 2 * 16 * 4
 
 
@@ -521,10 +571,10 @@ def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model
         ValueError, match="sampling.max_new_tokens=5000 does not fit .* at most 4082 does after the longest"
     ):
         check(prompts=prompts[:1], new=5000)
-    with pytest.raises(ValueError, match="compression.s4r.rank_v=33 exceeds"):
+    with pytest.raises(ValueError, match="compression.options.rank_v=33 exceeds"):
         check(prompts=prompts[:1], compressions=[CompressionConfig.of("s4r", rank_v=33)])
     check(prompts=prompts[:1], compressions=[CompressionConfig.of("s4r", rank_v=32)])
-    with pytest.raises(ValueError, match=r"compression.s4r.full_layers=\[1, 4\]: .* has layers 0-3"):
+    with pytest.raises(ValueError, match=r"compression.options.full_layers=\[1, 4\]: .* has layers 0-3"):
         check(prompts=prompts[:1], compressions=[CompressionConfig.of("s4r", full_layers=[1, 4])])
     # 2 x 4 layers x 2 KV heads x 16 x 4 bytes = 1 kB per token and row (full cache)
     one = preflight.rollout_bytes(preflight.ModelShape("m", 4096, 4, 6, 2, 16), full[0], 1, 10, 90, 4)

@@ -6,7 +6,7 @@ from conftest import random_prompts
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
-from gkv_rollout.methods import METHODS, method_class
+from gkv_rollout.methods import eviction_methods, method_class
 from gkv_train.consistency import consistency_report
 from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_model
@@ -20,9 +20,9 @@ def tiny_methods(budget, window, interval):
     common = dict(budget=budget, window=window, interval=interval)
     own = {
         name: {k: min(v, method_class(name).defaults[k]) for k, v in common.items() if k != "budget"}
-        for name in METHODS
+        for name in eviction_methods()
     }
-    return [CompressionConfig(name, budget=budget, **own[name]) for name in METHODS] + [
+    return [CompressionConfig(name, budget=budget, **own[name]) for name in eviction_methods()] + [
         CompressionConfig.of("gkv", form="mean", **common),
         CompressionConfig.of("gkv", form="sum", redundancy=False, **common),
     ]
@@ -42,7 +42,7 @@ def check(model, out, cfg):
 
 
 @pytest.mark.floor
-@pytest.mark.parametrize("cfg", tiny_methods(16, 4, 8), ids=lambda c: f"{c.method}-{c.eviction.form}")
+@pytest.mark.parametrize("cfg", tiny_methods(16, 4, 8), ids=lambda c: f"{c.method}-{c.options.get('form')}")
 def test_consistency_tiny(tiny_llama, cfg):
     prompts = random_prompts([5, 23, 12, 30, 9])
     out = RolloutEngine(tiny_llama, compression=cfg).generate(
@@ -103,7 +103,7 @@ def test_masked_logprobs_are_differentiable(tiny_llama):
 SMOLLM2_METHODS = [
     pytest.param(CompressionConfig.of("gkv", budget=64, window=8, interval=16, form="max"), id="gkv-max"),
     *(
-        pytest.param(c, id=f"{c.method}-{c.eviction.form}", marks=pytest.mark.slow)
+        pytest.param(c, id=f"{c.method}-{c.options.get('form')}", marks=pytest.mark.slow)
         for c in [
             CompressionConfig("streaming", budget=64, window=8, interval=16),
             CompressionConfig("snapkv", budget=64, window=8, interval=16),

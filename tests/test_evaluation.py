@@ -353,8 +353,8 @@ def test_a_second_evaluation_into_a_live_folder_is_refused(tmp_path):
     [
         ("methods=[gkv] budgets=[0]", "budgets are token counts: each must be at least 1, got [0]"),
         (
-            "methods=[s4r] compression.s4r.rank=64",
-            "compression.s4r.rank=64 exceeds what {model} allows: an S4R basis has at most KV heads x head dim = 2 "
+            "methods=[s4r] compression.options.rank=64",
+            "compression.options.rank=64 exceeds what {model} allows: an S4R basis has at most KV heads x head dim = 2 "
             "x 16 = 32",
         ),
         (
@@ -383,10 +383,10 @@ def test_evaluate_refuses_before_any_work(tmp_path, weightless_model, override, 
 def test_each_method_keeps_one_style_across_figures():
     """method_style gives every figure (pass@1 against budget, retained density, the benches' plots) the same colour
     and marker for a method, whatever else the figure shows; the full cache black; distinct built-in methods."""
-    from gkv_rollout.methods import METHODS
+    from gkv_rollout.methods import registered
     from gkv_train.report import method_style
 
-    names = [m for m in METHODS if m != "full"] + ["s4r"]
+    names = [m for m in registered() if m != "full"]
     styles = {name: (method_style(name)["color"], method_style(name)["marker"]) for name in names}
     assert len(set(styles.values())) == len(names)
     assert method_style("full")["color"] == "black" and "black" not in {c for c, _ in styles.values()}

@@ -5,7 +5,7 @@ from conftest import random_prompts
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract.attention import ATTENTION_NAME
 from gkv_rollout.engine import RolloutEngine, encode_prompts, left_pad
-from gkv_rollout.methods import METHODS as EVICTION_METHODS
+from gkv_rollout.methods import eviction_methods
 from gkv_rollout.scoring import hashed_uniform
 from gkv_train.models import tiny_model
 
@@ -99,7 +99,7 @@ def test_top_p_keeps_sampling_inside_the_nucleus():
     assert torch.allclose(logprobs, logits.log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1))
 
 
-@pytest.mark.parametrize("method", [*EVICTION_METHODS, "gkv-avg"])
+@pytest.mark.parametrize("method", [*eviction_methods(), "gkv-avg"])
 def test_padding_changes_nothing(tiny_llama, method):
     """Positions are logical and ties are broken over a row's own tokens: a prompt generates the same tokens and
     record alone and in a padded batch, for every method at its defaults (max pooling makes ties common: with

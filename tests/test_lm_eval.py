@@ -124,7 +124,7 @@ def test_a_local_task_offline_from_python_and_the_command_line(tmp_path, monkeyp
     [
         (dict(budgte=64), "unknown gkv model argument budgte=64; did you mean budget?"),
         (dict(dtype="bfloat16"), "dtype=bfloat16; write precision=fp32 or precision=bf16"),
-        (dict(method="s4r", alpha=0.5), "compression.eviction.alpha does not apply to compression.method=s4r"),
+        (dict(method="s4r", alpha=0.5), "compression.options.alpha does not apply to compression.method=s4r"),
         (dict(method="gkv", alpha=5), "alpha must lie in [0, 1]"),
         (dict(method="gkv", budget="abc"), "budget=abc: expected int"),
         (dict(method="gkv", budget=16, window=32), "budget (16) must be larger than window (32)"),
@@ -167,7 +167,7 @@ def test_every_compression_option_is_a_model_argument():
     assert lm.compression == CompressionConfig.of(
         "gkv", budget=32, window=4, interval=8, alpha=0.5, lambda_=0.3, form="mean", sinks=2
     )
-    assert CompressedLM(pretrained="tiny", method="s4r", eta=0.5, refresh=16).compression.s4r.refresh == 16
+    assert CompressedLM(pretrained="tiny", method="s4r", eta=0.5, refresh=16).compression.settings.options.refresh == 16
 
 
 def test_a_typo_through_the_command_line_is_one_line_before_work(tmp_path):

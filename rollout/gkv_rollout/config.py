@@ -3,306 +3,218 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import types
 import typing
 from dataclasses import dataclass, field
+from typing import Any
 
-from gkv_rollout.methods import EvictionMethod, method_class
+from gkv_rollout.methods import Method, method_class, registered
 
-GKV_FORMS = ("max", "mean", "sum")
-SIMILARITIES = ("rkv", "mean_cosine")
-POOLINGS = ("max", "avg")
-GROUP_AGGREGATIONS = ("max", "mean")
-# Options of ``s4r`` left at None (``rho`` follows ``eta``); the eviction methods' are their classes' ``defaults``.
-S4R_DEFAULTS = dict(window=32, sinks=4, pool_kernel=7, group_agg="mean")
-
-
-@dataclass
-class EvictionOptions:
-    """The scoring options of the G-KV family (``compression.eviction.*``); None takes the method's default
-    (``EvictionMethod.defaults``). A method reads only those it names in ``EvictionMethod.options``; setting one
-    it does not read is refused.
-
-    alpha: history weight (``gkv`` forms max/mean/sum: ``max(alpha*old, new)``, ``alpha*old + (1-alpha)*new``,
-        ``alpha*old + new``; ``h2o``: decay of the accumulated score). 0.8.
-    lambda_: weight of the attention score against key redundancy: ``lambda*score - (1-lambda)*redundancy``
-        (0.5 for ``gkv``, 0.1 for ``rkv``).
-    form: ``gkv`` history form, one of max/mean/sum (``h2o`` is the sum form without redundancy).
-    redundancy: subtract the key-redundancy term (on for ``gkv`` and ``rkv``).
-    similarity: how redundancy sums key similarities: ``rkv`` (the reference's kernel: each key's latest
-        near-duplicate, cosine > 0.5, is not counted; O(S^2 D)) or ``mean_cosine`` (every other key; O(S D)).
-    """
-
-    alpha: float | None = None
-    lambda_: float | None = None
-    form: str | None = None
-    redundancy: bool | None = None
-    similarity: str | None = None
+SHARED = ("window", "interval", "sinks", "pool_kernel", "group_agg")  # shared options a method gives defaults to
+# What a run's identity and a results file record for options its method does not have: the values every run
+# carried when all options were one flat set (so that identities of earlier results stay valid)
+IDENTITY_DEFAULTS = dict(
+    alpha=0.8,
+    lambda_=0.5,
+    form="max",
+    redundancy=False,
+    similarity="rkv",
+    eta=0.2,
+    expected_length=None,
+    rank=None,
+    rank_v=None,
+    refresh=0,
+    refresh_rank=2,
+    rho=None,
+    recent_ratio=0.7,
+    normalize=True,
+    full_layers=[],
+)
 
 
-@dataclass
-class S4ROptions:
-    """The options of ``s4r`` (``compression.s4r.*``; see ``gkv_rollout.s4r_cache``).
+@dataclass(frozen=True)
+class Settings:
+    """What a cache runs with: every shared option at its value (the method's own where none was given), the
+    method's options as its ``Options`` dataclass, and the method's class (``kind``). ``CompressionConfig.settings``
+    builds it once, when the configuration is built."""
 
-    eta: persistent-memory share: the rank is solved so that the stored state (exact sinks, the coefficients of
-        every token, the query window, the bases) is a share ``eta`` of the full KV cache when the sequence reaches
-        ``expected_length`` tokens; ``eta`` also sets the share of prompt tokens sampled for the bases and ``rho``
-        by default. The achieved share of each sample is reported (``memory_share``).
-    expected_length: sequence length (prompt + completion) at which ``eta`` holds; None: each prompt's length +
-        ``max_new_tokens`` (the end of the longest generation); 0: the prompt's length (the paper's setting, for
-        prompt-only workloads; over a long generation the share then falls, e.g. 0.2 asked, ~0.08 after 1024 tokens
-        on a 146-token prompt).
-    rank, rank_v: key / value ranks (None: from ``eta``; ``rank_v`` defaults to ``rank``).
-    refresh: bases that follow the generation (an extension beyond the paper; 0, the default: off, the paper's
-        bases from the prompt alone): every ``refresh`` generated tokens each layer's key and value bases gain the
-        ``refresh_rank`` leading directions of what they miss of the last ``refresh`` tokens' states (the
-        residual's SVD). The rank budget is kept: the prompt's bases start that many columns short of the rank
-        ``eta`` gives; a token keeps the columns that existed when it was written (the record says which).
-    refresh_rank: directions each refresh adds to the key and to the value bases (2).
-    rho: share of the cache reconstructed each step (window included); None: ``eta``.
-    recent_ratio: share of the sampled prompt tokens taken from the most recent ones (7:3 = 0.7).
-    normalize: normalise sampled key/value vectors to unit length before the SVD.
-    full_layers: layers that reconstruct every token instead of a top-k selection.
-    """
+    method: str
+    kind: type
+    budget: int
+    window: int
+    interval: int
+    sinks: int
+    pool_kernel: int
+    pool: str
+    group_agg: str
+    options: Any
 
-    eta: float = 0.2
-    expected_length: int | None = None
-    rank: int | None = None
-    rank_v: int | None = None
-    refresh: int = 0
-    refresh_rank: int = 2
-    rho: float | None = None
-    recent_ratio: float = 0.7
-    normalize: bool = True
-    full_layers: list[int] = field(default_factory=list)
-
-    def validate(self) -> None:
-        """ValueError naming the first option out of its range."""
-        if not 0.0 < self.eta <= 1.0:
-            raise ValueError(f"eta must lie in (0, 1], got {self.eta}")
-        if self.rho is not None and not 0.0 < self.rho <= 1.0:
-            raise ValueError(f"rho must lie in (0, 1], got {self.rho}")
-        if self.expected_length is not None and self.expected_length < 0:
-            raise ValueError(f"expected_length must be >= 0 (0: the prompt's length), got {self.expected_length}")
-        if self.refresh < 0 or self.refresh_rank < 1:
-            raise ValueError(
-                f"refresh must be >= 0 (0: off) and refresh_rank >= 1, got {self.refresh}, {self.refresh_rank}"
-            )
-        if 0 < self.refresh < self.refresh_rank:
-            raise ValueError(
-                f"refresh ({self.refresh} tokens) must be at least refresh_rank ({self.refresh_rank}): "
-                "each refresh takes its directions from that many tokens"
-            )
-        for name in ("rank", "rank_v"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        if not 0.0 <= self.recent_ratio <= 1.0:
-            raise ValueError(f"recent_ratio must lie in [0, 1], got {self.recent_ratio}")
-        if any(layer < 0 for layer in self.full_layers):
-            raise ValueError(f"full_layers must be layer indices, got {self.full_layers}")
-
-
-GROUPS = {"eviction": EvictionOptions, "s4r": S4ROptions}  # CompressionConfig's option groups
+    @property
+    def compresses(self) -> bool:
+        return self.kind.compresses
 
 
 @dataclass
 class CompressionConfig:
-    """How the KV cache is compressed during decoding; every method works per layer and per KV head.
+    """How the KV cache is compressed during decoding: a method (``gkv_rollout.methods``), the options every
+    method shares, and the method's own (``options``).
 
-    method: ``full`` (no compression); an eviction method of the G-KV family (``gkv_rollout.methods``: compress
-        every ``interval`` tokens, keeping ``budget`` tokens): ``streaming`` (sinks + most recent), ``snapkv``
-        (window attention, pooled), ``h2o`` (newest query's attention, normalised and accumulated),
-        ``rkv`` (attention minus key redundancy), ``gkv`` (normalised attention blended with its history,
-        minus key redundancy), ``random`` (a fresh uniform draw per token at each compression: the control);
-        ``tova`` (the newest query's attention, every step); or ``s4r`` (low-rank cache with sparse
-        reconstruction, scored every step: see ``gkv_rollout.s4r_cache``). A method from outside the package:
-        ``package.module:Class`` (an ``EvictionMethod`` subclass; the module is imported, its code run, and the
-        class registered under that name when the configuration is validated: like a trust-remote-code choice, a
-        configuration naming one names code to run).
+    method: a registered method (``full``: no compression; the eviction methods of the G-KV family, which compress
+        every ``interval`` tokens keeping ``budget`` tokens; ``s4r``, a low-rank cache with sparse reconstruction;
+        the README's methods table lists them), or a method from outside the package: ``package.module:Class``
+        (an ``EvictionMethod`` subclass; the module is imported, its code run, and the class registered under
+        that name when the configuration is validated: like a trust-remote-code choice, a configuration naming
+        one names code to run).
     budget: tokens each (layer, KV head) keeps after a compression, the window included (eviction methods).
     window: the last ``window`` queries score the cache, and the last ``window`` keys are always kept and never
-        scored (16; 1 for ``h2o``; 32 for ``s4r``, its W).
-    interval: compress after every ``interval`` generated tokens (and right after prefill when a prompt
-        exceeds the budget), so attention never sees more than ``budget + interval`` keys (128, the
-        reference's ``divide_length``; 1 for ``tova``, which evicts at every step).
-    pool_kernel, pool: pooling of scores along the sequence (odd kernel; 1 disables it; 5 for ``snapkv`` and
-        ``rkv``, 7 for ``s4r``, off for the others), ``max`` or ``avg``.
-    group_agg: how the query heads of a GQA group are combined, per window query (max; mean for ``s4r``).
-    sinks: the first ``sinks`` tokens are always kept (4 for ``streaming`` and ``s4r``, 0 for the others).
-    eviction: the G-KV family's scoring options (``EvictionOptions``: alpha, lambda_, form, redundancy,
-        similarity).
-    s4r: the options of ``s4r`` (``S4ROptions``: eta, rank, refresh, ...).
-    Options left at None take the method's default; ``resolved()`` fills them in. They are resolved on use, so
-    that changing ``method`` (say, from a command line) never keeps another method's defaults. ``of(method,
-    **options)`` builds one from flat option names (``CompressionConfig.of("s4r", eta=0.3)``).
+        scored (None: the method's; 16 for most, 1 for ``h2o`` and ``tova``, 32 for ``s4r``).
+    interval: compress after every ``interval`` generated tokens (and right after prefill when a prompt exceeds
+        the budget), so attention never sees more than ``budget + interval`` keys (None: the method's; 128, the
+        reference's ``divide_length``; 1 for ``tova``).
+    sinks: the first ``sinks`` tokens are always kept (None: the method's; 4 for ``streaming`` and ``s4r``).
+    pool_kernel: pooling of scores along the sequence (odd; 1: none; None: the method's, 5 for ``snapkv`` and
+        ``rkv``, 7 for ``s4r``).
+    pool: how scores are pooled: max or avg.
+    group_agg: how the query heads of a GQA group are combined, per window query (None: the method's; max; mean
+        for ``s4r``).
+    options: the method's own options by name (``compression.options.alpha=0.5``; its ``Options`` dataclass says
+        which and their defaults). An option the method does not have is refused.
+
+    The fields hold what was given (so that a configuration composed from recipes, or a sweep's template, takes
+    each method's own values where nothing was given); ``settings`` holds the values the cache runs with, built
+    and checked once with the configuration. ``of(method, **options)`` builds one from flat option names
+    (``CompressionConfig.of("s4r", eta=0.3)``).
     """
 
     method: str = "full"
     budget: int = 2048
     window: int | None = None
     interval: int | None = None
+    sinks: int | None = None
     pool_kernel: int | None = None
     pool: str = "max"
     group_agg: str | None = None
-    sinks: int | None = None
-    eviction: EvictionOptions = field(default_factory=EvictionOptions)
-    s4r: S4ROptions = field(default_factory=S4ROptions)
+    options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self):
-        for name, group in GROUPS.items():  # a mapping (a results file, Hydra's dict) becomes the group
-            if isinstance(getattr(self, name), dict):
-                setattr(self, name, group(**getattr(self, name)))
-        if self.method not in ("full", "s4r"):
-            method_class(self.method)  # an unknown name: an error naming the registered ones
-        if self.method == "full":  # reads no option (a sweep's template may hold its runs' options: EvalConfig)
-            return
-        unread = self.unread()
-        if unread:
-            reads = ", ".join(self.reads()) or "none of the eviction options"
-            raise ValueError(
-                f"compression.{unread[0]} does not apply to compression.method={self.method}, which reads {reads}"
-            )
-        r = self.resolved()
-        if r.window <= 0:
-            raise ValueError(f"window must be positive, got {r.window}")
-        if r.sinks < 0:
-            raise ValueError(f"sinks must be >= 0, got {r.sinks}")
-        if r.pool not in POOLINGS:
-            raise ValueError(f"unknown pooling {r.pool!r}; choose one of {', '.join(POOLINGS)}")
-        if r.pool_kernel < 1 or r.pool_kernel % 2 == 0:
-            raise ValueError(f"pool_kernel must be a positive odd number, got {r.pool_kernel}")
-        if r.group_agg not in GROUP_AGGREGATIONS:
-            raise ValueError(
-                f"unknown group aggregation {r.group_agg!r}; choose one of {', '.join(GROUP_AGGREGATIONS)}"
-            )
-        if self.method == "s4r":
-            r.s4r.validate()
-        else:
-            r._validate_eviction()
+        kind = method_class(self.method)  # an unknown name: an error naming the registered ones
+        if dataclasses.is_dataclass(self.options):
+            self.options = dataclasses.asdict(self.options)
+        self.options = dict(self.options or {})
+        shared = {name: kind.defaults[name] if getattr(self, name) is None else getattr(self, name) for name in SHARED}
+        # full keeps what it is given unchecked: a sweep's template holds its runs' options (EvalConfig)
+        options = method_options(self.method, kind, self.options) if kind.compresses else self.options
+        self.settings = Settings(self.method, kind, self.budget, pool=self.pool, options=options, **shared)
+        kind.validate(self.settings)
 
-    def _validate_eviction(self):
-        W, options = self.window, self.eviction
-        if self.budget <= W:
-            raise ValueError(f"budget ({self.budget}) must be larger than window ({W}): the budget counts the window")
-        if self.sinks + W > self.budget:
-            raise ValueError(f"sinks ({self.sinks}) + window ({W}) must fit in the budget ({self.budget})")
-        if self.interval <= 0:
-            raise ValueError(f"interval must be a positive number of tokens, got {self.interval}")
-        if not 0.0 <= options.alpha <= 1.0:
-            raise ValueError(f"alpha must lie in [0, 1], got {options.alpha}")
-        if not 0.0 <= options.lambda_ <= 1.0:
-            raise ValueError(f"lambda must lie in [0, 1], got {options.lambda_}")
-        if options.form not in GKV_FORMS:
-            raise ValueError(f"unknown gkv form {options.form!r}; choose one of {', '.join(GKV_FORMS)}")
-        if options.similarity not in SIMILARITIES:
-            raise ValueError(f"unknown similarity {options.similarity!r}; choose one of {', '.join(SIMILARITIES)}")
-        if self.method == "rkv" and not options.redundancy:
-            raise ValueError("rkv always uses the redundancy term; use snapkv for attention scores alone")
+    @property
+    def kind(self) -> type[Method]:
+        """The method's class."""
+        return self.settings.kind
+
+    @property
+    def compresses(self) -> bool:
+        return self.kind.compresses
 
     def check_generation(self, max_new_tokens: int, key: str = "sampling.max_new_tokens") -> None:
-        """Options that only make sense within a generation of ``max_new_tokens`` (the setting ``key``): s4r's
-        ``refresh`` below it (a refresh every that many generated tokens; at or beyond the generation's end none
-        ever happens, and its buffers would only take memory). ValueError naming both."""
-        if self.method == "s4r" and self.s4r.refresh >= max_new_tokens:
-            raise ValueError(
-                f"compression.s4r.refresh={self.s4r.refresh} refreshes nothing in a generation of {max_new_tokens} "
-                f"tokens ({key}): set it below {max_new_tokens}, or 0 for no refresh"
-            )
+        """Options that only make sense within a generation of ``max_new_tokens`` (the setting ``key``); ValueError
+        naming both (``Method.check_generation``)."""
+        self.kind.check_generation(self.settings, max_new_tokens, key)
 
-    def reads(self) -> tuple[str, ...]:
-        """The group options this method reads (``eviction.*`` of ``EvictionMethod.options``, every ``s4r.*``)."""
-        if self.method == "s4r":
-            return tuple(f"s4r.{f.name}" for f in dataclasses.fields(S4ROptions))
-        if self.method == "full":
-            return ()
-        return tuple(f"eviction.{name}" for name in method_class(self.method).options)
+    def option_names(self) -> tuple[str, ...]:
+        """The names of the method's own options."""
+        return option_names(self.kind)
 
     def unread(self) -> list[str]:
-        """The group options set away from their defaults that this method does not read (``eviction.alpha``)."""
-        reads = self.reads()
-        return [
-            f"{name}.{key}" for name in GROUPS for key in changed(getattr(self, name)) if f"{name}.{key}" not in reads
-        ]
+        """Options given that the method does not have (``full``'s: a sweep template's options for its runs)."""
+        return [name for name in self.options if name not in self.option_names()]
 
     def for_method(self, method: str, budget: int | None) -> CompressionConfig:
-        """This configuration as a template for a run of ``method`` at ``budget``: the shared options kept, the group
-        options kept where ``method`` reads them (validated)."""
-        run = dataclasses.replace(self, method=method, budget=budget, eviction=EvictionOptions(), s4r=S4ROptions())
-        reads = set(run.reads()) if method != "full" else set()
-        groups = {
-            name: {
-                key: getattr(getattr(self, name), key)
-                for key in changed(getattr(self, name))
-                if f"{name}.{key}" in reads
-            }
-            for name in GROUPS
-        }
+        """This configuration as a template for a run of ``method`` at ``budget``: the shared options kept (those
+        not given take ``method``'s values), the options ``method`` has kept (validated)."""
+        names = option_names(method_class(method))
         return dataclasses.replace(
-            run, **{name: dataclasses.replace(getattr(run, name), **values) for name, values in groups.items()}
+            self,
+            method=method,
+            budget=self.budget if budget is None else budget,
+            options={k: v for k, v in self.options.items() if k in names},
         )
 
     @classmethod
     def of(cls, method: str, **options) -> CompressionConfig:
-        """A validated configuration from flat option names: each option goes to its group by its name
-        (``eta`` to ``s4r``, ``alpha`` to ``eviction``; the others are shared). The form of command-line flags
-        and lm-eval's ``model_args``. ``full`` with a group option is refused (it reads none)."""
+        """A validated configuration from flat option names (each goes to the shared options or the method's own:
+        ``of("gkv", budget=64, alpha=0.5)``). The form of command-line flags and lm-eval's ``model_args``.
+        ``full`` with an option of a method is refused (it reads none)."""
         config = cls.template(method, **options)
-        if method == "full" and config.unread():
-            raise ValueError(f"compression.{config.unread()[0]} does not apply to compression.method=full")
+        if not config.compresses and config.unread():
+            raise ValueError(f"compression.options.{config.unread()[0]} does not apply to compression.method={method}")
         return config
 
     @classmethod
     def template(cls, method: str, **options) -> CompressionConfig:
-        """``of`` without the refusal for ``full``: a sweep's template, whose group options its runs read
-        (``for_method``)."""
-        groups: dict[str, dict] = {name: {} for name in GROUPS}
-        shared = {}
+        """``of`` without the refusal for ``full``: a sweep's template, whose method options its runs read
+        (``for_method``). ValueError for a name that is neither shared nor any registered method's option."""
+        shared_names = {f.name for f in dataclasses.fields(cls)} - {"method", "options"}
+        known = {name for kind in registered().values() for name in option_names(kind)}
+        known |= set(option_names(method_class(method)))
+        shared, own = {}, {}
         for key, value in options.items():
-            group = next((name for name, g in GROUPS.items() if key in {f.name for f in dataclasses.fields(g)}), None)
-            if group is not None:
-                groups[group][key] = value
-            elif key in {f.name for f in dataclasses.fields(cls)} and key not in GROUPS:
+            if key in shared_names:
                 shared[key] = value
+            elif key in known:
+                own[key] = value
             else:
                 raise ValueError(f"unknown compression option {key!r}")
-        return cls(method, **shared, **{name: GROUPS[name](**values) for name, values in groups.items()})
+        return cls(method, **shared, options=own)
 
     def flat(self) -> dict:
-        """Every option by its own name, the groups flattened (the form of results files and run identities)."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in GROUPS}
-        for name in GROUPS:
-            values.update(dataclasses.asdict(getattr(self, name)))
+        """Every setting by its own name, the method's options among the shared ones (the form of results files and
+        run identities; ``IDENTITY_DEFAULTS`` for the options the method does not have)."""
+        settings = self.settings
+        values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(self) if f.name != "options"}
+        values.update(IDENTITY_DEFAULTS)
+        if dataclasses.is_dataclass(settings.options):
+            values.update(dataclasses.asdict(settings.options))
         return values
 
-    @property
-    def compresses(self) -> bool:
-        return self.method != "full"
 
-    def defaults(self) -> dict:
-        """The values this method gives to options left at None (by their flat names)."""
-        if self.method == "s4r":
-            return {**EvictionMethod.defaults, **S4R_DEFAULTS, "rho": self.s4r.eta}
-        return dict(method_class(self.method).defaults if self.method != "full" else EvictionMethod.defaults)
-
-    def resolved(self) -> CompressionConfig:
-        """A copy with every option left at None set to this method's default (what the caches read)."""
-        defaults = self.defaults()
-        values = self.flat()
-        for name, value in defaults.items():
-            if values.get(name) is None:
-                values[name] = value
-        resolved = object.__new__(CompressionConfig)  # already validated: skip __post_init__, which calls this
-        for name, group in GROUPS.items():
-            own = {f.name for f in dataclasses.fields(group)}
-            resolved.__dict__[name] = group(**{k: v for k, v in values.items() if k in own})
-        resolved.__dict__.update({f.name: values[f.name] for f in dataclasses.fields(self) if f.name not in GROUPS})
-        return resolved
+def option_names(kind: type[Method]) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(kind.Options))
 
 
-def changed(options) -> list[str]:
-    """The fields of an option group that differ from the group's defaults."""
-    default = type(options)()
-    return [f.name for f in dataclasses.fields(options) if getattr(options, f.name) != getattr(default, f.name)]
+def method_options(method: str, kind: type[Method], given: dict) -> Any:
+    """``kind.Options`` (of the method named ``method``) from a mapping of option names; ValueError for an option the
+    method does not have, naming the ones it has, or a value of another type."""
+    names = option_names(kind)
+    unknown = [name for name in given if name not in names]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.7)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise ValueError(
+            f"compression.options.{unknown[0]} does not apply to compression.method={method}, whose options are: "
+            f"{', '.join(names) or 'none'}{hint}"
+        )
+    hints = typing.get_type_hints(kind.Options)
+    return kind.Options(**{name: typed(name, value, hints[name]) for name, value in given.items()})
+
+
+def typed(name: str, value, kind):
+    """``value`` of the option ``name`` as its field's type ``kind`` (OmegaConf's lists as lists, an int where a
+    float is asked as a float); ValueError naming it for a value of another type."""
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None
+        if value is None:
+            return None
+        kind = next(t for t in typing.get_args(kind) if t is not type(None))
+    if typing.get_origin(kind) is list:
+        if not isinstance(value, (list, tuple)) and type(value).__name__ != "ListConfig":
+            raise ValueError(f"compression.options.{name}={value!r}: expected a list")
+        return [typed(name, v, typing.get_args(kind)[0]) for v in value]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind in (bool, int, float, str) and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+        raise ValueError(f"compression.options.{name}={value!r}: expected {kind.__name__}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -360,42 +272,49 @@ def _parse_bool(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
-def flat_fields() -> list[tuple[dataclasses.Field, object]]:
-    """(field, type) of every option of ``CompressionConfig`` by its flat name: the shared ones, then each group's."""
-    found = [
-        (f, typing.get_type_hints(CompressionConfig)[f.name])
-        for f in dataclasses.fields(CompressionConfig)
-        if f.name not in GROUPS
-    ]
-    for group in GROUPS.values():
-        found += [(f, typing.get_type_hints(group)[f.name]) for f in dataclasses.fields(group)]
-    return found
+def flat_fields() -> list[tuple[str, type, object]]:
+    """(name, type, default) of every option by its flat name: the shared ones, then each registered method's own
+    (a name several methods have once, at the first's default)."""
+    hints = typing.get_type_hints(CompressionConfig)
+    found = {
+        f.name: (f.name, hints[f.name], f.default) for f in dataclasses.fields(CompressionConfig) if f.name != "options"
+    }
+    for kind in registered().values():
+        option_hints = typing.get_type_hints(kind.Options)
+        for f in dataclasses.fields(kind.Options):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            found.setdefault(f.name, (f.name, option_hints[f.name], default))
+    return list(found.values())
 
 
 def add_compression_args(parser, **defaults) -> None:
-    """Add one ``--option`` per option of ``CompressionConfig`` (flat names, the groups' included) to an argparse
-    parser (``--lambda`` for ``lambda_``)."""
-    for f, kind in flat_fields():
+    """Add one ``--option`` per compression option (flat names: the shared ones and every registered method's) to
+    an argparse parser (``--lambda`` for ``lambda_``). A method option's flag defaults to None (not given: the
+    method's own default)."""
+    method_names = {name for kind in registered().values() for name in option_names(kind)}
+    for name, kind, default in flat_fields():
         if typing.get_origin(kind) in (typing.Union, types.UnionType):  # X | None -> X
             kind = next(t for t in typing.get_args(kind) if t is not type(None))
-        flag = "--" + f.name.rstrip("_").replace("_", "-")
+        flag = "--" + name.rstrip("_").replace("_", "-")
+        value = defaults.get(name, None if name in method_names else default)
         if typing.get_origin(kind) is list:
-            parser.add_argument(flag, dest=f.name, default=defaults.get(f.name, []), type=int, nargs="*")
+            parser.add_argument(flag, dest=name, default=value, type=int, nargs="*")
             continue
-        parser.add_argument(
-            flag, dest=f.name, default=defaults.get(f.name, f.default), type=_parse_bool if kind is bool else kind
-        )
+        parser.add_argument(flag, dest=name, default=value, type=_parse_bool if kind is bool else kind)
 
 
 def compression_from_args(args, methods: list[str] | None = None) -> list[CompressionConfig] | CompressionConfig:
-    """The validated ``CompressionConfig`` of options added by ``add_compression_args``; with ``methods`` (a
-    sweep), one per method, each with the options it reads (``for_method``; one that no run reads is refused)."""
-    options = {f.name: getattr(args, f.name) for f, _ in flat_fields() if f.name != "method"}
+    """The validated ``CompressionConfig`` of options added by ``add_compression_args`` (method options left unset
+    take the method's defaults); with ``methods`` (a sweep), one per method, each with the options it has
+    (``for_method``; one that no run has is refused)."""
+    method_names = {name for kind in registered().values() for name in option_names(kind)}
+    options = {name: getattr(args, name) for name, _, _ in flat_fields() if name != "method"}
+    options = {k: v for k, v in options.items() if k not in method_names or v is not None}
     if methods is None:
         return CompressionConfig.of(args.method, **options)
     template = CompressionConfig.template("full", **options)
-    runs = [template.for_method(method, template.budget) for method in methods]
-    unread = [key for key in template.unread() if key not in {k for run in runs for k in run.reads()}]
+    runs = [template.for_method(method, None) for method in methods]
+    unread = [key for key in template.unread() if key not in {k for run in runs for k in run.option_names()}]
     if unread:
-        raise ValueError(f"compression.{unread[0]} applies to none of the methods ({', '.join(methods)})")
+        raise ValueError(f"compression.options.{unread[0]} applies to none of the methods ({', '.join(methods)})")
     return runs

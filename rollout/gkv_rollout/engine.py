@@ -19,9 +19,7 @@ import torch
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract.attention import use_kv_attention
 from gkv_rollout.contract.record import Record, logical_positions
-from gkv_rollout.eviction_cache import EvictionCache
 from gkv_rollout.kv_cache import KVCache
-from gkv_rollout.s4r_cache import S4RCache
 from gkv_rollout.sampling import sample_tokens, token_logprobs_of
 
 Prompt = str | Sequence[int] | Sequence[dict]
@@ -79,16 +77,9 @@ CacheFactory = Callable[..., KVCache]  # (model, compression, batch, prompt_widt
 def make_cache(
     model, compression: CompressionConfig, batch: int, prompt_width: int, max_new: int, device, seed: int = 0
 ) -> KVCache:
-    """The cache of ``compression.method``: ``S4RCache`` for s4r, else an ``EvictionCache`` sized to the most
-    it ever holds (budget + interval tokens after the first compression; everything for ``full``); ``seed``: the
-    rollout's sampling seed (the ``random`` method draws from it)."""
-    if compression.method == "s4r":
-        return S4RCache(model, compression, batch, prompt_width, max_new, device)
-    capacity = prompt_width + max_new
-    if compression.compresses:
-        capacity = min(capacity, max(prompt_width, compression.budget) + compression.resolved().interval)
-    dtype = next(model.parameters()).dtype
-    return EvictionCache(model.config, compression, batch, capacity, prompt_width + max_new, dtype, device, seed)
+    """The cache of ``compression``'s method (``Method.make_cache``); ``seed``: the rollout's sampling seed (the
+    ``random`` method draws from it)."""
+    return compression.kind.make_cache(model, compression.settings, batch, prompt_width, max_new, device, seed)
 
 
 def forward_logits(model, ids, positions, mask, cache) -> torch.Tensor:

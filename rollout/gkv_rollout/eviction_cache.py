@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from gkv_rollout.config import CompressionConfig
+from gkv_rollout.config import Settings
 from gkv_rollout.contract.attention import head_dim
 from gkv_rollout.contract.eviction import NEVER, EvictionRecord, after_end_is_never
 from gkv_rollout.kv_cache import KVCache
-from gkv_rollout.methods import LayerState, method_class
+from gkv_rollout.methods import LayerState
 from gkv_rollout.scoring import candidate_slots, select_keep
 
 STATIC_WIDTH_STEP = 64  # a static decode step attends over a multiple of this many slots
@@ -69,7 +69,7 @@ class EvictionCache(KVCache):
     def __init__(
         self,
         model_config,
-        compression: CompressionConfig,
+        compression: Settings,
         batch_size: int,
         capacity: int,
         record_len: int,
@@ -77,7 +77,7 @@ class EvictionCache(KVCache):
         device: torch.device,
         seed: int = 0,
     ):
-        self.compression = compression = compression.resolved()
+        self.compression = compression
         L = model_config.num_hidden_layers
         H = model_config.num_attention_heads
         Hkv = model_config.num_key_value_heads
@@ -102,7 +102,7 @@ class EvictionCache(KVCache):
         self._ring_slot = torch.zeros(1, dtype=torch.long, device=device)  # static: its query's window slot
         if compression.compresses:
             W = compression.window
-            self.method = method_class(compression.method)(compression, seed)
+            self.method = compression.kind(compression, seed)
             self.positions = torch.zeros(L, B, Hkv, S, dtype=torch.long, device=device)
             # each token's global score from the last compression; NaN: none (new since, or in the window then)
             self.history = torch.full((L, B, Hkv, S), float("nan"), dtype=torch.float32, device=device)

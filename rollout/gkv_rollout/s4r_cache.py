@@ -21,13 +21,14 @@ error); sink keys are kept as received (after RoPE), which is their pre-RoPE val
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from gkv_rollout.config import CompressionConfig
+from gkv_rollout.config import Settings
 from gkv_rollout.contract.attention import head_dim
 from gkv_rollout.contract.bits import pack_bits, unpack_bits
 from gkv_rollout.contract.rope import group_queries, heads_to_concat, inverse_rope
@@ -46,7 +47,149 @@ from gkv_rollout.lowrank import (
     select_tokens,
     selection_budget,
 )
+from gkv_rollout.methods import Method, ModelShape, register
 from gkv_rollout.scoring import aggregate_group, pool_scores
+
+
+def _help(text: str) -> dict:
+    return {"help": " ".join(text.split())}
+
+
+@dataclass
+class S4ROptions:
+    """The options of ``s4r`` (``compression.options.*`` with ``compression.method=s4r``)."""
+
+    eta: float = field(
+        default=0.2,
+        metadata=_help("""persistent-memory share: the rank is solved so that the stored state (exact sinks, the
+        coefficients of every token, the query window, the bases) is a share eta of the full KV cache when the
+        sequence reaches expected_length tokens; eta also sets the share of prompt tokens sampled for the bases and
+        rho by default. The achieved share of each sample is reported (memory_share)."""),
+    )
+    expected_length: int | None = field(
+        default=None,
+        metadata=_help("""sequence length (prompt + completion) at which eta holds; None: each prompt's length +
+        max_new_tokens (the end of the longest generation); 0: the prompt's length (the paper's setting, for
+        prompt-only workloads; over a long generation the share then falls, e.g. 0.2 asked, ~0.08 after 1024 tokens
+        on a 146-token prompt)."""),
+    )
+    rank: int | None = field(default=None, metadata=_help("key rank (None: from eta)"))
+    rank_v: int | None = field(default=None, metadata=_help("value rank (None: rank)"))
+    refresh: int = field(
+        default=0,
+        metadata=_help("""bases that follow the generation (an extension beyond the paper; 0, the default: off, the
+        paper's bases from the prompt alone): every refresh generated tokens each layer's key and value bases gain
+        the refresh_rank leading directions of what they miss of the last refresh tokens' states (the residual's
+        SVD). The rank budget is kept: the prompt's bases start that many columns short of the rank eta gives; a
+        token keeps the columns that existed when it was written (the record says which)."""),
+    )
+    refresh_rank: int = field(
+        default=2, metadata=_help("directions each refresh adds to the key and to the value bases")
+    )
+    rho: float | None = field(
+        default=None, metadata=_help("share of the cache reconstructed each step, window included (None: eta)")
+    )
+    recent_ratio: float = field(
+        default=0.7, metadata=_help("share of the sampled prompt tokens taken from the most recent ones (7:3)")
+    )
+    normalize: bool = field(
+        default=True, metadata=_help("normalise sampled key/value vectors to unit length before the SVD")
+    )
+    full_layers: list[int] = field(
+        default_factory=list, metadata=_help("layers that reconstruct every token instead of a top-k selection")
+    )
+
+    def __post_init__(self):
+        if not 0.0 < self.eta <= 1.0:
+            raise ValueError(f"eta must lie in (0, 1], got {self.eta}")
+        if self.rho is None:
+            self.rho = self.eta
+        if not 0.0 < self.rho <= 1.0:
+            raise ValueError(f"rho must lie in (0, 1], got {self.rho}")
+        if self.expected_length is not None and self.expected_length < 0:
+            raise ValueError(f"expected_length must be >= 0 (0: the prompt's length), got {self.expected_length}")
+        if self.refresh < 0 or self.refresh_rank < 1:
+            raise ValueError(
+                f"refresh must be >= 0 (0: off) and refresh_rank >= 1, got {self.refresh}, {self.refresh_rank}"
+            )
+        if 0 < self.refresh < self.refresh_rank:
+            raise ValueError(
+                f"refresh ({self.refresh} tokens) must be at least refresh_rank ({self.refresh_rank}): "
+                "each refresh takes its directions from that many tokens"
+            )
+        for name in ("rank", "rank_v"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0.0 <= self.recent_ratio <= 1.0:
+            raise ValueError(f"recent_ratio must lie in [0, 1], got {self.recent_ratio}")
+        if any(layer < 0 for layer in self.full_layers):
+            raise ValueError(f"full_layers must be layer indices, got {self.full_layers}")
+
+
+@register
+class S4R(Method):
+    """S4R: exact sinks, rank-r coefficients from SVD bases of sampled pre-RoPE keys and values, latent scoring at
+    every step, the top tokens reconstructed (``S4RCache``, its record ``S4RRecord``; docs/s4r.md)."""
+
+    name = "s4r"
+    summary = (
+        "exact sinks + rank-r coefficients from SVD bases of pre-RoPE K/V, latent scoring, top tokens "
+        "reconstructed ([docs/s4r.md](docs/s4r.md))"
+    )
+    Options = S4ROptions
+    static_decode = False  # it scores and reconstructs at every step, outside any graph
+    defaults = {**Method.defaults, "window": 32, "sinks": 4, "pool_kernel": 7, "group_agg": "mean"}
+
+    @classmethod
+    def make_cache(cls, model, settings, batch, prompt_width, max_new, device, seed=0):
+        return S4RCache(model, settings, batch, prompt_width, max_new, device)
+
+    @classmethod
+    def cache_bytes(cls, settings, shape: ModelShape, rows, prompt, new, dtype_bytes):
+        """The prompt's exact K and V during prefill, then float32 coefficients at rank <= D' per token (keys and
+        values), the window's float64 score sums, the bit-packed selections of every generated token, and with
+        ``refresh`` the last ``refresh`` tokens' float32 pre-RoPE keys and values; plus the sampled tokens and
+        their log-probs (12 bytes per token)."""
+        L, G, total, options = shape.layers, shape.heads // shape.kv_heads, prompt + new, settings.options
+        rank = max(options.rank or 0, options.rank_v or 0) or shape.latent_dim  # the eta rank is at most D'
+        size = prompt * shape.token_bytes(dtype_bytes) + L * total * (2 * rank * 4 + G * 8) + L * new * (total + 7) // 8
+        size += 2 * L * min(options.refresh, new) * shape.latent_dim * 4
+        return rows * (size + new * 12)
+
+    @classmethod
+    def check_generation(cls, settings, max_new_tokens, key):
+        if settings.options.refresh >= max_new_tokens:
+            raise ValueError(
+                f"compression.options.refresh={settings.options.refresh} refreshes nothing in a generation of "
+                f"{max_new_tokens} tokens ({key}): set it below {max_new_tokens}, or 0 for no refresh"
+            )
+
+    @classmethod
+    def check_model(cls, settings, shape: ModelShape):
+        """Ranks within the model's D' (a larger one would be cut to D', and the run recorded as what was given),
+        and ``full_layers`` among the model's layers (another index would be ignored)."""
+        options = settings.options
+        beyond = [layer for layer in options.full_layers if layer >= shape.layers]
+        if beyond:
+            raise ValueError(
+                f"compression.options.full_layers={list(options.full_layers)}: {shape.name} has layers "
+                f"0-{shape.layers - 1}"
+            )
+        for key in ("rank", "rank_v"):
+            value = getattr(options, key)
+            if value is not None and value > shape.latent_dim:
+                raise ValueError(
+                    f"compression.options.{key}={value} exceeds what {shape.name} allows: an S4R basis has at most KV "
+                    f"heads x head dim = {shape.kv_heads} x {shape.head_dim} = {shape.latent_dim} columns"
+                )
+
+    @classmethod
+    def check_prompts(cls, settings, shortest, which):
+        if shortest <= settings.sinks:
+            raise ValueError(
+                f"s4r needs prompts longer than its {settings.sinks} sinks (compression.sinks); {which} has "
+                f"{shortest} tokens"
+            )
 
 
 class DecodeStep(NamedTuple):
@@ -71,9 +214,9 @@ class S4RCache(KVCache):
     """S4R attention context of one batched rollout. Slot i of the coefficient buffers holds logical position
     ``i + sinks`` (nothing is evicted: every token is kept, low-rank)."""
 
-    def __init__(self, model, compression: CompressionConfig, batch_size: int, prompt_width: int, max_new: int, device):
+    def __init__(self, model, compression: Settings, batch_size: int, prompt_width: int, max_new: int, device):
         cfg = model.config
-        self.compression = compression = compression.resolved()
+        self.compression = compression
         self.rotary = model.get_decoder().rotary_emb
         self.L = cfg.num_hidden_layers
         self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
@@ -136,7 +279,7 @@ class S4RCache(KVCache):
             self._sync_bases()
         self.rows, self.B = self.rows[keep], len(keep)
         state = ("sink_k", "sink_v", "bases_k", "bases_v", "coef_k", "coef_v", "cq", "window_sum", "chosen")
-        state += ("recent_k", "recent_v") if self.compression.s4r.refresh else ()
+        state += ("recent_k", "recent_v") if self.compression.options.refresh else ()
         for name in state:  # one at a time
             setattr(self, name, getattr(self, name).index_select(1, keep))
         for name in ("valid", "lengths", "q_pos", "q_ok", "rank_k", "rank_v", "cap_k", "cap_v", "latent_scale"):
@@ -144,14 +287,14 @@ class S4RCache(KVCache):
         self._now = None
 
     def after_step(self, generated: int) -> None:
-        """Refresh (``compression.s4r.refresh``): every ``refresh`` generated tokens, each layer's key and value
+        """Refresh (``compression.options.refresh``): every ``refresh`` generated tokens, each layer's key and value
         bases gain ``refresh_rank`` directions from the last ``refresh`` tokens (``extend_bases``), up to each
         row's final rank; tokens written from now on use them."""
         cfg = self.compression
-        if not cfg.s4r.refresh or generated % cfg.s4r.refresh or generated >= self.max_new:
+        if not cfg.options.refresh or generated % cfg.options.refresh or generated >= self.max_new:
             return
         start = time.perf_counter()
-        k = cfg.s4r.refresh_rank
+        k = cfg.options.refresh_rank
         for bases, rank, cap, recent in (
             (self.bases_k, self.rank_k, self.cap_k, self.recent_k),
             (self.bases_v, self.rank_v, self.cap_v, self.recent_v),
@@ -161,7 +304,7 @@ class S4RCache(KVCache):
                 if add <= 0:
                     continue
                 for layer in range(self.L):
-                    bases[layer, b] = extend_bases(bases[layer, b], r, recent[layer, b], add, cfg.s4r.normalize)
+                    bases[layer, b] = extend_bases(bases[layer, b], r, recent[layer, b], add, cfg.options.normalize)
             rank.copy_(torch.minimum(rank + k, cap))
         self.seconds += time.perf_counter() - start
 
@@ -174,7 +317,7 @@ class S4RCache(KVCache):
 
     def _sync_bases(self) -> None:
         """Copy the rows held now into every row's bases (refresh changes them after prefill)."""
-        if self._all_bases is not None and self.compression.s4r.refresh:
+        if self._all_bases is not None and self.compression.options.refresh:
             self._all_bases[0][:, self.rows] = self.bases_k
             self._all_bases[1][:, self.rows] = self.bases_v
 
@@ -230,15 +373,16 @@ class S4RCache(KVCache):
         if bool((prompt <= self.s).any()):
             raise ValueError(f"s4r needs prompts longer than its {self.s} sinks")
         ranks = [
-            s4r_rank(cfg.s4r.eta, self.s, self._eta_length(int(n)) - self.s, self.dim, self.G, self.W) for n in prompt
+            s4r_rank(cfg.options.eta, self.s, self._eta_length(int(n)) - self.s, self.dim, self.G, self.W)
+            for n in prompt
         ]
         # the rank each row ends with (its coefficient buffers' width); with refresh it starts short of it by the
         # columns the refreshes will add, so that the budget is kept
-        self.cap_k = torch.tensor([cfg.s4r.rank or r for r in ranks], device=self.device).clamp_max(self.dim)
-        self.cap_v = torch.tensor([cfg.s4r.rank_v or cfg.s4r.rank or r for r in ranks], device=self.device).clamp_max(
-            self.dim
-        )
-        added = cfg.s4r.refresh_rank * ((self.max_new - 1) // cfg.s4r.refresh) if cfg.s4r.refresh else 0
+        self.cap_k = torch.tensor([cfg.options.rank or r for r in ranks], device=self.device).clamp_max(self.dim)
+        self.cap_v = torch.tensor(
+            [cfg.options.rank_v or cfg.options.rank or r for r in ranks], device=self.device
+        ).clamp_max(self.dim)
+        added = cfg.options.refresh_rank * ((self.max_new - 1) // cfg.options.refresh) if cfg.options.refresh else 0
         self.rank_k, self.rank_v = (self.cap_k - added).clamp_min(1), (self.cap_v - added).clamp_min(1)  # now
         self._ranks = (self.cap_k, self.cap_v)  # of every row (rows that finish leave the buffers)
         rk, rv, S = int(self.cap_k.max()), int(self.cap_v.max()), self.length - self.s
@@ -256,8 +400,8 @@ class S4RCache(KVCache):
         # the key and value rank each position was written with (every row of the batch, by logical position)
         self.rank_at_k = torch.zeros(B, self.length, dtype=torch.int16, device=self.device)
         self.rank_at_v = torch.zeros_like(self.rank_at_k)
-        if cfg.s4r.refresh:  # the last ``refresh`` tokens' pre-RoPE keys and values, for the next refresh
-            self.recent_k = torch.zeros(L, B, cfg.s4r.refresh, self.dim, **f32)
+        if cfg.options.refresh:  # the last ``refresh`` tokens' pre-RoPE keys and values, for the next refresh
+            self.recent_k = torch.zeros(L, B, cfg.options.refresh, self.dim, **f32)
             self.recent_v = torch.zeros_like(self.recent_k)
         self.q_pos = torch.zeros(B, self.W, dtype=torch.long, device=self.device)
         self.q_ok = torch.zeros(B, self.W, dtype=torch.bool, device=self.device)
@@ -268,7 +412,7 @@ class S4RCache(KVCache):
 
     def _eta_length(self, prompt: int) -> int:
         """The sequence length at which the persistent memory is the share ``eta`` (``expected_length``)."""
-        expected = self.compression.s4r.expected_length
+        expected = self.compression.options.expected_length
         if expected is None:
             return prompt + self.max_new
         return max(prompt, expected)  # 0 (or a length below the prompt's): at the prompt
@@ -288,14 +432,14 @@ class S4RCache(KVCache):
             sink_cols, rest = cols[: self.s], cols[self.s :]
             self.sink_k[layer, b] = key[b][:, sink_cols]
             self.sink_v[layer, b] = value[b][:, sink_cols]
-            count = max(round(cfg.s4r.eta * len(rest)), int(self.rank_k[b]))
-            sampled = rest[sample_positions(len(rest), count, cfg.s4r.recent_ratio)]
+            count = max(round(cfg.options.eta * len(rest)), int(self.rank_k[b]))
+            sampled = rest[sample_positions(len(rest), count, cfg.options.recent_ratio)]
             self.bases_k[layer, b] = torch.nn.functional.pad(
-                low_rank_bases(k_pre[b, sampled][None], int(self.rank_k[b]), cfg.s4r.normalize)[0],
+                low_rank_bases(k_pre[b, sampled][None], int(self.rank_k[b]), cfg.options.normalize)[0],
                 (0, rk - int(self.rank_k[b])),
             )
             self.bases_v[layer, b] = torch.nn.functional.pad(
-                low_rank_bases(v_cat[b, sampled][None], int(self.rank_v[b]), cfg.s4r.normalize)[0],
+                low_rank_bases(v_cat[b, sampled][None], int(self.rank_v[b]), cfg.options.normalize)[0],
                 (0, rv - int(self.rank_v[b])),
             )
         if layer == 0:
@@ -339,9 +483,9 @@ class S4RCache(KVCache):
         k_ok = self.valid[:, self.s : self.s + S] & (k_pos <= pos)
         sign = torch.tensor([1.0, -1.0], dtype=torch.float64, device=pos.device)
         pair_weight = (pair_ok.double() * sign)[:, None, None, :]
-        budget = selection_budget(k_pos, k_ok, pos[:, 0], self.W, self.compression.s4r.rho)
+        budget = selection_budget(k_pos, k_ok, pos[:, 0], self.W, self.compression.options.rho)
         full = None
-        if self.compression.s4r.full_layers:
+        if self.compression.options.full_layers:
             count = k_ok.sum(-1)
             full = int(count.max()), self._attention_mask(count, int(count.max()))
         return DecodeStep(
@@ -386,9 +530,9 @@ class S4RCache(KVCache):
         v_cat = heads_to_concat(value).float()  # [B, 1, D']
         coef_k.scatter_(1, now.slot.expand(-1, -1, coef_k.shape[-1]), proj[:, G])
         coef_v.scatter_(1, now.slot.expand(-1, -1, coef_v.shape[-1]), v_cat @ bases_v)
-        if cfg.s4r.refresh:
-            self.recent_k[layer, :, self.step % cfg.s4r.refresh] = pre[:, G, 0]
-            self.recent_v[layer, :, self.step % cfg.s4r.refresh] = v_cat[:, 0]
+        if cfg.options.refresh:
+            self.recent_k[layer, :, self.step % cfg.options.refresh] = pre[:, G, 0]
+            self.recent_v[layer, :, self.step % cfg.options.refresh] = v_cat[:, 0]
         pair = torch.cat([proj[:, :G], self.cq[layer, :, :, now.ring, None]], dim=2)  # [B, G, 2, r]: in, out
         self.cq[layer, :, :, now.ring] = proj[:, :G, 0]
 
@@ -401,7 +545,7 @@ class S4RCache(KVCache):
         # scores outside k_ok are 0 (nothing was ever added there), so max pooling needs no mask
         ok = None if cfg.pool == "max" else now.k_ok[:, None, :]
         score = aggregate_group(pool_scores(score, ok, cfg.pool_kernel, cfg.pool), 1, cfg.group_agg)
-        if layer in cfg.s4r.full_layers:
+        if layer in cfg.options.full_layers:
             chosen, (n, mask) = now.k_ok, now.full
         else:
             chosen, n, mask = select_tokens(score, now.budget), now.budget.n, now.mask
@@ -485,7 +629,7 @@ class S4RCache(KVCache):
         rank_k, rank_v = (r.tolist() for r in self._ranks)
         shares = [
             persistent_elements(
-                self.s, max(T - self.s, 0), self.dim, self.G, self.W, rk, rv, self.compression.s4r.refresh
+                self.s, max(T - self.s, 0), self.dim, self.G, self.W, rk, rv, self.compression.options.refresh
             )
             / (2 * T * self.dim)
             for T, rk, rv in zip(total, rank_k, rank_v)
@@ -496,7 +640,14 @@ class S4RCache(KVCache):
         return (
             sum(
                 persistent_elements(
-                    self.s, int(n) - self.s, self.dim, self.G, self.W, int(rk), int(rv), self.compression.s4r.refresh
+                    self.s,
+                    int(n) - self.s,
+                    self.dim,
+                    self.G,
+                    self.W,
+                    int(rk),
+                    int(rv),
+                    self.compression.options.refresh,
                 )
                 for n, rk, rv in zip(self.lengths, self.cap_k, self.cap_v)
             )
