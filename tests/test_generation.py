@@ -1,3 +1,8 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 from conftest import random_prompts
@@ -8,6 +13,8 @@ from gkv_rollout.engine import RolloutEngine, encode_prompts, left_pad
 from gkv_rollout.methods import eviction_methods
 from gkv_rollout.scoring import hashed_uniform
 from gkv_train.models import tiny_model
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def hf_greedy(model, prompts, pad_id, max_new_tokens, eos):
@@ -248,3 +255,20 @@ def test_progress_callback_counts_every_generated_token(tiny_llama):
         random_prompts([12, 30, 7]), SamplingConfig(max_new_tokens=24, seed=3), progress=counts.append
     )
     assert sum(counts) == int(out.completion_lengths.sum()) and len(counts) == out.num_completion_tokens
+
+
+def test_compare_rollouts_finds_a_changed_rollout(tmp_path):
+    """scripts/compare_rollouts.py (behaviour across a refactor): a tree against itself is identical; the control, one
+    log-prob changed in one method's dump, is found and fails."""
+    script = [sys.executable, str(ROOT / "scripts" / "compare_rollouts.py")]
+    before = tmp_path / "before.pt"
+    subprocess.run([*script, "--dump", str(before)], check=True, capture_output=True, timeout=600)
+    same = subprocess.run([*script, "--compare", str(before), str(before)], capture_output=True, text=True, timeout=120)
+    assert same.returncode == 0 and json.loads(same.stdout)["identical"]
+    dumped = torch.load(before)
+    dumped["gkv"]["logprobs"][0, 0] += 1e-6
+    torch.save(dumped, tmp_path / "after.pt")
+    changed = subprocess.run(
+        [*script, "--compare", str(before), str(tmp_path / "after.pt")], capture_output=True, text=True, timeout=120
+    )
+    assert changed.returncode == 1 and json.loads(changed.stdout)["rollouts"]["gkv"] == "different"
