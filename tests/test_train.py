@@ -376,6 +376,26 @@ def test_crashed_saves_resume_exactly(tmp_path):
     assert strict_json(again.stdout.strip().splitlines()[-1]) == strict_json(finished)
     # (a fresh run into the folder is refused: test_checkpoints.py, in-process)
 
+    # damage, found by the manifests: a truncated newest checkpoint is passed over for the one before, with a line
+    weights = whole / "checkpoint-3" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    on = run([*TINY, "max_steps=4", f"output_dir={whole}", "resume=last"])
+    assert "checkpoint-3 is damaged" in on.stderr and "resuming from" in on.stderr and "checkpoint-2" in on.stderr
+    assert [r["step"] for r in metrics(whole)] == [1, 2, 3, 4]
+    # a resume with another learning rate than its checkpoint's is refused (the checkpoint's would be kept)
+    faster = run([*TINY, "max_steps=5", f"output_dir={whole}", "resume=last", "learning_rate=1e-2"], check=False)
+    assert "learning_rate=0.001 there, 0.01 here" in refusal(faster)
+    # export of a damaged final model names the file
+    final = whole / "model.safetensors"
+    final.write_bytes(final.read_bytes()[:1000])
+    done = subprocess.run(
+        [sys.executable, "-m", "gkv_train.cli", "export", str(whole), str(tmp_path / "merged")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 2 and f"{final} has 1000 bytes" in done.stderr and not (tmp_path / "merged").exists()
+
 
 def named_full_disk(stderr, out):
     """The one line a full disk during a checkpoint save ends with: the staging path, its file system, the space
