@@ -293,8 +293,11 @@ class AtomicCheckpoints:
         with card_base(self.accelerator.unwrap_model(self.model), self.card_base_model):
             super().create_model_card(*args, **kwargs)
         card = Path(self.args.output_dir) / "README.md"
-        if self.args.should_save and self.base_weights_note and card.is_file():
-            write_atomically(card, card.read_text().rstrip("\n") + "\n\n" + self.base_weights_note)
+        if self.args.should_save and card.is_file():
+            text = card.read_text().replace('model="None"', f'model="{self.args.output_dir}"')  # TRL's hub id: none
+            if self.base_weights_note:
+                text = text.rstrip("\n") + "\n\n" + self.base_weights_note
+            write_atomically(card, text)
 
     def _get_output_dir(self, trial) -> str:
         run_dir = super()._get_output_dir(trial)

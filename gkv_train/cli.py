@@ -191,11 +191,76 @@ def precision_from_launcher(overrides: list[str]) -> list[str]:
     )
 
 
+def recipe_files(argv: list[str]) -> list[str]:
+    """A recipe of one's own, by path: ``recipe=path/to/mine.yaml`` or ``--config path/to/mine.yaml`` (as TRL users
+    type it) becomes ``recipe=mine`` with the file's folder on Hydra's search path. The file is a recipe like those
+    of ``recipes/recipe/`` (top-level keys: ``learning_rate: 1e-5``, ``compression: {method: gkv, budget: 256}``);
+    its keys are checked like command-line ones (a moved or TRL-derived key named, "did you mean"). It is copied,
+    with the header that makes its keys top-level, into ``~/.cache/gkv-train/recipes/<its hash>/recipe/`` (a
+    relaunch into several processes finds it there). ValueError for a file that is missing or not a mapping."""
+    import hashlib
+
+    import yaml
+
+    from gkv_train import run_config
+
+    given, rest, skip = None, [], False
+    for i, arg in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        key, eq, value = arg.partition("=")
+        if key == "--config":
+            if not eq:
+                if i + 1 >= len(argv):
+                    raise ValueError("--config needs a recipe file: --config path/to/recipe.yaml")
+                value, skip = argv[i + 1], True
+            given = value
+        elif key == "recipe" and (value.endswith((".yaml", ".yml")) or "/" in value):
+            given = value
+        else:
+            rest.append(arg)
+    if given is None:
+        return argv
+    path = Path(given).expanduser()
+    if not path.is_file():
+        raise ValueError(f"recipe file {given} does not exist")
+    text = path.read_text()
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise ValueError(f"recipe file {given} is not YAML: {' '.join(str(err).split())}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"recipe file {given} must hold a mapping of keys (learning_rate: 1e-5, ...)")
+
+    def flat(node, prefix=""):
+        for key, value in node.items():
+            if isinstance(value, dict) and f"{prefix}{key}" != "compression.options":
+                yield from flat(value, f"{prefix}{key}.")
+            else:
+                yield f"{prefix}{key}=x"
+
+    try:
+        keys = [k for k in flat(values) if not k.startswith("compression.options")]
+        run_config.check_overrides(keys, run_config.TrainConfig)
+    except ValueError as err:
+        raise ValueError(f"recipe file {given}: {err}") from None
+    folder = Path.home() / ".cache" / "gkv-train" / "recipes" / hashlib.sha256(text.encode()).hexdigest()[:16]
+    (folder / "recipe").mkdir(parents=True, exist_ok=True)
+    header = "" if text.lstrip().startswith("# @package _global_") else "# @package _global_\n"
+    (folder / "recipe" / f"{path.stem}.yaml").write_text(header + text)
+    return [f"recipe={path.stem}", f"hydra.searchpath=[file://{folder}]", *rest]
+
+
 def train(script: list[str]) -> None:
     """Train with the overrides in ``sys.argv[1:]``; ``script`` re-runs this command (with the same overrides)
     under ``torch.distributed.run`` when more CPU processes were asked for (once the configuration holds)."""
     from gkv_train.distributed import relaunch_cpu_processes
 
+    try:
+        sys.argv[1:] = recipe_files(sys.argv[1:])
+    except ValueError as err:
+        _fail(f"error: {err}", REFUSED)
     sys.argv[1:] = precision_from_launcher(sys.argv[1:])
 
     def work(config, cfg, files) -> None:
@@ -234,6 +299,12 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
+        return
+    if argv[0] == "--version":
+        from importlib.metadata import version
+
+        parts = ", ".join(f"{name} {version(name)}" for name in ("gkv-rollout", "gkv-rewards"))
+        print(f"gkv-train {version('gkv-train')} ({parts})")
         return
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:

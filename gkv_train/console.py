@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import io
+import re
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 
 ROLLOUT_BAR_DELAY = 5.0  # seconds
+ESCAPES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")  # terminal control sequences (a nested bar moving the cursor)
 
 
 class LineTee(io.TextIOBase):
     """A text stream that writes to ``console`` as it comes and to ``log`` line by line: of a line rewritten in
-    place with carriage returns (a progress bar) only its last state, so the log reads as a transcript."""
+    place with carriage returns (a progress bar) only its last state, terminal control sequences left out, so the
+    log reads as a transcript."""
 
     def __init__(self, console, log):
         self.console, self.log = console, log
@@ -20,7 +23,7 @@ class LineTee(io.TextIOBase):
 
     def write(self, text: str) -> int:
         self.console.write(text)
-        *lines, pending = (self.pending + text).split("\n")
+        *lines, pending = (self.pending + ESCAPES.sub("", text)).split("\n")
         for line in lines:
             self.log.write(line.rstrip("\r").rsplit("\r", 1)[-1] + "\n")
         if lines:
@@ -53,10 +56,12 @@ class LineTee(io.TextIOBase):
 def rollout_progress(rows: int, max_new_tokens: int, enabled: bool = True):
     """A progress bar of one rollout inside a training step (tokens, tokens/s), drawn only once the rollout has
     run ``ROLLOUT_BAR_DELAY`` seconds (a short one draws nothing) and removed when it ends; yields the callback
-    ``RolloutEngine.generate(progress=...)`` takes. ``enabled``: False on processes other than the main one."""
+    ``RolloutEngine.generate(progress=...)`` takes. ``enabled``: False on processes other than the main one. The bar
+    is transient: it is drawn on the terminal only, never into the run's log file (``log_console_to``)."""
     from tqdm import tqdm
 
     bar = tqdm(
+        file=getattr(sys.stderr, "console", sys.stderr),
         total=rows * max_new_tokens,
         desc="rollout",
         unit="tok",

@@ -38,4 +38,30 @@ def export(run_dir: str | Path, out_dir: str | Path) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    (out_dir / "README.md").write_text(model_card(run_dir, out_dir, adapter.is_file()))
     return out_dir
+
+
+def model_card(run_dir: Path, out_dir: Path, merged: bool) -> str:
+    """The merged folder's card: where it comes from (the run, its base model, the compression it was trained
+    under when the run's resolved configuration says) and how to load it."""
+    base = json.loads((run_dir / "adapter_config.json").read_text())["base_model_name_or_path"] if merged else None
+    trained = ""
+    config = run_dir / "hydra" / "config.yaml"
+    if config.is_file():
+        import yaml
+
+        values = yaml.safe_load(config.read_text()) or {}
+        compression = values.get("compression") or {}
+        trained = (
+            f"Trained with recipe `{values.get('recipe')}` under the KV-cache compression "
+            f"`{compression.get('method')}` (budget {compression.get('budget')}): it is meant to run with that "
+            "compression (gkv-train's rollout engine or lm-eval model, `method=...`).\n\n"
+        )
+    source = f"LoRA adapter of `{run_dir}` merged into its base `{base}`" if merged else f"`{run_dir}`"
+    return (
+        f"# {out_dir.name}\n\nExported by `gkv-train export` from {source}.\n\n{trained}"
+        "## Quick start\n\n```python\nfrom transformers import AutoModelForCausalLM, AutoTokenizer\n\n"
+        f'model = AutoModelForCausalLM.from_pretrained("{out_dir}")\n'
+        f'tokenizer = AutoTokenizer.from_pretrained("{out_dir}")\n```\n'
+    )

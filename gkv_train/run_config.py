@@ -171,8 +171,10 @@ class LoraOptions:
     enabled: train LoRA adapters only; the saved run is an adapter (``gkv-train export`` merges it).
     r: the adapters' rank.
     alpha: their scaling numerator (scale alpha / r).
-    dropout: dropout on the adapters' input.
-    target_modules: the linear layers that get adapters.
+    dropout: dropout on the adapters' input. [Default here 0.0, TRL's ModelConfig 0.05: with dropout the trainer's
+        forward is not the rollout's, so its log-probs under the record would not equal the rollout's.]
+    target_modules: the linear layers that get adapters. [Default here the attention projections, TRL's
+        ModelConfig None (PEFT's choice per architecture): the layers whose inputs the record masks.]
     """
 
     enabled: bool = False

@@ -141,15 +141,20 @@ def test_trl_users_keys_trackers_and_console_log(tmp_path):
     optimizer iterations per generation training still sees what the rollout saw; report_to=[tensorboard,wandb]
     (wandb offline): both receive the step metrics, TensorBoard's tags carry one ``train/`` prefix; everything
     printed is also in train.log, progress bars as their last state. The rollouts run with compile_decode=true
-    (compiled decode steps), which keeps training consistent with them."""
+    (compiled decode steps), which keeps training consistent with them. Some keys come from a recipe file of the
+    user's own, as TRL users give one (``--config file.yaml``); the model card's quick start names the run's
+    folder."""
     import torch
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     out = tmp_path / "out"
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    mine = tmp_path / "mine.yaml"
+    mine.write_text("recipe: mine\nnum_iterations: 2\nweight_decay: 0.01\nlog_completions: true\n")
     proc = run(
         [
-            "recipe=rl_sparse",
+            "--config",
+            str(mine),
             *TINY,
             "max_steps=1",
             f"output_dir={out}",
@@ -157,13 +162,11 @@ def test_trl_users_keys_trackers_and_console_log(tmp_path):
             "run_name=probe",
             "sampling.max_new_tokens=20",
             "sampling.num_generations=4",
-            "num_iterations=2",
-            "weight_decay=0.01",
-            "log_completions=true",
             "sampling.compile_decode=true",
         ],
         env=env,
     )
+    assert f'model="{out}"' in (out / "README.md").read_text()
     args = torch.load(out / "checkpoint-1" / "training_args.bin", weights_only=False)
     assert type(args).__name__ == "CompressedGRPOConfig" and args.compression.budget == 16
     assert (args.num_iterations, args.weight_decay, args.log_completions) == (2, 0.01, True)
@@ -192,9 +195,26 @@ def test_console_tee_keeps_a_transcript():
     tee = LineTee(console, log)
     for text in ["start\n", "\r 10%|#", "\r 50%|#####", "\r100%|##########", "\n", "done: 1", "\n", "bar\r 1/2\r 2/2"]:
         tee.write(text)
+    tee.write("\n\x1b[Aeval\x1b[K\n")  # a nested bar's cursor moves
     tee.close_line()
-    assert console.getvalue().endswith("bar\r 1/2\r 2/2")  # the console sees everything as written
-    assert log.getvalue() == "start\n100%|##########\ndone: 1\n 2/2\n"
+    assert console.getvalue().endswith("\x1b[Aeval\x1b[K\n")  # the console sees everything as written
+    assert log.getvalue() == "start\n100%|##########\ndone: 1\n 2/2\neval\n"
+
+
+def test_the_rollout_bar_stays_out_of_the_log(monkeypatch, tmp_path):
+    """The rollout's bar inside a training step is transient: drawn on the terminal, never in train.log."""
+    import io
+
+    from gkv_train import console
+
+    monkeypatch.setattr(console, "ROLLOUT_BAR_DELAY", 0.0)
+    terminal, log = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(sys, "stderr", console.LineTee(terminal, log))
+    with console.rollout_progress(2, 8) as update:
+        for _ in range(16):
+            update(1)
+    sys.stderr.close_line()
+    assert "rollout" in terminal.getvalue() and "rollout" not in log.getvalue()
 
 
 @pytest.mark.parametrize("recipe", ["distill", pytest.param("distill_onpolicy", marks=pytest.mark.floor)])
@@ -263,6 +283,10 @@ def test_export_writes_a_self_contained_merged_folder(tmp_path):
     cli = [sys.executable, "-m", "gkv_train.cli", "export"]
     proc = subprocess.run([*cli, str(run_dir), str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0 and "is deprecated" not in proc.stderr, proc.stderr
+    card = (out / "README.md").read_text()
+    assert f'from_pretrained("{out}")' in card and "under the KV-cache compression `gkv`" in card
+    version = subprocess.run([sys.executable, "-m", "gkv_train.cli", "--version"], capture_output=True, text=True)
+    assert version.stdout.startswith("gkv-train 0.1.0 (gkv-rollout 0.1.0, gkv-rewards 0.1.0)")
     code = (
         "import sys, torch, transformers; m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1]); "
         "assert 'gkv_train' not in sys.modules; print(m(torch.arange(1, 9)[None]).logits.sum().item())"
