@@ -1,0 +1,110 @@
+"""The path a training configuration takes from the command line to the trainer: ``gkv-train train`` run in-process
+under ``sys.setprofile`` until the trainer's first step starts, following the configuration: the calls of project
+functions that take it as an argument (the command line's overrides, Hydra's composed configuration, a
+configuration dataclass or one of its groups: ``*Config``, ``*Options``, ``*Settings``, ``*Arguments``). One JSON
+line:
+
+* ``path``: the project modules in the order those calls enter them, consecutive calls in one module as one stop;
+* ``stops``, ``modules`` (distinct), ``returns`` (stops in a module already left once);
+* ``validating_calls``: the project functions that check the configuration on the way (``check*``, ``validate``,
+  a dataclass's ``__post_init__``, ``_composes`` (a dry-run composition), ``trainer_args`` (TRL's own checks),
+  ``precision_from_launcher``), each once.
+
+    python scripts/trace_config.py                                   # this tree, a tiny 1-step run
+    PYTHONPATH=$OLD:$OLD/rollout:$OLD/rewards python scripts/trace_config.py --root $OLD   # another tree
+
+Only code under ``--root`` counts (the project's packages and scripts; no library), and only until
+``transformers.Trainer.train`` is entered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+TRAIN = ["model=tiny", "max_steps=1", "prompts_per_step=1", "sampling.num_generations=2", "sampling.max_new_tokens=8",
+         "data.limit=4", "eval_data.limit=2", "overwrite=true"]  # fmt: skip
+VALIDATING = ("__post_init__", "_composes", "trainer_args", "precision_from_launcher")
+
+
+class Reached(BaseException):
+    """The trainer's first step: tracing ends here."""
+
+
+def carries_configuration(value) -> bool:
+    """Whether a call's argument is (a part of) the configuration."""
+    kind = type(value)
+    if kind.__module__.startswith(("gkv_train", "gkv_rollout")) and kind.__name__.endswith(
+        ("Config", "Options", "Settings", "Arguments")
+    ):
+        return True
+    if kind.__module__.startswith("omegaconf"):
+        return True
+    return isinstance(value, list) and bool(value) and all(isinstance(v, str) and "=" in v for v in value)
+
+
+def module_of(path: str, root: Path) -> str | None:
+    try:
+        relative = Path(path).resolve().relative_to(root)
+    except ValueError:
+        return None
+    parts = [p for p in relative.with_suffix("").parts if p not in ("rollout", "rewards")]
+    return ".".join(parts)
+
+
+def trace(root: Path, argv: list[str]) -> dict:
+    from gkv_train import cli
+
+    path: list[str] = []
+    validations: list[str] = []
+
+    def profile(frame, event, arg):
+        if event != "call":
+            return
+        code = frame.f_code
+        if code.co_name == "train" and code.co_filename.endswith("transformers/trainer.py"):
+            raise Reached
+        module = module_of(code.co_filename, root)
+        if module is None or code.co_name == "<module>":
+            return
+        arguments = [frame.f_locals.get(name) for name in code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]]
+        if not any(carries_configuration(v) for v in arguments):
+            return
+        if not path or path[-1] != module:
+            path.append(module)
+        if code.co_name in VALIDATING or code.co_name.startswith(("check", "validate")):
+            owner = type(frame.f_locals["self"]).__name__ + "." if "self" in frame.f_locals else ""
+            validations.append(f"{module}.{owner}{code.co_name}")
+
+    sys.setprofile(profile)
+    try:
+        cli.main(["train", *argv])
+    except Reached:
+        pass
+    finally:
+        sys.setprofile(None)
+    seen, returns = set(), 0
+    for i, module in enumerate(path):
+        if module in seen and path[i - 1] != module:
+            returns += 1
+        seen.add(module)
+    return {"path": path, "stops": len(path), "modules": len(seen), "returns": returns,
+            "validating_calls": sorted(set(validations))}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="the tree traced")
+    parser.add_argument("overrides", nargs="*", help="train.py overrides (default: a tiny one-step run)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as out:
+        overrides = args.overrides or [*TRAIN, f"output_dir={out}/run"]
+        result = trace(args.root.resolve(), overrides)
+    print(json.dumps({"root": str(args.root), **result}))
+
+
+if __name__ == "__main__":
+    main()
