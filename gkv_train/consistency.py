@@ -12,7 +12,7 @@ from gkv_train.data import gsm8k_questions
 from gkv_train.jsonio import dumps
 from gkv_train.logprobs import token_logprobs
 from gkv_train.models import load_model, random_prompts
-from gkv_train.run_config import check_compile_decode
+from gkv_train.options import check_compile_decode
 
 
 def logprob_mismatch(model, out, record, temperature: float = 1.0, backend: str = "auto") -> dict[str, float]:

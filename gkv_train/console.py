@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import re
 import sys
 from contextlib import contextmanager
@@ -95,3 +96,29 @@ def log_console_to(path: Path) -> None:
         log.close()
 
     atexit.register(close)
+
+
+class ConsoleHandler(logging.StreamHandler):
+    """A logging handler that writes to whatever ``sys.stderr`` is when a record comes (so records also reach a
+    run's log file once the console is kept there: ``log_console_to``)."""
+
+    def __init__(self):
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:  # logging.StreamHandler sets it; the current sys.stderr is used instead
+        pass
+
+
+def log_records_to_stderr() -> None:
+    """Every job's logging: records of level INFO and above to the current stderr (``ConsoleHandler``), formatted
+    ``[time][logger][level] - message``; no file of its own, so a refused run leaves nothing behind."""
+    handler = ConsoleHandler()
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(logging.INFO)

@@ -31,7 +31,7 @@ from gkv_train.consistency import mismatch_stats
 from gkv_train.console import rollout_progress
 from gkv_train.distributed import generation_model
 from gkv_train.logprobs import divergence_under_record, head_logprobs
-from gkv_train.run_config import CompressedArguments, DistillOptions, SamplingOptions
+from gkv_train.options import CompressedArguments, DistillOptions, SamplingOptions
 
 
 @dataclass
@@ -43,7 +43,7 @@ class CompressedDistillationConfig(CompressedArguments, TrainingArguments):
         default_factory=DistillOptions,
         metadata={
             "help": "Mode (offline traces / on-policy), divergence, teacher, chunking "
-            "(gkv_train.run_config.DistillOptions)."
+            "(gkv_train.options.DistillOptions)."
         },
     )
     sampling: SamplingOptions = field(

@@ -269,3 +269,28 @@ def _evaluate(config, settings: dict, runs: list[CompressionConfig], problems, o
     result = {"evaluation": data_name, "model": config.model, "output_dir": str(out_dir), "runs": compact}
     print(dumps(result), flush=True)
     return result
+
+
+def final_evaluation(model, tokenizer, config, problems) -> dict:
+    """A training run's final evaluation (``eval.json``): accuracy on the held-out problems (``problems``, with
+    their prompts) under the recipe's compression (how the model will be run), ``config`` the run's
+    ``TrainConfig``."""
+    engine = RolloutEngine(model, tokenizer, config.compression)
+    sampling = config.sampling.engine(config.seed, num_samples=config.eval_samples)
+    verify = MathVerifier()
+    graded = generate_and_grade(engine, tokenizer, problems, list(problems["prompt"]), sampling, verify)
+    out, correct = graded.out, [grade.correct for grade in graded.grades]
+    verify.close()
+    warn_unverified("held-out evaluation", verify.stats["timeouts"], verify.stats["errors"])
+    return {
+        "eval": "held_out",
+        "problems": len(problems),
+        "samples_per_problem": config.eval_samples,
+        "accuracy": sum(correct) / len(correct),
+        "mean_completion_length": out.completion_lengths.float().mean().item(),
+        "retention": out.retention.mean().item(),
+        "memory_share": out.memory_share.mean().item(),
+        "tokens_per_s": out.stats["tokens_per_s"],
+        "compression": config.compression.method,
+        **{"verifier_" + k: v for k, v in verify.stats.items()},
+    }

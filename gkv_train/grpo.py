@@ -42,7 +42,7 @@ from gkv_train.consistency import mismatch_stats
 from gkv_train.console import rollout_progress
 from gkv_train.distributed import generation_model, is_zero3
 from gkv_train.logprobs import logical_forward
-from gkv_train.run_config import LOSS_TYPES, CompressedArguments, SparseRLOptions
+from gkv_train.options import LOSS_TYPES, CompressedArguments, SparseRLOptions
 
 
 def rollout_correction(trainer_logps, rollout_logps, mask, options: SparseRLOptions):
@@ -107,7 +107,7 @@ class CompressedGRPOConfig(CompressedArguments, GRPOConfig):
     rl: SparseRLOptions = field(
         default_factory=SparseRLOptions,
         metadata={
-            "help": "What RL-Sparse adds to GRPO (gkv_train.run_config.SparseRLOptions): training under the "
+            "help": "What RL-Sparse adds to GRPO (gkv_train.options.SparseRLOptions): training under the "
             "rollout's record, importance sampling and rejection against the rollout's log-probs."
         },
     )

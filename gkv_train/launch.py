@@ -17,38 +17,28 @@ from transformers import TrainerCallback, TrainingArguments
 from trl import GRPOTrainer
 
 from gkv_rewards.functions import verifier_stats
-from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig
-from gkv_rollout.engine import RolloutEngine
 from gkv_train.checkpoints import (
     EVAL,
     METRICS,
     AtomicCheckpoints,
     StopOnSignal,
     checkpoint_step,
-    clear_run,
-    clear_staging,
-    damage,
-    newest_whole_checkpoint,
-    resume_settings,
-    run_artefacts,
-    saved_settings,
-    truncate_metrics,
 )
 from gkv_train.console import log_console_to
 from gkv_train.data import load_problems
 from gkv_train.distill import CompressedDistillationConfig, CompressedDistillationTrainer
 from gkv_train.distributed import generation_model
-from gkv_train.exits import Refused, refusing
-from gkv_train.graded import generate_and_grade
+from gkv_train.evaluation import final_evaluation
+from gkv_train.exits import refusing
 from gkv_train.grpo import CompressedGRPOConfig, CompressedGRPOTrainer
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import base_model_name, base_weights_note, card_model_name, check_model, load_model
+from gkv_train.output_dir import lock_output_dir, prepare_output_dir, resume_checkpoint
 from gkv_train.preflight import Generation, check_generations, check_task_contexts
-from gkv_train.run_config import TRL_FIELDS, TrainConfig
-from gkv_train.runlock import RunLock, RunLocked
 from gkv_train.storage import check_output_dir, naming_full_disk
 from gkv_train.traces import TRACE_BATCH, generate_traces, load_traces, write_traces
+from gkv_train.train_config import TRL_FIELDS, TrainConfig
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is how TRL takes a custom generator
 
@@ -109,7 +99,7 @@ def trainer_args(config: TrainConfig, num_processes: int) -> TrainingArguments:
     """The trainer's arguments, built before any work so that a bad value fails first: GRPO's
     ``CompressedGRPOConfig`` (every TRL field of ``config`` as it is) or distillation's
     ``CompressedDistillationConfig`` (those that ``TrainingArguments`` has), plus the fields set from the project's
-    keys (``run_config.DERIVED``)."""
+    keys (``gkv_train.trl_fields.DERIVED``)."""
     grpo = config.algorithm == "grpo"
     args_class = CompressedGRPOConfig if grpo else CompressedDistillationConfig
     takes = {f.name for f in dataclasses.fields(args_class)}
@@ -142,110 +132,10 @@ def trainer_args(config: TrainConfig, num_processes: int) -> TrainingArguments:
     )
 
 
-def resume_checkpoint(config: TrainConfig, args: TrainingArguments) -> str | None:
-    """The checkpoint to resume from, checked before any work: ``resume=last``: the newest complete, undamaged
-    one in ``output_dir`` (a damaged newer one passed over with a line; None when there is none); a path: that
-    checkpoint, which must be complete and undamaged, and of this run's folder unless ``resume_other_run=true``.
-    Either way the settings its optimizer and scheduler state were made with (``RESUME_SETTINGS``, the base model,
-    LoRA) must be this run's ``args``: a resumed run keeps the checkpoint's, so another value would be ignored.
-    ValueError / FileNotFoundError naming the checkpoint and what is wrong."""
-    if config.resume is None:
-        return None
-    if config.resume == "last":
-        found = newest_whole_checkpoint(config.output_dir)
-        if found is None:
-            print(f"resume=last: no complete checkpoint in {config.output_dir}, starting from scratch", file=sys.stderr)
-            return None
-    else:
-        found = Path(config.resume)
-        if not (found / "trainer_state.json").is_file():
-            raise FileNotFoundError(
-                f"resume={config.resume}: not a complete checkpoint directory (no trainer_state.json)"
-            )
-        problem = damage(found)
-        if problem is not None:
-            raise ValueError(
-                f"resume={config.resume}: the checkpoint is damaged ({problem}); resume=last takes the newest whole one"
-            )
-        run = found.resolve().parent
-        if run != Path(config.output_dir).resolve() and not config.resume_other_run:
-            raise ValueError(
-                f"resume={config.resume} is a checkpoint of another run ({run}), not of "
-                f"output_dir={config.output_dir}: "
-                "resuming continues that run's optimizer, scheduler and step count here; to do that, add "
-                "resume_other_run=true (to start a new run from its weights instead, use its folder as model=)"
-            )
-    saved = saved_settings(found)
-    if saved is not None:
-        wanted = resume_settings(args, base_model_name(config.model), None)
-        wanted["lora"] = (
-            None
-            if not config.lora.enabled
-            else {"r": config.lora.r, "alpha": config.lora.alpha, "target_modules": sorted(config.lora.target_modules)}
-        )
-        differ = [k for k in wanted if k in saved and saved[k] != wanted[k]]
-        if differ:
-            what = ", ".join(f"{k}={saved[k]!r} there, {wanted[k]!r} here" for k in differ)
-            raise ValueError(
-                f"resume={config.resume}: {found.name} was trained with other settings ({what}); a resumed run keeps "
-                "its checkpoint's optimizer, scheduler and model, so these would be ignored: resume with the "
-                "settings it was saved with, or start a new run (overwrite=true, or another output_dir)"
-            )
-    return str(found)
-
-
-def prepare_output_dir(config: TrainConfig, state, checkpoint: str | None) -> None:
-    """Check ``output_dir`` before any work and get it ready to resume from ``checkpoint`` (``resume_checkpoint``).
-
-    A folder holding another run is refused unless ``resume`` (continue it) or ``overwrite=true`` (its run files
-    are removed) is given. On resume, metrics logged after the checkpoint and staging leftovers are removed, so
-    no step is logged twice. Every process decides the same; only the main one changes files.
-    """
-    out = Path(config.output_dir)
-    found = run_artefacts(out, keep=config.distill.traces)
-    if found and config.resume is None and not config.overwrite:
-        raise FileExistsError(
-            f"output_dir {out} holds another run ({', '.join(found)}): pass resume=last to continue it, overwrite=true "
-            "to replace it, or choose another output_dir"
-        )
-    state.wait_for_everyone()  # every process has looked before anything changes
-    if state.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        if config.overwrite:
-            clear_run(out, keep=config.distill.traces)
-        else:
-            clear_staging(out)
-            truncate_metrics(out / METRICS, checkpoint_step(checkpoint) if checkpoint else 0)
-    state.wait_for_everyone()
-
-
 @cache
 def atomic(trainer_class: type) -> type:
     """``trainer_class`` with crash-safe checkpoints (``AtomicCheckpoints``)."""
     return type(trainer_class.__name__, (AtomicCheckpoints, trainer_class), {})
-
-
-def evaluate(model, tokenizer, config: TrainConfig, problems) -> dict:
-    """Accuracy on the held-out problems with the recipe's compression (how the model will be run)."""
-    engine = RolloutEngine(model, tokenizer, config.compression)
-    sampling = config.sampling.engine(config.seed, num_samples=config.eval_samples)
-    verify = MathVerifier()
-    graded = generate_and_grade(engine, tokenizer, problems, list(problems["prompt"]), sampling, verify)
-    out, correct = graded.out, [grade.correct for grade in graded.grades]
-    verify.close()
-    warn_unverified("held-out evaluation", verify.stats["timeouts"], verify.stats["errors"])
-    return {
-        "eval": "held_out",
-        "problems": len(problems),
-        "samples_per_problem": config.eval_samples,
-        "accuracy": sum(correct) / len(correct),
-        "mean_completion_length": out.completion_lengths.float().mean().item(),
-        "retention": out.retention.mean().item(),
-        "memory_share": out.memory_share.mean().item(),
-        "tokens_per_s": out.stats["tokens_per_s"],
-        "compression": config.compression.method,
-        **{"verifier_" + k: v for k, v in verify.stats.items()},
-    }
 
 
 def lora_config(config: TrainConfig):
@@ -270,32 +160,12 @@ def finish(trainer, tokenizer, config: TrainConfig, held_out, is_main_process: b
     with generation_model(trainer) as model:  # every process enters (ZeRO-3 gathers); the main one evaluates
         if not is_main_process:
             return {}
-        result = evaluate(model, tokenizer, config, held_out)
+        result = final_evaluation(model, tokenizer, config, held_out)
     result["recipe"] = config.recipe
     result["steps"] = trainer.state.global_step
     write_atomically(Path(config.output_dir) / EVAL, dumps(result, indent=2))
     print(dumps(result), flush=True)
     return result
-
-
-def lock_output_dir(out: Path, state) -> RunLock | None:
-    """The main process creates ``out`` and locks it for this run (``RunLock``: one run per folder); every process
-    learns the outcome, and all raise the same ``Refused`` when it failed (another run holds the folder, or it
-    cannot be created). Returns the lock (None in the other processes)."""
-    lock, refusal = None, None
-    if state.is_main_process:
-        try:
-            out.mkdir(parents=True, exist_ok=True)
-            lock = RunLock.acquire(out, "output_dir")
-        except (OSError, RunLocked) as err:
-            refusal = str(err)
-    if state.num_processes > 1:
-        from accelerate.utils import broadcast_object_list
-
-        refusal = broadcast_object_list([refusal])[0]
-    if refusal is not None:
-        raise Refused(refusal)
-    return lock
 
 
 def generations(config: TrainConfig, data, held_out, num_processes: int) -> list[Generation]:

@@ -26,7 +26,7 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig, add_compressio
 from gkv_rollout.contract.attention import ATTENTION_NAME
 from gkv_rollout.engine import RolloutEngine, encode_prompts, left_pad
 from gkv_train.models import load_model
-from gkv_train.run_config import check_compile_decode
+from gkv_train.options import check_compile_decode
 
 from _common import gsm8k_questions, print_json
 

@@ -84,10 +84,7 @@ class StepTimer(TrainerCallback):
 
 def configuration(recipe: str, args, output_dir: Path, compile_decode: bool = False):
     """The recipe's ``TrainConfig`` as ``train.py`` resolves it, with the benchmark's settings."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from gkv_train.cli import RECIPES, _schemas
+    from gkv_train.command_line import configure
 
     rows = "prompts_per_step=8" if recipe.startswith("distill") else "prompts_per_step=1"
     samples = "sampling.num_generations=1" if recipe.startswith("distill") else "sampling.num_generations=8"
@@ -112,9 +109,7 @@ def configuration(recipe: str, args, output_dir: Path, compile_decode: bool = Fa
         overrides.append("distill.mode=onpolicy")
     if compile_decode:
         overrides.append("sampling.compile_decode=true")
-    _schemas()
-    with initialize_config_dir(config_dir=RECIPES, version_base=None):
-        return OmegaConf.to_object(compose(config_name="train", overrides=overrides))
+    return configure("train", overrides)[0]
 
 
 def time_trainer(name: str, args, workdir: Path) -> dict:
@@ -122,7 +117,7 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     from trl import GRPOTrainer
 
     from gkv_rollout.config import SamplingConfig
-    from gkv_train import grpo, run_config
+    from gkv_train import grpo, options
     from gkv_train.launch import distill_trainer, grpo_trainer, import_callable, trainer_args, training_data
     from gkv_train.models import load_model
 
@@ -154,7 +149,7 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
         trainer._generate = timer.timed("generation", trainer._generate)
     elif name == "distill":
         trainer = distill_trainer(config, training_args, model, tokenizer, state, [timer], torch.float32, data)
-        run_config.SamplingConfig = functools.partial(SamplingConfig, ignore_eos=True)  # what its rollout samples with
+        options.SamplingConfig = functools.partial(SamplingConfig, ignore_eos=True)  # what its rollout samples with
         trainer._rollout = timer.timed("generation", trainer._rollout)
         trainer._student_loss = timer.timed("logprob_forward", trainer._student_loss)
     else:
@@ -168,7 +163,7 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     try:
         trainer.train()
     finally:
-        grpo.SamplingConfig = run_config.SamplingConfig = SamplingConfig
+        grpo.SamplingConfig = options.SamplingConfig = SamplingConfig
     timed = timer.steps[args.warmup :]
     result = {k: round(sum(s[k] for s in timed) / len(timed), 3) for k in (*PHASES, "total")}
     lengths = [r["completions/mean_length"] for r in trainer.state.log_history if "completions/mean_length" in r]

@@ -38,7 +38,6 @@ from _common import ROOT
 BLOCK = re.compile(r"<!-- results:([\w.+]+)#(\w+) -->\n.*?<!-- /results -->", re.S)
 CONFIG = re.compile(r"<!-- config:(\w+) -->\n.*?<!-- /config -->", re.S)
 METHODS = re.compile(r"<!-- methods(:detail)? -->\n.*?<!-- /methods -->", re.S)
-SCHEMAS = {"train": "TrainConfig", "evaluate": "EvalConfig", "traces": "TracesConfig"}
 
 
 def renderer(name: str) -> str:
@@ -91,12 +90,12 @@ def config_table(command: str) -> str:
     after it)."""
     import dataclasses
 
-    from gkv_train import run_config
+    from gkv_train.command_line import JOBS, job_class
     from gkv_train.keyhelp import rows
 
-    if command not in SCHEMAS:
-        raise SystemExit(f"error: a docs block names config:{command}; choose one of {', '.join(SCHEMAS)}")
-    schema = getattr(run_config, SCHEMAS[command])
+    if command not in JOBS:
+        raise SystemExit(f"error: a docs block names config:{command}; choose one of {', '.join(JOBS)}")
+    schema = job_class(command)
     trl = {f.name for f in dataclasses.fields(schema) if "type" in f.metadata}
 
     def cell(text: str) -> str:

@@ -37,16 +37,20 @@ class Reached(BaseException):
 def carries_configuration(value) -> bool:
     """Whether a call's argument is (a part of) the configuration."""
     kind = type(value)
-    if kind.__module__.startswith(("gkv_train", "gkv_rollout")) and kind.__name__.endswith(
+    module = getattr(kind, "__module__", None)
+    module = module if isinstance(module, str) else ""
+    if module.startswith(("gkv_train", "gkv_rollout")) and kind.__name__.endswith(
         ("Config", "Options", "Settings", "Arguments")
     ):
         return True
-    if kind.__module__.startswith("omegaconf"):
+    if module.startswith("omegaconf"):
         return True
     return isinstance(value, list) and bool(value) and all(isinstance(v, str) and "=" in v for v in value)
 
 
 def module_of(path: str, root: Path) -> str | None:
+    if "site-packages" in path:  # a library, even in a virtual environment inside the tree
+        return None
     try:
         relative = Path(path).resolve().relative_to(root)
     except ValueError:

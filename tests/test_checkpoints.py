@@ -16,8 +16,10 @@ from gkv_train.checkpoints import (
     write_manifest,
 )
 from gkv_train.jsonio import dumps, read_jsonl
-from gkv_train.launch import prepare_output_dir, resume_checkpoint, trainer_args
-from gkv_train.run_config import DistillOptions, LoraOptions, TrainConfig
+from gkv_train.launch import trainer_args
+from gkv_train.options import DistillOptions, LoraOptions
+from gkv_train.output_dir import prepare_output_dir, resume_checkpoint
+from gkv_train.train_config import TrainConfig
 
 STATE = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
 

@@ -30,7 +30,7 @@ def test_each_method_takes_only_the_options_it_reads():
     """A method declares its own options (``compression.options.*``, its ``Options`` dataclass); it refuses one
     it does not have, naming those it has; ``of`` puts flat names among the shared options or the method's own; a
     sweep gives each run the options it has and refuses one that no run has."""
-    from gkv_train.run_config import EvalConfig
+    from gkv_train.configs import EvalConfig
 
     assert CompressionConfig.of("gkv", alpha=0.5, budget=64).settings.options.alpha == 0.5
     assert CompressionConfig.of("s4r", eta=0.3, window=8).settings.options.eta == 0.3
@@ -91,8 +91,9 @@ def test_a_method_with_an_option_of_its_own_is_one_class_in_one_file(tmp_path, m
     rollout whose record the trainer reproduces)."""
     from gkv_rollout.engine import RolloutEngine
     from gkv_rollout.methods import METHODS
+    from gkv_train.command_line import check_overrides
     from gkv_train.logprobs import token_logprobs
-    from gkv_train.run_config import TrainConfig, check_overrides
+    from gkv_train.train_config import TrainConfig
 
     (tmp_path / "my_methods.py").write_text(
         "from dataclasses import dataclass, field\n"
@@ -132,7 +133,7 @@ def test_a_method_with_an_option_of_its_own_is_one_class_in_one_file(tmp_path, m
 def test_run_identities_are_those_of_the_flat_configuration():
     """Grouping the options left every run's identity as it was: the fingerprints keying evaluation folders are
     those the flat configuration of c349af6 gave (computed then), so earlier results folders stay valid."""
-    from gkv_train.run_config import EvalConfig
+    from gkv_train.configs import EvalConfig
     from gkv_train.run_folder import fingerprint
 
     config = EvalConfig(model="tiny")
@@ -247,7 +248,9 @@ def test_missing_model_path(path):
     ],
 )
 def test_bad_sampling_settings_fail_before_training(kwargs, message):
-    from gkv_train.run_config import EvalConfig, SamplingOptions, TrainConfig
+    from gkv_train.configs import EvalConfig
+    from gkv_train.options import SamplingOptions
+    from gkv_train.train_config import TrainConfig
 
     with pytest.raises(ValueError) as err:
         TrainConfig(sampling=SamplingOptions(**kwargs))
@@ -260,7 +263,8 @@ def test_bad_sampling_settings_fail_before_training(kwargs, message):
 
 
 def test_evaluation_warns_when_the_interval_outlasts_the_completion():
-    from gkv_train.run_config import EvalConfig, SamplingOptions
+    from gkv_train.configs import EvalConfig
+    from gkv_train.options import SamplingOptions
 
     short = SamplingOptions(max_new_tokens=96)
     trap = EvalConfig(methods=["full", "gkv", "s4r"], budgets=[64], sampling=short)  # reference interval 128
@@ -278,7 +282,7 @@ def test_evaluation_warns_when_the_interval_outlasts_the_completion():
 def test_a_tracker_that_is_not_installed_is_refused_with_the_fix(monkeypatch):
     import importlib.util
 
-    from gkv_train.run_config import TrainConfig
+    from gkv_train.train_config import TrainConfig
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r"report_to=wandb needs the wandb package.*gkv-train\[tracking\]"):
@@ -289,7 +293,9 @@ def test_a_tracker_that_is_not_installed_is_refused_with_the_fix(monkeypatch):
 def test_trl_fields_are_keys_and_moved_keys_are_named():
     """GRPOConfig's own fields are keys as they are (no translation); a moved key, a derived TRL field and the
     old ``trl.`` prefix are refused naming the key to write; a typo gets "did you mean"."""
-    from gkv_train.run_config import EvalConfig, TrainConfig, check_overrides
+    from gkv_train.command_line import check_overrides
+    from gkv_train.configs import EvalConfig
+    from gkv_train.train_config import TrainConfig
 
     argv = [
         "recipe=rl_full",
@@ -330,7 +336,9 @@ def test_trl_fields_are_keys_and_moved_keys_are_named():
 
 def test_overrides_rough_edges():
     """Dashes refused with the fix; report_to as a string; a data path drops the default task name."""
-    from gkv_train.run_config import EvalConfig, TrainConfig, check_overrides
+    from gkv_train.command_line import check_overrides
+    from gkv_train.configs import EvalConfig
+    from gkv_train.train_config import TrainConfig
 
     for argv, fix in (
         (["--max_steps=5"], "max_steps=5"),
@@ -376,7 +384,8 @@ def test_trainer_arguments_are_trl_dataclasses_extended():
     from gkv_train.distill import CompressedDistillationConfig
     from gkv_train.grpo import CompressedGRPOConfig
     from gkv_train.launch import trainer_args
-    from gkv_train.run_config import SamplingOptions, TrainConfig
+    from gkv_train.options import SamplingOptions
+    from gkv_train.train_config import TrainConfig
 
     config = TrainConfig(weight_decay=0.01, num_iterations=2, sampling=SamplingOptions(num_generations=4, top_p=0.9))
     args = trainer_args(config, 1)
@@ -399,7 +408,7 @@ def test_trl_generation_options_the_engine_lacks_are_refused():
     import subprocess
     import sys
 
-    from gkv_train.run_config import TrainConfig
+    from gkv_train.train_config import TrainConfig
 
     for key, value in (("top_k", 1), ("repetition_penalty", 2.0), ("min_p", 0.5)):
         with pytest.raises(ValueError, match=f"{key}: options of TRL's own generation"):
@@ -408,14 +417,16 @@ def test_trl_generation_options_the_engine_lacks_are_refused():
     with pytest.raises(ValueError, match="report_to must be a tracker name or a list of them, got 5"):
         TrainConfig(report_to=5)
     probe = (
-        "import sys; from gkv_train import cli; cli._schemas('eval_schema', 'traces_schema'); "
-        "print('trl' in sys.modules)"
+        "import sys; from gkv_train.command_line import configure; configure('evaluate', ['model=tiny']); "
+        "configure('traces', ['model=tiny']); print('trl' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "False\n"
 
 
 def test_compile_decode_with_s4r_is_refused_before_work():
-    from gkv_train.run_config import EvalConfig, SamplingOptions, TrainConfig
+    from gkv_train.configs import EvalConfig
+    from gkv_train.options import SamplingOptions
+    from gkv_train.train_config import TrainConfig
 
     compiled = SamplingOptions(compile_decode=True)
     with pytest.raises(ValueError, match="sampling.compile_decode=true does not apply to s4r"):
@@ -447,7 +458,7 @@ def test_compile_decode_with_s4r_is_refused_before_work():
     ],
 )
 def test_numeric_options_outside_their_range_are_refused(kwargs, message):
-    from gkv_train.run_config import TrainConfig
+    from gkv_train.train_config import TrainConfig
 
     with pytest.raises(ValueError) as err:
         TrainConfig(**kwargs)
@@ -457,7 +468,7 @@ def test_numeric_options_outside_their_range_are_refused(kwargs, message):
 def test_push_to_hub_without_the_hub_is_refused_before_work(monkeypatch):
     from huggingface_hub import constants
 
-    from gkv_train.run_config import TrainConfig
+    from gkv_train.train_config import TrainConfig
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError, match="push_to_hub=true needs the Hugging Face Hub, which HF_HUB_OFFLINE=1"):
@@ -471,8 +482,10 @@ def test_push_to_hub_without_the_hub_is_refused_before_work(monkeypatch):
 def test_s4r_refresh_within_the_generation_and_counted_in_memory():
     """A refresh at or past the generation's end refreshes nothing and only takes memory: refused by every job and
     the engine; the memory estimate counts the refresh buffers."""
+    from gkv_train.configs import EvalConfig
+    from gkv_train.options import SamplingOptions
     from gkv_train.preflight import ModelShape, rollout_bytes
-    from gkv_train.run_config import EvalConfig, SamplingOptions, TrainConfig
+    from gkv_train.train_config import TrainConfig
 
     refresh = CompressionConfig.of("s4r", refresh=64)
     for build in (
@@ -495,7 +508,8 @@ def test_s4r_refresh_within_the_generation_and_counted_in_memory():
 def test_lora_options_are_checked_and_range_edges_accepted():
     """lora.r=0 is refused with the configuration, before the model loads. Controls: the edges of each range run
     (max_grad_norm=0 is transformers' "no clipping")."""
-    from gkv_train.run_config import LoraOptions, TrainConfig
+    from gkv_train.options import LoraOptions
+    from gkv_train.train_config import TrainConfig
 
     for kwargs, message in [
         (dict(r=0), "lora.r must be a finite number >= 1, got 0"),
@@ -512,7 +526,8 @@ def test_lora_options_are_checked_and_range_edges_accepted():
 def test_rl_full_with_a_compressing_method_is_refused_unless_the_dense_learner_is_asked_for():
     """recipe=rl_full compression.method=s4r would roll out compressed and train without the record, silently:
     it runs only with rl.train_with_record=false given (the dense-learner baseline)."""
-    from gkv_train.run_config import SparseRLOptions, TrainConfig
+    from gkv_train.options import SparseRLOptions
+    from gkv_train.train_config import TrainConfig
 
     s4r = CompressionConfig("s4r")
     with pytest.raises(ValueError, match="recipe=rl_full trains on full-cache rollouts, but compression.method=s4r"):
@@ -525,24 +540,19 @@ def test_rl_full_with_a_compressing_method_is_refused_unless_the_dense_learner_i
 def test_recipes_compose_to_what_they_say():
     """rl_full sets no record option (a full cache writes none); with a compressing method on the command line it
     is refused, with rl.train_with_record=false accepted."""
-    from hydra import compose, initialize_config_dir
-    from omegaconf import OmegaConf
+    from gkv_train.command_line import configure
 
-    from gkv_train import cli
-
-    cli._schemas()
-    with initialize_config_dir(config_dir=cli.RECIPES, version_base=None):
-        full = OmegaConf.to_object(compose("train", overrides=["recipe=rl_full"]))
-        assert (full.compression.method, full.rl.train_with_record) == ("full", True)
-        with pytest.raises(ValueError, match="recipe=rl_full trains on full-cache rollouts"):
-            OmegaConf.to_object(compose("train", overrides=["recipe=rl_full", "compression.method=gkv"]))
-        dense = compose("train", overrides=["recipe=rl_full", "compression.method=gkv", "rl.train_with_record=false"])
-        assert OmegaConf.to_object(dense).rl.train_with_record is False
+    full = configure("train", ["recipe=rl_full"])[0]
+    assert (full.compression.method, full.rl.train_with_record) == ("full", True)
+    with pytest.raises(ValueError, match="recipe=rl_full trains on full-cache rollouts"):
+        configure("train", ["recipe=rl_full", "compression.method=gkv"])
+    dense = configure("train", ["recipe=rl_full", "compression.method=gkv", "rl.train_with_record=false"])[0]
+    assert dense.rl.train_with_record is False
 
 
 def test_evaluation_budgets_and_methods_are_never_replaced():
     """budgets=[0] used to run at the default budget (2048): refused, as is an empty list."""
-    from gkv_train.run_config import EvalConfig
+    from gkv_train.configs import EvalConfig
 
     with pytest.raises(ValueError, match=r"budgets are token counts: each must be at least 1, got \[0\]"):
         EvalConfig(methods=["gkv"], budgets=[0])
@@ -597,8 +607,9 @@ def test_help_lists_every_key_with_type_default_and_help():
     import sys
     from pathlib import Path
 
+    from gkv_train.configs import EvalConfig, TracesConfig
     from gkv_train.keyhelp import rows
-    from gkv_train.run_config import EvalConfig, TracesConfig, TrainConfig
+    from gkv_train.train_config import TrainConfig
 
     root = Path(__file__).resolve().parents[1]
     scripts = {TrainConfig: "train.py", EvalConfig: "scripts/evaluate.py", TracesConfig: "scripts/generate_traces.py"}
@@ -624,7 +635,7 @@ def test_fields_added_later_leave_earlier_run_identities_valid():
     """A run's identity (the fingerprint keying its folder) leaves out compression fields added later while they
     hold the value that reproduces the earlier results, so folders of earlier runs are reused, not refused."""
     from gkv_rollout.config import CompressionConfig
-    from gkv_train.run_config import EvalConfig
+    from gkv_train.configs import EvalConfig
 
     config = EvalConfig(model="tiny")
     plain = config.run_settings(CompressionConfig("s4r"))["compression"]

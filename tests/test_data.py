@@ -3,7 +3,7 @@ import re
 import pytest
 
 from gkv_train.data import DataConfig, arithmetic_task, load_problems
-from gkv_train.run_config import TrainConfig
+from gkv_train.train_config import TrainConfig
 
 
 @pytest.mark.parametrize(

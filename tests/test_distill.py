@@ -9,7 +9,7 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.distill import CompressedDistillationConfig, CompressedDistillationTrainer
 from gkv_train.logprobs import token_divergence
 from gkv_train.models import load_model
-from gkv_train.run_config import DistillOptions, SamplingOptions
+from gkv_train.options import DistillOptions, SamplingOptions
 from gkv_train.traces import generate_traces, load_traces, write_traces
 
 

@@ -9,7 +9,7 @@ import torch
 from gkv_rollout.config import CompressionConfig
 from gkv_train.grpo import CompressedGRPOConfig, CompressedGRPOTrainer, clip_overlong_advantages, rollout_correction
 from gkv_train.models import load_model
-from gkv_train.run_config import SparseRLOptions
+from gkv_train.options import SparseRLOptions
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 PROMPTS = ["abc", "hello there", "x = 1", "12345678", "The cat", "Q: ok?", "zz", "Once upon"]

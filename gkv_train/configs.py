@@ -1,0 +1,154 @@
+"""The configurations of ``scripts/evaluate.py`` (``EvalConfig``) and ``scripts/generate_traces.py``
+(``TracesConfig``), validated when built, before any work; a run's compression identity. No TRL import."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gkv_rollout.config import CompressionConfig
+from gkv_train.data import DataConfig
+from gkv_train.options import PRECISIONS, SamplingOptions, check_compile_decode
+
+
+@dataclass
+class TracesConfig:
+    """One call of ``scripts/generate_traces.py``: full-cache completions of a teacher, checked; the correct ones
+    (``keep_incorrect``: all) written as JSONL for offline distillation (``distill.traces``).
+
+    model: the teacher: a built-in model (smollm2-135m, tiny), a hub name or a local folder / GGUF file.
+    data: the problems.
+    sampling: how completions are sampled (num_generations: completions per problem).
+    seed: seeds the sampling.
+    keep_incorrect: write wrong completions too.
+    output: the traces file (JSONL); refused when another job writes it.
+    """
+
+    model: str = "smollm2-135m"
+    data: DataConfig = field(default_factory=lambda: DataConfig(limit=64))
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    seed: int = 0
+    keep_incorrect: bool = False
+    output: str = "outputs/traces.jsonl"
+
+    def __post_init__(self):
+        self.data.check("data")
+
+
+# CompressionConfig fields added after results were first keyed by settings: left out of a run's identity while
+# the run behaves as before they existed (s4r without refresh, whatever refresh_rank says), so earlier results
+# stay valid
+LATER_COMPRESSION_FIELDS = ("refresh", "refresh_rank")
+
+
+def compression_identity(compression: CompressionConfig) -> dict:
+    """The resolved compression settings that determine a run's results (``LATER_COMPRESSION_FIELDS`` left out
+    when refresh is off)."""
+    settings = compression.flat()
+    if settings["refresh"] == 0:
+        settings = {k: v for k, v in settings.items() if k not in LATER_COMPRESSION_FIELDS}
+    return settings
+
+
+@dataclass
+class EvalConfig:
+    """One evaluation call of ``scripts/evaluate.py``: a model, a dataset, and one or more compressions.
+
+    ``methods`` x ``budgets`` (when given) sweep ``compression.method`` and ``compression.budget``; the other
+    ``compression.*`` keys apply to every run.
+
+    model: a built-in model (smollm2-135m, tiny), a hub name or a local folder / GGUF file.
+    adapter: a LoRA adapter directory (e.g. a train.py output with lora.enabled=true).
+    data: the problems.
+    compression: the compression (with ``methods`` / ``budgets``: the options every run shares).
+    methods: compression methods to sweep (full included as a run); None: compression.method alone.
+    budgets: budgets to sweep for every compressing method; None: compression.budget alone.
+    sampling: how completions are sampled (num_generations: samples per problem).
+    batch_problems: problems per rollout batch (x sampling.num_generations sequences).
+    precision: fp32 or bf16 (forwards under autocast).
+    seed: seeds the sampling (each batch's seed follows from it and the batch's index).
+    output_dir: the results' folder (evaluate.yaml: outputs/eval/<model>_<data>).
+    overwrite: replace earlier results in output_dir made with other settings.
+    plots: write pass_at_1_vs_budget.png and retained_density.png.
+    """
+
+    model: str = "smollm2-135m"
+    adapter: str | None = None
+    data: DataConfig = field(default_factory=lambda: DataConfig(split="test", limit=32))
+    compression: CompressionConfig = field(default_factory=lambda: CompressionConfig("full"))
+    methods: list[str] | None = None
+    budgets: list[int] | None = None
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    batch_problems: int = 4
+    precision: str = "fp32"
+    seed: int = 0
+    output_dir: str = "outputs/eval"
+    overwrite: bool = False
+    plots: bool = True
+
+    def __post_init__(self):
+        self.data.check("data")
+        if self.batch_problems < 1:
+            raise ValueError(f"batch_problems must be at least 1, got {self.batch_problems}")
+        for key in ("methods", "budgets"):
+            if getattr(self, key) is not None and not getattr(self, key):
+                raise ValueError(f"{key}=[] names no run: give at least one, or leave {key} unset (null)")
+        if self.budgets is not None and any(b < 1 for b in self.budgets):
+            raise ValueError(f"budgets are token counts: each must be at least 1, got {list(self.budgets)}")
+        check_compile_decode(self.sampling.compile_decode, self.compressions())
+        for compression in self.compressions():
+            compression.check_generation(self.sampling.max_new_tokens)
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
+
+    def run_settings(self, compression: CompressionConfig) -> dict:
+        """Everything that determines one run's results: the model's and adapter's weights (``model_identity``),
+        the data, the compression, sampling, batching (per-batch seeds), precision. Its fingerprint keys the run's
+        folder."""
+        from gkv_train.models import model_identity
+
+        return {
+            "model": model_identity(self.model),
+            "adapter": None if self.adapter is None else model_identity(self.adapter),
+            "data": self.data.identity(),
+            "compression": compression_identity(compression),
+            # "n_samples": the key of earlier identities, kept so that their results stay valid
+            "sampling": dict(
+                n_samples=self.sampling.num_generations,
+                max_new_tokens=self.sampling.max_new_tokens,
+                temperature=self.sampling.temperature,
+                top_p=self.sampling.top_p,
+                seed=self.seed,
+            ),
+            "batch_problems": self.batch_problems,
+            "precision": self.precision,
+        }
+
+    def warnings(self) -> list[str]:
+        """Settings that run but measure less than they seem to: an eviction interval longer than the
+        completion, so the budget applies at most once (after the prompt) and never while generating."""
+        found = []
+        for run in self.compressions():
+            if run.kind.rounds and run.settings.interval > self.sampling.max_new_tokens:
+                found.append(
+                    f"{run.method} budget {run.budget}: compression.interval={run.settings.interval} exceeds "
+                    f"sampling.max_new_tokens={self.sampling.max_new_tokens}, so it compresses only after the "
+                    "prompt, never while "
+                    "generating (the training recipes use interval 16); set compression.interval to compare"
+                )
+        return found
+
+    def compressions(self) -> list[CompressionConfig]:
+        """Every compression to evaluate (validated)."""
+        methods = self.methods or [self.compression.method]
+        budgets = self.budgets or [self.compression.budget]
+        runs = []
+        for method in methods:
+            for budget in [None] if method == "full" else budgets:
+                runs.append(self.compression.for_method(method, budget))
+        read = {key for run in runs for key in run.option_names()}
+        unread = (
+            [key for key in self.compression.unread() if key not in read] if self.compression.method == "full" else []
+        )  # (another method's own configuration was checked when it was built)
+        if unread:
+            raise ValueError(f"compression.options.{unread[0]} applies to none of the runs ({', '.join(methods)})")
+        return runs

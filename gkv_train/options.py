@@ -1,0 +1,272 @@
+"""The option groups the jobs share (``sampling``, ``rl``, ``distill``, ``lora``), the checks of single values they
+use, and ``CompressedArguments``, what both trainers' arguments add to TRL's / transformers' own. Validated when
+built; no TRL import."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, is_dataclass
+
+from gkv_rollout.config import CompressionConfig, SamplingConfig
+
+ALGORITHMS = ("grpo", "distill")
+# TRL's GRPO losses; each is ratio x advantage, so truncated importance sampling (``rl.rollout_is``) applies
+LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo")
+IS_MODES = ("token_truncate", "sequence_truncate")
+DISTILL_MODES = ("offline", "onpolicy")
+DIVERGENCES = ("forward_kl", "sft")
+PRECISIONS = ("fp32", "bf16")
+
+
+def check_range(
+    key: str, value, low=None, high=None, low_open: bool = False, high_open: bool = False, note: str = ""
+) -> None:
+    """``value`` (of the configuration key ``key``) a finite number within [low, high] (``low_open`` /
+    ``high_open``: the bound itself excluded; None: unbounded); ValueError naming the key and the range."""
+    below = low is not None and (value <= low if low_open else value < low)
+    above = high is not None and (value >= high if high_open else value > high)
+    if not math.isfinite(value) or below or above:
+        if high is None:
+            wanted = f"{'>' if low_open else '>='} {low}"
+        elif low is None:
+            wanted = f"{'<' if high_open else '<='} {high}"
+        else:
+            wanted = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        raise ValueError(f"{key} must be a finite number {wanted}{note}, got {value}")
+
+
+def check_sampling(temperature: float, top_p: float, greedy: bool) -> None:
+    """Sampling settings: a finite ``temperature`` > 0 (>= 0 when ``greedy`` decoding is allowed, i.e. in
+    evaluation) and 0 < ``top_p`` <= 1; raises ValueError naming the problem."""
+    lowest = 0 <= temperature if greedy else 0 < temperature
+    if not (math.isfinite(temperature) and lowest):
+        need = (
+            ">= 0 (0: greedy)"
+            if greedy
+            else "> 0 in training (greedy decoding, temperature=0, is an evaluation setting)"
+        )
+        raise ValueError(f"temperature must be a finite number {need}, got {temperature}")
+    if not (math.isfinite(top_p) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
+
+
+@dataclass
+class SparseRLOptions:
+    """What RL-Sparse adds to TRL's GRPO options (``rl.*`` keys of ``train.py``).
+
+    train_with_record: attend under the rollout's record in every trainer forward. False: a dense learner
+        (plain causal attention): a control that must show a large mismatch; RL-Full's setting; and with a
+        compressed rollout Sparse-RL's design (recipe ``sparse_rl``: the mismatch is then corrected by the options
+        below). With ``recipe=rl_full`` and a compressing method it must be given explicitly.
+    overlong_advantage_clip: clamp the advantage of completions that hit ``max_new_tokens`` to >= 0.
+    rollout_is: importance sampling between the trainer's (old-policy) and the rollout's log-probs:
+        ``token_truncate`` (per-token weights min(exp(trainer - rollout), cap)) or ``sequence_truncate`` (one
+        weight per completion, of the summed difference); None disables it. ``auto`` (default): ``token_truncate``
+        with ``precision=bf16``, where rollout and trainer log-probs differ by bf16 rounding (measured on
+        SmolLM2: mean |diff| 0.027, max 0.25, the size of PPO's clip range), None in fp32, where they agree to
+        1e-4 and every weight would be 1 (so the extra old-policy forward it needs is saved).
+    rollout_is_cap: the truncation cap of the weights (Sparse-RL: 1.5).
+    rollout_is_normalize: divide the weights by their mean over the generation batch's completion tokens
+        (per completion for ``sequence_truncate``), so they average 1 (Sparse-RL: true).
+    rollout_rejection: [low, high]: completion tokens whose ratio exp(trainer - rollout) lies outside are left out
+        of the loss and of its normaliser (Sparse-RL: [0.5, 1.5]); None keeps every token.
+    rollout_veto: a completion with any token ratio below this is left out of the loss entirely (Sparse-RL:
+        1e-4); None vetoes nothing.
+    """
+
+    train_with_record: bool = True
+    overlong_advantage_clip: bool = True
+    rollout_is: str | None = "auto"
+    rollout_is_cap: float = 2.0
+    rollout_is_normalize: bool = False
+    rollout_rejection: list[float] | None = None
+    rollout_veto: float | None = None
+
+    def __post_init__(self):
+        if self.rollout_is is not None and self.rollout_is not in (*IS_MODES, "auto"):
+            raise ValueError(f"unknown rollout_is mode {self.rollout_is!r}; choose one of {IS_MODES}, auto or null")
+        check_range("rl.rollout_is_cap", self.rollout_is_cap, low=0, low_open=True)
+        if self.rollout_is_normalize and self.rollout_is is None:
+            raise ValueError("rl.rollout_is_normalize=true normalises importance weights: set rl.rollout_is too")
+        if self.rollout_rejection is not None:
+            band = list(self.rollout_rejection)
+            if len(band) != 2 or not 0 <= band[0] < 1 < band[1]:
+                raise ValueError(f"rl.rollout_rejection must be [low, high] with 0 <= low < 1 < high, got {band}")
+        if self.rollout_veto is not None and not 0 < self.rollout_veto < 1:
+            raise ValueError(f"rl.rollout_veto must lie in (0, 1), got {self.rollout_veto}")
+
+    @property
+    def corrects_rollout(self) -> bool:
+        """Whether the trainer's old-policy log-probs are compared with the rollout's to weight or drop tokens."""
+        return self.rollout_is is not None or self.rollout_rejection is not None or self.rollout_veto is not None
+
+
+@dataclass
+class DistillOptions:
+    """Distillation (``algorithm=distill``; ``distill.*`` keys of ``train.py``).
+
+    mode: ``offline`` (teacher traces replayed through the student's compressed cache) or ``onpolicy``
+        (the student samples under compression, the teacher scores the same tokens).
+    divergence: ``forward_kl`` (KL(teacher || student) at the sampling temperature, x T^2) or ``sft``.
+    teacher: the full-attention teacher; None: a frozen copy of the initial model.
+    traces: a traces JSONL (``scripts/generate_traces.py``) for offline mode; None: generated at start from
+        the first ``trace_problems`` training problems, ``trace_samples`` samples each (correct ones kept).
+    trace_problems: offline traces generated at start (no ``traces``): from the first N training problems.
+    trace_samples: offline traces generated at start: completions per problem (correct ones kept).
+    chunk_tokens: tokens per LM-head chunk of the loss (memory: chunk_tokens x vocab logits at once).
+    """
+
+    mode: str = "offline"
+    divergence: str = "forward_kl"
+    teacher: str | None = None
+    traces: str | None = None
+    trace_problems: int = 64
+    trace_samples: int = 4
+    chunk_tokens: int = 512
+
+    def __post_init__(self):
+        if self.mode not in DISTILL_MODES:
+            raise ValueError(f"unknown distillation mode {self.mode!r}; choose one of {DISTILL_MODES}")
+        if self.divergence not in DIVERGENCES:
+            raise ValueError(f"unknown divergence {self.divergence!r}; choose one of {DIVERGENCES}")
+        if min(self.trace_problems, self.trace_samples, self.chunk_tokens) < 1:
+            raise ValueError("distill.trace_problems, trace_samples and chunk_tokens must be at least 1")
+
+
+@dataclass
+class LoraOptions:
+    """LoRA adapters (``lora.*``; PEFT) instead of training every weight.
+
+    enabled: train LoRA adapters only; the saved run is an adapter (``gkv-train export`` merges it).
+    r: the adapters' rank.
+    alpha: their scaling numerator (scale alpha / r).
+    dropout: dropout on the adapters' input. [Default here 0.0, TRL's ModelConfig 0.05: with dropout the trainer's
+        forward is not the rollout's, so its log-probs under the record would not equal the rollout's.]
+    target_modules: the linear layers that get adapters. [Default here the attention projections, TRL's
+        ModelConfig None (PEFT's choice per architecture): the layers whose inputs the record masks.]
+    """
+
+    enabled: bool = False
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+    def __post_init__(self):
+        check_range("lora.r", self.r, low=1)
+        check_range("lora.alpha", self.alpha, low=0, low_open=True)
+        check_range("lora.dropout", self.dropout, low=0, high=1, high_open=True)
+
+
+@dataclass
+class CompressedArguments:
+    """What both trainers' arguments (``CompressedGRPOConfig``, ``CompressedDistillationConfig``) add to TRL's /
+    transformers' own, mixed in before them: the compression the rollouts run with and how training forwards attend
+    under its record; ``to_dict`` (which transformers uses for logs, trackers and JSON) writes each option group
+    (a dataclass field) as a dict."""
+
+    compression: CompressionConfig = field(
+        default_factory=lambda: CompressionConfig("gkv"),
+        metadata={
+            "help": "The rollouts' KV-cache compression (gkv_rollout.config.CompressionConfig); "
+            "CompressionConfig('full') for none (RL-Full)."
+        },
+    )
+    mask_backend: str = field(
+        default="auto",
+        metadata={
+            "help": "How training forwards attend under the record: auto (FlexAttention on CUDA, SDPA "
+            "elsewhere), flex or sdpa."
+        },
+    )
+
+    def to_dict(self) -> dict:
+        found = super().to_dict()
+        return {key: asdict(value) if is_dataclass(value) else value for key, value in found.items()}
+
+
+@dataclass
+class SamplingOptions:
+    """How completions are sampled: the ``sampling.*`` keys, one group shared by ``train.py``,
+    ``scripts/evaluate.py`` and ``scripts/generate_traces.py`` (``engine`` builds the rollout engine's
+    ``SamplingConfig`` from it; the seed is the job's ``seed``).
+
+    num_generations: completions per prompt: GRPO's group size (TRL's name; >= 2), evaluation's samples per
+        problem, traces' per problem; on-policy distillation samples one and ignores it.
+    max_new_tokens: the longest completion (TRL: max_completion_length).
+    temperature: sampling temperature (0: greedy, an evaluation and traces setting; > 0 in training).
+    top_p: nucleus sampling (log-probs are always those of the unclipped distribution).
+    compile_decode: decode steps as compiled graphs (``SamplingConfig.compile_decode``; not with s4r).
+    """
+
+    num_generations: int = 4
+    max_new_tokens: int = 256
+    temperature: float = 0.6
+    top_p: float = 0.95
+    compile_decode: bool = False
+
+    def __post_init__(self):
+        check_sampling(self.temperature, self.top_p, greedy=True)
+        for name in ("num_generations", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"sampling.{name} must be at least 1, got {getattr(self, name)}")
+
+    def engine(self, seed: int, num_samples: int | None = None) -> SamplingConfig:
+        """The rollout engine's ``SamplingConfig``: ``num_samples`` completions per prompt (None:
+        ``num_generations``), seeded with ``seed``."""
+        return SamplingConfig(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            num_samples=self.num_generations if num_samples is None else num_samples,
+            seed=seed,
+            compile_decode=self.compile_decode,
+        )
+
+
+def check_recipe(recipe: str, compression: CompressionConfig, rl: SparseRLOptions) -> None:
+    """``recipe=rl_full`` (full-cache rollouts, full-attention training) with a compressing method contradicts
+    itself, unless ``rl.train_with_record=false`` asks for a dense learner on compressed rollouts (a baseline);
+    training under the record is ``recipe=rl_sparse``. ValueError naming both ways."""
+    if recipe == "rl_full" and compression.compresses and rl.train_with_record:
+        raise ValueError(
+            f"recipe=rl_full trains on full-cache rollouts, but compression.method={compression.method} compresses "
+            "them: use recipe=rl_sparse to train under the rollouts' record, or add rl.train_with_record=false to "
+            "train a full-attention learner on the compressed rollouts (the dense-learner baseline)"
+        )
+
+
+TRACKERS = {  # report_to name -> the modules that provide it (any one)
+    "tensorboard": ("tensorboard", "tensorboardX"),
+    "wandb": ("wandb",),
+    "mlflow": ("mlflow",),
+    "trackio": ("trackio",),
+}
+
+
+def check_compile_decode(
+    compile_decode: bool, compressions: list[CompressionConfig], key: str = "sampling.compile_decode"
+) -> None:
+    """``compile_decode`` (the option ``key``) only with caches that have a static decode step
+    (``Method.static_decode``); raises ValueError."""
+    dynamic = [c.method for c in compressions if not c.kind.static_decode]
+    if compile_decode and dynamic:
+        raise ValueError(
+            f"{key}=true does not apply to {dynamic[0]}, whose cache has no static decode step (it works at every "
+            "step outside any graph); drop it or choose another method"
+        )
+
+
+def check_trackers(report_to: list[str]) -> None:
+    """Every tracker in ``report_to`` is known and installed (checked before the model loads, where
+    transformers would fail only once training starts)."""
+    from importlib.util import find_spec
+
+    for name in report_to:
+        if name not in TRACKERS:
+            raise ValueError(f"unknown tracker {name!r} in report_to; choose from {sorted(TRACKERS)}")
+        if not any(find_spec(module) for module in TRACKERS[name]):
+            raise ValueError(
+                f"report_to={name} needs the {TRACKERS[name][0]} package, which is not installed: "
+                "pip install 'gkv-train[tracking]' (tensorboard and wandb)"
+            )

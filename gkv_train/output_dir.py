@@ -1,0 +1,127 @@
+"""A training run's folder (``output_dir``), settled before any work: the checkpoint a resume continues (the newest
+whole one, or the one named, whose settings must be this run's), the folder locked for the run (one run per folder)
+and prepared (another run's files refused unless resumed or overwritten; what a resume logs again removed)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from gkv_train.checkpoints import (
+    METRICS,
+    checkpoint_step,
+    clear_run,
+    clear_staging,
+    damage,
+    newest_whole_checkpoint,
+    resume_settings,
+    run_artefacts,
+    saved_settings,
+    truncate_metrics,
+)
+from gkv_train.exits import Refused
+from gkv_train.models import base_model_name
+from gkv_train.runlock import RunLock, RunLocked
+
+if TYPE_CHECKING:
+    from transformers import TrainingArguments
+
+    from gkv_train.train_config import TrainConfig
+
+
+def resume_checkpoint(config: TrainConfig, args: TrainingArguments) -> str | None:
+    """The checkpoint to resume from, checked before any work: ``resume=last``: the newest complete, undamaged
+    one in ``output_dir`` (a damaged newer one passed over with a line; None when there is none); a path: that
+    checkpoint, which must be complete and undamaged, and of this run's folder unless ``resume_other_run=true``.
+    Either way the settings its optimizer and scheduler state were made with (``RESUME_SETTINGS``, the base model,
+    LoRA) must be this run's ``args``: a resumed run keeps the checkpoint's, so another value would be ignored.
+    ValueError / FileNotFoundError naming the checkpoint and what is wrong."""
+    if config.resume is None:
+        return None
+    if config.resume == "last":
+        found = newest_whole_checkpoint(config.output_dir)
+        if found is None:
+            print(f"resume=last: no complete checkpoint in {config.output_dir}, starting from scratch", file=sys.stderr)
+            return None
+    else:
+        found = Path(config.resume)
+        if not (found / "trainer_state.json").is_file():
+            raise FileNotFoundError(
+                f"resume={config.resume}: not a complete checkpoint directory (no trainer_state.json)"
+            )
+        problem = damage(found)
+        if problem is not None:
+            raise ValueError(
+                f"resume={config.resume}: the checkpoint is damaged ({problem}); resume=last takes the newest whole one"
+            )
+        run = found.resolve().parent
+        if run != Path(config.output_dir).resolve() and not config.resume_other_run:
+            raise ValueError(
+                f"resume={config.resume} is a checkpoint of another run ({run}), not of "
+                f"output_dir={config.output_dir}: "
+                "resuming continues that run's optimizer, scheduler and step count here; to do that, add "
+                "resume_other_run=true (to start a new run from its weights instead, use its folder as model=)"
+            )
+    saved = saved_settings(found)
+    if saved is not None:
+        wanted = resume_settings(args, base_model_name(config.model), None)
+        wanted["lora"] = (
+            None
+            if not config.lora.enabled
+            else {"r": config.lora.r, "alpha": config.lora.alpha, "target_modules": sorted(config.lora.target_modules)}
+        )
+        differ = [k for k in wanted if k in saved and saved[k] != wanted[k]]
+        if differ:
+            what = ", ".join(f"{k}={saved[k]!r} there, {wanted[k]!r} here" for k in differ)
+            raise ValueError(
+                f"resume={config.resume}: {found.name} was trained with other settings ({what}); a resumed run keeps "
+                "its checkpoint's optimizer, scheduler and model, so these would be ignored: resume with the "
+                "settings it was saved with, or start a new run (overwrite=true, or another output_dir)"
+            )
+    return str(found)
+
+
+def prepare_output_dir(config: TrainConfig, state, checkpoint: str | None) -> None:
+    """Check ``output_dir`` before any work and get it ready to resume from ``checkpoint`` (``resume_checkpoint``).
+
+    A folder holding another run is refused unless ``resume`` (continue it) or ``overwrite=true`` (its run files
+    are removed) is given. On resume, metrics logged after the checkpoint and staging leftovers are removed, so
+    no step is logged twice. Every process decides the same; only the main one changes files.
+    """
+    out = Path(config.output_dir)
+    found = run_artefacts(out, keep=config.distill.traces)
+    if found and config.resume is None and not config.overwrite:
+        raise FileExistsError(
+            f"output_dir {out} holds another run ({', '.join(found)}): pass resume=last to continue it, overwrite=true "
+            "to replace it, or choose another output_dir"
+        )
+    state.wait_for_everyone()  # every process has looked before anything changes
+    if state.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        if config.overwrite:
+            clear_run(out, keep=config.distill.traces)
+        else:
+            clear_staging(out)
+            truncate_metrics(out / METRICS, checkpoint_step(checkpoint) if checkpoint else 0)
+    state.wait_for_everyone()
+
+
+def lock_output_dir(out: Path, state) -> RunLock | None:
+    """The main process creates ``out`` and locks it for this run (``RunLock``: one run per folder); every process
+    learns the outcome, and all raise the same ``Refused`` when it failed (another run holds the folder, or it
+    cannot be created). Returns the lock (None in the other processes)."""
+    lock, refusal = None, None
+    if state.is_main_process:
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            lock = RunLock.acquire(out, "output_dir")
+        except (OSError, RunLocked) as err:
+            refusal = str(err)
+    if state.num_processes > 1:
+        from accelerate.utils import broadcast_object_list
+
+        refusal = broadcast_object_list([refusal])[0]
+    if refusal is not None:
+        raise Refused(refusal)
+    return lock

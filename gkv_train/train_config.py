@@ -1,0 +1,194 @@
+"""The configuration of a training run (``train.py``, ``gkv-train train``): ``TrainConfig``, the project's keys
+(``TrainOptions``) and every field of TRL's ``GRPOConfig`` under its own name, type and help (``TrlArguments``,
+generated from the installed TRL), validated once when built, before any work. Importing this module imports TRL."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import TrainingArguments
+
+from gkv_rollout.config import CompressionConfig
+from gkv_train.data import DataConfig
+from gkv_train.options import (
+    ALGORITHMS,
+    LOSS_TYPES,
+    PRECISIONS,
+    DistillOptions,
+    LoraOptions,
+    SamplingOptions,
+    SparseRLOptions,
+    check_compile_decode,
+    check_range,
+    check_recipe,
+    check_sampling,
+    check_trackers,
+)
+from gkv_train.trl_fields import ENGINE_IGNORES, TRL_AT_LEAST, TRL_CHOICES, check_hub_access, trl_arguments, trl_fields
+
+
+@dataclass
+class TrainOptions:
+    """The keys of a training run that TRL's ``GRPOConfig`` does not have (``TrainConfig`` adds GRPOConfig's own
+    fields, with TRL's help).
+
+    recipe: the recipe (recipes/recipe/*.yaml): rl_sparse, rl_full, sparse_rl, distill, distill_onpolicy.
+    algorithm: grpo (TRL's GRPOTrainer, ``gkv_train.grpo``) or distill (``gkv_train.distill``).
+    model: a built-in model (smollm2-135m, tiny), a hub name or a local folder / GGUF file.
+    data: the training problems.
+    eval_data: the held-out problems of the final evaluation (and of eval_steps).
+    compression: the rollouts' KV-cache compression (``compression.method=full``: none).
+    sampling: the rollouts' sampling (GRPO: num_generations is the group size).
+    prompts_per_step: GRPO: distinct prompts per optimizer step (rows: x sampling.num_generations); distillation:
+        rows (traces or prompts) per step. Sets TRL's per_device_train_batch_size.
+    rewards: reward functions by import path (plain callables, TRL's signature). Naming one imports its module,
+        whose code runs: like a trust-remote-code choice, a configuration names code to run.
+    rl: what RL-Sparse adds to GRPO (training under the record; importance sampling against the rollout).
+    distill: distillation (algorithm=distill).
+    precision: fp32 or bf16 (bf16: forwards under autocast, weights kept fp32; under accelerate launch, follows
+        its mixed precision when not given). Sets TRL's bf16.
+    gradient_checkpointing: recompute activations in the backward (memory for time).
+    lora: LoRA adapters instead of training every weight.
+    mask_backend: how training forwards attend under the record: auto, flex (FlexAttention block masks) or sdpa.
+    output_dir: the run's folder (checkpoints, metrics.jsonl, train.log, eval.json).
+    report_to: trackers (tensorboard, wandb, mlflow, trackio); a single name is read as a list of one.
+    eval_samples: completions per held-out problem in the final evaluation.
+    resume: a checkpoint directory of this run (output_dir), or "last" for the newest complete one in output_dir;
+        its optimizer and scheduler state come with it, so settings that differ from it are refused.
+    resume_other_run: allow resume= to name a checkpoint of another run's folder (its optimizer, scheduler and step
+        count continue in this output_dir).
+    overwrite: replace a previous run in output_dir (otherwise refused unless resume is given).
+    """
+
+    recipe: str = "rl_sparse"
+    algorithm: str = "grpo"
+    model: str = "smollm2-135m"
+    data: DataConfig = field(default_factory=DataConfig)
+    eval_data: DataConfig = field(default_factory=lambda: DataConfig(split="test", limit=32))
+    compression: CompressionConfig = field(
+        default_factory=lambda: CompressionConfig("gkv", budget=64, window=8, interval=16)
+    )
+    sampling: SamplingOptions = field(default_factory=lambda: SamplingOptions(num_generations=8, max_new_tokens=96))
+    prompts_per_step: int = 2
+    rewards: list[str] = field(default_factory=lambda: ["gkv_rewards.functions.accuracy"])
+    rl: SparseRLOptions = field(default_factory=SparseRLOptions)
+    distill: DistillOptions = field(default_factory=DistillOptions)
+    precision: str = "fp32"
+    gradient_checkpointing: bool = False
+    lora: LoraOptions = field(default_factory=LoraOptions)
+    mask_backend: str = "auto"
+    output_dir: str = "outputs/rl_sparse"
+    report_to: Any = field(default_factory=list)
+    eval_samples: int = 1
+    resume: str | None = None
+    resume_other_run: bool = False
+    overwrite: bool = False
+
+
+TRL_FIELDS = trl_fields({f.name for f in dataclasses.fields(TrainOptions)})
+GRPO_ONLY = tuple(sorted(set(TRL_FIELDS) - {f.name for f in dataclasses.fields(TrainingArguments)}))
+TrlArguments = trl_arguments(TRL_FIELDS)
+
+
+@dataclass
+class TrainConfig(TrainOptions, TrlArguments):
+    """One training run: the project's keys (``TrainOptions``: recipe, model, data, compression, sampling, rl,
+    distill, lora, ...) and TRL's ``GRPOConfig`` fields under their own names and help (``learning_rate``, ``beta``,
+    ``loss_type``, ``weight_decay``, ``num_iterations``, ...; distillation uses those that transformers'
+    ``TrainingArguments`` has). ``DERIVED`` fields of ``gkv_train.trl_fields`` are set from the project's keys.
+    Every value is checked here, when the configuration is built; TRL's own checks run when the trainer's arguments
+    are built from it (``gkv_train.launch.trainer_args``), also before any work."""
+
+    def __post_init__(self):
+        self.data.check("data")
+        self.eval_data.check("eval_data")
+        if isinstance(self.report_to, str) or self.report_to is None:  # a name; null: none
+            self.report_to = [] if self.report_to is None else [self.report_to]
+        if not isinstance(self.report_to, (list, tuple)) or not all(isinstance(n, str) for n in self.report_to):
+            raise ValueError(f"report_to must be a tracker name or a list of them, got {self.report_to!r}")
+        self.report_to = list(self.report_to)
+        check_trackers(self.report_to)
+        if self.sampling.temperature <= 0:
+            check_sampling(self.sampling.temperature, self.sampling.top_p, greedy=False)
+        if self.overwrite and self.resume is not None:
+            raise ValueError(f"overwrite=true and resume={self.resume} contradict each other: choose one")
+        if self.algorithm not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of {ALGORITHMS}")
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"unknown loss_type {self.loss_type!r}; choose one of {LOSS_TYPES}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
+        for name in (
+            "prompts_per_step",
+            "max_steps",
+            "save_steps",
+            "gradient_accumulation_steps",
+            "logging_steps",
+            "eval_samples",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name, low in TRL_AT_LEAST.items():
+            if name in TRL_FIELDS and getattr(self, name) is not None and getattr(self, name) < low:
+                raise ValueError(f"{name} must be at least {low}, got {getattr(self, name)}")
+        for name, choices in TRL_CHOICES.items():
+            if name in TRL_FIELDS and getattr(self, name) not in choices:
+                raise ValueError(
+                    f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(map(str, choices))}"
+                )
+        if self.push_to_hub:
+            check_hub_access()
+        if self.resume_other_run and (self.resume is None or self.resume == "last"):
+            raise ValueError("resume_other_run=true applies to resume=<a checkpoint of another run's folder>")
+        for compression in (self.compression,):
+            compression.check_generation(self.sampling.max_new_tokens)
+        for name in ("eval_steps", "save_total_limit"):  # None: off / no limit
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1 or null, got {getattr(self, name)}")
+        check_range("learning_rate", self.learning_rate, low=0, low_open=True)
+        check_range("warmup_steps", self.warmup_steps, low=0)
+        check_range("max_grad_norm", self.max_grad_norm, low=0, note=" (0 turns gradient clipping off)")
+        check_range("beta", self.beta, low=0, note=" (the KL weight; 0: no reference model)")
+        check_range("epsilon", self.epsilon, low=0, low_open=True)
+        if self.epsilon_high is not None:
+            check_range("epsilon_high", self.epsilon_high, low=0, low_open=True)
+        if self.reward_weights is not None:
+            for weight in self.reward_weights:
+                check_range("reward_weights", weight)
+        check_recipe(self.recipe, self.compression, self.rl)
+        if not self.compression.compresses and self.compression.unread():
+            raise ValueError(
+                f"compression.options.{self.compression.unread()[0]} does not apply to compression.method=full"
+            )
+        if self.algorithm == "grpo" and self.sampling.num_generations < 2:
+            raise ValueError("sampling.num_generations must be at least 2: GRPO compares samples of one prompt")
+        if not self.use_vllm:
+            ignored = [
+                name
+                for name in ENGINE_IGNORES  # (those the installed TRL has)
+                if name in TRL_FIELDS and getattr(self, name) != TRL_FIELDS[name].default_value
+            ]
+            if ignored:
+                raise ValueError(
+                    f"{', '.join(ignored)}: options of TRL's own generation, which the rollout engine does not have "
+                    "(it samples with sampling.temperature and sampling.top_p); drop them (use_vllm=true, rl_full "
+                    "only, generates through TRL's vLLM path, which reads them)"
+                )
+        if self.algorithm == "distill":
+            changed = sorted(name for name in GRPO_ONLY if getattr(self, name) != TRL_FIELDS[name].default_value)
+            if changed:
+                raise ValueError(
+                    f"{', '.join(changed)}: GRPO options (TRL's GRPOConfig), but algorithm=distill trains with "
+                    "transformers' TrainingArguments, which has no such field: drop them or choose a GRPO recipe"
+                )
+        check_compile_decode(self.sampling.compile_decode, [self.compression])
+        if self.use_vllm and self.sampling.compile_decode:
+            raise ValueError(
+                "use_vllm generates through vLLM: sampling.compile_decode=true (the engine's option) has no effect"
+            )
+        if self.use_vllm and self.compression.compresses:
+            raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
+        if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
+            raise ValueError(f"{len(self.reward_weights)} reward_weights for {len(self.rewards)} rewards")
