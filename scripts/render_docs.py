@@ -4,7 +4,7 @@
     ...
     <!-- /results -->
 
-of README.md and the markdown under docs/ is rewritten with the table VIEW of ``results/FILE``, made by the benchmark
+of README.md, ARCHITECTURE.md and the markdown under docs/ is rewritten with the table VIEW of ``results/FILE``, made by the benchmark
 that wrote FILE (its ``tables(view, result)``: the figures with the command, date, commit and machine they came from),
 so no figure in the docs is copied by hand or left behind by a newer result. The benchmark is the one a results file
 names (its ``"script"`` key), else ``scripts/NAME.py`` for ``results/NAME.json``, or for ``results/NAME_TAG.json`` (a
@@ -156,7 +156,7 @@ def render_methods(text: str) -> str:
 
 
 def documents(root: Path) -> list[Path]:
-    return [root / "README.md", *sorted((root / "docs").rglob("*.md"))]
+    return [root / "README.md", root / "ARCHITECTURE.md", *sorted((root / "docs").rglob("*.md"))]
 
 
 def main() -> None:

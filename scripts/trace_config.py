@@ -10,8 +10,9 @@ line:
   a dataclass's ``__post_init__``, ``_composes`` (a dry-run composition), ``trainer_args`` (TRL's own checks),
   ``precision_from_launcher``), each once.
 
-    python scripts/trace_config.py                                   # this tree, a tiny 1-step run
-    PYTHONPATH=$OLD:$OLD/rollout:$OLD/rewards python scripts/trace_config.py --root $OLD   # another tree
+    python scripts/trace_config.py --tag after --results results/trace_config_after.json   # this tree, tiny 1-step run
+    PYTHONPATH=$OLD:$OLD/rollout:$OLD/rewards python scripts/trace_config.py --root $OLD --tag before \
+        --results results/trace_config_before.json                                          # another tree
 
 Only code under ``--root`` counts (the project's packages and scripts; no library), and only until
 ``transformers.Trainer.train`` is entered.
@@ -21,12 +22,22 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-TRAIN = ["model=tiny", "max_steps=1", "prompts_per_step=1", "sampling.num_generations=2", "sampling.max_new_tokens=8",
-         "data.limit=4", "eval_data.limit=2", "overwrite=true"]  # fmt: skip
+TRAIN = [
+    "model=tiny",
+    "max_steps=1",
+    "prompts_per_step=1",
+    "sampling.num_generations=2",
+    "sampling.max_new_tokens=8",
+    "data.limit=4",
+    "eval_data.limit=2",
+    "overwrite=true",
+]
 VALIDATING = ("__post_init__", "_composes", "trainer_args", "precision_from_launcher")
 
 
@@ -95,19 +106,76 @@ def trace(root: Path, argv: list[str]) -> dict:
         if module in seen and path[i - 1] != module:
             returns += 1
         seen.add(module)
-    return {"path": path, "stops": len(path), "modules": len(seen), "returns": returns,
-            "validating_calls": sorted(set(validations))}  # fmt: skip
+    return {
+        "path": path,
+        "stops": len(path),
+        "modules": len(seen),
+        "returns": returns,
+        "validating_calls": sorted(set(validations)),
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="the tree traced")
+    parser.add_argument("--tag", default="this", help="names the run in the results file and its tables")
+    parser.add_argument("--results", type=Path, help="also write the JSON line here (with command, date, commit)")
     parser.add_argument("overrides", nargs="*", help="train.py overrides (default: a tiny one-step run)")
     args = parser.parse_args()
+    command = "python " + " ".join(sys.argv)  # (the traced command rewrites sys.argv)
     with tempfile.TemporaryDirectory() as out:
         overrides = args.overrides or [*TRAIN, f"output_dir={out}/run"]
         result = trace(args.root.resolve(), overrides)
-    print(json.dumps({"root": str(args.root), **result}))
+    commit = subprocess.run(
+        ["git", "-C", str(args.root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    record = {
+        "benchmark": "trace_config",
+        "tag": args.tag,
+        "root": str(args.root),
+        "commit": commit,
+        "date": time.strftime("%Y-%m-%d"),
+        "command": command,
+        **result,
+    }
+    if args.results is not None:
+        args.results.write_text(json.dumps(record, indent=1) + "\n")
+    print(json.dumps(record))
+
+
+def validation_steps(calls: list[str]) -> list[str]:
+    """The distinct steps that check the configuration, from its validating functions: the launcher's precision,
+    the keys, a dry-run composition, the dataclasses built (their ``__post_init__``), TRL's arguments built."""
+    names = {c.rsplit(".", 1)[-1] for c in calls}
+    steps = [
+        ("precision", "precision_from_launcher"),
+        ("keys", "check_overrides"),
+        ("dry-run compose", "_composes"),
+        ("dataclasses", "__post_init__"),
+        ("TRL's arguments", "trainer_args"),
+    ]
+    return [step for step, name in steps if name in names]
+
+
+def tables(view: str, runs) -> str:
+    """``scripts/render_docs.py``'s view ``path`` of one or more results files: each run's stops, modules, returns
+    and the functions that validate the configuration on the way."""
+    if view != "path":
+        raise SystemExit(f"error: trace_config has the view path, not {view!r}")
+    runs = runs if isinstance(runs, list) else [runs]
+    lines = [
+        "| run | commit | stops | modules | returns | validation steps | validating functions |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        calls = ", ".join(f"`{c}`" for c in run["validating_calls"])
+        steps = " + ".join(validation_steps(run["validating_calls"]))
+        lines.append(
+            f"| {run['tag']} ({run['date']}) | {run['commit']} | {run['stops']} | {run['modules']} | "
+            f"{run['returns']} | {steps} | {len(run['validating_calls'])}: {calls} |"
+        )
+    commands = "; ".join(f"`{run['command']}`" for run in runs)
+    return "\n".join(lines) + f"\n\n{commands}\n"
 
 
 if __name__ == "__main__":
