@@ -495,7 +495,8 @@ def curve(folder: Path) -> dict:
 def collect(args) -> dict:
     """The results section built from every finished folder."""
     lr = chosen_lr(args)
-    section: dict = {"settings": settings(args), "lr_sweep": lr_sweep(args), "learning_rate": lr, "models": {}}
+    sweep = lr_sweep(args) if args.lr is None else {}  # --lr: no lr stage
+    section: dict = {"settings": settings(args), "lr_sweep": sweep, "learning_rate": lr, "models": {}}
     if lr is None:
         return section
     names = ["untrained", *(run_name(r, s, lr) for r, s in training_runs(args, lr))]
@@ -657,6 +658,8 @@ def rounds_table(section: dict) -> str:
 
 def lr_table(section: dict) -> str:
     lines = ["| learning rate | pass@1 (train split) | score | length |", "|---|---|---|---|"]
+    if not section.get("lr_sweep") and section.get("learning_rate") is not None:
+        lines.append(f"| {lr_name(section['learning_rate'])} (given: --lr, no sweep) | - | - | - |")
     for lr, r in section.get("lr_sweep", {}).items():
         if r is None:
             lines.append(f"| {lr} | - | - | - |")
@@ -777,9 +780,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         args.probe_budgets, args.probe_problems, args.probe_samples = [24], 2, 2
         args.methods_budgets, args.methods_problems, args.methods_samples = [24], 2, 1
         args.train_budget, args.eval_budgets, args.steps, args.prompts_per_step, args.group_size = 24, [24], 1, 1, 2
-        args.train_problems, args.trace_problems, args.lrs, args.lr_problems, args.lr_samples = 4, 2, [1e-4, 1e-3], 2, 1
-        args.eval_problems, args.eval_samples, args.seeds, args.poll = 2, 1, [0, 1], 0.5
-        args.round_bins = [0, 1]
+        args.train_problems, args.trace_problems, args.lr_problems, args.lr_samples = 4, 2, 2, 1
+        args.eval_problems, args.eval_samples, args.poll, args.round_bins = 2, 1, 0.5, [0, 1]
+        if args.lrs == parser.get_default("lrs"):
+            args.lrs = [1e-4, 1e-3]
+        if args.seeds == parser.get_default("seeds"):
+            args.seeds = [0, 1]
         if args.recipes == list(RECIPES):
             args.recipes = ["rl_sparse", "sparse_rl"]
     if args.train_budget not in args.eval_budgets:

@@ -1,0 +1,74 @@
+"""scripts/bench_rl_evidence.py as main (--quick, the train and eval stages at a given learning rate): two workers
+share the jobs (each run trained and evaluated once), the results file holds every recipe's hierarchical interval
+and paired difference per condition, each trained adapter is kept in fp16, the tables render, and a third call
+reads every run back without training or evaluating anything."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from safetensors import safe_open
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNS = ("rl_sparse-s0-lr0.0001", "sparse_rl-s0-lr0.0001")
+
+
+def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tmp_path):
+    results, adapters = tmp_path / "results.json", tmp_path / "adapters"
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "bench_rl_evidence.py"),
+        "--quick",
+        "--lr",
+        "1e-4",
+        "--seeds",
+        "0",
+        "--recipes",
+        "rl_sparse",
+        "sparse_rl",
+        "--stages",
+        "train",
+        "eval",
+        "--output-root",
+        str(tmp_path / "out"),
+        "--results",
+        str(results),
+        "--adapters",
+        str(adapters),
+        "--figures",
+        str(tmp_path / "curves.png"),
+    ]
+    workers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"]
+    outputs = [w.communicate(timeout=900) for w in workers]
+    for worker, (_, err) in zip(workers, outputs):
+        assert worker.returncode == 0, err[-3000:]
+    launched = "".join(err for _, err in outputs)
+    for run in RUNS:  # each run trained once, by one of the two workers
+        assert launched.count(f"output_dir={tmp_path / 'out' / 'train' / run}") == 1
+    training = json.loads(results.read_text())["training"]
+    assert training["learning_rate"] == 1e-4 and training["lr_sweep"] == {} and not training["partial"]
+    assert list(training["models"]) == ["untrained", *RUNS]
+    assert set(training["recipes"]) == {"full", "gkv-b24"}
+    for condition in training["recipes"].values():
+        assert set(condition) == {"untrained", "rl_sparse", "sparse_rl"}
+        assert condition["rl_sparse"]["seeds"] == 1 and len(condition["rl_sparse"]["pass@1_ci95"]) == 2
+        assert set(condition["sparse_rl"]["rl_sparse_minus"]) == {"seeds", "difference", "ci95"}
+        assert sum(b["samples"] for b in condition["rl_sparse"]["by_rounds"]) == 2  # 2 problems x 1 sample
+    for run in RUNS:
+        with safe_open(str(adapters / run / "adapter_model.safetensors"), "pt") as f:
+            assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"torch.float16"}
+    assert (tmp_path / "curves.png").is_file()
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_rl_evidence import tables
+
+    published = json.loads(results.read_text())
+    for view in ("lr", "training", "rounds"):
+        table = tables(view, published)
+        assert training["commit"] in table and "partial" not in table
+    assert "| sparse_rl |" in tables("training", published)
+    again = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "train.py" not in again.stderr and "evaluate.py" not in again.stderr  # read back, nothing rerun
+    reread = json.loads(results.read_text())["training"]
+    assert {k: v for k, v in reread.items() if k != "date"} == {k: v for k, v in training.items() if k != "date"}
