@@ -1,4 +1,5 @@
-"""Problem sets: local JSONL/JSON/Parquet files, hub datasets, presets for ../shared/data, and a built-in task.
+"""Problem sets: local JSONL/JSON/Parquet files, hub datasets, presets for ../shared/data, and the built-in tasks
+(``gkv_train.tasks``, ``gkv_train.retrieval``).
 
 Every loader returns a ``datasets.Dataset`` with the columns ``id``, ``problem`` (the question text) and
 ``answer`` (the gold answer as a string), whatever the source's field names.
@@ -9,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import string
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,7 +20,7 @@ import datasets
 from gkv_rewards.extract import gold_answer
 from gkv_train.jsonio import file_identity
 from gkv_train.retrieval import RETRIEVAL_TASKS, retrieval_task
-from gkv_train.splits import check_builtin_request, held_out_split
+from gkv_train.tasks import COPY_REQUIRED, PLACES, arithmetic_task, copy_recall_task
 
 
 def find_data_dir() -> Path:
@@ -307,226 +307,6 @@ def check_fields(records: list[tuple[str, dict]], fields: list[str], path: str) 
         bad = [f for f in fields if row.get(f) is None]
         if bad:
             raise ValueError(f"{where}: record has no value for field(s) {bad}")
-
-
-NAMES = ["Ava", "Ben", "Cleo", "Dan", "Eli", "Fay", "Gus", "Hana", "Ivan", "June", "Kai", "Lena", "Milo", "Nora"]
-ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards", "stamps", "cookies"]
-
-
-# The operations each level draws: one or more patterns, each a list of the operation sets its steps draw from
-# (``_pattern`` picks one); "-" with nothing left becomes "+".
-LEVEL_PATTERNS = {
-    0: [[]],
-    1: [["+-"]],
-    2: [["*"], ["+-", "+-"]],
-    3: [["+-*", "+-", "+-"]],
-    4: [["+-*"] * 3 + ["/"], ["+-*"] * 4 + ["/"]],
-}
-DISTRACTOR_SENTENCES = (len(NAMES) - 1) * 19 * (len(ITEMS) - 1)  # another name, 2-20, another item
-
-
-def _pattern(rng: random.Random, level: int) -> list[str]:
-    """The operation sets of one problem's steps at ``level`` (a pattern of ``LEVEL_PATTERNS``)."""
-    patterns = LEVEL_PATTERNS[level]
-    if level == 2:
-        return patterns[0] if rng.random() < 0.4 else patterns[1]
-    if level == 4:
-        return patterns[rng.randint(3, 4) - 3]
-    return patterns[0]
-
-
-def _step_options(op: str, total: int, who: str, item: str) -> list[tuple[str, int]]:
-    """Every (sentence, new total) one step of operation ``op`` can write when ``who`` holds ``total`` ``item``."""
-    if op == "-" and total == 0:
-        op = "+"  # nothing left to give away: answers stay non-negative
-    if op == "+":
-        return [(f"{who} gets {n} more {item}.", total + n) for n in range(1, 21)]
-    if op == "-":
-        return [(f"{who} gives away {n} {item}.", total - n) for n in range(1, min(total, 20) + 1)]
-    if op == "*":
-        return [(f"Then the number of {item} {who} has becomes {n} times as large.", total * n) for n in range(2, 6)]
-    divisors = [d for d in range(2, 7) if total % d == 0] or [1]
-    return [
-        (
-            f"{who} splits the {item} into {n} equal groups and keeps one group."
-            if n > 1
-            else f"{who} keeps all the {item}.",
-            total // n,
-        )
-        for n in divisors
-    ]
-
-
-def _problem(rng: random.Random, level: int, distractors: int = 0) -> tuple[str, int]:
-    """One word problem of a difficulty level and its integer answer.
-
-    0: no operation (recall the first fact: with ``distractors``, a lookup); 1: one addition or subtraction of two
-    numbers up to 20; 2: one multiplication, or two additions/subtractions;
-    3: a chain of three operations; 4: four or five operations, with a division that comes out even.
-    ``distractors``: that many sentences about other people's other items ("Ben has 12 marbles.") between the
-    first fact and the rest, so that the fact the answer needs sits far back in the prompt: a tight KV budget
-    that keeps the wrong tokens loses it.
-    """
-    who, item = rng.choice(NAMES), rng.choice(ITEMS)
-    total = rng.randint(2, 20)
-    text = [f"{who} has {total} {item}."]
-    others = [n for n in NAMES if n != who]
-    other_items = [i for i in ITEMS if i != item]
-    for _ in range(distractors):
-        text.append(f"{rng.choice(others)} has {rng.randint(2, 20)} {rng.choice(other_items)}.")
-    steps = [ops if len(ops) == 1 else rng.choice(ops) for ops in _pattern(rng, level)]
-    for op in steps:
-        sentence, total = rng.choice(_step_options(op, total, who, item))  # as randint over the numbers
-        text.append(sentence)
-    text.append(f"How many {item} does {who} have now?")
-    return " ".join(text), total
-
-
-def problem_count(levels: tuple[int, ...], distractors: int = 0) -> int:
-    """How many distinct problems ``_problem`` can write at ``levels`` with ``distractors``: per level and pattern,
-    the distinct sentence sequences from every start (2-20), x names x items x distractor sentences."""
-    count = 0
-    for level in set(levels):
-        for pattern in LEVEL_PATTERNS[level]:
-            paths = {start: 1 for start in range(2, 21)}  # total -> distinct sentence sequences reaching it
-            for ops in pattern:
-                after: dict[int, int] = {}
-                for total, ways in paths.items():
-                    options = {s: t for op in ops for s, t in _step_options(op, total, "W", "I")}  # distinct texts
-                    for new_total in options.values():
-                        after[new_total] = after.get(new_total, 0) + ways
-                paths = after
-            count += sum(paths.values())
-    return count * len(NAMES) * len(ITEMS) * DISTRACTOR_SENTENCES**distractors
-
-
-def arithmetic_task(
-    n: int | None, split: str = "train", seed: int = 0, levels: tuple[int, ...] = (1, 2), distractors: int = 0
-) -> datasets.Dataset:
-    """The built-in task: ``n`` procedural arithmetic word problems with exact integer answers, deterministic in
-    ``seed`` (``distractors``: see ``_problem``). ``train`` and ``test`` come from separate random streams and
-    never share a problem: the test split is the distinct problems of the first ``TEST_POOL`` draws of its stream
-    (n None: all of them), and train draws from the rest of the space (``problem_count``). ValueError when ``n``
-    exceeds what the split can hold."""
-    check_builtin_request("the built-in task", split, n)
-    bad = [lv for lv in levels if lv not in (0, 1, 2, 3, 4)]
-    if bad or not levels:
-        raise ValueError(f"built-in task levels are 0-4, got {list(levels)}")
-    if distractors < 0:
-        raise ValueError(f"distractors must be >= 0, got {distractors}")
-
-    def stream(which: str):
-        rng = random.Random(f"{seed}:{which}")
-        while True:
-            level = levels[rng.randrange(len(levels))]
-            yield (*_problem(rng, level, distractors), level)
-
-    task = f"the built-in task at levels {sorted(set(levels))} with {distractors} distractors"
-    chosen = held_out_split(stream, n, split, task, problem_count(levels, distractors), "add levels / distractors")
-    rows = [
-        {"id": i, "problem": text, "answer": str(answer), "level": level}
-        for i, (text, answer, level) in enumerate(chosen)
-    ]
-    return datasets.Dataset.from_list(rows)
-
-
-PLACES = [
-    "the park",
-    "the library",
-    "the beach",
-    "the market",
-    "the zoo",
-    "the museum",
-    "the garden",
-    "the lake",
-    "the school",
-    "the farm",
-    "the shop",
-    "the pool",
-]
-ACTIVITIES = [
-    "reads a book",
-    "eats a sandwich",
-    "watches the birds",
-    "talks to a friend",
-    "draws a picture",
-    "plays a game",
-    "drinks some water",
-    "takes a short nap",
-    "sings a song",
-    "looks at the clouds",
-    "writes a letter",
-    "feeds the ducks",
-]
-COPY_REQUIRED = ("last", "places")  # what a copy_recall completion must copy besides the number
-COPY_INSTRUCTION = "Repeat this text word for word, and finish the last sentence with the right number:"
-
-
-def _copy_recall_problem(rng: random.Random, sentences: int) -> tuple[str, int, str, list[str]]:
-    """One copy_recall problem, its answer, its last sentence and its middle sentences' places: a number (10-99)
-    in the first sentence, ``sentences`` middle sentences, and a last sentence that ends where the number belongs."""
-    who, item, number = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(10, 99)
-    text, places = [f"{who} has {number} {item}."], []
-    for place, act in zip(rng.sample(PLACES, sentences), rng.sample(ACTIVITIES, sentences)):
-        text.append(f"Then {who} goes to {place} and {act}.")
-        places.append(f"goes to {place}")
-    text.append(f"At the end of the day, {who} counts the {item} and still has")
-    return f"{COPY_INSTRUCTION}\n\n{' '.join(text)}", number, text[-1], places
-
-
-def copy_recall_space(sentences: int) -> int:
-    """How many distinct problems ``_copy_recall_problem`` can write with ``sentences`` middle sentences."""
-    return len(NAMES) * len(ITEMS) * 90 * (math.perm(len(PLACES), sentences) * math.perm(len(ACTIVITIES), sentences))
-
-
-def copy_recall_task(
-    n: int | None,
-    split: str = "train",
-    seed: int = 0,
-    sentences: int = 10,
-    required: str = "last",
-    share: float = 1.0,
-) -> datasets.Dataset:
-    """The built-in task of the decode-time regime: ``n`` problems that ask the model to copy a short story whose
-    first sentence holds a number and whose last sentence stops where that number belongs ("... and still has");
-    the answer is the number. Copying writes the story into the completion (SmolLM2-135M: about 120 tokens at
-    10 sentences), so a compressed cache is compressed many times while it is written, and the number, from the
-    prompt and the completion's first sentence, is needed again only at the very end, far outside the recent
-    window: a cache that drops it guesses.
-
-    What a completion must copy besides the number (the ``required`` column, ``gkv_rewards.extract.copied``):
-    ``required="last"``: the story's last sentence verbatim, so the number comes where it belongs, at the end of
-    the copy. Without that a model that no longer sees the story writes the number straight away (SmolLM2 under
-    G-KV at budget 64: 44 tokens instead of 128, 47 % of numbers right but none after the last sentence), and the
-    task would measure prompt compression again. ``required="places"`` (the training variant): at least a
-    ``share`` of the middle sentences' "goes to <place>", in order, with the number read after them. A model
-    trained under a compressed cache can then no longer shorten the copy to keep the number in its cache (RL-Sparse
-    learned that on the base task): the copy itself is the work the cache must support, and the graded reward
-    ``gkv_rewards.functions.copy_score`` (the share copied when the number is right) pays for every place.
-    Splits as ``arithmetic_task``: train and test never share a problem."""
-    check_builtin_request("the built-in task copy_recall", split, n)
-    if not 1 <= sentences <= len(PLACES):
-        raise ValueError(f"data.sentences must be 1-{len(PLACES)} for copy_recall, got {sentences}")
-    if required not in COPY_REQUIRED:
-        raise ValueError(f"data.copy_required must be one of {', '.join(COPY_REQUIRED)}, got {required!r}")
-
-    def stream(which: str):
-        rng = random.Random(f"{seed}:copy_recall:{which}")
-        while True:
-            yield _copy_recall_problem(rng, sentences)
-
-    def needed(last: str, places: list[str]) -> str:
-        if required == "last":
-            return last
-        return "\n".join([f"at least {math.ceil(share * len(places) - 1e-9)} of:", *places])
-
-    task = f"the built-in task copy_recall with {sentences} sentences"
-    chosen = held_out_split(stream, n, split, task, copy_recall_space(sentences), "add sentences")
-    rows = [
-        {"id": i, "problem": text, "answer": str(answer), "required": needed(last, places)}
-        for i, (text, answer, last, places) in enumerate(chosen)
-    ]
-    return datasets.Dataset.from_list(rows)
 
 
 def gsm8k_questions(n: int) -> list[str]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gkv_train.checkpoints import damage
+from gkv_train.manifest import damage
 from gkv_train.models import load_model
 
 

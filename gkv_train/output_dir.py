@@ -13,14 +13,13 @@ from gkv_train.checkpoints import (
     checkpoint_step,
     clear_run,
     clear_staging,
-    damage,
     newest_whole_checkpoint,
     resume_settings,
     run_artefacts,
-    saved_settings,
     truncate_metrics,
 )
 from gkv_train.exits import Refused
+from gkv_train.manifest import damage, saved_settings
 from gkv_train.models import base_model_name
 from gkv_train.runlock import RunLock, RunLocked
 

@@ -4,13 +4,13 @@
     ...
     <!-- /results -->
 
-of README.md, ARCHITECTURE.md and the markdown under docs/ is rewritten with the table VIEW of ``results/FILE``, made by the benchmark
-that wrote FILE (its ``tables(view, result)``: the figures with the command, date, commit and machine they came from),
-so no figure in the docs is copied by hand or left behind by a newer result. The benchmark is the one a results file
-names (its ``"script"`` key), else ``scripts/NAME.py`` for ``results/NAME.json``, or for ``results/NAME_TAG.json`` (a
-run tagged ``TAG``) the longest such prefix of the name that is a script. A ``.jsonl`` file is read as its list of
-records. A table that compares runs names several files, ``FILE1+FILE2#VIEW``: ``result`` is then the list of them, in
-that order.
+of README.md, ARCHITECTURE.md and the markdown under docs/ is rewritten with the table VIEW of ``results/FILE``,
+made by the benchmark that wrote FILE (its ``tables(view, result)``: the figures with the command, date, commit and
+machine they came from), so no figure in the docs is copied by hand or left behind by a newer result. The benchmark
+is the one a results file names (its ``"script"`` key), else ``scripts/NAME.py`` for ``results/NAME.json``, or for
+``results/NAME_TAG.json`` (a run tagged ``TAG``) the longest such prefix of the name that is a script. A ``.jsonl``
+file is read as its list of records. A table that compares runs names several files, ``FILE1+FILE2#VIEW``:
+``result`` is then the list of them, in that order.
 
 Each block ``<!-- config:COMMAND -->`` ... ``<!-- /config -->`` (COMMAND: train, evaluate, traces) is rewritten
 with the keys of that command's configuration, their types, defaults and help, from the dataclasses themselves

@@ -9,14 +9,13 @@ import pytest
 from gkv_train.checkpoints import (
     clear_run,
     complete_checkpoints,
-    damage,
     resume_settings,
     run_artefacts,
     truncate_metrics,
-    write_manifest,
 )
 from gkv_train.jsonio import dumps, read_jsonl
 from gkv_train.launch import trainer_args
+from gkv_train.manifest import damage, write_manifest
 from gkv_train.options import DistillOptions, LoraOptions
 from gkv_train.output_dir import prepare_output_dir, resume_checkpoint
 from gkv_train.train_config import TrainConfig

@@ -2,7 +2,8 @@ import re
 
 import pytest
 
-from gkv_train.data import DataConfig, arithmetic_task, load_problems
+from gkv_train.data import DataConfig, load_problems
+from gkv_train.tasks import arithmetic_task
 from gkv_train.train_config import TrainConfig
 
 
@@ -173,7 +174,7 @@ def test_builtin_task_size_is_known_and_never_exceeded():
     without end; the count is exact (the generator reaches every problem it counts)."""
     import random
 
-    from gkv_train.data import _problem, problem_count
+    from gkv_train.tasks import _problem, problem_count
 
     assert problem_count((0,)) == 2660 and problem_count((1,)) == 82460
     assert problem_count((0, 1)) == 2660 + 82460 and problem_count((0,), distractors=1) == 2660 * 13 * 19 * 9
@@ -228,7 +229,7 @@ def test_prompt_templates_that_cannot_format_a_problem_are_refused(template, mes
 
 
 def test_copy_recall_task_is_deterministic_held_out_and_reachable_by_name():
-    from gkv_train.data import copy_recall_task
+    from gkv_train.tasks import copy_recall_task
 
     train = copy_recall_task(40, "train", seed=1)
     assert train["problem"] == copy_recall_task(40, "train", seed=1)["problem"]

@@ -13,12 +13,12 @@ import torch
 from gkv_rewards.verify import CHECK
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
-from gkv_train.data import arithmetic_task
 from gkv_train.evaluation import evaluate_compression
 from gkv_train.jsonio import file_identity, read_jsonl
 from gkv_train.metrics import pass_at_k
 from gkv_train.models import load_model
 from gkv_train.run_folder import claim_run_dir
+from gkv_train.tasks import arithmetic_task
 
 from verifier_probe import PAIRS, SCRIPT_WITH_ANSWERS, write_problems
 
