@@ -34,19 +34,20 @@ class TracesConfig:
         self.data.check("data")
 
 
-# CompressionConfig fields added after results were first keyed by settings: left out of a run's identity while
-# the run behaves as before they existed (s4r without refresh, whatever refresh_rank says), so earlier results
-# stay valid
-LATER_COMPRESSION_FIELDS = ("refresh", "refresh_rank")
+# Options added after results were first keyed by settings, with the value at which a run behaves as before they
+# existed: left out of a run's identity at that value, so earlier results stay valid (refresh_rank means nothing
+# while refresh is off)
+LATER_OPTIONS = {"refresh": 0, "rank_ratio": 1.0, "basis": "sampled"}
 
 
 def compression_identity(compression: CompressionConfig) -> dict:
-    """The resolved compression settings that determine a run's results (``LATER_COMPRESSION_FIELDS`` left out
-    when refresh is off)."""
+    """The resolved compression settings that determine a run's results (``LATER_OPTIONS`` at their earlier
+    behaviour left out)."""
     settings = compression.flat()
-    if settings["refresh"] == 0:
-        settings = {k: v for k, v in settings.items() if k not in LATER_COMPRESSION_FIELDS}
-    return settings
+    unchanged = {name for name, value in LATER_OPTIONS.items() if settings.get(name, value) == value}
+    if "refresh" in unchanged:
+        unchanged.add("refresh_rank")
+    return {k: v for k, v in settings.items() if k not in unchanged}
 
 
 @dataclass

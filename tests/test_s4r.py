@@ -4,6 +4,7 @@ import pytest
 import torch
 from conftest import random_prompts
 
+import gkv_rollout.s4r_cache as s4r_cache
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract.bits import pack_bits, unpack_bits
 from gkv_rollout.contract.rope import apply_rope, inverse_rope
@@ -37,8 +38,9 @@ def rollout(model, prompts, cfg, new_tokens=64, seed=1):
         CompressionConfig.of("s4r", eta=0.4, window=6, rank=6, rank_v=10, pool="avg", group_agg="max"),
         CompressionConfig.of("s4r", eta=0.3, window=4, normalize=False, sinks=0, full_layers=[0, 3]),
         CompressionConfig.of("s4r", eta=0.4, window=4, refresh=8, refresh_rank=2),
+        CompressionConfig.of("s4r", eta=0.3, window=4, basis="prompt", rank_ratio=2.0),
     ],
-    ids=["default", "asymmetric-avg-max", "no-norm-no-sinks-full-layers", "refresh"],
+    ids=["default", "asymmetric-avg-max", "no-norm-no-sinks-full-layers", "refresh", "prompt-basis-value-rank-2x"],
 )
 def test_s4r_consistency_tiny(tiny_llama, cfg):
     out = rollout(tiny_llama, random_prompts(PROMPTS), cfg)
@@ -63,6 +65,36 @@ def test_replay_reproduces_an_s4r_rollout(tiny_llama):
     replayed = engine.replay(prompts, sampled.completions())
     for name in ("bases_k", "bases_v", "selected", "prompt_lengths"):
         assert torch.equal(getattr(replayed.record, name), getattr(sampled.record, name))
+
+
+def test_prompt_basis_fits_every_prompt_token_and_rank_ratio_splits_the_rank(tiny_llama, monkeypatch):
+    """basis=prompt: the bases come from every non-sink prompt token, not the paper's sample (no sampling, so the
+    sample's recent share changes nothing; it changes the sampled bases). rank_ratio=2: r_k + r_v = 2 r with the
+    value rank about twice the key rank, per row, as the record says."""
+    prompts = random_prompts(PROMPTS[:3], seed=3)
+
+    def record(**options):
+        engine = RolloutEngine(tiny_llama, compression=CompressionConfig.of("s4r", eta=0.3, window=4, **options))
+        return engine.generate(prompts, SamplingConfig(max_new_tokens=4, seed=1)).record
+
+    sampled = record().bases_k
+    assert not torch.equal(record(recent_ratio=0.2).bases_k, sampled)
+
+    def no_sample(*_):
+        raise AssertionError("basis=prompt samples nothing")
+
+    monkeypatch.setattr(s4r_cache, "sample_positions", no_sample)
+    whole = record(basis="prompt")
+    assert torch.equal(record(basis="prompt", recent_ratio=0.2).bases_k, whole.bases_k)
+    assert not torch.equal(whole.bases_k, sampled)
+    split = record(basis="prompt", rank_ratio=2.0)
+    for b in range(len(prompts)):  # the rank eta gives (r_k = r_v = r by default), split 1:2
+        r, k, v = (int(ranks[b].max()) for ranks in (whole.key_rank, split.key_rank, split.value_rank))
+        assert k + v == 2 * r and abs(v / k - 2) <= 2 / k
+    with pytest.raises(ValueError, match="basis must be one of sampled, prompt"):
+        CompressionConfig.of("s4r", basis="whole")
+    with pytest.raises(ValueError, match="set the two ranks instead"):
+        CompressionConfig.of("s4r", rank=4, rank_ratio=2.0)
 
 
 def test_persistent_bytes_follow_the_formula(tiny_llama):

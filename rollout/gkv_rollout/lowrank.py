@@ -20,6 +20,15 @@ def s4r_rank(eta: float, sinks: int, length: int, dim: int, groups: int, window:
     return max(1, min(dim, math.floor(r)))
 
 
+def split_rank(rank: int, ratio: float) -> tuple[int, int]:
+    """The key and value ranks (r_k, r_v) that share the coefficients of rank ``rank``, r_k + r_v = 2 rank, with
+    r_v / r_k as close to ``ratio`` as integers allow (each at least 1); ratio 1 gives (rank, rank)."""
+    if rank == 1:
+        return 1, 1
+    value = min(max(round(2 * rank * ratio / (1 + ratio)), 1), 2 * rank - 1)
+    return 2 * rank - value, value
+
+
 def persistent_elements(
     sinks: int, length: int, dim: int, groups: int, window: int, rank_k: int, rank_v: int, recent: int = 0
 ) -> int:

@@ -20,6 +20,7 @@ error); sink keys are kept as received (after RoPE), which is their pre-RoPE val
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -46,9 +47,12 @@ from gkv_rollout.lowrank import (
     sample_positions,
     select_tokens,
     selection_budget,
+    split_rank,
 )
 from gkv_rollout.methods import Method, ModelShape, register
 from gkv_rollout.scoring import aggregate_group, pool_scores
+
+BASES = ("sampled", "prompt")  # what the bases are fitted on: the paper's sample, or every prompt token
 
 
 def _help(text: str) -> dict:
@@ -75,6 +79,19 @@ class S4ROptions:
     )
     rank: int | None = field(default=None, metadata=_help("key rank (None: from eta)"))
     rank_v: int | None = field(default=None, metadata=_help("value rank (None: rank)"))
+    rank_ratio: float = field(
+        default=1.0,
+        metadata=_help("""value rank over key rank when eta sets the rank: the two split the coefficients of the
+        rank r eta gives, r_k + r_v = 2 r (the paper's Table 8 compares 1:1, 1:1.5 and 1:2); 1, the default: r_k = r_v =
+        r. Only without rank / rank_v."""),
+    )
+    basis: str = field(
+        default="sampled",
+        metadata=_help("""the prompt tokens the bases are fitted on: sampled (the paper's: a share eta of the
+        non-sink prompt tokens, recent_ratio of them the most recent, the rest uniform) or prompt (every non-sink
+        prompt token, ShadowKV's choice: a departure from the paper that costs a larger SVD at prefill and keeps
+        the tokens outside the paper's sample, a retrieval needle, in the subspace)."""),
+    )
     refresh: int = field(
         default=0,
         metadata=_help("""bases that follow the generation (an extension beyond the paper; 0, the default: off, the
@@ -120,6 +137,15 @@ class S4ROptions:
         for name in ("rank", "rank_v"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not (math.isfinite(self.rank_ratio) and self.rank_ratio > 0):
+            raise ValueError(f"rank_ratio must be a positive number, got {self.rank_ratio}")
+        if self.rank_ratio != 1.0 and (self.rank is not None or self.rank_v is not None):
+            raise ValueError(
+                f"rank_ratio={self.rank_ratio} splits the rank eta gives; with rank / rank_v set, set the two "
+                "ranks instead"
+            )
+        if self.basis not in BASES:
+            raise ValueError(f"basis must be one of {', '.join(BASES)}, got {self.basis!r}")
         if not 0.0 <= self.recent_ratio <= 1.0:
             raise ValueError(f"recent_ratio must lie in [0, 1], got {self.recent_ratio}")
         if any(layer < 0 for layer in self.full_layers):
@@ -378,9 +404,11 @@ class S4RCache(KVCache):
         ]
         # the rank each row ends with (its coefficient buffers' width); with refresh it starts short of it by the
         # columns the refreshes will add, so that the budget is kept
-        self.cap_k = torch.tensor([cfg.options.rank or r for r in ranks], device=self.device).clamp_max(self.dim)
+        options = cfg.options
+        split = [split_rank(r, options.rank_ratio) for r in ranks]  # (r_k, r_v) per row
+        self.cap_k = torch.tensor([options.rank or k for k, _ in split], device=self.device).clamp_max(self.dim)
         self.cap_v = torch.tensor(
-            [cfg.options.rank_v or cfg.options.rank or r for r in ranks], device=self.device
+            [options.rank_v or options.rank or v for _, v in split], device=self.device
         ).clamp_max(self.dim)
         added = cfg.options.refresh_rank * ((self.max_new - 1) // cfg.options.refresh) if cfg.options.refresh else 0
         self.rank_k, self.rank_v = (self.cap_k - added).clamp_min(1), (self.cap_v - added).clamp_min(1)  # now
@@ -432,8 +460,11 @@ class S4RCache(KVCache):
             sink_cols, rest = cols[: self.s], cols[self.s :]
             self.sink_k[layer, b] = key[b][:, sink_cols]
             self.sink_v[layer, b] = value[b][:, sink_cols]
-            count = max(round(cfg.options.eta * len(rest)), int(self.rank_k[b]))
-            sampled = rest[sample_positions(len(rest), count, cfg.options.recent_ratio)]
+            if cfg.options.basis == "prompt":
+                sampled = rest
+            else:
+                count = max(round(cfg.options.eta * len(rest)), int(self.rank_k[b]), int(self.rank_v[b]))
+                sampled = rest[sample_positions(len(rest), count, cfg.options.recent_ratio)]
             self.bases_k[layer, b] = torch.nn.functional.pad(
                 low_rank_bases(k_pre[b, sampled][None], int(self.rank_k[b]), cfg.options.normalize)[0],
                 (0, rk - int(self.rank_k[b])),
