@@ -1,5 +1,7 @@
 """S4R: low-rank cache with sparse reconstruction, in the rollout and in the trainer."""
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import random_prompts
@@ -39,8 +41,18 @@ def rollout(model, prompts, cfg, new_tokens=64, seed=1):
         CompressionConfig.of("s4r", eta=0.3, window=4, normalize=False, sinks=0, full_layers=[0, 3]),
         CompressionConfig.of("s4r", eta=0.4, window=4, refresh=8, refresh_rank=2),
         CompressionConfig.of("s4r", eta=0.3, window=4, basis="prompt", rank_ratio=2.0),
+        CompressionConfig.of("s4r", eta=0.3, window=4, exact="keys"),
+        CompressionConfig.of("s4r", eta=0.3, window=4, exact="values"),
     ],
-    ids=["default", "asymmetric-avg-max", "no-norm-no-sinks-full-layers", "refresh", "prompt-basis-value-rank-2x"],
+    ids=[
+        "default",
+        "asymmetric-avg-max",
+        "no-norm-no-sinks-full-layers",
+        "refresh",
+        "prompt-basis-value-rank-2x",
+        "exact-keys",
+        "exact-values",
+    ],
 )
 def test_s4r_consistency_tiny(tiny_llama, cfg):
     out = rollout(tiny_llama, random_prompts(PROMPTS), cfg)
@@ -95,6 +107,27 @@ def test_prompt_basis_fits_every_prompt_token_and_rank_ratio_splits_the_rank(tin
         CompressionConfig.of("s4r", basis="whole")
     with pytest.raises(ValueError, match="set the two ranks instead"):
         CompressionConfig.of("s4r", rank=4, rank_ratio=2.0)
+
+
+def test_exact_control_keeps_the_selection_and_attends_to_exact_states(tiny_llama):
+    """exact (a control): the selection is S4R's rule (on the same tokens the first layer, whose inputs are the
+    tokens alone, chooses the same bits; later layers see the changed attention outputs), and with both keys and
+    values exact the chosen tokens attend with their own states: the record's identity bases at full rank
+    reproduce the rollout in training, and the log-probs move away from S4R's."""
+    cfg = CompressionConfig.of("s4r", eta=0.3, window=4)
+    prompts = random_prompts(PROMPTS[:3], seed=4)
+    sampled = RolloutEngine(tiny_llama, compression=cfg).generate(prompts, SamplingConfig(max_new_tokens=24, seed=2))
+    control = dataclasses.replace(cfg, options={**cfg.options, "exact": "both"})
+    exact = RolloutEngine(tiny_llama, compression=control).replay(prompts, sampled.completions())
+    assert torch.equal(exact.record.selected[:, 0], sampled.record.selected[:, 0])
+    assert not torch.equal(exact.record.selected, sampled.record.selected)
+    dim = tiny_llama.config.num_key_value_heads * tiny_llama.config.head_dim
+    assert exact.record.bases_k.shape[-1] == dim and int(exact.record.value_rank.max()) == dim
+    assert (exact.logprobs - sampled.logprobs).abs().max() > 1e-3
+    report = consistency_report(tiny_llama, exact)
+    assert report["max_abs_logprob_diff"] <= TOL and report["causal_mask_diff"] > 1e-2
+    with pytest.raises(ValueError, match="exact must be one of none, keys, values, both"):
+        CompressionConfig.of("s4r", exact="all")
 
 
 def test_persistent_bytes_follow_the_formula(tiny_llama):

@@ -53,6 +53,7 @@ from gkv_rollout.methods import Method, ModelShape, register
 from gkv_rollout.scoring import aggregate_group, pool_scores
 
 BASES = ("sampled", "prompt")  # what the bases are fitted on: the paper's sample, or every prompt token
+EXACT = ("none", "keys", "values", "both")  # the control's exact reconstructions
 
 
 def _help(text: str) -> dict:
@@ -115,6 +116,13 @@ class S4ROptions:
     full_layers: list[int] = field(
         default_factory=list, metadata=_help("layers that reconstruct every token instead of a top-k selection")
     )
+    exact: str = field(
+        default="none",
+        metadata=_help("""a control, not a compression: the chosen tokens attend with their exact keys, values or
+        both (none, keys, values, both) instead of the reconstructed ones, the selection staying S4R's; every
+        token's exact state is kept besides its coefficients for that, so the memory is not S4R's (memory_share
+        reports S4R's own state). Separates what the reconstruction loses from what the selection misses."""),
+    )
 
     def __post_init__(self):
         if not 0.0 < self.eta <= 1.0:
@@ -146,6 +154,10 @@ class S4ROptions:
             )
         if self.basis not in BASES:
             raise ValueError(f"basis must be one of {', '.join(BASES)}, got {self.basis!r}")
+        if self.exact not in EXACT:
+            raise ValueError(f"exact must be one of {', '.join(EXACT)}, got {self.exact!r}")
+        if self.exact != "none" and self.refresh:
+            raise ValueError("exact (a control of the prompt's bases) and refresh do not go together: set refresh=0")
         if not 0.0 <= self.recent_ratio <= 1.0:
             raise ValueError(f"recent_ratio must lie in [0, 1], got {self.recent_ratio}")
         if any(layer < 0 for layer in self.full_layers):
@@ -175,11 +187,15 @@ class S4R(Method):
         """The prompt's exact K and V during prefill, then float32 coefficients at rank <= D' per token (keys and
         values), the window's float64 score sums, the bit-packed selections of every generated token, and with
         ``refresh`` the last ``refresh`` tokens' float32 pre-RoPE keys and values; plus the sampled tokens and
-        their log-probs (12 bytes per token)."""
+        their log-probs (12 bytes per token); the ``exact`` control keeps every token's exact keys, values or both
+        besides."""
         L, G, total, options = shape.layers, shape.heads // shape.kv_heads, prompt + new, settings.options
         rank = max(options.rank or 0, options.rank_v or 0) or shape.latent_dim  # the eta rank is at most D'
         size = prompt * shape.token_bytes(dtype_bytes) + L * total * (2 * rank * 4 + G * 8) + L * new * (total + 7) // 8
         size += 2 * L * min(options.refresh, new) * shape.latent_dim * 4
+        size += (
+            total * shape.token_bytes(dtype_bytes) * {"none": 0, "keys": 1, "values": 1, "both": 2}[options.exact] // 2
+        )
         return rows * (size + new * 12)
 
     @classmethod
@@ -267,6 +283,8 @@ class S4RCache(KVCache):
         rope_type = getattr(self.rotary, "rope_type", None)
         self._rope_static = isinstance(rope_type, str) and rope_type not in ("dynamic", "longrope")
         self._rope_table = None
+        self._exact_k = compression.options.exact in ("keys", "both")
+        self._exact_v = compression.options.exact in ("values", "both")
 
     # ---- engine interface ----------------------------------------------------------------------------
     def begin(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -306,6 +324,8 @@ class S4RCache(KVCache):
         self.rows, self.B = self.rows[keep], len(keep)
         state = ("sink_k", "sink_v", "bases_k", "bases_v", "coef_k", "coef_v", "cq", "window_sum", "chosen")
         state += ("recent_k", "recent_v") if self.compression.options.refresh else ()
+        state += ("exact_k",) if self._exact_k else ()
+        state += ("exact_v",) if self._exact_v else ()
         for name in state:  # one at a time
             setattr(self, name, getattr(self, name).index_select(1, keep))
         for name in ("valid", "lengths", "q_pos", "q_ok", "rank_k", "rank_v", "cap_k", "cap_v", "latent_scale"):
@@ -428,6 +448,10 @@ class S4RCache(KVCache):
         # the key and value rank each position was written with (every row of the batch, by logical position)
         self.rank_at_k = torch.zeros(B, self.length, dtype=torch.int16, device=self.device)
         self.rank_at_v = torch.zeros_like(self.rank_at_k)
+        # the control's exact keys (after RoPE) and values of every non-sink token, by slot: [L, B, Hkv, S, D]
+        exact = dict(size=(L, B, self.Hkv, S, self.D), dtype=dtype, device=self.device)
+        self.exact_k = torch.zeros(**exact) if self._exact_k else None
+        self.exact_v = torch.zeros(**exact) if self._exact_v else None
         if cfg.options.refresh:  # the last ``refresh`` tokens' pre-RoPE keys and values, for the next refresh
             self.recent_k = torch.zeros(L, B, cfg.options.refresh, self.dim, **f32)
             self.recent_v = torch.zeros_like(self.recent_k)
@@ -460,6 +484,11 @@ class S4RCache(KVCache):
             sink_cols, rest = cols[: self.s], cols[self.s :]
             self.sink_k[layer, b] = key[b][:, sink_cols]
             self.sink_v[layer, b] = value[b][:, sink_cols]
+            slots_b = pos[b, rest] - self.s
+            if self._exact_k:
+                self.exact_k[layer, b][:, slots_b] = key[b][:, rest]
+            if self._exact_v:
+                self.exact_v[layer, b][:, slots_b] = value[b][:, rest]
             if cfg.options.basis == "prompt":
                 sampled = rest
             else:
@@ -561,6 +590,11 @@ class S4RCache(KVCache):
         v_cat = heads_to_concat(value).float()  # [B, 1, D']
         coef_k.scatter_(1, now.slot.expand(-1, -1, coef_k.shape[-1]), proj[:, G])
         coef_v.scatter_(1, now.slot.expand(-1, -1, coef_v.shape[-1]), v_cat @ bases_v)
+        batch = torch.arange(B, device=key.device)
+        if self._exact_k:
+            self.exact_k[layer, batch, :, now.slot.view(B)] = key[:, :, 0]
+        if self._exact_v:
+            self.exact_v[layer, batch, :, now.slot.view(B)] = value[:, :, 0]
         if cfg.options.refresh:
             self.recent_k[layer, :, self.step % cfg.options.refresh] = pre[:, G, 0]
             self.recent_v[layer, :, self.step % cfg.options.refresh] = v_cat[:, 0]
@@ -591,17 +625,21 @@ class S4RCache(KVCache):
         rope = self._key_rope(x, order + self.s)[:, None]  # [B, 1, n, 2, D]: cos, signed sin
         swapped = x.view(B, Hkv, n, 2, D // 2).flip(-2).view(B, Hkv, n, D)
         keys = torch.addcmul(x * rope[..., 0, :], swapped, rope[..., 1, :])  # RoPE at their positions
-        out = self._attend(query, self.sink_k[layer], keys, self.sink_v[layer], cv, bases_v, mask, scaling)
+        if self._exact_k:  # the control: the chosen tokens' exact keys
+            keys = self.exact_k[layer][batch[:, None], :, order].transpose(1, 2)  # [B, Hkv, n, D]
+        values = self.exact_v[layer][batch[:, None], :, order].transpose(1, 2) if self._exact_v else None
+        out = self._attend(query, self.sink_k[layer], keys, self.sink_v[layer], cv, bases_v, mask, scaling, values)
         self.seconds += time.perf_counter() - start
         return out, None
 
-    def _attend(self, query, sink_k, keys, sink_v, cv, bases_v, mask, scaling) -> torch.Tensor:
+    def _attend(self, query, sink_k, keys, sink_v, cv, bases_v, mask, scaling, values=None) -> torch.Tensor:
         """The new token's attention output [B, 1, H, D] (the attention interface's layout) from queries
         [B, H, 1, D] over the exact sink keys sink_k [B, Hkv, s, D] and the reconstructed keys [B, Hkv, n, D]
         (mask bool [B, s + n] or None), with exact sink values sink_v [B, Hkv, s, D] and the reconstructed
         tokens' values taken in the latent space: the weights a of a query head give
         sum_j a_j C_V[j] B_V^T = (a C_V) B_V^T, restricted to its KV head's columns, so no value is
-        reconstructed. cv [B, n, r_v] coefficients, bases_v [B, D', r_v]. Computed in float32."""
+        reconstructed. cv [B, n, r_v] coefficients, bases_v [B, D', r_v]; values [B, Hkv, n, D]: the chosen tokens'
+        exact values instead (the ``exact`` control). Computed in float32."""
         B, H, _, D = query.shape
         Hkv, G, s = self.Hkv, self.G, self.s
         scale = D**-0.5 if scaling is None else scaling
@@ -611,6 +649,8 @@ class S4RCache(KVCache):
             logits.masked_fill_(~mask[:, None, None, :], float("-inf"))
         weights = logits.softmax(-1)
         out = weights[..., :s] @ sink_v.float()  # [B, Hkv, G, D]
+        if values is not None:
+            return (out + weights[..., s:] @ values.float()).to(query.dtype).view(B, 1, H, D)
         latent = weights[..., s:].reshape(B, H, -1) @ cv  # [B, H, r_v]
         per_head = bases_v.transpose(-1, -2).view(B, -1, Hkv, D).transpose(1, 2)  # [B, Hkv, r_v, D]
         out = out + latent.view(B, Hkv, G, -1) @ per_head
@@ -633,6 +673,13 @@ class S4RCache(KVCache):
         total = prompt_lengths + completion_lengths
         written = torch.arange(width, device=self.device)[None, :] < (total - 1)[:, None]
         key_rank, value_rank = (r[:, :width] * written for r in (self.rank_at_k, self.rank_at_v))
+        # the control: exact states are an identity basis at full rank (S I I^T = S), so training reads them so too
+        identity = torch.eye(self.dim, device=self.device).expand(self.L, bases_k.shape[1], -1, -1)
+        full = (written * self.dim).to(self.rank_at_k.dtype)
+        if self._exact_k:
+            bases_k, key_rank = identity, full
+        if self._exact_v:
+            bases_v, value_rank = identity, full
         bases_k, bases_v = (
             b.transpose(0, 1) * (torch.arange(b.shape[-1], device=self.device) < r.amax(1)[:, None, None, None])
             for b, r in ((bases_k, key_rank), (bases_v, value_rank))
