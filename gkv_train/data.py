@@ -7,6 +7,7 @@ Every loader returns a ``datasets.Dataset`` with the columns ``id``, ``problem``
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -19,7 +20,7 @@ import datasets
 
 from gkv_rewards.extract import gold_answer
 from gkv_train.jsonio import file_identity
-from gkv_train.retrieval import RETRIEVAL_TASKS, retrieval_task
+from gkv_train.retrieval import HAYSTACKS, RETRIEVAL_TASKS, retrieval_task
 from gkv_train.tasks import COPY_REQUIRED, PLACES, arithmetic_task, copy_recall_task
 
 
@@ -74,6 +75,9 @@ class DataConfig:
         RULER-style retrieval tasks niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt:
         ``gkv_train.retrieval``) or a hub dataset; None with ``path``.
     context: the retrieval tasks' prompt length, about this many tokens.
+    haystack: the retrieval tasks' text around the needles: ``filler`` (RULER's repeated noise sentences) or
+        ``questions`` (natural text: the GSM8K questions of the preset's file, shuffled; the train and test
+        problems draw from disjoint halves of them).
     copy_required: what a copy_recall completion must copy before the number: ``last`` (the last sentence) or
         ``places`` (the middle sentences' "goes to <place>", in order, at least a ``copy_share`` of them, the
         number after them: the training variant).
@@ -96,6 +100,7 @@ class DataConfig:
     copy_required: str = "last"
     copy_share: float = 1.0
     context: int = 1024
+    haystack: str = "filler"
     prompt_template: str = PROMPT_TEMPLATE
     config: str | None = None  # a hub dataset's configuration (subset), e.g. "main" for openai/gsm8k
 
@@ -117,6 +122,10 @@ class DataConfig:
             raise ValueError(f"{key}.copy_share must lie in (0, 1], got {self.copy_share}")
         if self.copy_share != 1 and (self.name != COPY_RECALL or self.copy_required != "places"):
             raise ValueError(f"{key}.copy_share applies to {key}.name=copy_recall with {key}.copy_required=places only")
+        if self.haystack not in HAYSTACKS:
+            raise ValueError(f"{key}.haystack must be one of {', '.join(HAYSTACKS)}, got {self.haystack!r}")
+        if self.haystack != "filler" and self.name not in RETRIEVAL_TASKS:
+            raise ValueError(f"{key}.haystack applies to the retrieval tasks ({', '.join(RETRIEVAL_TASKS)}) only")
         check_prompt_template(self.prompt_template, key)
 
     def identity(self) -> dict:
@@ -135,6 +144,8 @@ class DataConfig:
             del settings["copy_share"]
         if self.name not in RETRIEVAL_TASKS:
             del settings["context"]  # only the retrieval tasks read it
+        if self.haystack == "filler":
+            del settings["haystack"]  # added later: at its default earlier identities stay valid
         return {**settings, "file": file_identity(file) if file is not None and file.is_file() else None}
 
 
@@ -172,7 +183,8 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
     if name == COPY_RECALL:
         return copy_recall_task(limit, split, seed, data.sentences, data.copy_required, data.copy_share)
     if name in RETRIEVAL_TASKS:
-        return retrieval_task(name, limit, split, seed, data.context)
+        corpus = gsm8k_questions(None) if data.haystack == "questions" else None
+        return retrieval_task(name, limit, split, seed, data.context, corpus)
     if data.config is not None and (path is not None or name in PRESETS):
         raise ValueError(
             f"data.config={data.config!r} selects a hub dataset's configuration; {path or name} is a local file"
@@ -309,10 +321,11 @@ def check_fields(records: list[tuple[str, dict]], fields: list[str], path: str) 
             raise ValueError(f"{where}: record has no value for field(s) {bad}")
 
 
-def gsm8k_questions(n: int) -> list[str]:
-    """The first ``n`` GSM8K test questions (the preset's file), for benchmarks and checks."""
+def gsm8k_questions(n: int | None) -> list[str]:
+    """The first ``n`` GSM8K test questions (the preset's file; None: all), for benchmarks, checks and the
+    retrieval tasks' natural haystack."""
     path = DATA_DIR / PRESETS["gsm8k"].file
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: set GKV_DATA_DIR to the folder of the benchmark files")
     with open(path) as f:
-        return [json.loads(line)["question"] for _, line in zip(range(n), f)]
+        return [json.loads(line)["question"] for line in itertools.islice(f, n)]

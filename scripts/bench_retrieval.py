@@ -13,6 +13,14 @@ Stages (``--stages``, each resumable: every run is a ``scripts/evaluate.py`` fol
 3. ``ablations``: S4R at the largest eta (where it scores most, so that a variant's effect shows above the
    floor) with sinks off (``sinks=0``), without normalisation (``normalize=false``), windows ``W`` of
    ``--windows`` and average pooling.
+4. ``fair`` (S4R on a fair test, the paper's setting as closely as this machine allows): ``--fair-tasks`` at
+   ``--fair-context`` tokens in every haystack of ``--haystacks`` (``filler``, RULER's noise; ``questions``,
+   natural text), ``--fair-problems`` held-out problems each: the full cache; S4R at each ``--fair-etas`` (rho = eta)
+   and its controls (``FAIR_CONTROLS``: the chosen tokens' exact keys and values, i.e. the selection alone;
+   exact values; exact keys; the bases fitted on the whole prompt; a larger value rank at the same coefficient
+   budget, the paper's Table 8); SnapKV and G-KV at the budget that matches the memory S4R's row reached. Every
+   row is also split by where the asked needle lies: inside the block of recent prompt tokens S4R samples for its
+   bases, or before it (``needle_in_recent_block``).
 
 pass@1 with 95% bootstrap intervals over problems; greedy decoding (``--samples`` 1). Writes
 ``<output-root>/summary.json`` and, with ``--results FILE``, each stage's section into FILE as it is written.
@@ -30,12 +38,24 @@ import sys
 import time
 from pathlib import Path
 
+from gkv_rollout.config import CompressionConfig
 from gkv_train.jsonio import dumps, write_atomically
-from gkv_train.retrieval import RETRIEVAL_TASKS
+from gkv_train.retrieval import HAYSTACKS, RETRIEVAL_TASKS
 
 from _common import ROOT, git_commit, machine, merge_section, print_json, provenance
 
-STAGES = ("probe", "table", "ablations")
+STAGES = ("probe", "table", "ablations", "fair")
+S4R_SINKS = CompressionConfig(method="s4r").settings.sinks
+# S4R's controls in the fair test, each a row at every eta: what the reconstruction loses apart from what the
+# selection misses, and the reconstruction's parts
+FAIR_CONTROLS = {
+    "exact_both": ["compression.options.exact=both"],
+    "exact_values": ["compression.options.exact=values"],
+    "exact_keys": ["compression.options.exact=keys"],
+    "basis_prompt": ["compression.options.basis=prompt"],
+    "values_1.5x": ["compression.options.rank_ratio=1.5"],
+    "values_2x": ["compression.options.rank_ratio=2.0"],
+}
 
 
 def log(message: str) -> None:
@@ -52,6 +72,7 @@ def evaluate(
     compression: list[str],
     out: Path,
     args,
+    haystack: str = "filler",
 ) -> dict:
     """One ``scripts/evaluate.py`` call; each run's summary by its name."""
     command = [
@@ -62,6 +83,7 @@ def evaluate(
         f"data.split={split}",
         f"data.limit={problems}",
         f"data.context={context}",
+        *([f"data.haystack={haystack}"] if haystack != "filler" else []),
         f"sampling.num_generations={args.samples}",
         f"sampling.max_new_tokens={args.max_new_tokens}",
         f"sampling.temperature={args.temperature}",
@@ -227,6 +249,146 @@ def stage_ablations(root: Path, chosen: dict, args, publish=lambda section: None
     return section
 
 
+def needle_positions(task: str, context: int, haystack: str, problems: int, args) -> list[dict]:
+    """Per held-out problem (in order): its prompt's token count and the index of the first token of the asked
+    needle's number, in the prompt as ``scripts/evaluate.py`` writes it (template, chat template)."""
+    from gkv_train.data import DataConfig, load_problems
+    from gkv_train.models import load_config_and_tokenizer
+
+    data = DataConfig(name=task, split="test", limit=problems, context=context, haystack=haystack)
+    rows = load_problems(data, args.seed)
+    _, tokenizer = load_config_and_tokenizer(args.model)
+    found = []
+    for problem, answer in zip(rows["problem"], rows["answer"]):
+        text = data.prompt_template.format(problem=problem)
+        if tokenizer.chat_template:
+            messages = [{"role": "user", "content": text}]
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        encoded = tokenizer(text, add_special_tokens=not tokenizer.chat_template, return_offsets_mapping=True)
+        start = text.index(f"is: {answer}.") + len("is: ")
+        needle = next(i for i, (_, end) in enumerate(encoded["offset_mapping"]) if end > start)
+        found.append({"prompt": len(encoded["input_ids"]), "needle": needle})
+    return found
+
+
+def in_recent_block(position: dict, eta: float, sinks: int, recent_ratio: float = 0.7) -> bool:
+    """Whether the needle lies in the block of the most recent prompt tokens S4R samples for its bases at
+    ``eta`` (``gkv_rollout.lowrank.sample_positions``: the last round(0.7 count) of the count = round(eta n)
+    non-sink tokens; the rank floor on the count does not bind at these lengths)."""
+    rest = position["prompt"] - sinks
+    recent = round(round(eta * rest) * recent_ratio)
+    return position["needle"] >= position["prompt"] - recent
+
+
+def correct_by_problem(folder: Path, run: str) -> list[float]:
+    """pass@1 of each problem of one evaluation run (mean over its samples), by problem id."""
+    by: dict[int, list[bool]] = {}
+    for line in (folder / run / "samples.jsonl").read_text().splitlines():
+        sample = json.loads(line)
+        by.setdefault(sample["problem_id"], []).append(bool(sample["correct"]))
+    return [sum(c) / len(c) for _, c in sorted(by.items())]
+
+
+def split_by_needle(scores: list[float], inside: list[bool]) -> dict:
+    """pass@1 (and problem count) of the problems whose needle lies inside / before the recent block."""
+    parts = {"inside": [s for s, i in zip(scores, inside) if i], "before": [s for s, i in zip(scores, inside) if not i]}
+    return {where: {"problems": len(v), "pass@1": sum(v) / len(v) if v else None} for where, v in parts.items()}
+
+
+def stage_fair(root: Path, args, publish=lambda section: None) -> dict:
+    """The fair test (module docstring, stage 4); ``publish(section)`` after every cell (partial until the end)."""
+    table: dict = {}
+    section = {
+        "split": "test",
+        "context": args.fair_context,
+        "problems": args.fair_problems,
+        "etas": args.fair_etas,
+        "controls": {name: FAIR_CONTROLS[name] for name in args.fair_controls},
+        "matched_methods": args.fair_methods,
+        "table": table,
+        "partial": True,
+    }
+    context, n = args.fair_context, args.fair_problems
+    for haystack in args.haystacks:
+        for task in args.fair_tasks:
+            folder = root / "fair" / f"{task}-{context}-{haystack}"
+            positions = needle_positions(task, context, haystack, n, args)
+            mean_prompt = sum(p["prompt"] for p in positions) / len(positions)
+            full = evaluate(task, context, "test", n, ["full"], None, [], folder / "full", args, haystack)["full"]
+            entry = table.setdefault(f"{task}/{haystack}", {"mean_prompt": mean_prompt, "full": row(full), "etas": {}})
+            for eta in args.fair_etas:
+                inside = [in_recent_block(p, eta, S4R_SINKS) for p in positions]
+                cells = entry["etas"].setdefault(str(eta), {})
+                for name, keys in {"s4r": [], **{c: FAIR_CONTROLS[c] for c in args.fair_controls}}.items():
+                    out = folder / f"eta{eta}" / name
+                    (summary,) = evaluate(
+                        task,
+                        context,
+                        "test",
+                        n,
+                        ["s4r"],
+                        None,
+                        [f"compression.options.eta={eta}", *keys],
+                        out,
+                        args,
+                        haystack,
+                    ).values()
+                    cells[name] = {
+                        **row(summary),
+                        "by_needle": split_by_needle(correct_by_problem(out, summary["run"]), inside),
+                    }
+                    publish(section)
+                memory = cells["s4r"]["memory_share"]
+                budget = round(memory * (mean_prompt + cells["s4r"]["mean_completion_length"]))
+                out = folder / f"eta{eta}" / "matched"
+                runs = evaluate(
+                    task,
+                    context,
+                    "test",
+                    n,
+                    args.fair_methods,
+                    [budget],
+                    ["compression.interval=100000"],
+                    out,
+                    args,
+                    haystack,
+                )  # prefill compression only: answers are short
+                for method in args.fair_methods:
+                    run = f"{method}-b{budget}"
+                    cells[method] = {
+                        **row(runs[run]),
+                        "budget": budget,
+                        "by_needle": split_by_needle(correct_by_problem(out, run), inside),
+                    }
+                cells["needle_inside_share"] = sum(inside) / len(inside)
+                publish(section)
+    section["partial"] = False
+    return section
+
+
+def fair_table(section: dict) -> str:
+    """The fair test: per task and haystack, each eta's rows (S4R, its controls, the matched eviction methods) with
+    pass@1, the memory share reached, and pass@1 with the needle inside / before S4R's recent block."""
+    rows = [
+        "| task / haystack | full | eta | row | pass@1 | memory | needle inside the recent block | needle before it |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+
+    def part(by: dict) -> str:
+        return "-" if by["pass@1"] is None else f"{by['pass@1']:.2f} ({by['problems']})"
+
+    for name, entry in section["table"].items():
+        for eta, cells in entry["etas"].items():
+            for row_name, r in ((k, v) for k, v in cells.items() if isinstance(v, dict)):
+                label = row_name + (f" (budget {r['budget']})" if "budget" in r else "")
+                rows.append(
+                    f"| {name} | {cell(entry['full'])} | {eta} | {label} | {cell(r)} | {r['memory_share']:.3f} | "
+                    f"{part(r['by_needle']['inside'])} | {part(r['by_needle']['before'])} |"
+                )
+    state = " (partial: runs still going)" if section.get("partial") else ""
+    return "\n".join(rows) + f"\n\n{provenance(section)}{state}\n"
+
+
 def cell(row: dict) -> str:
     low, high = row["pass@1_ci95"]
     ci = "" if low is None else f" [{low:.2f}, {high:.2f}]"
@@ -238,6 +400,8 @@ def tables(view: str, result: dict) -> str:
     the context chosen), ``table`` (every method per task at each eta: pass@1 and the memory share reached),
     ``ablations`` (S4R's variants per task), each with where it came from."""
     section = result[view]
+    if view == "fair":
+        return fair_table(section)
     if view == "probe":
         contexts = sorted({int(c) for by in section["table"].values() for c in by})
         rows = [
@@ -295,6 +459,13 @@ def main() -> None:
         default=None,
         help="only these variants (default, no_sinks, no_normalize, pool_avg, window_<W>)",
     )
+    parser.add_argument("--fair-tasks", nargs="+", default=["niah_single", "niah_multikey"], choices=RETRIEVAL_TASKS)
+    parser.add_argument("--fair-context", type=int, default=2048, help="fair: the prompts' length in tokens")
+    parser.add_argument("--fair-etas", nargs="+", type=float, default=[0.2, 0.4], help="fair: S4R's eta (rho = eta)")
+    parser.add_argument("--fair-problems", type=int, default=32, help="fair: held-out problems per task and haystack")
+    parser.add_argument("--haystacks", nargs="+", default=list(HAYSTACKS), choices=HAYSTACKS)
+    parser.add_argument("--fair-controls", nargs="+", default=list(FAIR_CONTROLS), choices=list(FAIR_CONTROLS))
+    parser.add_argument("--fair-methods", nargs="+", default=["snapkv", "gkv"], help="fair: matched on memory")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "retrieval")
     parser.add_argument("--results", type=Path, help="a results file whose stage sections are replaced as they come")
@@ -304,6 +475,8 @@ def main() -> None:
         args.model, args.tasks, args.contexts, args.min_full = "tiny", ["vt"], [64], 0.0
         args.probe_problems, args.problems, args.max_new_tokens, args.windows = 2, 2, 4, [1, 32]
         args.ablations = ["default", "window_1"]
+        args.fair_tasks, args.fair_context, args.fair_problems, args.haystacks = ["niah_single"], 96, 2, ["questions"]
+        args.fair_controls, args.fair_methods, args.fair_etas = ["exact_both", "values_2x"], ["snapkv"], [0.4]
     root = args.output_root
     root.mkdir(parents=True, exist_ok=True)
     result = {
@@ -328,6 +501,8 @@ def main() -> None:
     for stage in args.stages:
         if stage == "probe":
             section = stage_probe(root, args)
+        elif stage == "fair":
+            section = stage_fair(root, args, lambda section: publish("fair", section))
         else:
             probe = result.get("probe") or done.get("probe")
             if probe is None:

@@ -10,6 +10,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def tables_of(results: Path, view: str) -> str:
+    code = (
+        f"import json, sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); from bench_retrieval import tables; "
+        f"print(tables({view!r}, json.load(open({str(results)!r}))))"
+    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
+
+
 def test_quick_retrieval_bench(tmp_path):
     results = tmp_path / "results.json"
     command = [
@@ -40,3 +48,15 @@ def test_quick_retrieval_bench(tmp_path):
     )
     pages = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
     assert "| vt | " in pages and "| vt (64) |" in pages and "(memory 0." in pages  # the docs' views (render_docs.py)
+    fair = line["fair"]  # S4R's fair test: the natural haystack, the controls, eviction matched on S4R's memory
+    (entry,) = fair["table"].values()
+    cells = entry["etas"]["0.4"]
+    assert list(fair["table"]) == ["niah_single/questions"] and entry["mean_prompt"] > 96
+    assert {"s4r", "exact_both", "values_2x", "snapkv"} <= set(cells) and not fair["partial"]
+    assert cells["snapkv"]["budget"] == round(
+        cells["s4r"]["memory_share"] * (entry["mean_prompt"] + cells["s4r"]["mean_completion_length"])
+    )
+    for name in ("s4r", "exact_both", "snapkv"):
+        parts = cells[name]["by_needle"]
+        assert parts["inside"]["problems"] + parts["before"]["problems"] == 2
+    assert "| niah_single/questions |" in tables_of(results, "fair")

@@ -1,3 +1,4 @@
+import dataclasses
 import re
 
 import pytest
@@ -333,3 +334,25 @@ def test_retrieval_tasks_hide_what_they_ask_and_hold_out_their_test_split(name):
     assert len(longer["problem"][0]) > 2.5 * len(train["problem"][0])
     assert DataConfig(name=name, context=512).identity() != DataConfig(name=name).identity()
     assert "context" not in DataConfig().identity()
+
+
+def test_natural_haystack_draws_train_and_test_from_disjoint_questions(gsm8k_questions):
+    """data.haystack=questions: the needle sits in GSM8K questions (whole, in a random order) instead of the
+    filler, about as long; train prompts use only even-numbered questions and test prompts only odd-numbered
+    ones; the filler's identity is unchanged, and the option is refused for other tasks."""
+    corpus = [" ".join(q.split()) for q in gsm8k_questions]
+    data = DataConfig(name="niah_single", context=512, limit=8, haystack="questions")
+    train = load_problems(data)
+    test = load_problems(dataclasses.replace(data, split="test"))
+    for rows, parity in ((train, 0), (test, 1)):
+        for problem in rows["problem"]:
+            used = [i for i, q in enumerate(corpus) if q in problem]
+            assert len(used) >= 5 and {i % 2 for i in used} == {parity}
+            assert "The grass is green" not in problem and "special magic number" in problem
+    filler = load_problems(dataclasses.replace(data, haystack="filler"))["problem"][0]
+    assert 0.7 < len(train["problem"][0].split()) / len(filler.split()) < 1.5
+    assert "haystack" not in DataConfig(name="niah_single").identity() and "haystack" in data.identity()
+    with pytest.raises(ValueError, match="data.haystack applies to the retrieval tasks"):
+        DataConfig(name="arithmetic", haystack="questions").check()
+    with pytest.raises(ValueError, match="data.haystack must be one of filler, questions"):
+        DataConfig(name="niah_single", haystack="essays").check()
