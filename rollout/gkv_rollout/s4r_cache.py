@@ -492,7 +492,7 @@ class S4RCache(KVCache):
             if cfg.options.basis == "prompt":
                 sampled = rest
             else:
-                count = max(round(cfg.options.eta * len(rest)), int(self.rank_k[b]), int(self.rank_v[b]))
+                count = max(round(cfg.options.eta * len(rest)), int(self.rank_k[b]))
                 sampled = rest[sample_positions(len(rest), count, cfg.options.recent_ratio)]
             self.bases_k[layer, b] = torch.nn.functional.pad(
                 low_rank_bases(k_pre[b, sampled][None], int(self.rank_k[b]), cfg.options.normalize)[0],
