@@ -98,6 +98,44 @@ def test_masked_logprobs_are_differentiable(tiny_llama):
     tiny_llama.zero_grad(set_to_none=True)
 
 
+@pytest.mark.parametrize(
+    "cfg",
+    [CompressionConfig("gkv", budget=12, window=4, interval=4), CompressionConfig.of("s4r", eta=0.3, window=4)],
+    ids=["gkv", "s4r"],
+)
+def test_gradient_checkpointing_under_the_record_gives_the_same_loss_and_gradients(cfg):
+    """Activation checkpointing (``gradient_checkpointing=true``: each layer's forward recomputed in the backward)
+    under a record: the recomputed layers attend through the same per-layer masks, so the loss and every gradient
+    equal those without it (a control: a record rotated by one layer changes them)."""
+    model = tiny_model("tiny-llama")
+    out = RolloutEngine(model, compression=cfg).generate(random_prompts([9, 21]), SamplingConfig(max_new_tokens=16))
+    model.train()
+
+    # transformers 5.23 renamed gradient_checkpointing_* to activation_checkpointing_* (the floor has the old names)
+    prefix = "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
+    enable, disable = (getattr(model, f"{prefix}_checkpointing_{what}") for what in ("enable", "disable"))
+    calls = []
+    model.model.layers[0].self_attn.register_forward_hook(lambda *_: calls.append(1))  # inside the checkpoint
+
+    def loss_and_grads(record, checkpointing: bool):
+        enable({"use_reentrant": False}) if checkpointing else disable()
+        calls.clear()
+        lp = token_logprobs(model, out.sequences, out.attention_mask, out.num_completion_tokens, record)
+        loss = -(lp * out.completion_mask).sum()
+        loss.backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad(set_to_none=True)
+        return loss.detach(), grads, len(calls)
+
+    plain, grads, forwards = loss_and_grads(out.record, False)
+    recomputed, recomputed_grads, recomputed_forwards = loss_and_grads(out.record, True)
+    assert (forwards, recomputed_forwards) == (1, 2)  # the layer ran again in the backward
+    assert torch.allclose(plain, recomputed, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads, recomputed_grads))
+    rotated, _, _ = loss_and_grads(out.record.roll_layers(1), True)
+    assert (rotated - plain).abs() > 1e-3
+
+
 # On SmolLM2 the default run checks G-KV (the method with every scoring term); the others, which every method's
 # tiny-model test (test_consistency_tiny) covers in the default run, carry the slow marker.
 SMOLLM2_METHODS = [
