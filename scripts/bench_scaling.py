@@ -7,8 +7,10 @@ and a plot.
   and the previous one: what one more token costs at that length), the KV cache's peak bytes, and the process's
   peak resident memory above what the loaded model held.
 * ``training``: one step of ``rl_sparse`` and ``rl_full`` per length of ``--train-lengths``
-  (``scripts/bench_train_step.py``: 1 prompt x 8 samples, every completion forced to the length; gkv at
-  ``--budget`` under rl_sparse): the step's time by phase and the process's peak resident memory.
+  (``scripts/bench_train_step.py``: 1 prompt x ``--train-rows`` samples, 8 by default, every completion forced to
+  the length; gkv at ``--budget`` under rl_sparse; with ``--gradient-checkpointing`` each layer recomputed in the
+  backward): the step's time by phase and the process's peak resident memory. A training point records its rows
+  and checkpointing, and a rerun with others measures new points beside it.
 
 Each point runs in its own process (peak memory is per process) and is appended to ``points.jsonl`` under
 ``--output-root`` as it finishes: a rerun skips the points done. Writes ``scaling.png`` there too, and with
@@ -91,6 +93,19 @@ def rollout_point(args) -> dict:
     }
 
 
+def point_key(point: dict) -> tuple:
+    """What a point measured: (kind, method or trainer, length, training settings: rows and checkpointing; a
+    training point of an earlier version, without them, had 8 rows and no checkpointing)."""
+    if point["kind"] == "rollout":
+        return ("rollout", point["method"], point["length"], None)
+    return (
+        "training",
+        point["trainer"],
+        point["length"],
+        (point.get("rows", 8), point.get("gradient_checkpointing", False)),
+    )
+
+
 def training_point(trainer: str, length: int, args) -> dict:
     """One ``bench_train_step.py`` step of ``trainer`` at ``length`` new tokens, in a child process whose own
     peak resident memory ``os.wait4`` reports."""
@@ -109,6 +124,9 @@ def training_point(trainer: str, length: int, args) -> dict:
         "0",
         "--trainers",
         trainer,
+        "--rows",
+        str(args.train_rows),
+        *(["--gradient-checkpointing"] if args.gradient_checkpointing else []),
     ]
     proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
     stdout = proc.stdout.read()
@@ -121,7 +139,8 @@ def training_point(trainer: str, length: int, args) -> dict:
         "kind": "training",
         "trainer": trainer,
         "length": length,
-        "rows": 8,
+        "rows": args.train_rows,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "step": step,
         "seconds": step["total"],
         "peak_rss_bytes": usage.ru_maxrss * 1024,
@@ -253,6 +272,10 @@ def main() -> None:
     parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "scaling")
     parser.add_argument("--results", type=Path, help="also write the JSON line here (e.g. results/bench_scaling.json)")
     parser.add_argument("--quick", action="store_true", help="tiny model, lengths and budget (a test runs it)")
+    parser.add_argument("--train-rows", type=int, default=8, help="training: samples of the one prompt per step")
+    parser.add_argument(
+        "--gradient-checkpointing", action="store_true", help="training: recompute each layer in the backward"
+    )
     parser.add_argument("--point", nargs=3, help=argparse.SUPPRESS)  # rollout METHOD LENGTH, in this process
     args = parser.parse_args()
     if args.quick:  # tiny values for the options left at their defaults
@@ -268,13 +291,14 @@ def main() -> None:
     points = read_jsonl(store) if store.is_file() else []
     settings = {"model": args.model, "batch": args.batch, "budget": args.budget, "eta": args.eta}
     points = [p for p in points if p.get("settings") == settings]  # points of other settings do not count
-    done = {(p["kind"], p.get("method") or p.get("trainer"), p["length"]) for p in points}
+    done = {point_key(p) for p in points}
     start = time.perf_counter()
-    todo = [("rollout", m, n) for m in args.methods for n in args.lengths] + [
-        ("training", t, n) for t in args.trainers for n in args.train_lengths
+    training = (args.train_rows, args.gradient_checkpointing)
+    todo = [("rollout", m, n, None) for m in args.methods for n in args.lengths] + [
+        ("training", t, n, training) for t in args.trainers for n in args.train_lengths
     ]
-    for kind, name, length in todo:
-        if (kind, name, length) in done:
+    for kind, name, length, _ in todo:
+        if (kind, name, length, training if kind == "training" else None) in done:
             continue
         log(f"{kind} {name} {length}")
         point = run_rollout_point(name, length, args) if kind == "rollout" else training_point(name, length, args)
@@ -282,18 +306,21 @@ def main() -> None:
         points.append(point)
         with open(store, "a") as f:
             f.write(dumps(point) + "\n")
-    points = [p for p in points if (p["kind"], p.get("method") or p.get("trainer"), p["length"]) in set(todo)]
+    points = [p for p in points if point_key(p) in set(todo)]
     with_marginals(points)
     plot(
         points,
         args.output_root / "scaling.png",
-        f"{args.model}, rollout batch {args.batch} (gkv budget {args.budget}, s4r eta {args.eta}); training 1 x 8 rows",
+        f"{args.model}, rollout batch {args.batch} (gkv budget {args.budget}, s4r eta {args.eta}); training 1 x "
+        f"{args.train_rows} rows" + (", activation checkpointing" if args.gradient_checkpointing else ""),
     )
     result = {
         "benchmark": "scaling",
         **settings,
         "lengths": args.lengths,
         "train_lengths": args.train_lengths,
+        "train_rows": args.train_rows,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "seconds": round(time.perf_counter() - start, 1),
         "points": points,
         "plot": str(args.output_root / "scaling.png"),
@@ -331,17 +358,18 @@ def tables(view: str, result: dict) -> str:
             )
     else:
         rows = [
-            "| trainer | new tokens (8 rows) | step s | generation s | log-prob forward s | backward s "
+            "| trainer | new tokens | rows | checkpointing | step s | generation s | log-prob forward s | backward s "
             "| peak RSS MiB |",
-            "|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         for p in sorted(
             (p for p in result["points"] if p["kind"] == "training"),
-            key=lambda p: (TRAINERS.index(p["trainer"]), p["length"]),
+            key=lambda p: (TRAINERS.index(p["trainer"]), p.get("gradient_checkpointing", False), p["length"]),
         ):
             step = p["step"]
             rows.append(
-                f"| {p['trainer']} | {p['length']} | {p['seconds']:.1f} | {step['generation']:.1f} "
+                f"| {p['trainer']} | {p['length']} | {p.get('rows', 8)} | "
+                f"{'yes' if p.get('gradient_checkpointing') else 'no'} | {p['seconds']:.1f} | {step['generation']:.1f} "
                 f"| {step['logprob_forward']:.1f} | {step['backward']:.1f} | {p['peak_rss_bytes'] / mib:.0f} |"
             )
     return "\n".join(rows) + f"\n\n{provenance(result)}\n"

@@ -3,8 +3,9 @@ distillation at identical settings, each step split into generation, log-prob fo
 and the rest; one JSON line.
 
 Every trainer is built the way ``train.py`` builds it (the recipe's configuration with the overrides below),
-on the same model, prompts, rows per step (GRPO: 1 prompt x 8 samples; distillation: 8 prompts x 1), new
-tokens, loss, learning rate and no gradient checkpointing; plain TRL gets the same ``GRPOConfig`` and prompts
+on the same model, prompts, rows per step (``--rows``: GRPO 1 prompt x that many samples; distillation that many
+prompts x 1; 8 by default), new tokens, loss, learning rate and activation checkpointing
+(``--gradient-checkpointing``; off by default); plain TRL gets the same ``GRPOConfig`` and prompts
 (as chat messages, so the same chat template applies) and generates with ``transformers``' ``generate`` (full
 cache). Every completion runs to ``--max-new-tokens`` (stop tokens are never sampled: TRL's ``min_new_tokens``,
 the engine's ``ignore_eos``), so every trainer does the same work. ``--steps`` steps are timed after
@@ -86,8 +87,9 @@ def configuration(recipe: str, args, output_dir: Path, compile_decode: bool = Fa
     """The recipe's ``TrainConfig`` as ``train.py`` resolves it, with the benchmark's settings."""
     from gkv_train.command_line import configure
 
-    rows = "prompts_per_step=8" if recipe.startswith("distill") else "prompts_per_step=1"
-    samples = "sampling.num_generations=1" if recipe.startswith("distill") else "sampling.num_generations=8"
+    distill = recipe.startswith("distill")
+    rows = f"prompts_per_step={args.rows if distill else 1}"
+    samples = f"sampling.num_generations={1 if distill else args.rows}"
     overrides = [
         f"recipe={recipe}",
         f"model={args.model}",
@@ -95,7 +97,7 @@ def configuration(recipe: str, args, output_dir: Path, compile_decode: bool = Fa
         samples,
         f"sampling.max_new_tokens={args.max_new_tokens}",
         f"max_steps={args.warmup + args.steps}",
-        "gradient_checkpointing=false",
+        f"gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
         "save_steps=100000",
         "eval_steps=null",
         f"output_dir={output_dir}",
@@ -214,13 +216,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=2, help="timed steps")
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     parser.add_argument("--trainers", nargs="+", default=["trl", "rl_full", "rl_sparse", "distill"])
+    parser.add_argument("--rows", type=int, default=8, help="rows per step (GRPO: samples of one prompt)")
+    parser.add_argument(
+        "--gradient-checkpointing", action="store_true", help="recompute each layer in the backward (memory for time)"
+    )
     parser.add_argument("--output", type=Path, default=None, help="also write the JSON line here")
     args = parser.parse_args()
 
     result = {
         "benchmark": "train_step",
         "model": args.model,
-        "rows": 8,
+        "rows": args.rows,
+        "gradient_checkpointing": args.gradient_checkpointing,
         "max_new_tokens": args.max_new_tokens,
         "compression": f"gkv budget {args.budget} window {args.window} interval {args.interval}",
         "threads": torch.get_num_threads(),
