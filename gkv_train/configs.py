@@ -37,7 +37,7 @@ class TracesConfig:
 # Options added after results were first keyed by settings, with the value at which a run behaves as before they
 # existed: left out of a run's identity at that value, so earlier results stay valid (refresh_rank means nothing
 # while refresh is off)
-LATER_OPTIONS = {"refresh": 0, "rank_ratio": 1.0, "basis": "sampled"}
+LATER_OPTIONS = {"refresh": 0, "rank_ratio": 1.0, "basis": "sampled", "exact": "none"}
 
 
 def compression_identity(compression: CompressionConfig) -> dict:

@@ -151,7 +151,7 @@ def test_run_identities_are_those_of_the_flat_configuration():
     ]
     for method, options, digest in expected:
         assert fingerprint(config.run_settings(CompressionConfig.of(method, **options))) == digest, (method, options)
-    for later in (dict(basis="prompt"), dict(rank_ratio=2.0)):  # options added since: in the identity when set
+    for later in (dict(basis="prompt"), dict(rank_ratio=2.0), dict(exact="both")):  # added since: in it when set
         assert fingerprint(config.run_settings(CompressionConfig.of("s4r", eta=0.3, **later))) != "2b9425c0ab2c2f71"
 
 
