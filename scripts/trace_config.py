@@ -101,18 +101,29 @@ def trace(root: Path, argv: list[str]) -> dict:
         pass
     finally:
         sys.setprofile(None)
-    seen, returns = set(), 0
-    for i, module in enumerate(path):
-        if module in seen and path[i - 1] != module:
-            returns += 1
-        seen.add(module)
+    stops, modules, returns = path_counts(path)
     return {
         "path": path,
-        "stops": len(path),
-        "modules": len(seen),
+        "stops": stops,
+        "modules": modules,
         "returns": returns,
         "validating_calls": sorted(set(validations)),
     }
+
+
+def path_counts(path: list[str], package: str = "") -> tuple[int, int, int]:
+    """(stops, distinct modules, returns) of ``path`` restricted to the modules of ``package`` ("" for all),
+    consecutive stops in one module counted once."""
+    kept: list[str] = []
+    for module in path:
+        if module.startswith(package) and (not kept or kept[-1] != module):
+            kept.append(module)
+    seen, returns = set(), 0
+    for i, module in enumerate(kept):
+        if module in seen and kept[i - 1] != module:
+            returns += 1
+        seen.add(module)
+    return len(kept), len(seen), returns
 
 
 def main() -> None:
@@ -159,20 +170,23 @@ def validation_steps(calls: list[str]) -> list[str]:
 
 def tables(view: str, runs) -> str:
     """``scripts/render_docs.py``'s view ``path`` of one or more results files: each run's stops, modules, returns
-    and the functions that validate the configuration on the way."""
+    (all, and within ``gkv_train``: the rollout package's stops are its methods checking their own settings) and
+    the functions that validate the configuration on the way."""
     if view != "path":
         raise SystemExit(f"error: trace_config has the view path, not {view!r}")
     runs = runs if isinstance(runs, list) else [runs]
     lines = [
-        "| run | commit | stops | modules | returns | validation steps | validating functions |",
-        "|---|---|---|---|---|---|---|",
+        "| run | commit | stops | modules | returns | in gkv_train: stops, modules, returns | validation steps "
+        "| validating functions |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for run in runs:
         calls = ", ".join(f"`{c}`" for c in run["validating_calls"])
         steps = " + ".join(validation_steps(run["validating_calls"]))
         lines.append(
             f"| {run['tag']} ({run['date']}) | {run['commit']} | {run['stops']} | {run['modules']} | "
-            f"{run['returns']} | {steps} | {len(run['validating_calls'])}: {calls} |"
+            f"{run['returns']} | {', '.join(map(str, path_counts(run['path'], 'gkv_train')))} | {steps} | "
+            f"{len(run['validating_calls'])}: {calls} |"
         )
     commands = "; ".join(f"`{run['command']}`" for run in runs)
     return "\n".join(lines) + f"\n\n{commands}\n"
