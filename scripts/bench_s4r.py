@@ -5,6 +5,7 @@
     python scripts/bench_s4r.py --cases 0                       # timing and memory only
     python scripts/bench_s4r.py --memory-share --context 146 --new-tokens 1024   # eta's two meanings
     python scripts/bench_s4r.py --refresh 128 --context 146 --new-tokens 1024    # bases that follow the generation
+    python scripts/bench_s4r.py --basis-cost 2048 4096                           # the whole-prompt basis's prefill
 
 * prefill: S4R (sampling + SVD + projection) against plain prefill of the same ~4k-token prompt;
 * decode time per token over 128 forced tokens: ``full``, ``s4r`` and a low-rank baseline that reconstructs
@@ -18,6 +19,9 @@
   every generated token's pre-RoPE key and value (per layer, with the rank it was stored with), by 128-token
   stretch; and the per-token decode time of full, s4r and s4r with refresh, forced to the same length, in one
   run (Llama-style models: the states are read at ``k_proj`` / ``v_proj``);
+* ``--basis-cost N ...`` (alone): at each prompt length N, the prefill of the full cache, of S4R with the paper's
+  sampled bases and with ``basis=prompt`` (the SVD of every non-sink prompt token): the prefill's seconds and
+  S4R's own share of them (sampling, SVD, projection: the cache's ``compress_seconds``), median of ``--repeats``;
 * passkey retrieval: a 5-digit number hidden at a random depth in ~4k tokens of filler, greedy answer,
   accuracy for ``full``, ``s4r`` (eta), and ``streaming`` / ``gkv`` with a budget of the same memory
   (eta x prompt length).
@@ -149,6 +153,33 @@ def passkey_accuracy(model, tokenizer, cases, compression: CompressionConfig, ba
     }
 
 
+def basis_cost(model, tokenizer, contexts: list[int], eta: float, repeats: int) -> dict:
+    """Per prompt length: the median prefill seconds and S4R's own seconds (``compress_seconds``) of the full
+    cache, S4R with sampled bases and S4R with ``basis=prompt``, one prompt, one forced new token."""
+    configs = {
+        "full": CompressionConfig("full"),
+        "s4r_sampled": CompressionConfig.of("s4r", eta=eta),
+        "s4r_prompt": CompressionConfig.of("s4r", eta=eta, basis="prompt"),
+    }
+    found = {}
+    for context in contexts:
+        prompt = long_prompt(tokenizer, context)
+        rows = {}
+        for name, cfg in configs.items():
+            engine = RolloutEngine(model, tokenizer, cfg, chat=False)
+            runs = [
+                engine.generate([prompt], SamplingConfig(max_new_tokens=1, temperature=0, ignore_eos=True)).stats
+                for _ in range(repeats)
+            ]
+            rows[name] = {
+                "prefill_seconds": sorted(r["prefill_seconds"] for r in runs)[repeats // 2],
+                "s4r_seconds": sorted(r["compress_seconds"] for r in runs)[repeats // 2],
+            }
+        rows["prompt_tokens"] = len(tokenizer(prompt)["input_ids"])
+        found[str(context)] = rows
+    return found
+
+
 def tables(view: str, result: dict | list[dict]) -> str:
     """``scripts/render_docs.py``'s views: ``refresh`` (``--refresh``'s line: the relative reconstruction error of
     generated keys and values per 128-token stretch, with and without refresh) and ``timing`` (the timing
@@ -178,7 +209,21 @@ def tables(view: str, result: dict | list[dict]) -> str:
                 f"| {d['s4r_reconstruct_all']:.3f} | {r['prefill_ratio_s4r_vs_full']:.2f}x |"
             )
         return "\n".join(lines) + "\n\n" + "\n".join(sorted({f"runs: {provenance(r)}" for r in result})) + "\n"
-    raise SystemExit(f"error: bench_s4r has the views refresh and timing, not {view!r}")
+    if view == "basis":
+        lines = [
+            "| prompt tokens | prefill, full (s) | S4R sampled bases (s) | of which S4R's own | S4R whole-prompt "
+            "bases (s) | of which S4R's own | whole-prompt / sampled, S4R's own |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for rows in result["cost"].values():
+            full, sampled, whole = rows["full"], rows["s4r_sampled"], rows["s4r_prompt"]
+            lines.append(
+                f"| {rows['prompt_tokens']} | {full['prefill_seconds']:.2f} | {sampled['prefill_seconds']:.2f} | "
+                f"{sampled['s4r_seconds']:.2f} | {whole['prefill_seconds']:.2f} | {whole['s4r_seconds']:.2f} | "
+                f"{whole['s4r_seconds'] / sampled['s4r_seconds']:.2f}x |"
+            )
+        return "\n".join(lines) + f"\n\n{provenance(result)}\n"
+    raise SystemExit(f"error: bench_s4r has the views refresh, timing and basis, not {view!r}")
 
 
 def main() -> None:
@@ -192,6 +237,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--memory-share", action="store_true", help="only the memory share of eta's two meanings")
     parser.add_argument("--refresh", type=int, default=0, help="only the refresh comparison, refreshing every N tokens")
+    parser.add_argument("--basis-cost", nargs="+", type=int, help="only the prefill cost of the bases at these lengths")
+    parser.add_argument("--repeats", type=int, default=3, help="--basis-cost: runs per configuration (the median)")
     args = parser.parse_args()
 
     model, tokenizer = load_model(args.model)
@@ -202,6 +249,11 @@ def main() -> None:
         "commit": git_commit(),
         "machine": machine(),
     }
+    if args.basis_cost:
+        timed(model, tokenizer, long_prompt(tokenizer, 500), CompressionConfig.of("s4r", eta=args.eta), 1)  # warm-up
+        cost = basis_cost(model, tokenizer, args.basis_cost, args.eta, args.repeats)
+        print_json({"benchmark": "s4r_basis", "model": args.model, "eta": args.eta, "cost": cost, **where})
+        return
     prompt = long_prompt(tokenizer, args.context)
     if args.refresh:
         engine = RolloutEngine(model, tokenizer, CompressionConfig("full"), chat=False)

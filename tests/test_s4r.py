@@ -456,3 +456,25 @@ def test_bench_s4r_refresh_reports_errors_and_decode_cost():
     for name in ("s4r", "s4r_refresh"):
         assert all(0 < e < 1 for kind in ("k", "v") for e in line["relative_error_by_128_tokens"][name][kind])
     assert set(line["decode_seconds_per_token"]) == {"full", "s4r", "s4r_refresh"}
+
+
+def test_bench_s4r_basis_cost_reports_both_bases():
+    """scripts/bench_s4r.py --basis-cost as main, on the tiny model: per prompt length the prefill of the full
+    cache and of S4R with sampled and whole-prompt bases, S4R's own seconds apart, and its docs table."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, str(root / "scripts" / "bench_s4r.py"), "--model", "tiny", "--basis-cost", "64"]
+    done = subprocess.run([*command, "--repeats", "1"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = line["cost"]["64"]
+    assert set(rows) == {"full", "s4r_sampled", "s4r_prompt", "prompt_tokens"} and rows["full"]["s4r_seconds"] == 0
+    assert all(0 < rows[n]["s4r_seconds"] < rows[n]["prefill_seconds"] for n in ("s4r_sampled", "s4r_prompt"))
+    sys.path.insert(0, str(root / "scripts"))
+    from bench_s4r import tables
+
+    assert f"| {rows['prompt_tokens']} |" in tables("basis", line) and line["commit"] in tables("basis", line)
