@@ -146,6 +146,8 @@ class DataConfig:
             del settings["context"]  # only the retrieval tasks read it
         if self.haystack == "filler":
             del settings["haystack"]  # added later: at its default earlier identities stay valid
+        else:  # the natural haystack's text is the GSM8K preset's file
+            settings["haystack_file"] = file_identity(DATA_DIR / PRESETS["gsm8k"].file)
         return {**settings, "file": file_identity(file) if file is not None and file.is_file() else None}
 
 

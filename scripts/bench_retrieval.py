@@ -433,7 +433,9 @@ def tables(view: str, result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
+    parser.add_argument(
+        "--stages", nargs="+", choices=STAGES, help="default: probe, table, ablations (fair: some 20 core-hours, asked)"
+    )
     parser.add_argument("--tasks", nargs="+", default=list(RETRIEVAL_TASKS), choices=RETRIEVAL_TASKS)
     parser.add_argument("--contexts", nargs="+", type=int, default=[512, 1024, 2048])
     parser.add_argument("--min-full", type=float, default=0.6)
@@ -459,7 +461,9 @@ def main() -> None:
         default=None,
         help="only these variants (default, no_sinks, no_normalize, pool_avg, window_<W>)",
     )
-    parser.add_argument("--fair-tasks", nargs="+", default=["niah_single", "niah_multikey"], choices=RETRIEVAL_TASKS)
+    parser.add_argument(  # one asked needle, whose position the split by needle reads
+        "--fair-tasks", nargs="+", default=["niah_single", "niah_multikey"], choices=["niah_single", "niah_multikey"]
+    )
     parser.add_argument("--fair-context", type=int, default=2048, help="fair: the prompts' length in tokens")
     parser.add_argument("--fair-etas", nargs="+", type=float, default=[0.2, 0.4], help="fair: S4R's eta (rho = eta)")
     parser.add_argument("--fair-problems", type=int, default=32, help="fair: held-out problems per task and haystack")
@@ -477,6 +481,8 @@ def main() -> None:
         args.ablations = ["default", "window_1"]
         args.fair_tasks, args.fair_context, args.fair_problems, args.haystacks = ["niah_single"], 96, 2, ["questions"]
         args.fair_controls, args.fair_methods, args.fair_etas = ["exact_both", "values_2x"], ["snapkv"], [0.4]
+    if args.stages is None:
+        args.stages = list(STAGES) if args.quick else [s for s in STAGES if s != "fair"]
     root = args.output_root
     root.mkdir(parents=True, exist_ok=True)
     result = {

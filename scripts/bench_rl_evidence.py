@@ -495,7 +495,9 @@ def curve(folder: Path) -> dict:
 def collect(args) -> dict:
     """The results section built from every finished folder."""
     lr = chosen_lr(args)
-    sweep = lr_sweep(args) if args.lr is None else {}  # --lr: no lr stage
+    sweep = lr_sweep(args)
+    if args.lr is not None:  # --lr: the sweep's finished runs, if any, stay in the results
+        sweep = {lr: r for lr, r in sweep.items() if r is not None}
     section: dict = {"settings": settings(args), "lr_sweep": sweep, "learning_rate": lr, "models": {}}
     if lr is None:
         return section

@@ -18,6 +18,23 @@ def tables_of(results: Path, view: str) -> str:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
 
 
+def test_the_needle_split_reads_the_block_s4r_samples():
+    """in_recent_block says whether the needle's first token is among the recent block of the positions S4R samples
+    for its bases (gkv_rollout.lowrank.sample_positions over the non-sink prompt tokens), at each eta."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_retrieval import in_recent_block
+
+    from gkv_rollout.lowrank import sample_positions
+
+    sinks, prompt = 4, 300
+    for eta in (0.2, 0.4):
+        rest = prompt - sinks
+        count = round(eta * rest)
+        recent = set((sample_positions(rest, count, 0.7)[-round(count * 0.7) :] + sinks).tolist())
+        for needle in range(sinks, prompt):
+            assert in_recent_block({"prompt": prompt, "needle": needle}, eta, sinks) == (needle in recent), needle
+
+
 def test_quick_retrieval_bench(tmp_path):
     results = tmp_path / "results.json"
     command = [

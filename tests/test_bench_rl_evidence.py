@@ -11,7 +11,7 @@ from pathlib import Path
 from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
-RUNS = ("rl_sparse-s0-lr0.0001", "sparse_rl-s0-lr0.0001")
+RUNS = ("rl_sparse-s0-lr0.0001", "sparse_rl-s0-lr0.0001", "rl_sparse-s1-lr0.0001", "sparse_rl-s1-lr0.0001")
 
 
 def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tmp_path):
@@ -24,6 +24,7 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
         "1e-4",
         "--seeds",
         "0",
+        "1",
         "--recipes",
         "rl_sparse",
         "sparse_rl",
@@ -44,17 +45,20 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
     for worker, (_, err) in zip(workers, outputs):
         assert worker.returncode == 0, err[-3000:]
     launched = "".join(err for _, err in outputs)
-    for run in RUNS:  # each run trained once, by one of the two workers
+    for run in RUNS:  # each run trained once and evaluated once per condition, by one of the two workers
         assert launched.count(f"output_dir={tmp_path / 'out' / 'train' / run}") == 1
+        for condition in ("full", "gkv-b24"):
+            assert launched.count(f"output_dir={tmp_path / 'out' / 'eval' / run / condition}") == 1
     training = json.loads(results.read_text())["training"]
     assert training["learning_rate"] == 1e-4 and training["lr_sweep"] == {} and not training["partial"]
-    assert list(training["models"]) == ["untrained", *RUNS]
+    assert list(training["models"]) == ["untrained", *RUNS]  # seed by seed
     assert set(training["recipes"]) == {"full", "gkv-b24"}
     for condition in training["recipes"].values():
         assert set(condition) == {"untrained", "rl_sparse", "sparse_rl"}
-        assert condition["rl_sparse"]["seeds"] == 1 and len(condition["rl_sparse"]["pass@1_ci95"]) == 2
-        assert set(condition["sparse_rl"]["rl_sparse_minus"]) == {"seeds", "difference", "ci95"}
-        assert sum(b["samples"] for b in condition["rl_sparse"]["by_rounds"]) == 2  # 2 problems x 1 sample
+        rl_sparse = condition["rl_sparse"]
+        assert rl_sparse["seeds"] == 2 and len(rl_sparse["per_seed"]) == 2 and len(rl_sparse["pass@1_ci95"]) == 2
+        assert condition["sparse_rl"]["rl_sparse_minus"]["seeds"] == 2  # paired over both seeds
+        assert sum(b["samples"] for b in rl_sparse["by_rounds"]) == 4  # 2 problems x 1 sample x 2 seeds
     for run in RUNS:
         with safe_open(str(adapters / run / "adapter_model.safetensors"), "pt") as f:
             assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"torch.float16"}

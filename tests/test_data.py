@@ -352,6 +352,7 @@ def test_natural_haystack_draws_train_and_test_from_disjoint_questions(gsm8k_que
     filler = load_problems(dataclasses.replace(data, haystack="filler"))["problem"][0]
     assert 0.7 < len(train["problem"][0].split()) / len(filler.split()) < 1.5
     assert "haystack" not in DataConfig(name="niah_single").identity() and "haystack" in data.identity()
+    assert data.identity()["haystack_file"][0] == "gsm8k_test.jsonl"  # the natural text is a file: its content counts
     with pytest.raises(ValueError, match="data.haystack applies to the retrieval tasks"):
         DataConfig(name="arithmetic", haystack="questions").check()
     with pytest.raises(ValueError, match="data.haystack must be one of filler, questions"):

@@ -126,6 +126,16 @@ def test_exact_control_keeps_the_selection_and_attends_to_exact_states(tiny_llam
     assert (exact.logprobs - sampled.logprobs).abs().max() > 1e-3
     report = consistency_report(tiny_llama, exact)
     assert report["max_abs_logprob_diff"] <= TOL and report["causal_mask_diff"] > 1e-2
+    # rows leaving at every finish keep their exact states: the same tokens and log-probs as keeping them
+    runs = [
+        RolloutEngine(tiny_llama, compression=control).generate(
+            prompts,
+            SamplingConfig(max_new_tokens=24, seed=2, stop_token_ids=tuple(range(10, 24)), drop_finished_at=d),
+        )
+        for d in (1.0, 0.01)
+    ]
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert torch.allclose(runs[0].logprobs, runs[1].logprobs, atol=1e-5)
     with pytest.raises(ValueError, match="exact must be one of none, keys, values, both"):
         CompressionConfig.of("s4r", exact="all")
 

@@ -20,13 +20,14 @@ def s4r_rank(eta: float, sinks: int, length: int, dim: int, groups: int, window:
     return max(1, min(dim, math.floor(r)))
 
 
-def split_rank(rank: int, ratio: float) -> tuple[int, int]:
+def split_rank(rank: int, ratio: float, limit: int) -> tuple[int, int]:
     """The key and value ranks (r_k, r_v) that share the coefficients of rank ``rank``, r_k + r_v = 2 rank, with
-    r_v / r_k as close to ``ratio`` as integers allow (each at least 1); ratio 1 gives (rank, rank)."""
+    r_v / r_k as close to ``ratio`` as integers allow, each within [1, ``limit``] (D': a rank beyond it is cut, so
+    the sum is then below 2 rank); ratio 1 gives (rank, rank)."""
     if rank == 1:
         return 1, 1
-    value = min(max(round(2 * rank * ratio / (1 + ratio)), 1), 2 * rank - 1)
-    return 2 * rank - value, value
+    value = min(max(round(2 * rank * ratio / (1 + ratio)), 1), 2 * rank - 1, limit)
+    return min(2 * rank - value, limit), value
 
 
 def persistent_elements(

@@ -193,9 +193,9 @@ class S4R(Method):
         rank = max(options.rank or 0, options.rank_v or 0) or shape.latent_dim  # the eta rank is at most D'
         size = prompt * shape.token_bytes(dtype_bytes) + L * total * (2 * rank * 4 + G * 8) + L * new * (total + 7) // 8
         size += 2 * L * min(options.refresh, new) * shape.latent_dim * 4
-        size += (
-            total * shape.token_bytes(dtype_bytes) * {"none": 0, "keys": 1, "values": 1, "both": 2}[options.exact] // 2
-        )
+        exact_sides = {"none": 0, "keys": 1, "values": 1, "both": 2}[options.exact]
+        size += total * shape.token_bytes(dtype_bytes) * exact_sides // 2  # the exact states
+        size += exact_sides * L * shape.latent_dim**2 * 4  # the record's identity bases (float32 D' x D' a layer)
         return rows * (size + new * 12)
 
     @classmethod
@@ -425,7 +425,7 @@ class S4RCache(KVCache):
         # the rank each row ends with (its coefficient buffers' width); with refresh it starts short of it by the
         # columns the refreshes will add, so that the budget is kept
         options = cfg.options
-        split = [split_rank(r, options.rank_ratio) for r in ranks]  # (r_k, r_v) per row
+        split = [split_rank(r, options.rank_ratio, self.dim) for r in ranks]  # (r_k, r_v) per row
         self.cap_k = torch.tensor([options.rank or k for k, _ in split], device=self.device).clamp_max(self.dim)
         self.cap_v = torch.tensor(
             [options.rank_v or options.rank or v for _, v in split], device=self.device
@@ -492,7 +492,9 @@ class S4RCache(KVCache):
             if cfg.options.basis == "prompt":
                 sampled = rest
             else:
-                count = max(round(cfg.options.eta * len(rest)), int(self.rank_k[b]))
+                # at least as many samples as the key rank (and the value rank when rank_ratio makes it larger)
+                floor = max(int(self.rank_k[b]), int(self.rank_v[b]) if cfg.options.rank_ratio != 1 else 0)
+                count = max(round(cfg.options.eta * len(rest)), floor)
                 sampled = rest[sample_positions(len(rest), count, cfg.options.recent_ratio)]
             self.bases_k[layer, b] = torch.nn.functional.pad(
                 low_rank_bases(k_pre[b, sampled][None], int(self.rank_k[b]), cfg.options.normalize)[0],
