@@ -126,6 +126,11 @@ class DataConfig:
             raise ValueError(f"{key}.haystack must be one of {', '.join(HAYSTACKS)}, got {self.haystack!r}")
         if self.haystack != "filler" and self.name not in RETRIEVAL_TASKS:
             raise ValueError(f"{key}.haystack applies to the retrieval tasks ({', '.join(RETRIEVAL_TASKS)}) only")
+        if self.haystack == "questions" and not (DATA_DIR / PRESETS["gsm8k"].file).is_file():
+            raise FileNotFoundError(
+                f"{key}.haystack=questions reads {DATA_DIR / PRESETS['gsm8k'].file}, which does not exist: set "
+                "GKV_DATA_DIR to the folder of the benchmark files"
+            )
         check_prompt_template(self.prompt_template, key)
 
     def identity(self) -> dict:

@@ -357,3 +357,12 @@ def test_natural_haystack_draws_train_and_test_from_disjoint_questions(gsm8k_que
         DataConfig(name="arithmetic", haystack="questions").check()
     with pytest.raises(ValueError, match="data.haystack must be one of filler, questions"):
         DataConfig(name="niah_single", haystack="essays").check()
+
+
+def test_natural_haystack_without_its_file_is_refused_naming_it(monkeypatch, tmp_path):
+    from gkv_train import data
+
+    monkeypatch.setattr(data, "DATA_DIR", tmp_path)
+    with pytest.raises(FileNotFoundError, match="data.haystack=questions reads .*gsm8k_test.jsonl"):
+        DataConfig(name="niah_single", haystack="questions").check()
+    DataConfig(name="niah_single").check()  # the filler needs no file
