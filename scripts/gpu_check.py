@@ -236,7 +236,7 @@ def rollout_speed(model, tokenizer, batch: int, args, rates: dict, report: Repor
         "gkv": min(args.rollout_prompt + new / 2, args.rollout_budget + gkv.settings.interval / 2),
     }
     result = {}
-    runs = [("", engine_run)] + ([("_compiled", compiled_run)] if args.compile_decode else [])
+    runs = ([("_compiled", compiled_run)] if args.compile_decode else []) + [("", engine_run)]  # the GPU mode first
     for compression in (CompressionConfig("full"), gkv):
         for suffix, run in runs:
             name = f"engine_{compression.method}{suffix}"
@@ -404,6 +404,76 @@ def summary_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tables(view: str, result: dict) -> str:
+    """``scripts/render_docs.py``'s view ``runs`` of ``results/gpu_check_<device>.json`` (the device tool's runs
+    of this check, each with its command): consistency per shape, method and precision, then the speed and cost
+    sections, each with the run it came from."""
+    if view != "runs":
+        raise SystemExit(f"error: gpu_check has the view runs, not {view!r}")
+    stack = ", ".join(f"{name} {version}" for name, version in result["stack"].items())
+    lines = [
+        "| shape | method | precision | max \\|diff\\| | mean \\|diff\\| | KL | causal control | rotated control | "
+        "controls fail |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    done = [(run, name, value) for run in result["runs"] for name, value in run["result"]["sections"].items()]
+    for _, name, v in done:
+        if name.startswith("consistency/") and "skipped" not in v:
+            _, shape, method, precision = name.split("/")
+            lines.append(
+                f"| {shape} | {method} | {precision} | {v['max_abs_logprob_diff']:.1e} | "
+                f"{v['mean_abs_logprob_diff']:.1e} | {v['kl']:.1e} | {v['causal_mask_diff']:.2f} | "
+                f"{v['rotated_layers_diff']:.2f} | {'yes' if v['controls_fail'] else '**no**'} |"
+            )
+    lines += ["", "| section | run | measured |", "|---|---|---|"]
+    for run, name, v in done:
+        number = result["runs"].index(run) + 1
+        if name == "hardware":
+            flops, copy = v["bf16_matmul_flops_per_s"] / 1e12, v["memory_bytes_per_s"] / 1e9
+            text = f"bf16 matmul {flops:.0f} TFLOP/s, copy {copy:.0f} GB/s"
+        elif name.startswith("consistency/"):
+            continue
+        elif "skipped" in v:
+            text = f"skipped ({v['skipped']})"
+        elif name.startswith("rollout/"):
+            runs = [
+                f"{engine} {r['tokens_per_s']:.0f} tokens/s, {r['decode_step_seconds'] * 1e3:.0f} ms a decode step, "
+                f"peak {r['peak_bytes'] / 2**30:.1f} GiB, {r['roofline']['achieved_over_ceiling']:.3f} of its "
+                f"{r['roofline']['bound']} ceiling"
+                if "tokens_per_s" in r
+                else f"{engine} skipped ({r['skipped']})"
+                for engine, r in v.items()
+                if isinstance(r, dict) and ("tokens_per_s" in r or "skipped" in r)
+            ]
+            text = f"{v['new_tokens']} new tokens after {v['prompt_tokens']}: " + "; ".join(runs)
+        elif name.startswith("training_cost/"):
+            text = (
+                f"forward + backward of {v['batch']} x {v['sequence_tokens']} tokens: under the record "
+                f"({v['backend']}) {v['masked_seconds']:.3f} s, peak {v['masked_peak_bytes'] / 2**30:.1f} GiB; "
+                f"causal SDPA {v['causal_sdpa_seconds']:.3f} s, peak {v['causal_sdpa_peak_bytes'] / 2**30:.1f} GiB "
+                f"(time x{v['time_ratio']:.2f}; {v['roofline_masked']['achieved_over_ceiling']:.2f} and "
+                f"{v['roofline_causal_sdpa']['achieved_over_ceiling']:.2f} of the compute ceiling)"
+            )
+        elif name.startswith("grpo_step/"):
+            text = (
+                f"{'ran' if v['ok'] else '**failed**'} in {v['seconds']:.0f} s; rollout "
+                f"{v['rollout/tokens_per_s']:.0f} tokens/s, retention {v['rollout/retention']:.2f}, bf16 mismatch "
+                f"max {v['mismatch/max_abs']:.3f}"
+            )
+        else:
+            text = dumps(v)
+        lines.append(f"| {name} | {number} | {text} |")
+    commands = "; ".join(
+        f"run {i + 1}: `{run['command']}` ({run['wall_s']:.0f} s)" for i, run in enumerate(result["runs"])
+    )
+    return (
+        "\n".join(lines) + f"\n\n{result['device']}; {stack}; {result['date']}, commit {result['commit']}; {commands}\n"
+    )
+
+
+SECTIONS = ["consistency", "rollout", "training_cost", "grpo_step"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="CPU-sized: tiny shapes, small batches and lengths")
@@ -412,6 +482,8 @@ def main() -> None:
     parser.add_argument("--compile-decode", action="store_true", help="time compiled decode steps (default on CUDA)")
     parser.add_argument("--budget-s", type=float, default=None, help="start nothing after this (480; --tiny 900)")
     parser.add_argument("--out", type=Path, default=None, help="folder for gpu_check.json and gpu_check.md")
+    parser.add_argument("--rollout-tokens", type=int, default=None, help="new tokens a rollout run (2048; --tiny 32)")
+    parser.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS, help="what to run (all)")
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     if not cuda and not args.tiny:
@@ -426,9 +498,11 @@ def main() -> None:
     args.check_tokens, args.check_budget, args.check_window, args.check_interval = (
         (24, 16, 4, 8) if tiny else (256, 128, 16, 32)
     )
+    asked_tokens = args.rollout_tokens
     args.rollout_tokens, args.rollout_budget, args.rollout_window, args.rollout_prompt = (
         (32, 16, 4, 64) if tiny else (2048, 512, None, 64)
     )
+    args.rollout_tokens = asked_tokens or args.rollout_tokens
     args.train_tokens, args.train_new, args.train_batch = (96, 24, 2) if tiny else (4096, 256, 2)
     args.grpo_tokens = 16 if tiny else 128
     tokenizer = tiny_tokenizer()  # prompts are token ids; the engine needs only its padding and end ids
@@ -438,7 +512,7 @@ def main() -> None:
     report.result["versions"] = {m.__name__: m.__version__ for m in (torch, __import__("transformers"))}
     rates = hardware(args.device, tiny)
     report.section("hardware", rates)
-    for shape in args.shapes:  # 1. consistency
+    for shape in args.shapes if "consistency" in args.sections else []:  # 1. consistency
         for precision, dtype in DTYPES.items():
             model = build(shape, dtype, args.device) if report.time_left() else None
             for method in ("gkv", "s4r"):
@@ -450,7 +524,7 @@ def main() -> None:
                 report.section(name, consistency(model, tokenizer, prompts, method, args))
             del model
     model = build(speed_shape, torch.bfloat16, args.device) if report.time_left() else None  # 2. rollout speed
-    for batch in args.batches:
+    for batch in args.batches if "rollout" in args.sections else []:
         report.section(
             f"rollout/{speed_shape}/bf16/batch{batch}",
             rollout_speed(model, tokenizer, batch, args, rates, report)
@@ -458,16 +532,18 @@ def main() -> None:
             else {"skipped": "time budget"},
         )
     backend = "sdpa" if tiny else "flex"  # 3. training cost
-    report.section(
-        f"training_cost/{speed_shape}/bf16",
-        training_cost(model, tokenizer, args, rates, backend) if report.time_left() else {"skipped": "time budget"},
-    )
+    if "training_cost" in args.sections:
+        report.section(
+            f"training_cost/{speed_shape}/bf16",
+            training_cost(model, tokenizer, args, rates, backend) if report.time_left() else {"skipped": "time budget"},
+        )
     del model
     if cuda:
         torch.cuda.empty_cache()
-    report.section(
-        f"grpo_step/{grpo_shape}", grpo_step(grpo_shape, args) if report.time_left() else {"skipped": "time budget"}
-    )  # 4. one GRPO step through train.py
+    if "grpo_step" in args.sections:
+        report.section(
+            f"grpo_step/{grpo_shape}", grpo_step(grpo_shape, args) if report.time_left() else {"skipped": "time budget"}
+        )  # 4. one GRPO step through train.py
     print_json(report.result)
 
 

@@ -52,7 +52,8 @@ def test_gpu_check_tiny(tmp_path):
 
 
 def test_gpu_check_skips_what_does_not_fit_the_time_budget(tmp_path):
-    """A run past --budget-s starts nothing more: the sections still come, marked skipped."""
+    """A run past --budget-s starts nothing more: the sections asked for (--sections) still come, marked
+    skipped; the others do not come."""
     proc = subprocess.run(
         [
             sys.executable,
@@ -62,6 +63,9 @@ def test_gpu_check_skips_what_does_not_fit_the_time_budget(tmp_path):
             "tiny-qwen2",
             "--budget-s",
             "0",
+            "--sections",
+            "consistency",
+            "grpo_step",
             "--out",
             str(tmp_path),
         ],
@@ -76,6 +80,7 @@ def test_gpu_check_skips_what_does_not_fit_the_time_budget(tmp_path):
     assert sections["hardware"]["memory_bytes_per_s"] > 0
     skipped = [name for name, value in sections.items() if value.get("skipped") == "time budget"]
     assert "grpo_step/tiny-qwen2" in skipped and "consistency/tiny-qwen2/gkv/fp32" in skipped
+    assert not [name for name in sections if name.startswith(("rollout/", "training_cost/"))], sections
     assert "skipped (time budget)" in (tmp_path / "gpu_check.md").read_text()
 
 
