@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from entry_points import run_each
 
 from gkv_rewards.verify import CHECK
 from gkv_rollout.config import CompressionConfig, SamplingConfig
@@ -348,35 +349,47 @@ def test_a_second_evaluation_into_a_live_folder_is_refused(tmp_path):
     assert read_jsonl(out / "full" / "samples.jsonl") == samples
 
 
-@pytest.mark.parametrize(
-    "override, message",
-    [
-        ("methods=[gkv] budgets=[0]", "budgets are token counts: each must be at least 1, got [0]"),
-        (
-            "methods=[s4r] compression.options.rank=64",
-            "compression.options.rank=64 exceeds what {model} allows: an S4R basis has at most KV heads x head dim = 2 "
-            "x 16 = 32",
-        ),
-        (
-            "sampling.max_new_tokens=100000",
-            "sampling.max_new_tokens=100000 does not fit {model}'s context of 4096 tokens",
-        ),
-        ("data.limit=0", "data.limit must be at least 1"),
-        ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),
-    ],
-)
-def test_evaluate_refuses_before_any_work(tmp_path, weightless_model, override, message):
+EVALUATE_REFUSALS = [
+    ("methods=[gkv] budgets=[0]", "budgets are token counts: each must be at least 1, got [0]"),
+    (
+        "methods=[s4r] compression.options.rank=64",
+        "compression.options.rank=64 exceeds what {model} allows: an S4R basis has at most KV heads x head dim = 2 "
+        "x 16 = 32",
+    ),
+    (
+        "sampling.max_new_tokens=100000",
+        "sampling.max_new_tokens=100000 does not fit {model}'s context of 4096 tokens",
+    ),
+    ("data.limit=0", "data.limit must be at least 1"),
+    ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),
+]
+
+
+@pytest.fixture(scope="module")
+def evaluate_refusals(tmp_path_factory, weightless_model):
+    """scripts/evaluate.py run once per EVALUATE_REFUSALS entry, in one interpreter (``entry_points.run_each``)."""
+    tmp = tmp_path_factory.mktemp("refusals")
+    (tmp / "a_file").write_text("")
+    outs = [tmp / f"out{i}" for i in range(len(EVALUATE_REFUSALS))]
+    argvs = [
+        [f"model={weightless_model}", f"output_dir={out}", *override.replace("{tmp}", str(tmp)).split()]
+        for (override, _), out in zip(EVALUATE_REFUSALS, outs)
+    ]
+    results = run_each(ROOT / "scripts" / "evaluate.py", argvs, cwd=ROOT)
+    return tmp, {override: (r, out) for (override, _), r, out in zip(EVALUATE_REFUSALS, results, outs)}
+
+
+@pytest.mark.parametrize("override, message", EVALUATE_REFUSALS)
+def test_evaluate_refuses_before_any_work(evaluate_refusals, weightless_model, override, message):
     """Values never silently replaced (budgets=[0] not run at 2048, an S4R rank above D' not cut to it and recorded
     as given), limits checked before the model loads (a model without weights): one line, exit 2, no
     output folder."""
-    (tmp_path / "a_file").write_text("")
-    out = tmp_path / "out"
-    args = [f"model={weightless_model}", f"output_dir={out}", *override.replace("{tmp}", str(tmp_path)).split()]
-    proc = evaluate_py(args)
+    tmp, runs = evaluate_refusals
+    proc, out = runs[override]
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "Error executing job" not in proc.stderr
     line = proc.stderr.strip().splitlines()[-1]
-    assert line == "error: " + line[7:] and message.format(model=weightless_model, tmp=tmp_path) in line
+    assert line == "error: " + line[7:] and message.format(model=weightless_model, tmp=tmp) in line
     assert not out.exists()
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from entry_points import run_each
 
 from gkv_train.checkpoints import complete_checkpoints
 from gkv_train.jsonio import read_jsonl
@@ -697,56 +698,69 @@ def refusal(proc) -> str:
     return line
 
 
-@pytest.mark.parametrize(
-    "override, message",
-    [
-        ("compression.method=quest", "unknown compression method 'quest'"),
-        ("loss_type=ppo", "unknown loss_type 'ppo'"),
-        ("data.path=/nonexistent.jsonl", "dataset file /nonexistent.jsonl does not exist"),
-        ("data.path={tmp}/folder.jsonl", "dataset file {tmp}/folder.jsonl is a folder, not a file"),
-        ("data.path={tmp}/long.jsonl", "the training rollouts: the prompt of problem 1 (5035 tokens) plus 24 new"),
-        ("model=/no/such/model", "model path /no/such/model does not exist"),
-        ("report_to=[neptune_x]", "unknown tracker 'neptune_x' in report_to"),
-        ("max_steps=abc", "max_steps=abc: Value 'abc' of type 'str' could not be converted to Integer"),
-        ("gradient_accumulation_steps=0", "gradient_accumulation_steps must be at least 1, got 0"),
-        ("lora.enabled=true lora.r=0", "lora.r must be a finite number >= 1, got 0"),
-        ("data.limit=0", "data.limit must be at least 1, or null for every problem; got 0"),
-        ("data.levels=[0] data.limit=3000", "so the train split can give at most"),
-        ("sampling.max_new_tokens=1000000000", "sampling.max_new_tokens=1000000000 does not fit"),
-        ("recipe=rl_full compression.method=s4r", "recipe=rl_full trains on full-cache rollouts, but compression"),
-        ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),
-        ("rewards=[no.such.reward]", "cannot import reward function 'no.such.reward'"),
-        ("data.prompt_template='Q:{foo}'", "data.prompt_template='Q:{foo}' has the field(s) {foo}: its one field"),
-        ("eval_data.prompt_template='Q:'", "eval_data.prompt_template='Q:' has no {problem} field"),
-        ("eval_data.limit=0", "eval_data.limit must be at least 1, or null for every problem; got 0"),
-        ("resume={tmp}/nowhere", "resume={tmp}/nowhere: not a complete checkpoint directory"),  # and no folder left
-        ("data.name=niah_single data.context=1000000000", "data.context=1000000000 exceeds"),  # before the prompts
-        ("compression.method=gkv_rollout.methods:EvictionMethod", "does not implement score"),
-    ],
-)
-def test_bad_config_fails_clearly(tmp_path, weightless_model, override, message):
+BAD_CONFIGS = [
+    ("compression.method=quest", "unknown compression method 'quest'"),
+    ("loss_type=ppo", "unknown loss_type 'ppo'"),
+    ("data.path=/nonexistent.jsonl", "dataset file /nonexistent.jsonl does not exist"),
+    ("data.path={tmp}/folder.jsonl", "dataset file {tmp}/folder.jsonl is a folder, not a file"),
+    ("data.path={tmp}/long.jsonl", "the training rollouts: the prompt of problem 1 (5035 tokens) plus 24 new"),
+    ("model=/no/such/model", "model path /no/such/model does not exist"),
+    ("report_to=[neptune_x]", "unknown tracker 'neptune_x' in report_to"),
+    ("max_steps=abc", "max_steps=abc: Value 'abc' of type 'str' could not be converted to Integer"),
+    ("gradient_accumulation_steps=0", "gradient_accumulation_steps must be at least 1, got 0"),
+    ("lora.enabled=true lora.r=0", "lora.r must be a finite number >= 1, got 0"),
+    ("data.limit=0", "data.limit must be at least 1, or null for every problem; got 0"),
+    ("data.levels=[0] data.limit=3000", "so the train split can give at most"),
+    ("sampling.max_new_tokens=1000000000", "sampling.max_new_tokens=1000000000 does not fit"),
+    ("recipe=rl_full compression.method=s4r", "recipe=rl_full trains on full-cache rollouts, but compression"),
+    ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),
+    ("rewards=[no.such.reward]", "cannot import reward function 'no.such.reward'"),
+    ("data.prompt_template='Q:{foo}'", "data.prompt_template='Q:{foo}' has the field(s) {foo}: its one field"),
+    ("eval_data.prompt_template='Q:'", "eval_data.prompt_template='Q:' has no {problem} field"),
+    ("eval_data.limit=0", "eval_data.limit must be at least 1, or null for every problem; got 0"),
+    ("resume={tmp}/nowhere", "resume={tmp}/nowhere: not a complete checkpoint directory"),  # and no folder left
+    ("data.name=niah_single data.context=1000000000", "data.context=1000000000 exceeds"),  # before the prompts
+    ("compression.method=gkv_rollout.methods:EvictionMethod", "does not implement score"),
+]
+
+
+@pytest.fixture(scope="module")
+def bad_config_runs(tmp_path_factory, weightless_model):
+    """train.py run once per BAD_CONFIGS entry (one interpreter for all: ``entry_points.run_each``): per override,
+    its result and its output folder."""
+    tmp = tmp_path_factory.mktemp("bad_configs")
+    (tmp / "folder.jsonl").mkdir()
+    (tmp / "a_file").write_text("")
+    long = [{"question": "1 + 1", "answer": "2"}, {"question": "x" * 5000, "answer": "1"}]
+    (tmp / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in long))
+    argvs, outs = [], []
+    for i, (override, _) in enumerate(BAD_CONFIGS):
+        outs.append(tmp / f"out{i}")
+        argvs.append(
+            [
+                f"model={weightless_model}",
+                f"output_dir={outs[-1]}",
+                "max_steps=1",
+                "sampling.max_new_tokens=24",
+                *override.replace("{tmp}", str(tmp)).split(),
+                *(["data.name=null"] if "data.path" in override else []),
+            ]
+        )
+    results = run_each(ROOT / "train.py", argvs, cwd=ROOT)
+    return tmp, {override: (result, out) for (override, _), result, out in zip(BAD_CONFIGS, results, outs)}
+
+
+@pytest.mark.parametrize("override, message", BAD_CONFIGS)
+def test_bad_config_fails_clearly(bad_config_runs, override, message):
     """Every check before work (the schema, values, combinations, data, model, limits, paths) through train.py: one
     line ``error: ...``, exit code 2, no output folder (Hydra's included), and before the model loads (a model
     without weights: loading it would fail otherwise). The other messages are tested in-process (test_config.py,
     test_data.py, test_models.py)."""
-    (tmp_path / "folder.jsonl").mkdir()
-    (tmp_path / "a_file").write_text("")
-    long = [{"question": "1 + 1", "answer": "2"}, {"question": "x" * 5000, "answer": "1"}]
-    (tmp_path / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in long))
-    out = tmp_path / "out"
-    args = [
-        f"model={weightless_model}",
-        f"output_dir={out}",
-        "max_steps=1",
-        "sampling.max_new_tokens=24",
-        *override.replace("{tmp}", str(tmp_path)).split(),
-    ]
-    if "data.path" in override:
-        args.append("data.name=null")
-    start = time.monotonic()
-    line = refusal(run(args, check=False))
-    assert message.replace("{tmp}", str(tmp_path)) in line
-    assert time.monotonic() - start < 180  # no model load, no network retries (~10-15 s of imports here)
+    tmp, runs = bad_config_runs
+    result, out = runs[override]
+    line = refusal(result)
+    assert message.replace("{tmp}", str(tmp)) in line
+    assert result.seconds < 60  # no model load, no network retries
     assert not out.exists() and not (ROOT / "outputs" / "rl_sparse" / "weightless_arithmetic").exists()
 
 
