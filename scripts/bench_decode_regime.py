@@ -773,14 +773,14 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.quick:
-        args.model, args.problems, args.samples, args.methods, args.budgets = "tiny", 2, 2, ["gkv", "random"], [24]
+        args.model, args.problems, args.samples, args.methods, args.budgets = "tiny", 2, 2, ["gkv"], [24]
         args.max_new_tokens, args.batch_problems, args.sentences, args.interval = 24, 2, 2, 8
         args.methods_problems, args.methods_samples, args.train_budget, args.eval_budgets = 2, 1, 24, [24]
         args.gkv_forms, args.s4r_length, args.s4r_refresh = ["max", "mean"], 96, 8
         args.steps, args.save_steps, args.prompts_per_step, args.train_problems = 1, 1, 1, 4
         args.trace_problems, args.eval_problems, args.eval_samples = 2, 2, 1
-        if args.recipes == parser.get_default("recipes"):  # the record's learner and the dense one
-            args.recipes = ["rl_sparse", "sparse_rl"]
+        if args.recipes == parser.get_default("recipes"):  # the record's learner (the dense one: test_train.py)
+            args.recipes = ["rl_sparse"]
     return args
 
 

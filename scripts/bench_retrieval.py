@@ -480,7 +480,7 @@ def main() -> None:
         args.probe_problems, args.problems, args.max_new_tokens, args.windows = 2, 2, 4, [1, 32]
         args.ablations = ["default", "window_1"]
         args.fair_tasks, args.fair_context, args.fair_problems, args.haystacks = ["niah_single"], 96, 2, ["questions"]
-        args.fair_controls, args.fair_methods, args.fair_etas = ["exact_both", "values_2x"], ["snapkv"], [0.4]
+        args.fair_controls, args.fair_methods, args.fair_etas = ["exact_both"], ["snapkv"], [0.4]
     if args.stages is None:
         args.stages = list(STAGES) if args.quick else [s for s in STAGES if s != "fair"]
     root = args.output_root

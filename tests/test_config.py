@@ -354,27 +354,22 @@ def test_overrides_rough_edges():
     assert check_overrides(["data.path=a.jsonl"], EvalConfig) == ["data.path=a.jsonl", "data.name=null"]
     both = ["data.path=a.jsonl", "data.name=gsm8k"]  # control: an explicit name stays (and is refused later)
     assert check_overrides(both, EvalConfig) == both
-    # through the entry point: one line, exit 2, before any work
-    import subprocess
-    import sys
+    # through the entry points: one line, exit 2, before any work (evaluate.py's two command lines in one
+    # interpreter: entry_points.run_each); a moved key through both, naming the new key
     from pathlib import Path
 
-    script = Path(__file__).resolve().parents[1] / "scripts" / "evaluate.py"
-    proc = subprocess.run(
-        [sys.executable, str(script), "--data.limit", "2"], capture_output=True, text=True, timeout=120
+    from entry_points import run_each
+
+    root = Path(__file__).resolve().parents[1]
+    dashes, moved = run_each(
+        root / "scripts" / "evaluate.py", [["--data.limit", "2"], ["compression.eta=0.3"]], cwd=root, timeout=300
     )
-    assert proc.returncode == 2 and proc.stderr.strip() == (
+    assert dashes.returncode == 2 and dashes.stderr.strip() == (
         "error: --data.limit: drop the dashes, overrides are key=value (write data.limit=2)"
-    ), proc.stderr
-    # a moved key, through both entry points: one line naming the new key, exit 2, before any work
-    for entry, key, moved in (
-        ("scripts/evaluate.py", "compression.eta=0.3", "compression.options.eta=0.3"),
-        ("train.py", "max_new_tokens=8", "sampling.max_new_tokens=8"),
-    ):
-        proc = subprocess.run(
-            [sys.executable, str(script.parents[1] / entry), key], capture_output=True, text=True, timeout=120
-        )
-        assert proc.returncode == 2 and proc.stderr.strip().endswith(f"write {moved}"), proc.stderr
+    ), dashes.stderr
+    assert moved.returncode == 2 and moved.stderr.strip().endswith("write compression.options.eta=0.3"), moved.stderr
+    (moved,) = run_each(root / "train.py", [["max_new_tokens=8"]], cwd=root, timeout=300)
+    assert moved.returncode == 2 and moved.stderr.strip().endswith("write sampling.max_new_tokens=8"), moved.stderr
 
 
 def test_trainer_arguments_are_trl_dataclasses_extended():
@@ -615,17 +610,17 @@ def test_help_lists_every_key_with_type_default_and_help():
 
     root = Path(__file__).resolve().parents[1]
     scripts = {TrainConfig: "train.py", EvalConfig: "scripts/evaluate.py", TracesConfig: "scripts/generate_traces.py"}
+    shown = {}
     for cls, script in scripts.items():
         keys = rows(cls)
         assert all(text for _, _, _, text in keys), [key for key, _, _, text in keys if not text]
-        shown = subprocess.run(
-            [sys.executable, str(root / script), "--help"], capture_output=True, text=True, check=True
+        flag = "-h" if script == "train.py" else "--help"  # both spellings
+        shown[script] = subprocess.run(
+            [sys.executable, str(root / script), flag], capture_output=True, text=True, check=True
         ).stdout
         for key, kind, default, _ in keys:
-            assert f"  {key}  ({kind}, default {default})" in shown, key
-    train = subprocess.run(
-        [sys.executable, str(root / "train.py"), "-h"], capture_output=True, text=True, check=True
-    ).stdout
+            assert f"  {key}  ({kind}, default {default})" in shown[script], key
+    train = shown["train.py"]
     assert "rl.rollout_veto  (float | None, default None)" in train and "recipe=NAME" in train
     assert "sampling.max_new_tokens  (int, default 96)" in train and "\n  max_new_tokens " not in train
     # TRL's own fields, with TRL's types and help; the project's defaults say why they differ
