@@ -276,11 +276,10 @@ def test_a_users_method_through_train_py(tmp_path):
     assert strict_json(proc.stdout.strip().splitlines()[-1])["compression"] == "my_methods:KeyNorm"
 
 
-def test_export_writes_a_self_contained_merged_folder(tmp_path):
+def test_export_writes_a_self_contained_merged_folder(tmp_path, lora_run):
     """``gkv-train export RUN_DIR OUT_DIR`` on a LoRA run: a folder that plain transformers loads (no project
     import, from an empty folder) and whose logits equal base + adapter; an empty run folder is refused by name."""
-    run_dir, out = tmp_path / "run", tmp_path / "merged"
-    run(["recipe=rl_sparse", *TINY, "max_steps=1", "eval_data.limit=1", "lora.enabled=true", f"output_dir={run_dir}"])
+    (run_dir, _), out = lora_run, tmp_path / "merged"
     cli = [sys.executable, "-m", "gkv_train.cli", "export"]
     proc = subprocess.run([*cli, str(run_dir), str(out)], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 0 and "is deprecated" not in proc.stderr, proc.stderr
@@ -341,8 +340,12 @@ def test_sparse_rl_dense_learner_through_train_py(tmp_path):
     assert step["sampling/rollout_is_weight/mean"] > 0 and 0 <= step["sampling/rollout_tokens_dropped"] < 1
 
 
-def test_lora_and_periodic_evaluation(tmp_path):
-    cache = tmp_path.parent / f"{tmp_path.name}-conversion-cache"  # where the built-in model is kept, apart
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+    """One LoRA run (2 steps, an evaluation after each) and the folder its built-in model was converted into,
+    apart from the run: read by the LoRA test and exported by the export test."""
+    root = tmp_path_factory.mktemp("lora")
+    run_dir, cache = root / "run", root / "conversion-cache"
     run(
         [
             *TINY,
@@ -351,23 +354,28 @@ def test_lora_and_periodic_evaluation(tmp_path):
             "lora.r=4",
             "eval_steps=1",
             "eval_data.limit=2",
-            f"output_dir={tmp_path}",
+            f"output_dir={run_dir}",
         ],
         env={"GKV_TRAIN_CACHE": str(cache)},
     )
-    lines = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    return run_dir, cache
+
+
+def test_lora_and_periodic_evaluation(lora_run):
+    run_dir, cache = lora_run
+    lines = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
     evals = [r for r in lines if "eval_reward" in r]
     assert [r["step"] for r in evals] == [1, 2]
-    assert max(r["mismatch/max_abs"] for r in metrics(tmp_path)) <= 1e-4
-    assert (tmp_path / "adapter_model.safetensors").is_file()
+    assert max(r["mismatch/max_abs"] for r in metrics(run_dir)) <= 1e-4
+    assert (run_dir / "adapter_model.safetensors").is_file()
     # the adapter and the model card name the base as given, not the folder it was loaded from
-    for folder in (tmp_path, tmp_path / "checkpoint-2"):
+    for folder in (run_dir, run_dir / "checkpoint-2"):
         assert json.loads((folder / "adapter_config.json").read_text())["base_model_name_or_path"] == "tiny"
-    card = (tmp_path / "README.md").read_text()
+    card = (run_dir / "README.md").read_text()
     assert "fine-tuned version of [tiny]" in card and "[None]" not in card
-    assert "base_model: tiny" in (tmp_path / "checkpoint-2" / "README.md").read_text()  # PEFT's card too
+    assert "base_model: tiny" in (run_dir / "checkpoint-2" / "README.md").read_text()  # PEFT's card too
     assert any(cache.iterdir())  # the model was loaded from there, and no written file names it
-    named = [f for f in tmp_path.rglob("*") if f.is_file() and str(cache).encode() in f.read_bytes()]
+    named = [f for f in run_dir.rglob("*") if f.is_file() and str(cache).encode() in f.read_bytes()]
     assert not named, named
 
 
