@@ -2,7 +2,7 @@
 # The GPU machine's one command (device tool: `run`, carry [".whl"]): install the device kit (make device-kit:
 # the wheels the GPU image lacks and this project's three) into a scratch folder, then run scripts/gpu_check.py,
 # which writes gpu_check.json (one JSON line, rewritten as each section finishes) and gpu_check.md under $OUT.
-#     bash scripts/device_check.sh                 # on the GPU machine, ~8 minutes on one H200
+#     bash scripts/device_check.sh --sections consistency   # on the GPU machine (the whole check: over 12 minutes on one H200)
 #     OUT=/tmp/out KIT=.whl-floor PYTHON=.venv-floor/bin/python bash scripts/device_check.sh --tiny   # CPU rehearsal
 # Arguments go to gpu_check.py.
 set -euo pipefail

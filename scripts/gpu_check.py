@@ -1,6 +1,8 @@
-"""The checks to run in one GPU lease (about 8 minutes on one H200, so a rerun fits in 15), on models built from
-real configurations with random weights (the GPU machine holds no weights), in order of value; each section is
-printed (stderr) and written under ``--out`` as it finishes, so a cut run still reports what it did:
+"""The checks to run in a GPU lease, on models built from real configurations with random weights (the GPU
+machine holds no weights), in order of value; each section is printed (stderr) and written under ``--out`` as it
+finishes, so a cut run still reports what it did. On one H200 the whole check takes more than one 15-minute lease
+(docs/benchmarks/device.md): ``--sections`` runs a part, ``--rollout-tokens`` shortens the rollouts, and
+``--budget-s`` starts nothing new past its time (a section already running finishes):
 
 0. ``hardware``: the bf16 matrix rate and the memory bandwidth, measured (seconds): the roofline's ceilings.
 1. ``consistency``: for ``gkv`` and ``s4r``, fp32 and bf16, Qwen2.5-1.5B and Llama-3.2-1B shapes, a rollout's
@@ -236,7 +238,7 @@ def rollout_speed(model, tokenizer, batch: int, args, rates: dict, report: Repor
         "gkv": min(args.rollout_prompt + new / 2, args.rollout_budget + gkv.settings.interval / 2),
     }
     result = {}
-    runs = ([("_compiled", compiled_run)] if args.compile_decode else []) + [("", engine_run)]  # the GPU mode first
+    runs = [("", engine_run)] + ([("_compiled", compiled_run)] if args.compile_decode else [])
     for compression in (CompressionConfig("full"), gkv):
         for suffix, run in runs:
             name = f"engine_{compression.method}{suffix}"
@@ -254,7 +256,10 @@ def rollout_speed(model, tokenizer, batch: int, args, rates: dict, report: Repor
         reset_peak(args.device)
         hf = hf_generate(model, tokenizer, prompts, sampling)
         hf["peak_bytes"] = peak_memory(args.device)
-        hf["roofline"] = ceiling(decode_step_cost(model.config, batch, contexts["full"]), rates, hf["seconds"] / new)
+        hf["decode_step_seconds"] = hf["seconds"] / new
+        hf["roofline"] = ceiling(
+            decode_step_cost(model.config, batch, contexts["full"]), rates, hf["decode_step_seconds"]
+        )
         result["hf_generate"] = hf
         for name, r in list(result.items()):
             if name.startswith("engine_") and "tokens_per_s" in r:
@@ -416,8 +421,12 @@ def tables(view: str, result: dict) -> str:
         "controls fail |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    done = [(run, name, value) for run in result["runs"] for name, value in run["result"]["sections"].items()]
-    for _, name, v in done:
+    sections = [
+        (number, name, value)
+        for number, run in enumerate(result["runs"], 1)
+        for name, value in run["result"]["sections"].items()
+    ]
+    for _, name, v in sections:
         if name.startswith("consistency/") and "skipped" not in v:
             _, shape, method, precision = name.split("/")
             lines.append(
@@ -426,17 +435,16 @@ def tables(view: str, result: dict) -> str:
                 f"{v['rotated_layers_diff']:.2f} | {'yes' if v['controls_fail'] else '**no**'} |"
             )
     lines += ["", "| section | run | measured |", "|---|---|---|"]
-    for run, name, v in done:
-        number = result["runs"].index(run) + 1
-        if name == "hardware":
+    for number, name, v in sections:
+        if "skipped" in v:
+            text = f"skipped ({v['skipped']})"
+        elif name == "hardware":
             flops, copy = v["bf16_matmul_flops_per_s"] / 1e12, v["memory_bytes_per_s"] / 1e9
             text = f"bf16 matmul {flops:.0f} TFLOP/s, copy {copy:.0f} GB/s"
         elif name.startswith("consistency/"):
-            continue
-        elif "skipped" in v:
-            text = f"skipped ({v['skipped']})"
+            continue  # the table above
         elif name.startswith("rollout/"):
-            runs = [
+            engines = [
                 f"{engine} {r['tokens_per_s']:.0f} tokens/s, {r['decode_step_seconds'] * 1e3:.0f} ms a decode step, "
                 f"peak {r['peak_bytes'] / 2**30:.1f} GiB, {r['roofline']['achieved_over_ceiling']:.3f} of its "
                 f"{r['roofline']['bound']} ceiling"
@@ -445,7 +453,7 @@ def tables(view: str, result: dict) -> str:
                 for engine, r in v.items()
                 if isinstance(r, dict) and ("tokens_per_s" in r or "skipped" in r)
             ]
-            text = f"{v['new_tokens']} new tokens after {v['prompt_tokens']}: " + "; ".join(runs)
+            text = f"{v['new_tokens']} new tokens after {v['prompt_tokens']}: " + "; ".join(engines)
         elif name.startswith("training_cost/"):
             text = (
                 f"forward + backward of {v['batch']} x {v['sequence_tokens']} tokens: under the record "
@@ -454,20 +462,24 @@ def tables(view: str, result: dict) -> str:
                 f"(time x{v['time_ratio']:.2f}; {v['roofline_masked']['achieved_over_ceiling']:.2f} and "
                 f"{v['roofline_causal_sdpa']['achieved_over_ceiling']:.2f} of the compute ceiling)"
             )
+        elif name.startswith("grpo_step/") and not v["ok"]:
+            text = f"**failed** in {v['seconds']:.0f} s: {(v['error'].strip().splitlines() or ['?'])[-1]}"
         elif name.startswith("grpo_step/"):
             text = (
-                f"{'ran' if v['ok'] else '**failed**'} in {v['seconds']:.0f} s; rollout "
+                f"ran in {v['seconds']:.0f} s; rollout "
                 f"{v['rollout/tokens_per_s']:.0f} tokens/s, retention {v['rollout/retention']:.2f}, bf16 mismatch "
                 f"max {v['mismatch/max_abs']:.3f}"
             )
         else:
             text = dumps(v)
         lines.append(f"| {name} | {number} | {text} |")
-    commands = "; ".join(
-        f"run {i + 1}: `{run['command']}` ({run['wall_s']:.0f} s)" for i, run in enumerate(result["runs"])
-    )
+    commands = []
+    for i, run in enumerate(result["runs"], 1):
+        note = f", {run['commit_note']}" if run.get("commit_note") else ""
+        commands.append(f"run {i}: `{run['command']}` ({run['wall_s']:.0f} s{note})")
     return (
-        "\n".join(lines) + f"\n\n{result['device']}; {stack}; {result['date']}, commit {result['commit']}; {commands}\n"
+        "\n".join(lines)
+        + f"\n\n{result['device']}; {stack}; {result['date']}, commit {result['commit']}; {'; '.join(commands)}\n"
     )
 
 
@@ -498,11 +510,10 @@ def main() -> None:
     args.check_tokens, args.check_budget, args.check_window, args.check_interval = (
         (24, 16, 4, 8) if tiny else (256, 128, 16, 32)
     )
-    asked_tokens = args.rollout_tokens
-    args.rollout_tokens, args.rollout_budget, args.rollout_window, args.rollout_prompt = (
-        (32, 16, 4, 64) if tiny else (2048, 512, None, 64)
-    )
-    args.rollout_tokens = asked_tokens or args.rollout_tokens
+    args.rollout_budget, args.rollout_window, args.rollout_prompt = (16, 4, 64) if tiny else (512, None, 64)
+    args.rollout_tokens = (32 if tiny else 2048) if args.rollout_tokens is None else args.rollout_tokens
+    if args.rollout_tokens < 1:
+        parser.error(f"--rollout-tokens must be at least 1, got {args.rollout_tokens}")
     args.train_tokens, args.train_new, args.train_batch = (96, 24, 2) if tiny else (4096, 256, 2)
     args.grpo_tokens = 16 if tiny else 128
     tokenizer = tiny_tokenizer()  # prompts are token ids; the engine needs only its padding and end ids
@@ -523,7 +534,8 @@ def main() -> None:
                 prompts = random_prompts([17 + 9 * i for i in range(4)], min(model.config.vocab_size, 1000), seed=1)
                 report.section(name, consistency(model, tokenizer, prompts, method, args))
             del model
-    model = build(speed_shape, torch.bfloat16, args.device) if report.time_left() else None  # 2. rollout speed
+    speed = {"rollout", "training_cost"} & set(args.sections)  # 2. rollout speed
+    model = build(speed_shape, torch.bfloat16, args.device) if speed and report.time_left() else None
     for batch in args.batches if "rollout" in args.sections else []:
         report.section(
             f"rollout/{speed_shape}/bf16/batch{batch}",

@@ -1,7 +1,9 @@
 """Many command lines of one entry-point script in one fresh interpreter: the script runs as ``__main__`` once per
-command line, as ``python script ...`` would run it, with its own exit code, stdout and stderr; only the imports
-(torch, transformers, TRL: most of a refused run's seconds) are paid once. For the checks that refuse a run before
-any work, where a process per case would spend its time importing."""
+command line, as ``python script ...`` would run it (its folder first on ``sys.path``), with its own exit code,
+stdout and stderr; only the imports (torch, transformers, TRL: most of a refused run's seconds) are paid once. For
+the checks that refuse a run before any work, where a process per case would spend its time importing. What one
+process shares across the cases: modules already imported, a warning shown once, and log handlers that kept the
+first case's ``sys.stderr``; so assert on a case's own ``error:`` line, not on warnings or library logs."""
 
 import json
 import subprocess
@@ -9,8 +11,9 @@ import sys
 from types import SimpleNamespace
 
 DRIVER = """
-import io, json, runpy, sys, time, traceback
+import io, json, os, runpy, sys, time, traceback
 script, argvs = sys.argv[1], json.loads(sys.stdin.read())
+sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python script` sets it
 results = []
 for argv in argvs:
     out, err = io.StringIO(), io.StringIO()

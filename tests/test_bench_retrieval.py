@@ -65,7 +65,7 @@ def test_quick_retrieval_bench(tmp_path):
     )
     pages = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
     assert "| vt | " in pages and "| vt (64) |" in pages and "(memory 0." in pages  # the docs' views (render_docs.py)
-    fair = line["fair"]  # S4R's fair test: the natural haystack, the controls, eviction matched on S4R's memory
+    fair = line["fair"]  # S4R's fair test: the natural haystack, a control, eviction matched on S4R's memory
     (entry,) = fair["table"].values()
     cells = entry["etas"]["0.4"]
     assert list(fair["table"]) == ["niah_single/questions"] and entry["mean_prompt"] > 96

@@ -19,6 +19,7 @@ def test_quick_scaling_points_and_resume(tmp_path):
         str(tmp_path),
         "--methods",
         "full",
+        "s4r",
         "--trainers",
         "rl_sparse",
         "--train-lengths",
@@ -28,10 +29,10 @@ def test_quick_scaling_points_and_resume(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     line = json.loads(first.stdout.strip().splitlines()[-1])
     rollout = {(p["method"], p["length"]): p for p in line["points"] if p["kind"] == "rollout"}
-    assert set(rollout) == {("full", 16), ("full", 32)}  # one child process each (S4R's memory: decode_regime)
+    assert set(rollout) == {("full", 16), ("full", 32), ("s4r", 16), ("s4r", 32)}
     assert "marginal_decode_seconds_per_token" in rollout["full", 32] and rollout["full", 32]["decode_seconds"] > 0
     assert rollout["full", 32]["kv_cache_peak_bytes"] > rollout["full", 16]["kv_cache_peak_bytes"]  # grows with length
-    assert rollout["full", 16]["memory_share"] == 1.0
+    assert rollout["full", 16]["memory_share"] == 1.0 and 0 < rollout["s4r", 32]["memory_share"] < 1
     (train,) = [p for p in line["points"] if p["kind"] == "training"]
     assert train["trainer"] == "rl_sparse" and train["seconds"] > 0 and train["peak_rss_bytes"] > 0
     assert (tmp_path / "scaling.png").is_file()

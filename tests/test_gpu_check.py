@@ -22,6 +22,8 @@ def test_gpu_check_tiny(tmp_path):
             "--tiny",
             "--shapes",
             "tiny-qwen2",
+            "--rollout-tokens",
+            "24",
             "--out",
             str(tmp_path),
         ],
@@ -41,6 +43,7 @@ def test_gpu_check_tiny(tmp_path):
         assert fp32["max_abs_logprob_diff"] <= 1e-4 and fp32["controls_fail"] and bf16["controls_fail"]
         assert 1e-4 < bf16["max_abs_logprob_diff"] < 0.1 < min(bf16["causal_mask_diff"], bf16["rotated_layers_diff"])
     rollout = sections["rollout/tiny-qwen2/bf16/batch4"]
+    assert rollout["new_tokens"] == 24
     assert rollout["engine_gkv"]["compressions"] >= 1 and rollout["hf_generate"]["tokens_per_s"] > 0
     assert 0 < rollout["engine_gkv"]["roofline"]["achieved_over_ceiling"] < 1
     cost = sections["training_cost/tiny-qwen2/bf16"]
@@ -49,6 +52,16 @@ def test_gpu_check_tiny(tmp_path):
     assert grpo["ok"] and grpo["mismatch/max_abs"] <= 1e-4, grpo
     summary = (tmp_path / "gpu_check.md").read_text()
     assert "consistency/tiny-qwen2/gkv/fp32" in summary and "| engine_gkv |" in summary
+    sys.path.insert(0, str(ROOT / "scripts"))  # the docs' view of a results file holding this run
+    from gpu_check import tables
+
+    published = {"stack": {"torch": "x"}, "device": "cpu", "date": "today", "commit": "abc"}
+    page = tables("runs", {**published, "runs": [{"command": "gpu_check.py --tiny", "wall_s": 1.0, "result": result}]})
+    assert (
+        "| tiny-qwen2 | gkv | fp32 |" in page
+        and "hf_generate" in page
+        and "| grpo_step/tiny-qwen2 | 1 | ran in" in page
+    )
 
 
 def test_gpu_check_skips_what_does_not_fit_the_time_budget(tmp_path):

@@ -768,7 +768,7 @@ def test_bad_config_fails_clearly(bad_config_runs, override, message):
     result, out = runs[override]
     line = refusal(result)
     assert message.replace("{tmp}", str(tmp)) in line
-    assert result.seconds < 60  # no model load, no network retries
+    assert result.seconds < 180  # no model load, no network retries (the first case pays the imports)
     assert not out.exists() and not (ROOT / "outputs" / "rl_sparse" / "weightless_arithmetic").exists()
 
 
