@@ -409,6 +409,11 @@ def summary_markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gib(count: int | None) -> str:
+    """Bytes as GiB, or "-" where not measured (CPU runs report no device peak)."""
+    return "-" if count is None else f"{count / 2**30:.1f} GiB"
+
+
 def tables(view: str, result: dict) -> str:
     """``scripts/render_docs.py``'s view ``runs`` of ``results/gpu_check_<device>.json`` (the device tool's runs
     of this check, each with its command): consistency per shape, method and precision, then the speed and cost
@@ -446,7 +451,7 @@ def tables(view: str, result: dict) -> str:
         elif name.startswith("rollout/"):
             engines = [
                 f"{engine} {r['tokens_per_s']:.0f} tokens/s, {r['decode_step_seconds'] * 1e3:.0f} ms a decode step, "
-                f"peak {r['peak_bytes'] / 2**30:.1f} GiB, {r['roofline']['achieved_over_ceiling']:.3f} of its "
+                f"peak {gib(r['peak_bytes'])}, {r['roofline']['achieved_over_ceiling']:.3f} of its "
                 f"{r['roofline']['bound']} ceiling"
                 if "tokens_per_s" in r
                 else f"{engine} skipped ({r['skipped']})"
@@ -457,8 +462,8 @@ def tables(view: str, result: dict) -> str:
         elif name.startswith("training_cost/"):
             text = (
                 f"forward + backward of {v['batch']} x {v['sequence_tokens']} tokens: under the record "
-                f"({v['backend']}) {v['masked_seconds']:.3f} s, peak {v['masked_peak_bytes'] / 2**30:.1f} GiB; "
-                f"causal SDPA {v['causal_sdpa_seconds']:.3f} s, peak {v['causal_sdpa_peak_bytes'] / 2**30:.1f} GiB "
+                f"({v['backend']}) {v['masked_seconds']:.3f} s, peak {gib(v['masked_peak_bytes'])}; "
+                f"causal SDPA {v['causal_sdpa_seconds']:.3f} s, peak {gib(v['causal_sdpa_peak_bytes'])} "
                 f"(time x{v['time_ratio']:.2f}; {v['roofline_masked']['achieved_over_ceiling']:.2f} and "
                 f"{v['roofline_causal_sdpa']['achieved_over_ceiling']:.2f} of the compute ceiling)"
             )
