@@ -49,7 +49,7 @@ from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_config, tiny_tokenizer
 
-from _common import ROOT, print_json, random_prompts
+from _common import ROOT, git_commit, print_json, random_prompts
 
 # Architectures of public checkpoints (their config.json), built here without their weights.
 SHAPES = {
@@ -358,57 +358,6 @@ def grpo_step(shape: str, args) -> dict:
 
 
 # ---- summary ---------------------------------------------------------------------------------------------
-def summary_markdown(result: dict) -> str:
-    """A short markdown summary of what the check has measured so far."""
-    s = result["sections"]
-    lines = [f"# gpu_check on {result.get('device', '?')} ({result.get('seconds', 0)} s)", ""]
-    if "hardware" in s:
-        h = s["hardware"]
-        lines += [
-            f"- bf16 matmul {h['bf16_matmul_flops_per_s'] / 1e12:.1f} TFLOP/s, memory "
-            f"{h['memory_bytes_per_s'] / 1e9:.0f} GB/s",
-            "",
-        ]
-    for name, value in s.items():
-        if name.startswith("consistency/") and "skipped" not in value:
-            lines.append(
-                f"- {name}: max |diff| {value['max_abs_logprob_diff']:.2e}, causal control "
-                f"{value['causal_mask_diff']:.2e}, rotated control {value['rotated_layers_diff']}, "
-                f"controls fail: {value['controls_fail']}"
-            )
-    for name, value in s.items():
-        if "skipped" in value:
-            lines.append(f"- {name}: skipped ({value['skipped']})")
-            continue
-        if name.startswith("rollout/"):
-            lines += [
-                "",
-                f"## {name} (batch {value['batch']}, {value['new_tokens']} new tokens)",
-                "",
-                "| run | tokens/s | peak GB | compression share | achieved/ceiling |",
-                "|---|---|---|---|---|",
-            ]
-            for run, r in value.items():
-                if isinstance(r, dict) and "tokens_per_s" in r:
-                    peak = "-" if r.get("peak_bytes") is None else f"{r['peak_bytes'] / 1e9:.1f}"
-                    share = r.get("compress_fraction_of_decode")
-                    lines.append(
-                        f"| {run} | {r['tokens_per_s']:.0f} | {peak} | {'-' if share is None else f'{share:.3f}'} | "
-                        f"{r['roofline']['achieved_over_ceiling']:.2f} |"
-                    )
-                elif isinstance(r, dict) and "skipped" in r:
-                    lines.append(f"| {run} | skipped ({r['skipped']}) | | | |")
-        if name.startswith("training_cost/"):
-            lines += [
-                "",
-                f"- {name}: masked {value['masked_seconds']:.3f} s vs causal SDPA {value['causal_sdpa_seconds']:.3f} s "
-                f"(x{value['time_ratio']:.2f}) at {value['sequence_tokens']} tokens x {value['batch']}",
-            ]
-        if name.startswith("grpo_step/"):
-            lines += ["", f"- {name}: {'ok' if value.get('ok') else 'FAILED'} in {value['seconds']:.0f} s"]
-    return "\n".join(lines) + "\n"
-
-
 def gib(count: int | None) -> str:
     """Bytes as GiB, or "-" where not measured (CPU runs report no device peak)."""
     return "-" if count is None else f"{count / 2**30:.1f} GiB"
@@ -486,6 +435,18 @@ def tables(view: str, result: dict) -> str:
         "\n".join(lines)
         + f"\n\n{result['device']}; {stack}; {result['date']}, commit {result['commit']}; {'; '.join(commands)}\n"
     )
+
+
+def summary_markdown(result: dict) -> str:
+    """gpu_check.md: this run so far, in the docs' view (``tables``) under a title line."""
+    published = {
+        "stack": result.get("versions", {}),
+        "device": result.get("device", "?"),
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": git_commit(),
+        "runs": [{"command": "python " + " ".join(sys.argv), "wall_s": result.get("seconds", 0), "result": result}],
+    }
+    return f"# gpu_check on {published['device']} ({result.get('seconds', 0)} s)\n\n" + tables("runs", published)
 
 
 SECTIONS = ["consistency", "rollout", "training_cost", "grpo_step"]
