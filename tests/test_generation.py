@@ -157,6 +157,22 @@ def test_nucleus_is_exact(scale):
         assert set(ids[row][weights[row] > 0].tolist()) == set(ref_ids[row][ref_keep[row]].tolist())
 
 
+def test_compiled_top_p_sampling_matches_eager():
+    """``compile_decode`` compiles the sampler with fullgraph=True: top-p over a vocabulary wider than the nucleus
+    probe (where the eager probe branches on the data) samples the eager tokens in flat and peaked rows."""
+    from gkv_rollout.sampling import sample_tokens
+
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(6, 3000, generator=g) * torch.tensor([0.01, 0.01, 1.0, 1.0, 8.0, 8.0])[:, None]
+    uniform = torch.rand(6, generator=g)
+    compiled = torch.compile(sample_tokens, fullgraph=True)
+    for top_p in (0.5, 0.95):
+        eager_tokens, eager_logprobs = sample_tokens(logits, 0.7, top_p, uniform)
+        tokens, logprobs = compiled(logits, 0.7, top_p, uniform)
+        assert torch.equal(tokens, eager_tokens)
+        assert torch.allclose(logprobs, eager_logprobs)
+
+
 def test_inverse_cdf_follows_the_weights():
     from gkv_rollout.sampling import inverse_cdf
 

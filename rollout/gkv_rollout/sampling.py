@@ -27,13 +27,18 @@ def nucleus(probs: torch.Tensor, top_p: float) -> tuple[torch.Tensor, torch.Tens
     """The top-p nucleus of each row of probs [B, V], as (weights [B, k], token ids [B, k]) sorted by probability.
 
     A token is kept when the mass of the tokens ranked before it is at most ``top_p`` (so the most likely token
-    always is). Exact: the top ``_NUCLEUS_PROBE`` candidates are used when their mass exceeds ``top_p`` in every
-    row (everything after them would be cut anyway), else the whole row is sorted.
+    always is). Exact: eager, the top ``_NUCLEUS_PROBE`` candidates are used when their mass exceeds ``top_p`` in
+    every row (everything after them would be cut anyway), else the whole row is sorted; under ``torch.compile``
+    (``compile_decode``, one graph) the whole row is always sorted, since the probe's test is a data-dependent
+    branch.
     """
-    k = min(_NUCLEUS_PROBE, probs.shape[-1])
-    weights, ids = probs.topk(k, dim=-1)
-    if k < probs.shape[-1] and not bool((weights.sum(-1) > top_p).all()):
+    if torch.compiler.is_compiling():
         weights, ids = probs.sort(-1, descending=True)
+    else:
+        k = min(_NUCLEUS_PROBE, probs.shape[-1])
+        weights, ids = probs.topk(k, dim=-1)
+        if k < probs.shape[-1] and not bool((weights.sum(-1) > top_p).all()):
+            weights, ids = probs.sort(-1, descending=True)
     outside = weights.cumsum(-1) - weights > top_p
     return weights.masked_fill(outside, 0.0), ids
 
