@@ -374,11 +374,7 @@ def tables(view: str, result: dict) -> str:
     if view != "runs":
         raise SystemExit(f"error: gpu_check has the view runs, not {view!r}")
     stack = ", ".join(f"{name} {version}" for name, version in result["stack"].items())
-    lines = [
-        "| shape | method | precision | max \\|diff\\| | mean \\|diff\\| | KL | causal control | rotated control | "
-        "controls fail |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    lines = []
     sections = [
         (number, name, value)
         for number, run in enumerate(result["runs"], 1)
@@ -392,7 +388,14 @@ def tables(view: str, result: dict) -> str:
                 f"{v['mean_abs_logprob_diff']:.1e} | {v['kl']:.1e} | {v['causal_mask_diff']:.2f} | "
                 f"{v['rotated_layers_diff']:.2f} | {'yes' if v['controls_fail'] else '**no**'} |"
             )
-    lines += ["", "| section | run | measured |", "|---|---|---|"]
+    if lines:  # consistency was measured
+        lines[:0] = [
+            "| shape | method | precision | max \\|diff\\| | mean \\|diff\\| | KL | causal control | rotated control | "
+            "controls fail |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        lines.append("")
+    lines += ["| section | run | measured |", "|---|---|---|"]
     for number, name, v in sections:
         if "skipped" in v:
             text = f"skipped ({v['skipped']})"
