@@ -86,6 +86,11 @@ def rollout_point(args) -> dict:
         "decode_seconds": s["decode_seconds"],
         "decode_seconds_per_token": s["decode_seconds"] / length,
         "compress_share_of_decode": s["compress_seconds"] / s["decode_seconds"] if s["decode_seconds"] else None,
+        "compress_phase_share_of_decode": {
+            phase: seconds / s["decode_seconds"] for phase, seconds in s["compress_phase_seconds"].items()
+        }
+        if s["decode_seconds"]
+        else None,
         "kv_cache_peak_bytes": s["kv_cache_bytes"],
         "memory_share": out.memory_share.mean().item(),
         "peak_rss_bytes": peak_rss_bytes(),
@@ -334,6 +339,15 @@ def main() -> None:
     print_json(result)
 
 
+def phase_shares(point: dict) -> str:
+    """ " (score 12%, reconstruct 21%, ...)": a rollout point's compression share of decode by phase, where the
+    method has more than one (S4R's; its attention is one: the full cache's attention counts as model time)."""
+    phases = point.get("compress_phase_share_of_decode") or {}
+    if len(phases) < 2:
+        return ""
+    return " (" + ", ".join(f"{phase} {share:.0%}" for phase, share in phases.items() if share >= 0.005) + ")"
+
+
 def tables(view: str, result: dict) -> str:
     """Markdown of a results line: ``rollout`` (per method and length) or ``training`` (per trainer and length),
     with where it came from."""
@@ -354,7 +368,7 @@ def tables(view: str, result: dict) -> str:
                 f"{p['decode_seconds_per_token'] * 1e3:.0f} "
                 f"| {'-' if marginal is None else f'{marginal * 1e3:.0f}'} | {p['kv_cache_peak_bytes'] / mib:.0f} "
                 f"| {p['peak_rss_above_model_bytes'] / mib:.0f} | {p['memory_share']:.2f} "
-                f"| {p['compress_share_of_decode'] or 0:.1%} |"
+                f"| {p['compress_share_of_decode'] or 0:.1%}{phase_shares(p)} |"
             )
     else:
         rows = [

@@ -21,6 +21,7 @@ from gkv_rollout.lowrank import (
     select_tokens,
     selection_budget,
 )
+from gkv_rollout.s4r_cache import PHASES
 from gkv_train.consistency import consistency_report
 
 TOL = 1e-4
@@ -61,6 +62,9 @@ def test_s4r_consistency_tiny(tiny_llama, cfg):
     assert report["causal_mask_diff"] > 1e-2
     assert report["rotated_layers_diff"] > 1e-2
     assert ((out.retention > 0) & (out.retention < 0.8)).all()
+    phases = out.stats["compress_phase_seconds"]  # where S4R's time goes, in parts that sum to its time
+    assert list(phases) == list(PHASES) and all(phases[p] > 0 for p in ("bases", "score", "reconstruct", "attend"))
+    assert sum(phases.values()) == pytest.approx(out.stats["compress_seconds"])
 
 
 def test_full_rank_and_rho_one_is_full_attention(tiny_llama):

@@ -404,6 +404,7 @@ def finish(cache: KVCache, ids, prompt_mask, state: Decoding, method: str, secon
         "prefill_seconds": t_prefill,
         "decode_seconds": seconds - t_prefill,
         "compress_seconds": cache.seconds,
+        "compress_phase_seconds": dict(cache.phase_seconds),
         "compressions": cache.compressions,
         "tokens_per_s": new_tokens / seconds if seconds > 0 else float("nan"),
         "kv_cache_bytes": state.cache_bytes,

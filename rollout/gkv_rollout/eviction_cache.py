@@ -121,6 +121,11 @@ class EvictionCache(KVCache):
         """Bytes held by the key/value buffers."""
         return sum(k.numel() * k.element_size() for k in self.keys) * 2
 
+    @property
+    def phase_seconds(self) -> dict[str, float]:
+        """``seconds`` as one phase: scoring and evicting run together in a compression round."""
+        return {"compress": self.seconds}
+
     def begin(self, positions: torch.Tensor, valid: torch.Tensor, static: bool = False) -> torch.Tensor:
         """Reserve slots for the next forward's Q new tokens; returns its attention mask.
 

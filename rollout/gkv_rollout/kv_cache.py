@@ -18,7 +18,8 @@ class KVCache(Protocol):
 
     static_decode: bool = False  # whether ``begin`` takes static=True (``SamplingConfig.compile_decode``)
     compressions: int  # compressions run so far
-    seconds: float  # time spent compressing (or, for S4R, building bases, scoring and reconstructing)
+    seconds: float  # time spent compressing (or, for S4R, building bases, scoring, reconstructing and attending)
+    phase_seconds: dict[str, float]  # ``seconds`` by phase (they sum to it)
 
     def begin(self, positions: torch.Tensor, valid: torch.Tensor, static: bool = False) -> torch.Tensor:
         """positions int64 [B, Q] logical positions of the new tokens, valid bool [B, Q] -> bool mask

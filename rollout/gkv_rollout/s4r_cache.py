@@ -52,6 +52,10 @@ from gkv_rollout.lowrank import (
 from gkv_rollout.methods import Method, ModelShape, register
 from gkv_rollout.scoring import aggregate_group, pool_scores
 
+# where S4R's time goes (``S4RCache.phase_seconds``): fitting and refreshing the bases; writing the new token's
+# coefficients, scoring in the latent space and selecting; reconstructing the chosen keys (RoPE included); the
+# new token's attention; packing the selections into the record
+PHASES = ("bases", "score", "reconstruct", "attend", "record")
 BASES = ("sampled", "prompt")  # what the bases are fitted on: the paper's sample, or every prompt token
 EXACT = ("none", "keys", "values", "both")  # the control's exact reconstructions
 
@@ -272,7 +276,7 @@ class S4RCache(KVCache):
         self.valid = torch.zeros(batch_size, self.length, dtype=torch.bool, device=device)  # by logical position
         self.lengths = torch.zeros(batch_size, dtype=torch.long, device=device)
         self.compressions = 0  # S4R scores every step instead of compressing in rounds
-        self.seconds = 0.0  # time spent building bases, scoring, selecting and reconstructing
+        self.phase_seconds = dict.fromkeys(PHASES, 0.0)  # time spent in each of S4R's phases
         self.step = -1  # generated tokens whose query has attended (-1: prefill)
         self._positions = None
         self._buffers_ready = False
@@ -287,6 +291,11 @@ class S4RCache(KVCache):
         self._exact_v = compression.options.exact in ("values", "both")
 
     # ---- engine interface ----------------------------------------------------------------------------
+    @property
+    def seconds(self) -> float:
+        """Time spent in S4R's phases (building bases, scoring, selecting, reconstructing, attending)."""
+        return sum(self.phase_seconds.values())
+
     def begin(self, positions: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
         """Register the next forward's tokens (logical positions [B, Q], real [B, Q]); returns the prefill's
         causal + padding mask (decode steps build their own)."""
@@ -311,7 +320,7 @@ class S4RCache(KVCache):
             start = time.perf_counter()
             packed = pack_bits(F.pad(self.chosen[:, :, : now.S], (self.s, 0)))  # [L, B, bytes] over positions
             self.selected[:, slice(None) if self.rows is None else self.rows, self.step, : packed.shape[-1]] = packed
-            self.seconds += time.perf_counter() - start
+            self.phase_seconds["record"] += time.perf_counter() - start
         self.step += 1
 
     def select_rows(self, keep: torch.Tensor) -> None:
@@ -352,7 +361,7 @@ class S4RCache(KVCache):
                 for layer in range(self.L):
                     bases[layer, b] = extend_bases(bases[layer, b], r, recent[layer, b], add, cfg.options.normalize)
             rank.copy_(torch.minimum(rank + k, cap))
-        self.seconds += time.perf_counter() - start
+        self.phase_seconds["bases"] += time.perf_counter() - start
 
     def _stamp_ranks(self, positions: torch.Tensor, valid: torch.Tensor) -> None:
         """Record the current key / value rank of each row at the logical positions [B, Q] just written."""
@@ -410,7 +419,7 @@ class S4RCache(KVCache):
         out = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling)
         start = time.perf_counter()
         self._build(module.layer_idx, query, key, value)
-        self.seconds += time.perf_counter() - start
+        self.phase_seconds["bases"] += time.perf_counter() - start
         return out
 
     def _allocate(self, dtype) -> None:
@@ -617,6 +626,8 @@ class S4RCache(KVCache):
         else:
             chosen, n, mask = select_tokens(score, now.budget), now.budget.n, now.mask
         self.chosen[layer, :, : now.S] = chosen  # packed into the record once per step (``end``)
+        scored = time.perf_counter()
+        self.phase_seconds["score"] += scored - start
 
         # Reconstruct the chosen keys (C B_K^T, RoPE at their positions) and attend with the sinks.
         order = chosen_in_order(chosen, n)  # [B, n]
@@ -630,8 +641,10 @@ class S4RCache(KVCache):
         if self._exact_k:  # the control: the chosen tokens' exact keys
             keys = self.exact_k[layer][batch[:, None], :, order].transpose(1, 2)  # [B, Hkv, n, D]
         values = self.exact_v[layer][batch[:, None], :, order].transpose(1, 2) if self._exact_v else None
+        built = time.perf_counter()
+        self.phase_seconds["reconstruct"] += built - scored
         out = self._attend(query, self.sink_k[layer], keys, self.sink_v[layer], cv, bases_v, mask, scaling, values)
-        self.seconds += time.perf_counter() - start
+        self.phase_seconds["attend"] += time.perf_counter() - built
         return out, None
 
     def _attend(self, query, sink_k, keys, sink_v, cv, bases_v, mask, scaling, values=None) -> torch.Tensor:
