@@ -257,7 +257,8 @@ def plot(points: list[dict], path: Path, title: str) -> None:
     for ax in axes:
         ax.set_xscale("log", base=2)
         ax.set_xlabel("new tokens")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:  # the training panel is empty in a rollouts-only run
+            ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -271,7 +272,7 @@ def main() -> None:
     parser.add_argument("--lengths", nargs="+", type=int, default=[256, 512, 1024, 2048, 4096])
     parser.add_argument("--train-lengths", nargs="+", type=int, default=[128, 256, 512, 1024])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--trainers", nargs="+", default=list(TRAINERS), choices=TRAINERS)
+    parser.add_argument("--trainers", nargs="*", default=list(TRAINERS), choices=TRAINERS, help="none: rollouts only")
     parser.add_argument("--budget", type=int, default=512, help="gkv budget (rollout and rl_sparse)")
     parser.add_argument("--eta", type=float, default=0.2, help="s4r persistent-memory share at each length's end")
     parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "scaling")
