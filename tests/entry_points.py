@@ -49,3 +49,75 @@ def run_each(script, argvs: list[list[str]], cwd, timeout: float = 900) -> list[
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [SimpleNamespace(**r) for r in json.loads(proc.stdout.strip().splitlines()[-1])]
+
+
+# ---- a warm interpreter: one fresh process per command line, the imports paid once ----------------------------
+SERVER = """
+import json, os, runpy, signal, sys, traceback
+for name in sys.argv[1:]:  # what every entry point imports first: most of a short run's seconds
+    __import__(name)
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:  # the command's own process: as `python script *argv` in cwd with env would start it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(job["cwd"])
+        os.environ.clear()
+        os.environ.update(job["env"])
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
+            os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        sys.argv = [job["script"], *job["argv"]]
+        sys.path[0] = os.path.dirname(os.path.abspath(job["script"]))
+        try:
+            runpy.run_path(job["script"], run_name="__main__")
+        except SystemExit:
+            raise  # the interpreter's own exit: its code, atexit handlers, flushed streams
+        except BaseException:
+            traceback.print_exc()
+            sys.exit(1)
+        sys.exit(0)
+    print(json.dumps({"pid": pid}), flush=True)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
+"""
+WARM_MODULES = ("gkv_train.command_line", "gkv_train.launch", "gkv_train.grpo", "trl")
+_warm: dict = {}
+
+
+def run_warm(script, argv: list[str], cwd, timeout: float = 600) -> subprocess.CompletedProcess:
+    """``python script *argv`` in ``cwd`` as ``subprocess.run(..., capture_output=True, text=True)`` returns it,
+    run in a fork of one interpreter that imported ``WARM_MODULES`` once (a forked process per command line: its
+    own modules' state, exit code, atexit handlers and signals; only the imports are shared). The environment
+    is this process's own: a command that needs another, or a launcher, runs as a fresh interpreter instead."""
+    import os
+    import select
+    import signal
+    import tempfile
+
+    server = _warm.get("server")
+    if server is None or server.poll() is not None or _warm.get("env") != dict(os.environ):
+        if server is not None and server.poll() is None:
+            server.stdin.close()
+            server.wait(timeout=60)
+        server = subprocess.Popen(  # unbuffered: a line read never reads ahead of what ``select`` waits for
+            [sys.executable, "-c", SERVER, *WARM_MODULES], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
+        )
+        _warm.update(server=server, env=dict(os.environ))
+    with tempfile.TemporaryDirectory() as folder:
+        out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
+        job = {"script": str(script), "argv": argv, "cwd": str(cwd), "env": dict(os.environ), "stdout": out}
+        server.stdin.write((json.dumps({**job, "stderr": err}) + "\n").encode())
+        pid = json.loads(server.stdout.readline())["pid"]
+        if not select.select([server.stdout], [], [], timeout)[0]:
+            os.kill(pid, signal.SIGKILL)
+            server.stdout.readline()
+            raise subprocess.TimeoutExpired([script, *argv], timeout)
+        code = json.loads(server.stdout.readline())["returncode"]
+        with open(out) as o, open(err) as e:
+            return subprocess.CompletedProcess([script, *argv], code, o.read(), e.read())

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from entry_points import run_each
+from entry_points import run_each, run_warm
 
 from gkv_train.checkpoints import complete_checkpoints
 from gkv_train.jsonio import read_jsonl
@@ -57,14 +57,19 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 
 
 def run(args, launcher=(sys.executable,), check=True, env=None):
-    proc = subprocess.run(
-        [*launcher, str(ROOT / "train.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, **(env or {})},
-    )
+    """``train.py *args`` (through ``launcher``) from the repository root, its output captured; a plain run in a
+    fork of a warm interpreter (``entry_points.run_warm``), one with a launcher or more environment fresh."""
+    if launcher == (sys.executable,) and not env:
+        proc = run_warm(ROOT / "train.py", list(args), ROOT)
+    else:
+        proc = subprocess.run(
+            [*launcher, str(ROOT / "train.py"), *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, **(env or {})},
+        )
     if check and proc.returncode != 0:
         raise AssertionError(proc.stdout[-3000:] + proc.stderr[-3000:])
     return proc
