@@ -341,12 +341,14 @@ def main() -> None:
 
 
 def phase_shares(point: dict) -> str:
-    """ " (score 12%, reconstruct 21%, ...)": a rollout point's compression share of decode by phase, where the
-    method has more than one (S4R's; its attention is one: the full cache's attention counts as model time)."""
+    """The decode-time phases of a rollout point as shares of decode, " (score 12%, reconstruct 21%, ...)", where
+    the method has several (S4R's; its attention is one, where the full cache's counts as model time). S4R's
+    ``fit`` runs in the prefill: the share column counts it, these parts do not."""
     phases = point.get("compress_phase_share_of_decode") or {}
     if len(phases) < 2:
         return ""
-    return " (" + ", ".join(f"{phase} {share:.0%}" for phase, share in phases.items() if share >= 0.005) + ")"
+    shown = [f"{phase} {share:.0%}" for phase, share in phases.items() if phase != "fit" and share >= 0.005]
+    return " (" + ", ".join(shown) + ")"
 
 
 def tables(view: str, result: dict) -> str:

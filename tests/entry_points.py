@@ -53,9 +53,11 @@ def run_each(script, argvs: list[list[str]], cwd, timeout: float = 900) -> list[
 
 # ---- a warm interpreter: one fresh process per command line, the imports paid once ----------------------------
 SERVER = """
-import json, os, runpy, signal, sys, traceback
+import json, os, random, runpy, signal, sys
+before = dict(os.environ)
 for name in sys.argv[1:]:  # what every entry point imports first: most of a short run's seconds
     __import__(name)
+added = {k: v for k, v in os.environ.items() if before.get(k) != v}  # what the imports set (they run once)
 for line in sys.stdin:
     job = json.loads(line)
     pid = os.fork()
@@ -64,14 +66,17 @@ for line in sys.stdin:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         os.chdir(job["cwd"])
         os.environ.clear()
-        os.environ.update(job["env"])
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
+        os.environ.update({**job["env"], **added})
+        random.seed()  # a fresh interpreter's random state, not the server's
+        for module, reseed in (("numpy", lambda m: m.random.seed()), ("torch", lambda m: m.seed())):
+            if module in sys.modules:
+                reseed(sys.modules[module])
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
         for fd, path in ((1, job["stdout"]), (2, job["stderr"])):
             os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), fd)
         sys.stdin = open(0, closefd=False)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)
-        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        sys.stdout = open(1, "w", closefd=False)  # block-buffered, as on a pipe
+        sys.stderr = open(2, "w", buffering=1, errors="backslashreplace", closefd=False)
         sys.argv = [job["script"], *job["argv"]]
         sys.path[0] = os.path.dirname(os.path.abspath(job["script"]))
         try:
@@ -79,12 +84,12 @@ for line in sys.stdin:
         except SystemExit:
             raise  # the interpreter's own exit: its code, atexit handlers, flushed streams
         except BaseException:
-            traceback.print_exc()
+            sys.excepthook(*sys.exc_info())
             sys.exit(1)
         sys.exit(0)
-    print(json.dumps({"pid": pid}), flush=True)
+    print(json.dumps({"job": job["id"], "pid": pid}), flush=True)
     _, status = os.waitpid(pid, 0)
-    print(json.dumps({"returncode": os.waitstatus_to_exitcode(status)}), flush=True)
+    print(json.dumps({"job": job["id"], "returncode": os.waitstatus_to_exitcode(status)}), flush=True)
 """
 WARM_MODULES = ("gkv_train.command_line", "gkv_train.launch", "gkv_train.grpo", "trl")
 _warm: dict = {}
@@ -92,9 +97,11 @@ _warm: dict = {}
 
 def run_warm(script, argv: list[str], cwd, timeout: float = 600) -> subprocess.CompletedProcess:
     """``python script *argv`` in ``cwd`` as ``subprocess.run(..., capture_output=True, text=True)`` returns it,
-    run in a fork of one interpreter that imported ``WARM_MODULES`` once (a forked process per command line: its
-    own modules' state, exit code, atexit handlers and signals; only the imports are shared). The environment
-    is this process's own: a command that needs another, or a launcher, runs as a fresh interpreter instead."""
+    run in a fork of one interpreter that imported ``WARM_MODULES`` once: a process per command line with its own
+    exit code (a signal's negative), atexit handlers, signal handlers and random state (reseeded), this process's
+    environment plus what the imports set; shared with the other command lines: the imported modules and the hash
+    seed. A command that needs another environment, or a launcher, runs as a fresh interpreter instead."""
+    import itertools
     import os
     import select
     import signal
@@ -102,22 +109,48 @@ def run_warm(script, argv: list[str], cwd, timeout: float = 600) -> subprocess.C
 
     server = _warm.get("server")
     if server is None or server.poll() is not None or _warm.get("env") != dict(os.environ):
-        if server is not None and server.poll() is None:
-            server.stdin.close()
-            server.wait(timeout=60)
+        stop_warm()
         server = subprocess.Popen(  # unbuffered: a line read never reads ahead of what ``select`` waits for
             [sys.executable, "-c", SERVER, *WARM_MODULES], stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0
         )
-        _warm.update(server=server, env=dict(os.environ))
+        _warm.update(server=server, env=dict(os.environ), jobs=itertools.count())
+    job = next(_warm["jobs"])
+
+    def reply(key: str) -> int:
+        line = server.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the warm interpreter stopped (exit code {server.wait()}): see its stderr above")
+        answer = json.loads(line)
+        assert answer["job"] == job, (answer, job)
+        return answer[key]
+
     with tempfile.TemporaryDirectory() as folder:
         out, err = os.path.join(folder, "stdout"), os.path.join(folder, "stderr")
-        job = {"script": str(script), "argv": argv, "cwd": str(cwd), "env": dict(os.environ), "stdout": out}
-        server.stdin.write((json.dumps({**job, "stderr": err}) + "\n").encode())
-        pid = json.loads(server.stdout.readline())["pid"]
-        if not select.select([server.stdout], [], [], timeout)[0]:
-            os.kill(pid, signal.SIGKILL)
-            server.stdout.readline()
-            raise subprocess.TimeoutExpired([script, *argv], timeout)
-        code = json.loads(server.stdout.readline())["returncode"]
-        with open(out) as o, open(err) as e:
+        request = {"id": job, "script": str(script), "argv": argv, "cwd": str(cwd), "env": dict(os.environ)}
+        try:
+            server.stdin.write((json.dumps({**request, "stdout": out, "stderr": err}) + "\n").encode())
+            pid = reply("pid")
+            if not select.select([server.stdout], [], [], timeout)[0]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:  # it ended meanwhile
+                    pass
+                reply("returncode")
+                raise subprocess.TimeoutExpired([script, *argv], timeout)
+            code = reply("returncode")
+        except BaseException:
+            stop_warm()  # never reused out of step
+            raise
+        with open(out, errors="backslashreplace") as o, open(err, errors="backslashreplace") as e:
             return subprocess.CompletedProcess([script, *argv], code, o.read(), e.read())
+
+
+def stop_warm() -> None:
+    """End the warm interpreter, if one runs (its children have ended: each call waits for its own)."""
+    server = _warm.pop("server", None)
+    if server is not None and server.poll() is None:
+        server.stdin.close()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()

@@ -159,18 +159,25 @@ def test_nucleus_is_exact(scale):
 
 def test_compiled_top_p_sampling_matches_eager():
     """``compile_decode`` compiles the sampler with fullgraph=True: top-p over a vocabulary wider than the nucleus
-    probe (where the eager probe branches on the data) samples the eager tokens in flat and peaked rows."""
-    from gkv_rollout.sampling import sample_tokens
+    probe (where the eager probe branches on the data) samples the eager tokens, in a batch of peaked rows (eager
+    takes the probe's top candidates), a batch with flat rows (eager sorts every row), and with banned tokens."""
+    from gkv_rollout.sampling import _NUCLEUS_PROBE, sample_tokens
 
     g = torch.Generator().manual_seed(2)
-    logits = torch.randn(6, 3000, generator=g) * torch.tensor([0.01, 0.01, 1.0, 1.0, 8.0, 8.0])[:, None]
-    uniform = torch.rand(6, generator=g)
+    peaked = torch.randn(4, 3000, generator=g) * 8.0
+    flat = torch.randn(4, 3000, generator=g) * torch.tensor([0.01, 0.01, 1.0, 8.0])[:, None]
+    uniform = torch.rand(4, generator=g)
+    top = peaked.softmax(-1).topk(_NUCLEUS_PROBE, -1).values.sum(-1)
+    assert (top > 0.95).all() and not (flat.softmax(-1).topk(_NUCLEUS_PROBE, -1).values.sum(-1) > 0.95).all()
     compiled = torch.compile(sample_tokens, fullgraph=True)
-    for top_p in (0.5, 0.95):
-        eager_tokens, eager_logprobs = sample_tokens(logits, 0.7, top_p, uniform)
-        tokens, logprobs = compiled(logits, 0.7, top_p, uniform)
-        assert torch.equal(tokens, eager_tokens)
-        assert torch.allclose(logprobs, eager_logprobs)
+    banned = peaked.argmax(-1)[:2]  # the likeliest tokens of two rows
+    for logits in (peaked, flat):
+        for top_p, ban in ((0.5, None), (0.95, None), (0.95, banned)):
+            eager_tokens, eager_logprobs = sample_tokens(logits, 0.7, top_p, uniform, ban)
+            tokens, logprobs = compiled(logits, 0.7, top_p, uniform, ban)
+            assert torch.equal(tokens, eager_tokens)
+            assert torch.allclose(logprobs, eager_logprobs)
+            assert ban is None or not torch.isin(tokens, ban).any()
 
 
 def test_inverse_cdf_follows_the_weights():

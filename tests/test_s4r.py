@@ -63,7 +63,8 @@ def test_s4r_consistency_tiny(tiny_llama, cfg):
     assert report["rotated_layers_diff"] > 1e-2
     assert ((out.retention > 0) & (out.retention < 0.8)).all()
     phases = out.stats["compress_phase_seconds"]  # where S4R's time goes, in parts that sum to its time
-    assert list(phases) == list(PHASES) and all(phases[p] > 0 for p in ("bases", "score", "reconstruct", "attend"))
+    assert list(phases) == list(PHASES) and all(phases[p] > 0 for p in ("fit", "score", "reconstruct", "attend"))
+    assert (phases["refresh"] > 0) == bool(cfg.settings.options.refresh)
     assert sum(phases.values()) == pytest.approx(out.stats["compress_seconds"])
 
 

@@ -52,10 +52,10 @@ from gkv_rollout.lowrank import (
 from gkv_rollout.methods import Method, ModelShape, register
 from gkv_rollout.scoring import aggregate_group, pool_scores
 
-# where S4R's time goes (``S4RCache.phase_seconds``): fitting and refreshing the bases; writing the new token's
-# coefficients, scoring in the latent space and selecting; reconstructing the chosen keys (RoPE included); the
-# new token's attention; packing the selections into the record
-PHASES = ("bases", "score", "reconstruct", "attend", "record")
+# where S4R's time goes (``S4RCache.phase_seconds``): fitting the bases in the prefill; then, per decode step,
+# writing the new token's coefficients, scoring in the latent space and selecting; reconstructing the chosen keys
+# (RoPE included); the new token's attention; packing the selections into the record; refreshing the bases
+PHASES = ("fit", "score", "reconstruct", "attend", "record", "refresh")
 BASES = ("sampled", "prompt")  # what the bases are fitted on: the paper's sample, or every prompt token
 EXACT = ("none", "keys", "values", "both")  # the control's exact reconstructions
 
@@ -361,7 +361,7 @@ class S4RCache(KVCache):
                 for layer in range(self.L):
                     bases[layer, b] = extend_bases(bases[layer, b], r, recent[layer, b], add, cfg.options.normalize)
             rank.copy_(torch.minimum(rank + k, cap))
-        self.phase_seconds["bases"] += time.perf_counter() - start
+        self.phase_seconds["refresh"] += time.perf_counter() - start
 
     def _stamp_ranks(self, positions: torch.Tensor, valid: torch.Tensor) -> None:
         """Record the current key / value rank of each row at the logical positions [B, Q] just written."""
@@ -419,7 +419,7 @@ class S4RCache(KVCache):
         out = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling)
         start = time.perf_counter()
         self._build(module.layer_idx, query, key, value)
-        self.phase_seconds["bases"] += time.perf_counter() - start
+        self.phase_seconds["fit"] += time.perf_counter() - start
         return out
 
     def _allocate(self, dtype) -> None:
