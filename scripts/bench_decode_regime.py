@@ -243,10 +243,13 @@ def stage_methods(root: Path, args, publish) -> dict:
             model, "test", problems, samples, methods, [budget], out, seed, args, full=full, compression=extra
         )
 
-    for budget in args.budgets:  # one evaluate.py call per row: each is published as soon as it is done
-        measure("full", None, lambda: runs_of([], budget, folder, full=True)["full"])
+    for budget in args.budgets:  # each row published as soon as it is done
+        # the full cache and the eviction methods not measured yet: one evaluate.py call (they share their options)
+        todo = [m for m in args.methods if (m, budget) not in earlier]
+        plain = runs_of(todo, budget, folder, full=("full", None) not in earlier) if todo else {}
+        measure("full", None, lambda: plain.get("full") or runs_of([], budget, folder, full=True)["full"])
         for method in args.methods:
-            measure(method, budget, lambda m=method: runs_of([m], budget, folder)[f"{m}-b{budget}"])
+            measure(method, budget, lambda m=method: plain[f"{m}-b{budget}"])
         for form in (f for f in args.gkv_forms if f != "max"):
             extra = [
                 f"compression.window={args.window}",
@@ -526,48 +529,52 @@ def evaluate_model(name: str, model: list[str], found: dict | None, eval_methods
     result["added"] = any(
         str(b) not in result["compressed"].get(m, {}) for m in eval_methods for b in args.eval_budgets
     )
-    if "full" not in result:
-        result["full"] = row(
-            evaluate(model, "test", args.eval_problems, args.eval_samples, [], args.eval_budgets, out, args.seed, args)[
-                "full"
-            ],
-            None,
-        )
-    full = result["full"]
+    cells = {m: result["compressed"].setdefault(m, {}) for m in eval_methods}
+    missing = {m: [b for b in args.eval_budgets if str(b) not in cells[m]] for m in eval_methods}
+    # one evaluate.py call per set of missing budgets of the eviction methods (they share their options), the full
+    # cache in the first; S4R one call per budget, at that budget's memory. A run's samples depend on its own
+    # settings and seed only, not on the other runs of its call.
+    groups: dict[tuple[int, ...], list[str]] = {}
     for method in eval_methods:
-        cells = result["compressed"].setdefault(method, {})
-        missing = [b for b in args.eval_budgets if str(b) not in cells]
-        if method == "s4r":  # each budget's memory, its own eta
-            for b in missing:
-                runs = evaluate(
-                    model,
-                    "test",
-                    args.eval_problems,
-                    args.eval_samples,
-                    ["s4r"],
-                    [b],
-                    out / f"s4r-b{b}",
-                    args.seed,
-                    args,
-                    full=False,
-                    compression=s4r_keys(b, args),
-                )
-                cells[str(b)] = row(runs[f"s4r-b{b}"], full)
-        elif missing:
-            runs = evaluate(
-                model,
-                "test",
-                args.eval_problems,
-                args.eval_samples,
-                [method],
-                missing,
-                out,
-                args.seed,
-                args,
-                full=False,
-            )
-            cells.update({str(b): row(runs[f"{method}-b{b}"], full) for b in missing})
-        result["compressed"][method] = {str(b): cells[str(b)] for b in sorted(map(int, cells))}
+        if method != "s4r" and missing[method]:
+            groups.setdefault(tuple(missing[method]), []).append(method)
+    calls = list(groups.items()) or ([(tuple(args.eval_budgets), [])] if "full" not in result else [])
+    for budgets, methods in calls:
+        with_full = "full" not in result
+        runs = evaluate(
+            model,
+            "test",
+            args.eval_problems,
+            args.eval_samples,
+            methods,
+            list(budgets),
+            out,
+            args.seed,
+            args,
+            full=with_full,
+        )
+        if with_full:
+            result["full"] = row(runs["full"], None)
+        for method in methods:
+            cells[method].update({str(b): row(runs[f"{method}-b{b}"], result["full"]) for b in budgets})
+    full = result["full"]
+    for b in missing.get("s4r", []):
+        runs = evaluate(
+            model,
+            "test",
+            args.eval_problems,
+            args.eval_samples,
+            ["s4r"],
+            [b],
+            out / f"s4r-b{b}",
+            args.seed,
+            args,
+            full=False,
+            compression=s4r_keys(b, args),
+        )
+        cells["s4r"][str(b)] = row(runs[f"s4r-b{b}"], full)
+    for method in eval_methods:
+        result["compressed"][method] = {str(b): cells[method][str(b)] for b in sorted(map(int, cells[method]))}
     if name != "untrained":
         recipe, method = RECIPES[name][0], method_of(name, args)
         result.update(recipe=recipe, rollout=method or "full", curve=curve(root / "training" / "train" / name))
