@@ -604,9 +604,24 @@ def cell(figures: dict) -> str:
     return f"{figures['pass@1']:.3f} [{lo:.2f}, {hi:.2f}]"
 
 
+def at_limit(section: dict, name: str, condition: str) -> list[float]:
+    """Per seed (in order), the share of a recipe's completions under ``condition`` that ran to
+    ``max_new_tokens``: a policy that no longer stops shows here before its pass@1 explains why."""
+    limit, rate = section["settings"]["sampling"]["max_new_tokens"], section.get("learning_rate")
+    shares = []
+    for key, model in section.get("models", {}).items():
+        mine = key == name if name == "untrained" else model.get("recipe") == name and key.endswith(f"-lr{rate}")
+        found = model["cells"].get(condition) if mine else None
+        if found:
+            lengths = [x for v in found["length"] for x in v]
+            shares.append(sum(x >= limit for x in lengths) / len(lengths))
+    return shares
+
+
 def training_table(section: dict) -> str:
     """Per recipe: pass@1 over seeds [hierarchical 95% interval] under each condition, per-seed values at the
-    training budget, RL-Sparse minus it (paired, with its interval), mean length and decode rounds."""
+    training budget, RL-Sparse minus it (paired, with its interval), mean length, the share at the length limit
+    per seed, and decode rounds."""
     table = section.get("recipes") or {}
     if not table:
         return "(no model evaluated yet)\n"
@@ -614,8 +629,8 @@ def training_table(section: dict) -> str:
     train = f"gkv-b{section['settings']['train']['budget']}"
     lines = [
         "| recipe | seeds | " + " | ".join(conditions_) + f" | per seed ({train}) | RL-Sparse minus it ({train}) | "
-        f"RL-Sparse minus it (full) | length ({train}) | rounds ({train}) |",
-        "|---|---|" + "---|" * (len(conditions_) + 5),
+        f"RL-Sparse minus it (full) | length ({train}) | at the limit, per seed ({train}) | rounds ({train}) |",
+        "|---|---|" + "---|" * (len(conditions_) + 6),
     ]
     names = list(dict.fromkeys(n for c in conditions_ for n in table[c]))
     for name in names:
@@ -631,11 +646,12 @@ def training_table(section: dict) -> str:
             return f"{d['difference']:+.3f} [{lo:+.2f}, {hi:+.2f}]{mark}"
 
         per_seed = ", ".join(f"{v:.2f}" for v in at["per_seed"]) if at else "-"
+        limited = ", ".join(f"{v:.2f}" for v in at_limit(section, name, train)) or "-"
         lines.append(
             f"| {name} | {max((table[c][name]['seeds'] for c in conditions_ if name in table[c]), default=0)} | "
             + " | ".join(cells)
             + f" | {per_seed} | {diff(train)} | {diff('full')} | "
-            + (f"{at['mean_length']:.0f} | {at['mean_rounds']:.1f} |" if at else "- | - |")
+            + (f"{at['mean_length']:.0f} | {limited} | {at['mean_rounds']:.1f} |" if at else "- | - | - |")
         )
     return "\n".join(lines) + "\n"
 
