@@ -97,6 +97,12 @@ def check(argv: list[str] | None = None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--compile-decode", action="store_true", help="decode steps as compiled graphs")
+    parser.add_argument(
+        "--backend",
+        choices=["auto", "sdpa", "flex"],
+        default="auto",
+        help="how the trainer's forward attends under the record (mask_backend): auto, sdpa or flex",
+    )
     add_compression_args(parser, method="gkv", budget=32, window=8, interval=16)
     args = parser.parse_args(argv)
     try:
@@ -120,12 +126,13 @@ def check(argv: list[str] | None = None) -> dict:
     device = next(model.parameters()).device.type
     with torch.autocast(device, dtype=torch.bfloat16, enabled=args.precision == "bf16"):
         out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling)
-        report = consistency_report(model, out, args.temperature)
+        report = consistency_report(model, out, args.temperature, args.backend)
     result = {
         "method": compression.method,
         "model": args.model,
         "precision": args.precision,
         "compile_decode": args.compile_decode,
+        "backend": args.backend,
         **report,
         "consistent": report["max_abs_logprob_diff"] <= 1e-4,
         "compressions": out.stats["compressions"],

@@ -1,0 +1,115 @@
+"""Training sees what inference saw, at reasoning length: for every eviction method and S4R, a rollout of
+``--new-tokens`` tokens and the trainer's log-probs under its record with each mask backend (``sdpa``: a dense
+boolean mask per layer; ``flex``: FlexAttention's block masks, on the CPU too), fp32, with the two controls that
+must fail (a plain causal mask; the records rotated by one layer). Each cell is ``gkv-train check`` (in this
+process, one after the other); one JSON line, and with ``--results`` the file ``scripts/render_docs.py`` renders.
+
+    python scripts/bench_consistency_length.py --results results/bench_consistency_length.json   # tiny model
+    python scripts/bench_consistency_length.py --new-tokens 24 --methods gkv s4r                  # seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+import time
+
+from gkv_rollout.methods import eviction_methods
+from gkv_train.consistency import check
+from gkv_train.jsonio import dumps, write_atomically
+
+from _common import git_commit, machine, print_json, provenance
+
+TOL = 1e-4  # the invariant: fp32 log-probs under the record equal the rollout's
+CONTROL = 1e-2  # a control that does not differ by more than this has not failed
+KEEP = (
+    "max_abs_logprob_diff",
+    "mean_abs_logprob_diff",
+    "causal_mask_diff",
+    "rotated_layers_diff",
+    "compressions",
+    "new_tokens",
+    "retention",
+)
+
+
+def cell(method: str, backend: str, args) -> dict:
+    """One method under one backend: ``check``'s figures, whether it holds and whether both controls fail."""
+    argv = ["--model", args.model, "--batch", str(args.batch), "--max-new-tokens", str(args.new_tokens)]
+    argv += ["--method", method, "--backend", backend, "--seed", str(args.seed)]
+    if method != "s4r":  # S4R's memory is its eta, not a budget
+        argv += ["--budget", str(args.budget), "--window", str(args.window), "--interval", str(args.interval)]
+    start = time.perf_counter()
+    with contextlib.redirect_stdout(sys.stderr):  # check's own line; this script prints one at the end
+        report = check(argv)
+    controls = min(report["causal_mask_diff"], report["rotated_layers_diff"])
+    return {
+        "method": method,
+        "backend": backend,
+        **{k: report[k] for k in KEEP},
+        "consistent": report["max_abs_logprob_diff"] <= TOL,
+        "controls_fail": controls > CONTROL,
+        "seconds": round(time.perf_counter() - start, 1),
+    }
+
+
+def tables(view: str, result: dict) -> str:
+    """``rows``: per method and backend, the largest |diff| against the bound, both controls, rounds, retention."""
+    if view != "rows":
+        raise SystemExit(f"error: bench_consistency_length has the view rows, not {view!r}")
+    lines = [
+        f"| method | backend | max \\|diff\\| (bound {TOL:g}) | mean \\|diff\\| | causal control | rotated control | "
+        "holds, controls fail | compression rounds | retention |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        verdict = "yes" if r["consistent"] and r["controls_fail"] else "**no**"
+        lines.append(
+            f"| {r['method']} | {r['backend']} | {r['max_abs_logprob_diff']:.1e} | {r['mean_abs_logprob_diff']:.1e} | "
+            f"{r['causal_mask_diff']:.2f} | {r['rotated_layers_diff']:.2f} | {verdict} | {r['compressions']} | "
+            f"{r['retention']:.3f} |"
+        )
+    return "\n".join(lines) + f"\n\n{provenance(result)}\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="tiny", help="as gkv-train check takes it (tiny: random weights)")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=2048)
+    parser.add_argument("--methods", nargs="+", default=[*eviction_methods(), "s4r"])
+    parser.add_argument("--backends", nargs="+", default=["sdpa", "flex"], choices=["sdpa", "flex"])
+    parser.add_argument("--budget", type=int, default=256, help="the eviction methods' budget")
+    parser.add_argument("--window", type=int, default=16)
+    parser.add_argument("--interval", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--results", help="also write the JSON line here (e.g. results/bench_consistency_length.json)")
+    args = parser.parse_args()
+    rows = []
+    for method in args.methods:
+        for backend in args.backends:
+            rows.append(cell(method, backend, args))
+            print(f"[consistency_length] {dumps(rows[-1])}", file=sys.stderr, flush=True)
+    result = {
+        "benchmark": "consistency_length",
+        "model": args.model,
+        "batch": args.batch,
+        "new_tokens": args.new_tokens,
+        "budget": args.budget,
+        "window": args.window,
+        "interval": args.interval,
+        "rows": rows,
+        "all_hold": all(r["consistent"] and r["controls_fail"] for r in rows),
+        "date": time.strftime("%Y-%m-%d"),
+        "commit": git_commit(),
+        "machine": machine(),
+        "command": "python scripts/bench_consistency_length.py " + " ".join(sys.argv[1:]),
+    }
+    if args.results:
+        write_atomically(args.results, dumps(result) + "\n")
+    print_json(result)
+
+
+if __name__ == "__main__":
+    main()
