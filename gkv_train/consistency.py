@@ -34,7 +34,8 @@ def logprob_mismatch(model, out, record, temperature: float = 1.0, backend: str 
 
 def consistency_report(model, out, temperature: float = 1.0, backend: str = "auto") -> dict:
     """The rollout's record (max and mean |diff|, KL) against two controls that must fail: a plain causal mask,
-    and the per-layer masks rotated by one layer (None for ``full``, which has no record)."""
+    and the per-layer masks rotated by one layer (None where it cannot differ: ``full``, which has no record, and
+    a record that is the same in every layer, as StreamingLLM's is)."""
     own = logprob_mismatch(model, out, out.record, temperature, backend)
     report = {
         "max_abs_logprob_diff": own["max_abs"],
@@ -43,9 +44,9 @@ def consistency_report(model, out, temperature: float = 1.0, backend: str = "aut
         "causal_mask_diff": logprob_mismatch(model, out, None, temperature, backend)["max_abs"],
         "rotated_layers_diff": None,
     }
-    if out.record is not None:
-        rotated = logprob_mismatch(model, out, out.record.roll_layers(1), temperature, backend)
-        report["rotated_layers_diff"] = rotated["max_abs"]
+    rolled = None if out.record is None else out.record.roll_layers(1)
+    if rolled is not None and not all(torch.equal(v, rolled.to_batch()[k]) for k, v in out.record.to_batch().items()):
+        report["rotated_layers_diff"] = logprob_mismatch(model, out, rolled, temperature, backend)["max_abs"]
     return report
 
 
