@@ -83,7 +83,8 @@ def main() -> None:
     parser.add_argument("--model", default="tiny", help="as gkv-train check takes it (tiny: random weights)")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=2048)
-    parser.add_argument("--methods", nargs="+", default=[*eviction_methods(), "s4r"])
+    methods = [*eviction_methods(), "s4r"]
+    parser.add_argument("--methods", nargs="+", default=methods, choices=methods)
     parser.add_argument("--backends", nargs="+", default=["sdpa", "flex"], choices=["sdpa", "flex"])
     parser.add_argument("--budget", type=int, default=256, help="the eviction methods' budget")
     parser.add_argument("--window", type=int, default=16)
