@@ -432,10 +432,18 @@ def per_problem(cell: dict, what: str = "correct") -> list[float]:
     return [sum(v) / len(v) for v in cell[what]]
 
 
-def summarize_recipe(cells: list[dict], interval: int) -> dict:
-    """One recipe's figures under one condition, over its seeds (``cells``: one evaluation per seed)."""
+def summarize_recipe(cells: list[dict], interval: int, limit: int) -> dict:
+    """One recipe's figures under one condition, over its seeds (``cells``: one evaluation per seed). Per seed also
+    the share of completions that ran to ``limit`` (``max_new_tokens``) and the pass@1 of those that stopped before
+    it: a policy that no longer stops shows there before its pass@1 explains why."""
     seeds = [per_problem(c) for c in cells]
     lengths = [x for c in cells for v in c["length"] for x in v]
+    at_limit, stopped = [], []
+    for c in cells:
+        pairs = [(ok, n) for oks, lens in zip(c["correct"], c["length"]) for ok, n in zip(oks, lens)]
+        finished = [ok for ok, n in pairs if n < limit]
+        at_limit.append(1 - len(finished) / len(pairs))
+        stopped.append(sum(finished) / len(finished) if finished else None)
     return {
         "seeds": len(cells),
         "pass@1": sum(sum(s) / len(s) for s in seeds) / len(seeds),
@@ -444,6 +452,8 @@ def summarize_recipe(cells: list[dict], interval: int) -> dict:
         "score": sum(sum(per_problem(c, "score")) / len(c["score"]) for c in cells) / len(cells),
         "mean_length": sum(lengths) / len(lengths),
         "mean_rounds": sum(rounds(x, interval) for x in lengths) / len(lengths),
+        "at_limit_per_seed": at_limit,
+        "pass@1_stopped_per_seed": stopped,
     }
 
 
@@ -478,7 +488,8 @@ def by_rounds(cells: list[dict], interval: int, bins: list[int]) -> list[dict]:
 
 def curve(folder: Path) -> dict:
     """Per-step figures of one run: the reward of the step's rollouts, the mismatch telemetry, the share of
-    completion tokens left out of the loss (Sparse-RL's rejection)."""
+    completion tokens left out of the loss (Sparse-RL's rejection), the rollouts' mean length, the share of them
+    cut at the length limit and the policy's entropy."""
     keys = (
         "reward",
         "mismatch/agreement_p5",
@@ -487,6 +498,8 @@ def curve(folder: Path) -> dict:
         "mismatch/mean_abs",
         "sampling/rollout_tokens_dropped",
         "completions/mean_length",
+        "completions/clipped_ratio",
+        "entropy",
     )
     steps = [r for r in read_jsonl(folder / "metrics.jsonl") if "mismatch/max_abs" in r or "loss" in r]
     return {k: [[r["step"], r[k]] for r in steps if k in r] for k in keys}
@@ -535,7 +548,7 @@ def recipe_table(section: dict, args) -> dict:
             ]
         for name, cells in groups.items():
             if cells:
-                rows[name] = summarize_recipe(cells, args.interval)
+                rows[name] = summarize_recipe(cells, args.interval, args.max_new_tokens)
                 rows[name]["by_rounds"] = by_rounds(cells, args.interval, args.round_bins)
         mine = {
             m["seed"]: m["cells"][condition]
@@ -604,24 +617,10 @@ def cell(figures: dict) -> str:
     return f"{figures['pass@1']:.3f} [{lo:.2f}, {hi:.2f}]"
 
 
-def at_limit(section: dict, name: str, condition: str) -> list[float]:
-    """Per seed (in order), the share of a recipe's completions under ``condition`` that ran to
-    ``max_new_tokens``: a policy that no longer stops shows here before its pass@1 explains why."""
-    limit, rate = section["settings"]["sampling"]["max_new_tokens"], section.get("learning_rate")
-    shares = []
-    for key, model in section.get("models", {}).items():
-        mine = key == name if name == "untrained" else model.get("recipe") == name and key.endswith(f"-lr{rate}")
-        found = model["cells"].get(condition) if mine else None
-        if found:
-            lengths = [x for v in found["length"] for x in v]
-            shares.append(sum(x >= limit for x in lengths) / len(lengths))
-    return shares
-
-
 def training_table(section: dict) -> str:
     """Per recipe: pass@1 over seeds [hierarchical 95% interval] under each condition, per-seed values at the
-    training budget, RL-Sparse minus it (paired, with its interval), mean length, the share at the length limit
-    per seed, and decode rounds."""
+    training budget, RL-Sparse minus it (paired, with its interval), mean length, per seed the share at the length
+    limit and the pass@1 of the completions that stopped before it, and decode rounds."""
     table = section.get("recipes") or {}
     if not table:
         return "(no model evaluated yet)\n"
@@ -629,8 +628,9 @@ def training_table(section: dict) -> str:
     train = f"gkv-b{section['settings']['train']['budget']}"
     lines = [
         "| recipe | seeds | " + " | ".join(conditions_) + f" | per seed ({train}) | RL-Sparse minus it ({train}) | "
-        f"RL-Sparse minus it (full) | length ({train}) | at the limit, per seed ({train}) | rounds ({train}) |",
-        "|---|---|" + "---|" * (len(conditions_) + 6),
+        f"RL-Sparse minus it (full) | length ({train}) | at the limit, per seed ({train}) | "
+        f"pass@1 of those that stopped, per seed ({train}) | rounds ({train}) |",
+        "|---|---|" + "---|" * (len(conditions_) + 7),
     ]
     names = list(dict.fromkeys(n for c in conditions_ for n in table[c]))
     for name in names:
@@ -646,12 +646,17 @@ def training_table(section: dict) -> str:
             return f"{d['difference']:+.3f} [{lo:+.2f}, {hi:+.2f}]{mark}"
 
         per_seed = ", ".join(f"{v:.2f}" for v in at["per_seed"]) if at else "-"
-        limited = ", ".join(f"{v:.2f}" for v in at_limit(section, name, train)) or "-"
+        limited = ", ".join(f"{v:.2f}" for v in at["at_limit_per_seed"]) if at else "-"
+        stopped = ", ".join("-" if v is None else f"{v:.2f}" for v in at["pass@1_stopped_per_seed"]) if at else "-"
         lines.append(
             f"| {name} | {max((table[c][name]['seeds'] for c in conditions_ if name in table[c]), default=0)} | "
             + " | ".join(cells)
             + f" | {per_seed} | {diff(train)} | {diff('full')} | "
-            + (f"{at['mean_length']:.0f} | {limited} | {at['mean_rounds']:.1f} |" if at else "- | - | - |")
+            + (
+                f"{at['mean_length']:.0f} | {limited} | {stopped} | {at['mean_rounds']:.1f} |"
+                if at
+                else "- | - | - | - |"
+            )
         )
     return "\n".join(lines) + "\n"
 
@@ -671,6 +676,36 @@ def rounds_table(section: dict) -> str:
             + " | ".join("-" if b["pass@1"] is None else f"{b['pass@1']:.2f} ({b['samples']})" for b in r["by_rounds"])
             + " |"
         )
+    return "\n".join(lines) + "\n"
+
+
+DRIFT = (
+    ("completions/mean_length", "length", "{:.0f}"),
+    ("completions/clipped_ratio", "at the limit", "{:.2f}"),
+    ("reward", "reward", "{:.2f}"),
+    ("entropy", "entropy", "{:.2f}"),
+)
+
+
+def drift_table(section: dict) -> str:
+    """Per training run, how its own rollouts changed: the mean over the first quarter of the steps -> over the
+    last quarter, of the completions' length, the share cut at the length limit, the reward and the entropy."""
+    runs = {k: m for k, m in section.get("models", {}).items() if m.get("curve")}
+    if not runs:
+        return "(no run trained yet)\n"
+    lines = ["| run | " + " | ".join(f"{head}, first -> last quarter" for _, head, _ in DRIFT) + " |"]
+    lines.append("|---|" + "---|" * len(DRIFT))
+    for name, model in sorted(runs.items(), key=lambda kv: (kv[1]["recipe"], kv[1]["seed"])):
+        cells = []
+        for key, _, form in DRIFT:
+            values = [v for _, v in model["curve"].get(key, [])]
+            quarter = max(1, len(values) // 4)
+            if not values:
+                cells.append("-")
+                continue
+            first, last = sum(values[:quarter]) / quarter, sum(values[-quarter:]) / quarter
+            cells.append(f"{form.format(first)} -> {form.format(last)}")
+        lines.append(f"| {model['recipe']} seed {model['seed']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -695,7 +730,7 @@ def lr_table(section: dict) -> str:
 
 def tables(view: str, result: dict) -> str:
     """``scripts/render_docs.py``'s views: ``probe``, ``methods`` (the ordering tables), ``lr``, ``training``,
-    ``rounds``."""
+    ``rounds``, ``drift``."""
     if view in ("probe", "methods"):
         checks = "".join(
             f"- {name.replace('_', ' ')} {want}: {'yes' if ok else 'NO'}\n"
@@ -703,7 +738,7 @@ def tables(view: str, result: dict) -> str:
         )
         return regime.stage_table(view, result[view]) + (f"\nRegime checks (train split):\n{checks}" if checks else "")
     section = result["training"]
-    body = {"lr": lr_table, "training": training_table, "rounds": rounds_table}[view](section)
+    body = {"lr": lr_table, "training": training_table, "rounds": rounds_table, "drift": drift_table}[view](section)
     state = " (partial: runs still going)" if section.get("partial") else ""
     return f"{body}\n{provenance(section)}{state}\n"
 
@@ -721,6 +756,7 @@ def figures(section: dict, path: Path) -> None:
         ("mismatch/agreement_p5", "agreement p5"),
         ("mismatch/ratio_p1", "token ratio p1"),
         ("sampling/rollout_tokens_dropped", "tokens left out (sparse_rl)"),
+        ("completions/mean_length", "mean completion length"),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
     recipes = sorted({m["recipe"] for m in section["models"].values() if "recipe" in m})

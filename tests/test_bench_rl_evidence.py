@@ -59,6 +59,7 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
         assert rl_sparse["seeds"] == 2 and len(rl_sparse["per_seed"]) == 2 and len(rl_sparse["pass@1_ci95"]) == 2
         assert condition["sparse_rl"]["rl_sparse_minus"]["seeds"] == 2  # paired over both seeds
         assert sum(b["samples"] for b in rl_sparse["by_rounds"]) == 4  # 2 problems x 1 sample x 2 seeds
+        assert len(rl_sparse["at_limit_per_seed"]) == len(rl_sparse["pass@1_stopped_per_seed"]) == 2
     for run in RUNS:
         with safe_open(str(adapters / run / "adapter_model.safetensors"), "pt") as f:
             assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"torch.float16"}
@@ -67,10 +68,11 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
     from bench_rl_evidence import tables
 
     published = json.loads(results.read_text())
-    for view in ("lr", "training", "rounds"):
+    for view in ("lr", "training", "rounds", "drift"):
         table = tables(view, published)
         assert training["commit"] in table and "partial" not in table
     assert "| sparse_rl |" in tables("training", published)
+    assert "| rl_sparse seed 1 |" in tables("drift", published)
     again = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "train.py" not in again.stderr and "evaluate.py" not in again.stderr  # read back, nothing rerun
