@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 from gkv_train.data import DATA_DIR, gsm8k_questions  # noqa: F401 (the scripts' imports)
@@ -29,6 +31,13 @@ def machine() -> str:
 
     threads = os.environ.get("OMP_NUM_THREADS", "default")
     return f"{os.cpu_count()}-core CPU ({platform.machine()}), fp32, torch threads {threads}"
+
+
+def origin() -> dict:
+    """Where a result comes from: the command as typed in the repository's root, today's date, the commit, the
+    machine (the keys ``provenance`` reads back)."""
+    command = " ".join(["python", f"scripts/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+    return {"command": command, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(), "machine": machine()}
 
 
 def provenance(section: dict) -> str:

@@ -19,7 +19,7 @@ from gkv_rollout.methods import eviction_methods
 from gkv_train.consistency import check
 from gkv_train.jsonio import dumps, write_atomically
 
-from _common import git_commit, machine, print_json, provenance
+from _common import origin, print_json, provenance
 
 TOL = 1e-4  # the invariant: fp32 log-probs under the record equal the rollout's
 CONTROL = 1e-2  # a control that does not differ by more than this has not failed
@@ -107,10 +107,7 @@ def main() -> None:
         "interval": args.interval,
         "rows": rows,
         "all_hold": all(r["consistent"] and r["controls_fail"] for r in rows),
-        "date": time.strftime("%Y-%m-%d"),
-        "commit": git_commit(),
-        "machine": machine(),
-        "command": "python scripts/bench_consistency_length.py " + " ".join(sys.argv[1:]),
+        **origin(),
     }
     if args.results:
         write_atomically(args.results, dumps(result) + "\n")

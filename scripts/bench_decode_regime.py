@@ -49,7 +49,7 @@ from gkv_rollout.methods import eviction_methods, registered
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.report import plot_retained_density
 
-from _common import ROOT, git_commit, machine, merge_section, print_json, provenance
+from _common import ROOT, merge_section, origin, print_json, provenance
 
 EVICTION = eviction_methods()
 STAGES = ("probe", "methods", "training")
@@ -487,12 +487,7 @@ def stage_training(root: Path, args, publish) -> dict:
         "models": models,
         "partial": True,
     }
-    provenance = {
-        "command": "python " + " ".join(sys.argv),
-        "date": time.strftime("%Y-%m-%d"),
-        "commit": git_commit(),
-        "machine": machine(),
-    }
+    measured = origin()
     for name in [*earlier, *(n for n in ["untrained", *recipes] if n not in earlier)]:
         folder = root / "training" / "train" / name
         found = earlier.get(name)
@@ -511,9 +506,9 @@ def stage_training(root: Path, args, publish) -> dict:
             model.append(f"adapter={folder}")
         row = evaluate_model(name, model, found, eval_methods, root, args)
         if row.pop("added") or found is None:
-            row.setdefault("measured", provenance)
-            if found is not None:  # cells added to an earlier row: each extension's provenance
-                row["extended"] = [*row.get("extended", []), provenance]
+            row.setdefault("measured", measured)
+            if found is not None:  # cells added to an earlier row: where each extension came from
+                row["extended"] = [*row.get("extended", []), measured]
         models[name] = row
         publish(section)
     section["partial"] = False
@@ -805,14 +800,14 @@ def main() -> None:
         "sampling": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p},
     }
     tables = []
-    provenance = {"command": "python " + " ".join(sys.argv), "commit": git_commit(), "machine": machine()}
+    where = origin()
 
     def publish(stage: str, section: dict) -> None:
         (root / stage).mkdir(parents=True, exist_ok=True)
         write_atomically(root / stage / "summary.json", dumps(section, indent=2))
         if args.results is not None:
             header = {k: v for k, v in result.items() if k not in STAGES}
-            merge_section(args.results, stage, {**section, **provenance, "date": time.strftime("%Y-%m-%d")}, header)
+            merge_section(args.results, stage, {**section, **where, "date": time.strftime("%Y-%m-%d")}, header)
 
     for stage in args.stages:
         if stage == "probe":

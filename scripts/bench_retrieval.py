@@ -42,7 +42,7 @@ from gkv_rollout.config import CompressionConfig
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.retrieval import HAYSTACKS, RETRIEVAL_TASKS
 
-from _common import ROOT, git_commit, machine, merge_section, print_json, provenance
+from _common import ROOT, merge_section, origin, print_json, provenance
 
 STAGES = ("probe", "table", "ablations", "fair")
 S4R_SINKS = CompressionConfig(method="s4r").settings.sinks
@@ -491,7 +491,7 @@ def main() -> None:
         "greedy": args.temperature == 0,
         "max_new_tokens": args.max_new_tokens,
     }
-    provenance = {"command": "python " + " ".join(sys.argv), "commit": git_commit(), "machine": machine()}
+    where = origin()
     summary_path = root / "summary.json"
     done = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
 
@@ -500,7 +500,7 @@ def main() -> None:
             merge_section(
                 args.results,
                 stage,
-                {**section, **provenance, "date": time.strftime("%Y-%m-%d")},
+                {**section, **where, "date": time.strftime("%Y-%m-%d")},
                 {k: v for k, v in result.items() if k not in STAGES},
             )
 

@@ -48,7 +48,7 @@ from pathlib import Path
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 
 import bench_decode_regime as regime
-from _common import ROOT, git_commit, machine, print_json, provenance
+from _common import ROOT, origin, print_json, provenance
 
 STAGES = ("probe", "methods", "lr", "train", "eval")
 RECIPES = ("rl_sparse", "sparse_rl", "rl_full", "distill", "distill_onpolicy")
@@ -851,7 +851,7 @@ def main() -> None:
     args = parse_arguments()
     args.output_root.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    where = {"command": "python " + " ".join(sys.argv), "commit": git_commit(), "machine": machine()}
+    where = origin()
     lock_path = args.output_root / "results.lock"
 
     def publish(stage: str, section: dict) -> None:

@@ -33,8 +33,6 @@ import argparse
 import json
 import random
 import re
-import sys
-import time
 
 import torch
 
@@ -42,7 +40,7 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
 from gkv_train.models import load_model
 
-from _common import DATA_DIR, git_commit, machine, print_json, provenance
+from _common import DATA_DIR, origin, print_json, provenance
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
@@ -244,10 +242,7 @@ def main() -> None:
     model, tokenizer = load_model(args.model)
     s4r = CompressionConfig.of("s4r", eta=args.eta)
     where = {
-        "command": "python " + " ".join(sys.argv),
-        "date": time.strftime("%Y-%m-%d"),
-        "commit": git_commit(),
-        "machine": machine(),
+        **origin(),
     }
     if args.basis_cost:
         timed(model, tokenizer, long_prompt(tokenizer, 500), CompressionConfig.of("s4r", eta=args.eta), 1)  # warm-up

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 
-from _common import ROOT, git_commit, machine, print_json, provenance
+from _common import ROOT, origin, print_json, provenance
 
 METHODS = ("full", "gkv", "s4r")
 TRAINERS = ("rl_sparse", "rl_full")
@@ -330,10 +330,7 @@ def main() -> None:
         "seconds": round(time.perf_counter() - start, 1),
         "points": points,
         "plot": str(args.output_root / "scaling.png"),
-        "date": time.strftime("%Y-%m-%d"),
-        "commit": git_commit(),
-        "machine": machine(),
-        "command": "python scripts/bench_scaling.py " + " ".join(sys.argv[1:]),
+        **origin(),
     }
     if args.results:
         write_atomically(args.results, dumps(result) + "\n")

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 import tempfile
 import time
 from collections import defaultdict
@@ -40,7 +39,7 @@ from transformers import TrainerCallback
 
 from gkv_train.jsonio import dumps
 
-from _common import ROOT, git_commit, machine, print_json, provenance
+from _common import ROOT, origin, print_json, provenance
 
 PHASES = ("generation", "logprob_forward", "backward", "optimizer", "other")
 
@@ -233,10 +232,7 @@ def main() -> None:
         "threads": torch.get_num_threads(),
         "warmup": args.warmup,
         "trainers": {},
-        "command": "python " + " ".join(sys.argv),
-        "date": time.strftime("%Y-%m-%d"),
-        "commit": git_commit(),
-        "machine": machine(),
+        **origin(),
     }
     with tempfile.TemporaryDirectory(dir=ROOT / "outputs" if (ROOT / "outputs").is_dir() else None) as workdir:
         for name in args.trainers:

@@ -39,7 +39,7 @@ from gkv_train.metrics import compressed_kl
 from gkv_train.models import load_model
 from gkv_train.traces import generate_traces
 
-from _common import ROOT, git_commit, machine, print_json, provenance
+from _common import ROOT, origin, print_json, provenance
 
 RECIPES = ("rl_sparse", "rl_full", "distill", "distill_onpolicy")
 CACHES = ("compressed", "full")
@@ -477,10 +477,7 @@ def main() -> None:
         },
         "models": models,
         "seconds": round(time.perf_counter() - start, 1),
-        "command": "python " + " ".join(sys.argv),
-        "date": time.strftime("%Y-%m-%d"),
-        "commit": git_commit(),
-        "machine": machine(),
+        **origin(),
     }
     write_atomically(root / "summary.json", dumps(summary, indent=2))
     plot(summary, root / "training_effect.png")
