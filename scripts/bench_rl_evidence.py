@@ -760,6 +760,7 @@ def figures(section: dict, path: Path) -> None:
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
     recipes = sorted({m["recipe"] for m in section["models"].values() if "recipe" in m})
+    colors = {recipe: f"C{i}" for i, recipe in enumerate(recipes)}  # one colour a recipe in every panel
     for ax, (key, title) in zip(axes, panels):
         for recipe in recipes:
             curves = [m["curve"].get(key, []) for m in section["models"].values() if m.get("recipe") == recipe]
@@ -771,11 +772,12 @@ def figures(section: dict, path: Path) -> None:
             mean = [sum(v for v in vs if v is not None) / max(1, sum(v is not None for v in vs)) for vs in values]
             low = [min((v for v in vs if v is not None), default=math.nan) for vs in values]
             high = [max((v for v in vs if v is not None), default=math.nan) for vs in values]
-            (line,) = ax.plot(steps, mean, label=f"{recipe} ({len(curves)} seeds)")
-            ax.fill_between(steps, low, high, color=line.get_color(), alpha=0.2)
+            ax.plot(steps, mean, color=colors[recipe], label=f"{recipe} ({len(curves)} seeds)")
+            ax.fill_between(steps, low, high, color=colors[recipe], alpha=0.2)
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("optimizer step")
-    axes[0].legend(fontsize=7)
+        if ax.lines:
+            ax.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
