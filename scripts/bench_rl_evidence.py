@@ -17,7 +17,8 @@ Stages (``--stages``; each resumable, every run a ``train.py`` or ``scripts/eval
 4. ``train``: every recipe of ``--recipes`` with every seed of ``--seeds`` (the distillation recipes with the
    first ``--distill-seeds``): the same steps, learning rate, LoRA, prompts per step (a seed draws the problems and
    their order: every recipe sees the same prompts at the same seed) and GRPO group size. Each finished run's
-   LoRA adapter is kept in fp16 under ``--adapters`` (a few MB each).
+   LoRA adapter is kept in fp16 under ``--adapters`` (a few MB each). An ablation is a ``--variant``: a recipe
+   with ``train.py`` overrides of its own under a name of its own, listed in ``--recipes`` like the others.
 5. ``eval``: the untrained model and every trained one on the same ``--eval-problems`` held-out problems x
    ``--eval-samples`` (evaluation seed ``--eval-seed``), with the full cache and under the training method at every
    budget of ``--eval-budgets``.
@@ -39,6 +40,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -106,10 +108,18 @@ def run_name(recipe: str, seed: int, lr: float) -> str:
     return f"{recipe}-s{seed}-lr{lr_name(lr)}"
 
 
-def train_keys(recipe: str, seed: int, lr: float, args) -> list[str]:
-    """``train.py``'s overrides of one run: the recipe under G-KV at the training budget (``rl_full``: the full
-    cache), ``--steps`` optimizer steps of ``--prompts-per-step`` x ``--group-size`` rows."""
+def base_recipe(name: str, args) -> str:
+    """The ``train.py`` recipe of a ``--recipes`` entry: itself, or the recipe a ``--variant`` of that name
+    changes."""
+    return args.variants[name][0] if name in args.variants else name
+
+
+def train_keys(name: str, seed: int, lr: float, args) -> list[str]:
+    """``train.py``'s overrides of one run of ``name`` (a recipe or a ``--variant``): the recipe under G-KV at the
+    training budget (``rl_full``: the full cache), ``--steps`` optimizer steps of ``--prompts-per-step`` x
+    ``--group-size`` rows, then the variant's own overrides."""
     task = regime_args(args)
+    recipe = base_recipe(name, args)
     distill = recipe in DISTILL
     rows = args.prompts_per_step * args.group_size
     keys = [
@@ -125,7 +135,7 @@ def train_keys(recipe: str, seed: int, lr: float, args) -> list[str]:
         "lora.enabled=true",
         "resume=last",
         f"prompts_per_step={rows if distill else args.prompts_per_step}",
-        f"output_dir={args.output_root / 'train' / run_name(recipe, seed, lr)}",
+        f"output_dir={args.output_root / 'train' / run_name(name, seed, lr)}",
     ]  # eval_data: train.py's own final evaluation, kept tiny: the bench evaluates every model itself
     if not distill:
         keys += [f"sampling.num_generations={args.group_size}", f"rewards=[{REWARD}]"]
@@ -138,7 +148,7 @@ def train_keys(recipe: str, seed: int, lr: float, args) -> list[str]:
         ]
     if recipe == "distill":
         keys.append(f"distill.traces={teacher_traces(args)}")
-    return keys
+    return keys + list(args.variants.get(name, ("", []))[1])
 
 
 def teacher_traces(args) -> Path:
@@ -227,7 +237,7 @@ def training_runs(args, lr: float) -> list[tuple[str, int]]:
         (recipe, seed)
         for i, seed in enumerate(args.seeds)
         for recipe in args.recipes
-        if recipe not in DISTILL or i < args.distill_seeds
+        if base_recipe(recipe, args) not in DISTILL or i < args.distill_seeds
     ]
 
 
@@ -587,6 +597,7 @@ def settings(args) -> dict:
         "sampling": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p},
         "train": {
             "method": "gkv",
+            "variants": {name: {"recipe": r, "overrides": o} for name, (r, o) in args.variants.items()},
             "budget": args.train_budget,
             "steps": args.steps,
             "prompts_per_step": args.prompts_per_step,
@@ -809,7 +820,16 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     add("--methods-problems", type=int, default=128)
     add("--methods-samples", type=int, default=4)
     add("--train-budget", type=int, default=160)
-    add("--recipes", nargs="+", default=list(RECIPES), choices=RECIPES)
+    add("--recipes", nargs="+", default=list(RECIPES), help=f"of {', '.join(RECIPES)} and the --variant names")
+    add(
+        "--variant",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar="NAME RECIPE OVERRIDE",
+        help="an ablation: RECIPE with these train.py overrides, trained and reported as NAME (to run it, list NAME "
+        "in --recipes), e.g. --variant rl_sparse_noclip rl_sparse rl.overlong_advantage_clip=false",
+    )
     add("--seeds", nargs="+", type=int, default=[0, 1, 2])
     add("--distill-seeds", type=int, default=1, help="the distillation recipes run the first this many seeds")
     add("--steps", type=int, default=16)
@@ -846,6 +866,16 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
             args.recipes = ["rl_sparse", "sparse_rl"]
     if args.train_budget not in args.eval_budgets:
         parser.error(f"--eval-budgets {args.eval_budgets} must include the training budget {args.train_budget}")
+    args.variants = {}
+    for name, *rest in args.variant:
+        if not re.fullmatch(r"[a-z0-9_]+", name) or name in RECIPES or name in args.variants:
+            parser.error(f"--variant {name}: a new name of lower-case letters, digits and _ (not a recipe's)")
+        if not rest or rest[0] not in RECIPES or not all("=" in o for o in rest[1:]):
+            parser.error(f"--variant {name} {' '.join(rest)}: a recipe ({', '.join(RECIPES)}) then KEY=VALUE overrides")
+        args.variants[name] = (rest[0], rest[1:])
+    unknown = [r for r in args.recipes if r not in RECIPES and r not in args.variants]
+    if unknown:
+        parser.error(f"--recipes {' '.join(unknown)}: neither a recipe ({', '.join(RECIPES)}) nor a --variant name")
     return args
 
 

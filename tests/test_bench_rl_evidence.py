@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,3 +79,29 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
     assert "train.py" not in again.stderr and "evaluate.py" not in again.stderr  # read back, nothing rerun
     reread = json.loads(results.read_text())["training"]
     assert {k: v for k, v in reread.items() if k != "date"} == {k: v for k, v in training.items() if k != "date"}
+
+
+def test_a_variant_is_a_recipe_with_overrides_of_its_own(tmp_path, capsys):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_rl_evidence import parse_arguments, train_keys, training_runs
+
+    ablation = ["--variant", "rl_sparse_noclip", "rl_sparse", "rl.overlong_advantage_clip=false"]
+    args = parse_arguments(["--output-root", str(tmp_path), "--recipes", "rl_sparse", "rl_sparse_noclip", *ablation])
+    assert training_runs(args, 1e-4)[:2] == [("rl_sparse", 0), ("rl_sparse_noclip", 0)]
+    keys = train_keys("rl_sparse_noclip", 0, 1e-4, args)
+    plain = train_keys("rl_sparse", 0, 1e-4, args)
+    assert "recipe=rl_sparse" in keys and keys[-1] == "rl.overlong_advantage_clip=false"
+    assert f"output_dir={tmp_path / 'train' / 'rl_sparse_noclip-s0-lr0.0001'}" in keys
+    assert [k for k in keys if not k.startswith("output_dir=")][:-1] == [
+        k for k in plain if not k.startswith("output_dir=")
+    ]  # the same run otherwise
+    for wrong in (
+        ["--recipes", "rl_sparse_noclip"],  # not defined
+        ["--variant", "rl_sparse", "rl_full", "seed=1"],  # a recipe's name
+        ["--variant", "Bad-s1", "rl_sparse"],  # a name run folders cannot be parsed back from
+        ["--variant", "x", "nope", "a=b"],  # no such recipe
+        ["--variant", "x", "rl_sparse", "flag"],  # not an override
+    ):
+        with pytest.raises(SystemExit):
+            parse_arguments(["--output-root", str(tmp_path), *wrong])
+        assert "error:" in capsys.readouterr().err
