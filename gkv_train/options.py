@@ -60,9 +60,9 @@ class SparseRLOptions:
         below). With ``recipe=rl_full`` and a compressing method it must be given explicitly.
     overlong_advantage_clip: clamp the advantage of completions that hit ``max_new_tokens`` to >= 0 (DAPO's
         overlong filtering, milder: a cut completion may be reasoning that needed more tokens, so it is not
-        punished). With a reward that is never negative a cut completion is then left out of the gradient and
-        running to the limit costs nothing: a suspected cause of the length drift in
-        docs/benchmarks/rl_evidence.md, where its ablation runs.
+        punished). A loop into the limit then costs a policy nothing while a cut completion that scored is still
+        pushed up: a suspected cause of the length drift in docs/benchmarks/rl_evidence.md, where its ablation
+        runs.
     rollout_is: importance sampling between the trainer's (old-policy) and the rollout's log-probs:
         ``token_truncate`` (per-token weights min(exp(trainer - rollout), cap)) or ``sequence_truncate`` (one
         weight per completion, of the summed difference); None disables it. ``auto`` (default): ``token_truncate``

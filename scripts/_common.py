@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 import time
@@ -36,7 +37,7 @@ def machine() -> str:
 def origin() -> dict:
     """Where a result comes from: the command as typed in the repository's root, today's date, the commit, the
     machine (the keys ``provenance`` reads back)."""
-    command = " ".join(["python", f"scripts/{Path(sys.argv[0]).name}", *sys.argv[1:]])
+    command = shlex.join(["python", f"scripts/{Path(sys.argv[0]).name}", *sys.argv[1:]])
     return {"command": command, "date": time.strftime("%Y-%m-%d"), "commit": git_commit(), "machine": machine()}
 
 

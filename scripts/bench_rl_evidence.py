@@ -22,6 +22,8 @@ Stages (``--stages``; each resumable, every run a ``train.py`` or ``scripts/eval
 5. ``eval``: the untrained model and every trained one on the same ``--eval-problems`` held-out problems x
    ``--eval-samples`` (evaluation seed ``--eval-seed``), with the full cache and under the training method at every
    budget of ``--eval-budgets``.
+6. ``report``: the results' training section and figures rebuilt from the finished folders, nothing run (after a
+   change to how they are summarized; the train and eval stages publish the same after every job).
 
 Several processes may run the same command at once (one thread each): each takes the next job no other live
 process holds (a claim file per job) whose inputs are done, so two processes share the work; the results file
@@ -52,7 +54,8 @@ from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 import bench_decode_regime as regime
 from _common import ROOT, origin, print_json, provenance
 
-STAGES = ("probe", "methods", "lr", "train", "eval")
+STAGES = ("probe", "methods", "lr", "train", "eval", "report")
+RESERVED = ("recipe", "model", "seed", "output_dir", "resume", "save_steps")  # keys a --variant may not change
 RECIPES = ("rl_sparse", "sparse_rl", "rl_full", "distill", "distill_onpolicy")
 DISTILL = ("distill", "distill_onpolicy")
 REWARD = "gkv_rewards.functions.copy_score"  # GRPO's reward: the share of places copied when the number is right
@@ -114,6 +117,12 @@ def base_recipe(name: str, args) -> str:
     return args.variants[name][0] if name in args.variants else name
 
 
+def variant_overrides(name: str, args) -> list[str]:
+    """The ``train.py`` overrides a ``--variant`` adds to its recipe's run (each replaces the bench's value of
+    its key); none for a recipe."""
+    return list(args.variants[name][1]) if name in args.variants else []
+
+
 def train_keys(name: str, seed: int, lr: float, args) -> list[str]:
     """``train.py``'s overrides of one run of ``name`` (a recipe or a ``--variant``): the recipe under G-KV at the
     training budget (``rl_full``: the full cache), ``--steps`` optimizer steps of ``--prompts-per-step`` x
@@ -148,7 +157,9 @@ def train_keys(name: str, seed: int, lr: float, args) -> list[str]:
         ]
     if recipe == "distill":
         keys.append(f"distill.traces={teacher_traces(args)}")
-    return keys + list(args.variants.get(name, ("", []))[1])
+    own = variant_overrides(name, args)
+    replaced = {o.split("=", 1)[0] for o in own}
+    return [k for k in keys if k.split("=", 1)[0] not in replaced] + own
 
 
 def teacher_traces(args) -> Path:
@@ -246,7 +257,8 @@ def jobs(args) -> list[Job]:
     each training run followed by its evaluations at the training budget and with the full cache (so that results
     arrive run by run); the other budgets' evaluations last."""
     found = []
-    if "lr" in args.stages and args.lr is None:
+    stages = set(args.stages) | ({"lr", "train", "eval"} if "report" in args.stages else set())  # report: all
+    if "lr" in stages and args.lr is None:
         for lr in args.lrs:
             train = Job(
                 "train", run_name(args.lr_recipe, args.seeds[0], lr), recipe=args.lr_recipe, seed=args.seeds[0], lr=lr
@@ -259,13 +271,13 @@ def jobs(args) -> list[Job]:
         [f"gkv-b{args.train_budget}", "full"],
         [c for c in conditions(args) if c not in (f"gkv-b{args.train_budget}", "full")],
     )
-    evaluate = "eval" in args.stages
+    evaluate = "eval" in stages
     if evaluate:
         found += [Job("eval", f"untrained@{c}") for c in first]
     rest = []
     for recipe, seed in training_runs(args, lr):
         train = Job("train", run_name(recipe, seed, lr), recipe=recipe, seed=seed, lr=lr)
-        if "train" in args.stages and train.key not in {j.key for j in found}:
+        if "train" in stages and train.key not in {j.key for j in found}:
             found.append(train)
         if evaluate:
             found += [Job("eval", f"{train.name}@{c}", needs=[train.key]) for c in first]
@@ -527,7 +539,8 @@ def collect(args) -> dict:
     names = ["untrained", *(run_name(r, s, lr) for r, s in training_runs(args, lr))]
     for name in names:
         cells = {c: samples_of(args.output_root / "eval" / name / c, c) for c in conditions(args)}
-        if all(v is None for v in cells.values()):
+        trained = name != "untrained" and is_done(Job("train", name), args)
+        if all(v is None for v in cells.values()) and not trained:
             continue
         model: dict = {"cells": cells}
         if name != "untrained":
@@ -535,6 +548,7 @@ def collect(args) -> dict:
             model.update(recipe=recipe, seed=seed, curve=curve(args.output_root / "train" / name))
         section["models"][name] = model
     section["recipes"] = recipe_table(section, args)
+    section["differences"] = differences(section, args)
     return section
 
 
@@ -560,27 +574,50 @@ def recipe_table(section: dict, args) -> dict:
             if cells:
                 rows[name] = summarize_recipe(cells, args.interval, args.max_new_tokens)
                 rows[name]["by_rounds"] = by_rounds(cells, args.interval, args.round_bins)
-        mine = {
-            m["seed"]: m["cells"][condition]
-            for m in models.values()
-            if m.get("recipe") == "rl_sparse" and m["cells"].get(condition)
-        }
-        for name in [r for r in args.recipes if r != "rl_sparse"] + ["untrained"]:
-            if name == "untrained":
-                theirs = {s: groups["untrained"][0] for s in mine} if groups["untrained"] else {}
-            else:
-                theirs = {
-                    m["seed"]: m["cells"][condition]
-                    for m in models.values()
-                    if m.get("recipe") == name and m["cells"].get(condition)
-                }
-            common = sorted(set(mine) & set(theirs))
-            if common and name in rows:
-                rows[name]["rl_sparse_minus"] = paired_difference(
-                    [mine[s] for s in common], [theirs[s] for s in common]
-                )
+        for name in rows:
+            found = paired(models, "rl_sparse", name, condition) if name != "rl_sparse" else {}
+            if found:
+                rows[name]["rl_sparse_minus"] = found
         table[condition] = rows
     return table
+
+
+def cells_by_seed(models: dict, name: str, condition: str) -> dict:
+    """A recipe's evaluations under ``condition`` by seed; the untrained model's one evaluation under key None."""
+    if name == "untrained":
+        found = models.get("untrained", {}).get("cells", {}).get(condition)
+        return {None: found} if found else {}
+    return {
+        m["seed"]: m["cells"][condition]
+        for m in models.values()
+        if m.get("recipe") == name and m["cells"].get(condition)
+    }
+
+
+def paired(models: dict, first: str, second: str, condition: str) -> dict:
+    """``first`` minus ``second`` under ``condition``, paired by seed and problem (the untrained model pairs with
+    every seed); {} when they share no seed."""
+    mine, theirs = cells_by_seed(models, first, condition), cells_by_seed(models, second, condition)
+    if None in theirs:
+        theirs = dict.fromkeys(mine, theirs[None])
+    common = sorted(set(mine) & set(theirs))
+    return paired_difference([mine[s] for s in common], [theirs[s] for s in common]) if common else {}
+
+
+def differences(section: dict, args) -> dict:
+    """Per condition, every recipe minus every later one (``--recipes`` order, the untrained model last), paired
+    as ``paired`` pairs them: which differences an interval separates from 0, not only RL-Sparse's."""
+    names = [*args.recipes, "untrained"]
+    found = {}
+    for condition in conditions(args):
+        pairs = {}
+        for i, first in enumerate(names):
+            for second in names[i + 1 :]:
+                d = paired(section["models"], first, second, condition)
+                if d:
+                    pairs[f"{first} - {second}"] = d
+        found[condition] = pairs
+    return found
 
 
 def settings(args) -> dict:
@@ -701,22 +738,45 @@ DRIFT = (
 def drift_table(section: dict) -> str:
     """Per training run, how its own rollouts changed: the mean over the first quarter of the steps -> over the
     last quarter, of the completions' length, the share cut at the length limit, the reward and the entropy."""
-    runs = {k: m for k, m in section.get("models", {}).items() if m.get("curve")}
+    runs = [m for m in section.get("models", {}).values() if m.get("curve")]
     if not runs:
         return "(no run trained yet)\n"
     lines = ["| run | " + " | ".join(f"{head}, first -> last quarter" for _, head, _ in DRIFT) + " |"]
     lines.append("|---|" + "---|" * len(DRIFT))
-    for name, model in sorted(runs.items(), key=lambda kv: (kv[1]["recipe"], kv[1]["seed"])):
+    for model in sorted(runs, key=lambda m: (m["recipe"], m["seed"])):
         cells = []
         for key, _, form in DRIFT:
-            values = [v for _, v in model["curve"].get(key, [])]
-            quarter = max(1, len(values) // 4)
+            values = [v for _, v in model["curve"].get(key, []) if v is not None]  # NaN is stored as null
             if not values:
                 cells.append("-")
                 continue
+            quarter = max(1, len(values) // 4)
             first, last = sum(values[:quarter]) / quarter, sum(values[-quarter:]) / quarter
             cells.append(f"{form.format(first)} -> {form.format(last)}")
         lines.append(f"| {model['recipe']} seed {model['seed']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def differences_table(section: dict) -> str:
+    """Every paired difference (recipe minus recipe, per condition) with its 95% interval; * where the interval
+    excludes 0; the seeds each pairs over in brackets."""
+    found = section.get("differences") or {}
+    if not any(found.values()):
+        return "(no paired difference yet)\n"
+    conditions_ = list(found)
+    pairs = list(dict.fromkeys(p for c in conditions_ for p in found[c]))
+    lines = ["| difference | " + " | ".join(conditions_) + " |", "|---|" + "---|" * len(conditions_)]
+    for pair in pairs:
+        cells = []
+        for condition in conditions_:
+            d = found[condition].get(pair)
+            if not d:
+                cells.append("-")
+                continue
+            lo, hi = d["ci95"]
+            mark = " *" if lo > 0 or hi < 0 else ""
+            cells.append(f"{d['difference']:+.3f} [{lo:+.2f}, {hi:+.2f}]{mark} ({d['seeds']})")
+        lines.append(f"| {pair.replace(' - ', ' minus ')} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -741,7 +801,7 @@ def lr_table(section: dict) -> str:
 
 def tables(view: str, result: dict) -> str:
     """``scripts/render_docs.py``'s views: ``probe``, ``methods`` (the ordering tables), ``lr``, ``training``,
-    ``rounds``, ``drift``."""
+    ``rounds``, ``drift``, ``differences``."""
     if view in ("probe", "methods"):
         checks = "".join(
             f"- {name.replace('_', ' ')} {want}: {'yes' if ok else 'NO'}\n"
@@ -749,14 +809,21 @@ def tables(view: str, result: dict) -> str:
         )
         return regime.stage_table(view, result[view]) + (f"\nRegime checks (train split):\n{checks}" if checks else "")
     section = result["training"]
-    body = {"lr": lr_table, "training": training_table, "rounds": rounds_table, "drift": drift_table}[view](section)
+    body = {
+        "lr": lr_table,
+        "training": training_table,
+        "rounds": rounds_table,
+        "drift": drift_table,
+        "differences": differences_table,
+    }[view](section)
     state = " (partial: runs still going)" if section.get("partial") else ""
     return f"{body}\n{provenance(section)}{state}\n"
 
 
 def figures(section: dict, path: Path) -> None:
-    """Training curves with seed bands (reward of each step's rollouts, per recipe: mean and min-max over seeds)
-    and the mismatch telemetry per step (agreement p5, ratio p1 / p99, share of tokens left out of the loss)."""
+    """Training curves with seed bands (per recipe: mean and min-max over seeds) of the reward of each step's
+    rollouts, the mismatch telemetry (agreement p5, token ratio p1, share of tokens left out of the loss) and the
+    rollouts' mean completion length."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -770,8 +837,10 @@ def figures(section: dict, path: Path) -> None:
         ("completions/mean_length", "mean completion length"),
     ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
-    recipes = sorted({m["recipe"] for m in section["models"].values() if "recipe" in m})
-    colors = {recipe: f"C{i}" for i, recipe in enumerate(recipes)}  # one colour a recipe in every panel
+    found = {m["recipe"] for m in section["models"].values() if "recipe" in m}
+    variants = sorted(found - set(RECIPES))
+    recipes = [r for r in RECIPES if r in found] + variants
+    colors = {r: f"C{(RECIPES + tuple(variants)).index(r)}" for r in recipes}  # the same in every figure
     for ax, (key, title) in zip(axes, panels):
         for recipe in recipes:
             curves = [m["curve"].get(key, []) for m in section["models"].values() if m.get("recipe") == recipe]
@@ -868,10 +937,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--eval-budgets {args.eval_budgets} must include the training budget {args.train_budget}")
     args.variants = {}
     for name, *rest in args.variant:
-        if not re.fullmatch(r"[a-z0-9_]+", name) or name in RECIPES or name in args.variants:
+        if not re.fullmatch(r"[a-z0-9_]+", name) or name in (*RECIPES, "untrained") or name in args.variants:
             parser.error(f"--variant {name}: a new name of lower-case letters, digits and _ (not a recipe's)")
         if not rest or rest[0] not in RECIPES or not all("=" in o for o in rest[1:]):
             parser.error(f"--variant {name} {' '.join(rest)}: a recipe ({', '.join(RECIPES)}) then KEY=VALUE overrides")
+        reserved = [o for o in rest[1:] if o.split("=", 1)[0].lstrip("+~") in RESERVED]
+        if reserved:
+            parser.error(f"--variant {name}: {' '.join(reserved)} would change the run the bench keeps track of")
         args.variants[name] = (rest[0], rest[1:])
     unknown = [r for r in args.recipes if r not in RECIPES and r not in args.variants]
     if unknown:
@@ -937,6 +1009,7 @@ def main() -> None:
         publish("methods", regime.stage_methods(args.output_root, ordering, lambda s: publish("methods", s)))
     if {"lr", "train", "eval"} & set(args.stages):
         work(args, publish_training)
+    if {"lr", "train", "eval", "report"} & set(args.stages):
         publish_training()
     result = json.loads(args.results.read_text())
     training = result.get("training", {})

@@ -241,9 +241,7 @@ def main() -> None:
 
     model, tokenizer = load_model(args.model)
     s4r = CompressionConfig.of("s4r", eta=args.eta)
-    where = {
-        **origin(),
-    }
+    where = origin()
     if args.basis_cost:
         timed(model, tokenizer, long_prompt(tokenizer, 500), CompressionConfig.of("s4r", eta=args.eta), 1)  # warm-up
         cost = basis_cost(model, tokenizer, args.basis_cost, args.eta, args.repeats)

@@ -61,6 +61,9 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
         assert condition["sparse_rl"]["rl_sparse_minus"]["seeds"] == 2  # paired over both seeds
         assert sum(b["samples"] for b in rl_sparse["by_rounds"]) == 4  # 2 problems x 1 sample x 2 seeds
         assert len(rl_sparse["at_limit_per_seed"]) == len(rl_sparse["pass@1_stopped_per_seed"]) == 2
+    for pairs in training["differences"].values():  # every pair, not only RL-Sparse's
+        assert set(pairs) == {"rl_sparse - sparse_rl", "rl_sparse - untrained", "sparse_rl - untrained"}
+        assert pairs["rl_sparse - sparse_rl"]["seeds"] == 2
     for run in RUNS:
         with safe_open(str(adapters / run / "adapter_model.safetensors"), "pt") as f:
             assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"torch.float16"}
@@ -69,7 +72,7 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
     from bench_rl_evidence import tables
 
     published = json.loads(results.read_text())
-    for view in ("lr", "training", "rounds", "drift"):
+    for view in ("lr", "training", "rounds", "drift", "differences"):
         table = tables(view, published)
         assert training["commit"] in table and "partial" not in table
     assert "| sparse_rl |" in tables("training", published)
@@ -79,6 +82,17 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
     assert "train.py" not in again.stderr and "evaluate.py" not in again.stderr  # read back, nothing rerun
     reread = json.loads(results.read_text())["training"]
     assert {k: v for k, v in reread.items() if k != "date"} == {k: v for k, v in training.items() if k != "date"}
+    report = subprocess.run(
+        [*command[: command.index("--stages")], "--stages", "report", *command[command.index("--stages") + 3 :]],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )  # rebuilt from the folders, nothing run
+    assert report.returncode == 0, report.stderr[-3000:]
+    assert "train.py" not in report.stderr and "evaluate.py" not in report.stderr
+    rebuilt = json.loads(results.read_text())["training"]
+    assert rebuilt["recipes"] == training["recipes"] and rebuilt["differences"] == training["differences"]
 
 
 def test_a_variant_is_a_recipe_with_overrides_of_its_own(tmp_path, capsys):
@@ -95,12 +109,18 @@ def test_a_variant_is_a_recipe_with_overrides_of_its_own(tmp_path, capsys):
     assert [k for k in keys if not k.startswith("output_dir=")][:-1] == [
         k for k in plain if not k.startswith("output_dir=")
     ]  # the same run otherwise
+    tighter = ["--variant", "rl_sparse_b128", "rl_sparse", "compression.budget=128"]
+    args = parse_arguments(["--output-root", str(tmp_path), "--recipes", "rl_sparse_b128", *tighter])
+    keys = train_keys("rl_sparse_b128", 0, 1e-4, args)
+    assert [k for k in keys if k.startswith("compression.budget=")] == ["compression.budget=128"]  # replaced
     for wrong in (
         ["--recipes", "rl_sparse_noclip"],  # not defined
         ["--variant", "rl_sparse", "rl_full", "seed=1"],  # a recipe's name
         ["--variant", "Bad-s1", "rl_sparse"],  # a name run folders cannot be parsed back from
         ["--variant", "x", "nope", "a=b"],  # no such recipe
         ["--variant", "x", "rl_sparse", "flag"],  # not an override
+        ["--variant", "untrained", "rl_sparse", "a=b"],  # the untrained model's name
+        ["--variant", "x", "rl_sparse", "seed=3"],  # a key the bench keeps track of runs by
     ):
         with pytest.raises(SystemExit):
             parse_arguments(["--output-root", str(tmp_path), *wrong])
