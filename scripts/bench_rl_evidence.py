@@ -27,7 +27,11 @@ Stages (``--stages``; each resumable, every run a ``train.py`` or ``scripts/eval
 
 Several processes may run the same command at once (one thread each): each takes the next job no other live
 process holds (a claim file per job) whose inputs are done, so two processes share the work; the results file
-(``--results``) is rebuilt from every finished folder after each job, under a lock. Tables and figures:
+(``--results``) is rebuilt from every finished folder and what it already held after each job, under a lock. The
+results file is the bench's memory: on a new machine (an empty ``--output-root``) a run it holds, with its adapter
+under ``--adapters``, is neither run again nor dropped, and a later evaluation of it loads that fp16 adapter (its
+cell says ``fp16_adapter``); a results file made with other settings is an error before any work. Tables and
+figures:
 ``tables(view, result)`` (``scripts/render_docs.py``) and ``--figures``.
 
     OMP_NUM_THREADS=1 python scripts/bench_rl_evidence.py &   # twice: two workers
@@ -208,7 +212,80 @@ def done_marker(job: Job, args) -> Path:
 
 
 def is_done(job: Job, args) -> bool:
-    return done_marker(job, args).is_file()
+    """Finished here (its marker under ``--output-root``) or published (``published_done``): a run whose folders are
+    gone (another machine, a cleaned output root) is not run again."""
+    return done_marker(job, args).is_file() or job.key in published_done(args)
+
+
+# ---- the published results: what a new output root starts from ---------------------------------------------------
+IDENTITY_FREE = (("train", "seeds"), ("train", "distill_seeds"), ("train", "variants"), ("eval", "budgets"))
+
+
+def run_identity(found: dict) -> dict:
+    """``settings`` without what may grow between calls (seeds, variants, budgets): two calls whose identities
+    are equal produce the same cell for the same run."""
+    found = json.loads(json.dumps(found))
+    for section, key in IDENTITY_FREE:
+        found[section].pop(key, None)
+    return found
+
+
+def flat(found: dict, prefix: str = "") -> dict:
+    """A nested dict as {dotted key: value}."""
+    out = {}
+    for key, value in found.items():
+        if isinstance(value, dict) and value:
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def published(args) -> dict:
+    """The results file's training section, checked against this call's settings: {} when there is none; an error
+    naming what differs when it was made with other settings (its cells would be mixed with this call's) or
+    defines a variant otherwise. Read once per change of the file."""
+    path = args.results
+    stamp = path.stat().st_mtime_ns if path.is_file() else None
+    cache = getattr(args, "_published", None)
+    if cache is not None and cache[0] == stamp:
+        return cache[1]
+    section = json.loads(path.read_text()).get("training", {}) if stamp is not None else {}
+    if section:
+        mine, theirs = flat(run_identity(settings(args))), flat(run_identity(section["settings"]))
+        differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        if differ:
+            raise SystemExit(
+                f"error: {path} holds a training section made with other settings ({', '.join(differ)}): "
+                "another --results, or the same settings"
+            )
+        ours, defined = args.variants, section["settings"]["train"].get("variants", {})
+        clash = [n for n in ours if n in defined and [defined[n]["recipe"], defined[n]["overrides"]] != list(ours[n])]
+        if clash:
+            raise SystemExit(f"error: {path} defines --variant {', '.join(clash)} otherwise: another name")
+    args._published = (stamp, section)
+    return section
+
+
+def published_done(args) -> set[str]:
+    """Keys of the jobs the results file holds: an lr-stage evaluation (and its training run, if its adapter is
+    kept under ``--adapters``), a training run with its curve and kept adapter, an evaluation cell."""
+    section = published(args)
+
+    def kept(name: str) -> bool:
+        return (args.adapters / name / "adapter_model.safetensors").is_file()
+
+    found = set()
+    for lr in args.lrs:
+        if section.get("lr_sweep", {}).get(lr_name(lr)) is not None:
+            found.add(f"lr-eval/{lr_name(lr)}")
+            if kept(run_name(args.lr_recipe, args.seeds[0], lr)):
+                found.add(f"train/{run_name(args.lr_recipe, args.seeds[0], lr)}")
+    for name, model in section.get("models", {}).items():
+        if model.get("curve") and kept(name):
+            found.add(f"train/{name}")
+        found |= {f"eval/{name}@{c}" for c, cell in model["cells"].items() if cell is not None}
+    return found
 
 
 def chosen_lr(args) -> float | None:
@@ -224,13 +301,13 @@ def chosen_lr(args) -> float | None:
 
 def lr_sweep(args) -> dict:
     """lr -> the lr stage's evaluation of its model (None until done)."""
-    found = {}
+    found, before = {}, published(args).get("lr_sweep", {})
     for lr in args.lrs:
         summary = args.output_root / "lr-eval" / lr_name(lr) / "summary.json"
         runs = {r["run"]: r for r in json.loads(summary.read_text())["runs"]} if summary.is_file() else {}
         cell = runs.get(f"gkv-b{args.train_budget}")
         found[lr_name(lr)] = (
-            None
+            before.get(lr_name(lr))
             if cell is None
             else {
                 "pass@1": cell["pass@1"],
@@ -336,7 +413,7 @@ def work(args, publish) -> None:
         todo = [j for j in jobs(args) if not is_done(j, args)]
         if not todo:
             return
-        ready = [j for j in todo if all(done_marker(Job(*n.split("/", 1)), args).is_file() for n in j.needs)]
+        ready = [j for j in todo if all(is_done(Job(*n.split("/", 1)), args) for n in j.needs)]
         taken = next((j for j in ready if claim(j, args)), None)
         if taken is None:
             time.sleep(args.poll)
@@ -373,9 +450,7 @@ def run_job(job: Job, args) -> None:
         )
     else:
         name, condition = job.name.split("@")
-        model = [f"model={args.model}"] + (
-            [] if name == "untrained" else [f"adapter={args.output_root / 'train' / name}"]
-        )
+        model = [f"model={args.model}"] + ([] if name == "untrained" else [f"adapter={adapter_of(name, args)}"])
         budgets = [int(condition.split("-b")[1])] if condition != "full" else [args.train_budget]
         regime.evaluate(
             model,
@@ -389,6 +464,13 @@ def run_job(job: Job, args) -> None:
             task,
             full=condition == "full",
         )
+
+
+def adapter_of(name: str, args) -> Path:
+    """The adapter a run is evaluated with: its training folder's (fp32), or the kept fp16 copy under
+    ``--adapters`` when that folder is gone (``samples_of`` marks such a cell)."""
+    folder = args.output_root / "train" / name
+    return folder if (folder / "adapter_model.safetensors").is_file() else args.adapters / name
 
 
 def keep_adapter(folder: Path, target: Path) -> None:
@@ -406,26 +488,26 @@ def keep_adapter(folder: Path, target: Path) -> None:
 
 
 # ---- the results: per-sample data, hierarchical intervals, paired differences ------------------------------------
-def samples_of(folder: Path, run: str) -> dict | None:
-    """Per problem (by id, in order): correct (0/1), score, length of each sample of one evaluation run."""
+def samples_of(folder: Path, run: str, kept: Path | None = None) -> dict | None:
+    """Per problem (by id, in order): correct (0/1), score, length of each sample of one evaluation run; with
+    ``fp16_adapter`` true where the model's adapter was the kept fp16 copy (``kept``), not its training folder's."""
     path = folder / run / "samples.jsonl"
-    summary = folder / "summary.json"
-    if (
-        not path.is_file()
-        or not summary.is_file()
-        or run not in {r["run"] for r in json.loads(summary.read_text())["runs"]}
-    ):
+    summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else None
+    if not path.is_file() or summary is None or run not in {r["run"] for r in summary["runs"]}:
         return None
     by_problem: dict = {}
     for s in read_jsonl(path):
         by_problem.setdefault(s["problem_id"], []).append(s)
     ids = sorted(by_problem)
-    return {
+    found = {
         "problems": ids,
         "correct": [[int(s["correct"]) for s in by_problem[i]] for i in ids],
         "score": [[round(s["score"], 4) for s in by_problem[i]] for i in ids],
         "length": [[s["length"] for s in by_problem[i]] for i in ids],
     }
+    if kept is not None and (summary.get("adapter") or {}).get("model") == str(kept):
+        found["fp16_adapter"] = True
+    return found
 
 
 def conditions(args) -> list[str]:
@@ -536,17 +618,30 @@ def collect(args) -> dict:
     section: dict = {"settings": settings(args), "lr_sweep": sweep, "learning_rate": lr, "models": {}}
     if lr is None:
         return section
+    before = published(args).get("models", {})
     names = ["untrained", *(run_name(r, s, lr) for r, s in training_runs(args, lr))]
     for name in names:
-        cells = {c: samples_of(args.output_root / "eval" / name / c, c) for c in conditions(args)}
+        old = before.get(name, {})
+        kept = None if name == "untrained" else args.adapters / name
+        cells = {
+            c: samples_of(args.output_root / "eval" / name / c, c, kept) or old.get("cells", {}).get(c)
+            for c in conditions(args)
+        }
+        cells.update({c: v for c, v in old.get("cells", {}).items() if c not in cells})  # other budgets stay
         trained = name != "untrained" and is_done(Job("train", name), args)
         if all(v is None for v in cells.values()) and not trained:
             continue
         model: dict = {"cells": cells}
         if name != "untrained":
             recipe, seed = name.split("-s")[0], int(name.split("-s")[1].split("-")[0])
-            model.update(recipe=recipe, seed=seed, curve=curve(args.output_root / "train" / name))
+            metrics = args.output_root / "train" / name / "metrics.jsonl"
+            model.update(
+                recipe=recipe, seed=seed, curve=curve(metrics.parent) if metrics.is_file() else old.get("curve", {})
+            )
         section["models"][name] = model
+    for name, model in before.items():  # runs at this rate that this call does not list (seeds, recipes) stay
+        if name == "untrained" or name.endswith(f"-lr{lr_name(lr)}"):
+            section["models"].setdefault(name, model)
     section["recipes"] = recipe_table(section, args)
     section["differences"] = differences(section, args)
     return section
@@ -924,11 +1019,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         args.model, args.max_new_tokens, args.batch_problems, args.sentences, args.interval = "tiny", 24, 2, 2, 8
         args.probe_budgets, args.probe_problems, args.probe_samples = [24], 2, 2
         args.methods_budgets, args.methods_problems, args.methods_samples = [24], 2, 1
-        args.train_budget, args.eval_budgets, args.steps, args.prompts_per_step, args.group_size = 24, [24], 1, 1, 2
+        args.train_budget, args.steps, args.prompts_per_step, args.group_size = 24, 1, 1, 2
         args.train_problems, args.trace_problems, args.lr_problems, args.lr_samples = 4, 2, 2, 1
         args.eval_problems, args.eval_samples, args.poll, args.round_bins = 2, 1, 0.5, [0, 1]
         if args.lrs == parser.get_default("lrs"):
             args.lrs = [1e-4, 1e-3]
+        if args.eval_budgets == parser.get_default("eval_budgets"):
+            args.eval_budgets = [24]
         if args.seeds == parser.get_default("seeds"):
             args.seeds = [0, 1]
         if args.recipes == list(RECIPES):
@@ -954,6 +1051,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_arguments()
     args.output_root.mkdir(parents=True, exist_ok=True)
+    if {"lr", "train", "eval", "report"} & set(args.stages):
+        published(args)  # a results file made with other settings: an error before any work
     start = time.perf_counter()
     where = origin()
     lock_path = args.output_root / "results.lock"

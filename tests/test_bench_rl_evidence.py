@@ -1,9 +1,11 @@
 """scripts/bench_rl_evidence.py as main (--quick, the train and eval stages at a given learning rate): two workers
 share the jobs (each run trained and evaluated once), the results file holds every recipe's hierarchical interval
 and paired difference per condition, each trained adapter is kept in fp16, the tables render, and a third call
-reads every run back without training or evaluating anything."""
+reads every run back without training or evaluating anything; on a new machine (the output root gone) the results
+file is the memory: nothing is trained again or dropped, and a results file of other settings is refused."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +95,29 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
     assert "train.py" not in report.stderr and "evaluate.py" not in report.stderr
     rebuilt = json.loads(results.read_text())["training"]
     assert rebuilt["recipes"] == training["recipes"] and rebuilt["differences"] == training["differences"]
+    shutil.rmtree(tmp_path / "out")  # a new machine: only the results file and the kept adapters are left
+    fewer = [*command[: command.index("--seeds")], "--seeds", "0", *command[command.index("--seeds") + 3 :]]
+    fewer += ["--eval-budgets", "24", "20"]  # one seed, one more budget
+    moved = subprocess.run(fewer, capture_output=True, text=True, timeout=600, check=False)
+    assert moved.returncode == 0, moved.stderr[-3000:]
+    assert "train.py" not in moved.stderr  # nothing trained again
+    assert moved.stderr.count("evaluate.py") == 3  # the new budget only: untrained and the two seed-0 runs
+    models = json.loads(results.read_text())["training"]["models"]
+    assert list(models) == ["untrained", *RUNS]  # seed 1, not asked for this time, stays
+    for run in RUNS:
+        assert models[run]["cells"]["gkv-b24"] == training["models"][run]["cells"]["gkv-b24"]
+        assert models[run]["curve"] == training["models"][run]["curve"]
+    assert models["rl_sparse-s0-lr0.0001"]["cells"]["gkv-b20"]["fp16_adapter"]  # its training folder is gone
+    assert "fp16_adapter" not in models["untrained"]["cells"]["gkv-b20"]
+    other = [
+        *command[: command.index("--output-root")],
+        "--temperature",
+        "0.7",
+        *command[command.index("--output-root") :],
+    ]
+    refused = subprocess.run(other, capture_output=True, text=True, timeout=300, check=False)
+    assert refused.returncode != 0 and "sampling.temperature" in refused.stderr and "train.py" not in refused.stderr
+    assert json.loads(results.read_text())["training"]["models"] == models  # left as it was
 
 
 def test_a_variant_is_a_recipe_with_overrides_of_its_own(tmp_path, capsys):
