@@ -1,9 +1,17 @@
+import os
+
 import pytest
 import torch
 
 from gkv_train.models import load_model, random_prompts, tiny_model  # noqa: F401 (random_prompts: the tests')
 
-torch.set_num_threads(max(1, torch.get_num_threads()))
+# pytest -n N (make test): the cores shared out among the workers, here and in the processes the tests start
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    torch.set_num_threads(threads)
+else:
+    torch.set_num_threads(max(1, torch.get_num_threads()))
 
 
 @pytest.fixture(scope="session")
