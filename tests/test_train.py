@@ -536,7 +536,7 @@ def test_two_processes_hold_one_lock_and_stop_on_sigterm(tmp_path):
     forwards it), which agree to stop at the same step and write a complete checkpoint of it."""
     launcher = [str(Path(sys.executable).parent / "accelerate"), "launch", "--num_processes", "2"]
     proc = subprocess.Popen(
-        [*launcher, str(ROOT / "train.py"), *TINY, "max_steps=200", "save_steps=100", f"output_dir={tmp_path}"],
+        [*launcher, str(ROOT / "train.py"), *TINY, "max_steps=100000", "save_steps=100000", f"output_dir={tmp_path}"],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -557,7 +557,7 @@ def test_two_processes_hold_one_lock_and_stop_on_sigterm(tmp_path):
     log = (tmp_path / "train.log").read_text()
     (checkpoint,) = complete_checkpoints(tmp_path)
     step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
-    assert f"stopped by SIGTERM after step {step}: {checkpoint} is complete" in log and 1 <= step < 200
+    assert f"stopped by SIGTERM after step {step}: {checkpoint} is complete" in log and 1 <= step < 100000
     assert max(r["step"] for r in metrics(tmp_path)) == step
 
 
@@ -588,9 +588,15 @@ def test_bf16_end_to_end(tmp_path, recipe):
 
     args = [a for a in TINY if not a.startswith("learning_rate=")]
     # precision comes from the launcher when the command names none (accelerate passes its mixed_precision on)
+    learning_signal = (
+        ["rewards=[verifier_probe.completion_length]"] if recipe == "rl_sparse" else []
+    )  # weights must move
     proc = run(
-        [*args, f"recipe={recipe}", "learning_rate=1e-6", "max_steps=2", f"output_dir={tmp_path}"],
-        env={"ACCELERATE_MIXED_PRECISION": "bf16"},
+        [*args, f"recipe={recipe}", "learning_rate=1e-6", "max_steps=2", f"output_dir={tmp_path}", *learning_signal],
+        env={
+            "ACCELERATE_MIXED_PRECISION": "bf16",
+            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]),
+        },
     )
     assert "precision=bf16: accelerate launches with mixed_precision=bf16" in proc.stderr
     assert "precision: bf16" in (tmp_path / "hydra" / "config.yaml").read_text()

@@ -1,7 +1,8 @@
 """Answers with known verdicts, checked inside train.py / scripts/evaluate.py / scripts/generate_traces.py processes
 (not a bare import): the reward ``latex_probe`` (named in ``rewards=``), the answer list that a script is given by
 ``SCRIPT_WITH_ANSWERS``; ``answers_or_die``, a check that kills its own worker, and ``always_equal``, one that
-takes every answer for right."""
+takes every answer for right; ``completion_length``, a reward with a learning signal whatever a random model
+writes."""
 
 import json
 import os
@@ -119,3 +120,11 @@ def slow_first_use(gold, pred):
         time.sleep(float(os.environ.get("SLOW_FIRST_USE", "3")))
         _paid_first_use = True
     return answers_match(gold, pred)
+
+
+def completion_length(prompts=None, completions=(), **_):
+    """A reward of the completion's length in characters / 100: the samples of a group differ in it (a GRPO
+    advantage that is not 0) where accuracy would give a random model's group 0 each."""
+    from gkv_rewards.functions import completion_text
+
+    return [len(completion_text(c)) / 100 for c in completions]
