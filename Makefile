@@ -34,10 +34,12 @@ rollout-demo: $(STAMP)
 	$(PY) scripts/demo_rollout.py
 
 # Two pytest workers (pytest-xdist), one torch thread each (tests/conftest.py): the 2-core CI machine's cores.
+# loadgroup: the tests of one xdist_group (a shared module fixture, the rendezvous port, in-tree wheel builds)
+# run on one worker.
 TEST_WORKERS ?= 2
 
 test: $(STAMP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --durations=15
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 # The code formats and checks itself: ruff's formatter and linter (pyflakes, pycodestyle, import order), as CI runs them
 lint: $(STAMP)

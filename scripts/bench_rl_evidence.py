@@ -11,9 +11,10 @@ Stages (``--stages``; each resumable, every run a ``train.py`` or ``scripts/eval
 2. ``methods``: the untrained model's method ordering on ``--methods-problems`` *held-out* problems x
    ``--methods-samples`` (every eviction method, the G-KV forms, S4R at equal memory; ``bench_decode_regime.py``'s
    methods stage, on this task).
-3. ``lr``: ``--lr-recipe`` at seed 0 with each of ``--lrs``, each model evaluated on ``--lr-problems``
+3. ``lr``: ``--lr-recipe`` at ``--lr-seed`` (0) with each of ``--lrs``, each model evaluated on ``--lr-problems``
    *train-split* problems (another problem stream than training's) under the training compression; the chosen
-   rate (highest pass@1, then score) applies to every recipe. The run at the chosen rate is that recipe's seed 0.
+   rate (highest pass@1, then score) applies to every recipe. The run at the chosen rate is that recipe's run at
+   that seed.
 4. ``train``: every recipe of ``--recipes`` with every seed of ``--seeds`` (the distillation recipes with the
    first ``--distill-seeds``): the same steps, learning rate, LoRA, prompts per step (a seed draws the problems and
    their order: every recipe sees the same prompts at the same seed) and GRPO group size. Each finished run's
@@ -22,8 +23,9 @@ Stages (``--stages``; each resumable, every run a ``train.py`` or ``scripts/eval
 5. ``eval``: the untrained model and every trained one on the same ``--eval-problems`` held-out problems x
    ``--eval-samples`` (evaluation seed ``--eval-seed``), with the full cache and under the training method at every
    budget of ``--eval-budgets``.
-6. ``report``: the results' training section and figures rebuilt from the finished folders, nothing run (after a
-   change to how they are summarized; the train and eval stages publish the same after every job).
+6. ``report``: the results' training section and figures rebuilt from the finished folders and the results file,
+   nothing run (after a change to how they are summarized; the train and eval stages publish the same after every
+   job).
 
 Several processes may run the same command at once (one thread each): each takes the next job no other live
 process holds (a claim file per job) whose inputs are done, so two processes share the work; the results file
@@ -213,8 +215,15 @@ def done_marker(job: Job, args) -> Path:
 
 def is_done(job: Job, args) -> bool:
     """Finished here (its marker under ``--output-root``) or published (``published_done``): a run whose folders are
-    gone (another machine, a cleaned output root) is not run again."""
-    return done_marker(job, args).is_file() or job.key in published_done(args)
+    gone (another machine, a cleaned output root) is not run again. The published cells of a run trained here are
+    another training's: not counted."""
+    if done_marker(job, args).is_file():
+        return True
+    return job.key in published_done(args) and not (job.kind == "eval" and trained_here(job.name.split("@")[0], args))
+
+
+def trained_here(name: str, args) -> bool:
+    return done_marker(Job("train", name), args).is_file()
 
 
 # ---- the published results: what a new output root starts from ---------------------------------------------------
@@ -246,14 +255,15 @@ def published(args) -> dict:
     naming what differs when it was made with other settings (its cells would be mixed with this call's) or
     defines a variant otherwise. Read once per change of the file."""
     path = args.results
-    stamp = path.stat().st_mtime_ns if path.is_file() else None
+    stamp = (lambda st: (st.st_ino, st.st_size, st.st_mtime_ns))(path.stat()) if path.is_file() else None
     cache = getattr(args, "_published", None)
     if cache is not None and cache[0] == stamp:
         return cache[1]
     section = json.loads(path.read_text()).get("training", {}) if stamp is not None else {}
     if section:
         mine, theirs = flat(run_identity(settings(args))), flat(run_identity(section["settings"]))
-        differ = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        # a key the file lacks was not recorded by the version that wrote it: not held against it
+        differ = sorted(k for k in set(mine) | set(theirs) if k in theirs and mine.get(k) != theirs.get(k))
         if differ:
             raise SystemExit(
                 f"error: {path} holds a training section made with other settings ({', '.join(differ)}): "
@@ -269,7 +279,8 @@ def published(args) -> dict:
 
 def published_done(args) -> set[str]:
     """Keys of the jobs the results file holds: an lr-stage evaluation (and its training run, if its adapter is
-    kept under ``--adapters``), a training run with its curve and kept adapter, an evaluation cell."""
+    kept under ``--adapters``), a training run whose adapter is kept, the evaluation cells of the untrained model and
+    of such runs (a run without its adapter is trained again, and its old cells are not counted)."""
     section = published(args)
 
     def kept(name: str) -> bool:
@@ -279,12 +290,14 @@ def published_done(args) -> set[str]:
     for lr in args.lrs:
         if section.get("lr_sweep", {}).get(lr_name(lr)) is not None:
             found.add(f"lr-eval/{lr_name(lr)}")
-            if kept(run_name(args.lr_recipe, args.seeds[0], lr)):
-                found.add(f"train/{run_name(args.lr_recipe, args.seeds[0], lr)}")
+            if kept(run_name(args.lr_recipe, args.lr_seed, lr)):
+                found.add(f"train/{run_name(args.lr_recipe, args.lr_seed, lr)}")
     for name, model in section.get("models", {}).items():
-        if model.get("curve") and kept(name):
+        if name != "untrained" and not kept(name):
+            continue  # trained again here: its old cells are not this run's
+        if name != "untrained":
             found.add(f"train/{name}")
-        found |= {f"eval/{name}@{c}" for c, cell in model["cells"].items() if cell is not None}
+        found |= {f"eval/{name}@{c}" for c, cell in model.get("cells", {}).items() if cell is not None}
     return found
 
 
@@ -338,7 +351,7 @@ def jobs(args) -> list[Job]:
     if "lr" in stages and args.lr is None:
         for lr in args.lrs:
             train = Job(
-                "train", run_name(args.lr_recipe, args.seeds[0], lr), recipe=args.lr_recipe, seed=args.seeds[0], lr=lr
+                "train", run_name(args.lr_recipe, args.lr_seed, lr), recipe=args.lr_recipe, seed=args.lr_seed, lr=lr
             )
             found += [train, Job("lr-eval", lr_name(lr), needs=[train.key], lr=lr)]
     lr = chosen_lr(args)
@@ -431,13 +444,13 @@ def run_job(job: Job, args) -> None:
     task = regime_args(args)
     if job.kind == "train":
         folder = args.output_root / "train" / job.name
-        if not (folder / "eval.json").is_file():
+        trained = not (folder / "eval.json").is_file()
+        if trained:
             run([sys.executable, str(ROOT / "train.py"), *train_keys(job.recipe, job.seed, job.lr, args)])
-        keep_adapter(folder, args.adapters / job.name)
+        keep_adapter(folder, args.adapters / job.name, replace=trained)
     elif job.kind == "lr-eval":
-        folder = args.output_root / "train" / run_name(args.lr_recipe, args.seeds[0], job.lr)
         regime.evaluate(
-            [f"model={args.model}", f"adapter={folder}"],
+            [f"model={args.model}", f"adapter={adapter_of(run_name(args.lr_recipe, args.lr_seed, job.lr), args)}"],
             "train",
             args.lr_problems,
             args.lr_samples,
@@ -473,12 +486,13 @@ def adapter_of(name: str, args) -> Path:
     return folder if (folder / "adapter_model.safetensors").is_file() else args.adapters / name
 
 
-def keep_adapter(folder: Path, target: Path) -> None:
-    """The run's LoRA adapter in fp16 (``adapter_model.safetensors`` + its config) under ``target``."""
+def keep_adapter(folder: Path, target: Path, replace: bool) -> None:
+    """The run's LoRA adapter in fp16 (``adapter_model.safetensors`` + its config) under ``target``; one kept
+    before stays unless ``replace`` (the run was trained just now)."""
     import torch
     from safetensors.torch import load_file, save_file
 
-    if (target / "adapter_model.safetensors").is_file():
+    if (target / "adapter_model.safetensors").is_file() and not replace:
         return
     target.mkdir(parents=True, exist_ok=True)
     weights = load_file(folder / "adapter_model.safetensors")
@@ -610,7 +624,8 @@ def curve(folder: Path) -> dict:
 
 
 def collect(args) -> dict:
-    """The results section built from every finished folder."""
+    """The results section built from every finished folder and, for what no folder here holds, the results file
+    (``published``): runs this call does not list stay, and so do their variants' definitions."""
     lr = chosen_lr(args)
     sweep = lr_sweep(args)
     if args.lr is not None:  # --lr: the sweep's finished runs, if any, stay in the results
@@ -621,7 +636,7 @@ def collect(args) -> dict:
     before = published(args).get("models", {})
     names = ["untrained", *(run_name(r, s, lr) for r, s in training_runs(args, lr))]
     for name in names:
-        old = before.get(name, {})
+        old = {} if trained_here(name, args) else before.get(name, {})
         kept = None if name == "untrained" else args.adapters / name
         cells = {
             c: samples_of(args.output_root / "eval" / name / c, c, kept) or old.get("cells", {}).get(c)
@@ -642,6 +657,8 @@ def collect(args) -> dict:
     for name, model in before.items():  # runs at this rate that this call does not list (seeds, recipes) stay
         if name == "untrained" or name.endswith(f"-lr{lr_name(lr)}"):
             section["models"].setdefault(name, model)
+    variants = published(args).get("settings", {}).get("train", {}).get("variants", {})
+    section["settings"]["train"]["variants"] = {**variants, **section["settings"]["train"]["variants"]}
     section["recipes"] = recipe_table(section, args)
     section["differences"] = differences(section, args)
     return section
@@ -740,6 +757,9 @@ def settings(args) -> dict:
             "seeds": args.seeds,
             "distill_seeds": args.distill_seeds,
             "lr_recipe": args.lr_recipe,
+            "lr_seed": args.lr_seed,
+            "lr_eval_seed": args.lr_eval_seed,
+            "trace_problems": args.trace_problems,
             "lrs": args.lrs,
             "lr_problems": args.lr_problems,
             "lr_samples": args.lr_samples,
@@ -750,6 +770,7 @@ def settings(args) -> dict:
             "samples": args.eval_samples,
             "seed": args.eval_seed,
             "budgets": args.eval_budgets,
+            "batch_problems": args.batch_problems,
         },
     }
 
@@ -938,7 +959,7 @@ def figures(section: dict, path: Path) -> None:
     colors = {r: f"C{(RECIPES + tuple(variants)).index(r)}" for r in recipes}  # the same in every figure
     for ax, (key, title) in zip(axes, panels):
         for recipe in recipes:
-            curves = [m["curve"].get(key, []) for m in section["models"].values() if m.get("recipe") == recipe]
+            curves = [m.get("curve", {}).get(key, []) for m in section["models"].values() if m.get("recipe") == recipe]
             curves = [c for c in curves if c]
             if not curves:
                 continue
@@ -1006,6 +1027,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     add("--lrs", nargs="+", type=float, default=[1e-4, 3e-4, 1e-3])
     add("--lr-problems", type=int, default=32)
     add("--lr-samples", type=int, default=2)
+    add(
+        "--lr-seed",
+        type=int,
+        default=0,
+        help="the lr stage's training seed (its run at the chosen rate is that seed's)",
+    )
     add("--lr-eval-seed", type=int, default=1000, help="the lr stage's train-split problem stream (not training's)")
     add("--eval-problems", type=int, default=64)
     add("--eval-samples", type=int, default=4)
@@ -1051,8 +1078,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_arguments()
     args.output_root.mkdir(parents=True, exist_ok=True)
-    if {"lr", "train", "eval", "report"} & set(args.stages):
-        published(args)  # a results file made with other settings: an error before any work
+    if {"lr", "train", "eval", "report"} & set(args.stages):  # a results file of other settings: an error, no work
+        before, lr = published(args).get("learning_rate"), chosen_lr(args)
+        if before is not None and lr is not None and lr != before:
+            raise SystemExit(f"error: {args.results} holds runs at learning rate {before:g}, this call's is {lr:g}")
     start = time.perf_counter()
     where = origin()
     lock_path = args.output_root / "results.lock"

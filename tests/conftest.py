@@ -7,7 +7,7 @@ from gkv_train.models import load_model, random_prompts, tiny_model  # noqa: F40
 
 # pytest -n N (make test): the cores shared out among the workers, here and in the processes the tests start
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
-    threads = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
 else:

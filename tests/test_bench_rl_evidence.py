@@ -117,6 +117,9 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
     ]
     refused = subprocess.run(other, capture_output=True, text=True, timeout=300, check=False)
     assert refused.returncode != 0 and "sampling.temperature" in refused.stderr and "train.py" not in refused.stderr
+    other_rate = [*command[: command.index("--lr") + 1], "1e-3", *command[command.index("--lr") + 2 :]]
+    refused_rate = subprocess.run(other_rate, capture_output=True, text=True, timeout=300, check=False)
+    assert refused_rate.returncode != 0 and "learning rate 0.0001" in refused_rate.stderr
     assert json.loads(results.read_text())["training"]["models"] == models  # left as it was
 
 

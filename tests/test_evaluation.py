@@ -379,6 +379,7 @@ def evaluate_refusals(tmp_path_factory, weightless_model):
     return tmp, {override: (r, out) for (override, _), r, out in zip(EVALUATE_REFUSALS, results, outs)}
 
 
+@pytest.mark.xdist_group("evaluate_refusals")  # one worker runs the shared refusals
 @pytest.mark.parametrize("override, message", EVALUATE_REFUSALS)
 def test_evaluate_refuses_before_any_work(evaluate_refusals, weightless_model, override, message):
     """Values never silently replaced (budgets=[0] not run at 2048, an S4R rank above D' not cut to it and recorded

@@ -281,6 +281,7 @@ def test_a_users_method_through_train_py(tmp_path):
     assert strict_json(proc.stdout.strip().splitlines()[-1])["compression"] == "my_methods:KeyNorm"
 
 
+@pytest.mark.xdist_group("lora_run")  # one worker builds the shared run
 def test_export_writes_a_self_contained_merged_folder(tmp_path, lora_run):
     """``gkv-train export RUN_DIR OUT_DIR`` on a LoRA run: a folder that plain transformers loads (no project
     import, from an empty folder) and whose logits equal base + adapter; an empty run folder is refused by name."""
@@ -366,6 +367,7 @@ def lora_run(tmp_path_factory):
     return run_dir, cache
 
 
+@pytest.mark.xdist_group("lora_run")
 def test_lora_and_periodic_evaluation(lora_run):
     run_dir, cache = lora_run
     lines = [json.loads(line) for line in open(run_dir / "metrics.jsonl")]
@@ -530,6 +532,7 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(tmp_path):
             assert before[key] == pytest.approx(after[key], rel=1e-5, abs=1e-7)
 
 
+@pytest.mark.xdist_group("distributed")  # two processes on the default rendezvous port: one such test at a time
 def test_two_processes_hold_one_lock_and_stop_on_sigterm(tmp_path):
     """`accelerate launch --num_processes 2`: the main worker holds the folder's lock (a second run is refused,
     naming it); SIGTERM to the launcher (as a scheduler sends it) reaches the workers (the torch.distributed agent
@@ -561,6 +564,7 @@ def test_two_processes_hold_one_lock_and_stop_on_sigterm(tmp_path):
     assert max(r["step"] for r in metrics(tmp_path)) == step
 
 
+@pytest.mark.xdist_group("distributed")  # two processes on the default rendezvous port: one such test at a time
 @pytest.mark.parametrize("entry", ["train.py", pytest.param("module", marks=pytest.mark.slow)])
 def test_two_processes(tmp_path, entry):
     """`accelerate launch --num_processes 2` on a CPU-only machine: two gloo processes, not one; through train.py
@@ -610,6 +614,7 @@ def test_bf16_end_to_end(tmp_path, recipe):
     assert 0 < moved < 1e-4  # Adam moves a weight by about the learning rate per step
 
 
+@pytest.mark.xdist_group("distributed")  # two processes on the default rendezvous port: one such test at a time
 @pytest.mark.parametrize("stage", ["zero2", pytest.param("zero3", marks=pytest.mark.slow)])
 def test_deepspeed(tmp_path, stage):
     """The DeepSpeed recipes through `accelerate launch`, 2 CPU processes (gloo): each trains on its own prompts,
@@ -677,6 +682,7 @@ def alive(pid):
         return False
 
 
+@pytest.mark.xdist_group("distributed")  # two processes on the default rendezvous port: one such test at a time
 def test_killed_agent_takes_its_workers(tmp_path):
     """`accelerate launch --num_processes 2`: when the torch.distributed agent dies, both workers stop at once
     instead of training on."""
@@ -769,6 +775,7 @@ def bad_config_runs(tmp_path_factory, weightless_model):
     return tmp, {override: (result, out) for (override, _), result, out in zip(BAD_CONFIGS, results, outs)}
 
 
+@pytest.mark.xdist_group("bad_config_runs")  # one worker runs the shared refusals
 @pytest.mark.parametrize("override, message", BAD_CONFIGS)
 def test_bad_config_fails_clearly(bad_config_runs, override, message):
     """Every check before work (the schema, values, combinations, data, model, limits, paths) through train.py: one
