@@ -227,7 +227,14 @@ def trained_here(name: str, args) -> bool:
 
 
 # ---- the published results: what a new output root starts from ---------------------------------------------------
-IDENTITY_FREE = (("train", "seeds"), ("train", "distill_seeds"), ("train", "variants"), ("eval", "budgets"))
+IDENTITY_FREE = (
+    ("train", "seeds"),
+    ("train", "distill_seeds"),
+    ("train", "variants"),
+    ("train", "resolved"),  # checked per recipe: check_resolved
+    ("eval", "budgets"),
+)
+RUN_KEYS = ("seed", "output_dir", "learning_rate")  # a run's own keys (the rate: checked by main)
 
 
 def run_identity(found: dict) -> dict:
@@ -275,6 +282,38 @@ def published(args) -> dict:
             raise SystemExit(f"error: {path} defines --variant {', '.join(clash)} otherwise: another name")
     args._published = (stamp, section)
     return section
+
+
+def resolved(args) -> dict:
+    """recipe (of ``--recipes``) -> the ``train.py`` configuration it stands for, as ``train.py`` composes it (dotted
+    keys, every default filled in), without ``RUN_KEYS``: what a recipe's name means in the results, so that runs
+    of one name made under another default are not pooled. Composed once per call (imports TRL: seconds)."""
+    if getattr(args, "_resolved", None) is None:
+        import yaml
+
+        from gkv_train.command_line import configure
+
+        args._resolved = {}
+        for recipe in args.recipes:
+            _, _, files = configure("train", train_keys(recipe, args.lr_seed, 1e-4, args))
+            found = flat(yaml.safe_load(files["config.yaml"]))
+            args._resolved[recipe] = {k: v for k, v in found.items() if k not in RUN_KEYS}
+    return args._resolved
+
+
+def check_resolved(args) -> None:
+    """An error naming the keys when a recipe of this call composes to another configuration than the published
+    runs of that name were trained with (a default changed since, or an override): they would be pooled as one."""
+    before = published(args).get("settings", {}).get("train", {}).get("resolved", {})
+    for recipe, mine in resolved(args).items():
+        theirs = before.get(recipe)
+        differ = sorted(k for k in set(mine) | set(theirs or {}) if theirs is not None and mine.get(k) != theirs.get(k))
+        if differ:
+            shown = ", ".join(f"{k}: {theirs.get(k)!r} there, {mine.get(k)!r} here" for k in differ[:6])
+            raise SystemExit(
+                f"error: {args.results}: recipe {recipe} now composes to other train.py settings than its published "
+                f"runs were trained with ({shown}): another --results, or a --variant that sets them back"
+            )
 
 
 def published_done(args) -> set[str]:
@@ -422,6 +461,8 @@ def work(args, publish) -> None:
             "error: the train and eval stages need a learning rate: --lr, or the lr stage (its results "
             f"under {args.output_root / 'lr-eval'})"
         )
+    if any(j.kind == "train" and not is_done(j, args) for j in jobs(args)):
+        check_resolved(args)  # before any training: what each recipe's name will mean
     while True:
         todo = [j for j in jobs(args) if not is_done(j, args)]
         if not todo:
@@ -657,8 +698,10 @@ def collect(args) -> dict:
     for name, model in before.items():  # runs at this rate that this call does not list (seeds, recipes) stay
         if name == "untrained" or name.endswith(f"-lr{lr_name(lr)}"):
             section["models"].setdefault(name, model)
-    variants = published(args).get("settings", {}).get("train", {}).get("variants", {})
-    section["settings"]["train"]["variants"] = {**variants, **section["settings"]["train"]["variants"]}
+    before_train = published(args).get("settings", {}).get("train", {})
+    train = section["settings"]["train"]
+    train["variants"] = {**before_train.get("variants", {}), **train["variants"]}
+    train["resolved"] = {**before_train.get("resolved", {}), **(getattr(args, "_resolved", None) or {})}
     section["recipes"] = recipe_table(section, args)
     section["differences"] = differences(section, args)
     return section
@@ -1138,6 +1181,8 @@ def main() -> None:
     if {"lr", "train", "eval"} & set(args.stages):
         work(args, publish_training)
     if {"lr", "train", "eval", "report"} & set(args.stages):
+        if "report" in args.stages:
+            check_resolved(args)  # and recorded: what each recipe's name stands for
         publish_training()
     result = json.loads(args.results.read_text())
     training = result.get("training", {})

@@ -5,6 +5,7 @@ reads every run back without training or evaluating anything; on a new machine (
 file is the memory: nothing is trained again or dropped, and a results file of other settings is refused."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import pytest
 from safetensors import safe_open
 
 ROOT = Path(__file__).resolve().parents[1]
+BF16 = {"ACCELERATE_MIXED_PRECISION": "bf16"}
 RUNS = ("rl_sparse-s0-lr0.0001", "sparse_rl-s0-lr0.0001", "rl_sparse-s1-lr0.0001", "sparse_rl-s1-lr0.0001")
 
 
@@ -53,6 +55,9 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
         for condition in ("full", "gkv-b24"):
             assert launched.count(f"output_dir={tmp_path / 'out' / 'eval' / run / condition}") == 1
     training = json.loads(results.read_text())["training"]
+    resolved = training["settings"]["train"]["resolved"]  # what each recipe's name stands for, every default
+    assert set(resolved) == {"rl_sparse", "sparse_rl"} and resolved["rl_sparse"]["rl.overlong_advantage_clip"] is True
+    assert resolved["sparse_rl"]["rl.train_with_record"] is False and "seed" not in resolved["rl_sparse"]
     assert training["learning_rate"] == 1e-4 and training["lr_sweep"] == {} and not training["partial"]
     assert list(training["models"]) == ["untrained", *RUNS]  # seed by seed
     assert set(training["recipes"]) == {"full", "gkv-b24"}
@@ -120,6 +125,12 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
     other_rate = [*command[: command.index("--lr") + 1], "1e-3", *command[command.index("--lr") + 2 :]]
     refused_rate = subprocess.run(other_rate, capture_output=True, text=True, timeout=300, check=False)
     assert refused_rate.returncode != 0 and "learning rate 0.0001" in refused_rate.stderr
+    third_seed = [*command[: command.index("--seeds") + 1], "0", "1", "3", *command[command.index("--seeds") + 3 :]]
+    bf16 = subprocess.run(  # the launcher's precision: rl_sparse would compose to bf16 training, pooled with fp32
+        third_seed, capture_output=True, text=True, timeout=300, check=False, env={**os.environ, **BF16}
+    )
+    assert bf16.returncode != 0 and "recipe rl_sparse now composes to other" in bf16.stderr
+    assert "precision: 'fp32' there, 'bf16' here" in bf16.stderr and "output_dir=" not in bf16.stderr  # nothing run
     assert json.loads(results.read_text())["training"]["models"] == models  # left as it was
 
 
