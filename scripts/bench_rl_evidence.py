@@ -64,6 +64,8 @@ STAGES = ("probe", "methods", "lr", "train", "eval", "report")
 RESERVED = ("recipe", "model", "seed", "output_dir", "resume", "save_steps")  # keys a --variant may not change
 RECIPES = ("rl_sparse", "sparse_rl", "rl_full", "distill", "distill_onpolicy")
 DISTILL = ("distill", "distill_onpolicy")
+RUN_KEYS = ("seed", "output_dir", "learning_rate", "distill.traces")  # a run's own (the rate: checked by main)
+TRACES = "{root}/train/teacher_traces.jsonl"  # the traces the bench generates (settings: trace_problems)
 REWARD = "gkv_rewards.functions.copy_score"  # GRPO's reward: the share of places copied when the number is right
 
 
@@ -129,10 +131,11 @@ def variant_overrides(name: str, args) -> list[str]:
     return list(args.variants[name][1]) if name in args.variants else []
 
 
-def train_keys(name: str, seed: int, lr: float, args) -> list[str]:
+def train_keys(name: str, seed: int, lr: float, args, make_traces: bool = True) -> list[str]:
     """``train.py``'s overrides of one run of ``name`` (a recipe or a ``--variant``): the recipe under G-KV at the
     training budget (``rl_full``: the full cache), ``--steps`` optimizer steps of ``--prompts-per-step`` x
-    ``--group-size`` rows, then the variant's own overrides."""
+    ``--group-size`` rows, then the variant's own overrides. ``distill`` names the teacher traces, generated first
+    unless ``make_traces`` is false."""
     task = regime_args(args)
     recipe = base_recipe(name, args)
     distill = recipe in DISTILL
@@ -162,7 +165,7 @@ def train_keys(name: str, seed: int, lr: float, args) -> list[str]:
             f"compression.interval={args.interval}",
         ]
     if recipe == "distill":
-        keys.append(f"distill.traces={teacher_traces(args)}")
+        keys.append(f"distill.traces={teacher_traces(args) if make_traces else TRACES.format(root=args.output_root)}")
     own = variant_overrides(name, args)
     replaced = {o.split("=", 1)[0] for o in own}
     return [k for k in keys if k.split("=", 1)[0] not in replaced] + own
@@ -170,7 +173,7 @@ def train_keys(name: str, seed: int, lr: float, args) -> list[str]:
 
 def teacher_traces(args) -> Path:
     """Offline distillation's data: the full-cache initial model's correct completions of train-split problems."""
-    path = args.output_root / "train" / "teacher_traces.jsonl"
+    path = Path(TRACES.format(root=args.output_root))
     if not path.is_file():
         partial = path.with_suffix(".partial")
         task = regime_args(args)
@@ -234,7 +237,6 @@ IDENTITY_FREE = (
     ("train", "resolved"),  # checked per recipe: check_resolved
     ("eval", "budgets"),
 )
-RUN_KEYS = ("seed", "output_dir", "learning_rate")  # a run's own keys (the rate: checked by main)
 
 
 def run_identity(found: dict) -> dict:
@@ -295,7 +297,7 @@ def resolved(args) -> dict:
 
         args._resolved = {}
         for recipe in args.recipes:
-            _, _, files = configure("train", train_keys(recipe, args.lr_seed, 1e-4, args))
+            _, _, files = configure("train", train_keys(recipe, args.lr_seed, 1e-4, args, make_traces=False))
             found = flat(yaml.safe_load(files["config.yaml"]))
             args._resolved[recipe] = {k: v for k, v in found.items() if k not in RUN_KEYS}
     return args._resolved
