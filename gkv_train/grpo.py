@@ -10,7 +10,8 @@ What the subclass changes (TRL 1.16, pinned):
   computes the old/reference log-probs (which read it); on return the record goes into the batch. A loss
   computation opens a scope with the record read back from its batch. ``_get_per_token_logps_and_entropies``
   runs each chunk of rows inside ``logical_forward`` with the attention context of those rows.
-* Advantages of completions that hit the length limit are clamped to >= 0 (``overlong_advantage_clip``).
+* Optionally, advantages of completions that hit the length limit are clamped to >= 0 (``overlong_advantage_clip``,
+  off by default).
 * Optional correction of the rollout-trainer mismatch (``rollout_correction``): truncated importance sampling
   (``rollout_is``), applied by scaling the per-token advantages, which equals TRL's multiplication of the
   per-token loss for the ratio-times-advantage losses (grpo, dapo, dr_grpo, bnpo, cispo, sapo); token rejection

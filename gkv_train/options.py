@@ -58,11 +58,12 @@ class SparseRLOptions:
         (plain causal attention): a control that must show a large mismatch; RL-Full's setting; and with a
         compressed rollout Sparse-RL's design (recipe ``sparse_rl``: the mismatch is then corrected by the options
         below). With ``recipe=rl_full`` and a compressing method it must be given explicitly.
-    overlong_advantage_clip: clamp the advantage of completions that hit ``max_new_tokens`` to >= 0 (DAPO's
-        overlong filtering, milder: a cut completion may be reasoning that needed more tokens, so it is not
-        punished). A loop into the limit then costs a policy nothing while a cut completion that scored is still
-        pushed up: a suspected cause of the length drift in docs/benchmarks/rl_evidence.md, where its ablation
-        runs.
+    overlong_advantage_clip: clamp the advantage of completions that hit ``max_new_tokens`` without a stop token
+        to >= 0 (a departure from GRPO, off by default as in TRL: a cut completion may be reasoning that needed
+        more tokens, so it is not punished; DAPO's overlong filtering, which leaves such completions out of the
+        loss, is TRL's ``mask_truncated_completions``). A loop into the limit then costs a policy nothing while a
+        cut completion that scored is still pushed up: on copy_recall RL-Sparse drifted into loops with it and
+        scored 0.13 lower under G-KV over three seeds (docs/benchmarks/rl_evidence.md).
     rollout_is: importance sampling between the trainer's (old-policy) and the rollout's log-probs:
         ``token_truncate`` (per-token weights min(exp(trainer - rollout), cap)) or ``sequence_truncate`` (one
         weight per completion, of the summed difference); None disables it. ``auto`` (default): ``token_truncate``
@@ -79,7 +80,7 @@ class SparseRLOptions:
     """
 
     train_with_record: bool = True
-    overlong_advantage_clip: bool = True
+    overlong_advantage_clip: bool = False
     rollout_is: str | None = "auto"
     rollout_is_cap: float = 2.0
     rollout_is_normalize: bool = False
