@@ -34,7 +34,7 @@ rollout-demo: $(STAMP)
 	$(PY) scripts/demo_rollout.py
 
 # Two pytest workers (pytest-xdist), one torch thread each (tests/conftest.py): the 2-core CI machine's cores.
-# loadgroup: the tests of one xdist_group (a shared module fixture, the rendezvous port, in-tree wheel builds)
+# loadgroup: the tests of one xdist_group (a shared module fixture, the in-tree wheel builds)
 # run on one worker.
 TEST_WORKERS ?= 2
 

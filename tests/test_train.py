@@ -4,6 +4,7 @@ folders, two processes, clear config errors."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -54,6 +55,16 @@ sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """,
 )
+
+
+def two_processes(*options: str) -> list[str]:
+    """``accelerate launch [options] --num_processes 2`` on a free rendezvous port: not the default 29500, which
+    another test's run (the other pytest worker's, or one that just ended) may hold."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    accelerate = str(Path(sys.executable).parent / "accelerate")
+    return [accelerate, "launch", *options, "--num_processes", "2", "--main_process_port", str(port)]
 
 
 def run(args, launcher=(sys.executable,), check=True, env=None):
@@ -532,12 +543,11 @@ def test_sigterm_saves_a_checkpoint_and_resume_continues_exactly(tmp_path):
             assert before[key] == pytest.approx(after[key], rel=1e-5, abs=1e-7)
 
 
-@pytest.mark.xdist_group("distributed")  # two processes on the default rendezvous port: one such test at a time
 def test_two_processes_hold_one_lock_and_stop_on_sigterm(tmp_path):
     """`accelerate launch --num_processes 2`: the main worker holds the folder's lock (a second run is refused,
     naming it); SIGTERM to the launcher (as a scheduler sends it) reaches the workers (the torch.distributed agent
     forwards it), which agree to stop at the same step and write a complete checkpoint of it."""
-    launcher = [str(Path(sys.executable).parent / "accelerate"), "launch", "--num_processes", "2"]
+    launcher = two_processes()
     proc = subprocess.Popen(
         [*launcher, str(ROOT / "train.py"), *TINY, "max_steps=100000", "save_steps=100000", f"output_dir={tmp_path}"],
         cwd=ROOT,
@@ -564,12 +574,11 @@ def test_two_processes_hold_one_lock_and_stop_on_sigterm(tmp_path):
     assert max(r["step"] for r in metrics(tmp_path)) == step
 
 
-@pytest.mark.xdist_group("distributed")  # two processes on the default rendezvous port: one such test at a time
 @pytest.mark.parametrize("entry", ["train.py", pytest.param("module", marks=pytest.mark.slow)])
 def test_two_processes(tmp_path, entry):
     """`accelerate launch --num_processes 2` on a CPU-only machine: two gloo processes, not one; through train.py
     and through the package's command (`accelerate launch -m gkv_train.cli train`, relaunched as a module)."""
-    launcher = (str(Path(sys.executable).parent / "accelerate"), "launch", "--num_processes", "2")
+    launcher = two_processes()
     args = [*TINY, "max_steps=1", f"output_dir={tmp_path}"]
     if entry == "train.py":
         run(args, launcher=launcher)
@@ -614,7 +623,6 @@ def test_bf16_end_to_end(tmp_path, recipe):
     assert 0 < moved < 1e-4  # Adam moves a weight by about the learning rate per step
 
 
-@pytest.mark.xdist_group("distributed")  # two processes on the default rendezvous port: one such test at a time
 @pytest.mark.parametrize("stage", ["zero2", pytest.param("zero3", marks=pytest.mark.slow)])
 def test_deepspeed(tmp_path, stage):
     """The DeepSpeed recipes through `accelerate launch`, 2 CPU processes (gloo): each trains on its own prompts,
@@ -624,13 +632,9 @@ def test_deepspeed(tmp_path, stage):
     without) and the run resumes."""
     from transformers import AutoModelForCausalLM
 
-    launcher = (
-        str(Path(sys.executable).parent / "accelerate"),
-        "launch",
+    launcher = two_processes(
         "--config_file",
         str(ROOT / "recipes" / "accelerate" / f"{stage}.yaml"),
-        "--num_processes",
-        "2",
         *(["--mixed_precision", "no"] if stage == "zero3" else []),
     )
     proc = run([*TINY, "max_steps=2", f"output_dir={tmp_path}"], launcher=launcher)
@@ -682,11 +686,10 @@ def alive(pid):
         return False
 
 
-@pytest.mark.xdist_group("distributed")  # two processes on the default rendezvous port: one such test at a time
 def test_killed_agent_takes_its_workers(tmp_path):
     """`accelerate launch --num_processes 2`: when the torch.distributed agent dies, both workers stop at once
     instead of training on."""
-    launcher = [str(Path(sys.executable).parent / "accelerate"), "launch", "--num_processes", "2"]
+    launcher = two_processes()
     proc = subprocess.Popen(
         [*launcher, str(ROOT / "train.py"), *TINY, "max_steps=50", f"output_dir={tmp_path}"],
         cwd=ROOT,
