@@ -22,7 +22,10 @@ Stages (``--stages``; each resumable, every run a ``train.py`` or ``scripts/eval
    with ``train.py`` overrides of its own under a name of its own, listed in ``--recipes`` like the others.
 5. ``eval``: the untrained model and every trained one on the same ``--eval-problems`` held-out problems x
    ``--eval-samples`` (evaluation seed ``--eval-seed``), with the full cache and under the training method at every
-   budget of ``--eval-budgets``.
+   budget of ``--eval-budgets``; with ``--fresh-seeds``, again under the training method at the training budget on
+   as many test problems of each fresh seed's stream (condition ``gkv-b<budget>-seed<s>``): a confirmation on
+   problems no choice was made on. Before any such evaluation the bench checks that those problems share none with
+   any problem set it draws (training, traces, the lr stage, probe, methods, the main evaluation): an error if so.
 6. ``report``: the results' training section and figures rebuilt from the finished folders and the results file,
    nothing run (after a change to how they are summarized; the train and eval stages publish the same after every
    job).
@@ -236,6 +239,7 @@ IDENTITY_FREE = (
     ("train", "variants"),
     ("train", "resolved"),  # checked per recipe: check_resolved
     ("eval", "budgets"),
+    ("eval", "fresh_seeds"),
 )
 
 
@@ -398,23 +402,22 @@ def jobs(args) -> list[Job]:
     lr = chosen_lr(args)
     if lr is None:
         return found
-    first, later = (
-        [f"gkv-b{args.train_budget}", "full"],
-        [c for c in conditions(args) if c not in (f"gkv-b{args.train_budget}", "full")],
-    )
+    first = [f"gkv-b{args.train_budget}", "full"]
     evaluate = "eval" in stages
     if evaluate:
         found += [Job("eval", f"untrained@{c}") for c in first]
-    rest = []
+    trained = []
     for recipe, seed in training_runs(args, lr):
         train = Job("train", run_name(recipe, seed, lr), recipe=recipe, seed=seed, lr=lr)
+        trained.append(train)
         if "train" in stages and train.key not in {j.key for j in found}:
             found.append(train)
         if evaluate:
             found += [Job("eval", f"{train.name}@{c}", needs=[train.key]) for c in first]
-            rest += [Job("eval", f"{train.name}@{c}", needs=[train.key]) for c in later]
     if evaluate:
-        found += [Job("eval", f"untrained@{c}") for c in later] + rest
+        for c in (c for c in conditions(args) if c not in first):  # condition by condition: each fills in turn
+            found += [Job("eval", f"untrained@{c}")]
+            found += [Job("eval", f"{t.name}@{c}", needs=[t.key]) for t in trained]
     return found
 
 
@@ -465,6 +468,8 @@ def work(args, publish) -> None:
         )
     if any(j.kind == "train" and not is_done(j, args) for j in jobs(args)):
         check_resolved(args)  # before any training: what each recipe's name will mean
+    if args.fresh_seeds and any(j.kind == "eval" and "-seed" in j.name and not is_done(j, args) for j in jobs(args)):
+        check_fresh(args)  # before any evaluation on them: fresh problems are no set the bench draws otherwise
     while True:
         todo = [j for j in jobs(args) if not is_done(j, args)]
         if not todo:
@@ -507,18 +512,18 @@ def run_job(job: Job, args) -> None:
     else:
         name, condition = job.name.split("@")
         model = [f"model={args.model}"] + ([] if name == "untrained" else [f"adapter={adapter_of(name, args)}"])
-        budgets = [int(condition.split("-b")[1])] if condition != "full" else [args.train_budget]
+        budget, seed = parse_condition(condition, args)
         regime.evaluate(
             model,
             "test",
             args.eval_problems,
             args.eval_samples,
-            [] if condition == "full" else ["gkv"],
-            budgets,
+            [] if budget is None else ["gkv"],
+            [args.train_budget if budget is None else budget],
             args.output_root / "eval" / name / condition,
-            args.eval_seed,
+            seed,
             task,
-            full=condition == "full",
+            full=budget is None,
         )
 
 
@@ -568,7 +573,66 @@ def samples_of(folder: Path, run: str, kept: Path | None = None) -> dict | None:
 
 
 def conditions(args) -> list[str]:
-    return ["full", *(f"gkv-b{b}" for b in args.eval_budgets)]
+    """The evaluation conditions, in table order: ``full``, ``gkv-b<budget>`` (each of ``--eval-budgets``, on the
+    main evaluation's problems), ``gkv-b<training budget>-seed<s>`` (each of ``--fresh-seeds``: on fresh problems)."""
+    main = [f"gkv-b{b}" for b in args.eval_budgets]
+    fresh = [f"gkv-b{args.train_budget}-seed{s}" for s in args.fresh_seeds]
+    at_train = main.index(f"gkv-b{args.train_budget}") + 1
+    return ["full", *main[:at_train], *fresh, *main[at_train:]]
+
+
+def parse_condition(condition: str, args) -> tuple[int | None, int]:
+    """``condition``'s G-KV budget (None: the full cache) and its evaluation seed (the problem stream and the
+    sampling seed)."""
+    found = re.fullmatch(r"full|gkv-b(\d+)(?:-seed(\d+))?", condition)
+    if found is None:
+        raise ValueError(f"not an evaluation condition: {condition!r}")
+    budget, seed = found.groups()
+    return (None if budget is None else int(budget)), (args.eval_seed if seed is None else int(seed))
+
+
+def evaluated_run(condition: str) -> str:
+    """The name of ``condition``'s run in its ``evaluate.py`` folder: ``full`` or ``gkv-b<budget>`` (the seed is
+    the folder's, not the run's)."""
+    return condition.split("-seed")[0]
+
+
+def drawn_problems(args) -> dict[str, set[str]]:
+    """Every problem set the bench's runs draw besides the fresh ones, by what draws it: texts. Training draws the
+    train split at its seed (``train.py``'s ``seed``), the teacher traces at seed 0, the lr stage's evaluation at
+    ``--lr-eval-seed``, ``bench_decode_regime``'s probe (train split) and methods stage (test split) at seed 1, the
+    main evaluation the test split at ``--eval-seed``."""
+    from gkv_train.tasks import copy_recall_task
+
+    def texts(split: str, seed: int, n: int) -> set[str]:
+        return set(copy_recall_task(n, split, seed, args.sentences, "places", args.copy_share)["problem"])
+
+    found = {f"training seed {s}": texts("train", s, args.train_problems) for s in {*args.seeds, args.lr_seed}}
+    found["teacher traces"] = texts("train", 0, args.trace_problems)
+    found["lr-stage evaluation"] = texts("train", args.lr_eval_seed, args.lr_problems)
+    found["probe"] = texts("train", 1, args.probe_problems)
+    found["methods stage"] = texts("test", 1, args.methods_problems)
+    found["main evaluation"] = texts("test", args.eval_seed, args.eval_problems)
+    return found
+
+
+def check_fresh(args) -> None:
+    """SystemExit naming the overlap when a ``--fresh-seeds`` problem set shares a problem with a set the bench
+    draws otherwise (``drawn_problems``) or with another fresh set."""
+    from gkv_train.tasks import copy_recall_task
+
+    drawn = drawn_problems(args)
+    for seed in args.fresh_seeds:
+        fresh = set(
+            copy_recall_task(args.eval_problems, "test", seed, args.sentences, "places", args.copy_share)["problem"]
+        )
+        shared = [f"{what} ({len(fresh & used)})" for what, used in drawn.items() if fresh & used]
+        if shared:
+            raise SystemExit(
+                f"error: --fresh-seeds {seed}: its {len(fresh)} test problems are not fresh, they share problems "
+                f"with {', '.join(shared)}: another seed"
+            )
+        drawn[f"fresh seed {seed}"] = fresh
 
 
 def rounds(length: int, interval: int) -> int:
@@ -682,7 +746,7 @@ def collect(args) -> dict:
         old = {} if trained_here(name, args) else before.get(name, {})
         kept = None if name == "untrained" else args.adapters / name
         cells = {
-            c: samples_of(args.output_root / "eval" / name / c, c, kept) or old.get("cells", {}).get(c)
+            c: samples_of(args.output_root / "eval" / name / c, evaluated_run(c), kept) or old.get("cells", {}).get(c)
             for c in conditions(args)
         }
         cells.update({c: v for c, v in old.get("cells", {}).items() if c not in cells})  # other budgets stay
@@ -815,6 +879,7 @@ def settings(args) -> dict:
             "samples": args.eval_samples,
             "seed": args.eval_seed,
             "budgets": args.eval_budgets,
+            "fresh_seeds": args.fresh_seeds,
             "batch_problems": args.batch_problems,
         },
     }
@@ -1083,6 +1148,14 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     add("--eval-samples", type=int, default=4)
     add("--eval-seed", type=int, default=0)
     add("--eval-budgets", nargs="+", type=int, default=[160, 128], help="the training budget and tighter ones")
+    add(
+        "--fresh-seeds",
+        nargs="*",
+        type=int,
+        default=[],
+        help="evaluation seeds of fresh test problems: every model again at the training budget on --eval-problems "
+        "problems of each seed's test stream (checked to share none with any set the bench draws)",
+    )
     add("--round-bins", nargs="+", type=int, default=[0, 4, 6, 8, 10])
     add("--min-gap", type=float, default=0.15, help="probe: every method's loss at the training budget, at least")
     add("--poll", type=float, default=30.0, help="seconds between looks for a job while others hold the rest")

@@ -102,12 +102,17 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
     assert rebuilt["recipes"] == training["recipes"] and rebuilt["differences"] == training["differences"]
     shutil.rmtree(tmp_path / "out")  # a new machine: only the results file and the kept adapters are left
     fewer = [*command[: command.index("--seeds")], "--seeds", "0", *command[command.index("--seeds") + 3 :]]
-    fewer += ["--eval-budgets", "24", "20"]  # one seed, one more budget
+    fewer += ["--eval-budgets", "24", "20", "--fresh-seeds", "2"]  # one seed, one more budget, fresh problems
     moved = subprocess.run(fewer, capture_output=True, text=True, timeout=600, check=False)
     assert moved.returncode == 0, moved.stderr[-3000:]
     assert "train.py" not in moved.stderr  # nothing trained again
-    assert moved.stderr.count("evaluate.py") == 3  # the new budget only: untrained and the two seed-0 runs
-    models = json.loads(results.read_text())["training"]["models"]
+    assert moved.stderr.count("evaluate.py") == 6  # the new conditions only: untrained and the two seed-0 runs
+    assert moved.stderr.count("gkv-b24-seed2 plots=false seed=2") == 3  # the fresh problems: their own stream
+    fresh = json.loads(results.read_text())["training"]
+    assert list(fresh["recipes"]) == ["full", "gkv-b24", "gkv-b24-seed2", "gkv-b20"]
+    assert fresh["differences"]["gkv-b24-seed2"]["rl_sparse - sparse_rl"]["seeds"] == 1
+    assert "gkv-b24-seed2" in tables("training", {"training": fresh})
+    models = fresh["models"]
     assert list(models) == ["untrained", *RUNS]  # seed 1, not asked for this time, stays
     for run in RUNS:
         assert models[run]["cells"]["gkv-b24"] == training["models"][run]["cells"]["gkv-b24"]
@@ -164,3 +169,21 @@ def test_a_variant_is_a_recipe_with_overrides_of_its_own(tmp_path, capsys):
         with pytest.raises(SystemExit):
             parse_arguments(["--output-root", str(tmp_path), *wrong])
         assert "error:" in capsys.readouterr().err
+
+
+def test_fresh_problems_are_checked_to_be_fresh(tmp_path):
+    """``--fresh-seeds``: a seed whose test problems another stage draws (the main evaluation's seed, the methods
+    stage's seed 1) is refused, naming the overlap; another seed passes; conditions and their seeds read back."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_rl_evidence import check_fresh, conditions, parse_arguments, parse_condition
+
+    def call(*seeds):
+        return parse_arguments(["--quick", "--output-root", str(tmp_path), "--fresh-seeds", *map(str, seeds)])
+
+    args = call(2, 5)
+    check_fresh(args)
+    assert conditions(args) == ["full", "gkv-b24", "gkv-b24-seed2", "gkv-b24-seed5"]
+    assert parse_condition("gkv-b24-seed5", args) == (24, 5) and parse_condition("full", args) == (None, 0)
+    for seed, what in ((0, "main evaluation"), (1, "methods stage")):
+        with pytest.raises(SystemExit, match=f"--fresh-seeds {seed}: .* not fresh, .*{what}"):
+            check_fresh(call(2, seed))
