@@ -17,6 +17,18 @@ from gkv_rollout.config import CompressionConfig, flat_fields
 from gkv_train.trl_fields import DERIVED
 
 
+def dotted_keys(mapping: dict, prefix: str = "") -> dict:
+    """A nested mapping as {dotted key: value}, the form of the command line's overrides (``{"rl": {"beta": 0}}``
+    -> ``{"rl.beta": 0}``; an empty mapping is a value of its own)."""
+    found = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value:
+            found.update(dotted_keys(value, f"{prefix}{key}."))
+        else:
+            found[f"{prefix}{key}"] = value
+    return found
+
+
 def slug(name: str | None) -> str:
     """A folder-name form of a model or dataset name or path: its last component, without a file suffix."""
     if not name:
@@ -266,15 +278,8 @@ def recipe_files(argv: list[str]) -> list[str]:
     if not isinstance(values, dict):
         raise ValueError(f"recipe file {given} must hold a mapping of keys (learning_rate: 1e-5, ...)")
 
-    def flat(node, prefix=""):
-        for key, value in node.items():
-            if isinstance(value, dict) and f"{prefix}{key}" != "compression.options":
-                yield from flat(value, f"{prefix}{key}.")
-            else:
-                yield f"{prefix}{key}=x"
-
-    try:
-        keys = [k for k in flat(values) if not k.startswith("compression.options")]
+    try:  # an empty group sets nothing; a method's own options are checked by the method
+        keys = [f"{k}=x" for k, v in dotted_keys(values).items() if v != {} and not k.startswith("compression.options")]
         from gkv_train.train_config import TrainConfig
 
         check_overrides(keys, TrainConfig)

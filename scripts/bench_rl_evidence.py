@@ -58,6 +58,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gkv_train.command_line import dotted_keys
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 
 import bench_decode_regime as regime
@@ -252,15 +253,12 @@ def run_identity(found: dict) -> dict:
     return found
 
 
-def flat(found: dict, prefix: str = "") -> dict:
-    """A nested dict as {dotted key: value}."""
-    out = {}
-    for key, value in found.items():
-        if isinstance(value, dict) and value:
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
+def file_stamp(path: Path) -> tuple | None:
+    """What changes when ``path`` is replaced or written: (inode, size, mtime in ns); None when it does not exist."""
+    if not path.is_file():
+        return None
+    found = path.stat()
+    return found.st_ino, found.st_size, found.st_mtime_ns
 
 
 def published(args) -> dict:
@@ -268,13 +266,13 @@ def published(args) -> dict:
     naming what differs when it was made with other settings (its cells would be mixed with this call's) or
     defines a variant otherwise. Read once per change of the file."""
     path = args.results
-    stamp = (lambda st: (st.st_ino, st.st_size, st.st_mtime_ns))(path.stat()) if path.is_file() else None
+    stamp = file_stamp(path)
     cache = getattr(args, "_published", None)
     if cache is not None and cache[0] == stamp:
         return cache[1]
     section = json.loads(path.read_text()).get("training", {}) if stamp is not None else {}
     if section:
-        mine, theirs = flat(run_identity(settings(args))), flat(run_identity(section["settings"]))
+        mine, theirs = dotted_keys(run_identity(settings(args))), dotted_keys(run_identity(section["settings"]))
         # a key the file lacks was not recorded by the version that wrote it: not held against it
         differ = sorted(k for k in set(mine) | set(theirs) if k in theirs and mine.get(k) != theirs.get(k))
         if differ:
@@ -302,7 +300,7 @@ def resolved(args) -> dict:
         args._resolved = {}
         for recipe in args.recipes:
             _, _, files = configure("train", train_keys(recipe, args.lr_seed, 1e-4, args, make_traces=False))
-            found = flat(yaml.safe_load(files["config.yaml"]))
+            found = dotted_keys(yaml.safe_load(files["config.yaml"]))
             args._resolved[recipe] = {k: v for k, v in found.items() if k not in RUN_KEYS}
     return args._resolved
 
