@@ -99,16 +99,10 @@ def rollout_point(args) -> dict:
 
 
 def point_key(point: dict) -> tuple:
-    """What a point measured: (kind, method or trainer, length, training settings: rows and checkpointing; a
-    training point of an earlier version, without them, had 8 rows and no checkpointing)."""
+    """What a point measured: (kind, method or trainer, length, training settings: ``training_setting``)."""
     if point["kind"] == "rollout":
         return ("rollout", point["method"], point["length"], None)
-    return (
-        "training",
-        point["trainer"],
-        point["length"],
-        (point.get("rows", 8), point.get("gradient_checkpointing", False)),
-    )
+    return ("training", point["trainer"], point["length"], training_setting(point))
 
 
 def training_point(trainer: str, length: int, args) -> dict:
@@ -271,7 +265,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4, help="rollout batch")
     parser.add_argument("--lengths", nargs="+", type=int, default=[256, 512, 1024, 2048, 4096])
     parser.add_argument("--train-lengths", nargs="+", type=int, default=[128, 256, 512, 1024])
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS, help="none: training only")
     parser.add_argument("--trainers", nargs="*", default=list(TRAINERS), choices=TRAINERS, help="none: rollouts only")
     parser.add_argument("--budget", type=int, default=512, help="gkv budget (rollout and rl_sparse)")
     parser.add_argument("--eta", type=float, default=0.2, help="s4r persistent-memory share at each length's end")
@@ -301,8 +295,8 @@ def main() -> None:
     start = time.perf_counter()
     training = (args.train_rows, args.gradient_checkpointing)
     todo = [("rollout", m, n, None) for m in args.methods for n in args.lengths] + [
-        ("training", t, n, training) for t in args.trainers for n in args.train_lengths
-    ]
+        ("training", t, n, training) for n in args.train_lengths for t in args.trainers
+    ]  # training length by length: the trainers of one length run side by side, under the same load
     for kind, name, length, _ in todo:
         if (kind, name, length, training if kind == "training" else None) in done:
             continue
@@ -373,20 +367,55 @@ def tables(view: str, result: dict) -> str:
     else:
         rows = [
             "| trainer | new tokens | rows | checkpointing | step s | generation s | log-prob forward s | backward s "
-            "| peak RSS MiB |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| peak RSS MiB | peak / rl_full's | step / rl_full's |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
-        for p in sorted(
-            (p for p in result["points"] if p["kind"] == "training"),
-            key=lambda p: (TRAINERS.index(p["trainer"]), p.get("gradient_checkpointing", False), p["length"]),
-        ):
-            step = p["step"]
+        training = [p for p in result["points"] if p["kind"] == "training"]
+        full = {(training_setting(p), p["length"]): p for p in training if p["trainer"] == "rl_full"}
+        for p in sorted(training, key=lambda p: (TRAINERS.index(p["trainer"]), training_setting(p), p["length"])):
+            (n_rows, checkpointing), step = training_setting(p), p["step"]
+            other = full.get(((n_rows, checkpointing), p["length"]))
+            ratios = (
+                f"{p['peak_rss_bytes'] / other['peak_rss_bytes']:.2f} | {p['seconds'] / other['seconds']:.2f}"
+                if other is not None and p["trainer"] != "rl_full"
+                else "- | -"
+            )
             rows.append(
-                f"| {p['trainer']} | {p['length']} | {p.get('rows', 8)} | "
-                f"{'yes' if p.get('gradient_checkpointing') else 'no'} | {p['seconds']:.1f} | {step['generation']:.1f} "
-                f"| {step['logprob_forward']:.1f} | {step['backward']:.1f} | {p['peak_rss_bytes'] / mib:.0f} |"
+                f"| {p['trainer']} | {p['length']} | {n_rows} | {'yes' if checkpointing else 'no'} | "
+                f"{p['seconds']:.1f} | {step['generation']:.1f} | {step['logprob_forward']:.1f} | "
+                f"{step['backward']:.1f} | {p['peak_rss_bytes'] / mib:.0f} | {ratios} |"
+            )
+        slopes = memory_slopes(training)
+        if slopes:
+            rows.append("")
+            rows.append(
+                "Peak memory per new token (least squares over the lengths, per row of the step): "
+                + "; ".join(f"{name}: {slope / mib:.2f} MiB" for name, slope in slopes.items())
+                + "."
             )
     return "\n".join(rows) + f"\n\n{provenance(result)}\n"
+
+
+def training_setting(point: dict) -> tuple[int, bool]:
+    """A training point's rows and activation checkpointing (a point of an earlier version, without them: 8, no)."""
+    return point.get("rows", 8), point.get("gradient_checkpointing", False)
+
+
+def memory_slopes(points: list[dict]) -> dict[str, float]:
+    """Per trainer and training setting with at least two lengths: the least-squares slope of the peak resident
+    memory against the length, divided by the rows of the step (bytes per new token and row)."""
+    groups: dict[str, list[tuple[int, int]]] = {}
+    for p in points:
+        rows, checkpointing = training_setting(p)
+        name = f"{p['trainer']}, {rows} rows{', checkpointing' if checkpointing else ''}"
+        groups.setdefault(name, []).append((p["length"], p["peak_rss_bytes"] / rows))
+    found = {}
+    for name, xy in groups.items():
+        if len({x for x, _ in xy}) < 2:
+            continue
+        mx, my = sum(x for x, _ in xy) / len(xy), sum(y for _, y in xy) / len(xy)
+        found[name] = sum((x - mx) * (y - my) for x, y in xy) / sum((x - mx) ** 2 for x, _ in xy)
+    return found
 
 
 if __name__ == "__main__":
