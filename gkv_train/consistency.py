@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import time
+from pathlib import Path
 
 import torch
 
@@ -32,15 +34,44 @@ def logprob_mismatch(model, out, record, temperature: float = 1.0, backend: str 
     return mismatch_stats(trainer, out.logprobs, out.completion_mask)
 
 
+def resident_bytes(field: str) -> int | None:
+    """This process's ``VmRSS`` (resident now) or ``VmHWM`` (its peak since ``reset_peak_resident``) in bytes, from
+    /proc (Linux); None elsewhere."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(f"{field}:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_resident() -> None:
+    """Start ``VmHWM`` again from the resident memory now (Linux: /proc/self/clear_refs); nothing elsewhere."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
 def consistency_report(model, out, temperature: float = 1.0, backend: str = "auto") -> dict:
     """The rollout's record (max and mean |diff|, KL) against two controls that must fail: a plain causal mask,
     and the per-layer masks rotated by one layer (None where it cannot differ: ``full``, which has no record, and
-    a record that is the same in every layer, as StreamingLLM's is)."""
+    a record that is the same in every layer, as StreamingLLM's is). What the forward under the record cost:
+    ``trainer_seconds`` and ``trainer_memory_bytes``, the resident memory it added at its peak (None where the
+    system does not say); FlexAttention compiles its kernels on first use, so it gets one untimed forward first."""
+    if backend == "flex" or (backend == "auto" and out.sequences.is_cuda):
+        logprob_mismatch(model, out, out.record, temperature, backend)
+    reset_peak_resident()
+    before, start = resident_bytes("VmRSS"), time.perf_counter()
     own = logprob_mismatch(model, out, out.record, temperature, backend)
+    seconds, peak = time.perf_counter() - start, resident_bytes("VmHWM")
     report = {
         "max_abs_logprob_diff": own["max_abs"],
         "mean_abs_logprob_diff": own["mean_abs"],
         "kl": own["kl"],
+        "trainer_seconds": seconds,
+        "trainer_memory_bytes": None if before is None or peak is None else peak - before,
         "causal_mask_diff": logprob_mismatch(model, out, None, temperature, backend)["max_abs"],
         "rotated_layers_diff": None,
     }

@@ -31,6 +31,8 @@ KEEP = (
     "compressions",
     "new_tokens",
     "retention",
+    "trainer_seconds",
+    "trainer_memory_bytes",
 )
 
 
@@ -48,7 +50,7 @@ def cell(method: str, backend: str, args) -> dict:
     return {
         "method": method,
         "backend": backend,
-        **{k: report[k] for k in KEEP},
+        **{k: report.get(k) for k in KEEP},
         "consistent": report["max_abs_logprob_diff"] <= TOL,
         "controls_fail": controls > CONTROL,
         "seconds": round(time.perf_counter() - start, 1),
@@ -59,21 +61,28 @@ def rotated(diff: float | None) -> str:
     return "- (the same in every layer)" if diff is None else f"{diff:.2f}"
 
 
+def cost(value: float | None, unit: float, form: str) -> str:
+    """A cost in ``unit``s, or "-" where it was not measured (a run before the report had it)."""
+    return "-" if value is None else format(value / unit, form)
+
+
 def tables(view: str, result: dict) -> str:
-    """``rows``: per method and backend, the largest |diff| against the bound, both controls, rounds, retention."""
+    """``rows``: per method and backend, the largest |diff| against the bound, both controls, rounds, retention,
+    and what the trainer's forward under the record cost (seconds, resident memory it added at its peak)."""
     if view != "rows":
         raise SystemExit(f"error: bench_consistency_length has the view rows, not {view!r}")
     lines = [
         f"| method | backend | max \\|diff\\| (bound {TOL:g}) | mean \\|diff\\| | causal control | rotated control | "
-        "holds, controls fail | compression rounds | retention |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "holds, controls fail | compression rounds | retention | forward s | forward memory MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         verdict = "yes" if r["consistent"] and r["controls_fail"] else "**no**"
         lines.append(
             f"| {r['method']} | {r['backend']} | {r['max_abs_logprob_diff']:.1e} | {r['mean_abs_logprob_diff']:.1e} | "
             f"{r['causal_mask_diff']:.2f} | {rotated(r['rotated_layers_diff'])} | {verdict} | {r['compressions']} | "
-            f"{r['retention']:.3f} |"
+            f"{r['retention']:.3f} | {cost(r.get('trainer_seconds'), 1, '.2f')} | "
+            f"{cost(r.get('trainer_memory_bytes'), 2**20, '.0f')} |"
         )
     return "\n".join(lines) + f"\n\n{provenance(result)}\n"
 
