@@ -14,6 +14,7 @@ from gkv_rollout.engine import RolloutEngine, make_cache
 from gkv_rollout.lowrank import (
     chosen_in_order,
     hidden_keys,
+    key_bias,
     latent_probs,
     persistent_elements,
     s4r_rank,
@@ -312,7 +313,8 @@ def test_latent_probs_are_causal_softmaxes():
     q_ok = torch.tensor([[True, True, True], [False, True, True]])
     k_pos = torch.arange(4, 4 + S).expand(B, -1)
     k_ok = k_pos <= torch.tensor([[15], [9]])
-    probs = latent_probs(cq, ck, rank.float().rsqrt()[:, None, None, None], hidden_keys(q_pos, q_ok, k_pos, k_ok))
+    hidden = key_bias(hidden_keys(q_pos, q_ok, k_pos, k_ok), G)
+    probs = latent_probs(cq, ck, rank.float().rsqrt()[:, None, None, None], hidden)
     logits = cq @ ck.transpose(-1, -2)[:, None] / rank.float().sqrt()[:, None, None, None]
     for b in range(B):
         for q in range(Q):
@@ -339,7 +341,7 @@ def test_window_sum_follows_the_window(tiny_llama):
     k_ok = cache.valid[:, cache.s : cache.s + S]
     for layer in range(cache.L):
         hidden = hidden_keys(cache.q_pos, cache.q_ok, k_pos, k_ok)
-        probs = latent_probs(cache.cq[layer], cache.coef_k[layer][:, :S], cache.latent_scale, hidden)
+        probs = latent_probs(cache.cq[layer], cache.coef_k[layer][:, :S], cache.latent_scale, key_bias(hidden, cache.G))
         probs = probs * cache.q_ok[:, None, :, None]
         window_sum = cache.window_sum[layer][:, :, :S].float()
         torch.testing.assert_close(window_sum, probs.sum(2), rtol=1e-4, atol=1e-6)
@@ -365,7 +367,9 @@ def test_prompts_shorter_than_sinks_plus_window(tiny_llama):
     assert report["causal_mask_diff"] > 1e-2 and report["rotated_layers_diff"] > 1e-2  # controls that must fail
     k_pos = torch.arange(cache.s, cache.s + 4).expand(1, -1)
     sink_query = hidden_keys(torch.tensor([[0]]), torch.tensor([[True]]), k_pos, torch.ones(1, 4, dtype=torch.bool))
-    probs = latent_probs(cache.cq[0, :1, :, :1], cache.coef_k[0, :1, :4], cache.latent_scale[:1], sink_query)
+    probs = latent_probs(
+        cache.cq[0, :1, :, :1], cache.coef_k[0, :1, :4], cache.latent_scale[:1], key_bias(sink_query, cache.G)
+    )
     assert probs.isnan().all()
 
 

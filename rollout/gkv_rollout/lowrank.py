@@ -93,17 +93,26 @@ def hidden_keys(q_pos: torch.Tensor, q_ok: torch.Tensor, k_pos: torch.Tensor, k_
     return (~(k_ok[:, None, :] & (k_pos[:, None, :] <= q_pos[:, :, None])) & q_ok[:, :, None])[:, None]
 
 
-def latent_probs(cq: torch.Tensor, ck: torch.Tensor, scale: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+def key_bias(hidden: torch.Tensor, groups: int) -> torch.Tensor:
+    """The additive form of ``hidden_keys`` for ``latent_probs``: float32 [B, groups * Q, S], -inf where a key is
+    hidden, 0 elsewhere (one step builds it once for all its layers). hidden bool [B, 1, Q, S]."""
+    B, _, Q, S = hidden.shape
+    bias = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device).masked_fill_(hidden, float("-inf"))
+    return bias.expand(B, groups, Q, S).reshape(B, groups * Q, S)
+
+
+def latent_probs(cq: torch.Tensor, ck: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Each query's causal softmax over the cache in the latent space, softmax(C_Q C_K^T / sqrt(r)).
 
-    cq [B, G, Q, r]; ck [B, S, r]; scale float32 [B, 1, 1, 1] = r^-1/2 of each sequence's rank; hidden bool
-    [B, 1, Q, S] (``hidden_keys``). Returns float32 [B, G, Q, S].
+    cq [B, G, Q, r]; ck [B, S, r]; scale float32 [B, 1, 1, 1] = r^-1/2 of each sequence's rank; bias float32
+    [B, G * Q, S] (``key_bias``: -inf on the keys a query may not see), added inside the matrix product (one pass
+    over the logits fewer than a mask applied after it). Returns float32 [B, G, Q, S].
     A key's probability under a query never changes once written (later keys are hidden from it), so the
     window's sum of them moves by one query in and one out per step (``S4RCache``).
     """
     B, G, Q, r = cq.shape
-    logits = ((cq.float() * scale).reshape(B, G * Q, r) @ ck.float().transpose(-1, -2)).view(B, G, Q, -1)
-    return logits.masked_fill_(hidden, float("-inf")).softmax(-1)
+    logits = torch.baddbmm(bias, (cq.float() * scale).reshape(B, G * Q, r), ck.float().transpose(-1, -2))
+    return logits.view(B, G, Q, -1).softmax(-1)
 
 
 class SelectionBudget(NamedTuple):

@@ -40,6 +40,7 @@ from gkv_rollout.lowrank import (
     chosen_in_order,
     extend_bases,
     hidden_keys,
+    key_bias,
     latent_probs,
     low_rank_bases,
     persistent_elements,
@@ -248,8 +249,8 @@ class DecodeStep(NamedTuple):
     ring: int  # its place in the query window, where the oldest query leaves
     S: int  # slots scored: up to the newest position
     k_ok: torch.Tensor  # bool [B, S] occupied slots up to each sequence's position
-    pair_hidden: torch.Tensor  # bool [B, 1, 2, S]: keys hidden from the query entering the window and the one leaving
-    pair_weight: torch.Tensor  # float64 [B, 1, 1, 2]: +1 entering, -1 leaving, 0 for an invalid query
+    pair_bias: torch.Tensor  # float32 [B, G * 2, S]: -inf on keys hidden from the query entering / leaving the window
+    pair_weight: torch.Tensor  # float64 [B, 2, 1, 1]: +1 entering, -1 leaving, 0 for an invalid query
     budget: SelectionBudget
     mask: torch.Tensor | None  # bool [B, s + n]: sinks and reconstructed slots each row attends (None: all)
     full: tuple | None  # (n, mask) for ``full_layers``, which reconstruct every occupied slot
@@ -525,7 +526,7 @@ class S4RCache(KVCache):
         S = int(self.lengths.max()) - self.s
         k_pos = torch.arange(self.s, self.s + S, device=pos.device).expand(self.B, -1)
         hidden = hidden_keys(self.q_pos, self.q_ok, k_pos, self.valid[:, self.s : self.s + S])
-        probs = latent_probs(self.cq[layer], self.coef_k[layer][:, :S], self.latent_scale, hidden)
+        probs = latent_probs(self.cq[layer], self.coef_k[layer][:, :S], self.latent_scale, key_bias(hidden, self.G))
         self.window_sum[layer][:, :, :S] = (self.q_ok.double()[:, None, None, :] @ probs.double()).squeeze(2)
 
     def _push_queries(self, layer, q_pre, pos, ok) -> None:
@@ -553,7 +554,7 @@ class S4RCache(KVCache):
         k_pos = torch.arange(self.s, self.s + S, device=pos.device).expand(self.B, -1)
         k_ok = self.valid[:, self.s : self.s + S] & (k_pos <= pos)
         sign = torch.tensor([1.0, -1.0], dtype=torch.float64, device=pos.device)
-        pair_weight = (pair_ok.double() * sign)[:, None, None, :]
+        pair_weight = (pair_ok.double() * sign)[:, :, None, None]
         budget = selection_budget(k_pos, k_ok, pos[:, 0], self.W, self.compression.options.rho)
         full = None
         if self.compression.options.full_layers:
@@ -567,7 +568,7 @@ class S4RCache(KVCache):
             ring,
             S,
             k_ok,
-            hidden_keys(pair_pos, pair_ok, k_pos, k_ok),
+            key_bias(hidden_keys(pair_pos, pair_ok, k_pos, k_ok), self.G),
             pair_weight,
             budget,
             self._attention_mask(budget.count, budget.n),
@@ -614,9 +615,11 @@ class S4RCache(KVCache):
 
         # Score the non-sink cache in the latent space: the window's sum of softmaxes (the mean times the number
         # of valid queries, the same order) moves by the query entering and the one leaving.
-        probs = latent_probs(pair, coef_k[:, : now.S], self.latent_scale, now.pair_hidden)  # [B, G, 2, S]
-        window_sum = self.window_sum[layer][:, :, : now.S]
-        window_sum += (now.pair_weight @ probs.double()).squeeze(2)  # [B, G, S]
+        probs = latent_probs(pair, coef_k[:, : now.S], self.latent_scale, now.pair_bias)  # [B, G, 2, S]
+        window_sum = self.window_sum[layer][:, :, : now.S]  # [B, G, S]
+        window_sum.addcmul_(probs[:, :, 0].double(), now.pair_weight[:, 0]).addcmul_(
+            probs[:, :, 1].double(), now.pair_weight[:, 1]
+        )
         score = window_sum.float()
         # scores outside k_ok are 0 (nothing was ever added there), so max pooling needs no mask
         ok = None if cfg.pool == "max" else now.k_ok[:, None, :]
