@@ -5,6 +5,7 @@ import torch
 from conftest import random_prompts
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_rollout.contract import attention
 from gkv_rollout.engine import RolloutEngine
 from gkv_rollout.methods import eviction_methods, method_class
 from gkv_train.consistency import consistency_report
@@ -98,11 +99,29 @@ def test_masked_logprobs_are_differentiable(tiny_llama):
     tiny_llama.zero_grad(set_to_none=True)
 
 
-@pytest.mark.parametrize(
+RECORDED = pytest.mark.parametrize(
     "cfg",
     [CompressionConfig("gkv", budget=12, window=4, interval=4), CompressionConfig.of("s4r", eta=0.3, window=4)],
     ids=["gkv", "s4r"],
 )
+
+
+def loss_and_grads(model, out, record, checkpointing: bool = False):
+    """The summed log-prob loss of a rollout ``out``'s completions under ``record`` and every parameter's gradient,
+    with or without activation checkpointing."""
+    # transformers 5.23 renamed gradient_checkpointing_* to activation_checkpointing_* (the floor has the old names)
+    prefix = "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
+    enable, disable = (getattr(model, f"{prefix}_checkpointing_{what}") for what in ("enable", "disable"))
+    enable({"use_reentrant": False}) if checkpointing else disable()
+    lp = token_logprobs(model, out.sequences, out.attention_mask, out.num_completion_tokens, record)
+    loss = -(lp * out.completion_mask).sum()
+    loss.backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return lp.detach(), loss.detach(), grads
+
+
+@RECORDED
 def test_gradient_checkpointing_under_the_record_gives_the_same_loss_and_gradients(cfg):
     """Activation checkpointing (``gradient_checkpointing=true``: each layer's forward recomputed in the backward)
     under a record: the recomputed layers attend through the same per-layer masks, so the loss and every gradient
@@ -110,30 +129,42 @@ def test_gradient_checkpointing_under_the_record_gives_the_same_loss_and_gradien
     model = tiny_model("tiny-llama")
     out = RolloutEngine(model, compression=cfg).generate(random_prompts([9, 21]), SamplingConfig(max_new_tokens=16))
     model.train()
-
-    # transformers 5.23 renamed gradient_checkpointing_* to activation_checkpointing_* (the floor has the old names)
-    prefix = "activation" if hasattr(model, "activation_checkpointing_enable") else "gradient"
-    enable, disable = (getattr(model, f"{prefix}_checkpointing_{what}") for what in ("enable", "disable"))
     calls = []
     model.model.layers[0].self_attn.register_forward_hook(lambda *_: calls.append(1))  # inside the checkpoint
 
-    def loss_and_grads(record, checkpointing: bool):
-        enable({"use_reentrant": False}) if checkpointing else disable()
-        calls.clear()
-        lp = token_logprobs(model, out.sequences, out.attention_mask, out.num_completion_tokens, record)
-        loss = -(lp * out.completion_mask).sum()
-        loss.backward()
-        grads = [p.grad.clone() for p in model.parameters()]
-        model.zero_grad(set_to_none=True)
-        return loss.detach(), grads, len(calls)
-
-    plain, grads, forwards = loss_and_grads(out.record, False)
-    recomputed, recomputed_grads, recomputed_forwards = loss_and_grads(out.record, True)
-    assert (forwards, recomputed_forwards) == (1, 2)  # the layer ran again in the backward
+    _, plain, grads = loss_and_grads(model, out, out.record)
+    forwards, calls[:] = len(calls), []
+    _, recomputed, recomputed_grads = loss_and_grads(model, out, out.record, checkpointing=True)
+    assert (forwards, len(calls)) == (1, 2)  # the layer ran again in the backward
     assert torch.allclose(plain, recomputed, atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads, recomputed_grads))
-    rotated, _, _ = loss_and_grads(out.record.roll_layers(1), True)
+    _, rotated, _ = loss_and_grads(model, out, out.record.roll_layers(1), checkpointing=True)
     assert (rotated - plain).abs() > 1e-3
+
+
+@RECORDED
+@pytest.mark.parametrize("checkpointing", [False, True], ids=["layers-kept", "layers-recomputed"])
+def test_masks_built_by_query_chunks_give_the_same_logprobs_and_gradients(cfg, checkpointing, monkeypatch):
+    """A training forward builds each layer's mask ``QUERY_CHUNK`` query rows at a time and recomputes each
+    chunk in the backward (so no layer keeps its mask for the backward): with chunks of 5 rows the log-probs
+    equal the rollout's (<= 1e-4) and one mask's, the gradients equal one mask's, with and without activation
+    checkpointing, and every chunk's masked attention ran again in the backward (a count)."""
+    model = tiny_model("tiny-llama")
+    out = RolloutEngine(model, compression=cfg).generate(random_prompts([9, 21]), SamplingConfig(max_new_tokens=16))
+    model.train()
+    whole_lp, whole, grads = loss_and_grads(model, out, out.record, checkpointing)
+    calls = []
+    sdpa = attention.sdpa_with_head_mask
+    monkeypatch.setattr(attention, "sdpa_with_head_mask", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    monkeypatch.setattr(attention, "QUERY_CHUNK", 5)
+    chunked_lp, chunked, chunked_grads = loss_and_grads(model, out, out.record, checkpointing)
+    T, layers = out.sequences.shape[1], model.config.num_hidden_layers
+    chunks = -(-T // 5)
+    assert len(calls) == layers * chunks * (3 if checkpointing else 2)  # forward, (layer recompute,) chunk recompute
+    mask = out.completion_mask.bool()
+    assert (chunked_lp - out.logprobs)[mask].abs().max() <= TOL
+    assert torch.allclose(chunked_lp, whole_lp, atol=1e-6) and torch.allclose(chunked, whole, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads, chunked_grads))
 
 
 # On SmolLM2 the default run checks G-KV (the method with every scoring term); the others, which every method's

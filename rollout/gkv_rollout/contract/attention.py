@@ -10,15 +10,17 @@ library global is patched.
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Callable, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 ATTENTION_NAME = "kv_compress"
+QUERY_CHUNK = 512  # a dense mask is built for this many query rows at a time (``masked_attention``)
 
 
 @runtime_checkable
@@ -79,6 +81,43 @@ def sdpa_with_head_mask(query, key, value, mask, scaling, dropout=0.0):
             query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling, enable_gqa=groups > 1
         )
     return out.transpose(1, 2).contiguous(), None
+
+
+def masked_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    mask_rows: Callable[[int, int], torch.Tensor],
+    scaling,
+    dropout: float = 0.0,
+):
+    """``sdpa_with_head_mask`` under a dense mask built ``QUERY_CHUNK`` query rows at a time: ``mask_rows(start,
+    end)`` gives bool [B, 1 or Hkv, end - start, K] for query rows start:end. A chunk that needs gradients is
+    recomputed in the backward (mask included: ``torch.utils.checkpoint``), so a layer holds one chunk's mask,
+    B x Hkv x QUERY_CHUNK x K entries (and SDPA's float copy of it), never B x Hkv x Q x K, also while its
+    activations wait for the backward; that costs the masked attention's forward once more in the backward.
+    Each query row's softmax is its own, so the chunks give what one call would.
+
+    query [B, H, Q, D]; key/value [B, Hkv, K, D]. Returns (out [B, Q, H, D], None).
+    """
+    Q = query.shape[2]
+    if Q <= QUERY_CHUNK:
+        return sdpa_with_head_mask(query, key, value, mask_rows(0, Q), scaling, dropout)
+
+    def rows(start: int, end: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return sdpa_with_head_mask(q, k, v, mask_rows(start, end), scaling, dropout)[0]
+
+    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    out = []
+    for start in range(0, Q, QUERY_CHUNK):
+        end = min(start + QUERY_CHUNK, Q)
+        q = query[:, :, start:end]
+        out.append(
+            checkpoint(rows, start, end, q, key, value, use_reentrant=False)
+            if grad
+            else rows(start, end, q, key, value)
+        )
+    return torch.cat(out, dim=1), None
 
 
 def base_model(model: torch.nn.Module) -> torch.nn.Module:

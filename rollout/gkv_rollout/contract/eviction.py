@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gkv_rollout.contract.attention import sdpa_with_head_mask
+from gkv_rollout.contract.attention import masked_attention
 from gkv_rollout.contract.record import batch_rows, causal_mask, logical_positions
 
 NEVER = torch.iinfo(torch.int32).max
@@ -119,11 +119,11 @@ class EvictionMasks:
         evict_cols = record_to_columns(evict_at.to(attention_mask.device), positions)
         return cls(evict_cols, positions, attention_mask.bool(), backend)
 
-    def layer_mask(self, layer_idx: int, num_queries: int) -> torch.Tensor:
-        """Dense bool mask [B, Hkv, Q, T] of one layer for the last ``num_queries`` columns."""
-        return visibility_mask(
-            self.evict_cols[:, layer_idx], self.positions, self.valid, self.positions[:, -num_queries:]
-        )
+    def layer_mask(self, layer_idx: int, num_queries: int, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """Dense bool mask [B, Hkv, Q, T] of one layer for the last ``num_queries`` columns (their rows
+        start:end only: Q = end - start)."""
+        queries = self.positions[:, -num_queries:][:, start:end]
+        return visibility_mask(self.evict_cols[:, layer_idx], self.positions, self.valid, queries)
 
     def layer_block_mask(self, layer_idx: int, num_heads: int, num_queries: int):
         """FlexAttention BlockMask of one layer (query heads ``num_heads``) for the last ``num_queries`` columns."""
@@ -151,8 +151,14 @@ class EvictionMasks:
 
             block_mask = self.layer_block_mask(module.layer_idx, query.shape[1], num_queries)
             return flex_attention_forward(module, query, key, value, block_mask, scaling=scaling, dropout=dropout)
-        mask = self.layer_mask(module.layer_idx, num_queries)
-        return sdpa_with_head_mask(query, key, value, mask, scaling, dropout if module.training else 0.0)
+        return masked_attention(
+            query,
+            key,
+            value,
+            lambda start, end: self.layer_mask(module.layer_idx, num_queries, start, end),
+            scaling,
+            dropout if module.training else 0.0,
+        )
 
 
 @dataclass

@@ -21,7 +21,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from gkv_rollout.contract.attention import base_model, sdpa_with_head_mask
+from gkv_rollout.contract.attention import base_model, masked_attention
 from gkv_rollout.contract.bits import unpack_bits
 from gkv_rollout.contract.record import batch_rows, logical_positions
 from gkv_rollout.contract.rope import apply_rope, concat_to_heads, heads_to_concat, inverse_rope
@@ -111,19 +111,20 @@ class S4RMasks:
     def build(cls, record: S4RRecord, attention_mask: torch.Tensor, rotary: torch.nn.Module) -> "S4RMasks":
         return cls(record, logical_positions(attention_mask), attention_mask.bool(), rotary)
 
-    def layer_mask(self, layer: int) -> torch.Tensor:
-        """bool [B, 1, T, 2T]: exact keys (first T columns) and projected keys (last T) each query may see."""
+    def layer_mask(self, layer: int, start: int = 0, end: int | None = None) -> torch.Tensor:
+        """bool [B, 1, Q, 2T] for the query rows start:end (Q of them; all T by default): the exact keys (first T
+        columns) and projected keys (last T) each query may see."""
         rec, pos, valid = self.record, self.positions, self.valid
-        T = pos.shape[-1]
-        causal = valid[:, None, :] & (pos[:, None, :] <= pos[:, :, None])  # [B, Tq, Tk]
-        generated = pos >= rec.prompt_lengths[:, None]  # [B, T] queries (and keys) after the prompt
-        sink = pos < rec.sinks[:, None]
+        q_pos = pos[:, start:end]  # [B, Q]
+        causal = valid[:, None, :] & (pos[:, None, :] <= q_pos[:, :, None])  # [B, Q, Tk]
+        generated = q_pos >= rec.prompt_lengths[:, None]  # [B, Q] queries after the prompt
+        sink = pos < rec.sinks[:, None]  # [B, Tk]
         exact = causal & (~generated[:, :, None] | sink[:, None, :])
         # Selection row of each generated query, as bits over logical key positions.
-        rows = (pos - rec.prompt_lengths[:, None]).clamp(0, rec.selected.shape[2] - 1)
+        rows = (q_pos - rec.prompt_lengths[:, None]).clamp(0, rec.selected.shape[2] - 1)
         chosen = unpack_bits(rec.selected[:, layer], rec.selected.shape[-1] * 8)  # [B, C, T_rec]
-        chosen = chosen.gather(1, rows[:, :, None].expand(-1, -1, chosen.shape[-1]))  # [B, Tq, T_rec]
-        chosen = chosen.gather(2, pos[:, None, :].expand(-1, T, -1))  # [B, Tq, Tk]
+        chosen = chosen.gather(1, rows[:, :, None].expand(-1, -1, chosen.shape[-1]))  # [B, Q, T_rec]
+        chosen = chosen.gather(2, pos[:, None, :].expand(-1, q_pos.shape[1], -1))  # [B, Q, Tk]
         projected = causal & generated[:, :, None] & ~sink[:, None, :] & chosen
         return torch.cat([exact, projected], dim=-1)[:, None]
 
@@ -146,5 +147,11 @@ class S4RMasks:
         key_hat = apply_rope(concat_to_heads(ck @ bk.transpose(-1, -2), heads), cos, sin)
         value_hat = concat_to_heads(cv @ bv.transpose(-1, -2), heads)
         keys, values = torch.cat([key, key_hat], dim=2), torch.cat([value, value_hat], dim=2)
-        mask = self.layer_mask(layer)
-        return sdpa_with_head_mask(query, keys, values, mask, scaling, dropout if module.training else 0.0)
+        return masked_attention(
+            query,
+            keys,
+            values,
+            lambda start, end: self.layer_mask(layer, start, end),
+            scaling,
+            dropout if module.training else 0.0,
+        )
