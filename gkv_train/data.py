@@ -21,7 +21,7 @@ import datasets
 from gkv_rewards.extract import gold_answer
 from gkv_train.jsonio import file_identity
 from gkv_train.retrieval import HAYSTACKS, RETRIEVAL_TASKS, retrieval_task
-from gkv_train.tasks import COPY_REQUIRED, MAX_SENTENCES, arithmetic_task, copy_recall_task
+from gkv_train.tasks import COPY_REQUIRED, PLACES, arithmetic_task, copy_recall_task
 
 
 def find_data_dir() -> Path:
@@ -96,7 +96,7 @@ class DataConfig:
     limit: int | None = 256
     levels: list[int] = field(default_factory=lambda: [1])  # built-in task difficulty levels (0-4)
     distractors: int = 0  # built-in task: facts about others placed between a problem's first fact and the rest
-    sentences: int = 10  # copy_recall: the middle sentences between the number and the blank (1-100; past 12 places repeat)
+    sentences: int = 10  # copy_recall: the middle sentences written between the number and the blank (1-12)
     copy_required: str = "last"
     copy_share: float = 1.0
     context: int = 1024
@@ -110,9 +110,9 @@ class DataConfig:
         the job configurations that hold the group and by ``load_problems``."""
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"{key}.limit must be at least 1, or null for every problem; got {self.limit}")
-        if not 1 <= self.sentences <= MAX_SENTENCES:
+        if not 1 <= self.sentences <= len(PLACES):
             raise ValueError(
-                f"{key}.sentences must be 1-{MAX_SENTENCES} (copy_recall's middle sentences), got {self.sentences}"
+                f"{key}.sentences must be 1-{len(PLACES)} (copy_recall's middle sentences), got {self.sentences}"
             )
         if self.copy_required not in COPY_REQUIRED:
             raise ValueError(

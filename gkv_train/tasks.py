@@ -162,23 +162,16 @@ ACTIVITIES = [
     "writes a letter",
     "feeds the ducks",
 ]
-MAX_SENTENCES = 100  # copy_recall's longest story: ~1.2k tokens to copy (SmolLM2's tokenizer)
 COPY_REQUIRED = ("last", "places")  # what a copy_recall completion must copy besides the number
 COPY_INSTRUCTION = "Repeat this text word for word, and finish the last sentence with the right number:"
 
 
 def _copy_recall_problem(rng: random.Random, sentences: int) -> tuple[str, int, str, list[str]]:
     """One copy_recall problem, its answer, its last sentence and its middle sentences' places: a number (10-99)
-    in the first sentence, ``sentences`` middle sentences, and a last sentence that ends where the number belongs.
-    Up to ``len(PLACES)`` sentences no place or activity repeats; a longer story (reasoning-length completions)
-    draws them with repetition."""
+    in the first sentence, ``sentences`` middle sentences, and a last sentence that ends where the number belongs."""
     who, item, number = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(10, 99)
     text, places = [f"{who} has {number} {item}."], []
-    if sentences <= len(PLACES):
-        middle = zip(rng.sample(PLACES, sentences), rng.sample(ACTIVITIES, sentences))
-    else:
-        middle = zip(rng.choices(PLACES, k=sentences), rng.choices(ACTIVITIES, k=sentences))
-    for place, act in middle:
+    for place, act in zip(rng.sample(PLACES, sentences), rng.sample(ACTIVITIES, sentences)):
         text.append(f"Then {who} goes to {place} and {act}.")
         places.append(f"goes to {place}")
     text.append(f"At the end of the day, {who} counts the {item} and still has")
@@ -187,8 +180,6 @@ def _copy_recall_problem(rng: random.Random, sentences: int) -> tuple[str, int, 
 
 def copy_recall_space(sentences: int) -> int:
     """How many distinct problems ``_copy_recall_problem`` can write with ``sentences`` middle sentences."""
-    if sentences > len(PLACES):
-        return len(NAMES) * len(ITEMS) * 90 * (len(PLACES) * len(ACTIVITIES)) ** sentences
     return len(NAMES) * len(ITEMS) * 90 * (math.perm(len(PLACES), sentences) * math.perm(len(ACTIVITIES), sentences))
 
 
@@ -218,8 +209,8 @@ def copy_recall_task(
     ``gkv_rewards.functions.copy_score`` (the share copied when the number is right) pays for every place.
     Splits as ``arithmetic_task``: train and test never share a problem."""
     check_builtin_request("the built-in task copy_recall", split, n)
-    if not 1 <= sentences <= MAX_SENTENCES:
-        raise ValueError(f"data.sentences must be 1-{MAX_SENTENCES} for copy_recall, got {sentences}")
+    if not 1 <= sentences <= len(PLACES):
+        raise ValueError(f"data.sentences must be 1-{len(PLACES)} for copy_recall, got {sentences}")
     if required not in COPY_REQUIRED:
         raise ValueError(f"data.copy_required must be one of {', '.join(COPY_REQUIRED)}, got {required!r}")
 
