@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from gkv_rollout.config import SamplingConfig, add_compression_args, compression_from_args
+from gkv_rollout.contract.eviction import EvictionRecord, resolved_backend
 from gkv_rollout.engine import RolloutEngine
 from gkv_train.data import gsm8k_questions
 from gkv_train.jsonio import dumps
@@ -46,32 +47,47 @@ def resident_bytes(field: str) -> int | None:
     return None
 
 
-def reset_peak_resident() -> None:
-    """Start ``VmHWM`` again from the resident memory now (Linux: /proc/self/clear_refs); nothing elsewhere."""
+def reset_peak_resident() -> bool:
+    """Start ``VmHWM`` again from the resident memory now (Linux: /proc/self/clear_refs); False where it cannot
+    (then ``VmHWM`` is the process's lifetime peak, no measure of what follows)."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
     except OSError:
-        pass
+        return False
+    return True
+
+
+def forward_cost(model, out, record, temperature: float, backend: str) -> tuple[dict, float, int | None]:
+    """``logprob_mismatch`` under ``record`` and what that no-grad forward cost: seconds, and the memory it added
+    at its peak (CUDA: allocated device memory; elsewhere resident memory from /proc: None where the system does not
+    say). An eviction record's FlexAttention forward compiles its kernels on first use: one untimed forward first."""
+    cuda = out.sequences.is_cuda
+    if isinstance(record, EvictionRecord) and resolved_backend(backend, cuda) == "flex":
+        logprob_mismatch(model, out, record, temperature, backend)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+    else:
+        before = resident_bytes("VmRSS") if reset_peak_resident() else None
+    start = time.perf_counter()
+    found = logprob_mismatch(model, out, record, temperature, backend)
+    seconds = time.perf_counter() - start
+    peak = torch.cuda.max_memory_allocated() if cuda else resident_bytes("VmHWM")
+    return found, seconds, None if before is None or peak is None else peak - before
 
 
 def consistency_report(model, out, temperature: float = 1.0, backend: str = "auto") -> dict:
     """The rollout's record (max and mean |diff|, KL) against two controls that must fail: a plain causal mask,
     and the per-layer masks rotated by one layer (None where it cannot differ: ``full``, which has no record, and
-    a record that is the same in every layer, as StreamingLLM's is). What the forward under the record cost:
-    ``trainer_seconds`` and ``trainer_memory_bytes``, the resident memory it added at its peak (None where the
-    system does not say); FlexAttention compiles its kernels on first use, so it gets one untimed forward first."""
-    if backend == "flex" or (backend == "auto" and out.sequences.is_cuda):
-        logprob_mismatch(model, out, out.record, temperature, backend)
-    reset_peak_resident()
-    before, start = resident_bytes("VmRSS"), time.perf_counter()
-    own = logprob_mismatch(model, out, out.record, temperature, backend)
-    seconds, peak = time.perf_counter() - start, resident_bytes("VmHWM")
+    a record that is the same in every layer, as StreamingLLM's is). What the no-grad forward under the record cost
+    (``forward_cost``): ``forward_seconds``, ``forward_memory_bytes``."""
+    own, seconds, memory = forward_cost(model, out, out.record, temperature, backend)
     report = {
         "max_abs_logprob_diff": own["max_abs"],
         "mean_abs_logprob_diff": own["mean_abs"],
         "kl": own["kl"],
-        "trainer_seconds": seconds,
-        "trainer_memory_bytes": None if before is None or peak is None else peak - before,
+        "forward_seconds": seconds,
+        "forward_memory_bytes": memory,
         "causal_mask_diff": logprob_mismatch(model, out, None, temperature, backend)["max_abs"],
         "rotated_layers_diff": None,
     }

@@ -1,8 +1,10 @@
 """Training sees what inference saw, at reasoning length: for every eviction method and S4R, a rollout of
 ``--new-tokens`` tokens and the trainer's log-probs under its record with each mask backend (``sdpa``: a dense
 boolean mask per layer; ``flex``: FlexAttention's block masks, on the CPU too), fp32, with the two controls that
-must fail (a plain causal mask; the records rotated by one layer). Each cell is ``gkv-train check`` (in this
-process, one after the other); one JSON line, and with ``--results`` the file ``scripts/render_docs.py`` renders.
+must fail (a plain causal mask; the records rotated by one layer), and what the no-grad forward under the record
+cost (seconds; memory it added at its peak). Each cell is ``scripts/check_consistency.py`` in a process of its own
+(so that no cell's memory figure reuses pages another cell freed); one JSON line, and with ``--results`` the file
+``scripts/render_docs.py`` renders.
 
     python scripts/bench_consistency_length.py --results results/bench_consistency_length.json   # tiny model
     python scripts/bench_consistency_length.py --new-tokens 24 --methods gkv s4r                  # seconds
@@ -11,15 +13,15 @@ process, one after the other); one JSON line, and with ``--results`` the file ``
 from __future__ import annotations
 
 import argparse
-import contextlib
+import json
+import subprocess
 import sys
 import time
 
 from gkv_rollout.methods import eviction_methods
-from gkv_train.consistency import check
 from gkv_train.jsonio import dumps, write_atomically
 
-from _common import origin, print_json, provenance
+from _common import ROOT, origin, print_json, provenance
 
 TOL = 1e-4  # the invariant: fp32 log-probs under the record equal the rollout's
 CONTROL = 1e-2  # a control that does not differ by more than this has not failed
@@ -31,8 +33,8 @@ KEEP = (
     "compressions",
     "new_tokens",
     "retention",
-    "trainer_seconds",
-    "trainer_memory_bytes",
+    "forward_seconds",
+    "forward_memory_bytes",
 )
 
 
@@ -43,14 +45,19 @@ def cell(method: str, backend: str, args) -> dict:
     if method != "s4r":  # S4R's memory is its eta, not a budget
         argv += ["--budget", str(args.budget), "--window", str(args.window), "--interval", str(args.interval)]
     start = time.perf_counter()
-    with contextlib.redirect_stdout(sys.stderr):  # check's own line; this script prints one at the end
-        report = check(argv)
+    found = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "check_consistency.py"), *argv],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=True,
+    )
+    report = json.loads(found.stdout.strip().splitlines()[-1])
     rotated = report["rotated_layers_diff"]  # None: the same record in every layer, which rotating cannot change
     controls = min(report["causal_mask_diff"], CONTROL * 2 if rotated is None else rotated)
     return {
         "method": method,
         "backend": backend,
-        **{k: report.get(k) for k in KEEP},
+        **{k: report[k] for k in KEEP},
         "consistent": report["max_abs_logprob_diff"] <= TOL,
         "controls_fail": controls > CONTROL,
         "seconds": round(time.perf_counter() - start, 1),
@@ -68,12 +75,13 @@ def cost(value: float | None, unit: float, form: str) -> str:
 
 def tables(view: str, result: dict) -> str:
     """``rows``: per method and backend, the largest |diff| against the bound, both controls, rounds, retention,
-    and what the trainer's forward under the record cost (seconds, resident memory it added at its peak)."""
+    and what the no-grad forward under the record cost (seconds, memory it added at its peak; "-" in rows measured
+    before the check reported it)."""
     if view != "rows":
         raise SystemExit(f"error: bench_consistency_length has the view rows, not {view!r}")
     lines = [
         f"| method | backend | max \\|diff\\| (bound {TOL:g}) | mean \\|diff\\| | causal control | rotated control | "
-        "holds, controls fail | compression rounds | retention | forward s | forward memory MiB |",
+        "holds, controls fail | compression rounds | retention | no-grad forward s | its memory MiB |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
@@ -81,8 +89,8 @@ def tables(view: str, result: dict) -> str:
         lines.append(
             f"| {r['method']} | {r['backend']} | {r['max_abs_logprob_diff']:.1e} | {r['mean_abs_logprob_diff']:.1e} | "
             f"{r['causal_mask_diff']:.2f} | {rotated(r['rotated_layers_diff'])} | {verdict} | {r['compressions']} | "
-            f"{r['retention']:.3f} | {cost(r.get('trainer_seconds'), 1, '.2f')} | "
-            f"{cost(r.get('trainer_memory_bytes'), 2**20, '.0f')} |"
+            f"{r['retention']:.3f} | {cost(r.get('forward_seconds'), 1, '.2f')} | "
+            f"{cost(r.get('forward_memory_bytes'), 2**20, '.0f')} |"
         )
     return "\n".join(lines) + f"\n\n{provenance(result)}\n"
 

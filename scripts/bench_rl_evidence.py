@@ -56,6 +56,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from fnmatch import fnmatch
 from pathlib import Path
 
 from gkv_train.command_line import dotted_keys
@@ -65,11 +66,15 @@ import bench_decode_regime as regime
 from _common import ROOT, origin, print_json, provenance
 
 STAGES = ("probe", "methods", "lr", "train", "eval", "report")
-RESERVED = ("recipe", "model", "seed", "output_dir", "resume", "save_steps")  # keys a --variant may not change
+# keys a --variant may not change: what the bench keeps track of runs by, and the problems (every recipe trains
+# and is evaluated on the same ones, which check_fresh knows)
+RESERVED = ("recipe", "model", "seed", "output_dir", "resume", "save_steps", "data.*", "eval_data.*")
 RECIPES = ("rl_sparse", "sparse_rl", "rl_full", "distill", "distill_onpolicy")
 DISTILL = ("distill", "distill_onpolicy")
 RUN_KEYS = ("seed", "output_dir", "learning_rate", "distill.traces")  # a run's own (the rate: checked by main)
 TRACES = "{root}/train/teacher_traces.jsonl"  # the traces the bench generates (settings: trace_problems)
+TRACE_SEED = 0  # the teacher traces' problem stream (train split)
+RUN_EVAL_PROBLEMS = 2  # train.py's own end-of-run evaluation: test problems at the run's seed, never read here
 REWARD = "gkv_rewards.functions.copy_score"  # GRPO's reward: the share of places copied when the number is right
 
 
@@ -148,7 +153,7 @@ def train_keys(name: str, seed: int, lr: float, args, make_traces: bool = True) 
         f"recipe={recipe}",
         f"model={args.model}",
         *regime.task_keys("data", "train", args.train_problems, task),
-        *regime.task_keys("eval_data", "test", 2, task),
+        *regime.task_keys("eval_data", "test", RUN_EVAL_PROBLEMS, task),
         f"max_steps={args.steps}",
         f"learning_rate={lr}",
         *regime.sampling_keys(task),
@@ -189,7 +194,7 @@ def teacher_traces(args) -> Path:
                 *regime.task_keys("data", "train", args.trace_problems, task),
                 f"sampling.num_generations={args.group_size}",
                 *regime.sampling_keys(task),
-                "seed=0",
+                f"seed={TRACE_SEED}",
                 f"output={partial}",
                 *(["keep_incorrect=true"] if args.quick else []),
             ]
@@ -466,7 +471,8 @@ def work(args, publish) -> None:
         )
     if any(j.kind == "train" and not is_done(j, args) for j in jobs(args)):
         check_resolved(args)  # before any training: what each recipe's name will mean
-    if args.fresh_seeds and any(j.kind == "eval" and "-seed" in j.name and not is_done(j, args) for j in jobs(args)):
+    fresh = set(conditions(args)) - set(conditions(args, fresh=False))
+    if any(j.kind == "eval" and j.name.split("@")[1] in fresh and not is_done(j, args) for j in jobs(args)):
         check_fresh(args)  # before any evaluation on them: fresh problems are no set the bench draws otherwise
     while True:
         todo = [j for j in jobs(args) if not is_done(j, args)]
@@ -510,7 +516,7 @@ def run_job(job: Job, args) -> None:
     else:
         name, condition = job.name.split("@")
         model = [f"model={args.model}"] + ([] if name == "untrained" else [f"adapter={adapter_of(name, args)}"])
-        budget, seed = parse_condition(condition, args)
+        budget, seed, _ = parse_condition(condition, args)
         regime.evaluate(
             model,
             "test",
@@ -570,67 +576,70 @@ def samples_of(folder: Path, run: str, kept: Path | None = None) -> dict | None:
     return found
 
 
-def conditions(args) -> list[str]:
+def conditions(args, fresh: bool = True) -> list[str]:
     """The evaluation conditions, in table order: ``full``, ``gkv-b<budget>`` (each of ``--eval-budgets``, on the
-    main evaluation's problems), ``gkv-b<training budget>-seed<s>`` (each of ``--fresh-seeds``: on fresh problems)."""
+    main evaluation's problems), ``gkv-b<training budget>-seed<s>`` (each of ``--fresh-seeds``, unless ``fresh`` is
+    false: on fresh problems). ``parse_condition`` reads one back."""
     main = [f"gkv-b{b}" for b in args.eval_budgets]
-    fresh = [f"gkv-b{args.train_budget}-seed{s}" for s in args.fresh_seeds]
+    seeds = args.fresh_seeds if fresh else []
     at_train = main.index(f"gkv-b{args.train_budget}") + 1
-    return ["full", *main[:at_train], *fresh, *main[at_train:]]
+    return ["full", *main[:at_train], *(f"gkv-b{args.train_budget}-seed{s}" for s in seeds), *main[at_train:]]
 
 
-def parse_condition(condition: str, args) -> tuple[int | None, int]:
-    """``condition``'s G-KV budget (None: the full cache) and its evaluation seed (the problem stream and the
-    sampling seed)."""
-    found = re.fullmatch(r"full|gkv-b(\d+)(?:-seed(\d+))?", condition)
+def parse_condition(condition: str, args) -> tuple[int | None, int, str]:
+    """``condition``'s G-KV budget (None: the full cache), its evaluation seed (the problem stream and the sampling
+    seed) and the name of its run in its ``evaluate.py`` folder (``full`` or ``gkv-b<budget>``)."""
+    found = re.fullmatch(r"(full|gkv-b(\d+))(?:-seed(\d+))?", condition)
     if found is None:
         raise ValueError(f"not an evaluation condition: {condition!r}")
-    budget, seed = found.groups()
-    return (None if budget is None else int(budget)), (args.eval_seed if seed is None else int(seed))
+    run, budget, seed = found.groups()
+    return (None if budget is None else int(budget)), (args.eval_seed if seed is None else int(seed)), run
 
 
-def evaluated_run(condition: str) -> str:
-    """The name of ``condition``'s run in its ``evaluate.py`` folder: ``full`` or ``gkv-b<budget>`` (the seed is
-    the folder's, not the run's)."""
-    return condition.split("-seed")[0]
-
-
-def drawn_problems(args) -> dict[str, set[str]]:
-    """Every problem set the bench's runs draw besides the fresh ones, by what draws it: texts. Training draws the
-    train split at its seed (``train.py``'s ``seed``), the teacher traces at seed 0, the lr stage's evaluation at
-    ``--lr-eval-seed``, ``bench_decode_regime``'s probe (train split) and methods stage (test split) at seed 1, the
-    main evaluation the test split at ``--eval-seed``."""
+def drawn_problems(args) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Every problem set the bench's runs draw besides the fresh ones, by what draws it (texts): the ones that are
+    trained on, chosen with or reported, and the ones nothing reads (``train.py``'s own end-of-run evaluation of
+    ``RUN_EVAL_PROBLEMS`` test problems at the run's seed). Training draws the train split at its seed, the teacher
+    traces at ``TRACE_SEED``, the lr stage's evaluation at ``--lr-eval-seed``, ``bench_decode_regime``'s probe
+    (train split) and methods stage (test split) at its seed + 1, the main evaluation the test split at
+    ``--eval-seed``."""
     from gkv_train.tasks import copy_recall_task
 
     def texts(split: str, seed: int, n: int) -> set[str]:
         return set(copy_recall_task(n, split, seed, args.sentences, "places", args.copy_share)["problem"])
 
-    found = {f"training seed {s}": texts("train", s, args.train_problems) for s in {*args.seeds, args.lr_seed}}
-    found["teacher traces"] = texts("train", 0, args.trace_problems)
-    found["lr-stage evaluation"] = texts("train", args.lr_eval_seed, args.lr_problems)
-    found["probe"] = texts("train", 1, args.probe_problems)
-    found["methods stage"] = texts("test", 1, args.methods_problems)
-    found["main evaluation"] = texts("test", args.eval_seed, args.eval_problems)
-    return found
+    runs, regime_seed = {*args.seeds, args.lr_seed}, regime_args(args).seed + 1
+    used = {f"training seed {s}": texts("train", s, args.train_problems) for s in runs}
+    used["teacher traces"] = texts("train", TRACE_SEED, args.trace_problems)
+    used["lr-stage evaluation"] = texts("train", args.lr_eval_seed, args.lr_problems)
+    used["probe"] = texts("train", regime_seed, args.probe_problems)
+    used["methods stage"] = texts("test", regime_seed, args.methods_problems)
+    used["main evaluation"] = texts("test", args.eval_seed, args.eval_problems)
+    unread = {f"train.py's own evaluation, seed {s}": texts("test", s, RUN_EVAL_PROBLEMS) for s in runs}
+    return used, unread
 
 
 def check_fresh(args) -> None:
     """SystemExit naming the overlap when a ``--fresh-seeds`` problem set shares a problem with a set the bench
-    draws otherwise (``drawn_problems``) or with another fresh set."""
+    trains on, chooses with or reports (``drawn_problems``) or with another fresh set; one line on stderr for each
+    set nothing reads that it shares problems with."""
     from gkv_train.tasks import copy_recall_task
 
-    drawn = drawn_problems(args)
+    used, unread = drawn_problems(args)
     for seed in args.fresh_seeds:
         fresh = set(
             copy_recall_task(args.eval_problems, "test", seed, args.sentences, "places", args.copy_share)["problem"]
         )
-        shared = [f"{what} ({len(fresh & used)})" for what, used in drawn.items() if fresh & used]
+        shared = [f"{what} ({len(fresh & drawn)})" for what, drawn in used.items() if fresh & drawn]
         if shared:
             raise SystemExit(
                 f"error: --fresh-seeds {seed}: its {len(fresh)} test problems are not fresh, they share problems "
                 f"with {', '.join(shared)}: another seed"
             )
-        drawn[f"fresh seed {seed}"] = fresh
+        for what, drawn in unread.items():
+            if fresh & drawn:
+                log(f"--fresh-seeds {seed}: {len(fresh & drawn)} of its problems are also in {what} (never read)")
+        used[f"fresh seed {seed}"] = fresh
 
 
 def rounds(length: int, interval: int) -> int:
@@ -744,7 +753,8 @@ def collect(args) -> dict:
         old = {} if trained_here(name, args) else before.get(name, {})
         kept = None if name == "untrained" else args.adapters / name
         cells = {
-            c: samples_of(args.output_root / "eval" / name / c, evaluated_run(c), kept) or old.get("cells", {}).get(c)
+            c: samples_of(args.output_root / "eval" / name / c, parse_condition(c, args)[2], kept)
+            or old.get("cells", {}).get(c)
             for c in conditions(args)
         }
         cells.update({c: v for c, v in old.get("cells", {}).items() if c not in cells})  # other budgets stay
@@ -1181,7 +1191,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--variant {name}: a new name of lower-case letters, digits and _ (not a recipe's)")
         if not rest or rest[0] not in RECIPES or not all("=" in o for o in rest[1:]):
             parser.error(f"--variant {name} {' '.join(rest)}: a recipe ({', '.join(RECIPES)}) then KEY=VALUE overrides")
-        reserved = [o for o in rest[1:] if o.split("=", 1)[0].lstrip("+~") in RESERVED]
+        reserved = [o for o in rest[1:] if any(fnmatch(o.split("=", 1)[0].lstrip("+~"), key) for key in RESERVED)]
         if reserved:
             parser.error(f"--variant {name}: {' '.join(reserved)} would change the run the bench keeps track of")
         args.variants[name] = (rest[0], rest[1:])

@@ -296,7 +296,7 @@ def main() -> None:
     training = (args.train_rows, args.gradient_checkpointing)
     todo = [("rollout", m, n, None) for m in args.methods for n in args.lengths] + [
         ("training", t, n, training) for n in args.train_lengths for t in args.trainers
-    ]  # training length by length: the trainers of one length run side by side, under the same load
+    ]  # training length by length: the trainers of one length run one after the other, close in time (similar load)
     for kind, name, length, _ in todo:
         if (kind, name, length, training if kind == "training" else None) in done:
             continue

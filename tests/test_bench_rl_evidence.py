@@ -165,25 +165,36 @@ def test_a_variant_is_a_recipe_with_overrides_of_its_own(tmp_path, capsys):
         ["--variant", "x", "rl_sparse", "flag"],  # not an override
         ["--variant", "untrained", "rl_sparse", "a=b"],  # the untrained model's name
         ["--variant", "x", "rl_sparse", "seed=3"],  # a key the bench keeps track of runs by
+        ["--variant", "x", "rl_sparse", "data.limit=8"],  # the problems: the same for every recipe
     ):
         with pytest.raises(SystemExit):
             parse_arguments(["--output-root", str(tmp_path), *wrong])
         assert "error:" in capsys.readouterr().err
 
 
-def test_fresh_problems_are_checked_to_be_fresh(tmp_path):
-    """``--fresh-seeds``: a seed whose test problems another stage draws (the main evaluation's seed, the methods
-    stage's seed 1) is refused, naming the overlap; another seed passes; conditions and their seeds read back."""
+def test_fresh_problems_are_checked_to_be_fresh(tmp_path, capsys):
+    """``--fresh-seeds``: a seed whose test problems a stage trains on, chooses with or reports (the main
+    evaluation's seed, the methods stage's seed 1) is refused, naming the overlap; a seed whose problems only
+    ``train.py``'s own end-of-run evaluation also drew (a run's seed: nothing reads it) passes with a line saying
+    so; a seed no run has passes silently; conditions and their seeds read back."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_rl_evidence import check_fresh, conditions, parse_arguments, parse_condition
 
     def call(*seeds):
-        return parse_arguments(["--quick", "--output-root", str(tmp_path), "--fresh-seeds", *map(str, seeds)])
+        argv = ["--quick", "--seeds", "0", "2", "--output-root", str(tmp_path)]
+        return parse_arguments([*argv, "--fresh-seeds", *map(str, seeds)])
 
-    args = call(2, 5)
+    args = call(3, 5)
     check_fresh(args)
-    assert conditions(args) == ["full", "gkv-b24", "gkv-b24-seed2", "gkv-b24-seed5"]
-    assert parse_condition("gkv-b24-seed5", args) == (24, 5) and parse_condition("full", args) == (None, 0)
+    assert "never read" not in capsys.readouterr().err
+    assert conditions(args) == ["full", "gkv-b24", "gkv-b24-seed3", "gkv-b24-seed5"]
+    assert conditions(args, fresh=False) == ["full", "gkv-b24"]
+    assert parse_condition("gkv-b24-seed5", args) == (24, 5, "gkv-b24") and parse_condition("full", args)[:2] == (
+        None,
+        0,
+    )
+    check_fresh(call(2))  # seed 2's runs evaluated its first two test problems at their end, and nothing read them
+    assert "2 of its problems are also in train.py's own evaluation, seed 2 (never read)" in capsys.readouterr().err
     for seed, what in ((0, "main evaluation"), (1, "methods stage")):
         with pytest.raises(SystemExit, match=f"--fresh-seeds {seed}: .* not fresh, .*{what}"):
-            check_fresh(call(2, seed))
+            check_fresh(call(3, seed))

@@ -253,3 +253,35 @@ def test_compiled_decode_under_bf16_autocast(tiny_llama):
             random_prompts([5, 30]), SamplingConfig(max_new_tokens=20, compile_decode=True)
         )
     assert out.stats["compressions"] >= 2 and (out.completion_lengths == 20).all()
+
+
+def test_chunked_masked_attention_keeps_its_dropout_through_the_recompute(monkeypatch):
+    """``masked_attention`` with dropout: each chunk recomputed in the backward draws the same dropout as its
+    forward did, so output and gradients equal those of the same chunks run without recomputation (the seed set
+    alike); a recompute with fresh randomness would change the gradients."""
+    torch.manual_seed(0)
+    B, H, Hkv, Q, D = 2, 4, 2, 12, 8
+    q, k, v = (torch.randn(B, h, Q, D, requires_grad=True) for h in (H, Hkv, Hkv))
+    mask = (torch.rand(B, Hkv, Q, Q) > 0.3) | torch.eye(Q, dtype=torch.bool)
+    monkeypatch.setattr(attention, "QUERY_CHUNK", 5)
+
+    def run(attend):
+        torch.manual_seed(1)
+        out = attend()
+        out.sum().backward()
+        grads = [t.grad.clone() for t in (q, k, v)]
+        for t in (q, k, v):
+            t.grad = None
+        return out.detach(), grads
+
+    chunked, grads = run(lambda: attention.masked_attention(q, k, v, lambda s, e: mask[:, :, s:e], None, 0.5)[0])
+    plain, plain_grads = run(
+        lambda: torch.cat(
+            [
+                attention.sdpa_with_head_mask(q[:, :, s : s + 5], k, v, mask[:, :, s : s + 5], None, 0.5)[0]
+                for s in range(0, Q, 5)
+            ],
+            dim=1,
+        )
+    )
+    assert torch.equal(chunked, plain) and all(torch.equal(a, b) for a, b in zip(grads, plain_grads))

@@ -313,8 +313,8 @@ def test_latent_probs_are_causal_softmaxes():
     q_ok = torch.tensor([[True, True, True], [False, True, True]])
     k_pos = torch.arange(4, 4 + S).expand(B, -1)
     k_ok = k_pos <= torch.tensor([[15], [9]])
-    hidden = key_bias(hidden_keys(q_pos, q_ok, k_pos, k_ok), G)
-    probs = latent_probs(cq, ck, rank.float().rsqrt()[:, None, None, None], hidden)
+    bias = key_bias(hidden_keys(q_pos, q_ok, k_pos, k_ok), G)
+    probs = latent_probs(cq, ck, rank.float().rsqrt()[:, None, None, None], bias)
     logits = cq @ ck.transpose(-1, -2)[:, None] / rank.float().sqrt()[:, None, None, None]
     for b in range(B):
         for q in range(Q):

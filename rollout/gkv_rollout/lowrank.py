@@ -95,7 +95,7 @@ def hidden_keys(q_pos: torch.Tensor, q_ok: torch.Tensor, k_pos: torch.Tensor, k_
 
 def key_bias(hidden: torch.Tensor, groups: int) -> torch.Tensor:
     """The additive form of ``hidden_keys`` for ``latent_probs``: float32 [B, groups * Q, S], -inf where a key is
-    hidden, 0 elsewhere (one step builds it once for all its layers). hidden bool [B, 1, Q, S]."""
+    hidden, 0 elsewhere (a decode step builds it once for all its layers). hidden bool [B, 1, Q, S]."""
     B, _, Q, S = hidden.shape
     bias = torch.zeros(hidden.shape, dtype=torch.float32, device=hidden.device).masked_fill_(hidden, float("-inf"))
     return bias.expand(B, groups, Q, S).reshape(B, groups * Q, S)

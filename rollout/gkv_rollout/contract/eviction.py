@@ -92,6 +92,11 @@ def retention(evict_at: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
 BACKENDS = ("auto", "sdpa", "flex")
 
 
+def resolved_backend(backend: str, cuda: bool) -> str:
+    """The mask backend an eviction record's forward uses: ``auto`` is FlexAttention on CUDA, SDPA elsewhere."""
+    return ("flex" if cuda else "sdpa") if backend == "auto" else backend
+
+
 @dataclass
 class EvictionMasks:
     """Attention context (``gkv_rollout.contract.attention``) of a forward over a padded batch under an eviction
@@ -143,10 +148,7 @@ class EvictionMasks:
 
     def attend(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0):
         num_queries = query.shape[2]
-        backend = self.backend
-        if backend == "auto":
-            backend = "flex" if query.is_cuda else "sdpa"
-        if backend == "flex":
+        if resolved_backend(self.backend, query.is_cuda) == "flex":
             from transformers.integrations.flex_attention import flex_attention_forward
 
             block_mask = self.layer_block_mask(module.layer_idx, query.shape[1], num_queries)

@@ -122,8 +122,9 @@ class S4RMasks:
         exact = causal & (~generated[:, :, None] | sink[:, None, :])
         # Selection row of each generated query, as bits over logical key positions.
         rows = (q_pos - rec.prompt_lengths[:, None]).clamp(0, rec.selected.shape[2] - 1)
-        chosen = unpack_bits(rec.selected[:, layer], rec.selected.shape[-1] * 8)  # [B, C, T_rec]
-        chosen = chosen.gather(1, rows[:, :, None].expand(-1, -1, chosen.shape[-1]))  # [B, Q, T_rec]
+        packed = rec.selected[:, layer]  # uint8 [B, C, T_rec / 8]: the chunk's rows are gathered before unpacking
+        packed = packed.gather(1, rows[:, :, None].expand(-1, -1, packed.shape[-1]))  # [B, Q, T_rec / 8]
+        chosen = unpack_bits(packed, packed.shape[-1] * 8)  # [B, Q, T_rec]
         chosen = chosen.gather(2, pos[:, None, :].expand(-1, q_pos.shape[1], -1))  # [B, Q, Tk]
         projected = causal & generated[:, :, None] & ~sink[:, None, :] & chosen
         return torch.cat([exact, projected], dim=-1)[:, None]
