@@ -293,17 +293,18 @@ def published(args) -> dict:
     return section
 
 
-def resolved(args) -> dict:
-    """recipe (of ``--recipes``) -> the ``train.py`` configuration it stands for, as ``train.py`` composes it (dotted
-    keys, every default filled in), without ``RUN_KEYS``: what a recipe's name means in the results, so that runs
-    of one name made under another default are not pooled. Composed once per call (imports TRL: seconds)."""
+def resolved(args, recipes: list[str] | None = None) -> dict:
+    """recipe (of ``recipes``, default ``--recipes``) -> the ``train.py`` configuration it stands for, as
+    ``train.py`` composes it (dotted keys, every default filled in), without ``RUN_KEYS``: what a recipe's name
+    means in the results, so that runs of one name made under another default are not pooled. Composed once per
+    call (imports TRL: seconds)."""
     if getattr(args, "_resolved", None) is None:
         import yaml
 
         from gkv_train.command_line import configure
 
         args._resolved = {}
-        for recipe in args.recipes:
+        for recipe in args.recipes if recipes is None else recipes:
             _, _, files = configure("train", train_keys(recipe, args.lr_seed, 1e-4, args, make_traces=False))
             found = dotted_keys(yaml.safe_load(files["config.yaml"]))
             args._resolved[recipe] = {k: v for k, v in found.items() if k not in RUN_KEYS}
@@ -1264,8 +1265,9 @@ def main() -> None:
     if {"lr", "train", "eval"} & set(args.stages):
         work(args, publish_training)
     if {"lr", "train", "eval", "report"} & set(args.stages):
-        if "report" in args.stages:
-            check_resolved(args)  # and recorded: what each recipe's name stands for
+        if "report" in args.stages:  # recorded: what the name of each recipe without a record yet stands for
+            known = published(args).get("settings", {}).get("train", {}).get("resolved", {})
+            resolved(args, [r for r in args.recipes if r not in known])
         publish_training()
     result = json.loads(args.results.read_text())
     training = result.get("training", {})
