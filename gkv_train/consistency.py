@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from gkv_rollout.config import SamplingConfig, add_compression_args, compression_from_args
-from gkv_rollout.contract.eviction import EvictionRecord, resolved_backend
+from gkv_rollout.contract.eviction import resolved_backend
 from gkv_rollout.engine import RolloutEngine
 from gkv_train.data import gsm8k_questions
 from gkv_train.jsonio import dumps
@@ -60,9 +60,10 @@ def reset_peak_resident() -> bool:
 def forward_cost(model, out, record, temperature: float, backend: str) -> tuple[dict, float, int | None]:
     """``logprob_mismatch`` under ``record`` and what that no-grad forward cost: seconds, and the memory it added
     at its peak (CUDA: allocated device memory; elsewhere resident memory from /proc: None where the system does not
-    say). An eviction record's FlexAttention forward compiles its kernels on first use: one untimed forward first."""
+    say). Under FlexAttention a record's forward compiles its kernels on first use: one untimed forward first (an
+    S4R record, which attends through SDPA under any backend, pays it for nothing)."""
     cuda = out.sequences.is_cuda
-    if isinstance(record, EvictionRecord) and resolved_backend(backend, cuda) == "flex":
+    if record is not None and resolved_backend(backend, cuda) == "flex":
         logprob_mismatch(model, out, record, temperature, backend)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
