@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from gkv_train.consistency import resident_bytes
 from gkv_train.jsonio import dumps
 
 from _common import ROOT, origin, print_json, provenance
@@ -45,11 +46,14 @@ PHASES = ("generation", "logprob_forward", "backward", "optimizer", "other")
 
 
 class StepTimer(TrainerCallback):
-    """Wall time of each optimizer step and of its phases (phase timers add into ``current``)."""
+    """Wall time of each optimizer step and of its phases (phase timers add into ``current``), and which phase
+    raised the process's peak resident memory to what (``raised``: phase -> the peak in bytes when one of its calls
+    ended above the peak before it; Linux's ``VmHWM``, never reset, so the process's own peak stays whole)."""
 
     def __init__(self):
         self.steps: list[dict] = []
         self.current: dict = defaultdict(float)
+        self.raised: dict = {}
         self._step_start = self._opt_start = 0.0
 
     def on_step_begin(self, args, state, control, **kwargs):
@@ -73,11 +77,14 @@ class StepTimer(TrainerCallback):
         """``function`` with its time added to ``phase`` (timed functions must not call one another)."""
 
         def wrapper(*args, **kwargs):
-            start = time.perf_counter()
+            start, peak = time.perf_counter(), resident_bytes("VmHWM")
             try:
                 return function(*args, **kwargs)
             finally:
                 self.current[phase] += time.perf_counter() - start
+                now = resident_bytes("VmHWM")
+                if now is not None and peak is not None and now > peak:
+                    self.raised[phase] = max(self.raised.get(phase, 0), now)
 
         return wrapper
 
@@ -172,6 +179,7 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
         "steps": len(timed),
         "mean_completion_length": sum(lengths) / max(len(lengths), 1),
         "warmup_total": round(sum(s["total"] for s in timer.steps[: args.warmup]), 3),
+        "peak_raised_by": timer.raised,
     }
 
 
