@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
 
@@ -16,6 +15,7 @@ from gkv_train.jsonio import dumps
 from gkv_train.logprobs import token_logprobs
 from gkv_train.models import load_model, random_prompts
 from gkv_train.options import check_compile_decode
+from gkv_train.preflight import reset_peak_resident, status_bytes
 
 
 def logprob_mismatch(model, out, record, temperature: float = 1.0, backend: str = "auto") -> dict[str, float]:
@@ -35,28 +35,6 @@ def logprob_mismatch(model, out, record, temperature: float = 1.0, backend: str 
     return mismatch_stats(trainer, out.logprobs, out.completion_mask)
 
 
-def resident_bytes(field: str) -> int | None:
-    """This process's ``VmRSS`` (resident now) or ``VmHWM`` (its peak since ``reset_peak_resident``) in bytes, from
-    /proc (Linux); None elsewhere."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith(f"{field}:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def reset_peak_resident() -> bool:
-    """Start ``VmHWM`` again from the resident memory now (Linux: /proc/self/clear_refs); False where it cannot
-    (then ``VmHWM`` is the process's lifetime peak, no measure of what follows)."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        return False
-    return True
-
-
 def forward_cost(model, out, record, temperature: float, backend: str) -> tuple[dict, float, int | None]:
     """``logprob_mismatch`` under ``record`` and what that no-grad forward cost: seconds, and the memory it added
     at its peak (CUDA: allocated device memory; elsewhere resident memory from /proc: None where the system does not
@@ -69,11 +47,11 @@ def forward_cost(model, out, record, temperature: float, backend: str) -> tuple[
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
     else:
-        before = resident_bytes("VmRSS") if reset_peak_resident() else None
+        before = status_bytes("VmRSS") if reset_peak_resident() else None
     start = time.perf_counter()
     found = logprob_mismatch(model, out, record, temperature, backend)
     seconds = time.perf_counter() - start
-    peak = torch.cuda.max_memory_allocated() if cuda else resident_bytes("VmHWM")
+    peak = torch.cuda.max_memory_allocated() if cuda else status_bytes("VmHWM")
     return found, seconds, None if before is None or peak is None else peak - before
 
 

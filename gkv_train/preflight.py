@@ -160,7 +160,7 @@ def available_memory(device: str) -> tuple[int, str]:
         found.append((limit - used, "memory left in this container's limit (cgroup memory.max)"))
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft != resource.RLIM_INFINITY:
-        found.append((soft - _status_kb("VmSize") * 1024, "address space left under ulimit -v"))
+        found.append((soft - (status_bytes("VmSize") or 0), "address space left under ulimit -v"))
     return min((f for f in found if f[0] is not None), key=lambda f: f[0])
 
 
@@ -205,11 +205,25 @@ def _read_int(path: str) -> int | None:
     return int(text) if text.isdigit() else None
 
 
-def _status_kb(key: str) -> int:
+def status_bytes(field: str) -> int | None:
+    """A memory figure of this process from /proc/self/status in bytes (``VmRSS``: resident now; ``VmHWM``: its
+    peak since the process started or ``reset_peak_resident``; ``VmSize``: address space); None where the system
+    does not say (not Linux)."""
     try:
         for line in open("/proc/self/status"):
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return 0
+    return None
+
+
+def reset_peak_resident() -> bool:
+    """Start ``VmHWM`` again from the resident memory now (Linux: /proc/self/clear_refs); False where it cannot
+    (then ``VmHWM`` is the process's lifetime peak, no measure of what follows)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True

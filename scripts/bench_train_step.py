@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
-from gkv_train.consistency import resident_bytes
 from gkv_train.jsonio import dumps
+from gkv_train.preflight import status_bytes
 
 from _common import ROOT, origin, print_json, provenance
 
@@ -77,12 +77,12 @@ class StepTimer(TrainerCallback):
         """``function`` with its time added to ``phase`` (timed functions must not call one another)."""
 
         def wrapper(*args, **kwargs):
-            start, peak = time.perf_counter(), resident_bytes("VmHWM")
+            start, peak = time.perf_counter(), status_bytes("VmHWM")
             try:
                 return function(*args, **kwargs)
             finally:
                 self.current[phase] += time.perf_counter() - start
-                now = resident_bytes("VmHWM")
+                now = status_bytes("VmHWM")
                 if now is not None and peak is not None and now > peak:
                     self.raised[phase] = max(self.raised.get(phase, 0), now)
 
