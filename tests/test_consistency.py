@@ -165,6 +165,9 @@ def test_masks_built_by_query_chunks_give_the_same_logprobs_and_gradients(cfg, c
     assert (chunked_lp - out.logprobs)[mask].abs().max() <= TOL
     assert torch.allclose(chunked_lp, whole_lp, atol=1e-6) and torch.allclose(chunked, whole, atol=1e-5)
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(grads, chunked_grads))
+    rotated_lp, _, _ = loss_and_grads(model, out, out.record.roll_layers(1), checkpointing)  # controls, chunked too
+    causal_lp, _, _ = loss_and_grads(model, out, None, checkpointing)
+    assert (rotated_lp - out.logprobs)[mask].abs().max() > 1e-2 and (causal_lp - out.logprobs)[mask].abs().max() > 1e-2
 
 
 # On SmolLM2 the default run checks G-KV (the method with every scoring term); the others, which every method's
