@@ -1,11 +1,14 @@
 """The packages as a user installs them: three wheels (not editable), ``gkv_train`` with the recipes inside,
 ``gkv_rollout`` and ``gkv_rewards``, whose ``gkv-train`` command works from any folder."""
 
+import fcntl
+import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -29,7 +32,14 @@ def installed(tmp_path_factory):
         isolation = []
     pip = [sys.executable, "-m", "pip", "-q"]
     folders = {"gkv_train": ROOT, "gkv_rollout": ROOT / "rollout", "gkv_rewards": ROOT / "rewards"}
-    subprocess.run([*pip, "wheel", "--no-deps", *isolation, "-w", str(build), *map(str, folders.values())], check=True)
+    # the builds write into the source folders (build/, *.egg-info): one at a time, whichever worker runs them (a
+    # fresh-clone CI run once had two workers building there at once: "File exists: build/bdist...")
+    lock = Path(tempfile.gettempdir()) / f"gkv-wheels-{hashlib.sha1(str(ROOT).encode()).hexdigest()[:12]}.lock"
+    with open(lock, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        subprocess.run(
+            [*pip, "wheel", "--no-deps", *isolation, "-w", str(build), *map(str, folders.values())], check=True
+        )
     wheels = {name: next(build.glob(f"{name}-*.whl")) for name in folders}
     subprocess.run([*pip, "install", "--no-deps", "--target", str(target), *map(str, wheels.values())], check=True)
     return target, {name: zipfile.ZipFile(wheel).namelist() for name, wheel in wheels.items()}, list(wheels.values())
