@@ -10,7 +10,7 @@ Stages (``--stages``; each resumable, every run a ``train.py`` or ``scripts/eval
    ``--probe-budgets``), with the regime's three checks (``bench_decode_regime.py``'s probe, on this task).
 2. ``methods``: the untrained model's method ordering on ``--methods-problems`` *held-out* problems x
    ``--methods-samples`` (every eviction method, the G-KV forms, S4R at equal memory; ``bench_decode_regime.py``'s
-   methods stage, on this task).
+   methods stage, on this task; a call cut short keeps the rows it published).
 3. ``lr``: ``--lr-recipe`` at ``--lr-seed`` (0) with each of ``--lrs``, each model evaluated on ``--lr-problems``
    *train-split* problems (another problem stream than training's) under the training compression; the chosen
    rate (highest pass@1, then score) applies to every recipe. The run at the chosen rate is that recipe's run at
@@ -1260,7 +1260,7 @@ def main() -> None:
                 "0",
             ],
         )
-        ordering.results = None
+        ordering.results = args.results  # a call cut short keeps the rows it published (same settings)
         publish("methods", regime.stage_methods(args.output_root, ordering, lambda s: publish("methods", s)))
     if {"lr", "train", "eval"} & set(args.stages):
         work(args, publish_training)
