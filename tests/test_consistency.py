@@ -148,19 +148,21 @@ def test_masks_built_by_query_chunks_give_the_same_logprobs_and_gradients(cfg, c
     """A training forward builds each layer's mask ``QUERY_CHUNK`` query rows at a time and recomputes each
     chunk in the backward (so no layer keeps its mask for the backward): with chunks of 5 rows the log-probs
     equal the rollout's (<= 1e-4) and one mask's, the gradients equal one mask's, with and without activation
-    checkpointing, and every chunk's masked attention ran again in the backward (a count)."""
+    checkpointing, and every chunk's masked attention ran again in the backward (a count); a chunk attends only
+    to the keys up to the last one its rows see (fewer than all for every chunk but the last ones)."""
     model = tiny_model("tiny-llama")
     out = RolloutEngine(model, compression=cfg).generate(random_prompts([9, 21]), SamplingConfig(max_new_tokens=16))
     model.train()
     whole_lp, whole, grads = loss_and_grads(model, out, out.record, checkpointing)
     calls = []
     sdpa = attention.sdpa_with_head_mask
-    monkeypatch.setattr(attention, "sdpa_with_head_mask", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    monkeypatch.setattr(attention, "sdpa_with_head_mask", lambda *a, **k: calls.append(a[1].shape[2]) or sdpa(*a, **k))
     monkeypatch.setattr(attention, "QUERY_CHUNK", 5)
     chunked_lp, chunked, chunked_grads = loss_and_grads(model, out, out.record, checkpointing)
     T, layers = out.sequences.shape[1], model.config.num_hidden_layers
     chunks = -(-T // 5)
     assert len(calls) == layers * chunks * (3 if checkpointing else 2)  # forward, (layer recompute,) chunk recompute
+    assert sum(calls) < 0.75 * len(calls) * max(calls)  # keys after a chunk's last visible one left out
     mask = out.completion_mask.bool()
     assert (chunked_lp - out.logprobs)[mask].abs().max() <= TOL
     assert torch.allclose(chunked_lp, whole_lp, atol=1e-6) and torch.allclose(chunked, whole, atol=1e-5)
