@@ -31,7 +31,9 @@ def machine() -> str:
     import platform
 
     threads = os.environ.get("OMP_NUM_THREADS", "default")
-    return f"{os.cpu_count()}-core CPU ({platform.machine()}), fp32, torch threads {threads}"
+    threshold = os.environ.get("MALLOC_MMAP_THRESHOLD_")  # glibc: a fixed threshold changes the peak resident memory
+    heap = f", glibc mmap threshold {threshold} B" if threshold else ""
+    return f"{os.cpu_count()}-core CPU ({platform.machine()}), fp32, torch threads {threads}{heap}"
 
 
 def origin() -> dict:

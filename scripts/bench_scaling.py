@@ -9,8 +9,13 @@ and a plot.
 * ``training``: one step of ``rl_sparse`` and ``rl_full`` per length of ``--train-lengths``
   (``scripts/bench_train_step.py``: 1 prompt x ``--train-rows`` samples, 8 by default, every completion forced to
   the length; gkv at ``--budget`` under rl_sparse; with ``--gradient-checkpointing`` each layer recomputed in the
-  backward): the step's time by phase and the process's peak resident memory. A training point records its rows
-  and checkpointing, and a rerun with others measures new points beside it.
+  backward): the step's time by phase and the process's peak resident memory. A training point records its rows,
+  checkpointing and ``--mmap-threshold``, and a rerun with others measures new points beside it.
+
+Peak resident memory on Linux counts what glibc's heap keeps after tensors are freed: its mmap threshold grows
+with the blocks freed (up to 32 MiB), and blocks below it come from a heap that fragments. ``--mmap-threshold
+BYTES`` runs the training steps with ``MALLOC_MMAP_THRESHOLD_=BYTES`` (a fixed threshold: larger blocks are
+mapped and returned on free), so that the peak follows the live tensors.
 
 Each point runs in its own process (peak memory is per process) and is appended to ``points.jsonl`` under
 ``--output-root`` as it finishes: a rerun skips the points done. Writes ``scaling.png`` there too, and with
@@ -127,7 +132,10 @@ def training_point(trainer: str, length: int, args) -> dict:
         str(args.train_rows),
         *(["--gradient-checkpointing"] if args.gradient_checkpointing else []),
     ]
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    env = dict(os.environ)
+    if args.mmap_threshold is not None:
+        env["MALLOC_MMAP_THRESHOLD_"] = str(args.mmap_threshold)
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, text=True, env=env)
     stdout = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -140,6 +148,7 @@ def training_point(trainer: str, length: int, args) -> dict:
         "length": length,
         "rows": args.train_rows,
         "gradient_checkpointing": args.gradient_checkpointing,
+        "mmap_threshold": args.mmap_threshold,
         "step": step,
         "seconds": step["total"],
         "peak_rss_bytes": usage.ru_maxrss * 1024,
@@ -276,6 +285,12 @@ def main() -> None:
     parser.add_argument(
         "--gradient-checkpointing", action="store_true", help="training: recompute each layer in the backward"
     )
+    parser.add_argument(
+        "--mmap-threshold",
+        type=int,
+        help="training: run each step with MALLOC_MMAP_THRESHOLD_ set to this many bytes (glibc: a fixed threshold, "
+        "so that the peak resident memory follows the live tensors; default: glibc's dynamic one)",
+    )
     parser.add_argument("--point", nargs=3, help=argparse.SUPPRESS)  # rollout METHOD LENGTH, in this process
     args = parser.parse_args()
     if args.quick:  # tiny values for the options left at their defaults
@@ -293,7 +308,7 @@ def main() -> None:
     points = [p for p in points if p.get("settings") == settings]  # points of other settings do not count
     done = {point_key(p) for p in points}
     start = time.perf_counter()
-    training = (args.train_rows, args.gradient_checkpointing)
+    training = (args.train_rows, args.gradient_checkpointing, args.mmap_threshold)
     todo = [("rollout", m, n, None) for m in args.methods for n in args.lengths] + [
         ("training", t, n, training) for n in args.train_lengths for t in args.trainers
     ]  # training length by length: the trainers of one length run one after the other, close in time (similar load)
@@ -312,7 +327,9 @@ def main() -> None:
         points,
         args.output_root / "scaling.png",
         f"{args.model}, rollout batch {args.batch} (gkv budget {args.budget}, s4r eta {args.eta}); training 1 x "
-        f"{args.train_rows} rows" + (", activation checkpointing" if args.gradient_checkpointing else ""),
+        f"{args.train_rows} rows"
+        + (", activation checkpointing" if args.gradient_checkpointing else "")
+        + (f", mmap threshold {args.mmap_threshold} B" if args.mmap_threshold is not None else ""),
     )
     result = {
         "benchmark": "scaling",
@@ -321,6 +338,7 @@ def main() -> None:
         "train_lengths": args.train_lengths,
         "train_rows": args.train_rows,
         "gradient_checkpointing": args.gradient_checkpointing,
+        "mmap_threshold": args.mmap_threshold,
         "seconds": round(time.perf_counter() - start, 1),
         "points": points,
         "plot": str(args.output_root / "scaling.png"),
@@ -366,15 +384,15 @@ def tables(view: str, result: dict) -> str:
             )
     else:
         rows = [
-            "| trainer | new tokens | rows | checkpointing | step s | generation s | log-prob forward s | backward s "
-            "| peak RSS MiB | peak / rl_full's | step / rl_full's |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "| trainer | new tokens | rows | checkpointing | mmap threshold | step s | generation s "
+            "| log-prob forward s | backward s | peak RSS MiB | peak / rl_full's | step / rl_full's |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         training = [p for p in result["points"] if p["kind"] == "training"]
         full = {(training_setting(p), p["length"]): p for p in training if p["trainer"] == "rl_full"}
         for p in sorted(training, key=lambda p: (TRAINERS.index(p["trainer"]), training_setting(p), p["length"])):
-            (n_rows, checkpointing), step = training_setting(p), p["step"]
-            other = full.get(((n_rows, checkpointing), p["length"]))
+            (n_rows, checkpointing, threshold), step = training_setting(p), p["step"]
+            other = full.get((training_setting(p), p["length"]))
             ratios = (
                 f"{p['peak_rss_bytes'] / other['peak_rss_bytes']:.2f} | {p['seconds'] / other['seconds']:.2f}"
                 if other is not None and p["trainer"] != "rl_full"
@@ -382,7 +400,7 @@ def tables(view: str, result: dict) -> str:
             )
             rows.append(
                 f"| {p['trainer']} | {p['length']} | {n_rows} | {'yes' if checkpointing else 'no'} | "
-                f"{p['seconds']:.1f} | {step['generation']:.1f} | {step['logprob_forward']:.1f} | "
+                f"{'glibc dynamic' if threshold is None else f'{threshold} B'} | {p['seconds']:.1f} | {step['generation']:.1f} | {step['logprob_forward']:.1f} | "
                 f"{step['backward']:.1f} | {p['peak_rss_bytes'] / mib:.0f} | {ratios} |"
             )
         slopes = memory_slopes(training)
@@ -396,9 +414,10 @@ def tables(view: str, result: dict) -> str:
     return "\n".join(rows) + f"\n\n{provenance(result)}\n"
 
 
-def training_setting(point: dict) -> tuple[int, bool]:
-    """A training point's rows and activation checkpointing (a point of an earlier version, without them: 8, no)."""
-    return point.get("rows", 8), point.get("gradient_checkpointing", False)
+def training_setting(point: dict) -> tuple[int, bool, int | None]:
+    """A training point's rows, activation checkpointing and glibc mmap threshold (a point of an earlier version,
+    without them: 8, no, None: glibc's dynamic threshold)."""
+    return point.get("rows", 8), point.get("gradient_checkpointing", False), point.get("mmap_threshold")
 
 
 def memory_slopes(points: list[dict]) -> dict[str, float]:
@@ -406,8 +425,10 @@ def memory_slopes(points: list[dict]) -> dict[str, float]:
     memory against the length, divided by the rows of the step (bytes per new token and row)."""
     groups: dict[str, list[tuple[int, int]]] = {}
     for p in points:
-        rows, checkpointing = training_setting(p)
-        name = f"{p['trainer']}, {rows} rows{', checkpointing' if checkpointing else ''}"
+        rows, checkpointing, threshold = training_setting(p)
+        name = f"{p['trainer']}, {rows} rows{', checkpointing' if checkpointing else ''}" + (
+            f", mmap threshold {threshold} B" if threshold is not None else ""
+        )
         groups.setdefault(name, []).append((p["length"], p["peak_rss_bytes"] / rows))
     found = {}
     for name, xy in groups.items():

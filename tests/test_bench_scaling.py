@@ -40,11 +40,11 @@ def test_quick_scaling_points_and_resume(tmp_path):
     assert again.returncode == 0 and "[scaling" not in again.stderr  # nothing measured again
     assert json.loads(again.stdout.strip().splitlines()[-1])["points"] == line["points"]
     # other training settings: a new training point beside the old one, the rollout points read back
-    other = [*command, "--train-rows", "4", "--gradient-checkpointing"]
+    other = [*command, "--train-rows", "4", "--gradient-checkpointing", "--mmap-threshold", "131072"]
     checkpointed = subprocess.run(other, capture_output=True, text=True, timeout=600, check=False)
     assert checkpointed.returncode == 0, checkpointed.stderr[-3000:]
     assert checkpointed.stderr.count("[scaling") == 1 and "training rl_sparse 8" in checkpointed.stderr
     (train,) = [
         p for p in json.loads(checkpointed.stdout.strip().splitlines()[-1])["points"] if p["kind"] == "training"
     ]
-    assert (train["rows"], train["gradient_checkpointing"]) == (4, True)
+    assert (train["rows"], train["gradient_checkpointing"], train["mmap_threshold"]) == (4, True, 131072)
