@@ -149,7 +149,7 @@ def test_masks_built_by_query_chunks_give_the_same_logprobs_and_gradients(cfg, c
     chunk in the backward (so no layer keeps its mask for the backward): with chunks of 5 rows the log-probs
     equal the rollout's (<= 1e-4) and one mask's, the gradients equal one mask's, with and without activation
     checkpointing, and every chunk's masked attention ran again in the backward (a count); a chunk attends only
-    to the keys up to the last one its rows see (fewer than all for every chunk but the last ones)."""
+    to the keys its rows see (a count of the key columns)."""
     model = tiny_model("tiny-llama")
     out = RolloutEngine(model, compression=cfg).generate(random_prompts([9, 21]), SamplingConfig(max_new_tokens=16))
     model.train()
@@ -162,7 +162,10 @@ def test_masks_built_by_query_chunks_give_the_same_logprobs_and_gradients(cfg, c
     T, layers = out.sequences.shape[1], model.config.num_hidden_layers
     chunks = -(-T // 5)
     assert len(calls) == layers * chunks * (3 if checkpointing else 2)  # forward, (layer recompute,) chunk recompute
-    assert sum(calls) < 0.75 * len(calls) * max(calls)  # keys after a chunk's last visible one left out
+    # a chunk attends only to the keys its rows see: those up to its last query under G-KV's record (about half);
+    # under S4R's, whose forward has 2T keys (exact, then projected), the sinks and the projected keys up to there
+    # (the keys up to the last one seen would be more than T)
+    assert sum(calls) < 0.7 * len(calls) * T
     mask = out.completion_mask.bool()
     assert (chunked_lp - out.logprobs)[mask].abs().max() <= TOL
     assert torch.allclose(chunked_lp, whole_lp, atol=1e-6) and torch.allclose(chunked, whole, atol=1e-5)

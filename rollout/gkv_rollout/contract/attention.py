@@ -83,11 +83,16 @@ def sdpa_with_head_mask(query, key, value, mask, scaling, dropout=0.0):
     return out.transpose(1, 2).contiguous(), None
 
 
-def visible_keys(mask: torch.Tensor) -> int:
-    """How many leading key columns a chunk needs: 1 + the last column any query row of ``mask`` (bool [B, h, Q, K])
-    sees; the columns after it are masked for every row and add nothing to any softmax."""
+def visible_columns(mask: torch.Tensor) -> slice | torch.Tensor:
+    """The key columns a chunk attends to, out of those of ``mask`` (bool [B, h, Q, K]): the columns no query row
+    sees are masked for every row and add nothing to any softmax. A slice up to the last column some row sees (an
+    eviction record: about every key up to the chunk's last query); their indices, int64 [n], when they are at
+    most half of that prefix (S4R's record: the sinks among the exact keys, then the projected ones), where
+    saving the columns pays for gathering the mask, keys and values."""
     seen = mask.reshape(-1, mask.shape[-1]).any(0)  # [K]
-    return mask.shape[-1] - int(seen.flip(0).to(torch.uint8).argmax()) if bool(seen.any()) else mask.shape[-1]
+    columns = seen.nonzero().squeeze(1)
+    prefix = int(columns[-1]) + 1 if columns.numel() else mask.shape[-1]
+    return columns if 2 * columns.numel() <= prefix else slice(0, prefix)
 
 
 def masked_attention(
@@ -104,9 +109,9 @@ def masked_attention(
     B x Hkv x QUERY_CHUNK x K entries (and SDPA's float copy of it), never B x Hkv x Q x K, also while its
     activations wait for the backward; that costs the masked attention's forward once more in the backward.
     Each query row's softmax is its own, so the chunks give what one call would. A chunk attends only to the
-    keys up to the last one any of its rows sees (``visible_keys``): under a causal record the keys after its
-    last query are masked for all its rows, so the chunks together do about half the work of full-width rows
-    (what the causal kernel skips).
+    keys some of its rows see (``visible_columns``): under a causal record the keys after its last query are
+    masked for all its rows, so the chunks together do about half the work of full-width rows (what the causal
+    kernel skips).
 
     query [B, H, Q, D]; key/value [B, Hkv, K, D]. Returns (out [B, Q, H, D], None).
     """
@@ -116,8 +121,8 @@ def masked_attention(
 
     def rows(start: int, end: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         mask = mask_rows(start, end)
-        keys = visible_keys(mask)
-        return sdpa_with_head_mask(q, k[:, :, :keys], v[:, :, :keys], mask[..., :keys], scaling, dropout)[0]
+        keys = visible_columns(mask)
+        return sdpa_with_head_mask(q, k[:, :, keys], v[:, :, keys], mask[..., keys], scaling, dropout)[0]
 
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     out = []
