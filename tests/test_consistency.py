@@ -149,7 +149,7 @@ def test_masks_built_by_query_chunks_give_the_same_logprobs_and_gradients(cfg, c
     chunk in the backward (so no layer keeps its mask for the backward): with chunks of 5 rows the log-probs
     equal the rollout's (<= 1e-4) and one mask's, the gradients equal one mask's, with and without activation
     checkpointing, and every chunk's masked attention ran again in the backward (a count); a chunk attends only
-    to the keys its rows see (a count of the key columns)."""
+    to the keys its rows see (a bound on the key columns of all calls; ``test_visible_columns`` checks each case)."""
     model = tiny_model("tiny-llama")
     out = RolloutEngine(model, compression=cfg).generate(random_prompts([9, 21]), SamplingConfig(max_new_tokens=16))
     model.train()
@@ -162,9 +162,8 @@ def test_masks_built_by_query_chunks_give_the_same_logprobs_and_gradients(cfg, c
     T, layers = out.sequences.shape[1], model.config.num_hidden_layers
     chunks = -(-T // 5)
     assert len(calls) == layers * chunks * (3 if checkpointing else 2)  # forward, (layer recompute,) chunk recompute
-    # a chunk attends only to the keys its rows see: those up to its last query under G-KV's record (about half);
-    # under S4R's, whose forward has 2T keys (exact, then projected), the sinks and the projected keys up to there
-    # (the keys up to the last one seen would be more than T)
+    # the chunks attend to fewer keys: about half under G-KV's causal record; under S4R's, whose forward has 2T
+    # keys (exact, then projected), fewer than T (the keys up to the last one seen would be more than T)
     assert sum(calls) < 0.7 * len(calls) * T
     mask = out.completion_mask.bool()
     assert (chunked_lp - out.logprobs)[mask].abs().max() <= TOL
@@ -173,6 +172,51 @@ def test_masks_built_by_query_chunks_give_the_same_logprobs_and_gradients(cfg, c
     rotated_lp, _, _ = loss_and_grads(model, out, out.record.roll_layers(1), checkpointing)  # controls, chunked too
     causal_lp, _, _ = loss_and_grads(model, out, None, checkpointing)
     assert (rotated_lp - out.logprobs)[mask].abs().max() > 1e-2 and (causal_lp - out.logprobs)[mask].abs().max() > 1e-2
+
+
+@pytest.mark.parametrize("case", ["causal", "padded", "gathered", "per-head", "none-seen"], ids=lambda c: c)
+def test_visible_columns(case, monkeypatch):
+    """``masked_attention`` restricted to the columns each chunk's rows see (``visible_columns``) gives what one
+    unrestricted call gives, outputs and gradients, on synthetic masks: causal (a slice per chunk); a left-padded
+    row whose padding queries see its first real token in a later column (kept); most keys unseen (a gather); a
+    mask per KV head; a chunk that sees no key (every column)."""
+    torch.manual_seed(0)
+    B, H, Hkv, T, D = 2, 4, 2, 12, 8
+    query, key, value = (torch.randn(B, h, T, D, requires_grad=True) for h in (H, Hkv, Hkv))
+    causal = torch.ones(T, T).tril().bool()
+    mask = causal.expand(B, 1, T, T).clone()
+    if case == "padded":
+        mask[0, :, :5] = False
+        mask[0, :, :5, 5] = True  # row 0: five padding columns whose queries see the first real token
+        mask[0, :, :, :5] = False
+    elif case == "gathered":
+        mask[:, :, 6:, 1:6] = False  # the last chunks see the first key and the recent ones only
+    elif case == "per-head":
+        mask = mask.expand(B, Hkv, T, T).clone()
+        mask[:, 1, 6:, :4] = False
+    elif case == "none-seen":
+        mask[:, :, :3] = False
+    expected = {
+        "causal": [slice(0, 3), slice(0, 6), slice(0, 9), slice(0, 12)],
+        "padded": [slice(0, 6), slice(0, 6), slice(0, 9), slice(0, 12)],
+        "gathered": [slice(0, 3), slice(0, 6), torch.tensor([0, 6, 7, 8]), slice(0, 12)],  # 4 of 9; 7 of 12
+        "per-head": [slice(0, 3), slice(0, 6), slice(0, 9), slice(0, 12)],
+        "none-seen": [slice(None), slice(0, 6), slice(0, 9), slice(0, 12)],
+    }[case]
+    for i, want in enumerate(expected):
+        got = attention.visible_columns(mask[:, :, 3 * i : 3 * i + 3])
+        assert (got == want) if isinstance(want, slice) else torch.equal(got, want), (i, got)
+    rows = slice(3, None) if case == "none-seen" else slice(None)  # rows that see nothing: NaN either way
+
+    def run(chunk: int):
+        monkeypatch.setattr(attention, "QUERY_CHUNK", chunk)
+        out, _ = attention.masked_attention(query, key, value, lambda s, e: mask[:, :, s:e], None)
+        grads = torch.autograd.grad(out[:, rows].sum(), (query, key, value))
+        return out[:, rows], grads
+
+    (whole, whole_grads), (chunked, chunked_grads) = run(T), run(3)
+    assert torch.allclose(chunked, whole, atol=1e-6)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(chunked_grads, whole_grads))
 
 
 # On SmolLM2 the default run checks G-KV (the method with every scoring term); the others, which every method's

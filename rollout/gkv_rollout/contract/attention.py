@@ -85,14 +85,17 @@ def sdpa_with_head_mask(query, key, value, mask, scaling, dropout=0.0):
 
 def visible_columns(mask: torch.Tensor) -> slice | torch.Tensor:
     """The key columns a chunk attends to, out of those of ``mask`` (bool [B, h, Q, K]): the columns no query row
-    sees are masked for every row and add nothing to any softmax. A slice up to the last column some row sees (an
-    eviction record: about every key up to the chunk's last query); their indices, int64 [n], when they are at
-    most half of that prefix (S4R's record: the sinks among the exact keys, then the projected ones), where
-    saving the columns pays for gathering the mask, keys and values."""
-    seen = mask.reshape(-1, mask.shape[-1]).any(0)  # [K]
+    sees are masked for every row and add nothing to any softmax. A slice up to the last column some row sees
+    (under a causal record no row sees a key after the chunk's last query); their indices, int64 [n], when they
+    are at most half of that prefix (S4R's record: the sinks among the exact keys, then the projected ones; an
+    eviction record whose budget is small against the length), where the columns saved pay for gathering the
+    mask, keys and values. Every column (a slice) when no row sees any. One host sync on CUDA."""
+    seen = mask.reshape(-1, mask.shape[-1]).any(0).cpu()  # [K]
     columns = seen.nonzero().squeeze(1)
-    prefix = int(columns[-1]) + 1 if columns.numel() else mask.shape[-1]
-    return columns if 2 * columns.numel() <= prefix else slice(0, prefix)
+    if not columns.numel():
+        return slice(None)
+    prefix = int(columns[-1]) + 1
+    return columns.to(mask.device) if 2 * columns.numel() <= prefix else slice(0, prefix)
 
 
 def masked_attention(
