@@ -398,9 +398,10 @@ def tables(view: str, result: dict) -> str:
                 if other is not None and p["trainer"] != "rl_full"
                 else "- | -"
             )
+            heap = "glibc dynamic" if threshold is None else f"{threshold} B"
             rows.append(
-                f"| {p['trainer']} | {p['length']} | {n_rows} | {'yes' if checkpointing else 'no'} | "
-                f"{'glibc dynamic' if threshold is None else f'{threshold} B'} | {p['seconds']:.1f} | {step['generation']:.1f} | {step['logprob_forward']:.1f} | "
+                f"| {p['trainer']} | {p['length']} | {n_rows} | {'yes' if checkpointing else 'no'} | {heap} | "
+                f"{p['seconds']:.1f} | {step['generation']:.1f} | {step['logprob_forward']:.1f} | "
                 f"{step['backward']:.1f} | {p['peak_rss_bytes'] / mib:.0f} | {ratios} |"
             )
         slopes = memory_slopes(training)
