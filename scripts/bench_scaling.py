@@ -293,6 +293,8 @@ def main() -> None:
     )
     parser.add_argument("--point", nargs=3, help=argparse.SUPPRESS)  # rollout METHOD LENGTH, in this process
     args = parser.parse_args()
+    if args.mmap_threshold is not None and not 0 < args.mmap_threshold <= 32 * 2**20:
+        parser.error(f"--mmap-threshold {args.mmap_threshold}: 1 to 33554432 bytes (glibc ignores larger values)")
     if args.quick:  # tiny values for the options left at their defaults
         quick = {"model": "tiny", "batch": 2, "lengths": [16, 32], "train_lengths": [8, 16], "budget": 24}
         for key, value in quick.items():

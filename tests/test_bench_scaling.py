@@ -48,3 +48,7 @@ def test_quick_scaling_points_and_resume(tmp_path):
         p for p in json.loads(checkpointed.stdout.strip().splitlines()[-1])["points"] if p["kind"] == "training"
     ]
     assert (train["rows"], train["gradient_checkpointing"], train["mmap_threshold"]) == (4, True, 131072)
+    refused = subprocess.run(
+        [*command, "--mmap-threshold", "0"], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert refused.returncode == 2 and "--mmap-threshold 0" in refused.stderr
