@@ -21,7 +21,14 @@ import datasets
 from gkv_rewards.extract import gold_answer
 from gkv_train.jsonio import file_identity
 from gkv_train.retrieval import HAYSTACKS, RETRIEVAL_TASKS, retrieval_task
-from gkv_train.tasks import COPY_REQUIRED, PLACES, arithmetic_task, copy_recall_task
+from gkv_train.tasks import (
+    COPY_REQUIRED,
+    LONG_RECALL_SENTENCES,
+    PLACES,
+    arithmetic_task,
+    copy_recall_task,
+    long_recall_task,
+)
 
 
 def find_data_dir() -> Path:
@@ -55,15 +62,18 @@ PRESETS = {
 }
 BUILTIN = "arithmetic"
 COPY_RECALL = "copy_recall"  # the built-in task of the decode-time regime: see copy_recall_task
+LONG_RECALL = "long_recall"  # the decode-time regime at reasoning lengths, for evaluation: see long_recall_task
 PROMPT_TEMPLATE = "{problem}\nPut your final answer in \\boxed{{}}."
 
 
 @dataclass
 class DataConfig:
     """Where problems come from: ``path`` (local JSONL/JSON/Parquet) or ``name`` (preset: aime24, amc23,
-    math500, gsm8k, svamp; ``arithmetic`` or ``copy_recall``, the built-in tasks; or a hub dataset).
+    math500, gsm8k, svamp; ``arithmetic``, ``copy_recall`` or ``long_recall``, the built-in tasks; or a hub dataset).
 
-    ``copy_recall`` is the built-in task of the decode-time regime (see ``copy_recall_task``).
+    ``copy_recall`` is the built-in task of the decode-time regime (see ``copy_recall_task``); ``long_recall`` the
+    same regime at reasoning lengths, an evaluation task whose completions begin with a given story
+    (``long_recall_task``).
 
     ``split`` picks a hub dataset's split or the built-in task's (train/test); a preset's file holds only its
     test split (another is refused); a local file is split by its name: ``path=data/{split}.jsonl`` (on a
@@ -71,7 +81,7 @@ class DataConfig:
     ``split=test``, and a path without ``{split}`` is read whole.
 
     path: a local JSONL / JSON / Parquet file of problems (``{split}`` in it: the split's file); implies name=null.
-    name: a preset (aime24, amc23, math500, gsm8k, svamp), a built-in task (arithmetic, copy_recall; the
+    name: a preset (aime24, amc23, math500, gsm8k, svamp), a built-in task (arithmetic, copy_recall, long_recall; the
         RULER-style retrieval tasks niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt:
         ``gkv_train.retrieval``) or a hub dataset; None with ``path``.
     context: the retrieval tasks' prompt length, about this many tokens.
@@ -96,7 +106,7 @@ class DataConfig:
     limit: int | None = 256
     levels: list[int] = field(default_factory=lambda: [1])  # built-in task difficulty levels (0-4)
     distractors: int = 0  # built-in task: facts about others placed between a problem's first fact and the rest
-    sentences: int = 10  # copy_recall: the middle sentences written between the number and the blank (1-12)
+    sentences: int = 10  # copy_recall (1-12) and long_recall (1-4096): the middle sentences between number and blank
     copy_required: str = "last"
     copy_share: float = 1.0
     context: int = 1024
@@ -110,10 +120,9 @@ class DataConfig:
         the job configurations that hold the group and by ``load_problems``."""
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"{key}.limit must be at least 1, or null for every problem; got {self.limit}")
-        if not 1 <= self.sentences <= len(PLACES):
-            raise ValueError(
-                f"{key}.sentences must be 1-{len(PLACES)} (copy_recall's middle sentences), got {self.sentences}"
-            )
+        most, task = (LONG_RECALL_SENTENCES, LONG_RECALL) if self.name == LONG_RECALL else (len(PLACES), COPY_RECALL)
+        if not 1 <= self.sentences <= most:
+            raise ValueError(f"{key}.sentences must be 1-{most} ({task}'s middle sentences), got {self.sentences}")
         if self.copy_required not in COPY_REQUIRED:
             raise ValueError(
                 f"{key}.copy_required must be one of {', '.join(COPY_REQUIRED)}, got {self.copy_required!r}"
@@ -141,8 +150,8 @@ class DataConfig:
         for key in ("distractors", "config"):  # added later: at their defaults they leave earlier identities valid
             if not settings[key]:
                 del settings[key]
-        if self.name != COPY_RECALL:
-            del settings["sentences"]  # only copy_recall reads it
+        if self.name not in (COPY_RECALL, LONG_RECALL):
+            del settings["sentences"]  # only copy_recall and long_recall read it
         if self.name != COPY_RECALL or self.copy_required == "last":
             del settings["copy_required"]  # added later: at its default earlier identities stay valid
         if self.copy_share == 1:
@@ -189,6 +198,8 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
         return arithmetic_task(limit, split, seed, tuple(data.levels), data.distractors)
     if name == COPY_RECALL:
         return copy_recall_task(limit, split, seed, data.sentences, data.copy_required, data.copy_share)
+    if name == LONG_RECALL:
+        return long_recall_task(limit, split, seed, data.sentences)
     if name in RETRIEVAL_TASKS:
         corpus = gsm8k_questions(None) if data.haystack == "questions" else None
         return retrieval_task(name, limit, split, seed, data.context, corpus)

@@ -27,8 +27,13 @@ def generate_and_grade(
     engine: RolloutEngine, tokenizer, problems, prompts: list[str], sampling: SamplingConfig, verify: MathVerifier
 ) -> GradedRollout:
     """Sample ``sampling.num_samples`` completions of each prompt (one per problem of ``problems``, a dataset
-    with ``answer`` and optionally ``required`` columns) and grade each against its problem's answer."""
-    out = engine.generate(prompts, sampling)
+    with ``answer`` and optionally ``required`` and ``continuation`` columns) and grade each against its problem's
+    answer. A ``continuation`` is the text every completion of its problem begins with, fed as if sampled
+    (``RolloutEngine.generate(prefixes=...)``); the completion graded holds it."""
+    prefixes = None
+    if "continuation" in problems.column_names:
+        prefixes = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in problems["continuation"]]
+    out = engine.generate(prompts, sampling, prefixes=prefixes)
     n = sampling.num_samples
     golds = [gold for gold in problems["answer"] for _ in range(n)]
     grades = grade_completions(tokenizer, out.completions(), golds, verify, required_column(problems, n))

@@ -1,7 +1,9 @@
 """The built-in procedural tasks: ``arithmetic`` (word problems at difficulty levels 0-4, optionally with
-distractor sentences) and ``copy_recall`` (copy a story and finish its last sentence with a number from its first:
-the decode-time regime). Each is deterministic in its seed, draws train and test from separate streams that never
-share a problem (``gkv_train.splits``) and returns a ``datasets.Dataset`` with ``id``, ``problem`` and ``answer``.
+distractor sentences), ``copy_recall`` (copy a story and finish its last sentence with a number from its first:
+the decode-time regime) and ``long_recall`` (the same number after a long story the completion begins with,
+teacher-forced: the decode-time regime at reasoning lengths). Each is deterministic in its seed, draws train and
+test from separate streams that never share a problem (``gkv_train.splits``) and returns a ``datasets.Dataset``
+with ``id``, ``problem`` and ``answer``.
 """
 
 from __future__ import annotations
@@ -229,5 +231,52 @@ def copy_recall_task(
     rows = [
         {"id": i, "problem": text, "answer": str(answer), "required": needed(last, places)}
         for i, (text, answer, last, places) in enumerate(chosen)
+    ]
+    return datasets.Dataset.from_list(rows)
+
+
+LONG_RECALL_SENTENCES = 4096  # long_recall's most middle sentences (about 13 tokens each on SmolLM2)
+
+
+def _long_recall_problem(rng: random.Random, sentences: int) -> tuple[str, int, str, str]:
+    """One long_recall problem, its answer, its last sentence and the completion's given beginning: a short prompt
+    that states a number (10-99), and a story that restates it, goes on for ``sentences`` middle sentences (places
+    and activities drawn with replacement) and stops where the number belongs."""
+    who, item, number = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(10, 99)
+    prompt = f"{who} has {number} {item}. Tell the story of {who}'s day, then say how many {item} {who} still has."
+    story = [f"{who} has {number} {item}."]
+    story += [f"Then {who} goes to {rng.choice(PLACES)} and {rng.choice(ACTIVITIES)}." for _ in range(sentences)]
+    story.append(f"At the end of the day, {who} counts the {item} and still has")
+    return prompt, number, story[-1], " ".join(story)
+
+
+def long_recall_task(n: int | None, split: str = "train", seed: int = 0, sentences: int = 80) -> datasets.Dataset:
+    """The decode-time regime at reasoning lengths, for evaluation: ``n`` problems whose completion begins with a
+    given story (the ``continuation`` column: the rollout engine feeds it as if sampled, compressing the cache every
+    interval as it goes, ``RolloutEngine.generate(prefixes=...)``) and ends with the number the model samples.
+
+    The prompt states a number; the story restates it in its first sentence, then ``sentences`` middle sentences
+    (SmolLM2-135M: about 13 tokens each, so 80 make a completion of about 1,050 tokens) and a last sentence that
+    stops where the number belongs ("... and still has"). A cache compressed while the story is written must still
+    hold the number at the end, some thousand tokens and dozens of compression rounds later. The story is given
+    because a small model cannot write a thousand faithful tokens (SmolLM2-135M loops within a hundred): what is
+    measured is the cache, not the model's writing. The ``required`` column is the last sentence
+    (``gkv_rewards.extract.copied``: the number must follow it). Not a training task: a trainer would take the
+    given story for sampled tokens (the training configuration refuses it). Splits as ``arithmetic_task``."""
+    check_builtin_request("the built-in task long_recall", split, n)
+    if not 1 <= sentences <= LONG_RECALL_SENTENCES:
+        raise ValueError(f"data.sentences must be 1-{LONG_RECALL_SENTENCES} for long_recall, got {sentences}")
+
+    def stream(which: str):
+        rng = random.Random(f"{seed}:long_recall:{sentences}:{which}")
+        while True:
+            yield _long_recall_problem(rng, sentences)
+
+    space = len(NAMES) * len(ITEMS) * 90  # distinct prompts: the splits never share one
+    task = f"the built-in task long_recall with {sentences} sentences"
+    chosen = held_out_split(stream, n, split, task, space, "add sentences")
+    rows = [
+        {"id": i, "problem": prompt, "answer": str(answer), "required": last, "continuation": story}
+        for i, (prompt, answer, last, story) in enumerate(chosen)
     ]
     return datasets.Dataset.from_list(rows)

@@ -11,7 +11,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from gkv_rollout.config import CompressionConfig
-from gkv_train.data import DataConfig
+from gkv_train.data import LONG_RECALL, DataConfig
 from gkv_train.options import (
     ALGORITHMS,
     LOSS_TYPES,
@@ -104,6 +104,11 @@ class TrainConfig(TrainOptions, TrlArguments):
     def __post_init__(self):
         self.data.check("data")
         self.eval_data.check("eval_data")
+        if self.data.name == LONG_RECALL:
+            raise ValueError(
+                "data.name=long_recall is an evaluation task: its completions begin with a given story, which a "
+                "trainer would take for sampled tokens; train on copy_recall (eval_data.name=long_recall evaluates)"
+            )
         if isinstance(self.report_to, str) or self.report_to is None:  # a name; null: none
             self.report_to = [] if self.report_to is None else [self.report_to]
         if not isinstance(self.report_to, (list, tuple)) or not all(isinstance(n, str) for n in self.report_to):

@@ -1,5 +1,7 @@
 """The decode-time regime: many compressions while a long completion is written, on the built-in task
-``copy_recall`` (the number the answer needs is written ~120 tokens before it is needed); one JSON line.
+``copy_recall`` (the number the answer needs is written ~120 tokens before it is needed), or (``--task
+long_recall``, probe and methods) at reasoning lengths: ``--sentences`` 80 make a completion of about 1,000 tokens
+that the engine feeds as given before the number is sampled; one JSON line.
 
 Stages (``--stages``, each resumable: every run is a ``scripts/evaluate.py`` folder, which resumes batch by batch,
 or a ``train.py`` folder, which resumes from its last checkpoint; a finished one is read back):
@@ -16,8 +18,9 @@ or a ``train.py`` folder, which resumes from its last checkpoint; a finished one
    the rank solved at that length, where an eviction cache of ``budget`` tokens holds the same share; S4R's own
    window and scoring defaults); every row's memory share reached (eviction: its retention; S4R: its stored
    state), and the retained-position density of every row at the first budget (G-KV's Fig. 7,
-   ``methods_density.png``). The section is written after every ``evaluate.py`` call (``"partial": true`` until
-   the stage ends), to ``--results`` too when given.
+   ``methods_density.png``). With ``--adapters NAME=DIR``, each trained LoRA adapter on the same problems with
+   the full cache and under ``--train-method`` at every budget (the ``adapters`` rows). The section is written after
+   every ``evaluate.py`` call (``"partial": true`` until the stage ends), to ``--results`` too when given.
 3. ``training``: every recipe of ``--recipes`` from the same initial model with the same optimizer steps,
    learning rate (one value: the learning-rate search budget is 1), prompts and rows per step, under
    ``--train-method`` at ``--train-budget`` (``rl_full``: the full cache); then every model, the untrained one
@@ -34,6 +37,7 @@ FILE as it is written, the other stages' sections kept.
     python scripts/bench_decode_regime.py --stages probe        # SmolLM2-135M (about 25 minutes on one core)
     python scripts/bench_decode_regime.py --stages training     # about 2 hours on 2 cores
     python scripts/bench_decode_regime.py --quick               # every stage, a tiny random model (a test runs it)
+    python scripts/bench_decode_regime.py --task long_recall --sentences 80 --max-new-tokens 1040 --stages probe
 """
 
 from __future__ import annotations
@@ -90,7 +94,7 @@ def task_keys(group: str, split: str, limit: int, args) -> list[str]:
     if args.copy_share != 1:
         variant.append(f"{group}.copy_share={args.copy_share}")
     return [
-        f"{group}.name=copy_recall",
+        f"{group}.name={args.task}",
         f"{group}.split={split}",
         f"{group}.sentences={args.sentences}",
         f"{group}.limit={limit}",
@@ -207,6 +211,7 @@ def stage_methods(root: Path, args, publish) -> dict:
     problems, samples = args.methods_problems, args.methods_samples
     settings = {
         "model": args.model,
+        **({"task": args.task} if args.task != "copy_recall" else {}),  # copy_recall: the settings' first form
         "sentences": args.sentences,
         "window": args.window,
         "interval": args.interval,
@@ -227,6 +232,8 @@ def stage_methods(root: Path, args, publish) -> dict:
         "partial": True,
     }
     earlier = earlier_rows(args.results, settings)
+    if args.adapters:
+        section["adapters"] = {}
 
     def measure(name: str, budget: int | None, run) -> None:
         """The row ``name`` at ``budget`` (the full cache: None) into the table and published: an earlier one,
@@ -273,6 +280,28 @@ def stage_methods(root: Path, args, publish) -> dict:
                     budget,
                     lambda e=extra: runs_of(["s4r"], budget, folder / "s4r-refresh", e)[f"s4r-b{budget}"],
                 )
+    for name, adapter in args.adapters:  # a trained model: the full cache and the training method at every budget
+        found = earlier_adapter(args.results, settings, name, adapter, args.budgets)
+        if found is None:
+            runs = evaluate(
+                [*model, f"adapter={adapter}"],
+                "test",
+                problems,
+                samples,
+                [args.train_method],
+                args.budgets,
+                folder / f"adapter-{name}",
+                seed,
+                args,
+            )
+            found = {
+                "adapter": adapter,
+                "full": row(runs["full"], None),
+                "compressed": {str(b): row(runs[f"{args.train_method}-b{b}"], runs["full"]) for b in args.budgets},
+                "method": args.train_method,
+            }
+        section["adapters"][name] = found
+        publish(section)
     first = str(args.budgets[0])
     rows = {"full": table["full"], **{name: by[first] for name, by in table["methods"].items() if first in by}}
     plot_density(rows, args.budgets[0], root / "methods_density.png")
@@ -293,6 +322,20 @@ def earlier_rows(results: Path | None, settings: dict) -> dict:
     found = {(name, int(b)): r for name, by in old["table"]["methods"].items() for b, r in by.items()}
     if old["table"].get("full") is not None:
         found["full", None] = old["table"]["full"]
+    return found
+
+
+def earlier_adapter(results: Path | None, settings: dict, name: str, adapter: str, budgets: list[int]) -> dict | None:
+    """The adapter row ``name`` of the methods section in ``results`` when it was measured with ``settings``, from
+    the same ``adapter`` folder, at every budget of ``budgets``."""
+    if results is None or not results.is_file():
+        return None
+    old = json.loads(results.read_text()).get("methods", {})
+    if old.get("settings") != json.loads(json.dumps(settings)):
+        return None
+    found = old.get("adapters", {}).get(name)
+    if found is None or found["adapter"] != adapter or any(str(b) not in found["compressed"] for b in budgets):
+        return None
     return found
 
 
@@ -601,6 +644,14 @@ def ordering_table(section: dict) -> str:
             for b in budgets
         ]
         lines.append(f"| {method} | " + " | ".join(f"{c} | {m}" for c, m in cells) + " |")
+    for name, r in section.get("adapters", {}).items():  # trained models
+        lines.append(
+            f"| {name} (trained), full | {cell(r['full'])} (every budget) | 1.00 |" + " | |" * (len(budgets) - 1)
+        )
+        cells = [
+            (cell(c), f"{c['memory_share']:.2f}") if (c := r["compressed"].get(str(b))) else ("-", "-") for b in budgets
+        ]
+        lines.append(f"| {name} (trained), {r['method']} | " + " | ".join(f"{c} | {m}" for c, m in cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -681,7 +732,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "decode_regime")
     parser.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     parser.add_argument("--quick", action="store_true", help="every stage, tiny model and sizes (a test runs it)")
-    parser.add_argument("--sentences", type=int, default=10, help="copy_recall's middle sentences")
+    parser.add_argument(
+        "--task",
+        default="copy_recall",
+        choices=["copy_recall", "long_recall"],
+        help="long_recall: the regime at reasoning lengths, an evaluation task (probe and methods stages)",
+    )
+    parser.add_argument("--sentences", type=int, default=10, help="the task's middle sentences")
     parser.add_argument(
         "--copy-required",
         default="last",
@@ -726,6 +783,13 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "memory (the s4r-refresh row; 0: none)",
     )
     parser.add_argument("--results", type=Path, help="a results file whose stage sections are replaced as they come")
+    parser.add_argument(
+        "--adapters",
+        nargs="+",
+        default=[],
+        metavar="NAME=DIR",
+        help="methods: trained LoRA adapters on the same problems (full cache, --train-method at every budget)",
+    )
     parser.add_argument("--methods-problems", type=int, default=128, help="methods: held-out problems")
     parser.add_argument("--methods-samples", type=int, default=4, help="methods: samples per held-out problem")
     parser.add_argument("--window", type=int, default=8)
@@ -774,9 +838,18 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-samples", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    if args.task == "long_recall" and (
+        "training" in args.stages or args.copy_required != "last" or args.copy_share != 1
+    ):
+        parser.error("--task long_recall: the probe and methods stages, without --copy-required / --copy-share")
+    if any("=" not in a for a in args.adapters):
+        parser.error(f"--adapters: NAME=DIR each, got {args.adapters}")
+    args.adapters = [tuple(a.split("=", 1)) for a in args.adapters]
     if args.quick:
         args.model, args.problems, args.samples, args.methods, args.budgets = "tiny", 2, 2, ["gkv"], [24]
         args.max_new_tokens, args.batch_problems, args.sentences, args.interval = 24, 2, 2, 8
+        if args.task == "long_recall":  # the given story (the tiny tokenizer: ~190 tokens at 2 sentences), the number
+            args.max_new_tokens = 224
         args.methods_problems, args.methods_samples, args.train_budget, args.eval_budgets = 2, 1, 24, [24]
         args.gkv_forms, args.s4r_length, args.s4r_refresh = ["max", "mean"], 96, 8
         args.steps, args.save_steps, args.prompts_per_step, args.train_problems = 1, 1, 1, 4
@@ -795,7 +868,7 @@ def main() -> None:
         "benchmark": "decode_regime",
         "model": args.model,
         "quick": args.quick,
-        "task": {"name": "copy_recall", "sentences": args.sentences, "copy_required": args.copy_required},
+        "task": {"name": args.task, "sentences": args.sentences, "copy_required": args.copy_required},
         "compression": {"window": args.window, "interval": args.interval},
         "sampling": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p},
     }

@@ -95,6 +95,32 @@ def test_quick_bench_reports_every_stage_and_resumes(tmp_path):
     assert kept == {**models["rl_sparse"], "measured": kept["measured"]} and "snapkv" not in kept["compressed"]
     assert extended["models"]["rl_sparse_snapkv"]["rollout"] == "snapkv"
     assert "| rl_sparse | gkv |" in (tmp_path / "elsewhere" / "summary.md").read_text()
+    # the regime at length: long_recall (the story given, the number sampled), the trained adapter evaluated there
+    long = [
+        *command[:3],
+        "--task",
+        "long_recall",
+        "--stages",
+        "methods",
+        "--gkv-forms",
+        "max",
+        "--s4r-length",
+        "0",
+        "--adapters",
+        f"rl_sparse={tmp_path / 'training' / 'train' / 'rl_sparse'}",
+        "--output-root",
+        str(tmp_path / "long"),
+    ]
+    again = subprocess.run(long, capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stderr[-3000:]
+    methods = json.loads(again.stdout.strip().splitlines()[-1])["methods"]
+    assert methods["settings"]["task"] == "long_recall" and "data.name=long_recall" in again.stderr
+    assert methods["table"]["full"]["mean_completion_length"] > 40  # the given story (~13 tokens a sentence) is in it
+    trained = methods["adapters"]["rl_sparse"]
+    assert set(trained["compressed"]) == {"24"} and trained["full"]["mean_completion_length"] > 40
+    assert "| rl_sparse (trained), gkv |" in (tmp_path / "long" / "summary.md").read_text()
+    refused = subprocess.run([*long, "--stages", "training"], capture_output=True, text=True, timeout=300, check=False)
+    assert refused.returncode == 2 and "the probe and methods stages" in refused.stderr
     # a section measured with other settings is never replaced silently: an error naming them, before any work
     other = subprocess.run([*more, "--lr", "0.001"], capture_output=True, text=True, timeout=300, check=False)
     assert other.returncode != 0 and "other settings (training)" in other.stderr and "train.py" not in other.stderr

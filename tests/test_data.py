@@ -265,11 +265,16 @@ def test_copy_recall_task_is_deterministic_held_out_and_reachable_by_name():
     assert copies_in_order(f"{story} {answer}", places[0]["required"])  # the whole copy passes
     skipped = f"{sentences[0]}. {train[0]['required']} {answer}"  # the middle left out
     assert copies_in_order(skipped, train[0]["required"]) and not copies_in_order(skipped, places[0]["required"])
+    from gkv_rewards.functions import accuracy
+
+    assert accuracy(
+        completions=[f"{story} no more.", f"{story} {answer}."],
+        answer=[answer] * 2,
+        required=[train[0]["required"]] * 2,
+    ) == [0.0, 1.0]  # the number is read after the last sentence, never from the first
     half = ". ".join([*sentences[:6], sentences[-1]]) + f" {answer}"  # the first 5 places, then the number
     assert copied(half, places[0]["required"]).share == 0.5 and copies_in_order(half, places[0]["required"])
     assert not copies_in_order(". ".join(sentences[:5]) + f". {answer}", places[0]["required"])  # 4 of 10
-    from gkv_rewards.functions import accuracy
-
     assert accuracy(
         completions=[f"{answer} {story}", f"{story} {answer}"],
         answer=[answer] * 2,
@@ -293,6 +298,41 @@ def test_copy_recall_task_is_deterministic_held_out_and_reachable_by_name():
     )
     half_identity = DataConfig(name="copy_recall", copy_required="places", copy_share=0.5).identity()
     assert half_identity["copy_share"] == 0.5 and "copy_share" not in DataConfig(name="copy_recall").identity()
+
+
+def test_long_recall_gives_the_story_the_completion_begins_with_and_is_not_trained_on():
+    """long_recall: a short prompt with the number; the continuation restates it, writes the middle sentences and
+    stops where it belongs; the splits never share a prompt; the number must follow the last sentence. Refused as
+    training data, accepted as evaluation data."""
+    from gkv_rewards.functions import accuracy
+    from gkv_train.tasks import long_recall_task
+    from gkv_train.train_config import TrainConfig
+
+    train, test = (
+        long_recall_task(30, "train", seed=1, sentences=50),
+        long_recall_task(100, "test", seed=1, sentences=50),
+    )
+    assert train["continuation"] == long_recall_task(30, "train", seed=1, sentences=50)["continuation"]
+    assert not set(train["problem"]) & set(test["problem"])
+    for row in train:
+        first, *middle, last = row["continuation"].split(". ")
+        assert first.split()[2] == row["answer"] and first in row["problem"]  # "<who> has <n> <item>", as asked
+        assert len(middle) == 50 and all(m.startswith("Then ") for m in middle) and row["required"] == last
+        assert last.endswith("and still has") and row["answer"] not in " ".join(middle + [last])
+    story, answer = train[0]["continuation"], train[0]["answer"]
+    assert accuracy(
+        completions=[f"{story} {answer} {train[0]['answer'][::-1]}x", f"{story} {answer} apples.", f"{answer} {story}"],
+        answer=[answer] * 3,
+        required=[train[0]["required"]] * 3,
+    ) == [float(answer == answer[::-1]), 1.0, 0.0]  # the last number after the story counts
+    long = load_problems(DataConfig(name="long_recall", sentences=200, limit=2, split="test"))
+    assert [c.count("Then") for c in long["continuation"]] == [200, 200]
+    assert DataConfig(name="long_recall", sentences=200).identity() != DataConfig(name="long_recall").identity()
+    with pytest.raises(ValueError, match="sentences must be 1-4096 \\(long_recall"):
+        DataConfig(name="long_recall", sentences=5000).check()
+    with pytest.raises(ValueError, match="data.name=long_recall is an evaluation task"):
+        TrainConfig(data=DataConfig(name="long_recall"))
+    TrainConfig(eval_data=DataConfig(name="long_recall", split="test"))
 
 
 @pytest.mark.parametrize("name", ["niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt"])

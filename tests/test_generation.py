@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import subprocess
 import sys
@@ -202,6 +203,37 @@ def test_replay_reproduces_a_sampled_rollout(tiny_llama, method):
     assert torch.allclose(replayed.logprobs, sampled.logprobs, atol=1e-6)
     if method != "full":
         assert torch.equal(replayed.record.evict_at, sampled.record.evict_at)
+
+
+@pytest.mark.parametrize("method", ["gkv", "s4r"])
+def test_prefixes_are_fed_then_sampling_goes_on(tiny_llama, method):
+    """Given prefixes begin every sample of their prompt, then sampling goes on: the completions hold them, a
+    replay of the completions reproduces the record and the log-probs, and the prefix's log-probs are the model's
+    for those tokens. The sampled tails differ between samples; a prefix that fills max_new_tokens is refused."""
+    cfg = CompressionConfig(method, budget=12, window=3, interval=5) if method == "gkv" else CompressionConfig(method)
+    engine = RolloutEngine(tiny_llama, compression=cfg)
+    prompts = random_prompts([9, 17], seed=7)
+    prefixes = random_prompts([20, 13], seed=8)  # token ids, as prompts are
+    sampling = SamplingConfig(max_new_tokens=30, temperature=1.0, seed=3, num_samples=2, stop_token_ids=())
+    out = engine.generate(prompts, sampling, prefixes=prefixes)
+    completions = out.completions()
+    for row, completion in enumerate(completions):
+        assert completion[: len(prefixes[row // 2])] == prefixes[row // 2]
+        assert len(completion) == 30
+    assert completions[0][20:] != completions[1][20:]  # each sample samples its own tail
+    replayed = engine.replay(
+        [p for p in prompts for _ in range(2)], completions, dataclasses.replace(sampling, num_samples=1)
+    )
+    assert torch.equal(replayed.sequences, out.sequences)
+    assert torch.allclose(replayed.logprobs, out.logprobs, atol=1e-6)
+    if method == "gkv":
+        assert out.stats["compressions"] > 3 and torch.equal(replayed.record.evict_at, out.record.evict_at)
+    else:
+        assert torch.equal(replayed.record.selected, out.record.selected)
+    control = engine.generate(prompts, sampling)  # without prefixes: sampled from the first token
+    assert control.completions()[0][:20] != prefixes[0]
+    with pytest.raises(ValueError, match="leaves nothing to sample within 20"):
+        engine.generate(prompts, SamplingConfig(max_new_tokens=20), prefixes=prefixes)
 
 
 @pytest.mark.parametrize("method", ["full", "gkv", "snapkv", "s4r"])

@@ -100,7 +100,7 @@ _AT_LEAST = re.compile(r"at least (\d+) of:")
 class Copy(NamedTuple):
     """What a completion copied of a task's required lines: ``found`` of the ``lines`` in order (the most that
     appear in order), ``needed`` of them to count as copied, and ``rest``: where the final answer is read (the text
-    after the last line found, for a requirement of "at least K of" the lines; else the whole text)."""
+    after the last line found; the whole text when nothing is required or a required line is missing)."""
 
     found: int
     needed: int
@@ -137,7 +137,7 @@ def copied(text: str, required: str | None) -> Copy:
             if found < 0:
                 return Copy(0, len(wanted), len(wanted), text)
             at = found + len(line)
-        return Copy(len(wanted), len(wanted), len(wanted), text)
+        return Copy(len(wanted), len(wanted), len(wanted), flat[at:])
     # the most lines that appear in order: ends[i][c] = the earliest end of c lines in order, the last being line i
     ends: list[dict[int, int]] = []
     for i, line in enumerate(wanted):

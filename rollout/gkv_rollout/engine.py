@@ -210,20 +210,35 @@ class RolloutEngine:
         sampling: SamplingConfig | None = None,
         forced: Sequence[Sequence[int]] | None = None,
         progress: Callable[[int], object] | None = None,
+        prefixes: Sequence[Sequence[int]] | None = None,
     ) -> RolloutOutput:
         """Sample completions (or, with ``forced``, feed the given ones: see ``replay``). The model runs in
         eval mode (no dropout) without gradients; its training mode is restored on return. ``progress``, when
         given, is called after every step with the number of tokens that step generated (e.g. a progress bar's
-        ``update``)."""
+        ``update``).
+
+        ``prefixes``: the first tokens of each prompt's completions (one per prompt, shorter than
+        ``max_new_tokens``), fed as if sampled: the cache compresses as it would while writing them, their
+        log-probs are the model's, and sampling goes on after them. The completions and the record hold them;
+        ``replay`` of such a completion reproduces its record."""
+        if prefixes is not None:
+            if forced is not None:
+                raise ValueError("give forced (whole completions) or prefixes (their beginnings), not both")
+            if len(prefixes) != len(prompts):
+                raise ValueError(f"{len(prefixes)} prefixes for {len(prompts)} prompts")
+            longest = max((len(p) for p in prefixes), default=0)
+            limit = (sampling or SamplingConfig()).max_new_tokens
+            if longest >= limit:
+                raise ValueError(f"a prefix of {longest} tokens leaves nothing to sample within {limit} max_new_tokens")
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.no_grad():
-                return self._generate(prompts, sampling or SamplingConfig(), forced, progress)
+                return self._generate(prompts, sampling or SamplingConfig(), forced, progress, prefixes)
         finally:
             self.model.train(was_training)
 
-    def _generate(self, prompts, sampling: SamplingConfig, forced, progress) -> RolloutOutput:
+    def _generate(self, prompts, sampling: SamplingConfig, forced, progress, prefixes=None) -> RolloutOutput:
         """prefill, then ``decode_one_token`` step by step: pick each row's token, drop finished rows from the
         cache, stop when every row has; the record and statistics from what the cache saw."""
         model, device = self.model, next(self.model.parameters()).device
@@ -236,7 +251,10 @@ class RolloutEngine:
             self.compression.check_generation(max_new, "max_new_tokens")
         cache = self.cache_factory(model, self.compression, N, P, max_new, device, sampling.seed)
         step = DecodeStep(model, cache, sampling.compile_decode, self.compression.method)
-        pick = TokenPicker(sampling, forced, N, pad_id, stop_ids_of(model, self.tokenizer, sampling), device)
+        stop_ids = stop_ids_of(model, self.tokenizer, sampling)
+        if prefixes is not None:  # one per prompt, given to each of its samples
+            prefixes = [list(p) for p in prefixes for _ in range(sampling.num_samples)]
+        pick = TokenPicker(sampling, forced, N, pad_id, stop_ids, device, prefixes)
         state = Decoding(N, max_new, pad_id, prompt_mask.sum(-1), device)
 
         t0 = time.perf_counter()
@@ -303,9 +321,12 @@ class DecodeStep:
 
 class TokenPicker:
     """Each step's tokens from the logits: sampled (top-p at the temperature; stop tokens banned with
-    ``ignore_eos``), or with ``forced`` completions the given tokens and their log-probs (``replay``)."""
+    ``ignore_eos``), or with ``forced`` completions the given tokens and their log-probs (``replay``), or with
+    ``prefixes`` the given tokens while a row's prefix lasts and sampled ones after it."""
 
-    def __init__(self, sampling: SamplingConfig, forced, batch: int, pad_id: int, stop_ids: list[int], device):
+    def __init__(
+        self, sampling: SamplingConfig, forced, batch: int, pad_id: int, stop_ids: list[int], device, prefixes=None
+    ):
         static = sampling.compile_decode
         self.sampling, self.batch = sampling, batch
         self.sample = compiled(sample_tokens, device.type) if static else sample_tokens
@@ -314,18 +335,33 @@ class TokenPicker:
         self.banned = self.stop_ids if sampling.ignore_eos and len(stop_ids) else None
         self.generator = torch.Generator(device=device).manual_seed(sampling.seed)
         self.forced = self.forced_lengths = None
-        if forced is not None:
-            self.forced_lengths = torch.tensor([len(c) for c in forced], device=device)
+        self.then_sample = prefixes is not None  # the given tokens are beginnings: sampling follows them
+        given = prefixes if prefixes is not None else forced
+        if given is not None:
+            self.forced_lengths = torch.tensor([len(c) for c in given], device=device)
             width = sampling.max_new_tokens
-            self.forced = torch.tensor([list(c) + [pad_id] * (width - len(c)) for c in forced], device=device)
+            self.forced = torch.tensor([list(c) + [pad_id] * (width - len(c)) for c in given], device=device)
 
     def __call__(self, logits: torch.Tensor, n: int, rows: torch.Tensor):
         """logits [n_rows, V] of ``rows`` (indices into the batch) at step n -> (token int64 [n_rows], logprob
         float32 [n_rows], stop bool [n_rows]: the token ends its row)."""
         s = self.sampling
-        if self.forced is not None:
+        if self.forced is not None and not self.then_sample:
             token = self.forced[rows, n]
             return token, self.logprob_of(logits, token, s.temperature), self.forced_lengths[rows] <= n + 1
+        token, logprob, stop = self.sampled(logits, rows)
+        if self.forced is not None:  # prefixes: the given token while a row's prefix lasts
+            given = n < self.forced_lengths[rows]
+            if bool(given.any()):
+                forced = self.forced[rows, n]
+                token = torch.where(given, forced, token)
+                logprob = torch.where(given, self.logprob_of(logits, forced, s.temperature), logprob)
+                stop = stop & ~given
+        return token, logprob, stop
+
+    def sampled(self, logits: torch.Tensor, rows: torch.Tensor):
+        """The sampled (token, logprob, stop) of ``__call__``."""
+        s = self.sampling
         uniform = None
         if s.temperature != 0:  # one draw per batch row every step, whichever rows remain: sampling is reproducible
             uniform = torch.rand(self.batch, generator=self.generator, device=logits.device)[rows]
