@@ -174,12 +174,43 @@ def test_masks_built_by_query_chunks_give_the_same_logprobs_and_gradients(cfg, c
     assert (rotated_lp - out.logprobs)[mask].abs().max() > 1e-2 and (causal_lp - out.logprobs)[mask].abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("case", ["causal", "padded", "gathered", "per-head", "none-seen"], ids=lambda c: c)
+def test_eviction_columns_come_from_the_record_and_cover_every_key_seen():
+    """An eviction record names each chunk's key columns without building its mask (``layer_columns``): every
+    key a query row of the chunk sees is among them, and the mask built over them (``layer_mask(..., columns)``)
+    is the whole mask's restriction to them; per (sequence, KV head) far fewer than the prefix once the budget is
+    small against the length. Left-padded rows; a control: a column taken away loses a key some row sees."""
+    model = tiny_model("tiny-llama")
+    cfg = CompressionConfig("gkv", budget=12, window=4, interval=4)
+    out = RolloutEngine(model, compression=cfg).generate(
+        random_prompts([9, 21]), SamplingConfig(max_new_tokens=60, ignore_eos=True, stop_token_ids=())
+    )
+    masks = out.record.attention_context(model, out.attention_mask, backend="sdpa")
+    T, chunk, gathered = out.sequences.shape[1], 8, 0
+    for layer in range(model.config.num_hidden_layers):
+        for start in range(0, T, chunk):
+            end = min(start + chunk, T)
+            whole = masks.layer_mask(layer, T, start, end)  # [B, Hkv, Q, T]
+            columns = masks.layer_columns(layer, T, start, end)
+            restricted = attention.mask_columns(whole, columns)
+            assert int(restricted.sum()) == int(whole.sum())  # nothing seen outside the columns
+            assert torch.equal(masks.layer_mask(layer, T, start, end, columns), restricted)
+            if not isinstance(columns, slice):
+                gathered += 1
+                assert columns.shape[-1] <= cfg.budget + cfg.interval + chunk < end
+                assert int(attention.mask_columns(whole, columns[..., 1:]).sum()) < int(whole.sum())  # control
+    assert gathered >= model.config.num_hidden_layers * 3  # the later chunks gather
+
+
+CASES = ["causal", "padded", "gathered", "per-head", "per-sequence", "none-seen"]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c)
 def test_visible_columns(case, monkeypatch):
     """``masked_attention`` restricted to the columns each chunk's rows see (``visible_columns``) gives what one
     unrestricted call gives, outputs and gradients, on synthetic masks: causal (a slice per chunk); a left-padded
     row whose padding queries see its first real token in a later column (kept); most keys unseen (a gather); a
-    mask per KV head; a chunk that sees no key (every column)."""
+    mask per KV head; each sequence and KV head keeping other keys, which together are every key (a gather per
+    sequence and head, padded with unseen columns); a chunk that sees no key (every column)."""
     torch.manual_seed(0)
     B, H, Hkv, T, D = 2, 4, 2, 12, 8
     query, key, value = (torch.randn(B, h, T, D, requires_grad=True) for h in (H, Hkv, Hkv))
@@ -194,13 +225,23 @@ def test_visible_columns(case, monkeypatch):
     elif case == "per-head":
         mask = mask.expand(B, Hkv, T, T).clone()
         mask[:, 1, 6:, :4] = False
+    elif case == "per-sequence":
+        mask = mask.expand(B, Hkv, T, T).clone()
+        mask[:, :, 9:, :9] = False  # the last chunk: each (sequence, KV head) keeps its own earlier keys
+        for (b, h), kept in {(0, 0): [0, 1, 2], (0, 1): [3, 4, 5], (1, 0): [6, 7, 8], (1, 1): [1]}.items():
+            mask[b, h, 9:, kept] = True
     elif case == "none-seen":
         mask[:, :, :3] = False
+    gathered = torch.tensor([0, 6, 7, 8]).expand(B, 1, 4)  # 4 of 9 for every sequence
+    per_sequence = torch.tensor(
+        [[[0, 1, 2, 9, 10, 11], [3, 4, 5, 9, 10, 11]], [[6, 7, 8, 9, 10, 11], [1, 9, 10, 11, 0, 2]]]
+    )
     expected = {
         "causal": [slice(0, 3), slice(0, 6), slice(0, 9), slice(0, 12)],
-        "padded": [slice(0, 6), slice(0, 6), slice(0, 9), slice(0, 12)],
-        "gathered": [slice(0, 3), slice(0, 6), torch.tensor([0, 6, 7, 8]), slice(0, 12)],  # 4 of 9; 7 of 12
+        "padded": [torch.tensor([[[5, 0, 1]], [[0, 1, 2]]]), slice(0, 6), slice(0, 9), slice(0, 12)],  # 1 and 3 of 6
+        "gathered": [slice(0, 3), slice(0, 6), gathered, slice(0, 12)],  # 4 of 9; 7 of 12
         "per-head": [slice(0, 3), slice(0, 6), slice(0, 9), slice(0, 12)],
+        "per-sequence": [slice(0, 3), slice(0, 6), slice(0, 9), per_sequence],  # at most 6 of 12 each; 2 padding
         "none-seen": [slice(None), slice(0, 6), slice(0, 9), slice(0, 12)],
     }[case]
     for i, want in enumerate(expected):

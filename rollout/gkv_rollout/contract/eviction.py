@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gkv_rollout.contract.attention import masked_attention
+from gkv_rollout.contract.attention import masked_attention, seen_columns
 from gkv_rollout.contract.record import batch_rows, causal_mask, logical_positions
 
 NEVER = torch.iinfo(torch.int32).max
@@ -60,11 +60,14 @@ def visibility_mask(
     """Attention mask of one layer under the record: causal, padding and eviction.
 
     evict_cols: int32 [B, Hkv, K] eviction stamp of the key in each key column (one layer of
-    ``record_to_columns``); key_positions: int64 [B, K]; key_valid: bool [B, K]; query_positions: int64 [B, Q].
+    ``record_to_columns``); key_positions: int64 [B, K]; key_valid: bool [B, K] (or both [B, Hkv, K]: each KV
+    head's own columns); query_positions: int64 [B, Q].
     Returns bool [B, Hkv, Q, K]: True where the query may attend to the key.
     """
     alive = evict_cols[:, :, None, :] > query_positions[:, None, :, None]
-    return alive & causal_mask(key_positions, key_valid, query_positions)
+    if key_positions.dim() == 2:
+        return alive & causal_mask(key_positions, key_valid, query_positions)
+    return alive & key_valid[:, :, None, :] & (key_positions[:, :, None, :] <= query_positions[:, None, :, None])
 
 
 def visible_counts(evict_at: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
@@ -124,11 +127,33 @@ class EvictionMasks:
         evict_cols = record_to_columns(evict_at.to(attention_mask.device), positions)
         return cls(evict_cols, positions, attention_mask.bool(), backend)
 
-    def layer_mask(self, layer_idx: int, num_queries: int, start: int = 0, end: int | None = None) -> torch.Tensor:
-        """Dense bool mask [B, Hkv, Q, T] of one layer for the last ``num_queries`` columns (their rows
-        start:end only: Q = end - start)."""
+    def layer_mask(
+        self, layer_idx: int, num_queries: int, start: int = 0, end: int | None = None, columns=slice(None)
+    ) -> torch.Tensor:
+        """Dense bool mask [B, Hkv, Q, n] of one layer for the last ``num_queries`` columns (their rows
+        start:end only: Q = end - start) over the key ``columns`` (a slice, or int64 [B, Hkv, n] per KV head:
+        ``seen_columns``; all T by default)."""
         queries = self.positions[:, -num_queries:][:, start:end]
-        return visibility_mask(self.evict_cols[:, layer_idx], self.positions, self.valid, queries)
+        evict = self.evict_cols[:, layer_idx]
+        if isinstance(columns, slice):
+            return visibility_mask(evict[..., columns], self.positions[:, columns], self.valid[:, columns], queries)
+        per_head = columns.expand(-1, evict.shape[1], -1)
+        return visibility_mask(
+            evict.gather(-1, per_head),
+            self.positions[:, None].expand_as(evict).gather(-1, per_head),
+            self.valid[:, None].expand_as(evict).gather(-1, per_head),
+            queries,
+        )
+
+    def layer_columns(self, layer_idx: int, num_queries: int, start: int, end: int) -> slice | torch.Tensor:
+        """The key columns the last ``num_queries`` columns' rows start:end may see in one layer (``seen_columns``
+        of a superset: the keys written by the last of those queries and alive at the first), from the record
+        alone."""
+        queries = self.positions[:, -num_queries:][:, start:end]
+        first, last = queries.min(-1).values, queries.max(-1).values  # [B]
+        evict = self.evict_cols[:, layer_idx]  # [B, Hkv, T]
+        may_see = (evict > first[:, None, None]) & (self.valid & (self.positions <= last[:, None]))[:, None]
+        return seen_columns(may_see)
 
     def layer_block_mask(self, layer_idx: int, num_heads: int, num_queries: int):
         """FlexAttention BlockMask of one layer (query heads ``num_heads``) for the last ``num_queries`` columns."""
@@ -153,13 +178,15 @@ class EvictionMasks:
 
             block_mask = self.layer_block_mask(module.layer_idx, query.shape[1], num_queries)
             return flex_attention_forward(module, query, key, value, block_mask, scaling=scaling, dropout=dropout)
+        layer = module.layer_idx
         return masked_attention(
             query,
             key,
             value,
-            lambda start, end: self.layer_mask(module.layer_idx, num_queries, start, end),
+            lambda start, end, columns: self.layer_mask(layer, num_queries, start, end, columns),
             scaling,
             dropout if module.training else 0.0,
+            columns_of=lambda start, end: self.layer_columns(layer, num_queries, start, end),
         )
 
 
