@@ -165,6 +165,22 @@ class DataConfig:
         return {**settings, "file": file_identity(file) if file is not None and file.is_file() else None}
 
 
+GIVEN = "continuation"  # a problem set's column of text that its completions begin with (long_recall's story)
+
+
+def check_sampled_only(problems, key: str, who: str) -> None:
+    """Refuse ``problems`` (the configuration group ``key``'s) when their completions begin with given text (a
+    ``continuation`` column: ``long_recall``'s; a local file's columns other than the question and answer are not
+    read) for ``who``, a consumer that would take that text for the model's own tokens (teacher traces; a
+    training configuration refuses long_recall itself)."""
+    if GIVEN in problems.column_names:
+        raise ValueError(
+            f"{key}: the problems have a {GIVEN!r} column (text every completion begins with, fed as given: "
+            f"long_recall's story), which {who} would take for the model's own tokens or leave out; "
+            "evaluate them (scripts/evaluate.py, or eval_data at the end of a training run)"
+        )
+
+
 def check_prompt_template(template: str, key: str = "data") -> None:
     """``template`` (the configuration key ``<key>.prompt_template``) formats a prompt from a problem: its one field
     is ``{problem}``, which it holds (without it every prompt would be the same text); ValueError naming the

@@ -4,9 +4,9 @@ Each prompt is a haystack of about ``context`` tokens with facts hidden at rando
 haystack (``HAYSTACKS``): ``filler``, RULER's noise haystack ("The grass is green. The sky is blue. ..."), or
 ``questions``, natural text (the paper's haystack is essays): GSM8K's questions in a random order, the train
 problems drawing from the even-numbered ones and the test problems from the odd-numbered ones. The answer is a
-number, or for the multi-value and multi-query tasks several: then the ``required`` column lists them, one per line,
-and a completion is right when it writes all of them in that order (``copies_in_order``) and ends with the last
-(its final answer).
+number, or for the multi-value and multi-query tasks several: then the ``required`` column lists those before the
+last, one per line, and a completion is right when it writes them in that order (``copies_in_order``) and then
+the last (its final answer, read after them).
 That is RULER's ``string_match_all`` made binary and ordered (the order asked, or the order the needles appear);
 a model that lists the numbers any other way is graded wrong. The tasks (``data.name=...``), after RULER (Hsieh et
 al., 2024):
@@ -187,8 +187,8 @@ def retrieval_task(
 ) -> datasets.Dataset:
     """``n`` problems of the retrieval task ``name`` (``RETRIEVAL_TASKS``) with prompts of about ``context``
     tokens; columns ``id``, ``problem``, ``answer`` (the number, or the last of several) and ``required`` (the
-    numbers, one per line, when there are several; else None). ``corpus``: the natural haystack's texts (None:
-    the filler); train problems use its even-numbered texts, test problems its odd-numbered ones."""
+    numbers before the last, one per line, when there are several; else None). ``corpus``: the natural haystack's
+    texts (None: the filler); train problems use its even-numbered texts, test problems its odd-numbered ones."""
     if name not in RETRIEVAL_TASKS:
         raise ValueError(f"unknown retrieval task {name!r}; choose one of {', '.join(RETRIEVAL_TASKS)}")
     check_builtin_request(f"the built-in task {name}", split, n)
@@ -204,7 +204,7 @@ def retrieval_task(
 
     chosen = held_out_split(stream, n, split, f"the built-in task {name}", 10**9, "")
     rows = [
-        {"id": i, "problem": p, "answer": values[-1], "required": "\n".join(values) if len(values) > 1 else None}
+        {"id": i, "problem": p, "answer": values[-1], "required": "\n".join(values[:-1]) if len(values) > 1 else None}
         for i, (p, values) in enumerate(chosen)
     ]
     return datasets.Dataset.from_list(rows)

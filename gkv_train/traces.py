@@ -12,7 +12,7 @@ from tqdm import tqdm
 from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
-from gkv_train.data import load_problems, read_records
+from gkv_train.data import check_sampled_only, load_problems, read_records
 from gkv_train.exits import refusing
 from gkv_train.graded import generate_and_grade
 from gkv_train.jsonio import dumps, write_atomically
@@ -112,6 +112,7 @@ def run_traces(config) -> dict:
         check_model(config.model)
         check_task_contexts(config.model, {"data": config.data})
         problems = load_problems(config.data, config.seed)
+        check_sampled_only(problems, "data", "teacher traces")
         check_output_file(output, "output")
         prompts = [config.data.prompt_template.format(problem=p) for p in problems["problem"]]
         rows = min(TRACE_BATCH, len(problems)) * config.sampling.num_generations

@@ -107,7 +107,13 @@ class TrainConfig(TrainOptions, TrlArguments):
         if self.data.name == LONG_RECALL:
             raise ValueError(
                 "data.name=long_recall is an evaluation task: its completions begin with a given story, which a "
-                "trainer would take for sampled tokens; train on copy_recall (eval_data.name=long_recall evaluates)"
+                "trainer would take for sampled tokens; train on copy_recall (eval_data.name=long_recall evaluates "
+                "at the end of a run)"
+            )
+        if self.eval_data.name == LONG_RECALL and self.eval_steps is not None:
+            raise ValueError(
+                "eval_data.name=long_recall with eval_steps: the evaluation every eval_steps (TRL's loop) would leave "
+                "out the story its completions begin with; drop eval_steps (the final evaluation feeds it)"
             )
         if isinstance(self.report_to, str) or self.report_to is None:  # a name; null: none
             self.report_to = [] if self.report_to is None else [self.report_to]

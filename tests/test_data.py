@@ -352,8 +352,17 @@ def test_retrieval_tasks_hide_what_they_ask_and_hold_out_their_test_split(name):
     assert train["problem"] == retrieval_task(name, 30, "train", seed=1, context=256)["problem"]
     for row in train:
         text, question = row["problem"].rsplit("\n\n", 1)
-        answers = row["required"].split("\n") if row["required"] else [row["answer"]]
-        assert row["answer"] == answers[-1] and (row["required"] is None) == (len(answers) == 1)
+        answers = [*row["required"].split("\n"), row["answer"]] if row["required"] else [row["answer"]]
+        if row["required"]:  # the numbers listed as asked, with the last one the final answer, after the others
+            from gkv_rewards.functions import accuracy
+
+            listed, boxed = ", ".join(answers), ", ".join(f"\\boxed{{{a}}}" for a in answers)
+            wrong_order = ", ".join(answers[::-1])
+            assert accuracy(
+                completions=[f"The numbers are {listed}.", boxed, f"The numbers are {wrong_order}."],
+                answer=[row["answer"]] * 3,
+                required=[row["required"]] * 3,
+            ) == [1.0, 1.0, 0.0]
         if name == "vt":
             target = re.search(r"VAR (\w+)\?", question).group(1)
             values = dict(re.findall(r"VAR (\w+) = (\d+|VAR \w+)\.", text))

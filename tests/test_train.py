@@ -749,6 +749,8 @@ BAD_CONFIGS = [
     ("resume={tmp}/nowhere", "resume={tmp}/nowhere: not a complete checkpoint directory"),  # and no folder left
     ("data.name=niah_single data.context=1000000000", "data.context=1000000000 exceeds"),  # before the prompts
     ("compression.method=gkv_rollout.methods:EvictionMethod", "does not implement score"),
+    ("data.name=long_recall", "data.name=long_recall is an evaluation task"),
+    ("eval_data.name=long_recall eval_steps=1", "eval_data.name=long_recall with eval_steps"),
 ]
 
 
@@ -805,6 +807,12 @@ def test_traces_output_is_checked_before_generation(tmp_path, weightless_model):
     ]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert f"output={tmp_path} is a folder, not a file" in refusal(proc)
+    # long_recall's completions begin with a given story: teacher traces would pass it off as the teacher's
+    given = [*command[:-1], "data.name=long_recall", "data.sentences=2", f"output={tmp_path / 'traces.jsonl'}"]
+    proc = subprocess.run(given, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert (
+        "data: the problems have a 'continuation' column" in refusal(proc) and not (tmp_path / "traces.jsonl").exists()
+    )
 
 
 def traces_command(*args):

@@ -219,8 +219,8 @@ class RolloutEngine:
 
         ``prefixes``: the first tokens of each prompt's completions (one per prompt, shorter than
         ``max_new_tokens``), fed as if sampled: the cache compresses as it would while writing them, their
-        log-probs are the model's, and sampling goes on after them. The completions and the record hold them;
-        ``replay`` of such a completion reproduces its record."""
+        log-probs are the model's, and sampling goes on after them (a stop token inside a prefix does not end its
+        row). The completions and the record hold them; ``replay`` of such a completion reproduces its record."""
         if prefixes is not None:
             if forced is not None:
                 raise ValueError("give forced (whole completions) or prefixes (their beginnings), not both")

@@ -147,13 +147,17 @@ class EvictionMasks:
 
     def layer_columns(self, layer_idx: int, num_queries: int, start: int, end: int) -> slice | torch.Tensor:
         """The key columns the last ``num_queries`` columns' rows start:end may see in one layer (``seen_columns``
-        of a superset: the keys written by the last of those queries and alive at the first), from the record
-        alone."""
-        queries = self.positions[:, -num_queries:][:, start:end]
-        first, last = queries.min(-1).values, queries.max(-1).values  # [B]
+        of a superset: the keys written by the last of the real queries and alive at the first; where a row has
+        padding queries, which sit at position 0, also its first real token), from the record alone."""
+        queries = self.positions[:, -num_queries:][:, start:end]  # [B, Q]
+        real = self.valid[:, -num_queries:][:, start:end]
+        first = torch.where(real, queries, torch.iinfo(queries.dtype).max).min(-1).values  # [B]
+        last = queries.max(-1).values
         evict = self.evict_cols[:, layer_idx]  # [B, Hkv, T]
-        may_see = (evict > first[:, None, None]) & (self.valid & (self.positions <= last[:, None]))[:, None]
-        return seen_columns(may_see)
+        keys = self.valid & (self.positions <= last[:, None])  # [B, T]
+        may_see = (evict > first[:, None, None]) & keys[:, None]
+        padding = (~real).any(-1)[:, None] & self.valid & (self.positions == 0)  # what a padding query sees
+        return seen_columns(may_see | (padding[:, None] & (evict > 0)))
 
     def layer_block_mask(self, layer_idx: int, num_heads: int, num_queries: int):
         """FlexAttention BlockMask of one layer (query heads ``num_heads``) for the last ``num_queries`` columns."""
