@@ -198,3 +198,33 @@ def test_fresh_problems_are_checked_to_be_fresh(tmp_path, capsys):
     for seed, what in ((0, "main evaluation"), (1, "methods stage")):
         with pytest.raises(SystemExit, match=f"--fresh-seeds {seed}: .* not fresh, .*{what}"):
             check_fresh(call(3, seed))
+
+
+def test_the_methods_stage_keeps_the_rows_it_published(tmp_path):
+    """The methods stage (--quick: every eviction method, the G-KV forms and S4R at budget 24) publishes each row
+    as it comes; a later call with the same settings, on another machine (another output root: no evaluation
+    folders), takes every row from the results file and runs nothing."""
+    results = tmp_path / "results.json"
+
+    def methods(root: str):
+        command = [
+            sys.executable,
+            str(ROOT / "scripts" / "bench_rl_evidence.py"),
+            "--quick",
+            "--stages",
+            "methods",
+            "--output-root",
+            str(tmp_path / root),
+            "--results",
+            str(results),
+        ]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc
+
+    first = methods("here")
+    section = json.loads(results.read_text())["methods"]
+    assert not section["partial"] and {"gkv", "gkv-mean", "gkv-sum", "s4r"} <= set(section["table"]["methods"])
+    again = methods("elsewhere")
+    assert "evaluate.py" in first.stderr and "evaluate.py" not in again.stderr
+    assert json.loads(results.read_text())["methods"]["table"] == section["table"]
