@@ -845,6 +845,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     if any("=" not in a for a in args.adapters):
         parser.error(f"--adapters: NAME=DIR each, got {args.adapters}")
     args.adapters = [tuple(a.split("=", 1)) for a in args.adapters]
+    missing = [d for _, d in args.adapters if not (Path(d) / "adapter_config.json").is_file()]
+    if missing:  # before the methods' rows, which take hours
+        parser.error(f"--adapters: no LoRA adapter (adapter_config.json) in {', '.join(missing)}")
     if args.quick:
         args.model, args.problems, args.samples, args.methods, args.budgets = "tiny", 2, 2, ["gkv"], [24]
         args.max_new_tokens, args.batch_problems, args.sentences, args.interval = 24, 2, 2, 8

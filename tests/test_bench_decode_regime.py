@@ -121,6 +121,13 @@ def test_quick_bench_reports_every_stage_and_resumes(tmp_path):
     assert "| rl_sparse (trained), gkv |" in (tmp_path / "long" / "summary.md").read_text()
     refused = subprocess.run([*long, "--stages", "training"], capture_output=True, text=True, timeout=300, check=False)
     assert refused.returncode == 2 and "the probe and methods stages" in refused.stderr
+    nowhere = [
+        *long[: long.index("--adapters") + 1],
+        f"x={tmp_path / 'nowhere'}",
+        *long[long.index("--adapters") + 2 :],
+    ]
+    refused = subprocess.run(nowhere, capture_output=True, text=True, timeout=300, check=False)
+    assert refused.returncode == 2 and "no LoRA adapter (adapter_config.json) in" in refused.stderr
     # a section measured with other settings is never replaced silently: an error naming them, before any work
     other = subprocess.run([*more, "--lr", "0.001"], capture_output=True, text=True, timeout=300, check=False)
     assert other.returncode != 0 and "other settings (training)" in other.stderr and "train.py" not in other.stderr
