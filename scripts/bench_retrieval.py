@@ -40,6 +40,7 @@ from pathlib import Path
 
 from gkv_rollout.config import CompressionConfig
 from gkv_train.jsonio import dumps, write_atomically
+from gkv_train.metrics import bootstrap_interval
 from gkv_train.retrieval import HAYSTACKS, RETRIEVAL_TASKS
 
 from _common import ROOT, merge_section, origin, print_json, provenance
@@ -289,6 +290,13 @@ def correct_by_problem(folder: Path, run: str) -> list[float]:
     return [sum(c) / len(c) for _, c in sorted(by.items())]
 
 
+def minus(scores: list[float], reference: list[float]) -> dict:
+    """A row's pass@1 minus another's on the same problems: the mean of the per-problem differences and its 95%
+    bootstrap interval over problems."""
+    differences = [a - b for a, b in zip(scores, reference, strict=True)]
+    return {"difference": sum(differences) / len(differences), "ci95": bootstrap_interval(differences)}
+
+
 def split_by_needle(scores: list[float], inside: list[bool]) -> dict:
     """pass@1 (and problem count) of the problems whose needle lies inside / before the recent block."""
     parts = {"inside": [s for s, i in zip(scores, inside) if i], "before": [s for s, i in zip(scores, inside) if not i]}
@@ -319,6 +327,7 @@ def stage_fair(root: Path, args, publish=lambda section: None) -> dict:
             for eta in args.fair_etas:
                 inside = [in_recent_block(p, eta, S4R_SINKS) for p in positions]
                 cells = entry["etas"].setdefault(str(eta), {})
+                s4r_scores: list[float] = []
                 for name, keys in {"s4r": [], **{c: FAIR_CONTROLS[c] for c in args.fair_controls}}.items():
                     out = folder / f"eta{eta}" / name
                     (summary,) = evaluate(
@@ -333,9 +342,12 @@ def stage_fair(root: Path, args, publish=lambda section: None) -> dict:
                         args,
                         haystack,
                     ).values()
+                    scores = correct_by_problem(out, summary["run"])
+                    s4r_scores = s4r_scores or scores
                     cells[name] = {
                         **row(summary),
-                        "by_needle": split_by_needle(correct_by_problem(out, summary["run"]), inside),
+                        "by_needle": split_by_needle(scores, inside),
+                        "minus_s4r": minus(scores, s4r_scores),
                     }
                     publish(section)
                 memory = cells["s4r"]["memory_share"]
@@ -355,10 +367,12 @@ def stage_fair(root: Path, args, publish=lambda section: None) -> dict:
                 )  # prefill compression only: answers are short
                 for method in args.fair_methods:
                     run = f"{method}-b{budget}"
+                    scores = correct_by_problem(out, run)
                     cells[method] = {
                         **row(runs[run]),
                         "budget": budget,
-                        "by_needle": split_by_needle(correct_by_problem(out, run), inside),
+                        "by_needle": split_by_needle(scores, inside),
+                        "minus_s4r": minus(scores, s4r_scores),
                     }
                 cells["needle_inside_share"] = sum(inside) / len(inside)
                 publish(section)
@@ -368,11 +382,17 @@ def stage_fair(root: Path, args, publish=lambda section: None) -> dict:
 
 def fair_table(section: dict) -> str:
     """The fair test: per task and haystack, each eta's rows (S4R, its controls, the matched eviction methods) with
-    pass@1, the memory share reached, and pass@1 with the needle inside / before S4R's recent block."""
+    pass@1, its paired difference from S4R's row, the memory share reached, and pass@1 with the needle inside /
+    before S4R's recent block."""
     rows = [
-        "| task / haystack | full | eta | row | pass@1 | memory | needle inside the recent block | needle before it |",
-        "|---|---|---|---|---|---|---|---|",
+        "| task / haystack | full | eta | row | pass@1 | minus S4R (paired) | memory | needle inside the recent block "
+        "| needle before it |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def paired(r: dict) -> str:
+        d, (low, high) = r["minus_s4r"]["difference"], r["minus_s4r"]["ci95"]
+        return f"{d:+.2f} [{low:+.2f}, {high:+.2f}]"
 
     def part(by: dict) -> str:
         return "-" if by["pass@1"] is None else f"{by['pass@1']:.2f} ({by['problems']})"
@@ -382,7 +402,8 @@ def fair_table(section: dict) -> str:
             for row_name, r in ((k, v) for k, v in cells.items() if isinstance(v, dict)):
                 label = row_name + (f" (budget {r['budget']})" if "budget" in r else "")
                 rows.append(
-                    f"| {name} | {cell(entry['full'])} | {eta} | {label} | {cell(r)} | {r['memory_share']:.3f} | "
+                    f"| {name} | {cell(entry['full'])} | {eta} | {label} | {cell(r)} | "
+                    f"{'-' if row_name == 's4r' else paired(r)} | {r['memory_share']:.3f} | "
                     f"{part(r['by_needle']['inside'])} | {part(r['by_needle']['before'])} |"
                 )
     state = " (partial: runs still going)" if section.get("partial") else ""

@@ -76,4 +76,6 @@ def test_quick_retrieval_bench(tmp_path):
     for name in ("s4r", "exact_both", "snapkv"):
         parts = cells[name]["by_needle"]
         assert parts["inside"]["problems"] + parts["before"]["problems"] == 2
+    assert cells["s4r"]["minus_s4r"] == {"difference": 0.0, "ci95": [0.0, 0.0]}  # paired with itself
+    assert set(cells["exact_both"]["minus_s4r"]) == {"difference", "ci95"}
     assert "| niah_single/questions |" in tables_of(results, "fair")
