@@ -343,7 +343,8 @@ def stage_fair(root: Path, args, publish=lambda section: None) -> dict:
                         haystack,
                     ).values()
                     scores = correct_by_problem(out, summary["run"])
-                    s4r_scores = s4r_scores or scores
+                    if name == "s4r":  # the first row: every other row is paired with it
+                        s4r_scores = scores
                     cells[name] = {
                         **row(summary),
                         "by_needle": split_by_needle(scores, inside),
