@@ -9,7 +9,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gkv_train.checkpoints import (
+    EVAL,
     METRICS,
+    MODEL_FILES,
     checkpoint_step,
     clear_run,
     clear_staging,
@@ -19,7 +21,7 @@ from gkv_train.checkpoints import (
     truncate_metrics,
 )
 from gkv_train.exits import Refused
-from gkv_train.manifest import damage, saved_settings
+from gkv_train.manifest import CHECKPOINT, MANIFEST, damage, saved_settings
 from gkv_train.models import base_model_name
 from gkv_train.runlock import RunLock, RunLocked
 
@@ -41,6 +43,7 @@ def resume_checkpoint(config: TrainConfig, args: TrainingArguments) -> str | Non
     if config.resume == "last":
         found = newest_whole_checkpoint(config.output_dir)
         if found is None:
+            refuse_to_replace(Path(config.output_dir))
             print(f"resume=last: no complete checkpoint in {config.output_dir}, starting from scratch", file=sys.stderr)
             return None
     else:
@@ -79,6 +82,30 @@ def resume_checkpoint(config: TrainConfig, args: TrainingArguments) -> str | Non
                 "settings it was saved with, or start a new run (overwrite=true, or another output_dir)"
             )
     return str(found)
+
+
+def refuse_to_replace(out: Path) -> None:
+    """``resume=last`` found no whole checkpoint in ``out``: a ValueError when starting from scratch would replace a
+    run's results there (its ``checkpoint-N`` folders, every one damaged, each named with what is wrong; the final
+    model, its manifest, the evaluation); a folder with only what a run stopped before its first checkpoint leaves
+    (metrics, logs, staging) starts from scratch."""
+    if not out.is_dir():
+        return
+    problems = []
+    for path in sorted(out.iterdir(), key=lambda p: (len(p.name), p.name)):
+        if CHECKPOINT.fullmatch(path.name):
+            problem = damage(path) if path.is_dir() else "not a folder"
+            problems.append(f"{path.name}: {problem or 'no trainer state'}")
+    kept = sorted({f.name for pattern in (*MODEL_FILES, MANIFEST, EVAL) for f in out.glob(pattern)})
+    if not problems and not kept:
+        return
+    held = "; ".join(problems) if problems else "no checkpoint"
+    also = f", and it holds a run's results ({', '.join(kept)})" if kept else ""
+    raise ValueError(
+        f"resume=last: {out} has no whole checkpoint to resume from ({held}){also}; starting from scratch would "
+        "replace them: restore a checkpoint, pass overwrite=true (without resume) to start again, or choose "
+        "another output_dir"
+    )
 
 
 def prepare_output_dir(config: TrainConfig, state, checkpoint: str | None) -> None:

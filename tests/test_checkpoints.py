@@ -75,6 +75,32 @@ def test_damaged_checkpoints_are_found_by_their_manifest(tmp_path, capsys):
         resume_checkpoint(TrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume=str(second)), args)
 
 
+def test_a_run_without_a_whole_checkpoint_is_never_replaced_by_resume_last(tmp_path):
+    """resume=last with every checkpoint damaged, or none left beside a final model or evaluation, is refused naming
+    each checkpoint's damage and overwrite=true (starting from scratch would replace them); a folder with only what a
+    run stopped before its first checkpoint leaves (metrics, staging) starts from scratch."""
+    config = TrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last")
+    args = trainer_args(config, 1)
+    first, second = saved(tmp_path, 1, args), saved(tmp_path, 2, args)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    (first / "optimizer.pt").write_bytes(b"x" * 10)
+    (second / "trainer_state.json").write_text("{garbage")
+    with pytest.raises(ValueError) as refused:
+        resume_checkpoint(config, args)
+    message = str(refused.value)
+    assert "checkpoint-1: " in message and "optimizer.pt has 10 bytes" in message
+    assert "checkpoint-2: " in message and "trainer_state.json" in message and "overwrite=true" in message
+    clear_run(tmp_path)
+    (tmp_path / "eval.json").write_text("{}")
+    (tmp_path / "model.safetensors").write_text("weights")
+    with pytest.raises(ValueError, match=r"no checkpoint\), and it holds a run's results \(eval.json, model.safe"):
+        resume_checkpoint(config, args)
+    clear_run(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    (tmp_path / ".staging" / "checkpoint-1").mkdir(parents=True)
+    assert resume_checkpoint(config, args) is None  # stopped before its first checkpoint: from scratch
+
+
 def test_a_resume_keeps_its_checkpoints_settings_or_is_refused(tmp_path):
     """A resumed run keeps the checkpoint's optimizer and scheduler, so another learning rate, base model or LoRA is
     refused, naming both values; another run's checkpoint only with resume_other_run=true."""

@@ -397,6 +397,40 @@ def test_lora_and_periodic_evaluation(lora_run):
     assert not named, named
 
 
+def folder_bytes(folder: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(folder)): f.read_bytes() for f in sorted(folder.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.xdist_group("lora_run")
+@pytest.mark.parametrize("how", ["truncated", "flipped", "state"])
+def test_a_finished_run_with_damaged_checkpoints_is_refused_and_left_whole(lora_run, tmp_path, how):
+    """A finished run whose every checkpoint is damaged (weights truncated, one byte flipped, trainer state
+    overwritten): resume=last is refused before any work, naming each damaged checkpoint and overwrite=true, and
+    the folder (final model, metrics, evaluation) is left byte for byte."""
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(lora_run[0], run_dir)
+    for checkpoint in complete_checkpoints(run_dir):
+        weights = checkpoint / "adapter_model.safetensors"
+        if how == "truncated":
+            weights.write_bytes(weights.read_bytes()[:1000])
+        elif how == "flipped":
+            data = bytearray(weights.read_bytes())
+            data[len(data) // 2] ^= 0x01
+            weights.write_bytes(bytes(data))
+        else:
+            (checkpoint / "trainer_state.json").write_text('{"global_step": 0}')
+    before = folder_bytes(run_dir)
+    again = run(
+        [*TINY, "max_steps=3", "lora.enabled=true", "lora.r=4", f"output_dir={run_dir}", "resume=last"], check=False
+    )
+    line = refusal(again)
+    assert "checkpoint-1: " in line and "checkpoint-2: " in line and "overwrite=true" in line, line
+    assert "adapter_model.safetensors" in line and "eval.json" in line, line
+    assert folder_bytes(run_dir) == before
+
+
 def test_crashed_saves_resume_exactly(tmp_path):
     """A full disk during one save and a kill during another: resume=last continues from the newest complete
     checkpoint, logs no step twice and ends where an uninterrupted run does; then the finished run is not
