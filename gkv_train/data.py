@@ -106,7 +106,7 @@ class DataConfig:
     limit: int | None = 256
     levels: list[int] = field(default_factory=lambda: [1])  # built-in task difficulty levels (0-4)
     distractors: int = 0  # built-in task: facts about others placed between a problem's first fact and the rest
-    sentences: int = 10  # copy_recall (1-12) and long_recall (1-4096): the middle sentences between number and blank
+    sentences: int = 10  # copy_recall (1-12), long_recall (1-4096; 80: its ~1k-token story): the middle sentences
     copy_required: str = "last"
     copy_share: float = 1.0
     context: int = 1024
@@ -120,6 +120,7 @@ class DataConfig:
         the job configurations that hold the group and by ``load_problems``."""
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"{key}.limit must be at least 1, or null for every problem; got {self.limit}")
+        self.check_applies(key)
         most, task = (LONG_RECALL_SENTENCES, LONG_RECALL) if self.name == LONG_RECALL else (len(PLACES), COPY_RECALL)
         if not 1 <= self.sentences <= most:
             raise ValueError(f"{key}.sentences must be 1-{most} ({task}'s middle sentences), got {self.sentences}")
@@ -141,6 +142,19 @@ class DataConfig:
                 "GKV_DATA_DIR to the folder of the benchmark files"
             )
         check_prompt_template(self.prompt_template, key)
+
+    def check_applies(self, key: str) -> None:
+        """A task's own setting given for a task that does not read it (``TASK_KEYS``: its value differs from the
+        default while ``name`` is none of the tasks that read it): ValueError naming the key and the tasks it applies
+        to, so that a setting is never silently ignored."""
+        defaults = DataConfig()
+        for name, tasks in TASK_KEYS.items():
+            if getattr(self, name) != getattr(defaults, name) and self.name not in tasks:
+                task = f"{key}.name={self.name}" if self.name is not None else f"{key}.path (a data file)"
+                raise ValueError(
+                    f"{key}.{name}={getattr(self, name)!r} applies to {key}.name={' / '.join(tasks)} only, not to "
+                    f"{task}, which does not read it: leave it out"
+                )
 
     def identity(self) -> dict:
         """Everything that determines the problems and prompts: these settings and, for a local file (or a
@@ -164,6 +178,15 @@ class DataConfig:
             settings["haystack_file"] = file_identity(DATA_DIR / PRESETS["gsm8k"].file)
         return {**settings, "file": file_identity(file) if file is not None and file.is_file() else None}
 
+
+# The settings that only some built-in tasks read: name -> those tasks (``DataConfig.check_applies``)
+TASK_KEYS = {
+    "levels": (BUILTIN,),
+    "distractors": (BUILTIN,),
+    "sentences": (COPY_RECALL, LONG_RECALL),
+    "copy_required": (COPY_RECALL,),
+    "context": RETRIEVAL_TASKS,
+}
 
 GIVEN = "continuation"  # a problem set's column of text that its completions begin with (long_recall's story)
 

@@ -17,7 +17,7 @@ from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
 from gkv_train.console import log_console_to
-from gkv_train.data import load_problems, local_file
+from gkv_train.data import GIVEN, load_problems, local_file
 from gkv_train.exits import refusing
 from gkv_train.graded import generate_and_grade
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
@@ -188,7 +188,10 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
         check_output_dir(out_dir, "output_dir")
         prompts = [config.data.prompt_template.format(problem=p) for p in problems["problem"]]
         rows = min(config.batch_problems, len(problems)) * config.sampling.num_generations
-        generation = Generation("evaluation", prompts, problems["id"], rows, config.sampling.max_new_tokens, runs)
+        given = list(problems[GIVEN]) if GIVEN in problems.column_names else None
+        generation = Generation(
+            "evaluation", prompts, problems["id"], rows, config.sampling.max_new_tokens, runs, given=given
+        )
         check_generations(config.model, [generation], dtype_bytes=2 if config.precision == "bf16" else 4, device="cpu")
         out_dir.mkdir(parents=True, exist_ok=True)
         lock = RunLock.acquire(out_dir, "output_dir")

@@ -26,7 +26,7 @@ from gkv_train.checkpoints import (
     checkpoint_step,
 )
 from gkv_train.console import log_console_to
-from gkv_train.data import load_problems
+from gkv_train.data import GIVEN, load_problems
 from gkv_train.distill import CompressedDistillationConfig, CompressedDistillationTrainer
 from gkv_train.distributed import generation_model
 from gkv_train.evaluation import final_evaluation
@@ -180,6 +180,8 @@ def generations(config: TrainConfig, data, held_out, num_processes: int) -> list
             len(held_out) * config.eval_samples,
             config.sampling.max_new_tokens,
             [config.compression],
+            given=list(held_out[GIVEN]) if GIVEN in held_out.column_names else None,
+            given_key="eval_data",
         )
     ]
     per_process = -(-config.prompts_per_step // num_processes)

@@ -18,6 +18,7 @@ from gkv_rollout.methods import ModelShape
 from gkv_train.storage import size_text
 
 NEAR_LIMIT = 64  # tokens: prompts estimated this close to the context are tokenised exactly (chat template)
+GIVEN_COUNTED = 100_000  # characters: a given beginning up to this long is counted exactly even when far too long
 
 
 @dataclass
@@ -34,6 +35,8 @@ class Generation:
     new_tokens: int | list[int]
     compressions: list[CompressionConfig]
     key: str = "sampling.max_new_tokens"
+    given: list[str] | None = None  # per prompt, the text its completions begin with (long_recall's story)
+    given_key: str = "data"  # the configuration group of the problems (for messages)
 
 
 def check_generations(
@@ -56,6 +59,8 @@ def check_generations(
         new = gen.new_tokens if isinstance(gen.new_tokens, list) else [gen.new_tokens] * len(lengths)
         if shape.context is not None:
             check_context(shape, gen, lengths, skipped, new)
+        if gen.given is not None:
+            check_given(tokenizer, gen, new)
         for compression in gen.compressions:
             short = gen.ids[min(range(len(lengths)), key=lengths.__getitem__)]
             compression.kind.check_prompts(
@@ -137,6 +142,27 @@ def check_context(shape: ModelShape, gen: Generation, lengths: list[int], skippe
         f"the {gen.what}: the prompt of problem {gen.ids[worst]} ({size}) plus {new[worst]} new tokens ({gen.key}) "
         f"exceeds {where}; {over} of {len(totals)} prompts do: drop them (data.limit, another data file) or {fix}"
     )
+
+
+def check_given(tokenizer, gen: Generation, new: list[int]) -> None:
+    """Each prompt's given beginning (``gen.given``: the text its completions begin with, fed as if sampled) shorter
+    than its new tokens, so that something is sampled after it; ValueError naming the problem, the beginning's
+    length and both keys. A text longer than its new tokens could be in the fewest tokens possible (its characters
+    over the longest vocabulary entry's) and longer than ``GIVEN_COUNTED`` characters is not tokenised."""
+    longest_token = max(len(t) for t in tokenizer.get_vocab())
+    cheap = [len(text) // longest_token for text in gen.given]
+    counted = [i for i, least in enumerate(cheap) if least < new[i] or len(gen.given[i]) <= GIVEN_COUNTED]
+    ids = tokenizer([gen.given[i] for i in counted], add_special_tokens=False)["input_ids"] if counted else []
+    exact = dict(zip(counted, ids))
+    for i, limit in enumerate(new):
+        size = len(exact[i]) if i in exact else cheap[i]
+        if size >= limit:
+            what = f"{size} tokens" if i in exact else f"at least {size} tokens ({len(gen.given[i])} characters)"
+            raise ValueError(
+                f"the {gen.what}: the given beginning of problem {gen.ids[i]}'s completions (long_recall's story, "
+                f"{gen.given_key}.sentences) is {what}, which leaves nothing to sample within {gen.key}={limit}: "
+                f"raise {gen.key} above it (with room for the answer) or lower {gen.given_key}.sentences"
+            )
 
 
 def rollout_bytes(shape: ModelShape, c: CompressionConfig, rows: int, prompt: int, new: int, dtype_bytes: int) -> int:

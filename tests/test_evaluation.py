@@ -362,6 +362,13 @@ EVALUATE_REFUSALS = [
     ),
     ("data.limit=0", "data.limit must be at least 1"),
     ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),
+    (
+        "data.name=long_recall sampling.max_new_tokens=64",
+        "the evaluation: the given beginning of problem 0's completions (long_recall's story, data.sentences) is",
+    ),
+    ("data.sentences=13", "data.sentences=13 applies to data.name=copy_recall / long_recall only, not to data.name="),
+    ("data.name=copy_recall data.distractors=2", "data.distractors=2 applies to data.name=arithmetic only"),
+    ("data.name=gsm8k data.copy_required=places", "data.copy_required='places' applies to data.name=copy_recall"),
 ]
 
 

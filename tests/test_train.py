@@ -785,6 +785,9 @@ BAD_CONFIGS = [
     ("compression.method=gkv_rollout.methods:EvictionMethod", "does not implement score"),
     ("data.name=long_recall", "data.name=long_recall is an evaluation task"),
     ("eval_data.name=long_recall eval_steps=1", "eval_data.name=long_recall with eval_steps"),
+    ("eval_data.name=long_recall eval_data.sentences=2", "the held-out evaluation: the given beginning of problem 0"),
+    ("data.copy_required=places", "data.copy_required='places' applies to data.name=copy_recall only"),
+    ("data.context=2048", "data.context=2048 applies to data.name=niah_single / niah_multikey"),
 ]
 
 
