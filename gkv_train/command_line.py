@@ -164,6 +164,7 @@ def recipes_dir() -> str:
 
 
 RECIPES = recipes_dir()
+RECIPE_BYTES = 1 << 20  # a recipe file's largest size
 # job -> (its recipe file, its schema's name in the recipes' defaults, the module and class of its configuration)
 JOBS = {
     "train": ("train", "train_schema", "gkv_train.train_config", "TrainConfig"),
@@ -270,13 +271,23 @@ def recipe_files(argv: list[str]) -> list[str]:
     path = Path(given).expanduser()
     if not path.is_file():
         raise ValueError(f"recipe file {given} does not exist")
-    text = path.read_text()
+    if path.stat().st_size > RECIPE_BYTES:
+        raise ValueError(f"recipe file {given} has {path.stat().st_size} bytes: a recipe holds at most {RECIPE_BYTES}")
     try:
+        text = path.read_text()
+        aliases = [e.anchor for e in yaml.parse(text) if isinstance(e, yaml.AliasEvent)]
         values = yaml.safe_load(text)
-    except yaml.YAMLError as err:
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
         raise ValueError(f"recipe file {given} is not YAML: {' '.join(str(err).split())}") from None
+    if aliases:  # each expanded in full by every reader: a few lines can stand for gigabytes, or for themselves
+        raise ValueError(f"recipe file {given} uses YAML aliases (*{aliases[0]}): write the values out instead")
     if not isinstance(values, dict):
         raise ValueError(f"recipe file {given} must hold a mapping of keys (learning_rate: 1e-5, ...)")
+    if "hydra" in values:
+        raise ValueError(
+            f"recipe file {given} sets hydra (Hydra's own settings), which a recipe cannot: the run's folder is "
+            "output_dir=..."
+        )
 
     try:  # an empty group sets nothing; a method's own options are checked by the method
         keys = [f"{k}=x" for k, v in dotted_keys(values).items() if v != {} and not k.startswith("compression.options")]
@@ -288,5 +299,7 @@ def recipe_files(argv: list[str]) -> list[str]:
     folder = Path.home() / ".cache" / "gkv-train" / "recipes" / hashlib.sha256(text.encode()).hexdigest()[:16]
     (folder / "recipe").mkdir(parents=True, exist_ok=True)
     header = "" if text.lstrip().startswith("# @package _global_") else "# @package _global_\n"
-    (folder / "recipe" / f"{path.stem}.yaml").write_text(header + text)
-    return [f"recipe={path.stem}", f"hydra.searchpath=[file://{folder}]", *rest]
+    # its own name, which no built-in recipe has (a built-in of the file's name would be found first)
+    name = f"{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)}_{folder.name[:8]}"
+    (folder / "recipe" / f"{name}.yaml").write_text(header + text)
+    return [f"recipe={name}", f"hydra.searchpath=[file://{folder}]", *rest]

@@ -211,9 +211,13 @@ def check_prompt_template(template: str, key: str = "data") -> None:
     what = f"{key}.prompt_template={template!r}"
     fix = "its one field is {problem} (a literal brace is written {{ or }})"
     try:
-        fields = {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
+        parsed = [(name, spec, conversion) for _, name, spec, conversion in string.Formatter().parse(template)]
     except ValueError as err:  # a lone brace
         raise ValueError(f"{what} is not a format string ({err}): {fix}") from None
+    fields = {name for name, _, _ in parsed if name is not None}
+    styled = [f"{{{name}{'!' + c if c else ''}{':' + spec if spec else ''}}}" for name, spec, c in parsed if spec or c]
+    if styled:  # a width or conversion pads or rewrites the problem: never needed, and a width can be gigabytes
+        raise ValueError(f"{what} formats its field ({styled[0][:40]}): write {{problem}} alone; {fix}")
     other = sorted(fields - {"problem"})
     if other:
         raise ValueError(f"{what} has the field(s) {', '.join('{' + f + '}' for f in other)}: {fix}")

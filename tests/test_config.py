@@ -547,6 +547,29 @@ def test_recipes_compose_to_what_they_say():
     assert dense.rl.train_with_record is False
 
 
+def test_a_recipe_file_is_the_users_whatever_its_name_and_bounded(tmp_path, monkeypatch):
+    """A recipe file named like a built-in recipe is the user's (not replaced by the built-in); a file that sets
+    Hydra's own keys, uses YAML aliases (a few lines that expand to gigabytes, or to themselves), is too large or
+    is named like Hydra's sweep syntax is refused or read as it is, never silently changed."""
+    from gkv_train.command_line import configure
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "rl_sparse.yaml").write_text("learning_rate: 0.5\n")
+    assert configure("train", [f"recipe={tmp_path / 'rl_sparse.yaml'}"])[0].learning_rate == 0.5
+    (tmp_path / "x,y.yaml").write_text("learning_rate: 0.25\n")
+    assert configure("train", [f"recipe={tmp_path / 'x,y.yaml'}"])[0].learning_rate == 0.25
+    refused = {
+        "hydra.yaml": ("hydra: {run: {dir: /tmp/elsewhere}}\n", "sets hydra .*output_dir="),
+        "bomb.yaml": ('a: &a ["x", "x"]\nb: &b [*a, *a]\nc: [*b, *b]\n', r"uses YAML aliases \(\*a\)"),
+        "self.yaml": ("a: &a [*a]\n", "is not YAML|uses YAML aliases"),
+        "big.yaml": ("learning_rate: 1e-5\n" + "# x\n" * 400_000, "has 1600020 bytes: a recipe holds at most"),
+    }
+    for name, (text, message) in refused.items():
+        (tmp_path / name).write_text(text)
+        with pytest.raises(ValueError, match=f"recipe file {tmp_path / name} (?:{message})"):
+            configure("train", [f"recipe={tmp_path / name}"])
+
+
 def test_evaluation_budgets_and_methods_are_never_replaced():
     """budgets=[0] used to run at the default budget (2048): refused, as is an empty list."""
     from gkv_train.configs import EvalConfig

@@ -214,7 +214,8 @@ def test_a_folder_named_like_a_data_file_and_empty_questions_are_named(tmp_path)
         ("{problem} and {0}", "has the field(s) {0}"),
         ("{problem.real}", "has the field(s) {problem.real}"),
         ("Q: {problem} {", "is not a format string (Single '{' encountered"),
-        ("Q: {problem!z}", "cannot be filled (Unknown conversion specifier z)"),
+        ("Q: {problem!z}", "formats its field ({problem!z})"),
+        ("{problem:>99999999999}", "formats its field ({problem:>99999999999}): write {problem} alone"),  # ~100 GB
         ("Solve this.", "has no {problem} field: every prompt would be the same text"),
     ],
 )
