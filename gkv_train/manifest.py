@@ -35,36 +35,111 @@ def write_manifest(folder: Path, files: list[Path], settings: dict) -> None:
 
 
 def read_manifest(folder: Path) -> dict | None:
-    """The manifest of ``folder`` (None: it has none: a checkpoint of an earlier version); ValueError naming the
-    file when it is damaged."""
+    """The manifest of ``folder`` (None: it has none: a checkpoint of an earlier version, or copied without it);
+    ValueError naming the file when it is damaged: not JSON, an entry without its size and SHA-256, no weights
+    listed, or (a checkpoint's) no trainer state listed."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
         return None
     try:
         manifest = json.loads(path.read_text())
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
-            raise ValueError("not a manifest")
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(files, dict):
+            raise ValueError("not a manifest: no files")
+        for name, entry in files.items():
+            if not (
+                isinstance(entry, dict)
+                and isinstance(entry.get("bytes"), int)
+                and isinstance(entry.get("sha256"), str)
+                and (folder / name).resolve().is_relative_to(Path(folder).resolve())
+            ):
+                raise ValueError(f"its entry {name!r} is not a file of the folder with its bytes and sha256")
+        if not any(is_weights(name) for name in files):
+            raise ValueError("it lists no weights")
+        if CHECKPOINT.fullmatch(Path(folder).name) and TRAINER_STATE_NAME not in files:
+            raise ValueError(f"it does not list {TRAINER_STATE_NAME}")
     except (ValueError, UnicodeDecodeError) as err:
         raise ValueError(f"{path} is damaged ({err})") from None
     return manifest
 
 
+def is_weights(name: str) -> bool:
+    """Whether a saved folder's file ``name`` holds model weights: safetensors, or torch's (``pytorch_model*.bin``,
+    ``adapter_model.bin``; not ``training_args.bin``)."""
+    name = Path(name).name
+    return name.endswith(".safetensors") or (
+        name.startswith(("pytorch_model", "adapter_model")) and name.endswith(".bin")
+    )
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a ``.safetensors`` file as its header describes it (no header, a header that is not
+    JSON, tensors past the end of the file or a size other than the tensors'), or None: a truncated or
+    overwritten file found without a manifest (a flipped byte inside the tensors is not: only a manifest's
+    SHA-256 finds that)."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if size < 8 or length > size - 8:
+                return f"{path} has {size} bytes, shorter than its header says"
+            header = json.loads(f.read(length))
+        ends = [t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"]
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, IndexError, AttributeError) as err:
+        return f"{path} is not a safetensors file ({type(err).__name__}: {err})"
+    if 8 + length + max(ends, default=0) != size:
+        return f"{path} has {size} bytes, {8 + length + max(ends, default=0)} as its header describes it"
+    return None
+
+
+def zip_problem(path: Path) -> str | None:
+    """What is wrong with a file torch saved (a zip archive: each member's CRC is checked), or None."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as err:
+        return f"{path} is damaged ({type(err).__name__}: {err})"
+    return f"{path} is damaged (member {bad} fails its CRC)" if bad is not None else None
+
+
+def content_damage(folder: Path) -> str | None:
+    """What is wrong with a folder that has no manifest, from its contents: a checkpoint's trainer state must read,
+    every ``.safetensors`` file match its header, every file torch saved (``.pt``, ``.bin``) pass its archive's
+    checks; and a model must have weights."""
+    folder = Path(folder)
+    if CHECKPOINT.fullmatch(folder.name):
+        try:
+            json.loads((folder / TRAINER_STATE_NAME).read_text())["global_step"]
+        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
+            return f"{folder / TRAINER_STATE_NAME} is damaged ({type(err).__name__}: {err})"
+    weights = [f for f in folder.iterdir() if f.is_file() and is_weights(f.name)]
+    if not weights:
+        return f"{folder} holds no weights (*.safetensors, *.bin)"
+    for path in sorted(folder.iterdir()):
+        if path.is_file() and path.suffix == ".safetensors":
+            problem = safetensors_problem(path)
+        elif path.is_file() and path.suffix in (".pt", ".bin"):
+            problem = zip_problem(path)
+        else:
+            continue
+        if problem is not None:
+            return problem
+    return None
+
+
 def damage(folder: Path, hashes: bool = True) -> str | None:
     """What is wrong with the saved files of ``folder`` against its manifest (a missing file, another size, another
-    SHA-256 when ``hashes``), or None when they are whole; a folder without a manifest (an earlier version's) is
-    checked for a readable trainer state when it is a checkpoint."""
+    SHA-256 when ``hashes``), or None when they are whole; a folder without a manifest is checked by its contents
+    (``content_damage``)."""
     folder = Path(folder)
     try:
         manifest = read_manifest(folder)
     except ValueError as err:
         return str(err)
     if manifest is None:
-        if CHECKPOINT.fullmatch(folder.name):
-            try:
-                json.loads((folder / TRAINER_STATE_NAME).read_text())["global_step"]
-            except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
-                return f"{folder / TRAINER_STATE_NAME} is damaged ({type(err).__name__}: {err})"
-        return None
+        return content_damage(folder)
     for name, saved in manifest["files"].items():
         path = folder / name
         if not path.is_file():
@@ -78,6 +153,32 @@ def damage(folder: Path, hashes: bool = True) -> str | None:
 
 
 def saved_settings(folder: Path) -> dict | None:
-    """The settings a checkpoint's optimizer and scheduler state were made with (None: no manifest)."""
+    """The settings a checkpoint's optimizer and scheduler state were made with: its manifest's; without a manifest
+    those its optimizer state holds (``optimizer_settings``); None when neither says."""
     manifest = read_manifest(folder)
-    return None if manifest is None else manifest.get("settings")
+    return optimizer_settings(Path(folder) / "optimizer.pt") if manifest is None else manifest.get("settings")
+
+
+def optimizer_settings(path: Path) -> dict | None:
+    """The settings a saved optimizer state (``optimizer.pt``, read as plain tensors and numbers, never as
+    arbitrary objects) holds in its parameter groups, under ``TrainingArguments``' names: ``learning_rate`` (the
+    scheduler's starting rate, ``initial_lr``), ``weight_decay`` (the largest of the groups': the decayed one),
+    ``adam_beta1``, ``adam_beta2``, ``adam_epsilon``; None when there is no such file or it holds no groups."""
+    import torch
+
+    if not path.is_file():
+        return None
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    groups = state.get("param_groups") if isinstance(state, dict) else None
+    if not groups:
+        return None
+    first = groups[0]
+    found = {
+        "learning_rate": first.get("initial_lr", first.get("lr")),
+        "weight_decay": max(g.get("weight_decay", 0.0) for g in groups),
+    }
+    if "betas" in first:
+        found["adam_beta1"], found["adam_beta2"] = (float(b) for b in first["betas"])
+    if "eps" in first:
+        found["adam_epsilon"] = first["eps"]
+    return {k: v for k, v in found.items() if v is not None}

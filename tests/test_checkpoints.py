@@ -5,6 +5,8 @@ import logging
 from types import SimpleNamespace
 
 import pytest
+import torch
+from safetensors.torch import save_file
 
 from gkv_train.checkpoints import (
     clear_run,
@@ -26,7 +28,7 @@ STATE = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
 def checkpoint(root, step, complete=True):
     path = root / f"checkpoint-{step}"
     path.mkdir(parents=True)
-    (path / "model.safetensors").write_text("weights")
+    save_file({"w": torch.zeros(2)}, path / "model.safetensors")
     if complete:
         (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
     return path
@@ -99,6 +101,42 @@ def test_a_run_without_a_whole_checkpoint_is_never_replaced_by_resume_last(tmp_p
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     (tmp_path / ".staging" / "checkpoint-1").mkdir(parents=True)
     assert resume_checkpoint(config, args) is None  # stopped before its first checkpoint: from scratch
+
+
+def test_a_checkpoint_without_its_manifest_is_checked_by_its_contents(tmp_path):
+    """Without a manifest (copied without it, or an earlier version's) a checkpoint is checked by what it holds:
+    weights against their safetensors header, torch's archives against their CRCs, and the settings its optimizer
+    state was made with against this run's (another run's checkpoint at 2e-06 resumed under learning_rate=1e-3 is
+    refused). A manifest that lists no weights, or an entry without its size and hash, is damaged."""
+    config = TrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last")
+    args = trainer_args(config, 1)
+    path = checkpoint(tmp_path, 1)
+    weights = torch.nn.Parameter(torch.zeros(3))
+    optimizer = torch.optim.AdamW([weights], lr=2e-6, eps=1e-8, weight_decay=0.0)
+    torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)  # sets initial_lr, as the trainer's does
+    torch.save(optimizer.state_dict(), path / "optimizer.pt")
+    assert damage(path) is None and resume_checkpoint(config, args) == str(path)
+    faster = TrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last", learning_rate=1e-3)
+    with pytest.raises(ValueError, match=r"learning_rate=2e-06 there, 0.001 here"):
+        resume_checkpoint(faster, trainer_args(faster, 1))
+    saved_weights = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(saved_weights[:-3])
+    assert "model.safetensors has" in damage(path) and "as its header describes it" in damage(path)
+    (path / "model.safetensors").write_bytes(saved_weights)
+    archive = bytearray((path / "optimizer.pt").read_bytes())
+    (path / "optimizer.pt").write_bytes(bytes(archive[: len(archive) // 2]))
+    assert f"{path / 'optimizer.pt'} is damaged" in damage(path)
+    (path / "model.safetensors").unlink()
+    (path / "optimizer.pt").write_bytes(bytes(archive))
+    assert "holds no weights" in damage(path)
+
+    save_file({"w": torch.zeros(2)}, path / "model.safetensors")
+    for files, message in [({"optimizer.pt": 5}, "entry 'optimizer.pt' is not a file"), ({}, "lists no weights")]:
+        (path / "manifest.json").write_text(json.dumps({"files": files}))
+        assert "manifest.json is damaged" in damage(path) and message in damage(path)
+    entry = {"bytes": 1, "sha256": "0"}
+    (path / "manifest.json").write_text(json.dumps({"files": {"../../etc/passwd": entry, "model.safetensors": entry}}))
+    assert "'../../etc/passwd' is not a file of the folder" in damage(path)
 
 
 def test_a_resume_keeps_its_checkpoints_settings_or_is_refused(tmp_path):
