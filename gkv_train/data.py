@@ -20,7 +20,7 @@ import datasets
 
 from gkv_rewards.extract import gold_answer
 from gkv_train.jsonio import file_identity
-from gkv_train.retrieval import HAYSTACKS, RETRIEVAL_TASKS, retrieval_task
+from gkv_train.retrieval import HAYSTACKS, RETRIEVAL_TASKS, TOKENS_PER_WORD, retrieval_task
 from gkv_train.tasks import (
     COPY_REQUIRED,
     LONG_RECALL_SENTENCES,
@@ -241,6 +241,8 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
         return long_recall_task(limit, split, seed, data.sentences)
     if name in RETRIEVAL_TASKS:
         corpus = gsm8k_questions(None) if data.haystack == "questions" else None
+        if corpus is not None:
+            check_corpus(corpus, data.context)
         return retrieval_task(name, limit, split, seed, data.context, corpus)
     if data.config is not None and (path is not None or name in PRESETS):
         raise ValueError(
@@ -384,5 +386,29 @@ def gsm8k_questions(n: int | None) -> list[str]:
     path = DATA_DIR / PRESETS["gsm8k"].file
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: set GKV_DATA_DIR to the folder of the benchmark files")
-    with open(path) as f:
-        return [json.loads(line)["question"] for line in itertools.islice(f, n)]
+    found = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(itertools.islice(f, n), 1):
+            try:
+                question = json.loads(line).get("question")
+            except (ValueError, AttributeError) as err:
+                raise ValueError(f"{path}:{number}: not a JSON object ({err})") from None
+            if not isinstance(question, str) or not question.strip():
+                raise ValueError(f"{path}:{number}: no question (a non-empty text under 'question')")
+            found.append(question)
+    return found
+
+
+def check_corpus(corpus: list[str], context: int, key: str = "data") -> None:
+    """The natural haystack's texts (``corpus``, the GSM8K preset's questions; each split draws from its half)
+    fill a prompt of ``context`` tokens in each half; ValueError naming the file and how much is missing: a
+    haystack cut short would make shorter prompts than asked."""
+    words = context / TOKENS_PER_WORD
+    for half, which in ((corpus[0::2], "train"), (corpus[1::2], "test")):
+        have = sum(len(text.split()) for text in half)
+        if have < words:
+            raise ValueError(
+                f"{key}.haystack=questions: the {which} half of {DATA_DIR / PRESETS['gsm8k'].file} holds {have} "
+                f"words, fewer than the about {words:.0f} a {key}.context={context} prompt needs: a longer file, or "
+                f"a shorter {key}.context"
+            )

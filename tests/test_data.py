@@ -1,4 +1,5 @@
 import dataclasses
+import json
 import re
 
 import pytest
@@ -416,3 +417,21 @@ def test_natural_haystack_without_its_file_is_refused_naming_it(monkeypatch, tmp
     with pytest.raises(FileNotFoundError, match="data.haystack=questions reads .*gsm8k_test.jsonl"):
         DataConfig(name="niah_single", haystack="questions").check()
     DataConfig(name="niah_single").check()  # the filler needs no file
+
+
+def test_a_natural_haystack_too_short_or_malformed_is_refused_naming_the_file(monkeypatch, tmp_path):
+    """A corpus that cannot fill the asked context is refused (not a shorter prompt than asked); a line that is not
+    JSON, or has no question, is named by file and line."""
+    from gkv_train import data
+
+    monkeypatch.setattr(data, "DATA_DIR", tmp_path)
+    path = tmp_path / "gsm8k_test.jsonl"
+    path.write_text("".join(json.dumps({"question": f"Question {i} has five words."}) + "\n" for i in range(20)))
+    config = DataConfig(name="niah_single", haystack="questions", context=512, limit=1)
+    with pytest.raises(ValueError, match=r"the train half of .*gsm8k_test.jsonl holds 50 words, fewer than the about"):
+        load_problems(config)
+    assert load_problems(dataclasses.replace(config, context=64))["problem"]
+    for line, message in (("{not json", "2: not a JSON object"), ('{"q": 1}', "2: no question")):
+        path.write_text(json.dumps({"question": "One."}) + "\n" + line + "\n")
+        with pytest.raises(ValueError, match=f"gsm8k_test.jsonl:{message}"):
+            load_problems(config)
