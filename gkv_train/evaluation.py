@@ -22,7 +22,7 @@ from gkv_train.exits import refusing
 from gkv_train.graded import generate_and_grade
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.metrics import bootstrap_interval, pass_at_k, retained_by_position, standard_error
-from gkv_train.models import check_model, load_model, model_identity
+from gkv_train.models import check_adapter, check_model, load_model, model_identity
 from gkv_train.preflight import Generation, check_generations, check_task_contexts
 from gkv_train.report import lm_eval_results, plot_summaries, results_table, software_versions
 from gkv_train.run_folder import claim_run_dir, finished_batches
@@ -180,9 +180,9 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
     out_dir = Path(config.output_dir)
     with refusing():
         runs = config.compressions()
-        for name in (config.model, config.adapter):
-            if name is not None:
-                check_model(name)
+        check_model(config.model)
+        if config.adapter is not None:
+            check_adapter(config.adapter)
         check_task_contexts(config.model, {"data": config.data})
         problems = load_problems(config.data, config.seed)
         check_output_dir(out_dir, "output_dir")

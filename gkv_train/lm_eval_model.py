@@ -35,7 +35,7 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig, flat_fields
 from gkv_rollout.engine import RolloutEngine
 from gkv_train.exits import REFUSED, Refused, refusing
 from gkv_train.logprobs import decoder_and_head, hidden_states
-from gkv_train.models import check_model, load_model
+from gkv_train.models import check_adapter, check_model, load_model
 
 OWN = (
     "pretrained",
@@ -85,8 +85,8 @@ class CompressedLM(LM):
             self._device = checked_device(device)
             self.stats_path = checked_stats(stats)
             check_model(pretrained)
-            if adapter and not (Path(adapter) / "adapter_config.json").is_file():
-                raise ValueError(f"adapter={adapter}: no LoRA adapter there (no adapter_config.json)")
+            if adapter:
+                check_adapter(adapter)
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
         self.model, self.tokenizer = load_model(pretrained, dtype=dtype)
         if adapter:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 from pathlib import Path
@@ -145,6 +146,37 @@ def check_model(name_or_path: str) -> None:
             f"model {name_or_path!r} is not a built-in model ({builtins}) or a local path, and the hub cannot be "
             f"reached to look for it ({type(err).__name__}: {err})"
         ) from None
+
+
+def check_adapter(path: str) -> None:
+    """A LoRA adapter folder that loads, checked before any work: a folder with a PEFT ``adapter_config.json``
+    (a JSON object naming its ``peft_type``) and whole adapter weights (``gkv_train.manifest.damage``: against
+    its manifest, else by content). ValueError / FileNotFoundError naming the folder and what is wrong (a full
+    model's folder is named as such: it is given as ``model=``)."""
+    from gkv_train.manifest import damage
+
+    folder = Path(path)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"adapter={path}: no such folder (a LoRA adapter folder, e.g. a train.py run's)")
+    config = folder / "adapter_config.json"
+    if not config.is_file():
+        full = (folder / "config.json").is_file()
+        raise ValueError(
+            f"adapter={path} holds no adapter_config.json: "
+            + ("a full model's folder, given as model=<it> (without adapter=)" if full else "not a LoRA adapter folder")
+        )
+    try:
+        settings = json.loads(config.read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"adapter={path}: {config} is not JSON ({err})") from None
+    if not isinstance(settings, dict) or not isinstance(settings.get("peft_type"), str):
+        raise ValueError(f"adapter={path}: {config} is not a PEFT adapter's configuration (no peft_type)")
+    weights = [n for n in ("adapter_model.safetensors", "adapter_model.bin") if (folder / n).is_file()]
+    if not weights:
+        raise ValueError(f"adapter={path} holds no adapter weights (adapter_model.safetensors or .bin)")
+    problem = damage(folder)
+    if problem is not None:
+        raise ValueError(f"adapter={path} is damaged ({problem})")
 
 
 def model_identity(name_or_path: str) -> dict:

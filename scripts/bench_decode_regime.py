@@ -51,6 +51,7 @@ from pathlib import Path
 
 from gkv_rollout.methods import eviction_methods, registered
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
+from gkv_train.models import check_adapter
 from gkv_train.report import plot_retained_density
 
 from _common import ROOT, merge_section, origin, print_json, provenance
@@ -845,9 +846,11 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     if any("=" not in a for a in args.adapters):
         parser.error(f"--adapters: NAME=DIR each, got {args.adapters}")
     args.adapters = [tuple(a.split("=", 1)) for a in args.adapters]
-    missing = [d for _, d in args.adapters if not (Path(d) / "adapter_config.json").is_file()]
-    if missing:  # before the methods' rows, which take hours
-        parser.error(f"--adapters: no LoRA adapter (adapter_config.json) in {', '.join(missing)}")
+    for _, folder in args.adapters:  # before the methods' rows, which take hours
+        try:
+            check_adapter(folder)
+        except (ValueError, FileNotFoundError) as err:
+            parser.error(f"--adapters: {err}")
     if args.quick:
         args.model, args.problems, args.samples, args.methods, args.budgets = "tiny", 2, 2, ["gkv"], [24]
         args.max_new_tokens, args.batch_problems, args.sentences, args.interval = 24, 2, 2, 8

@@ -127,7 +127,7 @@ def test_quick_bench_reports_every_stage_and_resumes(tmp_path):
         *long[long.index("--adapters") + 2 :],
     ]
     refused = subprocess.run(nowhere, capture_output=True, text=True, timeout=300, check=False)
-    assert refused.returncode == 2 and "no LoRA adapter (adapter_config.json) in" in refused.stderr
+    assert refused.returncode == 2 and f"--adapters: adapter={tmp_path / 'nowhere'}: no such folder" in refused.stderr
     # a section measured with other settings is never replaced silently: an error naming them, before any work
     other = subprocess.run([*more, "--lr", "0.001"], capture_output=True, text=True, timeout=300, check=False)
     assert other.returncode != 0 and "other settings (training)" in other.stderr and "train.py" not in other.stderr

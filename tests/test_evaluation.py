@@ -369,6 +369,10 @@ EVALUATE_REFUSALS = [
     ("data.sentences=13", "data.sentences=13 applies to data.name=copy_recall / long_recall only, not to data.name="),
     ("data.name=copy_recall data.distractors=2", "data.distractors=2 applies to data.name=arithmetic only"),
     ("data.name=gsm8k data.copy_required=places", "data.copy_required='places' applies to data.name=copy_recall"),
+    ("adapter={tmp}/empty", "adapter={tmp}/empty: {tmp}/empty/adapter_config.json is not a PEFT adapter's"),
+    ("adapter={tmp}/garbage", "adapter={tmp}/garbage: {tmp}/garbage/adapter_config.json is not JSON"),
+    ("adapter={tmp}/full", "adapter={tmp}/full holds no adapter_config.json: a full model's folder, given as model="),
+    ("adapter={tmp}/weightless", "adapter={tmp}/weightless holds no adapter weights"),
 ]
 
 
@@ -377,6 +381,11 @@ def evaluate_refusals(tmp_path_factory, weightless_model):
     """scripts/evaluate.py run once per EVALUATE_REFUSALS entry, in one interpreter (``entry_points.run_each``)."""
     tmp = tmp_path_factory.mktemp("refusals")
     (tmp / "a_file").write_text("")
+    for name, config in (("empty", "{}"), ("garbage", "{garbage"), ("weightless", '{"peft_type": "LORA"}')):
+        (tmp / name).mkdir()
+        (tmp / name / "adapter_config.json").write_text(config)
+    (tmp / "full").mkdir()
+    (tmp / "full" / "config.json").write_text("{}")
     outs = [tmp / f"out{i}" for i in range(len(EVALUATE_REFUSALS))]
     argvs = [
         [f"model={weightless_model}", f"output_dir={out}", *override.replace("{tmp}", str(tmp)).split()]
