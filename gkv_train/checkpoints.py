@@ -12,6 +12,7 @@ step boundary with such a checkpoint.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -189,15 +190,22 @@ RESUME_SETTINGS = (
 
 
 def resume_settings(args, model: str | None, peft_config=None) -> dict:
-    """The settings of ``RESUME_SETTINGS`` of trainer arguments ``args``, the base ``model`` and the LoRA
-    configuration (``peft_config``: PEFT's, by adapter name), as plain values."""
+    """The settings of ``RESUME_SETTINGS`` of trainer arguments ``args``, the base ``model``, the LoRA
+    configuration (``peft_config``: PEFT's, by adapter name) and what the rollouts ran under (the compression, by
+    its flat settings, and RL-Sparse's options, where ``args`` has them: a run resumed under another method would
+    mix two policies' rollouts), as plain values."""
     found = {name: getattr(args, name, None) for name in RESUME_SETTINGS}
     found = json.loads(dumps({k: v.value if hasattr(v, "value") else v for k, v in found.items()}))
     lora = None
     if peft_config:
         config = next(iter(peft_config.values()))
         lora = {"r": config.r, "alpha": config.lora_alpha, "target_modules": sorted(config.target_modules)}
-    return {**found, "model": model, "lora": lora}
+    rollouts = {}
+    if getattr(args, "compression", None) is not None:
+        rollouts["compression"] = json.loads(dumps(args.compression.flat()))
+    if getattr(args, "rl", None) is not None:
+        rollouts["rl"] = json.loads(dumps(dataclasses.asdict(args.rl)))
+    return {**found, "model": model, "lora": lora, **rollouts}
 
 
 class AtomicCheckpoints:

@@ -33,10 +33,13 @@ if TYPE_CHECKING:
 
 def resume_checkpoint(config: TrainConfig, args: TrainingArguments) -> str | None:
     """The checkpoint to resume from, checked before any work: ``resume=last``: the newest complete, undamaged
-    one in ``output_dir`` (a damaged newer one passed over with a line; None when there is none); a path: that
+    one in ``output_dir`` (a damaged newer one passed over with a line; None when there is none and nothing a
+    fresh start would replace, ``refuse_to_replace``); a path: that
     checkpoint, which must be complete and undamaged, and of this run's folder unless ``resume_other_run=true``.
     Either way the settings its optimizer and scheduler state were made with (``RESUME_SETTINGS``, the base model,
-    LoRA) must be this run's ``args``: a resumed run keeps the checkpoint's, so another value would be ignored.
+    LoRA, the compression and RL-Sparse's options) must be this run's ``args``: a resumed run keeps the checkpoint's
+    optimizer and scheduler (another value would be ignored) and goes on with its rollouts (another method would
+    mix two policies' samples).
     ValueError / FileNotFoundError naming the checkpoint and what is wrong."""
     if config.resume is None:
         return None
@@ -73,15 +76,29 @@ def resume_checkpoint(config: TrainConfig, args: TrainingArguments) -> str | Non
             if not config.lora.enabled
             else {"r": config.lora.r, "alpha": config.lora.alpha, "target_modules": sorted(config.lora.target_modules)}
         )
-        differ = [k for k in wanted if k in saved and saved[k] != wanted[k]]
+        flat_saved, flat_wanted = flat_settings(saved), flat_settings(wanted)
+        differ = [k for k in flat_wanted if k in flat_saved and flat_saved[k] != flat_wanted[k]]
         if differ:
-            what = ", ".join(f"{k}={saved[k]!r} there, {wanted[k]!r} here" for k in differ)
+            what = ", ".join(f"{k}={flat_saved[k]!r} there, {flat_wanted[k]!r} here" for k in differ)
             raise ValueError(
-                f"resume={config.resume}: {found.name} was trained with other settings ({what}); a resumed run keeps "
-                "its checkpoint's optimizer, scheduler and model, so these would be ignored: resume with the "
-                "settings it was saved with, or start a new run (overwrite=true, or another output_dir)"
+                f"resume={config.resume}: {found.name} was trained with other settings ({what}); a resumed run "
+                "continues its checkpoint's optimizer, scheduler, model and rollouts, which these would ignore or mix "
+                "with others: resume with the settings it was saved with, or start a new run (overwrite=true, or "
+                "another output_dir)"
             )
     return str(found)
+
+
+def flat_settings(settings: dict) -> dict:
+    """``resume_settings``' groups (compression, rl) by dotted key, the rest as they are: a difference is named by
+    the one key that differs."""
+    found = {}
+    for key, value in settings.items():
+        if key in ("compression", "rl") and isinstance(value, dict):
+            found.update({f"{key}.{k}": v for k, v in value.items()})
+        else:
+            found[key] = value
+    return found
 
 
 def refuse_to_replace(out: Path) -> None:

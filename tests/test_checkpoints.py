@@ -8,6 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
+from gkv_rollout.config import CompressionConfig
 from gkv_train.checkpoints import (
     clear_run,
     complete_checkpoints,
@@ -153,6 +154,9 @@ def test_a_resume_keeps_its_checkpoints_settings_or_is_refused(tmp_path):
     faster = TrainConfig(**here, resume_other_run=True, learning_rate=1e-3)
     with pytest.raises(ValueError, match=r"learning_rate=2e-06 there, 0.001 here"):
         resume_checkpoint(faster, trainer_args(faster, 1))
+    snapkv = TrainConfig(**here, resume_other_run=True, compression=CompressionConfig("snapkv", budget=64))
+    with pytest.raises(ValueError, match=r"compression.method='gkv' there, 'snapkv' here, compression.window="):
+        resume_checkpoint(snapkv, trainer_args(snapkv, 1))
     lora = TrainConfig(**here, resume_other_run=True, lora=LoraOptions(enabled=True))
     with pytest.raises(ValueError, match="lora=None there"):
         resume_checkpoint(lora, trainer_args(lora, 1))
