@@ -13,6 +13,7 @@ step boundary with such a checkpoint.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import shutil
@@ -301,7 +302,8 @@ class AtomicCheckpoints:
         full = isinstance(err, OSError) and err.errno in FULL
         if not full and isinstance(err, RuntimeError) and not isinstance(err, NotImplementedError):
             full = free_bytes(staged) < needed
-        return disk_full(staged, staged.name, needed) if full else None
+        code = err.errno if isinstance(err, OSError) and err.errno in FULL else errno.ENOSPC
+        return disk_full(staged, staged.name, needed, code) if full else None
 
 
 class StopOnSignal(TrainerCallback):

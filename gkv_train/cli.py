@@ -45,6 +45,14 @@ def quiet_upstream_warnings() -> None:
     )
 
 
+def version_text() -> str:
+    """``gkv-train --version``'s line: the three distributions' versions."""
+    from importlib.metadata import version
+
+    parts = ", ".join(f"{name} {version(name)}" for name in ("gkv-rollout", "gkv-rewards"))
+    return f"gkv-train {version('gkv-train')} ({parts})"
+
+
 def _job(job: str, work, before_work=None) -> None:
     """Run ``work(config, cfg, config_files)`` on ``job``'s configuration from the overrides in ``sys.argv[1:]``
     (``gkv_train.command_line.configure``: checked and built in one place), after ``before_work(config)``.
@@ -56,6 +64,9 @@ def _job(job: str, work, before_work=None) -> None:
     and 1 (``gkv_train.exits``). ``--help`` lists every key."""
     from gkv_train import command_line
 
+    if "--version" in sys.argv[1:]:
+        print(version_text())
+        return
     if any(a in ("-h", "--help") for a in sys.argv[1:]):  # every key, its type, default and help
         from gkv_train.keyhelp import help_text
 
@@ -127,10 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         print(USAGE)
         return
     if argv[0] == "--version":
-        from importlib.metadata import version
-
-        parts = ", ".join(f"{name} {version(name)}" for name in ("gkv-rollout", "gkv-rewards"))
-        print(f"gkv-train {version('gkv-train')} ({parts})")
+        print(version_text())
         return
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
@@ -159,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
         quiet_upstream_warnings()
         try:
             print(export(*rest))
-        except ValueError as err:
+        except (ValueError, OSError) as err:  # a bad argument, a missing base model, a failed write
             _fail(f"error: {err}", REFUSED)
         return
     if command == "train":

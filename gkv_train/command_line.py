@@ -128,6 +128,10 @@ def check_overrides(argv: list[str], schema) -> list[str]:
     for i, arg in enumerate(argv):
         if arg.startswith("--") and arg.partition("=")[0] not in HYDRA_FLAGS:
             key, eq, value = arg[2:].partition("=")
+            if key == "config":  # train.py's recipe file (recipe_files takes it there, before this check)
+                raise ValueError(
+                    f"{arg}: a recipe file is train.py's (--config file.yaml); here give its keys as key=value"
+                )
             value = value if eq else (argv[i + 1] if i + 1 < len(argv) and "=" not in argv[i + 1] else "VALUE")
             raise ValueError(f"{arg}: drop the dashes, overrides are key=value (write {key}={value})")
     named = {arg.partition("=")[0] for arg in argv}

@@ -13,7 +13,7 @@ from gkv_rollout.engine import RolloutEngine
 from gkv_train.data import gsm8k_questions
 from gkv_train.jsonio import dumps
 from gkv_train.logprobs import token_logprobs
-from gkv_train.models import load_model, random_prompts
+from gkv_train.models import check_model, load_model, random_prompts
 from gkv_train.options import check_compile_decode
 from gkv_train.preflight import reset_peak_resident, status_bytes
 
@@ -135,7 +135,8 @@ def check(argv: list[str] | None = None) -> dict:
     try:
         compression = compression_from_args(args)
         check_compile_decode(args.compile_decode, [compression], key="--compile-decode")
-    except ValueError as err:
+        check_model(args.model)  # a name that is nowhere: named at once, not after the hub's retries
+    except (ValueError, FileNotFoundError) as err:
         parser.error(str(err))  # one line and exit 2, before any work
 
     model, tokenizer = load_model(args.model)

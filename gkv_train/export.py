@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from gkv_train.manifest import damage
-from gkv_train.models import load_model
+from gkv_train.models import check_adapter, check_model, load_model
 
 
 def export(run_dir: str | Path, out_dir: str | Path) -> Path:
@@ -22,6 +22,8 @@ def export(run_dir: str | Path, out_dir: str | Path) -> Path:
     adapter = run_dir / "adapter_config.json"
     if not run_dir.is_dir() or not (adapter.is_file() or (run_dir / "config.json").is_file()):
         raise ValueError(f"{run_dir} holds no trained model (no adapter_config.json or config.json)")
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ValueError(f"{out_dir} is a file, not a folder: name a new or empty folder")
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ValueError(f"{out_dir} exists and is not empty")
     problem = damage(run_dir)
@@ -30,7 +32,12 @@ def export(run_dir: str | Path, out_dir: str | Path) -> Path:
     if adapter.is_file():
         from peft import PeftModel
 
-        base, tokenizer = load_model(json.loads(adapter.read_text())["base_model_name_or_path"])
+        check_adapter(str(run_dir))
+        base_name = json.loads(adapter.read_text()).get("base_model_name_or_path")
+        if not isinstance(base_name, str):
+            raise ValueError(f"{adapter} names no base model (base_model_name_or_path)")
+        check_model(base_name)
+        base, tokenizer = load_model(base_name)
         model = PeftModel.from_pretrained(base, str(run_dir)).merge_and_unload()
     else:
         model, tokenizer = load_model(str(run_dir))

@@ -80,6 +80,7 @@ class CompressedLM(LM):
             self.compression = model_args_compression(method, compression)
             self.batch_size = checked_batch_size(batch_size)
             self.max_gen_toks, self.seed = checked_int("max_gen_toks", max_gen_toks, 1), checked_int("seed", seed, 0)
+            self.compression.check_generation(self.max_gen_toks, "max_gen_toks")  # S4R's refresh, for one
             if precision not in ("fp32", "bf16"):
                 raise ValueError(f"precision={precision}: choose fp32 or bf16")
             self._device = checked_device(device)

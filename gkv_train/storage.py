@@ -9,7 +9,7 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-FULL = (errno.ENOSPC, errno.EDQUOT)  # no space left; disk quota exceeded
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # no space left; disk quota exceeded; file too large
 
 
 class DiskFull(OSError):
@@ -64,10 +64,20 @@ def size_text(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def disk_full(path: Path, what: str, needed: int | None = None) -> DiskFull:
-    """The error for a write of ``what`` to ``path`` that found no space: names the path, its file system, the
-    space free now and, when known, about how much ``what`` needs."""
+def disk_full(path: Path, what: str, needed: int | None = None, code: int = errno.ENOSPC) -> DiskFull:
+    """The error for a write of ``what`` to ``path`` that found no space (``code``: the write's errno): names the
+    path, its file system, the space free now and, when known, about how much ``what`` needs; for a file larger
+    than allowed (EFBIG), the process's file-size limit (``ulimit -f``) where one is set."""
     need = f"; {what} needs about {size_text(needed)}" if needed else ""
+    if code == errno.EFBIG:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        cap = "ulimit -f: unlimited" if limit == resource.RLIM_INFINITY else f"ulimit -f: {size_text(limit)}"
+        return DiskFull(
+            f"File too large while writing {what} to {path}: a file there may not grow that large ({cap}; "
+            f"{filesystem(path)}){need}. Raise the limit or choose another output folder"
+        )
     return DiskFull(
         f"No space left on device while writing {what} to {path}: {filesystem(path)} has {size_text(free_bytes(path))} "
         f"free{need}. Free some space there or choose another output folder",
@@ -83,7 +93,7 @@ def naming_full_disk(path: Path, what: str, needed: int | None = None):
         raise
     except OSError as err:
         if err.errno in FULL:
-            raise disk_full(path, what, needed) from err
+            raise disk_full(path, what, needed, err.errno) from err
         raise
 
 

@@ -264,6 +264,9 @@ def test_full_disk_errors_name_the_disk(tmp_path):
     assert message.startswith(f"No space left on device while writing the metrics log to {path}: ")
     assert f"{filesystem(tmp_path)} has " in message and " free; the metrics log needs about 3.0 GB" in message
     assert err.value.errno == errno.ENOSPC and "(" in filesystem(tmp_path)  # mount point (type, source)
+    with pytest.raises(DiskFull, match=f"File too large while writing the metrics log to {path}: .*ulimit -f"):
+        with naming_full_disk(path, "the metrics log"):  # a file-size limit: EFBIG, not ENOSPC
+            raise OSError(errno.EFBIG, "File too large")
     with pytest.raises(PermissionError):  # other errors pass unchanged
         with naming_full_disk(tmp_path, "x"):
             raise PermissionError(errno.EACCES, "denied")

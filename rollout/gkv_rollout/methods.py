@@ -304,6 +304,8 @@ def method_class(name: str) -> type[Method]:
     methods = registered()
     if name not in methods and ":" in name:
         module, _, attribute = name.partition(":")
+        if not module or module.startswith(".") or not attribute:
+            raise ValueError(f"compression method {name!r}: give package.module:Class, an absolute module path")
         try:
             cls = getattr(importlib.import_module(module), attribute)
         except (ImportError, AttributeError) as error:
