@@ -66,6 +66,7 @@ def check_generations(
             compression.kind.check_prompts(
                 compression.settings, min(lengths), f"the prompt of problem {short} in the {gen.what}"
             )
+            compression.kind.check_lengths(compression.settings, shape, min(lengths), min(new))
             size = compression.kind.cache_bytes(
                 compression.settings, shape, gen.rows, max(lengths), max(new), dtype_bytes
             )

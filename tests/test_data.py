@@ -294,6 +294,8 @@ def test_copy_recall_task_is_deterministic_held_out_and_reachable_by_name():
         DataConfig(name="copy_recall", copy_required="places", copy_share=0).check()
     with pytest.raises(ValueError, match="copy_share applies to"):
         DataConfig(name="copy_recall", copy_share=0.5).check()
+    with pytest.raises(ValueError, match=r"copy_share=1e-12 asks for none of the 10 places: at least 1/10 = 0.1"):
+        DataConfig(name="copy_recall", copy_required="places", copy_share=1e-12).check()
     assert "copy_required" not in DataConfig(name="copy_recall").identity()
     assert (
         DataConfig(name="copy_recall", copy_required="places").identity() != DataConfig(name="copy_recall").identity()

@@ -369,6 +369,7 @@ EVALUATE_REFUSALS = [
     ("data.sentences=13", "data.sentences=13 applies to data.name=copy_recall / long_recall only, not to data.name="),
     ("data.name=copy_recall data.distractors=2", "data.distractors=2 applies to data.name=arithmetic only"),
     ("data.name=gsm8k data.copy_required=places", "data.copy_required='places' applies to data.name=copy_recall"),
+    ("methods=[s4r] compression.options.eta=1e-9", "compression.options.eta=1e-09 is below what S4R's smallest"),
     ("adapter={tmp}/empty", "adapter={tmp}/empty: {tmp}/empty/adapter_config.json is not a PEFT adapter's"),
     ("adapter={tmp}/garbage", "adapter={tmp}/garbage: {tmp}/garbage/adapter_config.json is not JSON"),
     ("adapter={tmp}/full", "adapter={tmp}/full holds no adapter_config.json: a full model's folder, given as model="),

@@ -293,7 +293,7 @@ def test_sweep_golds_script_on_a_subset(tmp_path, check, failures):
 
 def test_required_sentences_must_be_copied_in_order():
     from gkv_rewards.extract import copies_in_order
-    from gkv_rewards.functions import accuracy
+    from gkv_rewards.functions import accuracy, copy_score
 
     required = "Then Ava goes to the zoo.\nAt the end of the day, Ava still has"
     good = "Ava has 41 cards. Then Ava  goes to the zoo.\n At the end of the day, Ava still has 41 cards."
@@ -304,3 +304,11 @@ def test_required_sentences_must_be_copied_in_order():
         completions=[good, "\\boxed{41}", good], answer=["41", "41", "42"], required=[required, required, required]
     ) == [1.0, 0.0, 0.0]
     assert accuracy(completions=["\\boxed{41}"], answer=["41"]) == [1.0]  # no required column: answer only
+    # a column that does not give one value per completion is an error, not fewer rewards than completions
+    for reward in (accuracy, copy_score):
+        with pytest.raises(ValueError, match="2 completions, 1 answers and 1 required entries"):
+            reward(completions=[good, good], answer=["41"], required=[required])
+        with pytest.raises(TypeError, match=r"required is 5 \(int\)"):
+            reward(completions=[good], answer=["41"], required=[5])
+        with pytest.raises(ValueError, match="required asks for 'at least 0 of:' of 1 lines"):
+            reward(completions=["\\boxed{41}"], answer=["41"], required=["at least 0 of:\nThen Ava goes"])

@@ -124,10 +124,14 @@ def copied(text: str, required: str | None) -> Copy:
     the copy. Used by tasks whose answer counts only after the work that leads to it (``copy_recall``)."""
     if not required:
         return Copy(0, 0, 0, text)
+    if not isinstance(required, str):
+        raise TypeError(f"required is {required!r} ({type(required).__name__}): the lines to copy, one text, or None")
     lines = required.split("\n")
     relaxed = _AT_LEAST.fullmatch(lines[0].strip())
     if relaxed:
         lines = lines[1:]
+        if not 1 <= int(relaxed[1]) <= len(lines):
+            raise ValueError(f"required asks for {relaxed[0]!r} of {len(lines)} lines: from 1 to {len(lines)}")
     flat = " ".join(text.split())
     wanted = [" ".join(line.split()) for line in lines]
     if not relaxed:  # every line, in order: the first occurrence of each after the one before

@@ -44,7 +44,16 @@ def copy_score(prompts=None, completions=(), answer=(), required=None, **_) -> l
 
 
 def _copies(completions, answer, required):
-    required = [None] * len(answer) if required is None else required
+    """(what each completion copied, its gold answer); ValueError when the columns do not give one value per
+    completion (TRL repeats a problem's columns for each of its completions): a shorter column would drop
+    completions from the rewards."""
+    completions, answer = list(completions), list(answer)
+    required = [None] * len(answer) if required is None else list(required)
+    if not len(completions) == len(answer) == len(required):
+        raise ValueError(
+            f"{len(completions)} completions, {len(answer)} answers and {len(required)} required entries: one of "
+            "each per completion"
+        )
     return [(copied(completion_text(c), needed), gold) for c, gold, needed in zip(completions, answer, required)]
 
 

@@ -15,9 +15,22 @@ import torch.nn.functional as F
 
 def s4r_rank(eta: float, sinks: int, length: int, dim: int, groups: int, window: int) -> int:
     """The rank r that makes the persistent memory a share ``eta`` of the full cache at ``length`` tokens:
-    (s D' + L r + G W r / 2 + D' r) / ((s + L) D') = eta, floored, within [1, D']."""
+    (s D' + L r + G W r / 2 + D' r) / ((s + L) D') = eta, floored, within [1, D'] (a job refuses an eta below
+    rank 1's share before any work: ``check_eta``)."""
     r = (eta * (sinks + length) * dim - sinks * dim) / (length + 0.5 * groups * window + dim)
     return max(1, min(dim, math.floor(r)))
+
+
+def check_eta(eta: float, sinks: int, length: int, dim: int, groups: int, window: int) -> None:
+    """ValueError when ``eta`` is below the share S4R's smallest state (exact sinks, rank 1) takes of the full
+    cache at ``length`` tokens after the sinks: its rank would be raised to 1 and the memory be more than asked."""
+    least = (sinks * dim + length + 0.5 * groups * window + dim) / ((sinks + length) * dim)
+    if eta < least:
+        raise ValueError(
+            f"compression.options.eta={eta:g} is below what S4R's smallest state (the {sinks} exact sinks and rank "
+            f"1) takes of the full cache at {sinks + length} tokens, {least:.3g}: at least that, or a longer "
+            "expected_length"
+        )
 
 
 def split_rank(rank: int, ratio: float, limit: int) -> tuple[int, int]:

@@ -187,6 +187,11 @@ class Method:
         """ValueError when the shortest prompt (``shortest`` tokens, ``which``: the problem and the rollout, for the
         message) is too short for this method."""
 
+    @classmethod
+    def check_lengths(cls, settings: Settings, shape: ModelShape, shortest: int, new: int) -> None:
+        """ValueError when an option cannot hold for ``shape`` with a prompt of ``shortest`` tokens and ``new``
+        generated ones (S4R's eta below its smallest state)."""
+
 
 @register
 class Full(Method):

@@ -37,6 +37,7 @@ from gkv_rollout.contract.s4r_record import S4RRecord
 from gkv_rollout.kv_cache import KVCache
 from gkv_rollout.lowrank import (
     SelectionBudget,
+    check_eta,
     chosen_in_order,
     extend_bases,
     hidden_keys,
@@ -229,6 +230,15 @@ class S4R(Method):
                     f"compression.options.{key}={value} exceeds what {shape.name} allows: an S4R basis has at most KV "
                     f"heads x head dim = {shape.kv_heads} x {shape.head_dim} = {shape.latent_dim} columns"
                 )
+
+    @classmethod
+    def check_lengths(cls, settings, shape: ModelShape, shortest, new):
+        expected = settings.options.expected_length
+        length = shortest + new if expected is None else max(shortest, expected)
+        groups = shape.heads // shape.kv_heads
+        check_eta(
+            settings.options.eta, settings.sinks, length - settings.sinks, shape.latent_dim, groups, settings.window
+        )
 
     @classmethod
     def check_prompts(cls, settings, shortest, which):
