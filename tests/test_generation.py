@@ -234,6 +234,16 @@ def test_prefixes_are_fed_then_sampling_goes_on(tiny_llama, method):
     assert control.completions()[0][:20] != prefixes[0]
     with pytest.raises(ValueError, match="leaves nothing to sample within 20"):
         engine.generate(prompts, SamplingConfig(max_new_tokens=20), prefixes=prefixes)
+    vocab = tiny_llama.get_input_embeddings().num_embeddings
+    for bad, message in [
+        ("some text", r"prefixes\[0\] is str: a list of token ids"),
+        ([1.5], r"prefixes\[0\] holds 1.5: token ids are integers"),
+        ([None], r"prefixes\[0\] holds None"),
+        ([-1], r"prefixes\[0\] holds the id -1, outside the vocabulary"),
+        ([vocab], f"prefixes\\[0\\] holds the id {vocab}, outside the vocabulary \\(0-{vocab - 1}\\)"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            engine.generate(prompts, sampling, prefixes=[bad, prefixes[1]])
 
 
 @pytest.mark.parametrize("method", ["full", "gkv", "snapkv", "s4r"])

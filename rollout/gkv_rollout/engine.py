@@ -226,6 +226,7 @@ class RolloutEngine:
                 raise ValueError("give forced (whole completions) or prefixes (their beginnings), not both")
             if len(prefixes) != len(prompts):
                 raise ValueError(f"{len(prefixes)} prefixes for {len(prompts)} prompts")
+            check_token_ids(prefixes, self.model.get_input_embeddings().num_embeddings, "prefixes")
             longest = max((len(p) for p in prefixes), default=0)
             limit = (sampling or SamplingConfig()).max_new_tokens
             if longest >= limit:
@@ -317,6 +318,23 @@ class DecodeStep:
             logits = logits.clone()  # a CUDA graph's output is freed by its next replay
         self.cache.end()
         return logits
+
+
+def check_token_ids(rows, vocab: int, name: str) -> None:
+    """Each row of ``rows`` (the argument ``name``) a sequence of token ids: integers in [0, ``vocab``); ValueError
+    naming the argument, the row and what is wrong (a string, a float, None, an id outside the vocabulary)."""
+    for i, row in enumerate(rows):
+        if isinstance(row, (str, bytes)) or not hasattr(row, "__len__"):
+            raise ValueError(f"{name}[{i}] is {type(row).__name__}: a list of token ids (tokenize the text first)")
+        for token in row:
+            if (
+                isinstance(token, bool)
+                or not isinstance(token, (int, torch.Tensor))
+                or (isinstance(token, torch.Tensor) and (token.numel() != 1 or token.is_floating_point()))
+            ):
+                raise ValueError(f"{name}[{i}] holds {token!r}: token ids are integers")
+            if not 0 <= int(token) < vocab:
+                raise ValueError(f"{name}[{i}] holds the id {int(token)}, outside the vocabulary (0-{vocab - 1})")
 
 
 class TokenPicker:
