@@ -41,7 +41,9 @@ Case kinds: ``listed`` (a defect found by the earlier probe of issue 24: on the 
 wrong), ``control`` (what the code handled already: a right result, or a check that existed, whatever the form of its
 message; so that the table shows both), ``new`` (not in that list), ``round3`` (a defect found by the third probe,
 issue 37: the newer paths — the lm-eval model, S4R refresh, resume, TRL keys, user methods, reward workers under
-load, damaged checkpoints).
+load, damaged checkpoints), ``round4`` (issue 54's: damaged runs, long_recall's story, recipe files, checkpoints
+without manifests, the natural haystack, keys that cannot apply, adapter folders, unbounded inputs, library calls;
+written as data, ``scripts/faults/round4.py``).
 A full disk is a tmpfs of a few KB mounted on the case's output folder where ``mount`` is allowed (root): writes
 fail with ENOSPC as on a real full disk. Without that permission a file-size limit (RLIMIT_FSIZE) stands in:
 writes then fail with EFBIG ("File too large"), per file rather than in total; the results name which was used.
@@ -77,11 +79,20 @@ from faults.harness import (  # noqa: E402
 )
 from faults.output import harness_cases, output_cases  # noqa: E402
 from faults.rewards import reward_cases  # noqa: E402
+from faults.round4 import round4_cases  # noqa: E402
 from faults.state import state_cases  # noqa: E402
 
 
 def all_cases() -> list[Case]:
-    cases = [*harness_cases(), *reward_cases(), *config_cases(), *data_cases(), *state_cases(), *output_cases()]
+    cases = [
+        *harness_cases(),
+        *reward_cases(),
+        *config_cases(),
+        *data_cases(),
+        *state_cases(),
+        *output_cases(),
+        *round4_cases(),
+    ]
     names = [c.name for c in cases]
     assert not any("," in n for n in names), "a comma separates --cases patterns"
     assert len(names) == len(set(names)), [n for n in names if names.count(n) > 1]
@@ -190,7 +201,7 @@ def markdown(rows: dict, records: list[dict], tag: str, commit: str | None) -> s
     lines += [
         "",
         "By kind of case (listed: a defect of issue 24's list; control: handled before, result or check; "
-        "new: not in the list; round3: a defect of issue 37's list):",
+        "new: not in the list; round3: a defect of issue 37's list; round4: of issue 54's):",
         "",
         "| kind | " + " | ".join(head[1:]) + " |",
         "|" + "---|" * len(head),

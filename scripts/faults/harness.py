@@ -22,7 +22,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[2]
 OUTCOMES = ("ok", "clear_error", "unclear_error", "silent_wrong", "crash", "hang", "data_lost")
 CATEGORIES = ("harness", "rewards", "configuration", "data", "state_faults", "output")
-KINDS = ("listed", "control", "new", "round3")
+KINDS = ("listed", "control", "new", "round3", "round4")
 REFUSAL_CODE = 2
 TRACEBACK = "Traceback (most recent call last)"
 HYDRA_DUMP = "Error executing job"
@@ -420,9 +420,10 @@ def hydra_value(value) -> str:
 
 
 def failure_message(err: str) -> str:
-    """What a failed child said: its last ``error:`` line, else the exception line of its last traceback, else
-    its last paragraph joined by " / " (Hydra's HYDRA_FULL_ERROR hint left out)."""
+    """What a failed child said: its last ``error:`` line (argparse's ``prog: error:`` too), else the exception line
+    of its last traceback, else its last paragraph joined by " / " (Hydra's HYDRA_FULL_ERROR hint left out)."""
     lines = [line.rstrip() for line in err.splitlines() if line.strip() and "HYDRA_FULL_ERROR" not in line]
+    lines = [re.sub(r"^[\w.\-]+(?: [\w.\-]+)?: (error: )", r"\1", line) for line in lines]  # argparse: "prog: error:"
     errors = [line for line in lines if line.startswith("error:")]
     if errors:
         return errors[-1]
