@@ -16,6 +16,7 @@ import dataclasses
 import errno
 import json
 import os
+import re
 import shutil
 import signal
 import sys
@@ -296,13 +297,15 @@ class AtomicCheckpoints:
 
     def _disk_full(self, err: BaseException, staged: Path):
         """The ``DiskFull`` error naming the disk when a save failed for lack of space, else None: an OSError
-        saying so, or a write error of torch's C++ writer (``basic_ios::clear: iostream error``, no errno) with
-        less space free than a checkpoint needs."""
+        saying so, safetensors' writer saying so (``... (os error 28)``: its error carries no errno), or a write
+        error of torch's C++ writer (``basic_ios::clear: iostream error``, no errno) with less space free than a
+        checkpoint needs."""
         needed = self.checkpoint_bytes()
-        full = isinstance(err, OSError) and err.errno in FULL
+        written = re.search(r"\(os error (\d+)\)", str(err))
+        code = err.errno if isinstance(err, OSError) else int(written[1]) if written else None
+        full = code in FULL
         if not full and isinstance(err, RuntimeError) and not isinstance(err, NotImplementedError):
-            full = free_bytes(staged) < needed
-        code = err.errno if isinstance(err, OSError) and err.errno in FULL else errno.ENOSPC
+            full, code = free_bytes(staged) < needed, errno.ENOSPC
         return disk_full(staged, staged.name, needed, code) if full else None
 
 

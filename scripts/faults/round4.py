@@ -260,7 +260,7 @@ ROWS = [
         "configuration",
         'data.prompt_template="{problem:>99999999999}": a ~100 GB allocation in the template check',
         "evaluate",
-        {"data.prompt_template": "{problem:>99999999999}"},
+        {"data.prompt_template": "'{problem:>99999999999}'"},
         "refuse",
         ["prompt_template", "problem"],
         None,
@@ -440,7 +440,7 @@ ROWS = [
         "a checkpoint save over the file-size limit (EFBIG): [Errno 27] naming no file",
         "train",
         {"max_steps": 1, "_fsize": 200_000},
-        "refuse_late",
+        "machine",
         ["File too large", "checkpoint-1", "ulimit -f"],
         None,
     ),
@@ -639,6 +639,8 @@ def row_case(row: tuple) -> Case:
             return judge_found(ctx, proc, patterns)
         if expect == "refuse_whole" and folder_digest(ctx.work / "out") != ctx.notes.pop("digest"):
             return Verdict("data_lost", f"exit {proc.rc}: the run's folder changed: {failure_message(proc.err)[:200]}")
+        if expect == "machine":  # a failure of the machine, not of the input: any exit code but 0 (a full disk's 1)
+            return judge_refusal(proc, patterns, before_load=False, code=None)
         return judge_refusal(proc, patterns, before_load=expect != "refuse_late")
 
     return Case(name, category, "round4", about, run, 900.0 if setup is not None else 360.0)
