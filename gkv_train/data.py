@@ -26,6 +26,7 @@ from gkv_train.tasks import (
     LONG_RECALL_SENTENCES,
     PLACES,
     arithmetic_task,
+    copy_places,
     copy_recall_task,
     long_recall_task,
 )
@@ -132,7 +133,11 @@ class DataConfig:
             raise ValueError(f"{key}.copy_share must lie in (0, 1], got {self.copy_share}")
         if self.copy_share != 1 and (self.name != COPY_RECALL or self.copy_required != "places"):
             raise ValueError(f"{key}.copy_share applies to {key}.name=copy_recall with {key}.copy_required=places only")
-        if self.name == COPY_RECALL and self.copy_required == "places" and self.copy_share * self.sentences < 1:
+        if (
+            self.name == COPY_RECALL
+            and self.copy_required == "places"
+            and copy_places(self.copy_share, self.sentences) < 1
+        ):
             raise ValueError(
                 f"{key}.copy_share={self.copy_share} asks for none of the {self.sentences} places: at least "
                 f"1/{self.sentences} = {1 / self.sentences:.3g}, so that a completion copies one"

@@ -180,6 +180,12 @@ def _copy_recall_problem(rng: random.Random, sentences: int) -> tuple[str, int, 
     return f"{COPY_INSTRUCTION}\n\n{' '.join(text)}", number, text[-1], places
 
 
+def copy_places(share: float, places: int) -> int:
+    """How many of ``places`` middle sentences a copy_recall completion with ``copy_required=places`` must copy: a
+    ``share`` of them, rounded up."""
+    return math.ceil(share * places - 1e-9)
+
+
 def copy_recall_space(sentences: int) -> int:
     """How many distinct problems ``_copy_recall_problem`` can write with ``sentences`` middle sentences."""
     return len(NAMES) * len(ITEMS) * 90 * (math.perm(len(PLACES), sentences) * math.perm(len(ACTIVITIES), sentences))
@@ -224,7 +230,7 @@ def copy_recall_task(
     def needed(last: str, places: list[str]) -> str:
         if required == "last":
             return last
-        return "\n".join([f"at least {math.ceil(share * len(places) - 1e-9)} of:", *places])
+        return "\n".join([f"at least {copy_places(share, len(places))} of:", *places])
 
     task = f"the built-in task copy_recall with {sentences} sentences"
     chosen = held_out_split(stream, n, split, task, copy_recall_space(sentences), "add sentences")

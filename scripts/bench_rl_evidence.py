@@ -692,12 +692,39 @@ def summarize_recipe(cells: list[dict], interval: int, limit: int) -> dict:
 
 def paired_difference(mine: list[dict], other: list[dict], draws: int = 2000) -> dict:
     """RL-Sparse minus another recipe, paired by seed (same seed: same prompts, initial model and evaluation
-    problems) and by problem: the mean difference and its 95% interval (resample seed pairs, then problems)."""
+    problems) and by problem: the mean difference and its 95% interval (resample seed pairs, then problems), and
+    the interval with each recipe's seeds resampled on their own (``ci95_seeds_independent``:
+    ``independent_interval``), which assumes nothing about two recipes' runs at one seed being alike."""
     pairs = [[a - b for a, b in zip(per_problem(x), per_problem(y))] for x, y in zip(mine, other)]
     if not pairs:
         return {}
     mean = sum(sum(p) / len(p) for p in pairs) / len(pairs)
-    return {"seeds": len(pairs), "difference": mean, "ci95": hierarchical_interval(pairs, draws)}
+    return {
+        "seeds": len(pairs),
+        "difference": mean,
+        "ci95": hierarchical_interval(pairs, draws),
+        "ci95_seeds_independent": independent_interval(
+            [per_problem(x) for x in mine], [per_problem(y) for y in other], draws
+        ),
+    }
+
+
+def independent_interval(first: list[list[float]], second: list[list[float]], draws: int = 2000, seed: int = 0):
+    """95% interval of the mean over ``first``'s seeds minus the mean over ``second``'s (each: per seed, one value
+    per problem, the same problems in the same order): per draw, each side's seeds resampled on their own, and one
+    resample of the problems shared by both sides (every model answers the same problems)."""
+    rng = random.Random(seed)
+    n = len(first[0])
+    diffs = []
+    for _ in range(draws):
+        a = [first[rng.randrange(len(first))] for _ in first]
+        b = [second[rng.randrange(len(second))] for _ in second]
+        problems = [rng.randrange(n) for _ in range(n)]
+        mean_a = sum(s[p] for s in a for p in problems) / (len(a) * n)
+        mean_b = sum(s[p] for s in b for p in problems) / (len(b) * n)
+        diffs.append(mean_a - mean_b)
+    diffs.sort()
+    return [diffs[int(0.025 * draws)], diffs[min(draws - 1, int(0.975 * draws))]]
 
 
 def by_rounds(cells: list[dict], interval: int, bins: list[int]) -> list[dict]:
@@ -750,6 +777,8 @@ def collect(args) -> dict:
         return section
     before = published(args).get("models", {})
     names = ["untrained", *(run_name(r, s, lr) for r, s in training_runs(args, lr))]
+    # runs at this rate that this call does not list (other seeds, recipes) stay, read again from their folders
+    names += [n for n in before if n not in names and n.endswith(f"-lr{lr_name(lr)}")]
     for name in names:
         old = {} if trained_here(name, args) else before.get(name, {})
         kept = None if name == "untrained" else args.adapters / name
@@ -760,7 +789,7 @@ def collect(args) -> dict:
         }
         cells.update({c: v for c, v in old.get("cells", {}).items() if c not in cells})  # other budgets stay
         trained = name != "untrained" and is_done(Job("train", name), args)
-        if all(v is None for v in cells.values()) and not trained:
+        if all(v is None for v in cells.values()) and not trained and name not in before:
             continue
         model: dict = {"cells": cells}
         if name != "untrained":
@@ -770,9 +799,6 @@ def collect(args) -> dict:
                 recipe=recipe, seed=seed, curve=curve(metrics.parent) if metrics.is_file() else old.get("curve", {})
             )
         section["models"][name] = model
-    for name, model in before.items():  # runs at this rate that this call does not list (seeds, recipes) stay
-        if name == "untrained" or name.endswith(f"-lr{lr_name(lr)}"):
-            section["models"].setdefault(name, model)
     before_train = published(args).get("settings", {}).get("train", {})
     train = section["settings"]["train"]
     train["variants"] = {**before_train.get("variants", {}), **train["variants"]}
@@ -1015,6 +1041,33 @@ def differences_table(section: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+JUDGED = ("rl_sparse_noclip - rl_full_noclip", ("gkv-b160-seed2", "gkv-b160"))  # issue 53's pre-registered pair
+
+
+def judged_table(section: dict) -> str:
+    """The pre-registered comparison (``JUDGED``: RL-Sparse minus RL-Full, both without the clamp, on the fresh
+    problems first): the estimate, the interval with each recipe's seeds resampled on their own (the judged one),
+    the seed-paired interval, and the reading the plan fixed in advance."""
+    pair, conditions_ = JUDGED
+    lines = [
+        "| condition | seeds | RL-Sparse minus RL-Full | seeds on their own (judged) | seed s with seed s | reading |",
+        "|---|---|---|---|---|---|",
+    ]
+    for condition in conditions_:
+        d = (section.get("differences") or {}).get(condition, {}).get(pair)
+        if not d:
+            lines.append(f"| {condition} | - | - | - | - | - |")
+            continue
+        (lo, hi), (plo, phi) = d["ci95_seeds_independent"], d["ci95"]
+        reading = "RL-Sparse better" if lo > 0 else "RL-Full better" if hi < 0 else "not separated"
+        reading += " (judged)" if condition == conditions_[0] else " (reported)"
+        lines.append(
+            f"| {condition} | {d['seeds']} | {d['difference']:+.3f} | [{lo:+.3f}, {hi:+.3f}] | "
+            f"[{plo:+.3f}, {phi:+.3f}] | {reading} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def lr_table(section: dict) -> str:
     lines = ["| learning rate | pass@1 (train split) | score | length |", "|---|---|---|---|"]
     if not section.get("lr_sweep") and section.get("learning_rate") is not None:
@@ -1036,7 +1089,7 @@ def lr_table(section: dict) -> str:
 
 def tables(view: str, result: dict) -> str:
     """``scripts/render_docs.py``'s views: ``probe``, ``methods`` (the ordering tables), ``lr``, ``training``,
-    ``rounds``, ``drift``, ``differences``."""
+    ``rounds``, ``drift``, ``differences``, ``judged`` (issue 53's pre-registered comparison)."""
     if view in ("probe", "methods"):
         checks = "".join(
             f"- {name.replace('_', ' ')} {want}: {'yes' if ok else 'NO'}\n"
@@ -1050,6 +1103,7 @@ def tables(view: str, result: dict) -> str:
         "rounds": rounds_table,
         "drift": drift_table,
         "differences": differences_table,
+        "judged": judged_table,
     }[view](section)
     state = " (partial: runs still going)" if section.get("partial") else ""
     return f"{body}\n{provenance(section)}{state}\n"

@@ -228,3 +228,25 @@ def test_the_methods_stage_keeps_the_rows_it_published(tmp_path):
     again = methods("elsewhere")
     assert "evaluate.py" in first.stderr and "evaluate.py" not in again.stderr
     assert json.loads(results.read_text())["methods"]["table"] == section["table"]
+
+
+def test_seeds_resampled_on_their_own_assume_no_likeness_between_recipes():
+    """The pre-registered interval resamples each recipe's seeds on its own (problems once per draw, shared): where
+    seed s of one recipe equals seed s of the other plus a constant, the seed-paired interval is that constant
+    alone while the independent one spreads with the seeds; the judged table reads it as fixed in advance."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_rl_evidence import JUDGED, independent_interval, judged_table, paired_difference
+
+    seeds = [[0.2] * 8, [0.5] * 8, [0.8] * 8]
+    cells = [{"correct": [[v] for v in s]} for s in seeds]
+    shifted = [{"correct": [[v + 0.1] for v in s]} for s in seeds]
+    d = paired_difference(shifted, cells)
+    assert d["difference"] == pytest.approx(0.1) and d["ci95"] == pytest.approx([0.1, 0.1])
+    low, high = d["ci95_seeds_independent"]
+    assert low < 0 < 0.1 < high  # the seeds' spread, which pairing hides
+    assert independent_interval(seeds, seeds) == pytest.approx(independent_interval(seeds, seeds, seed=0))
+    pair, (fresh, main) = JUDGED
+    section = {"differences": {fresh: {pair: d}, main: {pair: {**d, "ci95_seeds_independent": [0.01, 0.2]}}}}
+    table = judged_table(section)
+    assert f"| {fresh} | 3 | +0.100 | [{low:+.3f}, {high:+.3f}] | [+0.100, +0.100] | not separated (judged) |" in table
+    assert f"| {main} | 3 | +0.100 | [+0.010, +0.200] | [+0.100, +0.100] | RL-Sparse better (reported) |" in table

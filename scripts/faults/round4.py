@@ -546,8 +546,8 @@ ROWS = [
     ],
     *[
         (
-            "harness/prefixes-" + name,
-            "harness",
+            "data/engine-prefixes-" + name,
+            "data",
             f"RolloutEngine.generate(prefixes={given}): checked for count and length only",
             "python",
             {"code": ENGINE + f"value = engine.generate([[5, 6, 7]], sampling, prefixes={given})"},
