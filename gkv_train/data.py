@@ -63,7 +63,7 @@ PRESETS = {
 }
 BUILTIN = "arithmetic"
 COPY_RECALL = "copy_recall"  # the built-in task of the decode-time regime: see copy_recall_task
-LONG_RECALL = "long_recall"  # the decode-time regime at reasoning lengths, for evaluation: see long_recall_task
+LONG_RECALL = "long_recall"  # the decode-time regime at reasoning lengths, a given story: see long_recall_task
 PROMPT_TEMPLATE = "{problem}\nPut your final answer in \\boxed{{}}."
 
 
@@ -73,7 +73,7 @@ class DataConfig:
     math500, gsm8k, svamp; ``arithmetic``, ``copy_recall`` or ``long_recall``, the built-in tasks; or a hub dataset).
 
     ``copy_recall`` is the built-in task of the decode-time regime (see ``copy_recall_task``); ``long_recall`` the
-    same regime at reasoning lengths, an evaluation task whose completions begin with a given story
+    same regime at reasoning lengths, a task whose completions begin with a given story
     (``long_recall_task``).
 
     ``split`` picks a hub dataset's split or the built-in task's (train/test); a preset's file holds only its
@@ -205,12 +205,13 @@ def check_sampled_only(problems, key: str, who: str) -> None:
     """Refuse ``problems`` (the configuration group ``key``'s) when their completions begin with given text (a
     ``continuation`` column: ``long_recall``'s; a local file's columns other than the question and answer are not
     read) for ``who``, a consumer that would take that text for the model's own tokens (teacher traces; a
-    training configuration refuses long_recall itself)."""
+    distillation configuration refuses long_recall itself)."""
     if GIVEN in problems.column_names:
         raise ValueError(
             f"{key}: the problems have a {GIVEN!r} column (text every completion begins with, fed as given: "
             f"long_recall's story), which {who} would take for the model's own tokens or leave out; "
-            "evaluate them (scripts/evaluate.py, or eval_data at the end of a training run)"
+            "evaluate them (scripts/evaluate.py, or eval_data at the end of a training run) or train on them with a "
+            "GRPO recipe"
         )
 
 

@@ -41,6 +41,7 @@ from gkv_rollout.engine import RolloutEngine, RolloutOutput
 from gkv_rollout.sampling import rollout_seed
 from gkv_train.consistency import mismatch_stats
 from gkv_train.console import rollout_progress
+from gkv_train.data import GIVEN
 from gkv_train.distributed import generation_model, is_zero3
 from gkv_train.logprobs import logical_forward
 from gkv_train.options import LOSS_TYPES, CompressedArguments, SparseRLOptions
@@ -90,13 +91,17 @@ class LogpsScope:
     """What the log-prob computations of one block attend under (``CompressedGRPOTrainer._scope``).
 
     record: the record of the rows they see (None: plain causal attention); rollout_logps: when set, the
-    rollout's log-probs [B, C] of those rows, compared once with the trainer's; generation: the rollout made
-    inside the block (set by ``rollout_func``).
+    rollout's log-probs [B, C] of those rows, compared once with the trainer's over ``sampled`` ([B, C]: 1 for the
+    sampled completion tokens; None: every completion token); generation: the rollout made inside the block (set
+    by ``rollout_func``); given: per row, the text its completion begins with (a ``continuation`` column:
+    long_recall's story), fed as if sampled, or None.
     """
 
     record: Record | None = None
     rollout_logps: torch.Tensor | None = None
+    sampled: torch.Tensor | None = None
     generation: RolloutOutput | None = None
+    given: list[str | None] | None = None
 
 
 @dataclass
@@ -172,12 +177,13 @@ class CompressedGRPOTrainer(GRPOTrainer):
             compile_decode=self.args.compile_decode,
         )
         rows = len(prompts)  # TRL passes every sample's prompt (num_generations per problem)
+        prefixes = self._given_ids(self._scope.given, rows)
         with (
             generation_model(self) as model,
             rollout_progress(rows, sampling.max_new_tokens, self.accelerator.is_main_process) as progress,
         ):
             out = RolloutEngine(model, self.processing_class, self.args.compression).generate(
-                prompts, sampling, progress=progress
+                prompts, sampling, progress=progress, prefixes=prefixes
             )
         self._scope.generation = out
         self._scope.record = out.record if self.rl.train_with_record else None
@@ -186,21 +192,37 @@ class CompressedGRPOTrainer(GRPOTrainer):
         everyone = gather_object(list(dict.fromkeys(map(repr, prompts))))
         mode = "train" if self.model.training else "eval"
         self._metrics[mode]["prompts/distinct"].append(float(len(set(everyone))))
-        return {
+        found = {
             "prompt_ids": out.prompts(),
             "completion_ids": completions,
             "logprobs": [out.logprobs[i, : len(c)].tolist() for i, c in enumerate(completions)],
         }
+        if prefixes is not None:  # TRL's mask of the model's own tokens: the given ones leave loss, KL and ratios
+            found["env_mask"] = [[0] * len(p) + [1] * (len(c) - len(p)) for p, c in zip(prefixes, completions)]
+        return found
+
+    def _given_ids(self, given: list[str | None] | None, rows: int) -> list[list[int]] | None:
+        """The token ids of each row's given beginning (tokenised as the evaluation does: no special tokens), or
+        None when no row has one."""
+        if not given or all(g is None for g in given):
+            return None
+        if len(given) != rows:
+            raise RuntimeError(f"{len(given)} given beginnings for {rows} rollout rows")
+        tokenizer = self.processing_class
+        return [tokenizer(g, add_special_tokens=False)["input_ids"] if g else [] for g in given]
 
     def _generate_and_score_completions(self, inputs):
         mode = "train" if self.model.training else "eval"
         start = time.perf_counter()
-        with self.scoped(LogpsScope()) as scope:
+        with self.scoped(LogpsScope(given=[row.get(GIVEN) for row in inputs])) as scope:
             output = super()._generate_and_score_completions(inputs)
         out = scope.generation
         if out.record is not None:
             output.update(out.record.to_batch())
-        mask = output["completion_mask"]
+        # the completion tokens the policy sampled (TRL's tool_mask marks a given beginning's tokens 0 here)
+        mask = output["completion_mask"] * output["tool_mask"] if "tool_mask" in output else output["completion_mask"]
+        if "tool_mask" in output:
+            output["sampled_mask"] = mask
         advantages = output["advantages"]
         if self.rl.overlong_advantage_clip:
             ended = torch.tensor([c[-1] in self.eos_token_ids for c in out.completions()], device=advantages.device)
@@ -253,12 +275,14 @@ class CompressedGRPOTrainer(GRPOTrainer):
     def _compute_loss(self, model, inputs):
         reference = inputs.get("old_per_token_logps")
         mode = "train" if self.model.training else "eval"
+        sampled = inputs.get("sampled_mask", inputs["completion_mask"])
         if reference is not None and "sampling_per_token_logps" in inputs:
-            self._log_mismatch(mode, reference, inputs["sampling_per_token_logps"], inputs["completion_mask"])
+            self._log_mismatch(mode, reference, inputs["sampling_per_token_logps"], sampled)
         # Without stored old log-probs the current policy is still the rollout policy (one optimizer step per
         # generation), so the loss forward itself measures the mismatch.
         rollout_logps = None if reference is not None else inputs.get("sampling_per_token_logps")
-        with self.scoped(LogpsScope(record=self._batch_record(inputs), rollout_logps=rollout_logps)):
+        scope = LogpsScope(record=self._batch_record(inputs), rollout_logps=rollout_logps, sampled=sampled)
+        with self.scoped(scope):
             return super()._compute_loss(model, inputs)
 
     def _get_per_token_logps_and_entropies(
@@ -284,7 +308,8 @@ class CompressedGRPOTrainer(GRPOTrainer):
         aux = None if outputs[0][2] is None else torch.stack([o[2] for o in outputs]).mean()
         if rollout_logps is not None:
             mode = "train" if self.model.training else "eval"
-            self._log_mismatch(mode, logps.detach(), rollout_logps, attention_mask[:, -logits_to_keep:])
+            sampled = attention_mask[:, -logits_to_keep:] if scope.sampled is None else scope.sampled
+            self._log_mismatch(mode, logps.detach(), rollout_logps, sampled)
         return logps, entropies, aux
 
     def _log_mismatch(self, mode, trainer_logps, rollout_logps, mask):

@@ -196,6 +196,7 @@ def generations(config: TrainConfig, data, held_out, num_processes: int) -> list
                 rows,
                 config.sampling.max_new_tokens,
                 [config.compression],
+                given=list(data[GIVEN]) if GIVEN in data.column_names else None,
             )
         )
     elif config.distill.traces is not None:

@@ -257,7 +257,7 @@ def _long_recall_problem(rng: random.Random, sentences: int) -> tuple[str, int, 
 
 
 def long_recall_task(n: int | None, split: str = "train", seed: int = 0, sentences: int = 80) -> datasets.Dataset:
-    """The decode-time regime at reasoning lengths, for evaluation: ``n`` problems whose completion begins with a
+    """The decode-time regime at reasoning lengths: ``n`` problems whose completion begins with a
     given story (the ``continuation`` column: the rollout engine feeds it as if sampled, compressing the cache every
     interval as it goes, ``RolloutEngine.generate(prefixes=...)``) and ends with the number the model samples.
 
@@ -267,8 +267,9 @@ def long_recall_task(n: int | None, split: str = "train", seed: int = 0, sentenc
     hold the number at the end, some thousand tokens and dozens of compression rounds later. The story is given
     because a small model cannot write a thousand faithful tokens (SmolLM2-135M loops within a hundred): what is
     measured is the cache, not the model's writing. The ``required`` column is the last sentence
-    (``gkv_rewards.extract.copied``: the number must follow it). Not a training task: a trainer would take the
-    given story for sampled tokens (the training configuration refuses it). Splits as ``arithmetic_task``."""
+    (``gkv_rewards.extract.copied``: the number must follow it). The GRPO trainer trains on the sampled tokens
+    after the story only (``CompressedGRPOTrainer``: TRL's ``env_mask``); distillation refuses it. Splits as
+    ``arithmetic_task``."""
     check_builtin_request("the built-in task long_recall", split, n)
     if not 1 <= sentences <= LONG_RECALL_SENTENCES:
         raise ValueError(f"data.sentences must be 1-{LONG_RECALL_SENTENCES} for long_recall, got {sentences}")

@@ -104,11 +104,11 @@ class TrainConfig(TrainOptions, TrlArguments):
     def __post_init__(self):
         self.data.check("data")
         self.eval_data.check("eval_data")
-        if self.data.name == LONG_RECALL:
+        if self.data.name == LONG_RECALL and self.algorithm != "grpo":
             raise ValueError(
-                "data.name=long_recall is an evaluation task: its completions begin with a given story, which a "
-                "trainer would take for sampled tokens; train on copy_recall (eval_data.name=long_recall evaluates "
-                "at the end of a run)"
+                f"data.name=long_recall with algorithm={self.algorithm}: its completions begin with a given story, "
+                "which distillation would take for the model's own tokens; train on it with a GRPO recipe (rl_sparse, "
+                "sparse_rl, rl_full: the story is fed through the cache, and only the sampled answer is trained on)"
             )
         if self.eval_data.name == LONG_RECALL and self.eval_steps is not None:
             raise ValueError(

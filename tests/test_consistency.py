@@ -381,3 +381,34 @@ def test_chunked_masked_attention_keeps_its_dropout_through_the_recompute(monkey
         )
     )
     assert torch.equal(chunked, plain) and all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
+
+
+@pytest.mark.parametrize("method", ["gkv", "snapkv", "s4r"])
+def test_sampled_tokens_after_a_long_given_beginning_match_the_rollout(tiny_llama, method):
+    """A completion that begins with 520 given tokens (long_recall's story, fed through the compressing cache) then
+    samples: the trainer's log-probs of the sampled tokens under the record equal the rollout's; a plain causal
+    mask and the record rotated by one layer do not."""
+    cfg = (
+        CompressionConfig.of("s4r", eta=0.3, window=4, sinks=2)
+        if method == "s4r"
+        else CompressionConfig(method, budget=64, window=8, interval=16)
+    )
+    given = random_prompts([520, 530], seed=11)
+    out = RolloutEngine(tiny_llama, compression=cfg).generate(
+        random_prompts([9, 14]),
+        SamplingConfig(max_new_tokens=572, temperature=1.0, seed=2, stop_token_ids=()),
+        prefixes=given,
+    )
+    assert method == "s4r" or out.stats["compressions"] >= 30
+    sampled = out.completion_mask.clone()
+    for row, prefix in enumerate(given):
+        sampled[row, : len(prefix)] = False  # the given tokens: not the policy's samples
+    assert int(sampled.sum()) == 2 * 572 - 520 - 530
+
+    def diff(record):
+        with torch.no_grad():
+            lp = token_logprobs(tiny_llama, out.sequences, out.attention_mask, out.num_completion_tokens, record)
+        return (lp - out.logprobs)[sampled].abs().max().item()
+
+    assert diff(out.record) <= TOL
+    assert diff(None) > 1e-2 and diff(out.record.roll_layers(1)) > 1e-2

@@ -33,6 +33,8 @@ def make_trainer(
     loss_type="dapo",
     reward=even_first_token,
     rollout_is=None,
+    rows=None,
+    rl=None,
     **args,
 ):
     model, tokenizer = load_model("tiny")
@@ -55,14 +57,14 @@ def make_trainer(
     config = CompressedGRPOConfig(
         **{**settings, **args},
         compression=compression or CompressionConfig("gkv", budget=12, window=4, interval=4),
-        rl=SparseRLOptions(train_with_record=train_with_record, rollout_is=rollout_is),
+        rl=rl or SparseRLOptions(train_with_record=train_with_record, rollout_is=rollout_is),
     )
     return CompressedGRPOTrainer(
         model=model,
         reward_funcs=[reward],
         args=config,
         processing_class=tokenizer,
-        train_dataset=datasets.Dataset.from_list([{"prompt": p} for p in PROMPTS]),
+        train_dataset=datasets.Dataset.from_list(rows or [{"prompt": p} for p in PROMPTS]),
     )
 
 
@@ -196,3 +198,68 @@ def test_sparse_rl_correction():
         SparseRLOptions(rollout_rejection=[1.2, 1.5])
     with pytest.raises(ValueError, match="rollout_veto"):
         SparseRLOptions(rollout_veto=2.0)
+
+
+GIVEN_ROWS = [{"prompt": p, "continuation": f"{p} then the story goes on and on."} for p in PROMPTS[:2]]
+
+
+def even_last_token(completion_ids=(), **_):
+    """Toy reward on what the policy sampled last (a given beginning is the same in every sample)."""
+    return [float(ids[-1] % 2 == 0) if ids else 0.0 for ids in completion_ids]
+
+
+def given_batch(trainer):
+    """One generation batch of ``GIVEN_ROWS`` (4 samples each), and the mask of the sampled completion tokens."""
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([dict(r) for r in GIVEN_ROWS for _ in range(4)])
+    tokenizer = trainer.processing_class
+    lengths = [len(tokenizer(r["continuation"], add_special_tokens=False)["input_ids"]) for r in GIVEN_ROWS]
+    sampled = batch["completion_mask"].clone()
+    for row in range(sampled.size(0)):
+        sampled[row, : lengths[row // 4]] = 0
+    return batch, sampled
+
+
+def test_a_given_beginning_carries_no_loss_no_kl_and_no_ratio(tmp_path, monkeypatch):
+    """A completion that begins with given text (long_recall's story): the rollout feeds it, and the loss, its KL
+    term and the loss's normaliser are taken over the sampled tokens only, as computed by hand on those tokens
+    (over every completion token, the control, they differ); Sparse-RL's correction sees the sampled tokens
+    only."""
+    trainer = make_trainer(
+        tmp_path, beta=0.1, max_completion_length=64, reward=even_last_token, rows=GIVEN_ROWS, num_generations=4
+    )
+    with torch.no_grad():  # the policy away from the reference: a KL on every token
+        for p in trainer.model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    batch, sampled = given_batch(trainer)
+    completions = trainer.processing_class.batch_decode(batch["completion_ids"])
+    assert all(c.startswith(GIVEN_ROWS[i // 4]["continuation"]) for i, c in enumerate(completions))
+    assert torch.equal(batch["sampled_mask"], sampled) and (sampled.sum(1) > 0).all()
+    assert batch["num_items_in_batch"].item() == sampled.sum().item()
+    trainer.current_gradient_accumulation_steps = 1  # what the training loop sets before a loss
+    loss = trainer.compute_loss(trainer.model, batch)
+    with torch.no_grad():
+        logps = trainer._trainer_logps(batch)
+    gap = batch["ref_per_token_logps"] - logps
+    per_token = -batch["advantages"][:, None] + 0.1 * (gap.exp() - gap - 1)  # the rollout policy: ratio 1
+    by_hand = (per_token * sampled).sum() / sampled.sum()
+    every = (per_token * batch["completion_mask"]).sum() / batch["completion_mask"].sum()
+    assert loss.item() == pytest.approx(by_hand.item(), rel=1e-4, abs=1e-6)
+    assert abs(every.item() - by_hand.item()) > 1e-3
+
+    seen = []
+
+    def spy(trainer_logps, rollout_logps, mask, options):
+        seen.append(mask.clone())
+        return rollout_correction(trainer_logps, rollout_logps, mask, options)
+
+    monkeypatch.setattr("gkv_train.grpo.rollout_correction", spy)
+    dense = SparseRLOptions(
+        train_with_record=False, rollout_is="token_truncate", rollout_is_normalize=True, rollout_rejection=(0.5, 1.5)
+    )
+    trainer = make_trainer(
+        tmp_path, max_completion_length=64, reward=even_last_token, rows=GIVEN_ROWS, num_generations=4, rl=dense
+    )
+    batch, sampled = given_batch(trainer)
+    assert len(seen) == 1 and torch.equal(seen[0], sampled.to(seen[0].dtype))
+    assert (batch["tool_mask"] * batch["completion_mask"])[sampled == 0].sum() == 0  # given: out of the loss

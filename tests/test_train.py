@@ -346,6 +346,35 @@ def test_s4r_through_train_py(tmp_path):
     assert control["mismatch/max_abs"] > 1e-2
 
 
+@pytest.mark.parametrize("recipe", ["rl_sparse", "sparse_rl"])
+def test_long_recall_trains_on_the_sampled_answer_through_train_py(tmp_path, recipe):
+    """long_recall trains: its story is fed through the compressed cache (RL-Sparse's trainer attends under the
+    record, which covers it: the mismatch is rounding), the logged completion length counts the sampled tokens only,
+    and the run ends with its evaluation on the task."""
+    out = tmp_path / recipe
+    run(
+        [
+            *TINY,
+            f"recipe={recipe}",
+            "max_steps=1",
+            "data.name=long_recall",
+            "data.sentences=2",
+            "data.limit=4",
+            "eval_data.name=long_recall",
+            "eval_data.sentences=2",
+            "eval_data.limit=1",
+            "sampling.max_new_tokens=200",
+            "compression.budget=64",
+            f"output_dir={out}",
+        ]
+    )
+    (step,) = metrics(out)
+    assert step["rollout/compressions"] >= 10 and step["completions/mean_length"] <= 200 - 150
+    if recipe == "rl_sparse":
+        assert step["mismatch/max_abs"] <= 1e-4
+    assert json.loads((out / "eval.json").read_text())["problems"] == 1
+
+
 def test_sparse_rl_dense_learner_through_train_py(tmp_path):
     """Sparse-RL's design (recipe sparse_rl): the same compressed rollout, a dense learner, the mismatch corrected
     by truncated, normalised importance weights, token rejection and a sequence veto. Every step logs the ratio
@@ -783,7 +812,7 @@ BAD_CONFIGS = [
     ("resume={tmp}/nowhere", "resume={tmp}/nowhere: not a complete checkpoint directory"),  # and no folder left
     ("data.name=niah_single data.context=1000000000", "data.context=1000000000 exceeds"),  # before the prompts
     ("compression.method=gkv_rollout.methods:EvictionMethod", "does not implement score"),
-    ("data.name=long_recall", "data.name=long_recall is an evaluation task"),
+    ("recipe=distill data.name=long_recall", "data.name=long_recall with algorithm=distill: its completions begin"),
     ("eval_data.name=long_recall eval_steps=1", "eval_data.name=long_recall with eval_steps"),
     ("eval_data.name=long_recall eval_data.sentences=2", "the held-out evaluation: the given beginning of problem 0"),
     ("data.copy_required=places", "data.copy_required='places' applies to data.name=copy_recall only"),

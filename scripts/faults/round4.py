@@ -204,6 +204,26 @@ ROWS = [
         ["held-out evaluation", "given beginning", "eval_data.sentences"],
         None,
     ),
+    (
+        "data/long-recall-training-story-too-long",
+        "data",
+        "train.py data.name=long_recall (trainable with GRPO) with 8 new tokens: the story does not fit",
+        "train",
+        {"data.name": "long_recall"},
+        "refuse",
+        ["training rollouts", "given beginning", "max_new_tokens=8"],
+        None,
+    ),
+    (
+        "configuration/long-recall-distill",
+        "configuration",
+        "recipe=distill data.name=long_recall: distillation would take the story for the model's own tokens",
+        "train",
+        {"recipe": "distill", "data.name": "long_recall", "sampling.max_new_tokens": 600},
+        "refuse",
+        ["long_recall", "algorithm=distill"],
+        None,
+    ),
     # 3. recipe files
     (
         "configuration/recipe-file-named-like-a-built-in",
