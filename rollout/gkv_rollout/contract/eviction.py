@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from gkv_rollout.contract.attention import masked_attention, seen_columns
 from gkv_rollout.contract.record import batch_rows, causal_mask, logical_positions
@@ -92,6 +93,79 @@ def retention(evict_at: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     return counts / lengths.float()
 
 
+BLOCK = 128  # FlexAttention's block (query and key) size
+
+
+def block_classes(
+    evict: torch.Tensor, positions: torch.Tensor, valid: torch.Tensor, num_queries: int, block: int = BLOCK
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which (query block, key block) tiles of one layer's mask are full (every query sees every key) and which
+    partial (some see some), from block-wise summaries of the record instead of the mask evaluated everywhere.
+
+    evict: int32 [B, Hkv, T] eviction stamp of each key column (one layer of ``record_to_columns``); positions:
+    int64 [B, T]; valid: bool [B, T]; the queries are the last ``num_queries`` columns. Returns (full, partial),
+    bool [B, Hkv, Q blocks, K blocks]; a tile in neither is empty.
+
+    A key k is visible to a query at position q iff valid[k], pos[k] <= q < evict[k]. Per key block: whether every
+    column is a real key, the largest and smallest real key position and eviction stamp; per query block: its
+    smallest and largest query position (both among its queries). A tile is full iff every key is real, the
+    latest key is written by the first query and the earliest eviction comes after the last query; empty when no
+    key is real, every key is written after the last query, or every key left by the first query's; a tile whose
+    keys all come at or before its first query is partial otherwise (the longest-lived key is seen by the first
+    query). The remaining tiles (a key block that reaches past the first query: the diagonal, and query blocks
+    holding padding, which sits at position 0) are decided by evaluating the mask on them alone.
+    """
+    B, H, T = evict.shape
+    nk, nq, offset = -(-T // block), -(-num_queries // block), T - num_queries
+    pad = nk * block - T
+    big, small = torch.iinfo(torch.int64).max, -1
+    kv = F.pad(valid, (0, pad), value=False).view(B, 1, nk, block)
+    kp = F.pad(positions, (0, pad)).view(B, 1, nk, block)
+    ke = F.pad(evict.long(), (0, pad)).view(B, H, nk, block)
+    all_real, any_real = kv.all(-1), kv.any(-1)  # [B, 1, nk]
+    last_key = torch.where(kv, kp, small).amax(-1)[:, :, None, :]  # [B, 1, 1, nk]
+    first_key = torch.where(kv, kp, big).amin(-1)[:, :, None, :]
+    first_evict = torch.where(kv, ke, big).amin(-1)[:, :, None, :]  # [B, H, 1, nk]
+    last_evict = torch.where(kv, ke, small).amax(-1)[:, :, None, :]
+    qpad = nq * block - num_queries
+    qp = F.pad(positions[:, offset:], (0, qpad)).view(B, 1, nq, block)
+    qin = F.pad(torch.ones(num_queries, dtype=torch.bool, device=evict.device), (0, qpad)).view(1, 1, nq, block)
+    first_query = torch.where(qin, qp, big).amin(-1)[..., None]  # [B, 1, nq, 1]
+    last_query = torch.where(qin, qp, small).amax(-1)[..., None]
+    full = all_real[:, :, None, :] & (last_key <= first_query) & (first_evict > last_query)
+    below = last_key <= first_query
+    partial = below & ~full & (last_evict > first_query)
+    empty = ~any_real[:, :, None, :] | (first_key > last_query) | (last_evict <= first_query)
+    undecided = (~below & ~empty).expand(B, H, nq, nk).nonzero()  # [N, 4]: b, h, i, j
+    for chunk in undecided.split(1024):
+        b, h, i, j = chunk.unbind(-1)
+        keys = j[:, None] * block + torch.arange(block, device=evict.device)  # [N, block] padded key columns
+        queries = i[:, None] * block + torch.arange(block, device=evict.device)
+        kpos, kreal, kevict = (
+            kp.view(B, -1)[b[:, None], keys],
+            kv.view(B, -1)[b[:, None], keys],
+            ke.view(B, H, -1)[b[:, None], h[:, None], keys],
+        )
+        qpos, qreal = qp.view(B, -1)[b[:, None], queries], qin.view(-1)[queries]
+        seen = (
+            kreal[:, None, :]
+            & (kpos[:, None, :] <= qpos[:, :, None])
+            & (kevict[:, None, :] > qpos[:, :, None])
+            & qreal[:, :, None]
+        )
+        partial[b, h, i, j] = seen.flatten(1).any(-1)
+    return full.expand(B, H, nq, nk), partial
+
+
+def block_lists(tiles: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A BlockMask's (num_blocks int32 [B, H, nq], indices int32 [B, H, nq, nk]) from the tiles of each KV head
+    (bool [B, Hkv, nq, nk]), each KV head's lists taken by its ``groups`` query heads (by index)."""
+    heads = torch.arange(tiles.shape[1] * groups, device=tiles.device) // groups
+    tiles = tiles.index_select(1, heads)
+    order = torch.sort((~tiles).to(torch.int8), dim=-1, stable=True).indices  # the tiles first, in key order
+    return tiles.sum(-1, dtype=torch.int32), order.to(torch.int32)
+
+
 BACKENDS = ("auto", "sdpa", "flex")
 
 
@@ -159,10 +233,9 @@ class EvictionMasks:
         padding = (~real).any(-1)[:, None] & self.valid & (self.positions == 0)  # what a padding query sees
         return seen_columns(may_see | (padding[:, None] & (evict > 0)))
 
-    def layer_block_mask(self, layer_idx: int, num_heads: int, num_queries: int):
-        """FlexAttention BlockMask of one layer (query heads ``num_heads``) for the last ``num_queries`` columns."""
-        from torch.nn.attention.flex_attention import create_block_mask
-
+    def layer_mask_mod(self, layer_idx: int, num_heads: int, num_queries: int):
+        """FlexAttention's mask function of one layer (query heads ``num_heads``) for the last ``num_queries``
+        columns: what a partial tile evaluates."""
         evict = self.evict_cols[:, layer_idx]
         pos, valid = self.positions, self.valid
         groups = num_heads // evict.shape[1]
@@ -172,8 +245,28 @@ class EvictionMasks:
             q_pos = pos[b, q_idx + offset]
             return valid[b, kv_idx] & (pos[b, kv_idx] <= q_pos) & (evict[b, h // groups, kv_idx] > q_pos)
 
-        B, T = pos.shape
-        return create_block_mask(mask_mod, B, num_heads, num_queries, T, device=pos.device)
+        return mask_mod
+
+    def layer_block_mask(self, layer_idx: int, num_heads: int, num_queries: int):
+        """FlexAttention BlockMask of one layer (query heads ``num_heads``) for the last ``num_queries`` columns,
+        its full and partial tiles from the record's block summaries (``block_classes``: the mask function is
+        evaluated on the undecided tiles only, not on every query-key pair as ``create_block_mask`` does)."""
+        from torch.nn.attention.flex_attention import BlockMask
+
+        evict = self.evict_cols[:, layer_idx]
+        full, partial = block_classes(evict, self.positions, self.valid, num_queries)
+        groups = num_heads // evict.shape[1]
+        kv_num, kv_index = block_lists(partial, groups)
+        full_num, full_index = block_lists(full, groups)
+        return BlockMask.from_kv_blocks(
+            kv_num,
+            kv_index,
+            full_num,
+            full_index,
+            BLOCK_SIZE=BLOCK,
+            mask_mod=self.layer_mask_mod(layer_idx, num_heads, num_queries),
+            seq_lengths=(num_queries, self.positions.shape[-1]),
+        )
 
     def attend(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0):
         num_queries = query.shape[2]
