@@ -485,3 +485,30 @@ def test_flex_backend_from_the_record_over_several_blocks(tiny_llama, method):
         report = consistency_report(tiny_llama, out, backend="flex")
     assert report["max_abs_logprob_diff"] <= TOL and report["causal_mask_diff"] > 1e-2
     assert method == "streaming" or report["rotated_layers_diff"] > 1e-2
+
+
+def test_compressions_inside_compiled_decode_compile_nothing_more(tiny_llama):
+    """G-KV under compile_decode: past its first compression the cache holds a fixed number of slots, so ten more
+    compressions compile nothing (a rollout with 22 compressions compiles as many graphs as one with 12; counted
+    by dynamo), and the compiled rollout's tokens, log-probs and record equal the eager one's."""
+    from torch._dynamo.utils import counters
+
+    cfg = CompressionConfig("gkv", budget=32, window=4, interval=8)
+    prompts = random_prompts([12, 20])
+
+    def rollout(new_tokens: int, compiled: bool):
+        torch._dynamo.reset()
+        counters.clear()
+        sampling = SamplingConfig(
+            max_new_tokens=new_tokens, temperature=1.0, seed=3, stop_token_ids=(), compile_decode=compiled
+        )
+        out = RolloutEngine(tiny_llama, compression=cfg).generate(prompts, sampling)
+        return out, counters["stats"]["unique_graphs"] if compiled else None
+
+    short, short_frames = rollout(120, True)
+    long, long_frames = rollout(200, True)
+    assert long.stats["compressions"] - short.stats["compressions"] >= 10 and short.stats["compressions"] >= 10
+    assert long_frames == short_frames > 0
+    eager, _ = rollout(200, False)
+    assert torch.equal(eager.sequences, long.sequences) and torch.equal(eager.record.evict_at, long.record.evict_at)
+    assert (eager.logprobs - long.logprobs).abs().max() <= 1e-5
