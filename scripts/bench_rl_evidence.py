@@ -1055,7 +1055,7 @@ def judged_table(section: dict) -> str:
     ]
     for condition in conditions_:
         d = (section.get("differences") or {}).get(condition, {}).get(pair)
-        if not d:
+        if not d or "ci95_seeds_independent" not in d:  # none yet, or published by a version without it
             lines.append(f"| {condition} | - | - | - | - | - |")
             continue
         (lo, hi), (plo, phi) = d["ci95_seeds_independent"], d["ci95"]

@@ -304,10 +304,10 @@ def test_copy_recall_task_is_deterministic_held_out_and_reachable_by_name():
     assert half_identity["copy_share"] == 0.5 and "copy_share" not in DataConfig(name="copy_recall").identity()
 
 
-def test_long_recall_gives_the_story_the_completion_begins_with_and_is_not_trained_on():
+def test_long_recall_gives_the_story_the_completion_begins_with():
     """long_recall: a short prompt with the number; the continuation restates it, writes the middle sentences and
-    stops where it belongs; the splits never share a prompt; the number must follow the last sentence. Refused as
-    training data, accepted as evaluation data."""
+    stops where it belongs; the splits never share a prompt; the number must follow the last sentence. Refused by
+    distillation, accepted by GRPO and as evaluation data."""
     from gkv_rewards.functions import accuracy
     from gkv_train.tasks import long_recall_task
     from gkv_train.train_config import TrainConfig
@@ -334,8 +334,9 @@ def test_long_recall_gives_the_story_the_completion_begins_with_and_is_not_train
     assert DataConfig(name="long_recall", sentences=200).identity() != DataConfig(name="long_recall").identity()
     with pytest.raises(ValueError, match="sentences must be 1-4096 \\(long_recall"):
         DataConfig(name="long_recall", sentences=5000).check()
-    with pytest.raises(ValueError, match="data.name=long_recall is an evaluation task"):
-        TrainConfig(data=DataConfig(name="long_recall"))
+    with pytest.raises(ValueError, match="data.name=long_recall with algorithm=distill"):
+        TrainConfig(algorithm="distill", data=DataConfig(name="long_recall"))
+    TrainConfig(data=DataConfig(name="long_recall"))  # GRPO trains on the sampled answer after the story
     TrainConfig(eval_data=DataConfig(name="long_recall", split="test"))
 
 
