@@ -250,6 +250,12 @@ def tables(view: str, runs: dict | list[dict]) -> str:
     return "\n".join(lines) + f"\n\n{commands}\n"
 
 
+def local(text: str) -> str:
+    """``text`` with this machine's folders written relative to the checkout (``../outputs/...``,
+    ``../wt-before``): the results are committed, and no path of one machine belongs there."""
+    return text.replace(str(ROOT.parent) + "/", "../")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
@@ -355,8 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         ],
     }
     args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / f"bench_faults_{args.tag}.json").write_text(json.dumps(summary, indent=1) + "\n")
-    text = markdown(rows, records, args.tag, commit)
+    (args.results / f"bench_faults_{args.tag}.json").write_text(local(json.dumps(summary, indent=1)) + "\n")
+    text = local(markdown(rows, records, args.tag, commit))
     (args.results / f"bench_faults_{args.tag}.md").write_text(text)
     print(text.split("\n\n| case")[0], file=sys.stderr)
     print(json.dumps({k: summary[k] for k in ("bench", "tag", "repo_commit", "table")}), flush=True)
