@@ -1,7 +1,9 @@
 """Evidence for the central claim, with seeds: RL-Sparse (the exact record) against Sparse-RL's dense learner with
 importance sampling, RL-Full and distillation, all from the same model under the same compressed rollout, on a
 decode-regime task the trained models cannot leave (``copy_recall`` with ``data.copy_required=places``: a share
-of the story's places copied in order, the number after them). One JSON line.
+of the story's places copied in order, the number after them), or at reasoning lengths (``--task long_recall``:
+a ~1,000-token given story fed through the compressed cache, dozens of compression rounds, then the sampled number;
+the GRPO recipes, which train on the sampled tokens only). One JSON line.
 
 Stages (``--stages``; each resumable, every run a ``train.py`` or ``scripts/evaluate.py`` folder under
 ``--output-root``):
@@ -41,6 +43,9 @@ figures:
 
     OMP_NUM_THREADS=1 python scripts/bench_rl_evidence.py &   # twice: two workers
     python scripts/bench_rl_evidence.py --quick                 # every stage, a tiny random model (a test runs it)
+    OMP_NUM_THREADS=1 python scripts/bench_rl_evidence.py --task long_recall --recipes rl_sparse sparse_rl rl_full \
+        --train-budget 128 --eval-budgets 128 --output-root outputs/rl_evidence_long_recall \
+        --results results/bench_rl_evidence_long_recall.json --adapters results/rl_evidence_long_recall &
 """
 
 from __future__ import annotations
@@ -76,6 +81,12 @@ TRACES = "{root}/train/teacher_traces.jsonl"  # the traces the bench generates (
 TRACE_SEED = 0  # the teacher traces' problem stream (train split)
 RUN_EVAL_PROBLEMS = 2  # train.py's own end-of-run evaluation: test problems at the run's seed, never read here
 REWARD = "gkv_rewards.functions.copy_score"  # GRPO's reward: the share of places copied when the number is right
+# per task: the defaults of --sentences, --max-new-tokens, and the probe's checks (full-cache pass@1 and decode-time
+# compression rounds, at least). long_recall: ~1,000 given tokens, then the number (issue 53's regime)
+TASKS = {
+    "copy_recall": {"sentences": 10, "max_new_tokens": 300, "min_full": 0.40, "min_rounds": 6},
+    "long_recall": {"sentences": 80, "max_new_tokens": 1040, "min_full": 0.60, "min_rounds": 40},
+}
 
 
 def log(message: str) -> None:
@@ -90,15 +101,22 @@ def run(command: list[str]) -> None:
 # ---- the task and its settings ----------------------------------------------------------------------------------
 def regime_args(args, extra: list[str] | None = None) -> argparse.Namespace:
     """``bench_decode_regime.py``'s arguments for this task (its probe, methods and evaluate helpers read them)."""
+    variant = ["--copy-required", "places", "--copy-share", str(args.copy_share)] if args.task == "copy_recall" else []
     argv = [
         "--model",
         args.model,
+        "--task",
+        args.task,
+        "--stages",
+        "probe",
+        "methods",  # the stages this bench takes from it (long_recall has no other there)
         "--sentences",
         str(args.sentences),
-        "--copy-required",
-        "places",
-        "--copy-share",
-        str(args.copy_share),
+        *variant,
+        "--min-full",
+        str(args.min_full),
+        "--min-decode-compressions",
+        str(args.min_rounds),
         "--window",
         str(args.window),
         "--interval",
@@ -597,6 +615,16 @@ def parse_condition(condition: str, args) -> tuple[int | None, int, str]:
     return (None if budget is None else int(budget)), (args.eval_seed if seed is None else int(seed)), run
 
 
+def problem_texts(args, split: str, seed: int, n: int) -> set[str]:
+    """The prompts of the task's first ``n`` problems of ``split`` at ``seed`` (what ``evaluate.py`` and
+    ``train.py`` draw with the bench's task keys)."""
+    from gkv_train.tasks import copy_recall_task, long_recall_task
+
+    if args.task == "long_recall":
+        return set(long_recall_task(n, split, seed, args.sentences)["problem"])
+    return set(copy_recall_task(n, split, seed, args.sentences, "places", args.copy_share)["problem"])
+
+
 def drawn_problems(args) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     """Every problem set the bench's runs draw besides the fresh ones, by what draws it (texts): the ones that are
     trained on, chosen with or reported, and the ones nothing reads (``train.py``'s own end-of-run evaluation of
@@ -604,10 +632,9 @@ def drawn_problems(args) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     traces at ``TRACE_SEED``, the lr stage's evaluation at ``--lr-eval-seed``, ``bench_decode_regime``'s probe
     (train split) and methods stage (test split) at its seed + 1, the main evaluation the test split at
     ``--eval-seed``."""
-    from gkv_train.tasks import copy_recall_task
 
     def texts(split: str, seed: int, n: int) -> set[str]:
-        return set(copy_recall_task(n, split, seed, args.sentences, "places", args.copy_share)["problem"])
+        return problem_texts(args, split, seed, n)
 
     runs, regime_seed = {*args.seeds, args.lr_seed}, regime_args(args).seed + 1
     used = {f"training seed {s}": texts("train", s, args.train_problems) for s in runs}
@@ -624,13 +651,9 @@ def check_fresh(args) -> None:
     """SystemExit naming the overlap when a ``--fresh-seeds`` problem set shares a problem with a set the bench
     trains on, chooses with or reports (``drawn_problems``) or with another fresh set; one line on stderr for each
     set nothing reads that it shares problems with."""
-    from gkv_train.tasks import copy_recall_task
-
     used, unread = drawn_problems(args)
     for seed in args.fresh_seeds:
-        fresh = set(
-            copy_recall_task(args.eval_problems, "test", seed, args.sentences, "places", args.copy_share)["problem"]
-        )
+        fresh = problem_texts(args, "test", seed, args.eval_problems)
         shared = [f"{what} ({len(fresh & drawn)})" for what, drawn in used.items() if fresh & drawn]
         if shared:
             raise SystemExit(
@@ -879,12 +902,16 @@ def differences(section: dict, args) -> dict:
 def settings(args) -> dict:
     return {
         "model": args.model,
-        "task": {
-            "name": "copy_recall",
-            "sentences": args.sentences,
-            "copy_required": "places",
-            "copy_share": args.copy_share,
-        },
+        "task": (
+            {
+                "name": "copy_recall",
+                "sentences": args.sentences,
+                "copy_required": "places",
+                "copy_share": args.copy_share,
+            }
+            if args.task == "copy_recall"
+            else {"name": args.task, "sentences": args.sentences}
+        ),
         "window": args.window,
         "interval": args.interval,
         "sampling": {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_p": args.top_p},
@@ -1163,15 +1190,25 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     add("--figures", type=Path, default=ROOT / "results" / "bench_rl_evidence_curves.png")
     add("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     add("--quick", action="store_true", help="every stage, a tiny random model and sizes (a test runs it)")
-    add("--sentences", type=int, default=10)
-    add("--copy-share", type=float, default=0.4, help="the share of the places a completion must copy in order")
+    add(
+        "--task",
+        default="copy_recall",
+        choices=list(TASKS),
+        help="copy_recall (places required; completions ~120-300 tokens), or long_recall (a ~1k-token given story "
+        "through the compressed cache, then the sampled number; the GRPO recipes)",
+    )
+    add("--sentences", type=int, help="the task's middle sentences (copy_recall 10, long_recall 80)")
+    add("--copy-share", type=float, help="copy_recall: the share of the places a completion must copy in order (0.4)")
     add("--window", type=int, default=8)
     add("--interval", type=int, default=16)
-    add("--max-new-tokens", type=int, default=300)
+    add("--max-new-tokens", type=int, help="copy_recall 300, long_recall 1040 (its story and the number)")
     add("--temperature", type=float, default=0.6)
     add("--top-p", type=float, default=0.95)
     add("--batch-problems", type=int, default=16)
     add("--probe-budgets", nargs="+", type=int, default=[192, 160])
+    add(
+        "--probe-methods", nargs="+", choices=regime.EVICTION, help="probe: these eviction methods (default: every one)"
+    )
     add("--probe-problems", type=int, default=32)
     add("--probe-samples", type=int, default=2)
     add("--methods-budgets", nargs="+", type=int, default=[160])
@@ -1221,10 +1258,24 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add("--round-bins", nargs="+", type=int, default=[0, 4, 6, 8, 10])
     add("--min-gap", type=float, default=0.15, help="probe: every method's loss at the training budget, at least")
+    add("--min-full", type=float, help="probe: the full cache's pass@1, at least (copy_recall 0.40, long_recall 0.60)")
+    add(
+        "--min-rounds", type=int, help="probe: decode-time compression rounds, at least (copy_recall 6, long_recall 40)"
+    )
     add("--poll", type=float, default=30.0, help="seconds between looks for a job while others hold the rest")
     args = parser.parse_args(argv)
+    task = TASKS[args.task]
+    if args.task != "copy_recall" and args.copy_share is not None:
+        parser.error(f"--copy-share: copy_recall's, not {args.task}'s")
+    if args.copy_share is None and args.task == "copy_recall":
+        args.copy_share = 0.4
+    for key in ("sentences", "max_new_tokens", "min_full", "min_rounds"):
+        if getattr(args, key) is None:
+            setattr(args, key, task[key])
     if args.quick:
         args.model, args.max_new_tokens, args.batch_problems, args.sentences, args.interval = "tiny", 24, 2, 2, 8
+        if args.task == "long_recall":  # the given story (the tiny tokenizer: ~190 tokens at 2 sentences), the number
+            args.max_new_tokens = 224
         args.probe_budgets, args.probe_problems, args.probe_samples = [24], 2, 2
         args.methods_budgets, args.methods_problems, args.methods_samples = [24], 2, 1
         args.train_budget, args.steps, args.prompts_per_step, args.group_size = 24, 1, 1, 2
@@ -1253,6 +1304,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = [r for r in args.recipes if r not in RECIPES and r not in args.variants]
     if unknown:
         parser.error(f"--recipes {' '.join(unknown)}: neither a recipe ({', '.join(RECIPES)}) nor a --variant name")
+    distilled = [r for r in args.recipes if base_recipe(r, args) in DISTILL]
+    if args.task == "long_recall" and distilled:  # train_config refuses it too, but only once the run starts
+        parser.error(
+            f"--task long_recall: its completions begin with a given story, the GRPO recipes only, not "
+            f"{' '.join(distilled)}"
+        )
     return args
 
 
@@ -1285,7 +1342,7 @@ def main() -> None:
 
     if "probe" in args.stages:
         probe = regime_args(args, ["--budgets", *map(str, args.probe_budgets)])
-        probe.methods = regime.EVICTION
+        probe.methods = args.probe_methods or regime.EVICTION
         section = regime.ordering("probe", "train", args.probe_problems, args.probe_samples, args.output_root, probe)
         at_budget = [
             by[str(args.train_budget)]["gap"]

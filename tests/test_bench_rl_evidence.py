@@ -250,3 +250,30 @@ def test_seeds_resampled_on_their_own_assume_no_likeness_between_recipes():
     table = judged_table(section)
     assert f"| {fresh} | 3 | +0.100 | [{low:+.3f}, {high:+.3f}] | [+0.100, +0.100] | not separated (judged) |" in table
     assert f"| {main} | 3 | +0.100 | [+0.010, +0.200] | [+0.100, +0.100] | RL-Sparse better (reported) |" in table
+
+
+def test_long_recall_runs_train_on_its_story_with_the_grpo_recipes_only(tmp_path, capsys):
+    """``--task long_recall``: every run's task keys name it with its 80 sentences and the story's token budget, no
+    copy_recall key; the fresh-problem check draws long_recall's problems; distillation (which refuses a given
+    story) and copy_recall's ``--copy-share`` are refused before any work."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_rl_evidence import check_fresh, parse_arguments, problem_texts, settings, train_keys
+
+    args = parse_arguments(
+        ["--task", "long_recall", "--recipes", "rl_sparse", "rl_full", "--output-root", str(tmp_path)]
+    )
+    keys = train_keys("rl_sparse", 0, 3e-4, args)
+    assert {"data.name=long_recall", "data.sentences=80", "sampling.max_new_tokens=1040"} <= set(keys)
+    assert not [k for k in keys if "copy_" in k.split("=", 1)[0]] and settings(args)["task"] == {
+        "name": "long_recall",
+        "sentences": 80,
+    }
+    assert "has" in next(iter(problem_texts(args, "test", 0, 2)))  # long_recall's prompts
+    args.fresh_seeds = [args.eval_seed]
+    with pytest.raises(SystemExit, match="main evaluation"):
+        check_fresh(args)
+    for wrong in (["--recipes", "distill"], ["--copy-share", "0.5"], ["--probe-methods", "nope"]):
+        with pytest.raises(SystemExit):
+            parse_arguments(["--task", "long_recall", "--output-root", str(tmp_path), *wrong])
+        assert "error:" in capsys.readouterr().err
+    assert settings(parse_arguments(["--output-root", str(tmp_path)]))["task"]["copy_share"] == 0.4  # copy_recall's
