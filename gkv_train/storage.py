@@ -30,7 +30,7 @@ def existing_ancestor(path: Path) -> Path:
 
 
 def filesystem(path: Path) -> str:
-    """The file system ``path`` lies on, as words: "/mnt/data (ext4, /dev/sdb1)" (Linux: /proc/self/mountinfo;
+    """The file system ``path`` lies on, as words: "/data (ext4, /dev/sdb1)" (Linux: /proc/self/mountinfo;
     elsewhere "the file system of <path>")."""
     target = os.path.realpath(existing_ancestor(path))
     best = None

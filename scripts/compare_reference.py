@@ -113,7 +113,7 @@ def parse_args(argv=None):
     p.add_argument("--window", type=int, default=16)
     p.add_argument("--interval", type=int, nargs="+", default=[32])
     p.add_argument("--cases", default=str(ROOT / "results" / "reference_e2e_cases.json"))
-    p.add_argument("--data", default="/work/shared/data/gsm8k_test.jsonl")
+    p.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "gsm8k_test.jsonl"))
     p.add_argument("--questions", default="0,1,4,8", help="GSM8K test indices of the cases")
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--max-cases", type=int, default=0, help="only the first N cases (0: all; for quick checks)")

@@ -1,6 +1,7 @@
 """The docs' measured tables are the results files' (scripts/render_docs.py): a newer result committed without
-its table regenerated fails here."""
+its table regenerated fails here; no committed file names a folder of one machine."""
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +32,33 @@ def test_a_block_finds_its_renderer_or_names_what_is_missing(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.stdout.split() == ["bench_faults", "bench_decode_regime"]
     assert done.returncode != 0 and "results/nobody_writes_this.json" in done.stderr
+
+
+MACHINE_FOLDER = re.compile(r"(?<![\w./-])/(?:work|home|Users|root|mnt|scratch|check)/[\w.+-]")
+
+
+def test_no_committed_file_names_a_folder_of_one_machine():
+    """Docs, results, recipes and script defaults name paths relative to the checkout (``results/...``,
+    ``../outputs/...``, ``../shared/data``): a command copied from a doc runs in another clone, and no machine's
+    layout is published. Checked over every file git tracks or would add (binary files skipped)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    here = re.compile(r"(?<![\w./-])" + re.escape(str(ROOT.parent) + "/"))
+    found = []
+    for name in listed:
+        path = ROOT / name
+        if not path.is_file() or path.stat().st_size > 20 * 2**20:
+            continue
+        try:
+            text = path.read_text()
+        except UnicodeDecodeError:
+            continue
+        for number, line in enumerate(text.splitlines(), 1):
+            if here.search(line) or MACHINE_FOLDER.search(line):
+                found.append(f"{name}:{number}: {line.strip()[:120]}")
+    assert not found, "\n".join(found[:20])
