@@ -71,7 +71,7 @@ test-floor: $(STAMP) $(FLOOR_STAMP)
 	$(PY) scripts/device_kit.py --python $$($(FLOOR_PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])') --out .whl-floor
 	rm -rf .floor-site .floor-out
 	# one thread: torch 2.11's CPU FlexAttention kernels crash with more (pytorch/pytorch#153145; 2.13 does not)
-	OMP_NUM_THREADS=1 OUT=$(CURDIR)/.floor-out KIT=.whl-floor SITE=$(CURDIR)/.floor-site PYTHON=$(FLOOR_PY) bash scripts/device_check.sh --tiny --compile-decode --shapes tiny-qwen2
+	OMP_NUM_THREADS=1 OUT=$(CURDIR)/.floor-out KIT=.whl-floor SITE=$(CURDIR)/.floor-site PYTHON=$(FLOOR_PY) bash scripts/device_check.sh --tiny --shapes tiny-qwen2 --rollout-modes eager compiled --train-backends flex sdpa
 	cat .floor-out/gpu_check.md
 	PYTHONPATH=$(CURDIR)/.floor-site $(FLOOR_PY) -c "import torch, transformers, accelerate, peft, trl, datasets as d; print('floor:', *(f'{m.__name__} {m.__version__}' for m in (torch, transformers, accelerate, peft, trl, d)))"
 	PYTHONPATH=$(CURDIR)/.floor-site $(FLOOR_PY) -m pytest -q -m floor --durations=5

@@ -181,7 +181,8 @@ class CompressedArguments:
         default="auto",
         metadata={
             "help": "How training forwards attend under the record: auto (FlexAttention on CUDA, SDPA "
-            "elsewhere), flex or sdpa."
+            "elsewhere), flex (FlexAttention, block masks from the record) or sdpa (per query chunk, the key "
+            "columns the record lets it see, gathered, then SDPA; any device)."
         },
     )
 

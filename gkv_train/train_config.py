@@ -51,7 +51,9 @@ class TrainOptions:
         its mixed precision when not given). Sets TRL's bf16.
     gradient_checkpointing: recompute activations in the backward (memory for time).
     lora: LoRA adapters instead of training every weight.
-    mask_backend: how training forwards attend under the record: auto, flex (FlexAttention block masks) or sdpa.
+    mask_backend: how training forwards attend under the record: auto (flex on CUDA, sdpa elsewhere), flex
+        (FlexAttention, block masks from the record) or sdpa (the kept key columns gathered per query chunk; any
+        device).
     output_dir: the run's folder (checkpoints, metrics.jsonl, train.log, eval.json).
     report_to: trackers (tensorboard, wandb, mlflow, trackio); a single name is read as a list of one.
     eval_samples: completions per held-out problem in the final evaluation.

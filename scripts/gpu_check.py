@@ -9,15 +9,19 @@ finishes, so a cut run still reports what it did. On one H200 the whole check ta
    log-probs against the trainer's under its record with the FlexAttention backend (max |diff|), and the two
    controls that must fail (a plain causal mask; the records rotated by one layer).
 2. ``rollout``: the engine with ``full`` and ``gkv`` (budget 512), eager and with ``compile_decode`` (CUDA
-   graphs), against HF ``generate``, 2048 new tokens at batch 64 and 256 (Qwen2.5-1.5B shape, bf16): tokens/s,
-   peak memory, the compression share of decode; per decode step the FLOPs and bytes from the configuration,
-   the ceiling they imply on the measured rates, and achieved / ceiling.
-3. ``training_cost``: forward + backward of 4k-token sequences under their gkv record (FlexAttention) against
-   plain causal SDPA: time, peak memory, FLOPs and achieved / ceiling.
+   graphs; ``--rollout-modes``), against HF ``generate``, 2048 new tokens (``--rollout-tokens``) at batch 64 and
+   256 (Qwen2.5-1.5B shape, bf16): tokens/s, peak memory and the KV cache's, the compression share of decode;
+   per decode step the FLOPs and bytes from the configuration, the ceiling they imply on the measured rates, and
+   achieved / ceiling.
+3. ``training_cost``: forward + backward of 2 sequences of each ``--train-tokens`` (4096) under their G-KV
+   record (budget 512) with each ``--train-backends`` (FlexAttention with block masks from the record, and the
+   gathered SDPA path) against plain causal SDPA: time, peak memory, FLOPs, achieved / ceiling, and
+   ``record_over_causal`` per backend.
 4. ``grpo_step``: one ``rl_sparse`` GRPO step through ``train.py`` on a Qwen2.5-0.5B-shape model (random weights,
    bf16, gkv), its seconds and metrics.
 
-A section or run that would start after ``--budget-s`` is skipped and marked so. Writes ``gpu_check.json`` (the
+Sections run in the order ``--sections`` names them. A section or run that would start after ``--budget-s`` is
+skipped and marked so. Writes ``gpu_check.json`` (the
 JSON line so far) and ``gpu_check.md`` (a summary) under ``--out``, and prints the JSON line at the end.
 
     bash scripts/device_check.sh                   # on the GPU machine: install the kit (make device-kit), run this
@@ -240,7 +244,8 @@ def rollout_speed(model, tokenizer, batch: int, args, rates: dict, report: Repor
     result = {}
     warm_up = SamplingConfig(max_new_tokens=4, temperature=0.6, top_p=0.95, seed=0, ignore_eos=True)
     engine_run(model, tokenizer, prompts, warm_up, CompressionConfig("full"))  # the first run pays CUDA's start-up
-    runs = [("", engine_run)] + ([("_compiled", compiled_run)] if args.compile_decode else [])
+    modes = {"eager": ("", engine_run), "compiled": ("_compiled", compiled_run)}
+    runs = [modes[mode] for mode in args.rollout_modes]
     methods = [c for c in (CompressionConfig("full"), gkv) if c.method in args.rollout_runs]
     for compression in methods:
         for suffix, run in runs:
@@ -255,6 +260,10 @@ def rollout_speed(model, tokenizer, batch: int, args, rates: dict, report: Repor
             r["decode_step_seconds"] = step
             r["roofline"] = ceiling(decode_step_cost(model.config, batch, contexts[compression.method]), rates, step)
             result[name] = r
+    for suffix, _ in runs:  # the compressed cache's throughput against the full cache's, decode mode by mode
+        full, gkv_run = result.get(f"engine_full{suffix}", {}), result.get(f"engine_gkv{suffix}", {})
+        if "tokens_per_s" in full and "tokens_per_s" in gkv_run:
+            result[f"gkv_over_full{suffix}"] = gkv_run["tokens_per_s"] / full["tokens_per_s"]
     hf_wanted = "hf_generate" in args.rollout_runs
     if hf_wanted and report.time_left():
         reset_peak(args.device)
@@ -273,50 +282,65 @@ def rollout_speed(model, tokenizer, batch: int, args, rates: dict, report: Repor
     return {"batch": batch, "new_tokens": new, "prompt_tokens": args.rollout_prompt, **result}
 
 
-def training_cost(model, tokenizer, args, rates: dict, backend: str) -> dict:
-    """Forward + backward of ``--train-batch`` sequences of ``--train-tokens`` tokens (a long prompt and a gkv
-    rollout) under their record (``backend``) and under a plain causal mask: time, peak memory, roofline."""
+def training_cost(model, tokenizer, tokens: int, args, rates: dict) -> dict:
+    """Forward + backward of ``--train-batch`` sequences of ``tokens`` tokens (a long prompt and a gkv rollout at
+    ``--train-budget``) under their record with each of ``--train-backends`` (``flex``: FlexAttention with block
+    masks from the record; ``sdpa``: the gathered path, SDPA over each query chunk's kept columns) and under a
+    plain causal mask: time, peak memory, roofline, and each backend's ``record_over_causal`` time ratio. On the
+    CPU FlexAttention has no backward: its run there is the forward alone (``forward_only``), a rehearsal."""
     vocab = min(model.config.vocab_size, 1000)
     new = args.train_new
-    prompts = random_prompts([args.train_tokens - new] * args.train_batch, vocab, seed=3)
+    prompts = random_prompts([tokens - new] * args.train_batch, vocab, seed=3)
     compression = CompressionConfig(
-        "gkv", budget=args.check_budget * 4, window=args.check_window, interval=args.check_interval
+        "gkv", budget=args.train_budget, window=args.check_window, interval=args.check_interval
     )
     sampling = SamplingConfig(max_new_tokens=new, temperature=1.0, seed=0, ignore_eos=True)
     out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling)
     model.train()
 
-    def step(record):
+    def step(record, backend: str = "sdpa"):
         model.zero_grad(set_to_none=True)
-        logps = token_logprobs(
-            model, out.sequences, out.attention_mask, out.num_completion_tokens, record, backend=backend
-        )
-        logps[out.completion_mask.bool()].sum().backward()
+        backward = args.device == "cuda" or backend != "flex"
+        with torch.set_grad_enabled(backward):
+            logps = token_logprobs(
+                model, out.sequences, out.attention_mask, out.num_completion_tokens, record, backend=backend
+            )
+            if backward:
+                logps[out.completion_mask.bool()].sum().backward()
 
-    step(out.record)  # warm-up (compiles FlexAttention's kernels)
-    masked_s, masked_mem = timed(lambda: step(out.record), args.device)
-    step(None)
-    sdpa_s, sdpa_mem = timed(lambda: step(None), args.device)
+    T, c = out.sequences.shape[1], model.config
+    real = int(out.attention_mask.sum())
+    layers, head = matmul_params(model.config)
+    attention = 3 * 4 * c.num_hidden_layers * c.num_attention_heads * head_dim(c) * T * T / 2 * args.train_batch
+    cost = {"flops": 6 * layers * real + 6 * head * out.num_completion_tokens * args.train_batch + attention}
+    step(None)  # warm-up
+    causal_s, causal_mem = timed(lambda: step(None), args.device)
+    result = {
+        "batch": args.train_batch,
+        "tokens": real,
+        "sequence_tokens": T,
+        "record_budget": args.train_budget,
+        "retention": round(out.retention.mean().item(), 4),
+        "causal_sdpa_seconds": causal_s,
+        "causal_sdpa_peak_bytes": causal_mem,
+        "roofline_causal_sdpa": ceiling(cost, rates, causal_s),
+        "record": {},
+        "record_over_causal": {},
+    }
+    for backend in args.train_backends:
+        step(out.record, backend)  # warm-up (compiles FlexAttention's kernels)
+        seconds, peak = timed(lambda: step(out.record, backend), args.device)
+        forward_only = args.device != "cuda" and backend == "flex"
+        result["record"][backend] = {
+            "seconds": seconds,
+            "peak_bytes": peak,
+            "forward_only": forward_only,
+            "roofline": ceiling(cost, rates, seconds),
+        }
+        result["record_over_causal"][backend] = None if forward_only else seconds / causal_s
     model.zero_grad(set_to_none=True)
     model.eval()
-    tokens = int(out.attention_mask.sum())
-    layers, head = matmul_params(model.config)
-    T, c = out.sequences.shape[1], model.config
-    attention = 3 * 4 * c.num_hidden_layers * c.num_attention_heads * head_dim(c) * T * T / 2 * args.train_batch
-    cost = {"flops": 6 * layers * tokens + 6 * head * out.num_completion_tokens * args.train_batch + attention}
-    return {
-        "backend": backend,
-        "batch": args.train_batch,
-        "tokens": tokens,
-        "sequence_tokens": T,
-        "masked_seconds": masked_s,
-        "causal_sdpa_seconds": sdpa_s,
-        "time_ratio": masked_s / sdpa_s,
-        "masked_peak_bytes": masked_mem,
-        "causal_sdpa_peak_bytes": sdpa_mem,
-        "roofline_masked": ceiling(cost, rates, masked_s),
-        "roofline_causal_sdpa": ceiling(cost, rates, sdpa_s),
-    }
+    return result
 
 
 def grpo_step(shape: str, args) -> dict:
@@ -409,13 +433,31 @@ def tables(view: str, result: dict) -> str:
                 f"{engine} {r['tokens_per_s']:.0f} tokens/s, {r['decode_step_seconds'] * 1e3:.0f} ms a decode step, "
                 f"peak {gib(r['peak_bytes'])}, {r['roofline']['achieved_over_ceiling']:.3f} of its "
                 f"{r['roofline']['bound']} ceiling"
+                + (
+                    f", KV cache {gib(r['peak_kv_cache_bytes'])}, compression {r['compress_fraction_of_decode']:.1%} "
+                    "of decode"
+                    if r.get("compressions")
+                    else ""
+                )
                 if "tokens_per_s" in r
                 else f"{engine} skipped ({r['skipped']})"
                 for engine, r in v.items()
                 if isinstance(r, dict) and ("tokens_per_s" in r or "skipped" in r)
             ]
-            text = f"{v['new_tokens']} new tokens after {v['prompt_tokens']}: " + "; ".join(engines)
-        elif name.startswith("training_cost/"):
+            ratios = [f"{k} x{r:.2f}" for k, r in v.items() if k.startswith("gkv_over_full")]
+            text = f"{v['new_tokens']} new tokens after {v['prompt_tokens']}: " + "; ".join(engines + ratios)
+        elif name.startswith("training_cost/") and "record" in v:
+            paths = [
+                f"{backend} {r['seconds']:.3f} s, peak {gib(r['peak_bytes'])}"
+                + (" (forward only)" if r["forward_only"] else f", x{v['record_over_causal'][backend]:.2f} causal")
+                for backend, r in v["record"].items()
+            ]
+            text = (
+                f"forward + backward of {v['batch']} x {v['sequence_tokens']} tokens: causal SDPA "
+                f"{v['causal_sdpa_seconds']:.3f} s, peak {gib(v['causal_sdpa_peak_bytes'])}; under a G-KV record "
+                f"(budget {v['record_budget']}): " + "; ".join(paths)
+            )
+        elif name.startswith("training_cost/"):  # the first runs' form: one backend
             text = (
                 f"forward + backward of {v['batch']} x {v['sequence_tokens']} tokens: under the record "
                 f"({v['backend']}) {v['masked_seconds']:.3f} s, peak {gib(v['masked_peak_bytes'])}; "
@@ -457,31 +499,47 @@ def summary_markdown(result: dict) -> str:
 
 
 SECTIONS = ["consistency", "rollout", "training_cost", "grpo_step"]
-ROLLOUT_RUNS = ["full", "gkv", "hf_generate"]  # the engine's methods (eager, and compiled on CUDA) and HF generate
+ROLLOUT_RUNS = ["full", "gkv", "hf_generate"]  # the engine's methods and HF generate
+ROLLOUT_MODES = ["eager", "compiled"]  # the engine's decode step: eager, compiled (CUDA graphs on a GPU)
+TRAIN_BACKENDS = ["flex", "sdpa"]  # the record's forward: FlexAttention (block masks from the record), gathered SDPA
 
 
-def main() -> None:
+def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tiny", action="store_true", help="CPU-sized: tiny shapes, small batches and lengths")
-    parser.add_argument("--shapes", nargs="+", default=None, choices=sorted(SHAPES), help="consistency's shapes")
-    parser.add_argument("--batches", nargs="+", type=int, default=None, help="rollout batches (64 256; --tiny 4)")
-    parser.add_argument("--compile-decode", action="store_true", help="time compiled decode steps (default on CUDA)")
-    parser.add_argument("--budget-s", type=float, default=None, help="start nothing after this (480; --tiny 900)")
-    parser.add_argument("--out", type=Path, default=None, help="folder for gpu_check.json and gpu_check.md")
-    parser.add_argument("--rollout-tokens", type=int, default=None, help="new tokens a rollout run (2048; --tiny 32)")
-    parser.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS, help="what to run (all)")
-    parser.add_argument(
-        "--rollout-runs", nargs="+", default=ROLLOUT_RUNS, choices=ROLLOUT_RUNS, help="the rollout section's runs (all)"
+    add = parser.add_argument
+    add("--tiny", action="store_true", help="CPU-sized: tiny shapes, small batches and lengths")
+    add("--shapes", nargs="+", default=None, choices=sorted(SHAPES), help="consistency's shapes")
+    add("--batches", nargs="+", type=int, default=None, help="rollout batches (64 256; --tiny 4)")
+    add("--budget-s", type=float, default=None, help="start nothing after this (480; --tiny 900)")
+    add("--out", type=Path, default=None, help="folder for gpu_check.json and gpu_check.md")
+    add("--rollout-tokens", type=int, default=None, help="new tokens a rollout run (2048; --tiny 32)")
+    add("--sections", nargs="+", default=SECTIONS, choices=SECTIONS, help="what to run, in this order (all)")
+    add("--rollout-runs", nargs="+", default=ROLLOUT_RUNS, choices=ROLLOUT_RUNS, help="the rollout section's runs")
+    add(
+        "--rollout-modes",
+        nargs="+",
+        default=None,
+        choices=ROLLOUT_MODES,
+        help="the engine's decode steps timed (eager and compiled on CUDA; --tiny eager)",
+    )
+    add("--train-tokens", nargs="+", type=int, default=None, help="training cost: sequence lengths (4096; --tiny 96)")
+    add("--train-budget", type=int, default=None, help="training cost: the record's G-KV budget (512; --tiny 64)")
+    add(
+        "--train-backends",
+        nargs="+",
+        default=TRAIN_BACKENDS,
+        choices=TRAIN_BACKENDS,
+        help="training cost: the record's forward, each against causal SDPA (flex: forward only on CPU)",
     )
     args = parser.parse_args()
     cuda = torch.cuda.is_available()
     if not cuda and not args.tiny:
         parser.error("no CUDA device: run with --tiny on CPU")
     args.device = "cuda" if cuda else "cpu"
-    args.compile_decode = args.compile_decode or cuda
+    args.rollout_modes = args.rollout_modes or (ROLLOUT_MODES if cuda else ["eager"])
     tiny = args.tiny
     args.shapes = args.shapes or (["tiny-llama", "tiny-qwen2"] if tiny else ["qwen2.5-1.5b", "llama-3.2-1b"])
-    speed_shape, grpo_shape = (args.shapes[-1], args.shapes[0]) if tiny else ("qwen2.5-1.5b", "qwen2.5-0.5b")
+    args.speed_shape, args.grpo_shape = (args.shapes[-1], args.shapes[0]) if tiny else ("qwen2.5-1.5b", "qwen2.5-0.5b")
     args.batches = args.batches or ([4] if tiny else [64, 256])
     args.budget_s = (900.0 if tiny else 480.0) if args.budget_s is None else args.budget_s
     args.check_tokens, args.check_budget, args.check_window, args.check_interval = (
@@ -491,48 +549,85 @@ def main() -> None:
     args.rollout_tokens = (32 if tiny else 2048) if args.rollout_tokens is None else args.rollout_tokens
     if args.rollout_tokens < 1:
         parser.error(f"--rollout-tokens must be at least 1, got {args.rollout_tokens}")
-    args.train_tokens, args.train_new, args.train_batch = (96, 24, 2) if tiny else (4096, 256, 2)
+    args.train_new, args.train_batch = (24, 2) if tiny else (256, 2)
+    args.train_tokens = args.train_tokens or ([96] if tiny else [4096])
+    args.train_budget = args.train_budget or (64 if tiny else 512)
+    if min(args.train_tokens) <= args.train_new:
+        parser.error(f"--train-tokens must exceed the {args.train_new} sampled tokens, got {args.train_tokens}")
+    if args.train_budget <= args.check_window:
+        parser.error(f"--train-budget must exceed the window ({args.check_window}), got {args.train_budget}")
     args.grpo_tokens = 16 if tiny else 128
-    tokenizer = tiny_tokenizer()  # prompts are token ids; the engine needs only its padding and end ids
+    return args
 
+
+def main() -> None:
+    args = parse_arguments()
+    cuda = args.device == "cuda"
+    # Each shape its own static graph (FlexAttention, compiled decode): timings after a warm-up at the same shape,
+    # no dynamic-shape kernels (torch 2.13's CPU FlexAttention kernel for dynamic shapes fails to compile), and
+    # room for every shape this check builds (consistency's shapes and precisions, the lengths, the batches).
+    torch._dynamo.config.automatic_dynamic_shapes = False
+    torch._dynamo.config.recompile_limit = 64
+    tokenizer = tiny_tokenizer()  # prompts are token ids; the engine needs only its padding and end ids
     report = Report(args.out, args.budget_s)
     report.result["device"] = torch.cuda.get_device_name() if cuda else "cpu"
     report.result["versions"] = {m.__name__: m.__version__ for m in (torch, __import__("transformers"))}
-    rates = hardware(args.device, tiny)
+    rates = hardware(args.device, args.tiny)
     report.section("hardware", rates)
-    for shape in args.shapes if "consistency" in args.sections else []:  # 1. consistency
-        for precision, dtype in DTYPES.items():
-            model = build(shape, dtype, args.device) if report.time_left() else None
-            for method in ("gkv", "s4r"):
-                name = f"consistency/{shape}/{method}/{precision}"
-                if model is None or not report.time_left():
-                    report.section(name, {"skipped": "time budget"})
-                    continue
-                prompts = random_prompts([17 + 9 * i for i in range(4)], min(model.config.vocab_size, 1000), seed=1)
-                report.section(name, consistency(model, tokenizer, prompts, method, args))
-            del model
-    speed = {"rollout", "training_cost"} & set(args.sections)  # 2. rollout speed
-    model = build(speed_shape, torch.bfloat16, args.device) if speed and report.time_left() else None
-    for batch in args.batches if "rollout" in args.sections else []:
-        report.section(
-            f"rollout/{speed_shape}/bf16/batch{batch}",
-            rollout_speed(model, tokenizer, batch, args, rates, report)
-            if report.time_left()
-            else {"skipped": "time budget"},
-        )
-    backend = "sdpa" if tiny else "flex"  # 3. training cost
-    if "training_cost" in args.sections:
-        report.section(
-            f"training_cost/{speed_shape}/bf16",
-            training_cost(model, tokenizer, args, rates, backend) if report.time_left() else {"skipped": "time budget"},
-        )
-    del model
-    if cuda:
-        torch.cuda.empty_cache()
-    if "grpo_step" in args.sections:
-        report.section(
-            f"grpo_step/{grpo_shape}", grpo_step(grpo_shape, args) if report.time_left() else {"skipped": "time budget"}
-        )  # 4. one GRPO step through train.py
+    speed_model = None  # the rollout's and the training cost's, built once
+
+    def speed() -> torch.nn.Module:
+        nonlocal speed_model
+        if speed_model is None:
+            speed_model = build(args.speed_shape, torch.bfloat16, args.device)
+        return speed_model
+
+    def run_consistency() -> None:
+        for shape in args.shapes:
+            for precision, dtype in DTYPES.items():
+                model = build(shape, dtype, args.device) if report.time_left() else None
+                for method in ("gkv", "s4r"):
+                    name = f"consistency/{shape}/{method}/{precision}"
+                    if model is None or not report.time_left():
+                        report.section(name, {"skipped": "time budget"})
+                        continue
+                    vocab = min(model.config.vocab_size, 1000)
+                    prompts = random_prompts([17 + 9 * i for i in range(4)], vocab, seed=1)
+                    report.section(name, consistency(model, tokenizer, prompts, method, args))
+                del model
+
+    def run_rollout() -> None:
+        for batch in args.batches:
+            name = f"rollout/{args.speed_shape}/bf16/batch{batch}"
+            if not report.time_left():
+                report.section(name, {"skipped": "time budget"})
+                continue
+            report.section(name, rollout_speed(speed(), tokenizer, batch, args, rates, report))
+
+    def run_training_cost() -> None:
+        for tokens in args.train_tokens:
+            name = f"training_cost/{args.speed_shape}/bf16/{tokens}"
+            if not report.time_left():
+                report.section(name, {"skipped": "time budget"})
+                continue
+            report.section(name, training_cost(speed(), tokenizer, tokens, args, rates))
+
+    def run_grpo_step() -> None:
+        nonlocal speed_model
+        speed_model = None
+        if cuda:
+            torch.cuda.empty_cache()
+        name = f"grpo_step/{args.grpo_shape}"
+        report.section(name, grpo_step(args.grpo_shape, args) if report.time_left() else {"skipped": "time budget"})
+
+    runners = {
+        "consistency": run_consistency,
+        "rollout": run_rollout,
+        "training_cost": run_training_cost,
+        "grpo_step": run_grpo_step,
+    }
+    for section in dict.fromkeys(args.sections):  # in the order asked, each once
+        runners[section]()
     print_json(report.result)
 
 

@@ -46,8 +46,10 @@ def test_gpu_check_tiny(tmp_path):
     assert rollout["new_tokens"] == 24
     assert rollout["engine_gkv"]["compressions"] >= 1 and rollout["hf_generate"]["tokens_per_s"] > 0
     assert 0 < rollout["engine_gkv"]["roofline"]["achieved_over_ceiling"] < 1
-    cost = sections["training_cost/tiny-qwen2/bf16"]
-    assert cost["masked_seconds"] > 0 and cost["roofline_masked"]["flops"] > 0
+    cost = sections["training_cost/tiny-qwen2/bf16/96"]  # both record paths against causal SDPA
+    assert cost["causal_sdpa_seconds"] > 0 and cost["roofline_causal_sdpa"]["flops"] > 0
+    assert cost["record"]["flex"]["forward_only"] and cost["record_over_causal"]["flex"] is None  # CPU: no backward
+    assert not cost["record"]["sdpa"]["forward_only"] and cost["record_over_causal"]["sdpa"] > 0
     grpo = sections["grpo_step/tiny-qwen2"]
     assert grpo["ok"] and grpo["mismatch/max_abs"] <= 1e-4, grpo
     summary = (tmp_path / "gpu_check.md").read_text()  # the docs' view of this run (gpu_check.tables)
