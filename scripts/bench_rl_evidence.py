@@ -28,7 +28,11 @@ Stages (``--stages``; each resumable, every run a ``train.py`` or ``scripts/eval
    as many test problems of each fresh seed's stream (condition ``gkv-b<budget>-seed<s>``): a confirmation on
    problems no choice was made on. Before any such evaluation the bench checks that those problems share none with
    any problem set it draws (training, traces, the lr stage, probe, methods, the main evaluation): an error if so.
-6. ``report``: the results' training section and figures rebuilt from the finished folders and the results file,
+6. ``cross``: the models trained on the other task (``--cross-adapters``: that bench's kept fp16 adapters, one
+   folder per run) on this task's main evaluation problems, with the full cache and at this task's training
+   budget, each recipe against this task's untrained model (paired by problem): does a gain carry from one task
+   to the other? (the results' ``cross`` section, table view ``cross``).
+7. ``report``: the results' training section and figures rebuilt from the finished folders and the results file,
    nothing run (after a change to how they are summarized; the train and eval stages publish the same after every
    job).
 
@@ -70,7 +74,7 @@ from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 import bench_decode_regime as regime
 from _common import ROOT, origin, print_json, provenance
 
-STAGES = ("probe", "methods", "lr", "train", "eval", "report")
+STAGES = ("probe", "methods", "lr", "train", "eval", "cross", "report")
 # keys a --variant may not change: what the bench keeps track of runs by, and the problems (every recipe trains
 # and is evaluated on the same ones, which check_fresh knows)
 RESERVED = ("recipe", "model", "seed", "output_dir", "resume", "save_steps", "data.*", "eval_data.*")
@@ -365,6 +369,8 @@ def published_done(args) -> set[str]:
         if name != "untrained":
             found.add(f"train/{name}")
         found |= {f"eval/{name}@{c}" for c, cell in model.get("cells", {}).items() if cell is not None}
+    for name, model in section.get("cross", {}).get("models", {}).items():
+        found |= {f"cross/{name}@{c}" for c, cell in model["cells"].items() if cell is not None}
     return found
 
 
@@ -440,7 +446,23 @@ def jobs(args) -> list[Job]:
         for c in (c for c in conditions(args) if c not in first):  # condition by condition: each fills in turn
             found += [Job("eval", f"untrained@{c}")]
             found += [Job("eval", f"{t.name}@{c}", needs=[t.key]) for t in trained]
+    if "cross" in stages and args.cross_adapters is not None:
+        found += [Job("eval", f"untrained@{c}") for c in first if f"eval/untrained@{c}" not in {j.key for j in found}]
+        found += [Job("cross", f"{run}@{c}") for c in first for run in cross_runs(args)]
     return found
+
+
+def cross_runs(args) -> list[str]:
+    """The other task's runs under ``--cross-adapters`` (of ``--cross-recipes``), by recipe then seed."""
+    if args.cross_adapters is None or not args.cross_adapters.is_dir():
+        return []
+    found = []
+    for folder in args.cross_adapters.iterdir():
+        parsed = re.fullmatch(r"([a-z0-9_]+)-s(\d+)-lr(.+)", folder.name)
+        if parsed and (folder / "adapter_model.safetensors").is_file():
+            if args.cross_recipes is None or parsed[1] in args.cross_recipes:
+                found.append((parsed[1], int(parsed[2]), folder.name))
+    return [name for *_, name in sorted(found)]
 
 
 def alive(pid: int) -> bool:
@@ -534,7 +556,8 @@ def run_job(job: Job, args) -> None:
         )
     else:
         name, condition = job.name.split("@")
-        model = [f"model={args.model}"] + ([] if name == "untrained" else [f"adapter={adapter_of(name, args)}"])
+        adapter = args.cross_adapters / name if job.kind == "cross" else adapter_of(name, args)
+        model = [f"model={args.model}"] + ([] if name == "untrained" else [f"adapter={adapter}"])
         budget, seed, _ = parse_condition(condition, args)
         regime.evaluate(
             model,
@@ -543,7 +566,7 @@ def run_job(job: Job, args) -> None:
             args.eval_samples,
             [] if budget is None else ["gkv"],
             [args.train_budget if budget is None else budget],
-            args.output_root / "eval" / name / condition,
+            args.output_root / job.kind / name / condition,
             seed,
             task,
             full=budget is None,
@@ -828,7 +851,44 @@ def collect(args) -> dict:
     train["resolved"] = {**before_train.get("resolved", {}), **(getattr(args, "_resolved", None) or {})}
     section["recipes"] = recipe_table(section, args)
     section["differences"] = differences(section, args)
+    section["cross"] = cross_section(section, args)
     return section
+
+
+def cross_section(section: dict, args) -> dict:
+    """The other task's models on this task (the cross stage): per run its cells; per condition (the full cache,
+    this task's training budget) per recipe its figures over seeds and its paired difference against this task's
+    untrained model. What the results file held is kept for runs not evaluated here."""
+    before = published(args).get("cross", {})
+    first = ["full", f"gkv-b{args.train_budget}"]
+    models = dict(before.get("models", {}))
+    for name in cross_runs(args):
+        cells = {c: samples_of(args.output_root / "cross" / name / c, parse_condition(c, args)[2]) for c in first}
+        cells = {c: v or models.get(name, {}).get("cells", {}).get(c) for c, v in cells.items()}
+        if any(cells.values()):
+            recipe, seed = name.split("-s")[0], int(name.split("-s")[1].split("-")[0])
+            models[name] = {"recipe": recipe, "seed": seed, "cells": cells}
+    if not models:
+        return {}
+    untrained = section["models"].get("untrained", {}).get("cells", {})
+    recipes = list(dict.fromkeys(m["recipe"] for m in models.values()))
+    table = {}
+    for condition in first:
+        rows = {}
+        for recipe in recipes:
+            cells = [
+                m["cells"][condition]
+                for m in sorted(models.values(), key=lambda m: m["seed"])
+                if m["recipe"] == recipe and m["cells"].get(condition)
+            ]
+            if not cells:
+                continue
+            rows[recipe] = summarize_recipe(cells, args.interval, args.max_new_tokens)
+            if untrained.get(condition):
+                rows[recipe]["minus_untrained"] = paired_difference(cells, [untrained[condition]] * len(cells))
+        table[condition] = rows
+    adapters = args.cross_adapters or before.get("adapters")
+    return {"adapters": str(adapters) if adapters else None, "models": models, "recipes": table}
 
 
 def recipe_table(section: dict, args) -> dict:
@@ -1095,6 +1155,33 @@ def judged_table(section: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cross_table(section: dict) -> str:
+    """The other task's models on this task: per recipe, pass@1 over seeds with the full cache and at the training
+    budget, and its paired difference against this task's untrained model (* where the interval excludes 0)."""
+    cross = section.get("cross") or {}
+    table = cross.get("recipes") or {}
+    if not table:
+        return "(no model of the other task evaluated yet)\n"
+    conditions_ = list(table)
+    lines = [
+        "| trained on the other task | seeds | "
+        + " | ".join(f"{c} | minus untrained ({c})" for c in conditions_)
+        + " |",
+        "|---|---|" + "---|---|" * len(conditions_),
+    ]
+    for recipe in dict.fromkeys(r for c in conditions_ for r in table[c]):
+        cells = []
+        for c in conditions_:
+            row = table[c].get(recipe)
+            d = (row or {}).get("minus_untrained")
+            lo, hi = d["ci95"] if d else (0, 0)
+            mark = " *" if d and (lo > 0 or hi < 0) else ""
+            cells += [cell(row) if row else "-", f"{d['difference']:+.3f} [{lo:+.2f}, {hi:+.2f}]{mark}" if d else "-"]
+        seeds = max(table[c][recipe]["seeds"] for c in conditions_ if recipe in table[c])
+        lines.append(f"| {recipe} | {seeds} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + f"\n\nModels from `{cross.get('adapters')}`.\n"
+
+
 def lr_table(section: dict) -> str:
     lines = ["| learning rate | pass@1 (train split) | score | length |", "|---|---|---|---|"]
     if not section.get("lr_sweep") and section.get("learning_rate") is not None:
@@ -1116,7 +1203,8 @@ def lr_table(section: dict) -> str:
 
 def tables(view: str, result: dict) -> str:
     """``scripts/render_docs.py``'s views: ``probe``, ``methods`` (the ordering tables), ``lr``, ``training``,
-    ``rounds``, ``drift``, ``differences``, ``judged`` (issue 53's pre-registered comparison)."""
+    ``rounds``, ``drift``, ``differences``, ``judged`` (issue 53's pre-registered comparison), ``cross`` (the
+    other task's models here)."""
     if view in ("probe", "methods"):
         checks = "".join(
             f"- {name.replace('_', ' ')} {want}: {'yes' if ok else 'NO'}\n"
@@ -1131,6 +1219,7 @@ def tables(view: str, result: dict) -> str:
         "drift": drift_table,
         "differences": differences_table,
         "judged": judged_table,
+        "cross": cross_table,
     }[view](section)
     state = " (partial: runs still going)" if section.get("partial") else ""
     return f"{body}\n{provenance(section)}{state}\n"
@@ -1256,6 +1345,12 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         help="evaluation seeds of fresh test problems: every model again at the training budget on --eval-problems "
         "problems of each seed's test stream (checked to share none with any set the bench draws)",
     )
+    add(
+        "--cross-adapters",
+        type=Path,
+        help="cross stage: the other task's kept adapters (a folder of <recipe>-s<seed>-lr<rate> folders)",
+    )
+    add("--cross-recipes", nargs="+", help="cross stage: the other task's recipes to evaluate (default: every one)")
     add("--round-bins", nargs="+", type=int, default=[0, 4, 6, 8, 10])
     add("--min-gap", type=float, default=0.15, help="probe: every method's loss at the training budget, at least")
     add("--min-full", type=float, help="probe: the full cache's pass@1, at least (copy_recall 0.40, long_recall 0.60)")
@@ -1301,6 +1396,11 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         if reserved:
             parser.error(f"--variant {name}: {' '.join(reserved)} would change the run the bench keeps track of")
         args.variants[name] = (rest[0], rest[1:])
+    if "cross" in args.stages and (args.cross_adapters is None or not cross_runs(args)):
+        parser.error(
+            f"--stages cross: --cross-adapters must name a folder of kept adapters (<recipe>-s<seed>-lr<rate>"
+            f"{' of --cross-recipes' if args.cross_recipes else ''}), got {args.cross_adapters}"
+        )
     unknown = [r for r in args.recipes if r not in RECIPES and r not in args.variants]
     if unknown:
         parser.error(f"--recipes {' '.join(unknown)}: neither a recipe ({', '.join(RECIPES)}) nor a --variant name")
@@ -1373,9 +1473,9 @@ def main() -> None:
         )
         ordering.results = args.results  # a call cut short keeps the rows it published (same settings)
         publish("methods", regime.stage_methods(args.output_root, ordering, lambda s: publish("methods", s)))
-    if {"lr", "train", "eval"} & set(args.stages):
+    if {"lr", "train", "eval", "cross"} & set(args.stages):
         work(args, publish_training)
-    if {"lr", "train", "eval", "report"} & set(args.stages):
+    if {"lr", "train", "eval", "cross", "report"} & set(args.stages):
         if "report" in args.stages:  # recorded: what the name of each recipe without a record yet stands for
             known = published(args).get("settings", {}).get("train", {}).get("resolved", {})
             resolved(args, [r for r in args.recipes if r not in known])

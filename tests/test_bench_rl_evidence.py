@@ -272,8 +272,49 @@ def test_long_recall_runs_train_on_its_story_with_the_grpo_recipes_only(tmp_path
     args.fresh_seeds = [args.eval_seed]
     with pytest.raises(SystemExit, match="main evaluation"):
         check_fresh(args)
-    for wrong in (["--recipes", "distill"], ["--copy-share", "0.5"], ["--probe-methods", "nope"]):
+    nowhere = ["--stages", "cross", "--cross-adapters", str(tmp_path / "nowhere")]  # no kept adapters there
+    for wrong in (["--recipes", "distill"], ["--copy-share", "0.5"], ["--probe-methods", "nope"], nowhere):
         with pytest.raises(SystemExit):
             parse_arguments(["--task", "long_recall", "--output-root", str(tmp_path), *wrong])
         assert "error:" in capsys.readouterr().err
     assert settings(parse_arguments(["--output-root", str(tmp_path)]))["task"]["copy_share"] == 0.4  # copy_recall's
+
+
+def test_the_cross_stage_evaluates_the_other_tasks_models_once(tmp_path):
+    """``--stages cross``: every kept adapter under ``--cross-adapters`` (here one LoRA adapter of the tiny model,
+    as if trained on long_recall) is evaluated on this task with the full cache and at the training budget, beside
+    the untrained model, and compared with it per problem (the ``cross`` table); a call on another machine (a new
+    output root) takes the cells from the results file and evaluates nothing."""
+    from peft import LoraConfig, get_peft_model
+
+    from gkv_train.models import load_model
+
+    adapters = tmp_path / "other_task"
+    model, _ = load_model("tiny")
+    get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "v_proj"])).save_pretrained(
+        adapters / "rl_sparse-s0-lr0.0003"
+    )
+    (adapters / "notes").mkdir()  # not a run folder: left alone
+    results = tmp_path / "results.json"
+
+    def cross(root: str) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(ROOT / "scripts" / "bench_rl_evidence.py"), "--quick", "--lr", "1e-4"]
+        command += ["--seeds", "0", "--recipes", "rl_sparse", "--stages", "cross", "--cross-adapters", str(adapters)]
+        command += ["--output-root", str(tmp_path / root), "--results", str(results)]
+        command += ["--adapters", str(tmp_path / "kept"), "--figures", str(tmp_path / "c.png")]
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc
+
+    first = cross("here")
+    assert first.stderr.count("evaluate.py") == 4  # untrained and the other task's run, full and gkv-b24
+    section = json.loads(results.read_text())["training"]["cross"]
+    assert set(section["models"]) == {"rl_sparse-s0-lr0.0003"}
+    for condition in ("full", "gkv-b24"):
+        row = section["recipes"][condition]["rl_sparse"]
+        assert row["seeds"] == 1 and "ci95" in row["minus_untrained"]
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_rl_evidence import tables
+
+    assert "| rl_sparse | 1 |" in tables("cross", json.loads(results.read_text()))
+    assert "evaluate.py" not in cross("elsewhere").stderr
