@@ -490,7 +490,8 @@ def test_flex_backend_from_the_record_over_several_blocks(tiny_llama, method):
 def test_compressions_inside_compiled_decode_compile_nothing_more(tiny_llama):
     """G-KV under compile_decode: past its first compression the cache holds a fixed number of slots, so ten more
     compressions compile nothing (a rollout with 22 compressions compiles as many graphs as one with 12; counted
-    by dynamo), and the compiled rollout's tokens, log-probs and record equal the eager one's."""
+    by dynamo; a control: a batch of another width does compile more), and the compiled rollout's tokens,
+    log-probs and record equal the eager one's."""
     from torch._dynamo.utils import counters
 
     cfg = CompressionConfig("gkv", budget=32, window=4, interval=8)
@@ -509,6 +510,10 @@ def test_compressions_inside_compiled_decode_compile_nothing_more(tiny_llama):
     long, long_frames = rollout(200, True)
     assert long.stats["compressions"] - short.stats["compressions"] >= 10 and short.stats["compressions"] >= 10
     assert long_frames == short_frames > 0
+    # control: the count sees a recompilation where shapes do change (a third sequence, in the same process)
+    sampling = SamplingConfig(max_new_tokens=40, temperature=1.0, seed=3, stop_token_ids=(), compile_decode=True)
+    RolloutEngine(tiny_llama, compression=cfg).generate(random_prompts([12, 20, 16]), sampling)
+    assert counters["stats"]["unique_graphs"] > long_frames
     eager, _ = rollout(200, False)
     assert torch.equal(eager.sequences, long.sequences) and torch.equal(eager.record.evict_at, long.record.evict_at)
     assert (eager.logprobs - long.logprobs).abs().max() <= 1e-5
