@@ -30,7 +30,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
-from gkv_rollout.contract.eviction import EvictionMasks, after_end_is_never, block_classes
+from gkv_rollout.contract.eviction import EvictionMasks, after_end_is_never, block_classes, block_sets
 from gkv_rollout.engine import RolloutEngine
 
 from _common import ROOT, origin, print_json, random_prompts
@@ -72,15 +72,6 @@ def tile_shares(masks: EvictionMasks, layers: int) -> dict:
     return dict(zip(("full", "partial", "empty"), (counts / counts.sum()).tolist()))
 
 
-def same_tiles(a, b) -> bool:
-    def sets(num, index):
-        return [sorted(index[r, h, i, : num[r, h, i]].tolist()) for r, h, i in torch.ones_like(num).nonzero().tolist()]
-
-    return sets(a.kv_num_blocks, a.kv_indices) == sets(b.kv_num_blocks, b.kv_indices) and sets(
-        a.full_kv_num_blocks, a.full_kv_indices
-    ) == sets(b.full_kv_num_blocks, b.full_kv_indices)
-
-
 def measure(record: torch.Tensor, length: int, heads: int, before_layers: int) -> dict:
     """The build times (after: all layers; before: ``before_layers`` layers, scaled to all, or None when
     ``before_layers`` is 0) and the tile shares of the record's first ``length`` tokens."""
@@ -106,7 +97,9 @@ def measure(record: torch.Tensor, length: int, heads: int, before_layers: int) -
         "before_measured_layers": before_layers,
         "before_measured_seconds": measured if before_layers else None,
         "speedup": before / after if before else None,
-        "equal_to_create_block_mask": all(same_tiles(built[i], reference[i]) for i in range(before_layers)),
+        "equal_to_create_block_mask": all(
+            block_sets(built[i]) == block_sets(reference[i]) for i in range(before_layers)
+        ),
         "tiles": tile_shares(masks, layers),
     }
 

@@ -414,18 +414,6 @@ def test_sampled_tokens_after_a_long_given_beginning_match_the_rollout(tiny_llam
     assert diff(None) > 1e-2 and diff(out.record.roll_layers(1)) > 1e-2
 
 
-def block_sets(mask) -> tuple[list, list]:
-    """A BlockMask's partial and full key blocks of every (row, head, query block), as sorted lists."""
-
-    def sets(num, index):
-        B, H, nq = num.shape
-        return [
-            [[sorted(index[b, h, i, : num[b, h, i]].tolist()) for i in range(nq)] for h in range(H)] for b in range(B)
-        ]
-
-    return sets(mask.kv_num_blocks, mask.kv_indices), sets(mask.full_kv_num_blocks, mask.full_kv_indices)
-
-
 def random_eviction_record(lengths: list[int], layers: int, heads: int, width: int, seed: int) -> torch.Tensor:
     """int32 [B, layers, heads, width]: each key evicted at a random later position, or (a third of them) never."""
     from gkv_rollout.contract.eviction import NEVER
@@ -444,7 +432,7 @@ def test_block_masks_from_the_record_equal_create_block_mask(tiny_llama, queries
     every eviction method (several 128-token blocks, rows of different lengths)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    from gkv_rollout.contract.eviction import EvictionMasks
+    from gkv_rollout.contract.eviction import EvictionMasks, block_sets
 
     def compare(masks, layers, heads, num_queries):
         B, T = masks.positions.shape

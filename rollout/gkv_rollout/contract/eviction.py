@@ -166,6 +166,19 @@ def block_lists(tiles: torch.Tensor, groups: int) -> tuple[torch.Tensor, torch.T
     return tiles.sum(-1, dtype=torch.int32), order.to(torch.int32)
 
 
+def block_sets(mask) -> tuple[list, list]:
+    """A FlexAttention BlockMask's partial and full key blocks of every (row, head, query block), as sorted lists:
+    two masks with equal sets attend alike, whatever order their index lists hold."""
+
+    def sets(num, index):
+        B, H, nq = num.shape
+        return [
+            [[sorted(index[b, h, i, : num[b, h, i]].tolist()) for i in range(nq)] for h in range(H)] for b in range(B)
+        ]
+
+    return sets(mask.kv_num_blocks, mask.kv_indices), sets(mask.full_kv_num_blocks, mask.full_kv_indices)
+
+
 BACKENDS = ("auto", "sdpa", "flex")
 
 
