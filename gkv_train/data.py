@@ -236,14 +236,15 @@ def check_prompt_template(template: str, key: str = "data") -> None:
         raise ValueError(f"{what} has no {{problem}} field: every prompt would be the same text")
 
 
-def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
+def load_problems(data: DataConfig, seed: int = 0, key: str = "data") -> datasets.Dataset:
     """The problems ``data`` names: a local file (``data.path``) or a preset, the built-in task or a hub dataset
-    (``data.name``), the first ``data.limit`` of them (the built-in task draws its problems with ``seed``)."""
-    data.check()
+    (``data.name``), the first ``data.limit`` of them (the built-in task draws its problems with ``seed``); errors
+    name the configuration group ``key`` (``data``, ``eval_data``)."""
+    data.check(key)
     path, name, question_field, answer_field = data.path, data.name, data.question_field, data.answer_field
     split, limit = data.split, data.limit
     if (path is None) == (name is None):
-        raise ValueError("give exactly one of data.path (a local file) or data.name (a preset or hub dataset)")
+        raise ValueError(f"give exactly one of {key}.path (a local file) or {key}.name (a preset or hub dataset)")
     if name == BUILTIN:
         return arithmetic_task(limit, split, seed, tuple(data.levels), data.distractors)
     if name == COPY_RECALL:
@@ -253,7 +254,7 @@ def load_problems(data: DataConfig, seed: int = 0) -> datasets.Dataset:
     if name in RETRIEVAL_TASKS:
         corpus = gsm8k_questions(None) if data.haystack == "questions" else None
         if corpus is not None:
-            check_corpus(corpus, data.context)
+            check_corpus(corpus, data.context, key)
         return retrieval_task(name, limit, split, seed, data.context, corpus)
     if data.config is not None and (path is not None or name in PRESETS):
         raise ValueError(

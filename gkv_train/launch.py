@@ -70,9 +70,10 @@ class JsonlLogger(TrainerCallback):
                 f.write(dumps({**record, **logs, **extra}) + "\n")
 
 
-def prompt_dataset(config: TrainConfig, data) -> "datasets.Dataset":  # noqa: F821
-    """Problems -> rows with ``prompt`` (the problem in the prompt template) and ``answer``."""
-    problems = load_problems(data, config.seed)
+def prompt_dataset(config: TrainConfig, data, key: str = "data") -> "datasets.Dataset":  # noqa: F821
+    """Problems -> rows with ``prompt`` (the problem in the prompt template) and ``answer``; errors name the
+    configuration group ``key``."""
+    problems = load_problems(data, config.seed, key)
     return problems.map(lambda row: {"prompt": data.prompt_template.format(problem=row["problem"])})
 
 
@@ -246,7 +247,7 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
         check_task_contexts(config.model, {"data": config.data, "eval_data": config.eval_data})
         rewards = [import_callable(path) for path in config.rewards] if config.algorithm == "grpo" else []
         data = training_data(config)
-        held_out = prompt_dataset(config, config.eval_data)
+        held_out = prompt_dataset(config, config.eval_data, "eval_data")
         args = trainer_args(config, state.num_processes)  # TRL's fields checked by GRPOConfig's own __post_init__ too
         checkpoint = resume_checkpoint(config, args)  # before the folder is made: a refused resume leaves nothing
         device = "cuda" if torch.cuda.is_available() else "cpu"

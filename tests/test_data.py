@@ -433,6 +433,8 @@ def test_a_natural_haystack_too_short_or_malformed_is_refused_naming_the_file(mo
     config = DataConfig(name="niah_single", haystack="questions", context=512, limit=1)
     with pytest.raises(ValueError, match=r"the train half of .*gsm8k_test.jsonl holds 50 words, fewer than the about"):
         load_problems(config)
+    with pytest.raises(ValueError, match=r"^eval_data.haystack=questions: .* a eval_data.context=512 prompt"):
+        load_problems(config, key="eval_data")  # the held-out set's group, named as the user wrote it
     assert load_problems(dataclasses.replace(config, context=64))["problem"]
     for line, message in (("{not json", "2: not a JSON object"), ('{"q": 1}', "2: no question")):
         path.write_text(json.dumps({"question": "One."}) + "\n" + line + "\n")
