@@ -9,10 +9,10 @@
 
 ``train``, ``evaluate`` and ``traces`` take Hydra overrides of the recipes shipped inside the package
 (``gkv_train/recipes`` in the wheel: the repository's ``recipes/``), checked and built in one place
-(``gkv_train.command_line.configure``); ``check`` takes ``--options``. Multi-GPU
+(``gkv_train.config.compose.configure``); ``check`` takes ``--options``. Multi-GPU
 training runs under ``accelerate launch -m gkv_train.cli train ...``. Each command's work lives in the package
-(``gkv_train.launch``, ``gkv_train.evaluation``, ``gkv_train.traces``, ``gkv_train.consistency``); the scripts
-in the repository call these same functions.
+(``gkv_train.training.launch``, ``gkv_train.evaluation.evaluate``, ``gkv_train.evaluation.traces``,
+``gkv_train.training.consistency``); the scripts in the repository call these same functions.
 """
 
 from __future__ import annotations
@@ -55,35 +55,35 @@ def version_text() -> str:
 
 def _job(job: str, work, before_work=None) -> None:
     """Run ``work(config, cfg, config_files)`` on ``job``'s configuration from the overrides in ``sys.argv[1:]``
-    (``gkv_train.command_line.configure``: checked and built in one place), after ``before_work(config)``.
+    (``gkv_train.config.compose.configure``: checked and built in one place), after ``before_work(config)``.
     ``config_files`` (name -> text: the resolved configuration) are for ``work`` to write once its own checks pass;
     nothing is written before.
 
     A run refused before any work (a bad value, a failed check: ``Refused``) prints one line ``error: ...`` and
     exits with 2; a signal that stops it (``Preempted``) one line and 128 + the signal; a full disk ``error: ...``
     and 1 (``gkv_train.exits``). ``--help`` lists every key."""
-    from gkv_train import command_line
+    from gkv_train.config import compose
 
     if "--version" in sys.argv[1:]:
         print(version_text())
         return
     if any(a in ("-h", "--help") for a in sys.argv[1:]):  # every key, its type, default and help
-        from gkv_train.keyhelp import help_text
+        from gkv_train.config.keyhelp import help_text
 
         recipes = None
         if job == "train":
-            recipes = sorted(p.stem for p in (Path(command_line.RECIPES) / "recipe").glob("*.yaml"))
-        print(help_text(command_line.job_class(job), job, recipes), end="")
+            recipes = sorted(p.stem for p in (Path(compose.RECIPES) / "recipe").glob("*.yaml"))
+        print(help_text(compose.job_class(job), job, recipes), end="")
         return
     quiet_upstream_warnings()
     from gkv_train.console import log_records_to_stderr
     from gkv_train.exits import Preempted, Refused, refusing
-    from gkv_train.storage import DiskFull
+    from gkv_train.runs.storage import DiskFull
 
     log_records_to_stderr()
     try:
         with refusing():
-            config, cfg, files = command_line.configure(job, sys.argv[1:])
+            config, cfg, files = compose.configure(job, sys.argv[1:])
         if before_work is not None:
             before_work(config)
         work(config, cfg, files)
@@ -98,10 +98,10 @@ def _job(job: str, work, before_work=None) -> None:
 def train(script: list[str]) -> None:
     """Train with the overrides in ``sys.argv[1:]``; ``script`` re-runs this command (with the same overrides)
     under ``torch.distributed.run`` when more CPU processes were asked for (once the configuration holds)."""
-    from gkv_train.distributed import relaunch_cpu_processes
+    from gkv_train.training.distributed import relaunch_cpu_processes
 
     def work(config, cfg, files) -> None:
-        from gkv_train.launch import run  # trl, transformers, peft: imported once the configuration holds
+        from gkv_train.training.launch import run  # trl, transformers, peft: imported once the configuration holds
 
         run(config, files)
 
@@ -109,12 +109,12 @@ def train(script: list[str]) -> None:
 
 
 def evaluate() -> None:
-    """Evaluate with the overrides in ``sys.argv[1:]`` (``gkv_train.evaluation.run_evaluation``)."""
+    """Evaluate with the overrides in ``sys.argv[1:]`` (``gkv_train.evaluation.evaluate.run_evaluation``)."""
 
     def work(config, cfg, files) -> None:
         from omegaconf import OmegaConf
 
-        from gkv_train.evaluation import run_evaluation
+        from gkv_train.evaluation.evaluate import run_evaluation
 
         run_evaluation(config, OmegaConf.to_container(cfg, resolve=True), files)
 
@@ -122,10 +122,10 @@ def evaluate() -> None:
 
 
 def traces() -> None:
-    """Teacher traces with the overrides in ``sys.argv[1:]`` (``gkv_train.traces.run_traces``)."""
+    """Teacher traces with the overrides in ``sys.argv[1:]`` (``gkv_train.evaluation.traces.run_traces``)."""
 
     def work(config, cfg, files) -> None:
-        from gkv_train.traces import run_traces
+        from gkv_train.evaluation.traces import run_traces
 
         run_traces(config)  # one output file, no folder: the configuration is not written
 
@@ -144,13 +144,13 @@ def main(argv: list[str] | None = None) -> None:
     if command not in COMMANDS:
         sys.exit(f"gkv-train: unknown command {command!r}; choose one of {', '.join(COMMANDS)}\n\n{USAGE}")
     if command == "check":
-        from gkv_train.consistency import check
+        from gkv_train.training.consistency import check
 
         check(rest)
         return
     if command == "lm-eval":  # lm-evaluation-harness's own command line, the model ``gkv`` registered
         try:
-            from gkv_train.lm_eval_model import main as lm_eval_main
+            from gkv_train.evaluation.lm_eval_model import main as lm_eval_main
         except ImportError as err:
             _fail(
                 f"error: gkv-train lm-eval needs lm-evaluation-harness: pip install 'gkv-train[lm-eval]' ({err})",

@@ -11,14 +11,14 @@ code   meaning
        with a complete checkpoint, which ``resume=last`` continues
 =====  ==========================================================================================================
 
-Leaf module (only ``gkv_train.runlock``): the command line imports it before anything heavy.
+Leaf module (only ``gkv_train.runs.runlock``): the command line imports it before anything heavy.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 
-from gkv_train.runlock import RunLocked
+from gkv_train.runs.runlock import RunLocked
 
 REFUSED = 2
 

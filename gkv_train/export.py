@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gkv_train.manifest import damage
 from gkv_train.models import check_adapter, check_model, load_model
+from gkv_train.runs.manifest import damage
 
 
 def export(run_dir: str | Path, out_dir: str | Path) -> Path:

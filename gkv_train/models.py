@@ -150,10 +150,10 @@ def check_model(name_or_path: str) -> None:
 
 def check_adapter(path: str) -> None:
     """A LoRA adapter folder that loads, checked before any work: a folder with a PEFT ``adapter_config.json``
-    (a JSON object naming its ``peft_type``) and whole adapter weights (``gkv_train.manifest.damage``: against
+    (a JSON object naming its ``peft_type``) and whole adapter weights (``gkv_train.runs.manifest.damage``: against
     its manifest, else by content). ValueError / FileNotFoundError naming the folder and what is wrong (a full
     model's folder is named as such: it is given as ``model=``)."""
-    from gkv_train.manifest import damage
+    from gkv_train.runs.manifest import damage
 
     folder = Path(path)
     if not folder.is_dir():

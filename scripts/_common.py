@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from gkv_train.data import DATA_DIR, gsm8k_questions  # noqa: F401 (the scripts' imports)
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import random_prompts  # noqa: F401
+from gkv_train.problems.data import DATA_DIR, gsm8k_questions  # noqa: F401 (the scripts' imports)
 
 ROOT = Path(__file__).resolve().parents[1]
 

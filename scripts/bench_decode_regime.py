@@ -50,9 +50,9 @@ import time
 from pathlib import Path
 
 from gkv_rollout.methods import eviction_methods, registered
+from gkv_train.evaluation.report import plot_retained_density
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.models import check_adapter
-from gkv_train.report import plot_retained_density
 
 from _common import ROOT, merge_section, origin, print_json, provenance
 

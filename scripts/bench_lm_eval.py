@@ -1,5 +1,5 @@
 """The same problems through ``scripts/evaluate.py`` and through lm-evaluation-harness with the model ``gkv``
-(``gkv_train.lm_eval_model``): pass@1 of each and seconds per request, under one compression; one JSON line.
+(``gkv_train.evaluation.lm_eval_model``): pass@1 of each and seconds per request, under one compression; one JSON line.
 
 The problems are a built-in task's test split (``--task``), written as a local lm-eval task (a JSONL and a YAML
 under ``--output-root``): each document holds the prompt evaluate.py builds (the prompt template in the model's
@@ -21,8 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from gkv_train.data import DataConfig, load_problems
 from gkv_train.models import load_config_and_tokenizer, load_model
+from gkv_train.problems.data import DataConfig, load_problems
 
 from _common import ROOT, git_commit, print_json
 

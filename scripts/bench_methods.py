@@ -31,8 +31,8 @@ import sys
 import time
 from pathlib import Path
 
+from gkv_train.evaluation.metrics import bootstrap_interval
 from gkv_train.jsonio import write_atomically
-from gkv_train.metrics import bootstrap_interval
 
 from _common import ROOT, print_json
 
@@ -94,7 +94,7 @@ def data_overrides(dataset: str, limit: int, work_root: Path) -> list[str]:
     """evaluate.py's data options for ``dataset`` (see the module's docstring)."""
     if not dataset.startswith("recall-d"):
         return [f"data.name={dataset}", f"data.limit={limit}"]
-    from gkv_train.tasks import arithmetic_task
+    from gkv_train.problems.tasks import arithmetic_task
 
     problems = arithmetic_task(limit, "test", seed=0, levels=(0,), distractors=int(dataset.removeprefix("recall-d")))
     path = work_root / f"{dataset}_{limit}.jsonl"

@@ -1,4 +1,4 @@
-"""S4R's own evidence at CPU scale: the RULER-style retrieval tasks (``gkv_train.retrieval``), the full cache
+"""S4R's own evidence at CPU scale: the RULER-style retrieval tasks (``gkv_train.problems.retrieval``), the full cache
 against S4R and the eviction methods at the same persistent memory, and S4R's ablations; one JSON line.
 
 Stages (``--stages``, each resumable: every run is a ``scripts/evaluate.py`` folder, which resumes batch by batch):
@@ -39,9 +39,9 @@ import time
 from pathlib import Path
 
 from gkv_rollout.config import CompressionConfig
+from gkv_train.evaluation.metrics import bootstrap_interval
 from gkv_train.jsonio import dumps, write_atomically
-from gkv_train.metrics import bootstrap_interval
-from gkv_train.retrieval import HAYSTACKS, RETRIEVAL_TASKS
+from gkv_train.problems.retrieval import HAYSTACKS, RETRIEVAL_TASKS
 
 from _common import ROOT, merge_section, origin, print_json, provenance
 
@@ -253,8 +253,8 @@ def stage_ablations(root: Path, chosen: dict, args, publish=lambda section: None
 def needle_positions(task: str, context: int, haystack: str, problems: int, args) -> list[dict]:
     """Per held-out problem (in order): its prompt's token count and the index of the first token of the asked
     needle's number, in the prompt as ``scripts/evaluate.py`` writes it (template, chat template)."""
-    from gkv_train.data import DataConfig, load_problems
     from gkv_train.models import load_config_and_tokenizer
+    from gkv_train.problems.data import DataConfig, load_problems
 
     data = DataConfig(name=task, split="test", limit=problems, context=context, haystack=haystack)
     rows = load_problems(data, args.seed)

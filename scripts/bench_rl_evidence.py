@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
-from gkv_train.command_line import dotted_keys
+from gkv_train.config.compose import dotted_keys
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 
 import bench_decode_regime as regime
@@ -323,7 +323,7 @@ def resolved(args, recipes: list[str] | None = None) -> dict:
     if getattr(args, "_resolved", None) is None:
         import yaml
 
-        from gkv_train.command_line import configure
+        from gkv_train.config.compose import configure
 
         args._resolved = {}
         for recipe in args.recipes if recipes is None else recipes:
@@ -641,7 +641,7 @@ def parse_condition(condition: str, args) -> tuple[int | None, int, str]:
 def problem_texts(args, split: str, seed: int, n: int) -> set[str]:
     """The prompts of the task's first ``n`` problems of ``split`` at ``seed`` (what ``evaluate.py`` and
     ``train.py`` draw with the bench's task keys)."""
-    from gkv_train.tasks import copy_recall_task, long_recall_task
+    from gkv_train.problems.tasks import copy_recall_task, long_recall_task
 
     if args.task == "long_recall":
         return set(long_recall_task(n, split, seed, args.sentences)["problem"])

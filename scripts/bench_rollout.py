@@ -25,8 +25,8 @@ import torch
 from gkv_rollout.config import CompressionConfig, SamplingConfig, add_compression_args, compression_from_args
 from gkv_rollout.contract.attention import ATTENTION_NAME
 from gkv_rollout.engine import RolloutEngine, encode_prompts, left_pad
+from gkv_train.config.options import check_compile_decode
 from gkv_train.models import load_model
-from gkv_train.options import check_compile_decode
 
 from _common import gsm8k_questions, print_json
 

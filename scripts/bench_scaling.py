@@ -198,7 +198,7 @@ def plot(points: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
-    from gkv_train.report import method_style
+    from gkv_train.evaluation.report import method_style
 
     colours = {m: method_style(m)["color"] for m in METHODS} | {
         "rl_sparse": method_style("gkv")["color"],

@@ -37,8 +37,8 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from gkv_train.config.preflight import status_bytes
 from gkv_train.jsonio import dumps
-from gkv_train.preflight import status_bytes
 
 from _common import ROOT, origin, print_json, provenance
 
@@ -91,7 +91,7 @@ class StepTimer(TrainerCallback):
 
 def configuration(recipe: str, args, output_dir: Path, compile_decode: bool = False):
     """The recipe's ``TrainConfig`` as ``train.py`` resolves it, with the benchmark's settings."""
-    from gkv_train.command_line import configure
+    from gkv_train.config.compose import configure
 
     distill = recipe.startswith("distill")
     rows = f"prompts_per_step={args.rows if distill else 1}"
@@ -125,9 +125,10 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     from trl import GRPOTrainer
 
     from gkv_rollout.config import SamplingConfig
-    from gkv_train import grpo, options
-    from gkv_train.launch import distill_trainer, grpo_trainer, import_callable, trainer_args, training_data
+    from gkv_train.config import options
     from gkv_train.models import load_model
+    from gkv_train.training import grpo
+    from gkv_train.training.launch import distill_trainer, grpo_trainer, import_callable, trainer_args, training_data
 
     base, _, variant = name.partition("+")
     if variant not in ("", "compile") or (variant and base == "trl"):

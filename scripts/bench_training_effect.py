@@ -33,11 +33,11 @@ from pathlib import Path
 import torch
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.data import DataConfig, load_problems
+from gkv_train.evaluation.metrics import compressed_kl
+from gkv_train.evaluation.traces import generate_traces
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
-from gkv_train.metrics import compressed_kl
 from gkv_train.models import load_model
-from gkv_train.traces import generate_traces
+from gkv_train.problems.data import DataConfig, load_problems
 
 from _common import ROOT, origin, print_json, provenance
 

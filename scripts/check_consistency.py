@@ -8,7 +8,7 @@
 bf16 autocast.
 """
 
-from gkv_train.consistency import check
+from gkv_train.training.consistency import check
 
 if __name__ == "__main__":
     check()  # the same as `gkv-train check ...`

@@ -75,7 +75,7 @@ try:  # this layout: one package
     from gkv_rollout.config import CompressionConfig, SamplingConfig
     from gkv_rollout.contract.eviction import NEVER
     from gkv_rollout.engine import RolloutEngine, encode_prompts
-    from gkv_train.data import PROMPT_TEMPLATE
+    from gkv_train.problems.data import PROMPT_TEMPLATE
 except ModuleNotFoundError:  # a tree of the single-package layout given as --project-root (e.g. f27a70f)
     from rollout.config import CompressionConfig, SamplingConfig
     from rollout.engine import RolloutEngine, encode_prompts

@@ -48,10 +48,10 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract.attention import ATTENTION_NAME, head_dim, register
 from gkv_rollout.engine import RolloutEngine
-from gkv_train.consistency import consistency_report
 from gkv_train.jsonio import dumps, write_atomically
-from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_config, tiny_tokenizer
+from gkv_train.training.consistency import consistency_report
+from gkv_train.training.logprobs import token_logprobs
 
 from _common import ROOT, git_commit, print_json, random_prompts
 

@@ -14,7 +14,7 @@ file is read as its list of records. A table that compares runs names several fi
 
 Each block ``<!-- config:COMMAND -->`` ... ``<!-- /config -->`` (COMMAND: train, evaluate, traces) is rewritten
 with the keys of that command's configuration, their types, defaults and help, from the dataclasses themselves
-(``gkv_train.keyhelp``, what ``gkv-train COMMAND --help`` prints); TRL's own fields of ``train`` are named, not
+(``gkv_train.config.keyhelp``, what ``gkv-train COMMAND --help`` prints); TRL's own fields of ``train`` are named, not
 listed (their help is TRL's). Each block ``<!-- methods -->`` ... ``<!-- /methods -->`` is rewritten with the
 registered compression methods (``gkv_rollout.methods``): name, one-line summary, own options.
 
@@ -90,8 +90,8 @@ def config_table(command: str) -> str:
     after it)."""
     import dataclasses
 
-    from gkv_train.command_line import JOBS, job_class
-    from gkv_train.keyhelp import rows
+    from gkv_train.config.compose import JOBS, job_class
+    from gkv_train.config.keyhelp import rows
 
     if command not in JOBS:
         raise SystemExit(f"error: a docs block names config:{command}; choose one of {', '.join(JOBS)}")

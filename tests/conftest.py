@@ -26,7 +26,7 @@ def smollm2():
 
 @pytest.fixture(scope="session")
 def gsm8k_questions():
-    from gkv_train.data import gsm8k_questions
+    from gkv_train.problems.data import gsm8k_questions
 
     return gsm8k_questions(10**6)
 

@@ -91,7 +91,7 @@ for line in sys.stdin:
     _, status = os.waitpid(pid, 0)
     print(json.dumps({"job": job["id"], "returncode": os.waitstatus_to_exitcode(status)}), flush=True)
 """
-WARM_MODULES = ("gkv_train.command_line", "gkv_train.launch", "gkv_train.grpo", "trl")
+WARM_MODULES = ("gkv_train.config.compose", "gkv_train.training.launch", "gkv_train.training.grpo", "trl")
 _warm: dict = {}
 
 

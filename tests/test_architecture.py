@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {"gkv_train": "gkv_train", "rollout/gkv_rollout": "gkv_rollout", "rewards/gkv_rewards": "gkv_rewards"}
-TRAINERS = ("gkv_train.grpo", "gkv_train.distill")
+TRAINERS = ("gkv_train.training.grpo", "gkv_train.training.distill")
 # the folders Python puts first on sys.path for this project's files: the root (train.py, installed gkv_train),
 # the two distributions' folders (installed gkv_rollout, gkv_rewards), and the folders of scripts and tests
 IMPORT_ROOTS = (ROOT, ROOT / "rollout", ROOT / "rewards", ROOT / "scripts", ROOT / "tests")
@@ -143,7 +143,7 @@ def test_everything_imports_the_package(path):
 
 def test_no_trainer_imports_another():
     for module, path in MODULES.items():
-        if module.startswith("gkv_train") and module != "gkv_train.launch":
+        if module.startswith("gkv_train") and module != "gkv_train.training.launch":
             imported = project_imports(path.read_text()) & set(TRAINERS)
             assert not (imported - {module}), f"{module} imports the trainer(s) {imported}"
 
@@ -175,9 +175,11 @@ def test_the_controls_would_fail():
     """The checks see a violation when there is one."""
     contract, engine = "gkv_rollout.contract.record", "gkv_rollout.engine"
     assert upward_imports(contract, "from gkv_rollout.engine import RolloutEngine\n") == [engine]
-    assert upward_imports(engine, "def f():\n    from gkv_train.grpo import x\n") == ["gkv_train.grpo"]
+    assert upward_imports(engine, "def f():\n    from gkv_train.training.grpo import x\n") == [
+        "gkv_train.training.grpo"
+    ]
     assert upward_imports(engine, "import gkv_rewards.verify\n") == ["gkv_rewards.verify"]
-    assert upward_imports("gkv_train.grpo", "from gkv_rollout.engine import RolloutEngine\n") == []
+    assert upward_imports("gkv_train.training.grpo", "from gkv_rollout.engine import RolloutEngine\n") == []
     assert unpackaged_imports("from rollout.engine import RolloutEngine\nimport rewards\n") == [
         "rewards",
         "rollout.engine",

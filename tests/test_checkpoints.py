@@ -9,19 +9,19 @@ import torch
 from safetensors.torch import save_file
 
 from gkv_rollout.config import CompressionConfig
-from gkv_train.checkpoints import (
+from gkv_train.config.options import DistillOptions, LoraOptions
+from gkv_train.config.train_config import TrainConfig
+from gkv_train.jsonio import dumps, read_jsonl
+from gkv_train.runs.checkpoints import (
     clear_run,
     complete_checkpoints,
     resume_settings,
     run_artefacts,
     truncate_metrics,
 )
-from gkv_train.jsonio import dumps, read_jsonl
-from gkv_train.launch import trainer_args
-from gkv_train.manifest import damage, write_manifest
-from gkv_train.options import DistillOptions, LoraOptions
-from gkv_train.output_dir import prepare_output_dir, resume_checkpoint
-from gkv_train.train_config import TrainConfig
+from gkv_train.runs.manifest import damage, write_manifest
+from gkv_train.runs.output_dir import prepare_output_dir, resume_checkpoint
+from gkv_train.training.launch import trainer_args
 
 STATE = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
 
@@ -219,13 +219,13 @@ def test_run_lock_names_a_live_holder_and_outlives_no_process(tmp_path):
     import subprocess
     import sys
 
-    from gkv_train.runlock import RunLock, RunLocked
+    from gkv_train.runs.runlock import RunLock, RunLocked
 
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys, time; from gkv_train.runlock import RunLock; "
+            "import sys, time; from gkv_train.runs.runlock import RunLock; "
             f"RunLock.acquire({str(tmp_path)!r}); print('locked', flush=True); time.sleep(600)",
         ],
         stdout=subprocess.PIPE,
@@ -254,7 +254,7 @@ def test_run_lock_names_a_live_holder_and_outlives_no_process(tmp_path):
 def test_full_disk_errors_name_the_disk(tmp_path):
     import errno
 
-    from gkv_train.storage import DiskFull, filesystem, naming_full_disk
+    from gkv_train.runs.storage import DiskFull, filesystem, naming_full_disk
 
     with pytest.raises(DiskFull) as err:
         with naming_full_disk(tmp_path / "metrics.jsonl", "the metrics log", needed=3 * 10**9):
@@ -282,8 +282,8 @@ def test_a_signal_stops_training_at_the_step_boundary_and_elsewhere_at_once():
 
     from transformers import TrainerControl
 
-    from gkv_train.checkpoints import StopOnSignal
     from gkv_train.exits import Preempted
+    from gkv_train.runs.checkpoints import StopOnSignal
 
     before = signal.getsignal(signal.SIGINT)
     with StopOnSignal() as stop:

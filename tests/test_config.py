@@ -30,7 +30,7 @@ def test_each_method_takes_only_the_options_it_reads():
     """A method declares its own options (``compression.options.*``, its ``Options`` dataclass); it refuses one
     it does not have, naming those it has; ``of`` puts flat names among the shared options or the method's own; a
     sweep gives each run the options it has and refuses one that no run has."""
-    from gkv_train.configs import EvalConfig
+    from gkv_train.config.eval_config import EvalConfig
 
     assert CompressionConfig.of("gkv", alpha=0.5, budget=64).settings.options.alpha == 0.5
     assert CompressionConfig.of("s4r", eta=0.3, window=8).settings.options.eta == 0.3
@@ -91,9 +91,9 @@ def test_a_method_with_an_option_of_its_own_is_one_class_in_one_file(tmp_path, m
     rollout whose record the trainer reproduces)."""
     from gkv_rollout.engine import RolloutEngine
     from gkv_rollout.methods import METHODS
-    from gkv_train.command_line import check_overrides
-    from gkv_train.logprobs import token_logprobs
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.compose import check_overrides
+    from gkv_train.config.train_config import TrainConfig
+    from gkv_train.training.logprobs import token_logprobs
 
     (tmp_path / "my_methods.py").write_text(
         "from dataclasses import dataclass, field\n"
@@ -133,8 +133,8 @@ def test_a_method_with_an_option_of_its_own_is_one_class_in_one_file(tmp_path, m
 def test_run_identities_are_those_of_the_flat_configuration():
     """Grouping the options left every run's identity as it was: the fingerprints keying evaluation folders are
     those the flat configuration of c349af6 gave (computed then), so earlier results folders stay valid."""
-    from gkv_train.configs import EvalConfig
-    from gkv_train.run_folder import fingerprint
+    from gkv_train.config.eval_config import EvalConfig
+    from gkv_train.runs.run_folder import fingerprint
 
     config = EvalConfig(model="tiny")
     expected = [
@@ -250,9 +250,9 @@ def test_missing_model_path(path):
     ],
 )
 def test_bad_sampling_settings_fail_before_training(kwargs, message):
-    from gkv_train.configs import EvalConfig
-    from gkv_train.options import SamplingOptions
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.eval_config import EvalConfig
+    from gkv_train.config.options import SamplingOptions
+    from gkv_train.config.train_config import TrainConfig
 
     with pytest.raises(ValueError) as err:
         TrainConfig(sampling=SamplingOptions(**kwargs))
@@ -265,8 +265,8 @@ def test_bad_sampling_settings_fail_before_training(kwargs, message):
 
 
 def test_evaluation_warns_when_the_interval_outlasts_the_completion():
-    from gkv_train.configs import EvalConfig
-    from gkv_train.options import SamplingOptions
+    from gkv_train.config.eval_config import EvalConfig
+    from gkv_train.config.options import SamplingOptions
 
     short = SamplingOptions(max_new_tokens=96)
     trap = EvalConfig(methods=["full", "gkv", "s4r"], budgets=[64], sampling=short)  # reference interval 128
@@ -284,7 +284,7 @@ def test_evaluation_warns_when_the_interval_outlasts_the_completion():
 def test_a_tracker_that_is_not_installed_is_refused_with_the_fix(monkeypatch):
     import importlib.util
 
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.train_config import TrainConfig
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r"report_to=wandb needs the wandb package.*gkv-train\[tracking\]"):
@@ -295,9 +295,9 @@ def test_a_tracker_that_is_not_installed_is_refused_with_the_fix(monkeypatch):
 def test_trl_fields_are_keys_and_moved_keys_are_named():
     """GRPOConfig's own fields are keys as they are (no translation); a moved key, a derived TRL field and the
     old ``trl.`` prefix are refused naming the key to write; a typo gets "did you mean"."""
-    from gkv_train.command_line import check_overrides
-    from gkv_train.configs import EvalConfig
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.compose import check_overrides
+    from gkv_train.config.eval_config import EvalConfig
+    from gkv_train.config.train_config import TrainConfig
 
     argv = [
         "recipe=rl_full",
@@ -338,9 +338,9 @@ def test_trl_fields_are_keys_and_moved_keys_are_named():
 
 def test_overrides_rough_edges():
     """Dashes refused with the fix; report_to as a string; a data path drops the default task name."""
-    from gkv_train.command_line import check_overrides
-    from gkv_train.configs import EvalConfig
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.compose import check_overrides
+    from gkv_train.config.eval_config import EvalConfig
+    from gkv_train.config.train_config import TrainConfig
 
     for argv, fix in (
         (["--max_steps=5"], "max_steps=5"),
@@ -378,11 +378,11 @@ def test_trainer_arguments_are_trl_dataclasses_extended():
     distill, sampling); a GRPO-only key under distillation is refused, not dropped."""
     import json
 
-    from gkv_train.distill import CompressedDistillationConfig
-    from gkv_train.grpo import CompressedGRPOConfig
-    from gkv_train.launch import trainer_args
-    from gkv_train.options import SamplingOptions
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.options import SamplingOptions
+    from gkv_train.config.train_config import TrainConfig
+    from gkv_train.training.distill import CompressedDistillationConfig
+    from gkv_train.training.grpo import CompressedGRPOConfig
+    from gkv_train.training.launch import trainer_args
 
     config = TrainConfig(weight_decay=0.01, num_iterations=2, sampling=SamplingOptions(num_generations=4, top_p=0.9))
     args = trainer_args(config, 1)
@@ -405,7 +405,7 @@ def test_trl_generation_options_the_engine_lacks_are_refused():
     import subprocess
     import sys
 
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.train_config import TrainConfig
 
     for key, value in (("top_k", 1), ("repetition_penalty", 2.0), ("min_p", 0.5)):
         with pytest.raises(ValueError, match=f"{key}: options of TRL's own generation"):
@@ -414,16 +414,16 @@ def test_trl_generation_options_the_engine_lacks_are_refused():
     with pytest.raises(ValueError, match="report_to must be a tracker name or a list of them, got 5"):
         TrainConfig(report_to=5)
     probe = (
-        "import sys; from gkv_train.command_line import configure; configure('evaluate', ['model=tiny']); "
+        "import sys; from gkv_train.config.compose import configure; configure('evaluate', ['model=tiny']); "
         "configure('traces', ['model=tiny']); print('trl' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "False\n"
 
 
 def test_compile_decode_with_s4r_is_refused_before_work():
-    from gkv_train.configs import EvalConfig
-    from gkv_train.options import SamplingOptions
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.eval_config import EvalConfig
+    from gkv_train.config.options import SamplingOptions
+    from gkv_train.config.train_config import TrainConfig
 
     compiled = SamplingOptions(compile_decode=True)
     with pytest.raises(ValueError, match="sampling.compile_decode=true does not apply to s4r"):
@@ -455,7 +455,7 @@ def test_compile_decode_with_s4r_is_refused_before_work():
     ],
 )
 def test_numeric_options_outside_their_range_are_refused(kwargs, message):
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.train_config import TrainConfig
 
     with pytest.raises(ValueError) as err:
         TrainConfig(**kwargs)
@@ -465,7 +465,7 @@ def test_numeric_options_outside_their_range_are_refused(kwargs, message):
 def test_push_to_hub_without_the_hub_is_refused_before_work(monkeypatch):
     from huggingface_hub import constants
 
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.train_config import TrainConfig
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError, match="push_to_hub=true needs the Hugging Face Hub, which HF_HUB_OFFLINE=1"):
@@ -479,10 +479,10 @@ def test_push_to_hub_without_the_hub_is_refused_before_work(monkeypatch):
 def test_s4r_refresh_within_the_generation_and_counted_in_memory():
     """A refresh at or past the generation's end refreshes nothing and only takes memory: refused by every job and
     the engine; the memory estimate counts the refresh buffers."""
-    from gkv_train.configs import EvalConfig
-    from gkv_train.options import SamplingOptions
-    from gkv_train.preflight import ModelShape, rollout_bytes
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.eval_config import EvalConfig
+    from gkv_train.config.options import SamplingOptions
+    from gkv_train.config.preflight import ModelShape, rollout_bytes
+    from gkv_train.config.train_config import TrainConfig
 
     refresh = CompressionConfig.of("s4r", refresh=64)
     for build in (
@@ -505,8 +505,8 @@ def test_s4r_refresh_within_the_generation_and_counted_in_memory():
 def test_lora_options_are_checked_and_range_edges_accepted():
     """lora.r=0 is refused with the configuration, before the model loads. Controls: the edges of each range run
     (max_grad_norm=0 is transformers' "no clipping")."""
-    from gkv_train.options import LoraOptions
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.options import LoraOptions
+    from gkv_train.config.train_config import TrainConfig
 
     for kwargs, message in [
         (dict(r=0), "lora.r must be a finite number >= 1, got 0"),
@@ -523,8 +523,8 @@ def test_lora_options_are_checked_and_range_edges_accepted():
 def test_rl_full_with_a_compressing_method_is_refused_unless_the_dense_learner_is_asked_for():
     """recipe=rl_full compression.method=s4r would roll out compressed and train without the record, silently:
     it runs only with rl.train_with_record=false given (the dense-learner baseline)."""
-    from gkv_train.options import SparseRLOptions
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.options import SparseRLOptions
+    from gkv_train.config.train_config import TrainConfig
 
     s4r = CompressionConfig("s4r")
     with pytest.raises(ValueError, match="recipe=rl_full trains on full-cache rollouts, but compression.method=s4r"):
@@ -537,7 +537,7 @@ def test_rl_full_with_a_compressing_method_is_refused_unless_the_dense_learner_i
 def test_recipes_compose_to_what_they_say():
     """rl_full sets no record option (a full cache writes none); with a compressing method on the command line it
     is refused, with rl.train_with_record=false accepted."""
-    from gkv_train.command_line import configure
+    from gkv_train.config.compose import configure
 
     full = configure("train", ["recipe=rl_full"])[0]
     assert (full.compression.method, full.rl.train_with_record) == ("full", True)
@@ -551,7 +551,7 @@ def test_a_recipe_file_is_the_users_whatever_its_name_and_bounded(tmp_path, monk
     """A recipe file named like a built-in recipe is the user's (not replaced by the built-in); a file that sets
     Hydra's own keys, uses YAML aliases (a few lines that expand to gigabytes, or to themselves), is too large or
     is named like Hydra's sweep syntax is refused or read as it is, never silently changed."""
-    from gkv_train.command_line import configure
+    from gkv_train.config.compose import configure
 
     monkeypatch.setenv("HOME", str(tmp_path))
     (tmp_path / "rl_sparse.yaml").write_text("learning_rate: 0.5\n")
@@ -572,7 +572,7 @@ def test_a_recipe_file_is_the_users_whatever_its_name_and_bounded(tmp_path, monk
 
 def test_evaluation_budgets_and_methods_are_never_replaced():
     """budgets=[0] used to run at the default budget (2048): refused, as is an empty list."""
-    from gkv_train.configs import EvalConfig
+    from gkv_train.config.eval_config import EvalConfig
 
     with pytest.raises(ValueError, match=r"budgets are token counts: each must be at least 1, got \[0\]"):
         EvalConfig(methods=["gkv"], budgets=[0])
@@ -585,8 +585,8 @@ def test_evaluation_budgets_and_methods_are_never_replaced():
 def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model):
     """Prompt + new tokens against the context, an S4R rank against D', and the rollout's KV memory against what the
     machine has, from the model's configuration only (a model folder without weights)."""
-    from gkv_train import preflight
-    from gkv_train.preflight import Generation, check_generations
+    from gkv_train.config import preflight
+    from gkv_train.config.preflight import Generation, check_generations
 
     prompts, ids = ["short question", "x" * 5000], [7, 8]
     full = [CompressionConfig("full")]
@@ -627,9 +627,9 @@ def test_help_lists_every_key_with_type_default_and_help():
     import sys
     from pathlib import Path
 
-    from gkv_train.configs import EvalConfig, TracesConfig
-    from gkv_train.keyhelp import rows
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.eval_config import EvalConfig, TracesConfig
+    from gkv_train.config.keyhelp import rows
+    from gkv_train.config.train_config import TrainConfig
 
     root = Path(__file__).resolve().parents[1]
     scripts = {TrainConfig: "train.py", EvalConfig: "scripts/evaluate.py", TracesConfig: "scripts/generate_traces.py"}
@@ -655,7 +655,7 @@ def test_fields_added_later_leave_earlier_run_identities_valid():
     """A run's identity (the fingerprint keying its folder) leaves out compression fields added later while they
     hold the value that reproduces the earlier results, so folders of earlier runs are reused, not refused."""
     from gkv_rollout.config import CompressionConfig
-    from gkv_train.configs import EvalConfig
+    from gkv_train.config.eval_config import EvalConfig
 
     config = EvalConfig(model="tiny")
     plain = config.run_settings(CompressionConfig("s4r"))["compression"]

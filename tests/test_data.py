@@ -4,9 +4,9 @@ import re
 
 import pytest
 
-from gkv_train.data import DataConfig, load_problems
-from gkv_train.tasks import arithmetic_task
-from gkv_train.train_config import TrainConfig
+from gkv_train.config.train_config import TrainConfig
+from gkv_train.problems.data import DataConfig, load_problems
+from gkv_train.problems.tasks import arithmetic_task
 
 
 @pytest.mark.parametrize(
@@ -53,7 +53,7 @@ def test_local_split_by_name_and_data_dir(tmp_path, monkeypatch):
             load_problems(DataConfig(path=str(tmp_path / "{split}.jsonl"), name=None, split=split))[0]["answer"]
             == answer
         )
-    from gkv_train import data
+    from gkv_train.problems import data
 
     monkeypatch.setenv("GKV_DATA_DIR", str(tmp_path / "elsewhere"))
     assert data.find_data_dir() == tmp_path / "elsewhere"
@@ -176,7 +176,7 @@ def test_builtin_task_size_is_known_and_never_exceeded():
     without end; the count is exact (the generator reaches every problem it counts)."""
     import random
 
-    from gkv_train.tasks import _problem, problem_count
+    from gkv_train.problems.tasks import _problem, problem_count
 
     assert problem_count((0,)) == 2660 and problem_count((1,)) == 82460
     assert problem_count((0, 1)) == 2660 + 82460 and problem_count((0,), distractors=1) == 2660 * 13 * 19 * 9
@@ -232,7 +232,7 @@ def test_prompt_templates_that_cannot_format_a_problem_are_refused(template, mes
 
 
 def test_copy_recall_task_is_deterministic_held_out_and_reachable_by_name():
-    from gkv_train.tasks import copy_recall_task
+    from gkv_train.problems.tasks import copy_recall_task
 
     train = copy_recall_task(40, "train", seed=1)
     assert train["problem"] == copy_recall_task(40, "train", seed=1)["problem"]
@@ -309,8 +309,8 @@ def test_long_recall_gives_the_story_the_completion_begins_with():
     stops where it belongs; the splits never share a prompt; the number must follow the last sentence. Refused by
     distillation, accepted by GRPO and as evaluation data."""
     from gkv_rewards.functions import accuracy
-    from gkv_train.tasks import long_recall_task
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.train_config import TrainConfig
+    from gkv_train.problems.tasks import long_recall_task
 
     train, test = (
         long_recall_task(30, "train", seed=1, sentences=50),
@@ -347,7 +347,7 @@ def test_retrieval_tasks_hide_what_they_ask_and_hold_out_their_test_split(name):
     prompt grows with data.context; the identity names the context only for these tasks."""
     import re
 
-    from gkv_train.retrieval import retrieval_task
+    from gkv_train.problems.retrieval import retrieval_task
 
     train, test = (
         retrieval_task(name, 30, "train", seed=1, context=256),
@@ -414,7 +414,7 @@ def test_natural_haystack_draws_train_and_test_from_disjoint_questions(gsm8k_que
 
 
 def test_natural_haystack_without_its_file_is_refused_naming_it(monkeypatch, tmp_path):
-    from gkv_train import data
+    from gkv_train.problems import data
 
     monkeypatch.setattr(data, "DATA_DIR", tmp_path)
     with pytest.raises(FileNotFoundError, match="data.haystack=questions reads .*gsm8k_test.jsonl"):
@@ -425,7 +425,7 @@ def test_natural_haystack_without_its_file_is_refused_naming_it(monkeypatch, tmp
 def test_a_natural_haystack_too_short_or_malformed_is_refused_naming_the_file(monkeypatch, tmp_path):
     """A corpus that cannot fill the asked context is refused (not a shorter prompt than asked); a line that is not
     JSON, or has no question, is named by file and line."""
-    from gkv_train import data
+    from gkv_train.problems import data
 
     monkeypatch.setattr(data, "DATA_DIR", tmp_path)
     path = tmp_path / "gsm8k_test.jsonl"

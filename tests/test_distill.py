@@ -6,11 +6,11 @@ import torch
 from conftest import random_prompts  # noqa: F401  (fixtures)
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.distill import CompressedDistillationConfig, CompressedDistillationTrainer
-from gkv_train.logprobs import token_divergence
+from gkv_train.config.options import DistillOptions, SamplingOptions
+from gkv_train.evaluation.traces import generate_traces, load_traces, write_traces
 from gkv_train.models import load_model
-from gkv_train.options import DistillOptions, SamplingOptions
-from gkv_train.traces import generate_traces, load_traces, write_traces
+from gkv_train.training.distill import CompressedDistillationConfig, CompressedDistillationTrainer
+from gkv_train.training.logprobs import token_divergence
 
 
 @pytest.fixture(scope="module")
@@ -105,8 +105,8 @@ def test_one_kl_path_for_training_and_evaluation(traces):
     model against itself has KL 0 under the full cache and > 0 once its cache evicts (the control), and
     the trainer's loss on the same replayed rows is the evaluation's mean."""
     from gkv_rollout.engine import RolloutEngine
-    from gkv_train.logprobs import divergence_under_record
-    from gkv_train.metrics import compressed_kl
+    from gkv_train.evaluation.metrics import compressed_kl
+    from gkv_train.training.logprobs import divergence_under_record
 
     model, tokenizer = load_model("tiny")
     rows = list(load_traces(traces))[:4]

@@ -14,12 +14,12 @@ from entry_points import run_each
 from gkv_rewards.verify import CHECK
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
-from gkv_train.evaluation import evaluate_compression
+from gkv_train.evaluation.evaluate import evaluate_compression
+from gkv_train.evaluation.metrics import pass_at_k
 from gkv_train.jsonio import file_identity, read_jsonl
-from gkv_train.metrics import pass_at_k
 from gkv_train.models import load_model
-from gkv_train.run_folder import claim_run_dir
-from gkv_train.tasks import arithmetic_task
+from gkv_train.problems.tasks import arithmetic_task
+from gkv_train.runs.run_folder import claim_run_dir
 
 from verifier_probe import PAIRS, SCRIPT_WITH_ANSWERS, write_problems
 
@@ -98,7 +98,7 @@ def test_retention_by_position_is_exact_for_any_length():
     """Each token spreads over the bins it overlaps: with every token kept, every bin's retention is exactly 1
     (plain binning of k / T gives 0.9-1.1 when T is not a multiple of the bin count), and a kept prefix of
     half the sequence shows as 1 then 0."""
-    from gkv_train.metrics import position_overlap
+    from gkv_train.evaluation.metrics import position_overlap
 
     for length in (7, 49, 50, 51, 333):
         overlap = position_overlap(length, 50)
@@ -415,7 +415,7 @@ def test_each_method_keeps_one_style_across_figures():
     """method_style gives every figure (pass@1 against budget, retained density, the benches' plots) the same colour
     and marker for a method, whatever else the figure shows; the full cache black; distinct built-in methods."""
     from gkv_rollout.methods import registered
-    from gkv_train.report import method_style
+    from gkv_train.evaluation.report import method_style
 
     names = [m for m in registered() if m != "full"]
     styles = {name: (method_style(name)["color"], method_style(name)["marker"]) for name in names}
@@ -429,7 +429,7 @@ def test_a_failed_evaluation_keeps_its_error_in_the_log(tmp_path):
     the error, not empty."""
     code = (
         "import sys\n"
-        "import gkv_train.evaluation as e\n"
+        "import gkv_train.evaluation.evaluate as e\n"
         "def boom(*a, **k):\n"
         "    raise RuntimeError('boom inside the evaluation')\n"
         "e.evaluate_compression = boom\n"

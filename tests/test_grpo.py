@@ -7,9 +7,14 @@ import pytest
 import torch
 
 from gkv_rollout.config import CompressionConfig
-from gkv_train.grpo import CompressedGRPOConfig, CompressedGRPOTrainer, clip_overlong_advantages, rollout_correction
+from gkv_train.config.options import SparseRLOptions
 from gkv_train.models import load_model
-from gkv_train.options import SparseRLOptions
+from gkv_train.training.grpo import (
+    CompressedGRPOConfig,
+    CompressedGRPOTrainer,
+    clip_overlong_advantages,
+    rollout_correction,
+)
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 PROMPTS = ["abc", "hello there", "x = 1", "12345678", "The cat", "Q: ok?", "zz", "Once upon"]
@@ -253,7 +258,7 @@ def test_a_given_beginning_carries_no_loss_no_kl_and_no_ratio(tmp_path, monkeypa
         seen.append(mask.clone())
         return rollout_correction(trainer_logps, rollout_logps, mask, options)
 
-    monkeypatch.setattr("gkv_train.grpo.rollout_correction", spy)
+    monkeypatch.setattr("gkv_train.training.grpo.rollout_correction", spy)
     dense = SparseRLOptions(
         train_with_record=False, rollout_is="token_truncate", rollout_is_normalize=True, rollout_rejection=(0.5, 1.5)
     )

@@ -1,6 +1,6 @@
-"""The lm-evaluation-harness model ``gkv`` (gkv_train/lm_eval_model.py): scores equal the model's own under the
-full cache and the rollout's under compression; a local task (a YAML reading a local JSONL) runs offline from Python
-and through lm-eval's own command line."""
+"""The lm-evaluation-harness model ``gkv`` (gkv_train/evaluation/lm_eval_model.py): scores equal the model's own
+under the full cache and the rollout's under compression; a local task (a YAML reading a local JSONL) runs offline
+from Python and through lm-eval's own command line."""
 
 import json
 import os
@@ -14,7 +14,7 @@ import torch
 lm_eval = pytest.importorskip("lm_eval")
 from lm_eval.api.instance import Instance  # noqa: E402
 
-from gkv_train.lm_eval_model import CompressedLM  # noqa: E402
+from gkv_train.evaluation.lm_eval_model import CompressedLM  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -139,7 +139,7 @@ def test_a_local_task_offline_from_python_and_the_command_line(tmp_path, monkeyp
 )
 def test_model_arguments_are_refused_before_the_model_loads(monkeypatch, args, message):
     """Every argument is checked first (the model never loads: loading fails the test); a refusal names it."""
-    from gkv_train import lm_eval_model
+    from gkv_train.evaluation import lm_eval_model
     from gkv_train.exits import Refused
 
     monkeypatch.setattr(lm_eval_model, "load_model", lambda *a, **k: pytest.fail("the model loaded"))

@@ -13,7 +13,7 @@ from gkv_rewards.extract import drop_thousands_separators, extract_answer, gold_
 from gkv_rewards.functions import accuracy, boxed_format, verifier_stats
 from gkv_rewards.grading import grade_completions
 from gkv_rewards.verify import MathVerifier, Verdict, as_number, numbers_equal
-from gkv_train.data import DataConfig, load_problems
+from gkv_train.problems.data import DataConfig, load_problems
 
 # Completions with known verdicts against their gold; "defect": the case failed before commas were read as list
 # separators outside well-formed numbers and golds that are no answer were refused (45bc814).

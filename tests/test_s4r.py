@@ -23,7 +23,7 @@ from gkv_rollout.lowrank import (
     selection_budget,
 )
 from gkv_rollout.s4r_cache import PHASES
-from gkv_train.consistency import consistency_report
+from gkv_train.training.consistency import consistency_report
 
 TOL = 1e-4
 PROMPTS = [40, 63, 52, 71, 45]
@@ -407,7 +407,7 @@ def test_refresh_grows_the_bases_along_the_generation_and_training_follows(tiny_
     finish and leave the batch keep the bases they had; the memory reported counts the refresh's buffers."""
     import dataclasses
 
-    from gkv_train.consistency import logprob_mismatch
+    from gkv_train.training.consistency import logprob_mismatch
 
     cfg = CompressionConfig.of("s4r", eta=0.4, window=4, refresh=8, refresh_rank=2)
     prompts = random_prompts(PROMPTS)

@@ -95,9 +95,9 @@ def write_problems(path, golds=tuple(g for g, _, _ in PAIRS)):
 SCRIPT_WITH_ANSWERS = """
 import itertools, runpy, sys
 sys.path.insert(0, {tests!r})
-import gkv_train.evaluation as evaluation
+import gkv_train.evaluation.evaluate as evaluation
 import gkv_rewards.grading as grading
-import gkv_train.traces as traces
+import gkv_train.evaluation.traces as traces
 from gkv_rewards.verify import MathVerifier
 answers = itertools.cycle({answers!r})
 grading.extract_answer = lambda text: next(answers)

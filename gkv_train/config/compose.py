@@ -14,7 +14,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from gkv_rollout.config import CompressionConfig, flat_fields
-from gkv_train.trl_fields import DERIVED
+from gkv_train.config.trl_fields import DERIVED
 
 
 def dotted_keys(mapping: dict, prefix: str = "") -> dict:
@@ -163,7 +163,7 @@ def check_overrides(argv: list[str], schema) -> list[str]:
 def recipes_dir() -> str:
     """The recipes folder, absolute (the same however this is run): ``gkv_train/recipes`` inside an installed wheel,
     the repository's top-level ``recipes/`` in a checkout or an editable install."""
-    here = Path(__file__).resolve().parent
+    here = Path(__file__).resolve().parents[1]  # gkv_train
     return str(here / "recipes" if (here / "recipes").is_dir() else here.parent / "recipes")
 
 
@@ -171,9 +171,9 @@ RECIPES = recipes_dir()
 RECIPE_BYTES = 1 << 20  # a recipe file's largest size
 # job -> (its recipe file, its schema's name in the recipes' defaults, the module and class of its configuration)
 JOBS = {
-    "train": ("train", "train_schema", "gkv_train.train_config", "TrainConfig"),
-    "evaluate": ("evaluate", "eval_schema", "gkv_train.configs", "EvalConfig"),
-    "traces": ("traces", "traces_schema", "gkv_train.configs", "TracesConfig"),
+    "train": ("train", "train_schema", "gkv_train.config.train_config", "TrainConfig"),
+    "evaluate": ("evaluate", "eval_schema", "gkv_train.config.eval_config", "EvalConfig"),
+    "traces": ("traces", "traces_schema", "gkv_train.config.eval_config", "TracesConfig"),
 }
 
 
@@ -295,7 +295,7 @@ def recipe_files(argv: list[str]) -> list[str]:
 
     try:  # an empty group sets nothing; a method's own options are checked by the method
         keys = [f"{k}=x" for k, v in dotted_keys(values).items() if v != {} and not k.startswith("compression.options")]
-        from gkv_train.train_config import TrainConfig
+        from gkv_train.config.train_config import TrainConfig
 
         check_overrides(keys, TrainConfig)
     except ValueError as err:

@@ -18,27 +18,27 @@ from trl import GRPOTrainer
 
 from gkv_rewards.functions import verifier_stats
 from gkv_rollout.config import CompressionConfig
-from gkv_train.checkpoints import (
+from gkv_train.config.preflight import Generation, check_generations, check_task_contexts
+from gkv_train.config.train_config import TRL_FIELDS, TrainConfig
+from gkv_train.console import log_console_to
+from gkv_train.evaluation.evaluate import final_evaluation
+from gkv_train.evaluation.traces import TRACE_BATCH, generate_traces, load_traces, write_traces
+from gkv_train.exits import refusing
+from gkv_train.jsonio import dumps, write_atomically
+from gkv_train.models import base_model_name, base_weights_note, card_model_name, check_model, load_model
+from gkv_train.problems.data import GIVEN, load_problems
+from gkv_train.runs.checkpoints import (
     EVAL,
     METRICS,
     AtomicCheckpoints,
     StopOnSignal,
     checkpoint_step,
 )
-from gkv_train.console import log_console_to
-from gkv_train.data import GIVEN, load_problems
-from gkv_train.distill import CompressedDistillationConfig, CompressedDistillationTrainer
-from gkv_train.distributed import generation_model
-from gkv_train.evaluation import final_evaluation
-from gkv_train.exits import refusing
-from gkv_train.grpo import CompressedGRPOConfig, CompressedGRPOTrainer
-from gkv_train.jsonio import dumps, write_atomically
-from gkv_train.models import base_model_name, base_weights_note, card_model_name, check_model, load_model
-from gkv_train.output_dir import lock_output_dir, prepare_output_dir, resume_checkpoint
-from gkv_train.preflight import Generation, check_generations, check_task_contexts
-from gkv_train.storage import check_output_dir, naming_full_disk
-from gkv_train.traces import TRACE_BATCH, generate_traces, load_traces, write_traces
-from gkv_train.train_config import TRL_FIELDS, TrainConfig
+from gkv_train.runs.output_dir import lock_output_dir, prepare_output_dir, resume_checkpoint
+from gkv_train.runs.storage import check_output_dir, naming_full_disk
+from gkv_train.training.distill import CompressedDistillationConfig, CompressedDistillationTrainer
+from gkv_train.training.distributed import generation_model
+from gkv_train.training.grpo import CompressedGRPOConfig, CompressedGRPOTrainer
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is how TRL takes a custom generator
 
@@ -100,7 +100,7 @@ def trainer_args(config: TrainConfig, num_processes: int) -> TrainingArguments:
     """The trainer's arguments, built before any work so that a bad value fails first: GRPO's
     ``CompressedGRPOConfig`` (every TRL field of ``config`` as it is) or distillation's
     ``CompressedDistillationConfig`` (those that ``TrainingArguments`` has), plus the fields set from the project's
-    keys (``gkv_train.trl_fields.DERIVED``)."""
+    keys (``gkv_train.config.trl_fields.DERIVED``)."""
     grpo = config.algorithm == "grpo"
     args_class = CompressedGRPOConfig if grpo else CompressedDistillationConfig
     takes = {f.name for f in dataclasses.fields(args_class)}

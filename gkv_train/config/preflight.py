@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from gkv_rollout.config import CompressionConfig
 from gkv_rollout.methods import ModelShape
-from gkv_train.storage import size_text
+from gkv_train.runs.storage import size_text
 
 NEAR_LIMIT = 64  # tokens: prompts estimated this close to the context are tokenised exactly (chat template)
 GIVEN_COUNTED = 100_000  # characters: a given beginning up to this long is counted exactly even when far too long
@@ -81,7 +81,7 @@ def check_task_contexts(model: str, datas: dict) -> None:
     -> ``DataConfig``) within ``model``'s context, checked before the prompts are built: a prompt of a billion
     tokens would exhaust the machine's memory long before the context check of ``check_generations``."""
     from gkv_train.models import load_config_and_tokenizer
-    from gkv_train.retrieval import RETRIEVAL_TASKS
+    from gkv_train.problems.retrieval import RETRIEVAL_TASKS
 
     asked = {key: data.context for key, data in datas.items() if data is not None and data.name in RETRIEVAL_TASKS}
     if not asked:

@@ -2,9 +2,9 @@
 compressed KV cache.
 
     gkv-train lm-eval --model gkv --model_args pretrained=smollm2-135m,method=gkv,budget=512 --tasks <task>
-    python -m gkv_train.lm_eval_model --model gkv ...          # the same: lm-eval's own command, ``gkv`` registered
+    python -m gkv_train.evaluation.lm_eval_model --model gkv ...   # the same: lm-eval's own command, ``gkv`` registered
 
-    from gkv_train.lm_eval_model import CompressedLM           # from Python
+    from gkv_train.evaluation.lm_eval_model import CompressedLM    # from Python
     lm_eval.simple_evaluate(model=CompressedLM(pretrained="smollm2-135m", method="gkv", budget=512), tasks=[...])
 
 ``generate_until`` samples with the rollout engine under the compression (greedy unless the task asks for
@@ -34,8 +34,8 @@ from lm_eval.api.registry import register_model
 from gkv_rollout.config import CompressionConfig, SamplingConfig, flat_fields
 from gkv_rollout.engine import RolloutEngine
 from gkv_train.exits import REFUSED, Refused, refusing
-from gkv_train.logprobs import decoder_and_head, hidden_states
 from gkv_train.models import check_adapter, check_model, load_model
+from gkv_train.training.logprobs import decoder_and_head, hidden_states
 
 OWN = (
     "pretrained",

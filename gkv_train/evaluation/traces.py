@@ -12,14 +12,14 @@ from tqdm import tqdm
 from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
-from gkv_train.data import check_sampled_only, load_problems, read_records
+from gkv_train.config.preflight import Generation, check_generations, check_task_contexts
+from gkv_train.evaluation.graded import generate_and_grade
 from gkv_train.exits import refusing
-from gkv_train.graded import generate_and_grade
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import check_model, load_model
-from gkv_train.preflight import Generation, check_generations, check_task_contexts
-from gkv_train.runlock import RunLock
-from gkv_train.storage import check_output_file, naming_full_disk
+from gkv_train.problems.data import check_sampled_only, load_problems, read_records
+from gkv_train.runs.runlock import RunLock
+from gkv_train.runs.storage import check_output_file, naming_full_disk
 
 TRACE_FIELDS = ("id", "prompt", "completion", "completion_ids", "answer", "correct", "check_timed_out", "check_error")
 TRACE_BATCH = 4  # problems per generate call

@@ -11,8 +11,7 @@ from typing import Any
 from transformers import TrainingArguments
 
 from gkv_rollout.config import CompressionConfig
-from gkv_train.data import LONG_RECALL, DataConfig
-from gkv_train.options import (
+from gkv_train.config.options import (
     ALGORITHMS,
     LOSS_TYPES,
     PRECISIONS,
@@ -26,7 +25,15 @@ from gkv_train.options import (
     check_sampling,
     check_trackers,
 )
-from gkv_train.trl_fields import ENGINE_IGNORES, TRL_AT_LEAST, TRL_CHOICES, check_hub_access, trl_arguments, trl_fields
+from gkv_train.config.trl_fields import (
+    ENGINE_IGNORES,
+    TRL_AT_LEAST,
+    TRL_CHOICES,
+    check_hub_access,
+    trl_arguments,
+    trl_fields,
+)
+from gkv_train.problems.data import LONG_RECALL, DataConfig
 
 
 @dataclass
@@ -35,7 +42,7 @@ class TrainOptions:
     fields, with TRL's help).
 
     recipe: the recipe (recipes/recipe/*.yaml): rl_sparse, rl_full, sparse_rl, distill, distill_onpolicy.
-    algorithm: grpo (TRL's GRPOTrainer, ``gkv_train.grpo``) or distill (``gkv_train.distill``).
+    algorithm: grpo (TRL's GRPOTrainer, ``gkv_train.training.grpo``) or distill (``gkv_train.training.distill``).
     model: a built-in model (smollm2-135m, tiny), a hub name or a local folder / GGUF file.
     data: the training problems.
     eval_data: the held-out problems of the final evaluation (and of eval_steps).
@@ -99,9 +106,9 @@ class TrainConfig(TrainOptions, TrlArguments):
     """One training run: the project's keys (``TrainOptions``: recipe, model, data, compression, sampling, rl,
     distill, lora, ...) and TRL's ``GRPOConfig`` fields under their own names and help (``learning_rate``, ``beta``,
     ``loss_type``, ``weight_decay``, ``num_iterations``, ...; distillation uses those that transformers'
-    ``TrainingArguments`` has). ``DERIVED`` fields of ``gkv_train.trl_fields`` are set from the project's keys.
+    ``TrainingArguments`` has). ``DERIVED`` fields of ``gkv_train.config.trl_fields`` are set from the project's keys.
     Every value is checked here, when the configuration is built; TRL's own checks run when the trainer's arguments
-    are built from it (``gkv_train.launch.trainer_args``), also before any work."""
+    are built from it (``gkv_train.training.launch.trainer_args``), also before any work."""
 
     def __post_init__(self):
         self.data.check("data")

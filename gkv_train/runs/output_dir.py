@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gkv_train.checkpoints import (
+from gkv_train.runs.checkpoints import (
     EVAL,
     METRICS,
     MODEL_FILES,
@@ -21,14 +21,14 @@ from gkv_train.checkpoints import (
     truncate_metrics,
 )
 from gkv_train.exits import Refused
-from gkv_train.manifest import CHECKPOINT, MANIFEST, damage, saved_settings
+from gkv_train.runs.manifest import CHECKPOINT, MANIFEST, damage, saved_settings
 from gkv_train.models import base_model_name
-from gkv_train.runlock import RunLock, RunLocked
+from gkv_train.runs.runlock import RunLock, RunLocked
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments
 
-    from gkv_train.train_config import TrainConfig
+    from gkv_train.config.train_config import TrainConfig
 
 
 def resume_checkpoint(config: TrainConfig, args: TrainingArguments) -> str | None:

@@ -27,11 +27,11 @@ from transformers import Trainer, TrainingArguments
 from gkv_rewards.functions import accuracy
 from gkv_rollout.engine import RolloutEngine
 from gkv_rollout.sampling import rollout_seed
-from gkv_train.consistency import mismatch_stats
+from gkv_train.config.options import CompressedArguments, DistillOptions, SamplingOptions
 from gkv_train.console import rollout_progress
-from gkv_train.distributed import generation_model
-from gkv_train.logprobs import divergence_under_record, head_logprobs
-from gkv_train.options import CompressedArguments, DistillOptions, SamplingOptions
+from gkv_train.training.consistency import mismatch_stats
+from gkv_train.training.distributed import generation_model
+from gkv_train.training.logprobs import divergence_under_record, head_logprobs
 
 
 @dataclass
@@ -43,7 +43,7 @@ class CompressedDistillationConfig(CompressedArguments, TrainingArguments):
         default_factory=DistillOptions,
         metadata={
             "help": "Mode (offline traces / on-policy), divergence, teacher, chunking "
-            "(gkv_train.options.DistillOptions)."
+            "(gkv_train.config.options.DistillOptions)."
         },
     )
     sampling: SamplingOptions = field(

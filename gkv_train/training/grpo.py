@@ -39,12 +39,12 @@ from gkv_rollout.contract.attention import use_kv_attention
 from gkv_rollout.contract.record import Record
 from gkv_rollout.engine import RolloutEngine, RolloutOutput
 from gkv_rollout.sampling import rollout_seed
-from gkv_train.consistency import mismatch_stats
+from gkv_train.config.options import LOSS_TYPES, CompressedArguments, SparseRLOptions
 from gkv_train.console import rollout_progress
-from gkv_train.data import GIVEN
-from gkv_train.distributed import generation_model, is_zero3
-from gkv_train.logprobs import logical_forward
-from gkv_train.options import LOSS_TYPES, CompressedArguments, SparseRLOptions
+from gkv_train.problems.data import GIVEN
+from gkv_train.training.consistency import mismatch_stats
+from gkv_train.training.distributed import generation_model, is_zero3
+from gkv_train.training.logprobs import logical_forward
 
 
 def rollout_correction(trainer_logps, rollout_logps, mask, options: SparseRLOptions):
@@ -113,7 +113,7 @@ class CompressedGRPOConfig(CompressedArguments, GRPOConfig):
     rl: SparseRLOptions = field(
         default_factory=SparseRLOptions,
         metadata={
-            "help": "What RL-Sparse adds to GRPO (gkv_train.options.SparseRLOptions): training under the "
+            "help": "What RL-Sparse adds to GRPO (gkv_train.config.options.SparseRLOptions): training under the "
             "rollout's record, importance sampling and rejection against the rollout's log-probs."
         },
     )

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gkv_rollout.config import CompressionConfig
-from gkv_train.data import DataConfig
-from gkv_train.options import PRECISIONS, SamplingOptions, check_compile_decode
+from gkv_train.config.options import PRECISIONS, SamplingOptions, check_compile_decode
+from gkv_train.problems.data import DataConfig
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Problem sets: local JSONL/JSON/Parquet files, hub datasets, presets for ../shared/data, and the built-in tasks
-(``gkv_train.tasks``, ``gkv_train.retrieval``).
+(``gkv_train.problems.tasks``, ``gkv_train.problems.retrieval``).
 
 Every loader returns a ``datasets.Dataset`` with the columns ``id``, ``problem`` (the question text) and
 ``answer`` (the gold answer as a string), whatever the source's field names.
@@ -20,8 +20,8 @@ import datasets
 
 from gkv_rewards.extract import gold_answer
 from gkv_train.jsonio import file_identity
-from gkv_train.retrieval import HAYSTACKS, RETRIEVAL_TASKS, TOKENS_PER_WORD, retrieval_task
-from gkv_train.tasks import (
+from gkv_train.problems.retrieval import HAYSTACKS, RETRIEVAL_TASKS, TOKENS_PER_WORD, retrieval_task
+from gkv_train.problems.tasks import (
     COPY_REQUIRED,
     LONG_RECALL_SENTENCES,
     PLACES,
@@ -38,7 +38,7 @@ def find_data_dir() -> Path:
     ``../shared/data``); else the first of those (a missing preset file then names it and the variable)."""
     if os.environ.get("GKV_DATA_DIR"):
         return Path(os.environ["GKV_DATA_DIR"])
-    candidates = [Path(__file__).resolve().parents[2] / "shared" / "data"]  # an installed package has none there
+    candidates = [Path(__file__).resolve().parents[3] / "shared" / "data"]  # an installed package has none there
     candidates += [Path.cwd() / "shared" / "data", Path.cwd().parent / "shared" / "data"]
     return next((c for c in candidates if c.is_dir()), candidates[0])
 
@@ -84,7 +84,7 @@ class DataConfig:
     path: a local JSONL / JSON / Parquet file of problems (``{split}`` in it: the split's file); implies name=null.
     name: a preset (aime24, amc23, math500, gsm8k, svamp), a built-in task (arithmetic, copy_recall, long_recall; the
         RULER-style retrieval tasks niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt:
-        ``gkv_train.retrieval``) or a hub dataset; None with ``path``.
+        ``gkv_train.problems.retrieval``) or a hub dataset; None with ``path``.
     context: the retrieval tasks' prompt length, about this many tokens.
     haystack: the retrieval tasks' text around the needles: ``filler`` (RULER's repeated noise sentences) or
         ``questions`` (natural text: the GSM8K questions of the preset's file, shuffled; the train and test

@@ -2,7 +2,7 @@
 distractor sentences), ``copy_recall`` (copy a story and finish its last sentence with a number from its first:
 the decode-time regime) and ``long_recall`` (the same number after a long story the completion begins with,
 teacher-forced: the decode-time regime at reasoning lengths). Each is deterministic in its seed, draws train and
-test from separate streams that never share a problem (``gkv_train.splits``) and returns a ``datasets.Dataset``
+test from separate streams that never share a problem (``gkv_train.problems.splits``) and returns a ``datasets.Dataset``
 with ``id``, ``problem`` and ``answer``.
 """
 
@@ -13,7 +13,7 @@ import random
 
 import datasets
 
-from gkv_train.splits import check_builtin_request, held_out_split
+from gkv_train.problems.splits import check_builtin_request, held_out_split
 
 NAMES = ["Ava", "Ben", "Cleo", "Dan", "Eli", "Fay", "Gus", "Hana", "Ivan", "June", "Kai", "Lena", "Milo", "Nora"]
 ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "shells", "cards", "stamps", "cookies"]

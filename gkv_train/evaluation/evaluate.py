@@ -16,18 +16,18 @@ from tqdm import tqdm
 from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
+from gkv_train.config.preflight import Generation, check_generations, check_task_contexts
 from gkv_train.console import log_console_to
-from gkv_train.data import GIVEN, load_problems, local_file
+from gkv_train.evaluation.graded import generate_and_grade
+from gkv_train.evaluation.metrics import bootstrap_interval, pass_at_k, retained_by_position, standard_error
+from gkv_train.evaluation.report import lm_eval_results, plot_summaries, results_table, software_versions
 from gkv_train.exits import refusing
-from gkv_train.graded import generate_and_grade
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
-from gkv_train.metrics import bootstrap_interval, pass_at_k, retained_by_position, standard_error
 from gkv_train.models import check_adapter, check_model, load_model, model_identity
-from gkv_train.preflight import Generation, check_generations, check_task_contexts
-from gkv_train.report import lm_eval_results, plot_summaries, results_table, software_versions
-from gkv_train.run_folder import claim_run_dir, finished_batches
-from gkv_train.runlock import RunLock
-from gkv_train.storage import check_output_dir, naming_full_disk
+from gkv_train.problems.data import GIVEN, load_problems, local_file
+from gkv_train.runs.run_folder import claim_run_dir, finished_batches
+from gkv_train.runs.runlock import RunLock
+from gkv_train.runs.storage import check_output_dir, naming_full_disk
 
 
 def run_name(compression: CompressionConfig) -> str:

@@ -19,7 +19,7 @@ al., 2024):
   over the haystack, and a second chain from another number; asked for the last variable of the first chain.
 
 Lengths are approximate: the haystack is counted in words at ``TOKENS_PER_WORD`` (SmolLM2's tokenizer on the
-filler). Splits as the other built-in tasks: train and test never share a problem (``gkv_train.splits``).
+filler). Splits as the other built-in tasks: train and test never share a problem (``gkv_train.problems.splits``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import random
 
 import datasets
 
-from gkv_train.splits import check_builtin_request, held_out_split
+from gkv_train.problems.splits import check_builtin_request, held_out_split
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 TOKENS_PER_WORD = 1.3

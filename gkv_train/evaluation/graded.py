@@ -1,5 +1,5 @@
-"""Generate and grade: the one loop that held-out evaluation (``gkv_train.launch``), ``scripts/evaluate.py``
-(``gkv_train.evaluation``) and teacher traces (``gkv_train.traces``) share."""
+"""Generate and grade: the one loop that held-out evaluation (``gkv_train.training.launch``), ``scripts/evaluate.py``
+(``gkv_train.evaluation.evaluate``) and teacher traces (``gkv_train.evaluation.traces``) share."""
 
 from __future__ import annotations
 

@@ -10,12 +10,12 @@ import torch
 from gkv_rollout.config import SamplingConfig, add_compression_args, compression_from_args
 from gkv_rollout.contract.eviction import resolved_backend
 from gkv_rollout.engine import RolloutEngine
-from gkv_train.data import gsm8k_questions
+from gkv_train.config.options import check_compile_decode
+from gkv_train.config.preflight import reset_peak_resident, status_bytes
 from gkv_train.jsonio import dumps
-from gkv_train.logprobs import token_logprobs
 from gkv_train.models import check_model, load_model, random_prompts
-from gkv_train.options import check_compile_decode
-from gkv_train.preflight import reset_peak_resident, status_bytes
+from gkv_train.problems.data import gsm8k_questions
+from gkv_train.training.logprobs import token_logprobs
 
 
 def logprob_mismatch(model, out, record, temperature: float = 1.0, backend: str = "auto") -> dict[str, float]:
