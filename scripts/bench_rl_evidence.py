@@ -9,7 +9,7 @@ Stages (``--stages``; each resumable, every run a ``train.py`` or ``scripts/eval
 ``--output-root``):
 
 1. ``probe``: the untrained model on *train-split* problems (the full cache and every eviction method at
-   ``--probe-budgets``), with the regime's three checks (``bench_decode_regime.py``'s probe, on this task).
+   ``--probe-budgets``), with the regime's three checks (the regime's probe, ``_regime.ordering``, on this task).
 2. ``methods``: the untrained model's method ordering on ``--methods-problems`` *held-out* problems x
    ``--methods-samples`` (every eviction method, the G-KV forms, S4R at equal memory; ``bench_decode_regime.py``'s
    methods stage, on this task; a call cut short keeps the rows it published).
@@ -71,7 +71,7 @@ from pathlib import Path
 from gkv_train.config.compose import dotted_keys
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 
-import bench_decode_regime as regime
+import _regime as regime
 from _common import ROOT, origin, print_json, provenance
 
 STAGES = ("probe", "methods", "lr", "train", "eval", "cross", "report")
@@ -104,16 +104,13 @@ def run(command: list[str]) -> None:
 
 # ---- the task and its settings ----------------------------------------------------------------------------------
 def regime_args(args, extra: list[str] | None = None) -> argparse.Namespace:
-    """``bench_decode_regime.py``'s arguments for this task (its probe, methods and evaluate helpers read them)."""
+    """The regime's arguments for this task (``_regime``: its probe, methods and evaluate helpers read them)."""
     variant = ["--copy-required", "places", "--copy-share", str(args.copy_share)] if args.task == "copy_recall" else []
     argv = [
         "--model",
         args.model,
         "--task",
         args.task,
-        "--stages",
-        "probe",
-        "methods",  # the stages this bench takes from it (long_recall has no other there)
         "--sentences",
         str(args.sentences),
         *variant,
@@ -139,7 +136,11 @@ def regime_args(args, extra: list[str] | None = None) -> argparse.Namespace:
         "0",
         *(extra or []),
     ]
-    return regime.parse_arguments(argv)
+    parser = argparse.ArgumentParser()
+    regime.add_arguments(parser)
+    found = parser.parse_args(argv)
+    regime.check_arguments(parser, found)
+    return found
 
 
 def lr_name(lr: float) -> str:
@@ -1210,7 +1211,9 @@ def tables(view: str, result: dict) -> str:
             f"- {name.replace('_', ' ')} {want}: {'yes' if ok else 'NO'}\n"
             for name, (want, ok) in result[view].get("checks", {}).items()
         )
-        return regime.stage_table(view, result[view]) + (f"\nRegime checks (train split):\n{checks}" if checks else "")
+        state = " (partial: rows still running)" if result[view].get("partial") else ""
+        table = f"{regime.ordering_table(result[view])}\n{provenance(result[view])}{state}\n"
+        return table + (f"\nRegime checks (train split):\n{checks}" if checks else "")
     section = result["training"]
     body = {
         "lr": lr_table,

@@ -17,77 +17,16 @@ and a second (warm) one that reuses the graphs; ``compile_seconds`` is cold minu
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import time
 
 import torch
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig, add_compression_args, compression_from_args
-from gkv_rollout.contract.attention import ATTENTION_NAME
-from gkv_rollout.engine import RolloutEngine, encode_prompts, left_pad
+from gkv_rollout.engine import encode_prompts
 from gkv_train.config.options import check_compile_decode
 from gkv_train.models import load_model
 
 from _common import gsm8k_questions, print_json
-
-
-def hf_generate(model, tokenizer, prompts, sampling: SamplingConfig) -> dict:
-    """Stock ``generate`` (SDPA, dynamic cache) on the same prompts and sampling settings."""
-    weight = next(model.parameters())
-    ids, mask = left_pad(prompts, tokenizer.pad_token_id, weight.device)
-    model.set_attn_implementation("sdpa")
-    torch.manual_seed(sampling.seed)
-    try:
-        start = time.perf_counter()
-        with torch.no_grad():
-            out = model.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                do_sample=True,
-                temperature=sampling.temperature,
-                top_p=sampling.top_p,
-                top_k=0,
-                max_new_tokens=sampling.max_new_tokens,
-                min_new_tokens=sampling.max_new_tokens,
-                pad_token_id=tokenizer.pad_token_id,
-            )
-        seconds = time.perf_counter() - start
-    finally:
-        model.set_attn_implementation(ATTENTION_NAME)
-    new_tokens = (out.shape[1] - ids.shape[1]) * ids.shape[0]
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    kv_bytes = 2 * cfg.num_hidden_layers * ids.shape[0] * cfg.num_key_value_heads * out.shape[1] * head_dim
-    kv_bytes *= weight.element_size()
-    return {"tokens_per_s": new_tokens / seconds, "seconds": seconds, "peak_kv_cache_bytes": kv_bytes}
-
-
-def engine_run(model, tokenizer, prompts, sampling: SamplingConfig, compression: CompressionConfig) -> dict:
-    out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling)
-    s = out.stats
-    return {
-        "tokens_per_s": s["tokens_per_s"],
-        "seconds": s["seconds"],
-        "prefill_seconds": s["prefill_seconds"],
-        "compress_fraction_of_decode": s["compress_seconds"] / s["decode_seconds"],
-        "compressions": s["compressions"],
-        "peak_kv_cache_bytes": s["kv_cache_bytes"],
-        "record_bytes_per_sample": s["record_bytes_per_sample"],
-        "retention": out.retention.mean().item(),
-    }
-
-
-def compiled_run(model, tokenizer, prompts, sampling: SamplingConfig, compression: CompressionConfig) -> dict:
-    """``engine_run`` with compiled decode steps: cold (compiling) then warm."""
-    sampling = dataclasses.replace(sampling, compile_decode=True)
-    cold = engine_run(model, tokenizer, prompts, sampling, compression)
-    warm = engine_run(model, tokenizer, prompts, sampling, compression)
-    new_tokens = warm["tokens_per_s"] * warm["seconds"]
-    return {
-        **warm,
-        "compile_seconds": cold["seconds"] - warm["seconds"],
-        "tokens_per_s_with_compile": new_tokens / cold["seconds"],
-    }
+from _rollout_timing import compiled_run, engine_run, hf_generate
 
 
 def main() -> None:

@@ -42,7 +42,6 @@ import time
 from pathlib import Path
 
 import torch
-from bench_rollout import compiled_run, engine_run, hf_generate
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
@@ -54,6 +53,7 @@ from gkv_train.training.consistency import consistency_report
 from gkv_train.training.logprobs import token_logprobs
 
 from _common import ROOT, git_commit, print_json, random_prompts
+from _rollout_timing import compiled_run, engine_run, hf_generate
 
 # Architectures of public checkpoints (their config.json), built here without their weights.
 SHAPES = {

@@ -232,3 +232,25 @@ def test_the_layout_names_every_module():
     scripts = [p for p in (ROOT / "scripts").rglob("*.py") if "reference" not in p.parts and p.name != "__init__.py"]
     unnamed += [str(p.relative_to(ROOT)) for p in scripts if p.name not in layout]
     assert not unnamed, f"ARCHITECTURE.md's layout does not name {unnamed}"
+
+
+def benchmark_imports(source: str) -> set[str]:
+    """The benchmarks (``bench_*``, ``gpu_check``) a script's source imports, at any depth."""
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return {n for n in names if n.startswith("bench_") or n == "gpu_check"}
+
+
+def test_no_benchmark_imports_another():
+    """What two benchmarks share lives in a helper (``_common``, ``_regime``, ``_rollout_timing``), never in one of
+    them: a benchmark changed for its own sake cannot change another's figures. The control: an import of a
+    benchmark is seen."""
+    found = {
+        p.name: imported for p in (ROOT / "scripts").glob("*.py") if (imported := benchmark_imports(p.read_text()))
+    }
+    assert not found, found
+    assert benchmark_imports("def f():\n    import bench_rollout\n") == {"bench_rollout"}
