@@ -1107,14 +1107,18 @@ def drift_table(section: dict) -> str:
 
 
 def differences_table(section: dict) -> str:
-    """Every paired difference (recipe minus recipe, per condition) with its 95% interval; * where the interval
-    excludes 0; the seeds each pairs over in brackets."""
+    """Every paired difference (recipe minus recipe, per condition) with its 95% interval paired by seed, then the
+    one with each recipe's seeds resampled on their own (``ci95_seeds_independent``); * where an interval excludes
+    0; the seeds each pairs over in brackets."""
     found = section.get("differences") or {}
     if not any(found.values()):
         return "(no paired difference yet)\n"
     conditions_ = list(found)
     pairs = list(dict.fromkeys(p for c in conditions_ for p in found[c]))
-    lines = ["| difference | " + " | ".join(conditions_) + " |", "|---|" + "---|" * len(conditions_)]
+    lines = [
+        "| difference (paired by seed / seeds on their own) | " + " | ".join(conditions_) + " |",
+        "|---|" + "---|" * len(conditions_),
+    ]
     for pair in pairs:
         cells = []
         for condition in conditions_:
@@ -1124,7 +1128,11 @@ def differences_table(section: dict) -> str:
                 continue
             lo, hi = d["ci95"]
             mark = " *" if lo > 0 or hi < 0 else ""
-            cells.append(f"{d['difference']:+.3f} [{lo:+.2f}, {hi:+.2f}]{mark} ({d['seeds']})")
+            text = f"{d['difference']:+.3f} [{lo:+.2f}, {hi:+.2f}]{mark}"
+            if "ci95_seeds_independent" in d:
+                ilo, ihi = d["ci95_seeds_independent"]
+                text += f" / [{ilo:+.2f}, {ihi:+.2f}]" + (" *" if ilo > 0 or ihi < 0 else "")
+            cells.append(f"{text} ({d['seeds']})")
         lines.append(f"| {pair.replace(' - ', ' minus ')} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
