@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -38,6 +39,7 @@ TRAIN = [
     "eval_data.limit=2",
     "overwrite=true",
 ]
+HERE = Path(__file__).resolve().parents[1]  # this checkout
 VALIDATING = ("__post_init__", "_composes", "trainer_args", "precision_from_launcher")
 
 
@@ -60,8 +62,8 @@ def carries_configuration(value) -> bool:
 
 
 def module_of(path: str, root: Path) -> str | None:
-    if "site-packages" in path:  # a library, even in a virtual environment inside the tree
-        return None
+    if "site-packages" in path or path.startswith("<"):  # a library (even in a venv inside the tree), or no file
+        return None  # ("<string>": a dataclass's generated __init__; "<frozen abc>"), which would resolve under cwd
     try:
         relative = Path(path).resolve().relative_to(root)
     except ValueError:
@@ -128,7 +130,7 @@ def path_counts(path: list[str], package: str = "") -> tuple[int, int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1], help="the tree traced")
+    parser.add_argument("--root", type=Path, default=HERE, help="the tree traced")
     parser.add_argument("--tag", default="this", help="names the run in the results file and its tables")
     parser.add_argument("--results", type=Path, help="also write the JSON line here (with command, date, commit)")
     parser.add_argument("overrides", nargs="*", help="train.py overrides (default: a tiny one-step run)")
@@ -143,7 +145,7 @@ def main() -> None:
     record = {
         "benchmark": "trace_config",
         "tag": args.tag,
-        "root": str(args.root),
+        "root": os.path.relpath(args.root.resolve(), HERE),  # relative to this checkout: no machine's folder
         "commit": commit,
         "date": time.strftime("%Y-%m-%d"),
         "command": command,
