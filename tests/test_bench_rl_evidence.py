@@ -264,6 +264,7 @@ def test_long_recall_runs_train_on_its_story_with_the_grpo_recipes_only(tmp_path
     )
     keys = train_keys("rl_sparse", 0, 3e-4, args)
     assert {"data.name=long_recall", "data.sentences=80", "sampling.max_new_tokens=1040"} <= set(keys)
+    assert "gradient_checkpointing=true" in keys and settings(args)["train"]["task_keys"] == keys[-1:]  # memory
     assert not [k for k in keys if "copy_" in k.split("=", 1)[0]] and settings(args)["task"] == {
         "name": "long_recall",
         "sentences": 80,
