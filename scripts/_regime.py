@@ -339,7 +339,7 @@ def stage_methods(root: Path, args, publish) -> dict:
         publish(section)
     first = str(args.budgets[0])
     rows = {"full": table["full"], **{name: by[first] for name, by in table["methods"].items() if first in by}}
-    plot_density(rows, args.budgets[0], root / "methods_density.png")
+    plot_density(rows, args.budgets[0], root / "methods_density.png", args.task)
     section["density_budget"] = args.budgets[0]
     section["density"] = {name: r.get("retained_density") for name, r in rows.items()}
     section["partial"] = False
@@ -374,7 +374,7 @@ def earlier_adapter(results: Path | None, settings: dict, name: str, adapter: st
     return found
 
 
-def plot_density(rows: dict, budget: int, path: Path) -> None:
+def plot_density(rows: dict, budget: int, path: Path, task: str) -> None:
     """The retained-position plot of every row at one budget (``plot_retained_density``), rows by name."""
     named = [
         {
@@ -387,7 +387,7 @@ def plot_density(rows: dict, budget: int, path: Path) -> None:
         for name, r in rows.items()
         if "retained_density" in r
     ]
-    title = f"copy_recall (held-out), budget {budget} (s4r: the same memory), at each sequence's last decoding step"
+    title = f"{task} (held-out), budget {budget} (s4r: the same memory), at each sequence's last decoding step"
     plot_retained_density(named, path, title)
 
 

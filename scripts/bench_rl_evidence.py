@@ -86,16 +86,25 @@ TRACE_SEED = 0  # the teacher traces' problem stream (train split)
 RUN_EVAL_PROBLEMS = 2  # train.py's own end-of-run evaluation: test problems at the run's seed, never read here
 REWARD = "gkv_rewards.functions.copy_score"  # GRPO's reward: the share of places copied when the number is right
 # per task: the defaults of --sentences, --max-new-tokens, the probe's checks (full-cache pass@1 and decode-time
-# compression rounds, at least) and train.py keys every run of the task takes. long_recall: ~1,000 given tokens,
+# compression rounds, at least), the length S4R's memory is matched at in the methods stage (prompt + completion)
+# and train.py keys every run of the task takes. long_recall: ~1,000 given tokens,
 # then the number (issue 53's regime); its 8 rows of ~1,100 tokens hold ~20 GB of activations for the backward in
 # fp32 (a run was killed for memory), so its runs recompute them (the same gradients, more time)
 TASKS = {
-    "copy_recall": {"sentences": 10, "max_new_tokens": 300, "min_full": 0.40, "min_rounds": 6, "train_keys": []},
+    "copy_recall": {
+        "sentences": 10,
+        "max_new_tokens": 300,
+        "min_full": 0.40,
+        "min_rounds": 6,
+        "s4r_length": 500,
+        "train_keys": [],
+    },
     "long_recall": {
         "sentences": 80,
         "max_new_tokens": 1040,
         "min_full": 0.60,
         "min_rounds": 40,
+        "s4r_length": 1100,
         "train_keys": ["gradient_checkpointing=true"],
     },
 }
@@ -437,10 +446,14 @@ def jobs(args) -> list[Job]:
                 "train", run_name(args.lr_recipe, args.lr_seed, lr), recipe=args.lr_recipe, seed=args.lr_seed, lr=lr
             )
             found += [train, Job("lr-eval", lr_name(lr), needs=[train.key], lr=lr)]
+    first = [f"gkv-b{args.train_budget}", "full"]
+    cross = []  # the other task's models: they need no learning rate of this task's
+    if "cross" in stages and args.cross_adapters is not None:
+        cross = [Job("eval", f"untrained@{c}") for c in first]
+        cross += [Job("cross", f"{run}@{c}") for c in first for run in cross_runs(args)]
     lr = chosen_lr(args)
     if lr is None:
-        return found
-    first = [f"gkv-b{args.train_budget}", "full"]
+        return found + cross
     evaluate = "eval" in stages
     if evaluate:
         found += [Job("eval", f"untrained@{c}") for c in first]
@@ -456,10 +469,7 @@ def jobs(args) -> list[Job]:
         for c in (c for c in conditions(args) if c not in first):  # condition by condition: each fills in turn
             found += [Job("eval", f"untrained@{c}")]
             found += [Job("eval", f"{t.name}@{c}", needs=[t.key]) for t in trained]
-    if "cross" in stages and args.cross_adapters is not None:
-        found += [Job("eval", f"untrained@{c}") for c in first if f"eval/untrained@{c}" not in {j.key for j in found}]
-        found += [Job("cross", f"{run}@{c}") for c in first for run in cross_runs(args)]
-    return found
+    return found + [j for j in cross if j.key not in {k.key for k in found}]
 
 
 def cross_runs(args) -> list[str]:
@@ -515,7 +525,13 @@ def release(job: Job, args) -> None:
 def work(args, publish) -> None:
     """Take jobs until every one is done: the next one whose inputs are done and that no live process holds; wait
     while only held or blocked ones remain."""
-    if chosen_lr(args) is None and "lr" not in args.stages:
+    recorded = published(args).get("cross", {}).get("adapters")
+    if "cross" in args.stages and recorded and Path(recorded).resolve() != args.cross_adapters.resolve():
+        raise SystemExit(
+            f"error: {args.results} holds the cross cells of the models under {recorded}, not {args.cross_adapters}: "
+            "another --results"
+        )
+    if chosen_lr(args) is None and "lr" not in args.stages and {"train", "eval"} & set(args.stages):
         raise SystemExit(
             "error: the train and eval stages need a learning rate: --lr, or the lr stage (its results "
             f"under {args.output_root / 'lr-eval'})"
@@ -830,6 +846,13 @@ def collect(args) -> dict:
         sweep = {lr: r for lr, r in sweep.items() if r is not None}
     section: dict = {"settings": settings(args), "lr_sweep": sweep, "learning_rate": lr, "models": {}}
     if lr is None:
+        untrained = {
+            c: samples_of(args.output_root / "eval" / "untrained" / c, parse_condition(c, args)[2])
+            for c in conditions(args)
+        }
+        if any(untrained.values()):  # the cross stage's comparison needs no learning rate
+            section["models"]["untrained"] = {"cells": untrained}
+        section["cross"] = cross_section(section, args)
         return section
     before = published(args).get("models", {})
     names = ["untrained", *(run_name(r, s, lr) for r, s in training_runs(args, lr))]
@@ -1437,7 +1460,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
 def main() -> None:
     args = parse_arguments()
     args.output_root.mkdir(parents=True, exist_ok=True)
-    if {"lr", "train", "eval", "report"} & set(args.stages):  # a results file of other settings: an error, no work
+    if {"lr", "train", "eval", "cross", "report"} & set(args.stages):  # other settings' results: an error, no work
         before, lr = published(args).get("learning_rate"), chosen_lr(args)
         if before is not None and lr is not None and lr != before:
             raise SystemExit(f"error: {args.results} holds runs at learning rate {before:g}, this call's is {lr:g}")
@@ -1456,7 +1479,9 @@ def main() -> None:
 
     def publish_training() -> None:
         section = collect(args)
-        section["partial"] = any(not is_done(j, args) for j in jobs(args)) or section["learning_rate"] is None
+        everything = ["lr", "train", "eval", *(["cross"] if args.cross_adapters is not None else [])]
+        every_job = jobs(argparse.Namespace(**{**vars(args), "stages": everything}))  # not only this call's stages
+        section["partial"] = any(not is_done(j, args) for j in every_job) or section["learning_rate"] is None
         publish("training", section)
         if section["models"]:
             figures(section, args.figures)
@@ -1487,7 +1512,7 @@ def main() -> None:
                 "--methods-samples",
                 str(args.methods_samples),
                 "--s4r-length",
-                str(500 if not args.quick else 96),
+                str(TASKS[args.task]["s4r_length"] if not args.quick else 96),
                 "--s4r-refresh",
                 "0",
             ],

@@ -71,12 +71,19 @@ sys.path[:0] = [str(_tree / "rollout"), str(_tree / "rewards"), str(_tree)] if _
 
 from gkv_train.models import load_model  # noqa: E402
 
-try:  # this layout: one package
+# The tree's layout decides the imports (by its files: an installed editable finder could otherwise resolve a
+# module this tree lacks from another checkout): three distributions with gkv_train grouped by concern (this one),
+# three distributions with a flat gkv_train (e.g. 1202b97), or the single-package layout (e.g. f27a70f).
+if _split:
     from gkv_rollout.config import CompressionConfig, SamplingConfig
     from gkv_rollout.contract.eviction import NEVER
     from gkv_rollout.engine import RolloutEngine, encode_prompts
-    from gkv_train.problems.data import PROMPT_TEMPLATE
-except ModuleNotFoundError:  # a tree of the single-package layout given as --project-root (e.g. f27a70f)
+
+    if (_tree / "gkv_train" / "problems" / "data.py").is_file():
+        from gkv_train.problems.data import PROMPT_TEMPLATE
+    else:
+        from gkv_train.data import PROMPT_TEMPLATE
+else:
     from rollout.config import CompressionConfig, SamplingConfig
     from rollout.engine import RolloutEngine, encode_prompts
 

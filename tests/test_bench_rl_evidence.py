@@ -298,13 +298,13 @@ def test_the_cross_stage_evaluates_the_other_tasks_models_once(tmp_path):
     (adapters / "notes").mkdir()  # not a run folder: left alone
     results = tmp_path / "results.json"
 
-    def cross(root: str) -> subprocess.CompletedProcess:
-        command = [sys.executable, str(ROOT / "scripts" / "bench_rl_evidence.py"), "--quick", "--lr", "1e-4"]
-        command += ["--seeds", "0", "--recipes", "rl_sparse", "--stages", "cross", "--cross-adapters", str(adapters)]
+    def cross(root: str, folder: Path = adapters, ok: bool = True) -> subprocess.CompletedProcess:
+        command = [sys.executable, str(ROOT / "scripts" / "bench_rl_evidence.py"), "--quick"]  # no rate: none needed
+        command += ["--seeds", "0", "--recipes", "rl_sparse", "--stages", "cross", "--cross-adapters", str(folder)]
         command += ["--output-root", str(tmp_path / root), "--results", str(results)]
         command += ["--adapters", str(tmp_path / "kept"), "--figures", str(tmp_path / "c.png")]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
-        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert (proc.returncode == 0) == ok, proc.stderr[-3000:]
         return proc
 
     first = cross("here")
@@ -319,3 +319,6 @@ def test_the_cross_stage_evaluates_the_other_tasks_models_once(tmp_path):
 
     assert "| rl_sparse | 1 |" in tables("cross", json.loads(results.read_text()))
     assert "evaluate.py" not in cross("elsewhere").stderr
+    shutil.copytree(adapters, tmp_path / "retrained")  # the same run names, other models: their cells are not these
+    refused = cross("elsewhere", tmp_path / "retrained", ok=False)
+    assert "holds the cross cells of the models under" in refused.stderr and "evaluate.py" not in refused.stderr
