@@ -59,7 +59,7 @@ def test_gpu_check_tiny(tmp_path):
 
 def test_gpu_check_skips_what_does_not_fit_the_time_budget(tmp_path):
     """A run past --budget-s starts nothing more: the sections asked for (--sections) still come, marked
-    skipped; the others do not come."""
+    skipped, in the order asked (one name per training length); the others do not come."""
     proc = subprocess.run(
         [
             sys.executable,
@@ -70,8 +70,12 @@ def test_gpu_check_skips_what_does_not_fit_the_time_budget(tmp_path):
             "--budget-s",
             "0",
             "--sections",
-            "consistency",
             "grpo_step",
+            "consistency",
+            "training_cost",
+            "--train-tokens",
+            "96",
+            "160",
             "--out",
             str(tmp_path),
         ],
@@ -85,8 +89,9 @@ def test_gpu_check_skips_what_does_not_fit_the_time_budget(tmp_path):
     sections = json.loads(proc.stdout.strip().splitlines()[-1])["sections"]
     assert sections["hardware"]["memory_bytes_per_s"] > 0
     skipped = [name for name, value in sections.items() if value.get("skipped") == "time budget"]
-    assert "grpo_step/tiny-qwen2" in skipped and "consistency/tiny-qwen2/gkv/fp32" in skipped
-    assert not [name for name in sections if name.startswith(("rollout/", "training_cost/"))], sections
+    assert skipped[0] == "grpo_step/tiny-qwen2" and skipped[1] == "consistency/tiny-qwen2/gkv/fp32"
+    assert skipped[-2:] == ["training_cost/tiny-qwen2/bf16/96", "training_cost/tiny-qwen2/bf16/160"]
+    assert not [name for name in sections if name.startswith("rollout/")], sections
     assert "skipped (time budget)" in (tmp_path / "gpu_check.md").read_text()
 
 
