@@ -250,7 +250,9 @@ def test_no_benchmark_imports_another():
     them: a benchmark changed for its own sake cannot change another's figures. The control: an import of a
     benchmark is seen."""
     found = {
-        p.name: imported for p in (ROOT / "scripts").glob("*.py") if (imported := benchmark_imports(p.read_text()))
+        str(p.relative_to(ROOT)): imported
+        for p in (ROOT / "scripts").rglob("*.py")
+        if (imported := benchmark_imports(p.read_text()))
     }
     assert not found, found
     assert benchmark_imports("def f():\n    import bench_rollout\n") == {"bench_rollout"}
