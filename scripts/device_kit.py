@@ -12,6 +12,7 @@ build is pure Python (``py3-none-any``), so that it installs on the device. The 
 from __future__ import annotations
 
 import argparse
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -77,6 +78,9 @@ def main() -> None:
         old.unlink()
     sources = {req: fetch(req, args.python, args.out) for req in requirements(args.requirements)}
     for folder in ("rollout", "rewards", "."):  # the project: pure Python, built from this checkout
+        # setuptools copies into <folder>/build/lib and leaves there what an earlier build copied: a module moved
+        # or deleted since would ship in the wheel beside its new home. That folder is a build output: emptied.
+        shutil.rmtree(ROOT / folder / "build", ignore_errors=True)
         built = pip("wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(args.out), str(ROOT / folder))
         if built.returncode != 0:
             raise SystemExit(f"error: building the wheel of {folder}: {built.stderr[-800:]}")
