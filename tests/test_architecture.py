@@ -84,15 +84,20 @@ def test_the_packages_resolve_to_their_folders_from_the_root():
     assert Path(cli) == ROOT / "gkv_train" / "cli.py" and bare_rollout == bare_rewards == "None"
 
 
-def project_imports(source: str) -> set[str]:
-    """Every project module a source file imports (at any depth: lazy imports count)."""
+def imported_names(source: str) -> set[str]:
+    """Every module a source file imports (at any depth: lazy imports count)."""
     names = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.ImportFrom) and node.module:
             names.add(node.module)
         elif isinstance(node, ast.Import):
             names.update(alias.name for alias in node.names)
-    return {n for n in names if n.split(".")[0] in (*FOLDERS.values(), "rollout", "rewards")}
+    return names
+
+
+def project_imports(source: str) -> set[str]:
+    """Every project module a source file imports."""
+    return {n for n in imported_names(source) if n.split(".")[0] in (*FOLDERS.values(), "rollout", "rewards")}
 
 
 def layer(module: str) -> int:
@@ -236,13 +241,7 @@ def test_the_layout_names_every_module():
 
 def benchmark_imports(source: str) -> set[str]:
     """The benchmarks (``bench_*``, ``gpu_check``) a script's source imports, at any depth."""
-    names = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-        elif isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-    return {n for n in names if n.startswith("bench_") or n == "gpu_check"}
+    return {n for n in imported_names(source) if n.startswith("bench_") or n == "gpu_check"}
 
 
 def test_no_benchmark_imports_another():
