@@ -1,0 +1,2 @@
+"""A run's folder: outputs checked before any work, one run per folder, crash-safe checkpoints and their manifests,
+resume."""
