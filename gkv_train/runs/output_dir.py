@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gkv_train.exits import Refused
+from gkv_train.models import base_model_name
 from gkv_train.runs.checkpoints import (
     EVAL,
     METRICS,
@@ -20,9 +22,7 @@ from gkv_train.runs.checkpoints import (
     run_artefacts,
     truncate_metrics,
 )
-from gkv_train.exits import Refused
 from gkv_train.runs.manifest import CHECKPOINT, MANIFEST, damage, saved_settings
-from gkv_train.models import base_model_name
 from gkv_train.runs.runlock import RunLock, RunLocked
 
 if TYPE_CHECKING:
