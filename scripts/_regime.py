@@ -379,7 +379,8 @@ def plot_density(rows: dict, budget: int, path: Path, task: str) -> None:
     named = [
         {
             "run": name,
-            "compression": {"method": name.split("-")[0], "budget": None if name == "full" else budget},
+            "budget": None if name == "full" else budget,
+            "compression": {"method": name.split("-")[0]},
             "retention": r["retention"],
             "retention_by_position": r["retention_by_position"],
             "retained_density": r["retained_density"],

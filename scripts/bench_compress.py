@@ -31,9 +31,9 @@ from _common import git_commit, machine, print_json
 
 def time_compression(shape: SimpleNamespace, compression: CompressionConfig, batch: int, repeats: int) -> list[float]:
     """Seconds of ``repeats`` compressions of a cache holding budget + interval tokens per sequence."""
-    settings = compression.settings
-    slots, start = settings.budget + settings.interval, 1000  # logical positions start..start+slots-1
-    cache = EvictionCache(shape, settings, batch, slots, start + slots, torch.float32, torch.device("cpu"))
+    method = compression.resolved
+    slots, start = method.budget + method.interval, 1000  # logical positions start..start+slots-1
+    cache = EvictionCache(shape, method, batch, slots, start + slots, torch.float32, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)
     seconds = []
     for _ in range(repeats):
@@ -48,12 +48,12 @@ def time_compression(shape: SimpleNamespace, compression: CompressionConfig, bat
         cache.positions.copy_(torch.arange(start, start + slots))
         cache.history.fill_(float("nan"))
         cache.evict_at.fill_(NEVER)
-        cache.query_pos.copy_(torch.arange(start + slots - settings.window, start + slots))
+        cache.query_pos.copy_(torch.arange(start + slots - method.window, start + slots))
         cache.query_ok.fill_(True)
         begin = time.perf_counter()
         cache.compress()
         seconds.append(time.perf_counter() - begin)
-        if cache.used != settings.budget or not bool(cache.evict_at.eq(start + slots).any()):
+        if cache.used != method.budget or not bool(cache.evict_at.eq(start + slots).any()):
             raise RuntimeError(f"{compression.method}: the compression did not evict down to the budget")
     return seconds
 
@@ -123,7 +123,7 @@ def main() -> None:
     }
     for method, config in zip(args.methods, runs):
         seconds = time_compression(shape, config, args.batch, args.repeats)
-        result["compression"][method] = config.flat()
+        result["compression"][method] = config.identity()
         result["ms_per_compression"][method] = {
             "median": round(statistics.median(seconds) * 1e3, 1),
             "min": round(min(seconds) * 1e3, 1),

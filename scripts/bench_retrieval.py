@@ -46,7 +46,7 @@ from gkv_train.problems.retrieval import HAYSTACKS, RETRIEVAL_TASKS
 from _common import ROOT, merge_section, origin, print_json, provenance
 
 STAGES = ("probe", "table", "ablations", "fair")
-S4R_SINKS = CompressionConfig(method="s4r").settings.sinks
+S4R_SINKS = CompressionConfig(method="s4r").resolved.sinks
 # S4R's controls in the fair test, each a row at every eta: what the reconstruction loses apart from what the
 # selection misses, and the reconstruction's parts
 FAIR_CONTROLS = {

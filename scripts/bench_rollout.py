@@ -58,7 +58,7 @@ def main() -> None:
         "batch": args.batch,
         "max_new_tokens": args.max_new_tokens,
         "threads": torch.get_num_threads(),
-        "compression": {c.method: c.flat() for c in methods},
+        "compression": {c.method: c.identity() for c in methods},
     }
     for c in [CompressionConfig("full"), *methods]:
         result["engine_" + c.method] = engine_run(model, tokenizer, prompts, sampling, c)

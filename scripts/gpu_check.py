@@ -239,7 +239,7 @@ def rollout_speed(model, tokenizer, batch: int, args, rates: dict, report: Repor
     # mean keys a decode step attends to: the whole sequence so far, or about the budget (+ half an interval)
     contexts = {
         "full": args.rollout_prompt + new / 2,
-        "gkv": min(args.rollout_prompt + new / 2, args.rollout_budget + gkv.settings.interval / 2),
+        "gkv": min(args.rollout_prompt + new / 2, args.rollout_budget + gkv.resolved.interval / 2),
     }
     result = {}
     warm_up = SamplingConfig(max_new_tokens=4, temperature=0.6, top_p=0.95, seed=0, ignore_eos=True)

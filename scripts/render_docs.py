@@ -128,19 +128,21 @@ def methods_table(detail: bool = False) -> str:
     import dataclasses
     import inspect
 
-    from gkv_rollout.methods import Method, registered
+    from gkv_rollout.methods import SHARED, EvictionMethod, field_default, own_fields, registered
 
     what = "what it does (the class's docstring)" if detail else "one line"
     lines = [f"| method | {what} | its options (`compression.options.*`) |", "|---|---|---|"]
+    base = {f.name: field_default(f) for f in dataclasses.fields(EvictionMethod)}
     for name, kind in registered().items():
-        options = []
-        for f in dataclasses.fields(kind.Options):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            options.append(f"`{f.name}` {default!r}")
+        options = [f"`{f.name}` {field_default(f)!r}" for f in own_fields(kind)]
         text = kind.summary
         if detail:
             text = " ".join(inspect.getdoc(kind).split("\n\n")[0].split())
-            shared = {k: v for k, v in kind.defaults.items() if v != Method.defaults[k]}
+            shared = {
+                f.name: field_default(f)
+                for f in dataclasses.fields(kind)
+                if f.name in SHARED and (f.name not in base or field_default(f) != base[f.name])
+            }
             if shared:
                 text += " Shared options set: " + ", ".join(f"`{k}` {v}" for k, v in shared.items()) + "."
         cell = text.replace("|", "\\|")

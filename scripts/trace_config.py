@@ -1,8 +1,8 @@
 """The path a training configuration takes from the command line to the trainer: ``gkv-train train`` run in-process
 under ``sys.setprofile`` until the trainer's first step starts, following the configuration: the calls of project
 functions that take it as an argument (the command line's overrides, Hydra's composed configuration, a
-configuration dataclass or one of its groups: ``*Config``, ``*Options``, ``*Settings``, ``*Arguments``). One JSON
-line:
+configuration dataclass or one of its groups: ``*Config``, ``*Options``, ``*Settings``, ``*Arguments``, a
+compression method). One JSON line:
 
 * ``path``: the project modules in the order those calls enter them, consecutive calls in one module as one stop;
 * ``stops``, ``modules`` (distinct), ``returns`` (stops in a module already left once);
@@ -56,6 +56,8 @@ def carries_configuration(value) -> bool:
         ("Config", "Options", "Settings", "Arguments")
     ):
         return True
+    if any(base.__name__ == "Method" and base.__module__ == "gkv_rollout.methods" for base in kind.__mro__):
+        return True  # a compression method at its settings (one dataclass per method)
     if module.startswith("omegaconf"):
         return True
     return isinstance(value, list) and bool(value) and all(isinstance(v, str) and "=" in v for v in value)

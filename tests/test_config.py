@@ -16,7 +16,11 @@ from gkv_train.models import load_model
         (dict(method="gkv", form="median"), "unknown gkv form 'median'"),
         (dict(method="snapkv", pool_kernel=4), "pool_kernel must be a positive odd number"),
         (dict(method="gkv", similarity="dot"), "unknown similarity 'dot'"),
-        (dict(method="rkv", redundancy=False), "rkv always uses the redundancy term"),
+        (
+            dict(method="rkv", redundancy=False),
+            "compression.options.redundancy does not apply to compression.method=rkv",
+        ),
+        (dict(method="h2o", lambda_=0.3), "compression.options.lambda_ does not apply to compression.method=h2o"),
         (dict(method="streaming", budget=20, window=16, sinks=8), "sinks (8) + window (16) must fit"),
     ],
 )
@@ -27,22 +31,22 @@ def test_bad_compression_config_names_the_problem(kwargs, message):
 
 
 def test_each_method_takes_only_the_options_it_reads():
-    """A method declares its own options (``compression.options.*``, its ``Options`` dataclass); it refuses one
+    """A method declares its own options (``compression.options.*``, its dataclass's fields); it refuses one
     it does not have, naming those it has; ``of`` puts flat names among the shared options or the method's own; a
     sweep gives each run the options it has and refuses one that no run has."""
     from gkv_train.config.eval_config import EvalConfig
 
-    assert CompressionConfig.of("gkv", alpha=0.5, budget=64).settings.options.alpha == 0.5
-    assert CompressionConfig.of("s4r", eta=0.3, window=8).settings.options.eta == 0.3
-    assert CompressionConfig.of("rkv", lambda_=0.2).settings.options.lambda_ == 0.2  # control: rkv has lambda_
-    assert CompressionConfig("gkv", options={"alpha": 1}).settings.options.alpha == 1.0  # an int where a float is asked
+    assert CompressionConfig.of("gkv", alpha=0.5, budget=64).resolved.alpha == 0.5
+    assert CompressionConfig.of("s4r", eta=0.3, window=8).resolved.eta == 0.3
+    assert CompressionConfig.of("rkv", lambda_=0.2).resolved.lambda_ == 0.2  # control: rkv has lambda_
+    assert CompressionConfig("gkv", options={"alpha": 1}).resolved.alpha == 1.0  # an int where a float is asked
     for method, options, message in [
         (
             "snapkv",
             dict(alpha=0.5),
             "compression.options.alpha does not apply to compression.method=snapkv, whose options are: none",
         ),
-        ("rkv", dict(alpha=0.5), "whose options are: lambda_, redundancy, similarity"),
+        ("rkv", dict(alpha=0.5), "whose options are: lambda_, similarity"),
         ("gkv", dict(eta=0.3), "compression.options.eta does not apply to compression.method=gkv"),
         ("s4r", dict(form="mean"), "compression.options.form does not apply to compression.method=s4r"),
     ]:
@@ -61,10 +65,8 @@ def test_each_method_takes_only_the_options_it_reads():
         compression=CompressionConfig.template("full", alpha=0.5, eta=0.3),
     )
     runs = {run.method: run for run in sweep.compressions()}
-    assert (runs["gkv"].settings.options.alpha, runs["s4r"].settings.options.eta) == (0.5, 0.3)
-    assert (
-        runs["snapkv"].option_names() == () and runs["h2o" if "h2o" in runs else "gkv"].settings.options.form == "max"
-    )
+    assert (runs["gkv"].resolved.alpha, runs["s4r"].resolved.eta) == (0.5, 0.3)
+    assert runs["snapkv"].option_names() == () and runs["h2o" if "h2o" in runs else "gkv"].resolved.form == "max"
     with pytest.raises(ValueError, match="compression.options.eta applies to none of the runs \\(full, gkv\\)"):
         EvalConfig(methods=["full", "gkv"], compression=CompressionConfig.template("full", eta=0.3))
     with pytest.raises(ValueError, match="compression.options.eta does not apply to compression.method=full"):
@@ -78,45 +80,47 @@ def test_each_method_takes_only_the_options_it_reads():
     add_compression_args(parser, method="gkv", budget=128)
     flags = parser.parse_args(["--similarity", "mean_cosine", "--eta", "0.3"])
     runs = compression_from_args(flags, ["streaming", "rkv", "s4r"])
-    assert runs[1].settings.options.similarity == "mean_cosine" and runs[2].settings.options.eta == 0.3
-    assert runs[1].settings.options.lambda_ == 0.1  # not given: rkv's own default
+    assert runs[1].resolved.similarity == "mean_cosine" and runs[2].resolved.eta == 0.3
+    assert runs[1].resolved.lambda_ == 0.1  # not given: rkv's own default
     with pytest.raises(ValueError, match="compression.options.eta applies to none of the methods"):
         compression_from_args(flags, ["rkv"])
 
 
 def test_a_method_with_an_option_of_its_own_is_one_class_in_one_file(tmp_path, monkeypatch):
-    """A plug-in method from the user's module (``package.module:Class``) with an ``Options`` dataclass: its option
-    is a key (``compression.options.<name>``) through train.py's configuration, checked as the built-in ones are,
+    """A plug-in method from the user's module (``package.module:Class``), one dataclass with an option field: its
+    option is a key (``compression.options.<name>``) through train.py's configuration, checked as the built-in ones are,
     listed in the generated methods table once registered, and trained under by the registry-driven path (a
     rollout whose record the trainer reproduces)."""
     from gkv_rollout.engine import RolloutEngine
-    from gkv_rollout.methods import METHODS
+    from gkv_rollout.methods import METHODS, PLUG_INS
     from gkv_train.config.compose import check_overrides
     from gkv_train.config.train_config import TrainConfig
     from gkv_train.training.logprobs import token_logprobs
 
     (tmp_path / "my_methods.py").write_text(
-        "from dataclasses import dataclass, field\n"
+        "from dataclasses import dataclass\n"
         "from gkv_rollout.methods import EvictionMethod\n"
         "@dataclass\n"
-        "class RecentOptions:\n"
-        "    offset: int = field(default=0, metadata={'help': 'positions added to each score'})\n"
-        "    def __post_init__(self):\n"
-        "        if self.offset < 0:\n"
-        "            raise ValueError(f'offset must be >= 0, got {self.offset}')\n"
         "class Recent(EvictionMethod):\n"
+        '    """The most recent tokens, an offset apart.\n\n'
+        "    offset: positions added to each score.\n"
+        '    """\n'
         "    name = 'recent'\n"
         "    summary = 'the most recent tokens, an offset apart'\n"
-        "    Options = RecentOptions\n"
+        "    offset: int = 0\n"
+        "    def __post_init__(self):\n"
+        "        super().__post_init__()\n"
+        "        if self.offset < 0:\n"
+        "            raise ValueError(f'offset must be >= 0, got {self.offset}')\n"
         "    def score(self, state):\n"
-        "        return state.key_pos.float() + self.options.offset, None\n"
+        "        return state.key_pos.float() + self.offset, None\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
         argv = check_overrides(["compression.method=my_methods:Recent", "compression.options.offset=3"], TrainConfig)
         assert argv[1] == "++compression.options.offset=3"  # Hydra's way into the options mapping
         cfg = CompressionConfig("my_methods:Recent", budget=16, window=4, interval=4, options={"offset": 3})
-        assert cfg.settings.options.offset == 3 and cfg.flat()["offset"] == 3
+        assert cfg.resolved.offset == 3 and cfg.identity()["offset"] == 3 and "alpha" not in cfg.identity()
         with pytest.raises(ValueError, match="offset must be >= 0"):
             CompressionConfig("my_methods:Recent", budget=16, window=4, options={"offset": -1})
         with pytest.raises(ValueError, match=r"compression.options.ofset does not apply .* \(did you mean offset\?\)"):
@@ -127,32 +131,33 @@ def test_a_method_with_an_option_of_its_own_is_one_class_in_one_file(tmp_path, m
         real = out.completion_mask.bool()
         assert (lp - out.logprobs)[real].abs().max() < 1e-4 and out.stats["compressions"] >= 2
     finally:
-        METHODS.pop("my_methods:Recent", None)
+        METHODS.pop("recent", None)
+        PLUG_INS.pop("my_methods:Recent", None)
 
 
-def test_run_identities_are_those_of_the_flat_configuration():
-    """Grouping the options left every run's identity as it was: the fingerprints keying evaluation folders are
-    those the flat configuration of c349af6 gave (computed then), so earlier results folders stay valid."""
+def test_run_identities_are_pinned():
+    """The fingerprints keying evaluation folders, pinned: a change that re-keys earlier results folders shows here
+    (last re-keyed when a method became one dataclass and its identity its own fields, CHANGELOG 2026-12-06)."""
     from gkv_train.config.eval_config import EvalConfig
     from gkv_train.runs.run_folder import fingerprint
 
     config = EvalConfig(model="tiny")
     expected = [
-        ("full", {}, "f7f44ec55a1482ef"),
-        ("gkv", dict(budget=64, window=8, interval=16), "542610d8ae336aa5"),
-        ("gkv", dict(budget=64, form="mean", alpha=0.5), "14163031d2d25a9f"),
-        ("rkv", dict(budget=64, lambda_=0.2), "ca4f3cd31f98842a"),
-        ("snapkv", dict(budget=32), "c0459fc038cba6a1"),
-        ("h2o", dict(budget=64), "1d6bb6e75279a59e"),
-        ("tova", dict(budget=64), "f817d966bce5c25b"),
-        ("s4r", dict(eta=0.3), "2b9425c0ab2c2f71"),
-        ("s4r", dict(eta=0.3, refresh=8), "c4979ae1721b2de4"),
-        ("s4r", dict(rank=4, full_layers=[0]), "4d6aae4c926479bf"),
+        ("full", {}, "ab839a67eb7f4f5b"),
+        ("gkv", dict(budget=64, window=8, interval=16), "b82b224fd3cb1025"),
+        ("gkv", dict(budget=64, form="mean", alpha=0.5), "f8f675fbce3729fe"),
+        ("rkv", dict(budget=64, lambda_=0.2), "4803b32d458f28c7"),
+        ("snapkv", dict(budget=32), "c60061aa2db2a736"),
+        ("h2o", dict(budget=64), "ec8d138dfc394a59"),
+        ("tova", dict(budget=64), "155cb8624e8f1544"),
+        ("s4r", dict(eta=0.3), "308af25ab1b914ed"),
+        ("s4r", dict(eta=0.3, refresh=8), "e944506563eda2eb"),
+        ("s4r", dict(rank=4, full_layers=[0]), "8f65a95a9cf61816"),
     ]
     for method, options, digest in expected:
         assert fingerprint(config.run_settings(CompressionConfig.of(method, **options))) == digest, (method, options)
-    for later in (dict(basis="prompt"), dict(rank_ratio=2.0), dict(exact="both")):  # added since: in it when set
-        assert fingerprint(config.run_settings(CompressionConfig.of("s4r", eta=0.3, **later))) != "2b9425c0ab2c2f71"
+    for other in (dict(basis="prompt"), dict(rank_ratio=2.0), dict(exact="both")):  # another option, another key
+        assert fingerprint(config.run_settings(CompressionConfig.of("s4r", eta=0.3, **other))) != "308af25ab1b914ed"
 
 
 def test_method_defaults_are_the_reference_recipes():
@@ -160,12 +165,12 @@ def test_method_defaults_are_the_reference_recipes():
     # R-KV lambda 0.1; G-KV alpha 0.8, lambda 0.5, redundancy, no pooling; H2O sum form, window 1;
     # StreamingLLM 4 sinks.
     r = {m: CompressionConfig(method=m) for m in ("streaming", "snapkv", "rkv", "gkv", "h2o", "s4r")}
-    r = {m: c.settings for m, c in r.items()}
+    r = {m: c.resolved for m, c in r.items()}
     assert (r["streaming"].sinks, r["gkv"].sinks, r["s4r"].sinks) == (4, 0, 4)
     assert (r["snapkv"].pool_kernel, r["rkv"].pool_kernel, r["gkv"].pool_kernel, r["h2o"].pool_kernel) == (5, 5, 1, 1)
-    assert (r["rkv"].options.lambda_, r["rkv"].options.redundancy) == (0.1, True)
-    gkv, options = r["gkv"], r["gkv"].options
-    assert (gkv.window, gkv.interval, options.alpha, options.lambda_, options.form, options.redundancy) == (
+    assert r["rkv"].lambda_ == 0.1 and "redundancy" not in r["rkv"].identity()  # always on: not an option
+    gkv = r["gkv"]
+    assert (gkv.window, gkv.interval, gkv.alpha, gkv.lambda_, gkv.form, gkv.redundancy) == (
         16,
         128,
         0.8,
@@ -173,49 +178,84 @@ def test_method_defaults_are_the_reference_recipes():
         "max",
         True,
     )
-    assert (gkv.group_agg, options.similarity) == ("max", "rkv")
-    h2o = r["h2o"].options
-    assert (r["h2o"].window, h2o.form, h2o.redundancy, h2o.alpha) == (1, "sum", False, 0.8)
-    assert (r["s4r"].window, r["s4r"].group_agg, r["s4r"].options.rho) == (32, "mean", 0.2)
+    assert (gkv.group_agg, gkv.similarity) == ("max", "rkv")
+    h2o = r["h2o"]
+    assert (h2o.window, h2o.form, h2o.alpha) == (1, "sum", 0.8) and "redundancy" not in h2o.identity()
+    assert (r["s4r"].window, r["s4r"].group_agg, r["s4r"].rho) == (32, "mean", 0.2)
     # an explicit value wins; a sweep's run of another method never keeps the template method's defaults
-    assert CompressionConfig(method="gkv", pool_kernel=3).settings.pool_kernel == 3
-    assert CompressionConfig(method="snapkv", window=8).settings.pool_kernel == 5
-    assert CompressionConfig(method="gkv", window=8).for_method("h2o", 64).settings.window == 8  # given: kept
-    assert CompressionConfig(method="gkv").for_method("h2o", 64).settings.window == 1  # not given: h2o's own
+    assert CompressionConfig(method="gkv", pool_kernel=3).resolved.pool_kernel == 3
+    assert CompressionConfig(method="snapkv", window=8).resolved.pool_kernel == 5
+    assert CompressionConfig(method="gkv", window=8).for_method("h2o", 64).resolved.window == 8  # given: kept
+    assert CompressionConfig(method="gkv").for_method("h2o", 64).resolved.window == 1  # not given: h2o's own
     assert CompressionConfig(method="full", budget=1, window=16).budget == 1  # budget unused without compression
 
 
 def test_a_method_from_the_users_own_module(tmp_path, monkeypatch):
-    """``package.module:Class``: looked up when the configuration is validated, registered under that name, its
-    own defaults (interval among them) taken; a wrong name or a class of another kind is refused by name."""
-    from gkv_rollout.methods import METHODS
+    """``package.module:Class``: looked up when the configuration is validated, registered under that path and its
+    own name (selectable by either afterwards), its own defaults (interval among them) taken, its identity its own
+    fields; a wrong name, a class of another kind or one taking another method's name is refused by name."""
+    from gkv_rollout.methods import METHODS, PLUG_INS
 
     (tmp_path / "user_methods.py").write_text(
+        "from dataclasses import dataclass\n"
         "from gkv_rollout.methods import EvictionMethod\n"
+        "@dataclass\n"
         "class Oldest(EvictionMethod):\n"
         "    name = 'oldest'\n"
-        "    defaults = {**EvictionMethod.defaults, 'interval': 4}\n"
+        "    interval: int = 4\n"
         "    def score(self, state):\n"
         "        return -state.key_pos.float(), None\n"
+        "@dataclass\n"
+        "class Impostor(Oldest):\n"
+        "    name = 'gkv'\n"
+        "@dataclass\n"
+        "class Unnamed(Oldest):\n"
+        "    pass\n"
+        "class Undecorated(Oldest):\n"
+        "    name = 'undecorated'\n"
+        "    window: int = 3\n"
+        "@dataclass\n"
+        "class Annotated(Oldest):\n"
+        "    name: str = 'annotated'\n"
         "class NotAMethod:\n"
         "    pass\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    cfg = CompressionConfig("user_methods:Oldest", budget=16, window=4)
-    assert cfg.settings.interval == 4 and "user_methods:Oldest" in METHODS
-    for name, message in (
-        ("user_methods:Missing", "cannot import Missing"),
-        ("no_such_module:X", "cannot import X"),
-        ("user_methods:NotAMethod", "not an EvictionMethod subclass"),
-    ):
-        with pytest.raises(ValueError, match=message):
-            CompressionConfig(name, budget=16, window=4)
-    METHODS.pop("user_methods:Oldest")
+    try:
+        cfg = CompressionConfig("user_methods:Oldest", budget=16, window=4)
+        assert cfg.resolved.interval == 4 and PLUG_INS["user_methods:Oldest"] is METHODS["oldest"]
+        assert list(METHODS).count("oldest") == 1 and "user_methods:Oldest" not in METHODS  # listed once
+        assert CompressionConfig("oldest", budget=16, window=4).identity() == cfg.identity()  # one identity
+        assert cfg.identity()["method"] == "oldest"
+        assert set(cfg.identity()) == {
+            "method",
+            "budget",
+            "window",
+            "interval",
+            "sinks",
+            "pool_kernel",
+            "pool",
+            "group_agg",
+        }
+        for name, message in (
+            ("user_methods:Missing", "cannot import Missing"),
+            ("no_such_module:X", "cannot import X"),
+            ("user_methods:NotAMethod", "not an EvictionMethod subclass"),
+            ("user_methods:Impostor", "is named 'gkv', the name of another method"),
+            ("user_methods:Unnamed", "does not name itself"),
+            ("user_methods:Undecorated", "is not decorated @dataclass"),
+            ("user_methods:Annotated", "declares name as a field"),
+        ):
+            with pytest.raises(ValueError, match=message):
+                CompressionConfig(name, budget=16, window=4)
+    finally:
+        METHODS.pop("oldest", None)
+        PLUG_INS.pop("user_methods:Oldest", None)
 
 
 def test_tova_evicts_every_step():
     r = CompressionConfig("tova", budget=16)
-    assert (r.settings.window, r.settings.interval, r.settings.pool_kernel, r.option_names()) == (1, 1, 1, ())
+    assert (r.resolved.window, r.resolved.interval, r.resolved.pool_kernel, r.option_names()) == (1, 1, 1, ())
 
 
 def test_unknown_method_lists_the_registered_ones():
@@ -651,14 +691,20 @@ def test_help_lists_every_key_with_type_default_and_help():
     assert "  learning_rate  (float, default 2e-06)" in train and "[Default here 2e-06: " in train
 
 
-def test_fields_added_later_leave_earlier_run_identities_valid():
-    """A run's identity (the fingerprint keying its folder) leaves out compression fields added later while they
-    hold the value that reproduces the earlier results, so folders of earlier runs are reused, not refused."""
+def test_a_run_identity_is_its_methods_fields():
+    """A run's identity (the fingerprint keying its folder) records the method's name and every field of the
+    method, none of another method's; a changed option changes it."""
+    import dataclasses
+
     from gkv_rollout.config import CompressionConfig
     from gkv_train.config.eval_config import EvalConfig
 
     config = EvalConfig(model="tiny")
+    for method in ("full", "gkv", "h2o", "s4r"):
+        resolved = CompressionConfig(method).resolved
+        identity = config.run_settings(CompressionConfig(method))["compression"]
+        assert identity == {"method": method, **dataclasses.asdict(resolved)}
+    assert "redundancy" not in config.run_settings(CompressionConfig("h2o"))["compression"]  # h2o does not read it
     plain = config.run_settings(CompressionConfig("s4r"))["compression"]
-    assert "refresh" not in plain and "refresh_rank" not in plain
     refreshed = config.run_settings(CompressionConfig.of("s4r", refresh=8))["compression"]
-    assert refreshed["refresh"] == 8 and refreshed["refresh_rank"] == 2  # a new setting: a new identity
+    assert (plain["refresh"], refreshed["refresh"]) == (0, 8) and plain != refreshed

@@ -33,6 +33,9 @@ class RecordingMethod:
     def __init__(self, method):
         self.method, self.calls = method, []
 
+    def __getattr__(self, name):  # the method's options (budget, window, ...)
+        return getattr(self.method, name)
+
     def score(self, state):
         score, history = self.method.score(state)
         self.calls.append((score.clone(), state.candidates.clone(), state.key_pos.clone()))
@@ -51,7 +54,7 @@ def run_project(cfg: CompressionConfig):
         num_hidden_layers=L, num_attention_heads=H, num_key_value_heads=Hkv, head_dim=D, hidden_size=H * D
     )
     new = FIXTURE["new_tokens"]
-    cache = EvictionCache(model_config, cfg.settings, B, P + new, P + new, torch.float32, torch.device("cpu"))
+    cache = EvictionCache(model_config, cfg.resolved, B, P + new, P + new, torch.float32, torch.device("cpu"))
     recorder = cache.method = RecordingMethod(cache.method)
     modules = [SimpleNamespace(layer_idx=layer, num_key_value_groups=H // Hkv, is_causal=True) for layer in range(L)]
     prompt_mask = torch.arange(P)[None, :] >= torch.tensor([P - p for p in prompts])[:, None]
@@ -223,6 +226,6 @@ def test_the_end_to_end_comparison_builds_every_reference_recipe():
         spec.loader.exec_module(module)
     finally:
         sys.path.remove(str(root / "scripts"))
-    configs = {name: module.project_config(name, 128, 16, 32).settings for name in module.METHODS}
-    assert configs["rkv"].options.lambda_ == 0.1 and configs["h2o"].window == 1
-    assert [configs[f"gkv-{form}"].options.form for form in ("max", "mean", "sum")] == ["max", "mean", "sum"]
+    configs = {name: module.project_config(name, 128, 16, 32).resolved for name in module.METHODS}
+    assert configs["rkv"].lambda_ == 0.1 and configs["h2o"].window == 1
+    assert [configs[f"gkv-{form}"].form for form in ("max", "mean", "sum")] == ["max", "mean", "sum"]

@@ -1,5 +1,7 @@
 """Training sees exactly what inference saw: trainer log-probs under the record equal the rollout's."""
 
+import dataclasses
+
 import pytest
 import torch
 from conftest import random_prompts
@@ -19,9 +21,10 @@ def tiny_methods(budget, window, interval):
     """Every registered eviction method at its defaults (a method whose own window or interval is smaller keeps
     it: TOVA evicts every step), and G-KV's other history forms."""
     common = dict(budget=budget, window=window, interval=interval)
+    names = eviction_methods()
+    defaults = {name: {f.name: f.default for f in dataclasses.fields(method_class(name))} for name in names}
     own = {
-        name: {k: min(v, method_class(name).defaults[k]) for k, v in common.items() if k != "budget"}
-        for name in eviction_methods()
+        name: {k: min(v, defaults[name][k]) for k, v in common.items() if k != "budget"} for name in eviction_methods()
     }
     return [CompressionConfig(name, budget=budget, **own[name]) for name in eviction_methods()] + [
         CompressionConfig.of("gkv", form="mean", **common),

@@ -167,7 +167,7 @@ def test_every_compression_option_is_a_model_argument():
     assert lm.compression == CompressionConfig.of(
         "gkv", budget=32, window=4, interval=8, alpha=0.5, lambda_=0.3, form="mean", sinks=2
     )
-    assert CompressedLM(pretrained="tiny", method="s4r", eta=0.5, refresh=16).compression.settings.options.refresh == 16
+    assert CompressedLM(pretrained="tiny", method="s4r", eta=0.5, refresh=16).compression.resolved.refresh == 16
 
 
 def test_a_typo_through_the_command_line_is_one_line_before_work(tmp_path):

@@ -63,9 +63,9 @@ def test_every_compression_keeps_budget_window_and_sinks(tiny_llama, cfg):
         for s in stamps:
             kept = visible_counts(rec[b : b + 1], torch.tensor([s]))[0] - 1  # minus the query itself
             assert (kept == min(cfg.budget, s)).all(), (s, kept)
-            window = rec[b, :, :, s - cfg.settings.window : s]
+            window = rec[b, :, :, s - cfg.resolved.window : s]
             assert (window > s).all()
-        assert (rec[b, :, :, : cfg.settings.sinks] == NEVER).all()
+        assert (rec[b, :, :, : cfg.resolved.sinks] == NEVER).all()
         for q in range(p_len, length):
             assert (visible_counts(rec[b : b + 1], torch.tensor([q])) <= cfg.budget + cfg.interval).all()
     assert ((out.retention > 0) & (out.retention < 1)).all()

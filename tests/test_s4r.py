@@ -65,7 +65,7 @@ def test_s4r_consistency_tiny(tiny_llama, cfg):
     assert ((out.retention > 0) & (out.retention < 0.8)).all()
     phases = out.stats["compress_phase_seconds"]  # where S4R's time goes, in parts that sum to its time
     assert list(phases) == list(PHASES) and all(phases[p] > 0 for p in ("fit", "score", "reconstruct", "attend"))
-    assert (phases["refresh"] > 0) == bool(cfg.settings.options.refresh)
+    assert (phases["refresh"] > 0) == bool(cfg.resolved.refresh)
     assert sum(phases.values()) == pytest.approx(out.stats["compress_seconds"])
 
 
@@ -159,19 +159,19 @@ def test_persistent_bytes_follow_the_formula(tiny_llama):
     dim, groups = c.num_key_value_heads * c.head_dim, c.num_attention_heads // c.num_key_value_heads
     total = 0
     for b, n in enumerate(out.prompt_lengths.tolist()):
-        L, r = n - cfg.settings.sinks, int(cache.rank_k[b])
+        L, r = n - cfg.resolved.sinks, int(cache.rank_k[b])
         # what the buffers hold for this sequence: sinks K and V, coefficients K and V, query window, bases
         held = (
             2 * cache.sink_k[0, b].numel() + 2 * L * r + cache.cq[0, b].numel() // cache.cq.shape[-1] * r + 2 * dim * r
         )
-        formula = 2 * (cfg.settings.sinks * dim + L * r + 0.5 * groups * cfg.settings.window * r + dim * r)
-        assert held == formula == persistent_elements(cfg.settings.sinks, L, dim, groups, cfg.settings.window, r, r)
-        ratio = formula / (2 * (cfg.settings.sinks + L) * dim)
+        formula = 2 * (cfg.resolved.sinks * dim + L * r + 0.5 * groups * cfg.resolved.window * r + dim * r)
+        assert held == formula == persistent_elements(cfg.resolved.sinks, L, dim, groups, cfg.resolved.window, r, r)
+        ratio = formula / (2 * (cfg.resolved.sinks + L) * dim)
         assert (
             ratio
-            <= cfg.settings.options.eta
-            < formula / (2 * (cfg.settings.sinks + L) * dim)
-            + (L + groups * cfg.settings.window / 2 + dim) / ((cfg.settings.sinks + L) * dim)
+            <= cfg.resolved.eta
+            < formula / (2 * (cfg.resolved.sinks + L) * dim)
+            + (L + groups * cfg.resolved.window / 2 + dim) / ((cfg.resolved.sinks + L) * dim)
         )
         total += 4 * held + 8 * groups * L  # float32 state, and the window's float64 score sums
     assert cache.nbytes() == total * c.num_hidden_layers
@@ -182,23 +182,23 @@ def test_eta_is_the_memory_share_where_asked(tiny_llama, expected_length):
     """eta is the persistent-memory share at the end of the generation (prompt + max_new_tokens) unless
     ``expected_length`` says where; each sample reports the share it reached (``memory_share``)."""
     cfg = CompressionConfig.of("s4r", eta=0.3, window=4, expected_length=expected_length)
-    r = cfg.settings
+    r = cfg.resolved
     c = tiny_llama.config
     dim, groups = c.num_key_value_heads * c.head_dim, c.num_attention_heads // c.num_key_value_heads
     new = 64
     out = rollout(tiny_llama, random_prompts(PROMPTS[:3]), cfg, new_tokens=new)
     for n, share in zip(out.prompt_lengths.tolist(), out.memory_share.tolist()):
         at = {None: n + new, 150: 150, 0: n}[expected_length]
-        rank = s4r_rank(cfg.settings.options.eta, r.sinks, at - r.sinks, dim, groups, r.window)
+        rank = s4r_rank(cfg.resolved.eta, r.sinks, at - r.sinks, dim, groups, r.window)
         T = n + new
         assert share == pytest.approx(
             persistent_elements(r.sinks, T - r.sinks, dim, groups, r.window, rank, rank) / (2 * T * dim)
         )
         if expected_length is None:  # reached at the end: within one rank step below eta
             step = (T - r.sinks + groups * r.window / 2 + dim) / (T * dim)
-            assert cfg.settings.options.eta - step < share <= cfg.settings.options.eta
+            assert cfg.resolved.eta - step < share <= cfg.resolved.eta
         if expected_length == 0:  # the prompt-length meaning: the share falls as the generation grows
-            assert share < cfg.settings.options.eta
+            assert share < cfg.resolved.eta
 
 
 def test_memory_share_of_eviction_is_its_retention(tiny_llama):
@@ -383,7 +383,7 @@ def test_bad_s4r_options():
         CompressionConfig.of("s4r", eta=0.0)
     with pytest.raises(ValueError, match="rank must be at least 1"):
         CompressionConfig.of("s4r", rank=0)
-    assert CompressionConfig("s4r").settings.window == 32 and CompressionConfig("s4r").settings.sinks == 4
+    assert CompressionConfig("s4r").resolved.window == 32 and CompressionConfig("s4r").resolved.sinks == 4
 
 
 @pytest.mark.smollm2

@@ -269,11 +269,14 @@ def test_a_users_method_through_train_py(tmp_path):
     """``compression.method=module:Class`` from the user's own module (on PYTHONPATH, never in the package): the
     rollout compresses with it, the trainer reproduces it under the record, the held-out evaluation uses it."""
     (tmp_path / "my_methods.py").write_text(
+        "from dataclasses import dataclass\n"
         "from gkv_rollout.methods import EvictionMethod\n"
+        "@dataclass\n"
         "class KeyNorm(EvictionMethod):\n"
         "    name = 'keynorm'\n"
+        "    p: float = 2.0\n"
         "    def score(self, state):\n"
-        "        return state.keys.float().norm(dim=-1), None\n"
+        "        return state.keys.float().norm(p=self.p, dim=-1), None\n"
     )
     out = tmp_path / "out"
     proc = run(
@@ -281,6 +284,7 @@ def test_a_users_method_through_train_py(tmp_path):
             "recipe=rl_sparse",
             *TINY,
             "compression.method=my_methods:KeyNorm",
+            "compression.options.p=1",
             "max_steps=1",
             "eval_data.limit=1",
             f"output_dir={out}",

@@ -34,22 +34,6 @@ class TracesConfig:
         self.data.check("data")
 
 
-# Options added after results were first keyed by settings, with the value at which a run behaves as before they
-# existed: left out of a run's identity at that value, so earlier results stay valid (refresh_rank means nothing
-# while refresh is off)
-LATER_OPTIONS = {"refresh": 0, "rank_ratio": 1.0, "basis": "sampled", "exact": "none"}
-
-
-def compression_identity(compression: CompressionConfig) -> dict:
-    """The resolved compression settings that determine a run's results (``LATER_OPTIONS`` at their earlier
-    behaviour left out)."""
-    settings = compression.flat()
-    unchanged = {name for name, value in LATER_OPTIONS.items() if settings.get(name, value) == value}
-    if "refresh" in unchanged:
-        unchanged.add("refresh_rank")
-    return {k: v for k, v in settings.items() if k not in unchanged}
-
-
 @dataclass
 class EvalConfig:
     """One evaluation call of ``scripts/evaluate.py``: a model, a dataset, and one or more compressions.
@@ -111,7 +95,7 @@ class EvalConfig:
             "model": model_identity(self.model),
             "adapter": None if self.adapter is None else model_identity(self.adapter),
             "data": self.data.identity(),
-            "compression": compression_identity(compression),
+            "compression": compression.identity(),
             # "n_samples": the key of earlier identities, kept so that their results stay valid
             "sampling": dict(
                 n_samples=self.sampling.num_generations,
@@ -129,9 +113,9 @@ class EvalConfig:
         completion, so the budget applies at most once (after the prompt) and never while generating."""
         found = []
         for run in self.compressions():
-            if run.kind.rounds and run.settings.interval > self.sampling.max_new_tokens:
+            if run.kind.rounds and run.resolved.interval > self.sampling.max_new_tokens:
                 found.append(
-                    f"{run.method} budget {run.budget}: compression.interval={run.settings.interval} exceeds "
+                    f"{run.method} budget {run.budget}: compression.interval={run.resolved.interval} exceeds "
                     f"sampling.max_new_tokens={self.sampling.max_new_tokens}, so it compresses only after the "
                     "prompt, never while "
                     "generating (the training recipes use interval 16); set compression.interval to compare"

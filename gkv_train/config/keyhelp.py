@@ -89,14 +89,14 @@ def rows(cls: type, prefix: str = "", defaults=None) -> list[tuple[str, str, str
 def method_option_rows(prefix: str) -> list[tuple[str, str, str, str]]:
     """(key, type, default, help) of every registered method's own options (``compression.options.*``): each name
     once, with the methods that have it and, where they differ, each one's default."""
-    from gkv_rollout.methods import registered
+    from gkv_rollout.methods import field_default, own_fields, registered
 
     by_name: dict[str, list] = {}
     for kind in registered().values():
-        hints = typing.get_type_hints(kind.Options)
-        helps = field_help(kind.Options)
-        for f in dataclasses.fields(kind.Options):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        hints = typing.get_type_hints(kind)
+        helps = field_help(kind)
+        for f in own_fields(kind):
+            default = field_default(f)
             by_name.setdefault(f.name, []).append((kind.name, type_name(hints[f.name]), default, helps.get(f.name, "")))
     found = []
     for name, entries in by_name.items():

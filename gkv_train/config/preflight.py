@@ -63,13 +63,10 @@ def check_generations(
             check_given(tokenizer, gen, new)
         for compression in gen.compressions:
             short = gen.ids[min(range(len(lengths)), key=lengths.__getitem__)]
-            compression.kind.check_prompts(
-                compression.settings, min(lengths), f"the prompt of problem {short} in the {gen.what}"
-            )
-            compression.kind.check_lengths(compression.settings, shape, min(lengths), min(new))
-            size = compression.kind.cache_bytes(
-                compression.settings, shape, gen.rows, max(lengths), max(new), dtype_bytes
-            )
+            method = compression.resolved
+            method.check_prompts(min(lengths), f"the prompt of problem {short} in the {gen.what}")
+            method.check_lengths(shape, min(lengths), min(new))
+            size = method.cache_bytes(shape, gen.rows, max(lengths), max(new), dtype_bytes)
             if size > need:
                 need, biggest = size, (gen, compression)
     if biggest is not None:
@@ -98,7 +95,7 @@ def check_task_contexts(model: str, datas: dict) -> None:
 def check_ranks(shape: ModelShape, compressions: list[CompressionConfig]) -> None:
     """Each method's options within what the model allows (``Method.check_model``: S4R's ranks and full layers)."""
     for c in compressions:
-        c.kind.check_model(c.settings, shape)
+        c.resolved.check_model(shape)
 
 
 def prompt_tokens(tokenizer, prompts: list[str], context: int | None) -> tuple[list[int], set[int]]:
@@ -170,7 +167,7 @@ def rollout_bytes(shape: ModelShape, c: CompressionConfig, rows: int, prompt: in
     """Estimated bytes of one rollout's cache, record and per-token buffers: ``rows`` sequences of ``prompt``
     (the padded width) + ``new`` tokens under the compression ``c``, cache entries of ``dtype_bytes``
     (``Method.cache_bytes``)."""
-    return c.kind.cache_bytes(c.settings, shape, rows, prompt, new, dtype_bytes)
+    return c.resolved.cache_bytes(shape, rows, prompt, new, dtype_bytes)
 
 
 def available_memory(device: str) -> tuple[int, str]:

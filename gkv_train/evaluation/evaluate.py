@@ -118,7 +118,8 @@ def evaluate_compression(
     in_order = sorted(read_jsonl(samples_path), key=lambda s: (s["batch"], s["problem_id"], s["sample"]))
     write_atomically(samples_path, "".join(dumps(s) + "\n" for s in in_order))  # recomputed batches in place
     summary = summarize(samples_path, density_path, sampling.num_samples)
-    summary.update(run=run_name(compression), compression=compression.flat())
+    budget = compression.budget if compression.compresses else None  # s4r's: the sweep's, which it does not read
+    summary.update(run=run_name(compression), budget=budget, compression=compression.identity())
     warn_unverified(
         run_name(compression),
         summary["verifier_timeouts"],

@@ -14,7 +14,7 @@ MARKERS = "osD^vP*Xh<>p"
 
 def results_table(summaries: list[dict]) -> str:
     """pass@1 [95% interval] and retention, one row per method and one column per budget (plain text)."""
-    budgets = sorted({s["compression"]["budget"] for s in summaries if s["run"] != "full"})
+    budgets = sorted({s["budget"] for s in summaries if s["run"] != "full"})
     methods = list(dict.fromkeys(s["compression"]["method"] for s in summaries))
 
     def cell(s):
@@ -28,7 +28,7 @@ def results_table(summaries: list[dict]) -> str:
         if method == "full" or not budgets:
             rows.append([method, *[cell(runs[0])] * max(len(budgets), 1)])
         else:
-            by_budget = {s["compression"]["budget"]: s for s in runs}
+            by_budget = {s["budget"]: s for s in runs}
             rows.append([method, *[cell(by_budget[b]) if b in by_budget else "-" for b in budgets]])
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
@@ -56,12 +56,10 @@ def plot_summaries(summaries: list[dict], out_dir: Path, title: str) -> list[Pat
 
     paths = []
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    budgets = sorted({s["compression"]["budget"] for s in summaries if s["run"] != "full"})
+    budgets = sorted({s["budget"] for s in summaries if s["run"] != "full"})
     methods = list(dict.fromkeys(s["compression"]["method"] for s in summaries if s["run"] != "full"))
     for method in dict.fromkeys(s["compression"]["method"] for s in summaries):
-        runs = sorted(
-            (s for s in summaries if s["compression"]["method"] == method), key=lambda s: s["compression"]["budget"]
-        )
+        runs = sorted((s for s in summaries if s["compression"]["method"] == method), key=lambda s: s["budget"])
         if method == "full":
             run = runs[0]
             ax.axhline(run["pass@1"], color="black", linestyle="--", label="full cache")
@@ -70,7 +68,7 @@ def plot_summaries(summaries: list[dict], out_dir: Path, title: str) -> list[Pat
             continue
         # methods side by side around each budget (3% apart on the log axis), so equal points stay visible
         dodge = 1.03 ** (methods.index(method) - (len(methods) - 1) / 2)
-        x = [r["compression"]["budget"] * dodge for r in runs]
+        x = [r["budget"] * dodge for r in runs]
         y = [r["pass@1"] for r in runs]
         err = [[r["pass@1"] - r["pass@1_ci95"][0] for r in runs], [r["pass@1_ci95"][1] - r["pass@1"] for r in runs]]
         ax.errorbar(x, y, yerr=err, capsize=3, label=method, markerfacecolor="none", **method_style(method))
@@ -104,12 +102,12 @@ def plot_retained_density(summaries: list[dict], path: Path, title: str) -> Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    budgets = sorted({s["compression"]["budget"] for s in summaries if s["run"] != "full"})
+    budgets = sorted({s["budget"] for s in summaries if s["run"] != "full"})
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     styles, seen = {b: i for i, b in enumerate(budgets)}, collections.Counter()
     for s in summaries:
         method = "full" if s["run"] == "full" else s["compression"]["method"]
-        budget = s["compression"]["budget"]
+        budget = s["budget"]
         seen[method, budget] += 1
         linestyle = ("-", "--", ":", "-.")[(styles.get(budget, 0) + (seen[method, budget] - 1) * len(budgets)) % 4]
         share = s["retention_by_position"]

@@ -204,7 +204,7 @@ def resume_settings(args, model: str | None, peft_config=None) -> dict:
         lora = {"r": config.r, "alpha": config.lora_alpha, "target_modules": sorted(config.target_modules)}
     rollouts = {}
     if getattr(args, "compression", None) is not None:
-        rollouts["compression"] = json.loads(dumps(args.compression.flat()))
+        rollouts["compression"] = json.loads(dumps(args.compression.identity()))
     if getattr(args, "rl", None) is not None:
         rollouts["rl"] = json.loads(dumps(dataclasses.asdict(args.rl)))
     return {**found, "model": model, "lora": lora, **rollouts}

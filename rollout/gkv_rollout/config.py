@@ -9,63 +9,22 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from gkv_rollout.methods import Method, method_class, registered
-
-SHARED = ("window", "interval", "sinks", "pool_kernel", "group_agg")  # shared options a method gives defaults to
-# What a run's identity and a results file record for options its method does not have: the values every run
-# carried when all options were one flat set (so that identities of earlier results stay valid)
-IDENTITY_DEFAULTS = dict(
-    alpha=0.8,
-    lambda_=0.5,
-    form="max",
-    redundancy=False,
-    similarity="rkv",
-    eta=0.2,
-    expected_length=None,
-    rank=None,
-    rank_v=None,
-    refresh=0,
-    refresh_rank=2,
-    rho=None,
-    recent_ratio=0.7,
-    normalize=True,
-    full_layers=[],
-)
-
-
-@dataclass(frozen=True)
-class Settings:
-    """What a cache runs with: every shared option at its value (the method's own where none was given), the
-    method's options as its ``Options`` dataclass, and the method's class (``kind``). ``CompressionConfig.settings``
-    builds it once, when the configuration is built."""
-
-    method: str
-    kind: type
-    budget: int
-    window: int
-    interval: int
-    sinks: int
-    pool_kernel: int
-    pool: str
-    group_agg: str
-    options: Any
-
-    @property
-    def compresses(self) -> bool:
-        return self.kind.compresses
+from gkv_rollout.methods import SHARED, Method, field_default, method_class, own_fields, registered
 
 
 @dataclass
 class CompressionConfig:
-    """How the KV cache is compressed during decoding: a method (``gkv_rollout.methods``), the options every
-    method shares, and the method's own (``options``).
+    """How the KV cache is compressed during decoding, as composed (recipes, overrides): a method's name, the
+    options its kind shares and its own options (``options``), each as given. ``resolved`` is the method at its
+    settings (a ``gkv_rollout.methods.Method`` dataclass: what was given, its defaults for the rest), built and
+    validated with the configuration.
 
     method: a registered method (``full``: no compression; the eviction methods of the G-KV family, which compress
         every ``interval`` tokens keeping ``budget`` tokens; ``s4r``, a low-rank cache with sparse reconstruction;
         the README's methods table lists them), or a method from outside the package: ``package.module:Class``
-        (an ``EvictionMethod`` subclass; the module is imported, its code run, and the class registered under
-        that name when the configuration is validated: like a trust-remote-code choice, a configuration naming
-        one names code to run).
+        (an ``EvictionMethod`` dataclass; the module is imported, its code run, and the class registered under
+        that name and its own when the configuration is validated: like a trust-remote-code choice, a
+        configuration naming one names code to run).
     budget: tokens each (layer, KV head) keeps after a compression, the window included (eviction methods).
     window: the last ``window`` queries score the cache, and the last ``window`` keys are always kept and never
         scored (None: the method's; 16 for most, 1 for ``h2o`` and ``tova``, 32 for ``s4r``).
@@ -78,12 +37,11 @@ class CompressionConfig:
     pool: how scores are pooled: max or avg.
     group_agg: how the query heads of a GQA group are combined, per window query (None: the method's; max; mean
         for ``s4r``).
-    options: the method's own options by name (``compression.options.alpha=0.5``; its ``Options`` dataclass says
-        which and their defaults). An option the method does not have is refused.
+    options: the method's own options by name (``compression.options.alpha=0.5``; the method's fields say which
+        and their defaults). An option the method does not have is refused.
 
-    The fields hold what was given (so that a configuration composed from recipes, or a sweep's template, takes
-    each method's own values where nothing was given); ``settings`` holds the values the cache runs with, built
-    and checked once with the configuration. ``of(method, **options)`` builds one from flat option names
+    A shared option the method does not read (``s4r``'s budget and interval) is kept here and ignored, so that a
+    sweep's template holds one set for all its runs. ``of(method, **options)`` builds one from flat option names
     (``CompressionConfig.of("s4r", eta=0.3)``).
     """
 
@@ -100,18 +58,18 @@ class CompressionConfig:
     def __post_init__(self):
         kind = method_class(self.method)  # an unknown name: an error naming the registered ones
         if dataclasses.is_dataclass(self.options):
-            self.options = dataclasses.asdict(self.options)
+            self.options = {f.name: getattr(self.options, f.name) for f in own_fields(type(self.options))}
         self.options = dict(self.options or {})
-        shared = {name: kind.defaults[name] if getattr(self, name) is None else getattr(self, name) for name in SHARED}
         # full keeps what it is given unchecked: a sweep's template holds its runs' options (EvalConfig)
-        options = method_options(self.method, kind, self.options) if kind.compresses else self.options
-        self.settings = Settings(self.method, kind, self.budget, pool=self.pool, options=options, **shared)
-        kind.validate(self.settings)
+        own = method_options(self.method, kind, self.options) if kind.compresses else {}
+        names = {f.name for f in dataclasses.fields(kind)}
+        shared = {name: getattr(self, name) for name in SHARED if name in names and getattr(self, name) is not None}
+        self.resolved: Method = kind(**shared, **own)
 
     @property
     def kind(self) -> type[Method]:
         """The method's class."""
-        return self.settings.kind
+        return type(self.resolved)
 
     @property
     def compresses(self) -> bool:
@@ -120,7 +78,7 @@ class CompressionConfig:
     def check_generation(self, max_new_tokens: int, key: str = "sampling.max_new_tokens") -> None:
         """Options that only make sense within a generation of ``max_new_tokens`` (the setting ``key``); ValueError
         naming both (``Method.check_generation``)."""
-        self.kind.check_generation(self.settings, max_new_tokens, key)
+        self.resolved.check_generation(max_new_tokens, key)
 
     def option_names(self) -> tuple[str, ...]:
         """The names of the method's own options."""
@@ -168,24 +126,20 @@ class CompressionConfig:
                 raise ValueError(f"unknown compression option {key!r}")
         return cls(method, **shared, options=own)
 
-    def flat(self) -> dict:
-        """Every setting by its own name, the method's options among the shared ones (the form of results files and
-        run identities; ``IDENTITY_DEFAULTS`` for the options the method does not have)."""
-        settings = self.settings
-        values = {f.name: getattr(settings, f.name) for f in dataclasses.fields(self) if f.name != "options"}
-        values.update(IDENTITY_DEFAULTS)
-        if dataclasses.is_dataclass(settings.options):
-            values.update(dataclasses.asdict(settings.options))
-        return values
+    def identity(self) -> dict:
+        """What determines a run's results: the method's name and every field of the method."""
+        return self.resolved.identity()
 
 
 def option_names(kind: type[Method]) -> tuple[str, ...]:
-    return tuple(f.name for f in dataclasses.fields(kind.Options))
+    """The names of the method's own options (``compression.options.*``)."""
+    return tuple(f.name for f in own_fields(kind))
 
 
-def method_options(method: str, kind: type[Method], given: dict) -> Any:
-    """``kind.Options`` (of the method named ``method``) from a mapping of option names; ValueError for an option the
-    method does not have, naming the ones it has, or a value of another type."""
+def method_options(method: str, kind: type[Method], given: dict) -> dict:
+    """The own options of ``kind`` (the method named ``method``) from a mapping of option names, each as its
+    field's type; ValueError for an option the method does not have, naming the ones it has, or a value of another
+    type."""
     names = option_names(kind)
     unknown = [name for name in given if name not in names]
     if unknown:
@@ -195,8 +149,8 @@ def method_options(method: str, kind: type[Method], given: dict) -> Any:
             f"compression.options.{unknown[0]} does not apply to compression.method={method}, whose options are: "
             f"{', '.join(names) or 'none'}{hint}"
         )
-    hints = typing.get_type_hints(kind.Options)
-    return kind.Options(**{name: typed(name, value, hints[name]) for name, value in given.items()})
+    hints = typing.get_type_hints(kind)
+    return {name: typed(name, value, hints[name]) for name, value in given.items()}
 
 
 def typed(name: str, value, kind):
@@ -280,10 +234,9 @@ def flat_fields() -> list[tuple[str, type, object]]:
         f.name: (f.name, hints[f.name], f.default) for f in dataclasses.fields(CompressionConfig) if f.name != "options"
     }
     for kind in registered().values():
-        option_hints = typing.get_type_hints(kind.Options)
-        for f in dataclasses.fields(kind.Options):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-            found.setdefault(f.name, (f.name, option_hints[f.name], default))
+        option_hints = typing.get_type_hints(kind)
+        for f in own_fields(kind):
+            found.setdefault(f.name, (f.name, option_hints[f.name], field_default(f)))
     return list(found.values())
 
 

@@ -79,7 +79,7 @@ def make_cache(
 ) -> KVCache:
     """The cache of ``compression``'s method (``Method.make_cache``); ``seed``: the rollout's sampling seed (the
     ``random`` method draws from it)."""
-    return compression.kind.make_cache(model, compression.settings, batch, prompt_width, max_new, device, seed)
+    return compression.resolved.make_cache(model, batch, prompt_width, max_new, device, seed)
 
 
 def forward_logits(model, ids, positions, mask, cache) -> torch.Tensor:

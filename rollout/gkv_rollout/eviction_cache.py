@@ -14,17 +14,19 @@ keeps exactly ``min(budget, length_b)`` tokens, so one [B, S] validity mask serv
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from gkv_rollout.config import Settings
 from gkv_rollout.contract.attention import head_dim
 from gkv_rollout.contract.eviction import NEVER, EvictionRecord, after_end_is_never
 from gkv_rollout.kv_cache import KVCache
-from gkv_rollout.methods import LayerState
-from gkv_rollout.scoring import candidate_slots, select_keep
+from gkv_rollout.scoring import LayerState, candidate_slots, select_keep
+
+if TYPE_CHECKING:
+    from gkv_rollout.methods import Method
 
 STATIC_WIDTH_STEP = 64  # a static decode step attends over a multiple of this many slots
 
@@ -59,7 +61,8 @@ def decode_attention(query, keys, values, mask, scaling):
 class EvictionCache(KVCache):
     """KV buffers of one batched rollout.
 
-    model_config: the HF config (layers, heads, head dim); capacity: slots per buffer; record_len: logical
+    model_config: the HF config (layers, heads, head dim); method: the method at its settings (``full`` or
+    one of the G-KV family, whose ``score`` a compression asks); capacity: slots per buffer; record_len: logical
     positions the record covers (longest prompt + max new tokens); seed: the rollout's sampling seed (for a
     method that draws at random).
     """
@@ -69,7 +72,7 @@ class EvictionCache(KVCache):
     def __init__(
         self,
         model_config,
-        compression: Settings,
+        method: Method,
         batch_size: int,
         capacity: int,
         record_len: int,
@@ -77,7 +80,8 @@ class EvictionCache(KVCache):
         device: torch.device,
         seed: int = 0,
     ):
-        self.compression = compression
+        self.method = method  # at its settings
+        self.seed = seed
         L = model_config.num_hidden_layers
         H = model_config.num_attention_heads
         Hkv = model_config.num_key_value_heads
@@ -100,9 +104,8 @@ class EvictionCache(KVCache):
         self.static = False  # the forward in flight has static shapes (``begin(..., static=True)``)
         self._slot = torch.zeros(1, dtype=torch.long, device=device)  # static: the new token's slot
         self._ring_slot = torch.zeros(1, dtype=torch.long, device=device)  # static: its query's window slot
-        if compression.compresses:
-            W = compression.window
-            self.method = compression.kind(compression, seed)
+        if method.compresses:
+            W = method.window
             self.positions = torch.zeros(L, B, Hkv, S, dtype=torch.long, device=device)
             # each token's global score from the last compression; NaN: none (new since, or in the window then)
             self.history = torch.full((L, B, Hkv, S), float("nan"), dtype=torch.float32, device=device)
@@ -143,7 +146,7 @@ class EvictionCache(KVCache):
             if Q != 1:
                 raise ValueError(f"a static forward is a one-token decode step, got {Q} tokens")
             self._slot.fill_(self.used)
-            if self.compression.compresses:
+            if self.method.compresses:
                 self._ring_slot.fill_(self._query_slot)
         start, end = self.used, self.used + Q
         if end > self.capacity:
@@ -152,7 +155,7 @@ class EvictionCache(KVCache):
         self.lengths += valid.sum(-1)
         self.left_length += Q if self.left_length else 0
         self._pending = Q
-        if self.compression.compresses:
+        if self.method.compresses:
             self.positions[..., start:end] = positions[None, :, None, :]
             W = self.query_pos.shape[1]
             slots = (self._query_slot + torch.arange(min(W, Q), device=positions.device)) % W
@@ -191,7 +194,7 @@ class EvictionCache(KVCache):
         start, end = self.used, self.used + Q
         keys[:, :, start:end] = key
         values[:, :, start:end] = value
-        if self.compression.compresses:
+        if self.method.compresses:
             W = self.queries[layer].shape[2]
             slots = (self._query_slot + torch.arange(min(W, Q), device=query.device)) % W
             self.queries[layer][:, :, slots] = query[:, :, -len(slots) :]
@@ -201,7 +204,7 @@ class EvictionCache(KVCache):
 
     def end(self) -> None:
         """Commit the slots written by the forward that just ran."""
-        if self.compression.compresses:
+        if self.method.compresses:
             W = self.queries[0].shape[2]
             self._query_slot = (self._query_slot + min(self._pending, W)) % W
         self.used += self._pending
@@ -211,16 +214,16 @@ class EvictionCache(KVCache):
         """Whether a sequence of the batch, held or left, exceeds the budget. Rows that left count: a
         compression compacts every row's slots, which changes how later top-k ties are broken, so compressions
         run at the same steps whether finished rows are kept to the end or not."""
-        return bool((self.lengths > self.compression.budget).any()) or self.left_length > self.compression.budget
+        return bool((self.lengths > self.method.budget).any()) or self.left_length > self.method.budget
 
     def after_prefill(self) -> None:
         """Compress right after prefill when a prompt exceeds the budget."""
-        if self.compression.compresses and self.over_budget():
+        if self.method.compresses and self.over_budget():
             self.compress()
 
     def after_step(self, generated: int) -> None:
         """Compress after every ``interval``-th generated token's forward (when a sequence is over budget)."""
-        if self.compression.compresses and generated % self.compression.interval == 0 and self.over_budget():
+        if self.method.compresses and generated % self.method.interval == 0 and self.over_budget():
             self.compress()
 
     def select_rows(self, keep: torch.Tensor) -> None:
@@ -231,12 +234,12 @@ class EvictionCache(KVCache):
         if bool(leaving.any()):
             self.left_length = max(self.left_length, int(self.lengths[leaving].max()))
         # one buffer at a time, so that the cache never needs much more than its size while it shrinks
-        buffers = (self.keys, self.values) + ((self.queries,) if self.compression.compresses else ())
+        buffers = (self.keys, self.values) + ((self.queries,) if self.method.compresses else ())
         for layers in buffers:
             for layer, x in enumerate(layers):
                 layers[layer] = x.index_select(0, keep)
         self.valid, self.lengths = self.valid[keep], self.lengths[keep]
-        if self.compression.compresses:
+        if self.method.compresses:
             self.positions = self.positions.index_select(1, keep)
             self.history = self.history.index_select(1, keep)
             self.query_pos, self.query_ok = self.query_pos[keep], self.query_ok[keep]
@@ -257,7 +260,7 @@ class EvictionCache(KVCache):
         no longer sees them.
         """
         start = time.perf_counter()
-        cfg, S = self.compression, self.used
+        cfg, S = self.method, self.used
         key_ok, stamp = self.valid[:, :S], self.lengths.to(torch.int32)
         positions, history = self.positions[..., :S], self.history[..., :S]  # [L, B, Hkv, S]
         L, B, Hkv, _ = positions.shape
@@ -281,6 +284,7 @@ class EvictionCache(KVCache):
                 layer,
                 rows,
                 self.lengths,
+                self.seed,
             )
             score, new_history = self.method.score(state)
             scores.append(score)

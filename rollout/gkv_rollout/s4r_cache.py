@@ -29,7 +29,6 @@ import torch
 import torch.nn.functional as F
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from gkv_rollout.config import Settings
 from gkv_rollout.contract.attention import head_dim
 from gkv_rollout.contract.bits import pack_bits, unpack_bits
 from gkv_rollout.contract.rope import group_queries, heads_to_concat, inverse_rope
@@ -51,7 +50,7 @@ from gkv_rollout.lowrank import (
     selection_budget,
     split_rank,
 )
-from gkv_rollout.methods import Method, ModelShape, register
+from gkv_rollout.methods import Method, ModelShape, check_scoring, register
 from gkv_rollout.scoring import aggregate_group, pool_scores
 
 # where S4R's time goes (``S4RCache.phase_seconds``): fitting the bases in the prefill; then, per decode step,
@@ -66,10 +65,32 @@ def _help(text: str) -> dict:
     return {"help": " ".join(text.split())}
 
 
+@register
 @dataclass
-class S4ROptions:
-    """The options of ``s4r`` (``compression.options.*`` with ``compression.method=s4r``)."""
+class S4R(Method):
+    """S4R: exact sinks, rank-r coefficients from SVD bases of sampled pre-RoPE keys and values, latent scoring at
+    every step, the top tokens reconstructed (``S4RCache``, its record ``S4RRecord``; docs/s4r.md).
 
+    window: the last ``window`` queries score the cache in the latent space; the last ``window`` tokens are always
+        reconstructed.
+    sinks: the first ``sinks`` tokens are kept exact.
+    pool_kernel: pooling of the latent scores along the sequence (odd; 1: none).
+    pool: how scores are pooled: max or avg.
+    group_agg: how the query heads of a GQA group are combined: max or mean.
+    """
+
+    name = "s4r"
+    summary = (
+        "exact sinks + rank-r coefficients from SVD bases of pre-RoPE K/V, latent scoring, top tokens "
+        "reconstructed ([docs/s4r.md](docs/s4r.md))"
+    )
+    static_decode = False  # it scores and reconstructs at every step, outside any graph
+
+    window: int = 32
+    sinks: int = 4
+    pool_kernel: int = 7
+    pool: str = "max"
+    group_agg: str = "mean"
     eta: float = field(
         default=0.2,
         metadata=_help("""persistent-memory share: the rank is solved so that the stored state (exact sinks, the
@@ -131,6 +152,7 @@ class S4ROptions:
     )
 
     def __post_init__(self):
+        check_scoring(self)
         if not 0.0 < self.eta <= 1.0:
             raise ValueError(f"eta must lie in (0, 1], got {self.eta}")
         if self.rho is None:
@@ -169,82 +191,58 @@ class S4ROptions:
         if any(layer < 0 for layer in self.full_layers):
             raise ValueError(f"full_layers must be layer indices, got {self.full_layers}")
 
+    def make_cache(self, model, batch, prompt_width, max_new, device, seed=0):
+        return S4RCache(model, self, batch, prompt_width, max_new, device)
 
-@register
-class S4R(Method):
-    """S4R: exact sinks, rank-r coefficients from SVD bases of sampled pre-RoPE keys and values, latent scoring at
-    every step, the top tokens reconstructed (``S4RCache``, its record ``S4RRecord``; docs/s4r.md)."""
-
-    name = "s4r"
-    summary = (
-        "exact sinks + rank-r coefficients from SVD bases of pre-RoPE K/V, latent scoring, top tokens "
-        "reconstructed ([docs/s4r.md](docs/s4r.md))"
-    )
-    Options = S4ROptions
-    static_decode = False  # it scores and reconstructs at every step, outside any graph
-    defaults = {**Method.defaults, "window": 32, "sinks": 4, "pool_kernel": 7, "group_agg": "mean"}
-
-    @classmethod
-    def make_cache(cls, model, settings, batch, prompt_width, max_new, device, seed=0):
-        return S4RCache(model, settings, batch, prompt_width, max_new, device)
-
-    @classmethod
-    def cache_bytes(cls, settings, shape: ModelShape, rows, prompt, new, dtype_bytes):
+    def cache_bytes(self, shape: ModelShape, rows, prompt, new, dtype_bytes):
         """The prompt's exact K and V during prefill, then float32 coefficients at rank <= D' per token (keys and
         values), the window's float64 score sums, the bit-packed selections of every generated token, and with
         ``refresh`` the last ``refresh`` tokens' float32 pre-RoPE keys and values; plus the sampled tokens and
         their log-probs (12 bytes per token); the ``exact`` control keeps every token's exact keys, values or both
         besides."""
-        L, G, total, options = shape.layers, shape.heads // shape.kv_heads, prompt + new, settings.options
-        rank = max(options.rank or 0, options.rank_v or 0) or shape.latent_dim  # the eta rank is at most D'
+        L, G, total = shape.layers, shape.heads // shape.kv_heads, prompt + new
+        rank = max(self.rank or 0, self.rank_v or 0) or shape.latent_dim  # the eta rank is at most D'
         size = prompt * shape.token_bytes(dtype_bytes) + L * total * (2 * rank * 4 + G * 8) + L * new * (total + 7) // 8
-        size += 2 * L * min(options.refresh, new) * shape.latent_dim * 4
-        exact_sides = {"none": 0, "keys": 1, "values": 1, "both": 2}[options.exact]
+        size += 2 * L * min(self.refresh, new) * shape.latent_dim * 4
+        exact_sides = {"none": 0, "keys": 1, "values": 1, "both": 2}[self.exact]
         size += total * shape.token_bytes(dtype_bytes) * exact_sides // 2  # the exact states
         size += exact_sides * L * shape.latent_dim**2 * 4  # the record's identity bases (float32 D' x D' a layer)
         return rows * (size + new * 12)
 
-    @classmethod
-    def check_generation(cls, settings, max_new_tokens, key):
-        if settings.options.refresh >= max_new_tokens:
+    def check_generation(self, max_new_tokens, key):
+        if self.refresh >= max_new_tokens:
             raise ValueError(
-                f"compression.options.refresh={settings.options.refresh} refreshes nothing in a generation of "
+                f"compression.options.refresh={self.refresh} refreshes nothing in a generation of "
                 f"{max_new_tokens} tokens ({key}): set it below {max_new_tokens}, or 0 for no refresh"
             )
 
-    @classmethod
-    def check_model(cls, settings, shape: ModelShape):
+    def check_model(self, shape: ModelShape):
         """Ranks within the model's D' (a larger one would be cut to D', and the run recorded as what was given),
         and ``full_layers`` among the model's layers (another index would be ignored)."""
-        options = settings.options
-        beyond = [layer for layer in options.full_layers if layer >= shape.layers]
+        beyond = [layer for layer in self.full_layers if layer >= shape.layers]
         if beyond:
             raise ValueError(
-                f"compression.options.full_layers={list(options.full_layers)}: {shape.name} has layers "
+                f"compression.options.full_layers={list(self.full_layers)}: {shape.name} has layers "
                 f"0-{shape.layers - 1}"
             )
         for key in ("rank", "rank_v"):
-            value = getattr(options, key)
+            value = getattr(self, key)
             if value is not None and value > shape.latent_dim:
                 raise ValueError(
                     f"compression.options.{key}={value} exceeds what {shape.name} allows: an S4R basis has at most KV "
                     f"heads x head dim = {shape.kv_heads} x {shape.head_dim} = {shape.latent_dim} columns"
                 )
 
-    @classmethod
-    def check_lengths(cls, settings, shape: ModelShape, shortest, new):
-        expected = settings.options.expected_length
+    def check_lengths(self, shape: ModelShape, shortest, new):
+        expected = self.expected_length
         length = shortest + new if expected is None else max(shortest, expected)
         groups = shape.heads // shape.kv_heads
-        check_eta(
-            settings.options.eta, settings.sinks, length - settings.sinks, shape.latent_dim, groups, settings.window
-        )
+        check_eta(self.eta, self.sinks, length - self.sinks, shape.latent_dim, groups, self.window)
 
-    @classmethod
-    def check_prompts(cls, settings, shortest, which):
-        if shortest <= settings.sinks:
+    def check_prompts(self, shortest, which):
+        if shortest <= self.sinks:
             raise ValueError(
-                f"s4r needs prompts longer than its {settings.sinks} sinks (compression.sinks); {which} has "
+                f"s4r needs prompts longer than its {self.sinks} sinks (compression.sinks); {which} has "
                 f"{shortest} tokens"
             )
 
@@ -271,16 +269,16 @@ class S4RCache(KVCache):
     """S4R attention context of one batched rollout. Slot i of the coefficient buffers holds logical position
     ``i + sinks`` (nothing is evicted: every token is kept, low-rank)."""
 
-    def __init__(self, model, compression: Settings, batch_size: int, prompt_width: int, max_new: int, device):
+    def __init__(self, model, method: S4R, batch_size: int, prompt_width: int, max_new: int, device):
         cfg = model.config
-        self.compression = compression
+        self.method = method
         self.rotary = model.get_decoder().rotary_emb
         self.L = cfg.num_hidden_layers
         self.H, self.Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
         self.D = head_dim(cfg)
         self.dim = self.Hkv * self.D
         self.G = self.H // self.Hkv
-        self.s, self.W = compression.sinks, compression.window
+        self.s, self.W = method.sinks, method.window
         self.B, self.max_new = batch_size, max_new
         self.length = prompt_width + max_new  # logical positions the buffers cover
         self.device = device
@@ -298,8 +296,8 @@ class S4RCache(KVCache):
         rope_type = getattr(self.rotary, "rope_type", None)
         self._rope_static = isinstance(rope_type, str) and rope_type not in ("dynamic", "longrope")
         self._rope_table = None
-        self._exact_k = compression.options.exact in ("keys", "both")
-        self._exact_v = compression.options.exact in ("values", "both")
+        self._exact_k = method.exact in ("keys", "both")
+        self._exact_v = method.exact in ("values", "both")
 
     # ---- engine interface ----------------------------------------------------------------------------
     @property
@@ -343,7 +341,7 @@ class S4RCache(KVCache):
             self._sync_bases()
         self.rows, self.B = self.rows[keep], len(keep)
         state = ("sink_k", "sink_v", "bases_k", "bases_v", "coef_k", "coef_v", "cq", "window_sum", "chosen")
-        state += ("recent_k", "recent_v") if self.compression.options.refresh else ()
+        state += ("recent_k", "recent_v") if self.method.refresh else ()
         state += ("exact_k",) if self._exact_k else ()
         state += ("exact_v",) if self._exact_v else ()
         for name in state:  # one at a time
@@ -356,11 +354,11 @@ class S4RCache(KVCache):
         """Refresh (``compression.options.refresh``): every ``refresh`` generated tokens, each layer's key and value
         bases gain ``refresh_rank`` directions from the last ``refresh`` tokens (``extend_bases``), up to each
         row's final rank; tokens written from now on use them."""
-        cfg = self.compression
-        if not cfg.options.refresh or generated % cfg.options.refresh or generated >= self.max_new:
+        cfg = self.method
+        if not cfg.refresh or generated % cfg.refresh or generated >= self.max_new:
             return
         start = time.perf_counter()
-        k = cfg.options.refresh_rank
+        k = cfg.refresh_rank
         for bases, rank, cap, recent in (
             (self.bases_k, self.rank_k, self.cap_k, self.recent_k),
             (self.bases_v, self.rank_v, self.cap_v, self.recent_v),
@@ -370,7 +368,7 @@ class S4RCache(KVCache):
                 if add <= 0:
                     continue
                 for layer in range(self.L):
-                    bases[layer, b] = extend_bases(bases[layer, b], r, recent[layer, b], add, cfg.options.normalize)
+                    bases[layer, b] = extend_bases(bases[layer, b], r, recent[layer, b], add, cfg.normalize)
             rank.copy_(torch.minimum(rank + k, cap))
         self.phase_seconds["refresh"] += time.perf_counter() - start
 
@@ -383,7 +381,7 @@ class S4RCache(KVCache):
 
     def _sync_bases(self) -> None:
         """Copy the rows held now into every row's bases (refresh changes them after prefill)."""
-        if self._all_bases is not None and self.compression.options.refresh:
+        if self._all_bases is not None and self.method.refresh:
             self._all_bases[0][:, self.rows] = self.bases_k
             self._all_bases[1][:, self.rows] = self.bases_v
 
@@ -434,23 +432,19 @@ class S4RCache(KVCache):
         return out
 
     def _allocate(self, dtype) -> None:
-        cfg, B, L = self.compression, self.B, self.L
+        cfg, B, L = self.method, self.B, self.L
         prompt = self.lengths  # real prompt tokens per sequence
         if bool((prompt <= self.s).any()):
             raise ValueError(f"s4r needs prompts longer than its {self.s} sinks")
-        ranks = [
-            s4r_rank(cfg.options.eta, self.s, self._eta_length(int(n)) - self.s, self.dim, self.G, self.W)
-            for n in prompt
-        ]
+        ranks = [s4r_rank(cfg.eta, self.s, self._eta_length(int(n)) - self.s, self.dim, self.G, self.W) for n in prompt]
         # the rank each row ends with (its coefficient buffers' width); with refresh it starts short of it by the
         # columns the refreshes will add, so that the budget is kept
-        options = cfg.options
-        split = [split_rank(r, options.rank_ratio, self.dim) for r in ranks]  # (r_k, r_v) per row
-        self.cap_k = torch.tensor([options.rank or k for k, _ in split], device=self.device).clamp_max(self.dim)
-        self.cap_v = torch.tensor(
-            [options.rank_v or options.rank or v for _, v in split], device=self.device
-        ).clamp_max(self.dim)
-        added = cfg.options.refresh_rank * ((self.max_new - 1) // cfg.options.refresh) if cfg.options.refresh else 0
+        split = [split_rank(r, cfg.rank_ratio, self.dim) for r in ranks]  # (r_k, r_v) per row
+        self.cap_k = torch.tensor([cfg.rank or k for k, _ in split], device=self.device).clamp_max(self.dim)
+        self.cap_v = torch.tensor([cfg.rank_v or cfg.rank or v for _, v in split], device=self.device).clamp_max(
+            self.dim
+        )
+        added = cfg.refresh_rank * ((self.max_new - 1) // cfg.refresh) if cfg.refresh else 0
         self.rank_k, self.rank_v = (self.cap_k - added).clamp_min(1), (self.cap_v - added).clamp_min(1)  # now
         self._ranks = (self.cap_k, self.cap_v)  # of every row (rows that finish leave the buffers)
         rk, rv, S = int(self.cap_k.max()), int(self.cap_v.max()), self.length - self.s
@@ -472,8 +466,8 @@ class S4RCache(KVCache):
         exact = dict(size=(L, B, self.Hkv, S, self.D), dtype=dtype, device=self.device)
         self.exact_k = torch.zeros(**exact) if self._exact_k else None
         self.exact_v = torch.zeros(**exact) if self._exact_v else None
-        if cfg.options.refresh:  # the last ``refresh`` tokens' pre-RoPE keys and values, for the next refresh
-            self.recent_k = torch.zeros(L, B, cfg.options.refresh, self.dim, **f32)
+        if cfg.refresh:  # the last ``refresh`` tokens' pre-RoPE keys and values, for the next refresh
+            self.recent_k = torch.zeros(L, B, cfg.refresh, self.dim, **f32)
             self.recent_v = torch.zeros_like(self.recent_k)
         self.q_pos = torch.zeros(B, self.W, dtype=torch.long, device=self.device)
         self.q_ok = torch.zeros(B, self.W, dtype=torch.bool, device=self.device)
@@ -484,7 +478,7 @@ class S4RCache(KVCache):
 
     def _eta_length(self, prompt: int) -> int:
         """The sequence length at which the persistent memory is the share ``eta`` (``expected_length``)."""
-        expected = self.compression.options.expected_length
+        expected = self.method.expected_length
         if expected is None:
             return prompt + self.max_new
         return max(prompt, expected)  # 0 (or a length below the prompt's): at the prompt
@@ -493,7 +487,7 @@ class S4RCache(KVCache):
         """Sinks, bases, coefficients of every prompt token and the projected query window of one layer."""
         if not self._buffers_ready:
             self._allocate(key.dtype)
-        cfg, pos, valid = self.compression, self._positions, self._valid_new
+        cfg, pos, valid = self.method, self._positions, self._valid_new
         cos, sin = self._rope(value, pos)
         k_pre = heads_to_concat(inverse_rope(key, cos, sin)).float()  # [B, P, D']
         v_cat = heads_to_concat(value).float()
@@ -509,19 +503,19 @@ class S4RCache(KVCache):
                 self.exact_k[layer, b][:, slots_b] = key[b][:, rest]
             if self._exact_v:
                 self.exact_v[layer, b][:, slots_b] = value[b][:, rest]
-            if cfg.options.basis == "prompt":
+            if cfg.basis == "prompt":
                 sampled = rest
             else:
                 # at least as many samples as the key rank (and the value rank when rank_ratio makes it larger)
-                floor = max(int(self.rank_k[b]), int(self.rank_v[b]) if cfg.options.rank_ratio != 1 else 0)
-                count = max(round(cfg.options.eta * len(rest)), floor)
-                sampled = rest[sample_positions(len(rest), count, cfg.options.recent_ratio)]
+                floor = max(int(self.rank_k[b]), int(self.rank_v[b]) if cfg.rank_ratio != 1 else 0)
+                count = max(round(cfg.eta * len(rest)), floor)
+                sampled = rest[sample_positions(len(rest), count, cfg.recent_ratio)]
             self.bases_k[layer, b] = torch.nn.functional.pad(
-                low_rank_bases(k_pre[b, sampled][None], int(self.rank_k[b]), cfg.options.normalize)[0],
+                low_rank_bases(k_pre[b, sampled][None], int(self.rank_k[b]), cfg.normalize)[0],
                 (0, rk - int(self.rank_k[b])),
             )
             self.bases_v[layer, b] = torch.nn.functional.pad(
-                low_rank_bases(v_cat[b, sampled][None], int(self.rank_v[b]), cfg.options.normalize)[0],
+                low_rank_bases(v_cat[b, sampled][None], int(self.rank_v[b]), cfg.normalize)[0],
                 (0, rv - int(self.rank_v[b])),
             )
         if layer == 0:
@@ -565,9 +559,9 @@ class S4RCache(KVCache):
         k_ok = self.valid[:, self.s : self.s + S] & (k_pos <= pos)
         sign = torch.tensor([1.0, -1.0], dtype=torch.float64, device=pos.device)
         pair_weight = (pair_ok.double() * sign)[:, :, None, None]
-        budget = selection_budget(k_pos, k_ok, pos[:, 0], self.W, self.compression.options.rho)
+        budget = selection_budget(k_pos, k_ok, pos[:, 0], self.W, self.method.rho)
         full = None
-        if self.compression.options.full_layers:
+        if self.method.full_layers:
             count = k_ok.sum(-1)
             full = int(count.max()), self._attention_mask(count, int(count.max()))
         return DecodeStep(
@@ -594,7 +588,7 @@ class S4RCache(KVCache):
 
     def _decode(self, module, query, key, value, scaling):
         start = time.perf_counter()
-        layer, cfg, now = module.layer_idx, self.compression, self._now
+        layer, cfg, now = module.layer_idx, self.method, self._now
         if now is None or now.step != self.step:
             now = self._now = self._begin_step(value)
         B, G, Hkv, D = self.B, self.G, self.Hkv, self.D
@@ -617,9 +611,9 @@ class S4RCache(KVCache):
             self.exact_k[layer, batch, :, now.slot.view(B)] = key[:, :, 0]
         if self._exact_v:
             self.exact_v[layer, batch, :, now.slot.view(B)] = value[:, :, 0]
-        if cfg.options.refresh:
-            self.recent_k[layer, :, self.step % cfg.options.refresh] = pre[:, G, 0]
-            self.recent_v[layer, :, self.step % cfg.options.refresh] = v_cat[:, 0]
+        if cfg.refresh:
+            self.recent_k[layer, :, self.step % cfg.refresh] = pre[:, G, 0]
+            self.recent_v[layer, :, self.step % cfg.refresh] = v_cat[:, 0]
         pair = torch.cat([proj[:, :G], self.cq[layer, :, :, now.ring, None]], dim=2)  # [B, G, 2, r]: in, out
         self.cq[layer, :, :, now.ring] = proj[:, :G, 0]
 
@@ -634,7 +628,7 @@ class S4RCache(KVCache):
         # scores outside k_ok are 0 (nothing was ever added there), so max pooling needs no mask
         ok = None if cfg.pool == "max" else now.k_ok[:, None, :]
         score = aggregate_group(pool_scores(score, ok, cfg.pool_kernel, cfg.pool), 1, cfg.group_agg)
-        if layer in cfg.options.full_layers:
+        if layer in cfg.full_layers:
             chosen, (n, mask) = now.k_ok, now.full
         else:
             chosen, n, mask = select_tokens(score, now.budget), now.budget.n, now.mask
@@ -734,9 +728,7 @@ class S4RCache(KVCache):
         total = (prompt_lengths + completion_lengths).tolist()
         rank_k, rank_v = (r.tolist() for r in self._ranks)
         shares = [
-            persistent_elements(
-                self.s, max(T - self.s, 0), self.dim, self.G, self.W, rk, rv, self.compression.options.refresh
-            )
+            persistent_elements(self.s, max(T - self.s, 0), self.dim, self.G, self.W, rk, rv, self.method.refresh)
             / (2 * T * self.dim)
             for T, rk, rv in zip(total, rank_k, rank_v)
         ]
@@ -753,7 +745,7 @@ class S4RCache(KVCache):
                     self.W,
                     int(rk),
                     int(rv),
-                    self.compression.options.refresh,
+                    self.method.refresh,
                 )
                 for n, rk, rv in zip(self.lengths, self.cap_k, self.cap_v)
             )

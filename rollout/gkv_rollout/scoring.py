@@ -12,10 +12,40 @@ Conventions follow the reference implementation of G-KV (microsoft/G-KV, ``Score
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 _EPS = 1e-12
+
+
+@dataclass(frozen=True)
+class LayerState:
+    """One layer's cache at a compression: what a method may score it with.
+
+    query [B, Hkv, G, W, D]: the last W queries (after RoPE); query_pos int64 [B, W]; query_ok bool [B, W];
+    keys [B, Hkv, S, D] (after RoPE); key_pos int64 [B, Hkv, S] logical positions; key_ok bool [B, S];
+    candidates bool [B, Hkv, S]: occupied slots outside the window and sinks (the only ones a score decides);
+    history float32 [B, Hkv, S]: each token's global score from the last compression, NaN where it has none;
+    scale: the attention scale (1 / sqrt(D)); layer: the layer's index; rows int64 [B]: each sequence's row in the
+    rollout (the batch it started with); lengths int64 [B]: tokens each sequence has seen (the compression's time);
+    seed: the rollout's sampling seed (for a method that draws at random).
+    """
+
+    query: torch.Tensor
+    query_pos: torch.Tensor
+    query_ok: torch.Tensor
+    keys: torch.Tensor
+    key_pos: torch.Tensor
+    key_ok: torch.Tensor
+    candidates: torch.Tensor
+    history: torch.Tensor
+    scale: float
+    layer: int = 0
+    rows: torch.Tensor | None = None
+    lengths: torch.Tensor | None = None
+    seed: int = 0
 
 
 def candidate_slots(
