@@ -255,3 +255,65 @@ def test_no_benchmark_imports_another():
     }
     assert not found, found
     assert benchmark_imports("def f():\n    import bench_rollout\n") == {"bench_rollout"}
+
+
+def runtime_imports(source: str) -> set[str]:
+    """The modules a source file can import when it runs: every import statement at any depth (a function's lazy
+    import counts), but those of ``if TYPE_CHECKING:`` blocks, which only a type checker reads."""
+    tree = ast.parse(source)
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+        for statement in node.body
+        for inner in ast.walk(statement)
+    }
+    names = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+    return names
+
+
+def import_cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One cycle of ``graph`` (module -> the modules it imports) as a path that ends where it starts; [] when none."""
+    done, path = set(), []
+
+    def walk(module) -> list[str]:
+        if module in path:
+            return path[path.index(module) :] + [module]
+        if module in done:
+            return []
+        path.append(module)
+        for child in sorted(graph.get(module, ())):
+            found = walk(child)
+            if found:
+                return found
+        path.pop()
+        done.add(module)
+        return []
+
+    for module in sorted(graph):
+        found = walk(module)
+        if found:
+            return found
+    return []
+
+
+def test_no_module_imports_itself_back():
+    """No import cycle among the project's modules, lazy imports counted (``gkv_rollout.config`` -> ``methods`` ->
+    ``eviction_cache`` -> ``config`` went round until a method became one dataclass: its state types now sit beside
+    the scoring, and a method builds its cache); a package's ``__init__`` importing its own submodules is not a
+    cycle. Controls: a cycle written in is found; a type checker's import is not counted."""
+    graph = {
+        module: {m for m in runtime_imports(path.read_text()) if m in MODULES and not module.startswith(m + ".")}
+        for module, path in MODULES.items()
+    }
+    assert import_cycle(graph) == [], import_cycle(graph)
+    looped = {**graph, "gkv_rollout.scoring": graph["gkv_rollout.scoring"] | {"gkv_rollout.methods"}}
+    assert import_cycle(looped)[0] == import_cycle(looped)[-1]
+    assert runtime_imports("if TYPE_CHECKING:\n    import a\ndef f():\n    import b\nimport c\n") == {"b", "c"}
