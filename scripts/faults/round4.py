@@ -136,6 +136,20 @@ ENGINE = (
     "engine = RolloutEngine(model, tok)\nsampling = SamplingConfig(max_new_tokens=8)\n"
 )
 LONG = {"data.name": "long_recall", "data.limit": 1}
+
+
+def plug_in(source: str, use: str) -> str:
+    """A snippet that writes ``source`` as the module ``user_plugin`` in a fresh folder on ``sys.path``, then runs
+    ``use`` (which sets ``value``)."""
+    head = "from dataclasses import dataclass\nfrom gkv_rollout.methods import EvictionMethod, register\n"
+    return (
+        "import pathlib, sys, tempfile\nfolder = pathlib.Path(tempfile.mkdtemp())\n"
+        f"(folder / 'user_plugin.py').write_text({head + source!r})\nsys.path.insert(0, str(folder))\n"
+        "from gkv_rollout.config import CompressionConfig\n" + use
+    )
+
+
+SCORE = "    def score(self, state):\n        return state.key_pos.float(), None\n"
 T_LONG = {"eval_data.name": "long_recall", "eval_data.limit": 1}
 
 # (name, category, about, entry, changes, expect, patterns, setup)
@@ -581,6 +595,52 @@ ROWS = [
             ("none", "[[None]]", ["prefixes", "integers"]),
             ("negative", "[[-1]]", ["prefixes", "vocabulary"]),
             ("out-of-vocabulary", "[[10**9]]", ["prefixes", "vocabulary"]),
+        )
+    ],
+    # 11. a method of the user's own module (a method is one dataclass, 2026-12-06)
+    *[
+        ("configuration/plug-in-" + name, "configuration", about, "python", {"code": code}, expect, patterns, None)
+        for name, about, code, expect, patterns in (
+            (
+                "undecorated",
+                "a plug-in subclass without @dataclass, window: int = 3: ran with its base's window 16",
+                plug_in(
+                    "class Late(EvictionMethod):\n    name = 'late'\n    window: int = 3\n" + SCORE,
+                    "value = CompressionConfig('user_plugin:Late', budget=32).resolved.window",
+                ),
+                "raise",
+                ["user_plugin:Late", "@dataclass"],
+            ),
+            (
+                "registered-over-a-built-in",
+                "@register on a user's class named 'gkv': it replaced G-KV for every later run in the process",
+                plug_in(
+                    "@register\n@dataclass\nclass Mine(EvictionMethod):\n    name = 'gkv'\n" + SCORE,
+                    "import user_plugin\nvalue = CompressionConfig('gkv').kind",
+                ),
+                "raise",
+                ["'gkv'", "name of its own"],
+            ),
+            (
+                "name-as-a-field",
+                "a plug-in whose name is annotated (name: str = 'x'): the name became an option",
+                plug_in(
+                    "@dataclass\nclass Named(EvictionMethod):\n    name: str = 'named'\n" + SCORE,
+                    "value = CompressionConfig('user_plugin:Named', budget=32).identity()",
+                ),
+                "raise",
+                ["user_plugin:Named", "name as a field"],
+            ),
+            (
+                "identity-its-own-fields",
+                "a plug-in's identity recorded G-KV's and S4R's options beside its own",
+                plug_in(
+                    "@dataclass\nclass Norm(EvictionMethod):\n    name = 'norm'\n    p: float = 2.0\n" + SCORE,
+                    "value = CompressionConfig('user_plugin:Norm', budget=32).identity()",
+                ),
+                "result",
+                [r"out:BENCH_RESULT (?!.*alpha)(?!.*eta).*'method': 'norm'.*'p': 2\.0"],
+            ),
         )
     ],
 ]
