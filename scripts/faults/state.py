@@ -267,353 +267,350 @@ def garble_metrics(ctx: Context, out: Path) -> None:
     (out / "eval.json").unlink()  # a run that stopped before its end
 
 
-def state_cases() -> list[Case]:
-    L, C, N = "listed", "control", "new"
-    K = "state_faults"
-    three = {"max_steps": 3}
-    six = {"max_steps": 6}
+LISTED, CONTROL, NEW, ROUND3 = ("listed", "control", "new", "round3")  # the kinds of case (bench_faults.KINDS)
+CATEGORY = "state_faults"
+THREE_STEPS = {"max_steps": 3}
+SIX_STEPS = {"max_steps": 6}
+TWO_STEPS = {"max_steps": 2, "save_steps": 1}
 
-    def resumed_ok(max_steps):
-        return lambda ctx, proc: judge_result(proc, lambda: steps_problem(ctx.work / "out", max_steps))
 
-    def refused(names):
-        return lambda ctx, proc: judge_refusal(proc, names, before_load=True)
+def resumed_ok(max_steps):
+    return lambda ctx, proc: judge_result(proc, lambda: steps_problem(ctx.work / "out", max_steps))
 
-    def reuse_eval(ctx: Context) -> Verdict:
-        first = ctx.run(ctx.entry(*overrides("evaluate", {"data.limit": 3})), 120)
+
+def refused(names):
+    return lambda ctx, proc: judge_refusal(proc, names, before_load=True)
+
+
+def reuse_eval(ctx: Context) -> Verdict:
+    first = ctx.run(ctx.entry(*overrides("evaluate", {"data.limit": 3})), 120)
+    if first.rc != 0:
+        return Verdict("crash", f"the first run failed: {failure_message(first.err)[:300]}")
+    again = ctx.run(ctx.entry(*overrides("evaluate", {"data.limit": 3})), 120)
+    return judge_result(again, lambda: samples_problem(ctx, 1, 3))
+
+
+def other_settings_eval(ctx: Context) -> Verdict:
+    first = ctx.run(ctx.entry(*overrides("evaluate", {})), 120)
+    if first.rc != 0:
+        return Verdict("crash", f"the first run failed: {failure_message(first.err)[:300]}")
+    again = ctx.run(ctx.entry(*overrides("evaluate", {"sampling.temperature": 0.3})), 120)
+    return judge_refusal(again, ["temperature"])
+
+
+def finished_again(ctx: Context, proc: Proc) -> Verdict:
+
+    def check():
+        saved = last_json_line(proc.out)
+        first = json.loads((ctx.work / "out" / "eval.json").read_text())
+        return None if saved == first else f"printed {saved}, the saved evaluation is {first}"
+
+    return judge_result(proc, check)
+
+
+def damaged_then_resumed(damage_file):
+    """Train 2 steps (a checkpoint each), damage ``damage_file`` of checkpoint-2, resume=last to step 3: right
+    is resuming from checkpoint-1 with a line naming the damage, every step logged once."""
+
+    def run(ctx: Context) -> Verdict:
+        out = ctx.work / "out"
+        first = ctx.run(ctx.entry(*overrides("train", TWO_STEPS)), 180)
         if first.rc != 0:
             return Verdict("crash", f"the first run failed: {failure_message(first.err)[:300]}")
-        again = ctx.run(ctx.entry(*overrides("evaluate", {"data.limit": 3})), 120)
-        return judge_result(again, lambda: samples_problem(ctx, 1, 3))
+        damage_file(out / "checkpoint-2")
+        proc = ctx.run(ctx.entry(*overrides("train", {**TWO_STEPS, "max_steps": 3, "resume": "last"})), 240)
 
-    def other_settings_eval(ctx: Context) -> Verdict:
-        first = ctx.run(ctx.entry(*overrides("evaluate", {})), 120)
-        if first.rc != 0:
-            return Verdict("crash", f"the first run failed: {failure_message(first.err)[:300]}")
-        again = ctx.run(ctx.entry(*overrides("evaluate", {"sampling.temperature": 0.3})), 120)
-        return judge_refusal(again, ["temperature"])
-
-    def finished_again(ctx: Context, proc: Proc) -> Verdict:
         def check():
-            saved = last_json_line(proc.out)
-            first = json.loads((ctx.work / "out" / "eval.json").read_text())
-            return None if saved == first else f"printed {saved}, the saved evaluation is {first}"
+            problem = steps_problem(out, 3)
+            if problem:
+                return problem
+            return None if re.search("checkpoint-2 is damaged", proc.err) else "no line named the damaged checkpoint"
 
         return judge_result(proc, check)
 
-    cases = [
-        Case(
-            "state_faults/two-evaluate-one-folder",
-            K,
-            L,
-            "two scripts/evaluate.py runs into one folder at once: "
-            "both exit 0 and samples.jsonl is duplicated (pass@1 doubled)",
-            concurrent(
-                "evaluate",
-                {"data.limit": 6, "batch_problems": 1, "sampling.num_generations": 2, "sampling.max_new_tokens": 24},
-                lambda ctx: samples_problem(ctx, 2, 6),
-                "ok",
-            ),
-            300,
-        ),
-        Case(
-            "state_faults/two-train-one-folder",
-            K,
-            L,
-            "two train.py runs into one output_dir at once: both exit 0, steps logged twice",
-            concurrent("train", {"max_steps": 20, "data.limit": 8}, steps_once, "data_lost"),
-            300,
-        ),
-        Case(
-            "state_faults/sigterm-train",
-            K,
-            L,
-            "SIGTERM mid-run (save_steps beyond the run): nothing saved, nothing logged; then resume=last",
-            interrupted_train(signal.SIGTERM, 1000),
-            400,
-        ),
-        Case(
-            "state_faults/sigkill-train-resume",
-            K,
-            C,
-            "SIGKILL mid-run (a checkpoint every step), then resume=last: finishes with every step logged once",
-            interrupted_train(signal.SIGKILL, 1),
-            400,
-        ),
-        Case(
-            "state_faults/sigkill-evaluate-resume",
-            K,
-            C,
-            "SIGKILL mid-evaluation, then the same call: continues, every sample once",
-            interrupted_eval(signal.SIGKILL),
-            300,
-        ),
-        Case(
-            "state_faults/sigterm-evaluate-resume",
-            K,
-            C,
-            "SIGTERM mid-evaluation, then the same call",
-            interrupted_eval(signal.SIGTERM),
-            300,
-        ),
-        Case(
-            "state_faults/full-disk-train",
-            K,
-            L,
-            "a full disk during a checkpoint save: the error must name the "
-            "disk (was 'basic_ios::clear: iostream error'), nothing half-written",
-            full_disk_train,
-            240,
-        ),
-        Case(
-            "state_faults/full-disk-evaluate",
-            K,
-            N,
-            "a full disk while scripts/evaluate.py writes its samples",
-            full_disk_eval,
-            240,
-        ),
-        Case(
-            "state_faults/full-disk-traces-keeps-old",
-            K,
-            N,
-            "a full disk while generate_traces.py replaces an earlier traces file",
-            full_disk_traces,
-            240,
-        ),
-        Case(
-            "state_faults/resume-garbled-metrics",
-            K,
-            C,
-            "resume=last with a damaged last line in metrics.jsonl",
-            train_then(three, garble_metrics, {**three, "resume": "last"}, resumed_ok(3)),
-            400,
-        ),
-        Case(
-            "state_faults/resume-staging-leftover",
-            K,
-            C,
-            "resume=last with a leftover .staging folder",
-            train_then(
-                three,
-                lambda ctx, out: (out / ".staging" / "checkpoint-9").mkdir(parents=True),
-                {**six, "resume": "last"},
-                resumed_ok(6),
-            ),
-            400,
-        ),
-        Case(
-            "state_faults/resume-bare-checkpoint",
-            K,
-            C,
-            "resume=last beside a bare checkpoint-99 (no trainer state)",
-            train_then(
-                three, lambda ctx, out: (out / "checkpoint-99").mkdir(), {**six, "resume": "last"}, resumed_ok(6)
-            ),
-            400,
-        ),
-        Case(
-            "state_faults/resume-raised-max-steps",
-            K,
-            C,
-            "a finished run continued with a higher max_steps",
-            train_then(three, None, {**six, "resume": "last"}, resumed_ok(6)),
-            400,
-        ),
-        Case(
-            "state_faults/resume-finished",
-            K,
-            C,
-            "resume=last on a finished run: nothing trained, the saved evaluation printed",
-            train_then(three, None, {**three, "resume": "last"}, finished_again),
-            400,
-        ),
-        Case(
-            "state_faults/second-run-refused",
-            K,
-            C,
-            "a second run into a folder holding a run (no resume)",
-            train_then(three, None, three, refused(["output_dir|resume|overwrite"])),
-            400,
-        ),
-        refuse(
-            "state_faults/resume-not-a-checkpoint",
-            K,
-            C,
-            "resume=<a folder that is no checkpoint>",
-            "train",
-            {"resume": "{work}/nothing"},
-            ["nothing"],
-            setup=lambda ctx: (ctx.work / "nothing").mkdir(),
-        ),
-        Case(
-            "state_faults/evaluate-reused",
-            K,
-            C,
-            "the same evaluation twice: results reused, not duplicated",
-            reuse_eval,
-        ),
-        Case(
-            "state_faults/evaluate-other-settings",
-            K,
-            C,
-            "another evaluation into a folder of other settings",
-            other_settings_eval,
-        ),
-    ]
-    R = "round3"
-    two = {"max_steps": 2, "save_steps": 1}
+    return run
 
-    def damaged_then_resumed(damage_file):
-        """Train 2 steps (a checkpoint each), damage ``damage_file`` of checkpoint-2, resume=last to step 3: right
-        is resuming from checkpoint-1 with a line naming the damage, every step logged once."""
 
-        def run(ctx: Context) -> Verdict:
-            out = ctx.work / "out"
-            first = ctx.run(ctx.entry(*overrides("train", two)), 180)
-            if first.rc != 0:
-                return Verdict("crash", f"the first run failed: {failure_message(first.err)[:300]}")
-            damage_file(out / "checkpoint-2")
-            proc = ctx.run(ctx.entry(*overrides("train", {**two, "max_steps": 3, "resume": "last"})), 240)
+def truncate(name):
 
-            def check():
-                problem = steps_problem(out, 3)
-                if problem:
-                    return problem
-                return (
-                    None if re.search(r"checkpoint-2 is damaged", proc.err) else "no line named the damaged checkpoint"
-                )
+    def cut(folder: Path) -> None:
+        path = folder / name
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
-            return judge_result(proc, check)
+    return cut
 
-        return run
 
-    def truncate(name):
-        def cut(folder: Path) -> None:
-            path = folder / name
-            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+def garbage(folder: Path) -> None:
+    (folder / "trainer_state.json").write_text("{not json")
 
-        return cut
 
-    def garbage(folder: Path) -> None:
-        (folder / "trainer_state.json").write_text("{not json")
+def resume_damaged(ctx: Context) -> Verdict:
+    out = ctx.work / "out"
+    first = ctx.run(ctx.entry(*overrides("train", TWO_STEPS)), 180)
+    if first.rc != 0:
+        return Verdict("crash", f"the first run failed: {failure_message(first.err)[:300]}")
+    truncate("model.safetensors")(out / "checkpoint-2")
+    proc = ctx.run(
+        ctx.entry(*overrides("train", {**TWO_STEPS, "max_steps": 3, "resume": str(out / "checkpoint-2")})), 240
+    )
+    return judge_refusal(proc, ["model.safetensors"])
 
-    def resume_damaged(ctx: Context) -> Verdict:
-        out = ctx.work / "out"
-        first = ctx.run(ctx.entry(*overrides("train", two)), 180)
+
+def export_damaged(ctx: Context) -> Verdict:
+    out = ctx.work / "out"
+    first = ctx.run(ctx.entry(*overrides("train", {"max_steps": 1})), 180)
+    if first.rc != 0:
+        return Verdict("crash", f"the first run failed: {failure_message(first.err)[:300]}")
+    truncate("model.safetensors")(out)
+    proc = ctx.run([ctx.python, "-m", "gkv_train.cli", "export", str(out), str(ctx.work / "merged")], 180)
+    return judge_refusal(proc, ["model.safetensors"], must_not_exist=[ctx.work / "merged"])
+
+
+def resume_other(changes_second: dict, names: list[str]):
+    """A run into {work}/first (1 step), then one into {work}/out resuming its checkpoint with
+    ``changes_second``: refused, naming ``names``, before the model loads."""
+
+    def run(ctx: Context) -> Verdict:
+        first = ctx.run(ctx.entry(*overrides("train", {"output_dir": "{work}/first"})), 180)
         if first.rc != 0:
             return Verdict("crash", f"the first run failed: {failure_message(first.err)[:300]}")
-        truncate("model.safetensors")(out / "checkpoint-2")
-        proc = ctx.run(
-            ctx.entry(*overrides("train", {**two, "max_steps": 3, "resume": str(out / "checkpoint-2")})), 240
-        )
-        return judge_refusal(proc, ["model.safetensors"])
+        second = {"resume": "{work}/first/checkpoint-1", **changes_second}
+        proc = ctx.run(ctx.entry(*overrides("train", second)), 180)
+        return judge_refusal(proc, names, must_not_exist=[ctx.work / "out"])
 
-    def export_damaged(ctx: Context) -> Verdict:
-        out = ctx.work / "out"
-        first = ctx.run(ctx.entry(*overrides("train", {"max_steps": 1})), 180)
-        if first.rc != 0:
-            return Verdict("crash", f"the first run failed: {failure_message(first.err)[:300]}")
-        truncate("model.safetensors")(out)
-        proc = ctx.run([ctx.python, "-m", "gkv_train.cli", "export", str(out), str(ctx.work / "merged")], 180)
-        return judge_refusal(proc, ["model.safetensors"], must_not_exist=[ctx.work / "merged"])
+    return run
 
-    def resume_other(changes_second: dict, names: list[str]):
-        """A run into {work}/first (1 step), then one into {work}/out resuming its checkpoint with
-        ``changes_second``: refused, naming ``names``, before the model loads."""
 
-        def run(ctx: Context) -> Verdict:
-            first = ctx.run(ctx.entry(*overrides("train", {"output_dir": "{work}/first"})), 180)
-            if first.rc != 0:
-                return Verdict("crash", f"the first run failed: {failure_message(first.err)[:300]}")
-            second = {"resume": "{work}/first/checkpoint-1", **changes_second}
-            proc = ctx.run(ctx.entry(*overrides("train", second)), 180)
-            return judge_refusal(proc, names, must_not_exist=[ctx.work / "out"])
+# (name, kind, about, run, timeout): a case and the function that runs and judges it
+ROWS = [
+    (
+        "state_faults/two-evaluate-one-folder",
+        LISTED,
+        "two scripts/evaluate.py runs into one folder at once: both exit 0 and samples.jsonl is duplicated (pass@1 "
+        "doubled)",
+        concurrent(
+            "evaluate",
+            {"data.limit": 6, "batch_problems": 1, "sampling.num_generations": 2, "sampling.max_new_tokens": 24},
+            lambda ctx: samples_problem(ctx, 2, 6),
+            "ok",
+        ),
+        300,
+    ),
+    (
+        "state_faults/two-train-one-folder",
+        LISTED,
+        "two train.py runs into one output_dir at once: both exit 0, steps logged twice",
+        concurrent("train", {"max_steps": 20, "data.limit": 8}, steps_once, "data_lost"),
+        300,
+    ),
+    (
+        "state_faults/sigterm-train",
+        LISTED,
+        "SIGTERM mid-run (save_steps beyond the run): nothing saved, nothing logged; then resume=last",
+        interrupted_train(signal.SIGTERM, 1000),
+        400,
+    ),
+    (
+        "state_faults/sigkill-train-resume",
+        CONTROL,
+        "SIGKILL mid-run (a checkpoint every step), then resume=last: finishes with every step logged once",
+        interrupted_train(signal.SIGKILL, 1),
+        400,
+    ),
+    (
+        "state_faults/sigkill-evaluate-resume",
+        CONTROL,
+        "SIGKILL mid-evaluation, then the same call: continues, every sample once",
+        interrupted_eval(signal.SIGKILL),
+        300,
+    ),
+    (
+        "state_faults/sigterm-evaluate-resume",
+        CONTROL,
+        "SIGTERM mid-evaluation, then the same call",
+        interrupted_eval(signal.SIGTERM),
+        300,
+    ),
+    (
+        "state_faults/full-disk-train",
+        LISTED,
+        "a full disk during a checkpoint save: the error must name the disk (was 'basic_ios::clear: iostream "
+        "error'), nothing half-written",
+        full_disk_train,
+        240,
+    ),
+    (
+        "state_faults/full-disk-evaluate",
+        NEW,
+        "a full disk while scripts/evaluate.py writes its samples",
+        full_disk_eval,
+        240,
+    ),
+    (
+        "state_faults/full-disk-traces-keeps-old",
+        NEW,
+        "a full disk while generate_traces.py replaces an earlier traces file",
+        full_disk_traces,
+        240,
+    ),
+    (
+        "state_faults/resume-garbled-metrics",
+        CONTROL,
+        "resume=last with a damaged last line in metrics.jsonl",
+        train_then(THREE_STEPS, garble_metrics, {**THREE_STEPS, "resume": "last"}, resumed_ok(3)),
+        400,
+    ),
+    (
+        "state_faults/resume-staging-leftover",
+        CONTROL,
+        "resume=last with a leftover .staging folder",
+        train_then(
+            THREE_STEPS,
+            lambda ctx, out: (out / ".staging" / "checkpoint-9").mkdir(parents=True),
+            {**SIX_STEPS, "resume": "last"},
+            resumed_ok(6),
+        ),
+        400,
+    ),
+    (
+        "state_faults/resume-bare-checkpoint",
+        CONTROL,
+        "resume=last beside a bare checkpoint-99 (no trainer state)",
+        train_then(
+            THREE_STEPS,
+            lambda ctx, out: (out / "checkpoint-99").mkdir(),
+            {**SIX_STEPS, "resume": "last"},
+            resumed_ok(6),
+        ),
+        400,
+    ),
+    (
+        "state_faults/resume-raised-max-steps",
+        CONTROL,
+        "a finished run continued with a higher max_steps",
+        train_then(THREE_STEPS, None, {**SIX_STEPS, "resume": "last"}, resumed_ok(6)),
+        400,
+    ),
+    (
+        "state_faults/resume-finished",
+        CONTROL,
+        "resume=last on a finished run: nothing trained, the saved evaluation printed",
+        train_then(THREE_STEPS, None, {**THREE_STEPS, "resume": "last"}, finished_again),
+        400,
+    ),
+    (
+        "state_faults/second-run-refused",
+        CONTROL,
+        "a second run into a folder holding a run (no resume)",
+        train_then(THREE_STEPS, None, THREE_STEPS, refused(["output_dir|resume|overwrite"])),
+        400,
+    ),
+    (
+        "state_faults/resume-another-run",
+        ROUND3,
+        "resume=<another run's checkpoint> output_dir=<new> learning_rate=1e-3: accepted, trains at the other run's "
+        "2e-6",
+        resume_other({"learning_rate": 0.001}, ["another run"]),
+        400,
+    ),
+    (
+        "state_faults/resume-another-architecture",
+        ROUND3,
+        "resume=<a tiny-llama run's checkpoint> with model=tiny-qwen2: an optimizer param-group traceback",
+        resume_other({"model": "tiny-qwen2", "output_dir": "{work}/first"}, ["model"]),
+        400,
+    ),
+    (
+        "state_faults/resume-changed-learning-rate",
+        ROUND3,
+        "resume=last with another learning_rate: the checkpoint's optimizer and scheduler keep the old one, silently",
+        train_then(
+            {"max_steps": 1},
+            None,
+            {"max_steps": 2, "resume": "last", "learning_rate": 0.001},
+            refused(["learning_rate"]),
+        ),
+        400,
+    ),
+    (
+        "state_faults/checkpoint-truncated-model",
+        ROUND3,
+        "the newest checkpoint's model.safetensors truncated: a traceback naming no file, and it still counted as "
+        "complete for resume=last",
+        damaged_then_resumed(truncate("model.safetensors")),
+        500,
+    ),
+    (
+        "state_faults/checkpoint-truncated-optimizer",
+        ROUND3,
+        "the newest checkpoint's optimizer.pt truncated: torch's reader error",
+        damaged_then_resumed(truncate("optimizer.pt")),
+        500,
+    ),
+    (
+        "state_faults/checkpoint-garbage-trainer-state",
+        ROUND3,
+        "garbage in the newest checkpoint's trainer_state.json: one line naming no file",
+        damaged_then_resumed(garbage),
+        500,
+    ),
+    (
+        "state_faults/resume-damaged-checkpoint",
+        ROUND3,
+        "resume=<a checkpoint whose model.safetensors is truncated>: a traceback naming no file",
+        resume_damaged,
+        400,
+    ),
+    (
+        "state_faults/export-damaged-model",
+        ROUND3,
+        "gkv-train export of a run whose model.safetensors is truncated: a traceback naming no file",
+        export_damaged,
+        400,
+    ),
+    (
+        "state_faults/evaluate-reused",
+        CONTROL,
+        "the same evaluation twice: results reused, not duplicated",
+        reuse_eval,
+        120.0,
+    ),
+    (
+        "state_faults/evaluate-other-settings",
+        CONTROL,
+        "another evaluation into a folder of other settings",
+        other_settings_eval,
+        120.0,
+    ),
+]
 
-        return run
+# (name, kind, about, entry, changes, patterns, options): a case whose right outcome is a clear refusal naming every
+# pattern (``refuse``; ``options``: its keywords)
+REFUSALS = [
+    (
+        "state_faults/resume-not-a-checkpoint",
+        CONTROL,
+        "resume=<a folder that is no checkpoint>",
+        "train",
+        {"resume": "{work}/nothing"},
+        ["nothing"],
+        {"setup": lambda ctx: (ctx.work / "nothing").mkdir()},
+    ),
+    (
+        "state_faults/refused-run-leaves-no-folder",
+        ROUND3,
+        "resume=<missing> into a new output_dir: refused, but the folder was created with a .run.lock in it",
+        "train",
+        {"resume": "{work}/missing"},
+        ["missing"],
+        {"must_not_exist": ["{work}/out"]},
+    ),
+]
 
-    cases += [
-        refuse(
-            "state_faults/refused-run-leaves-no-folder",
-            K,
-            R,
-            "resume=<missing> into a new output_dir: refused, but the folder was created with a .run.lock in it",
-            "train",
-            {"resume": "{work}/missing"},
-            ["missing"],
-            must_not_exist=["{work}/out"],
-        ),
-        Case(
-            "state_faults/resume-another-run",
-            K,
-            R,
-            "resume=<another run's checkpoint> output_dir=<new> "
-            "learning_rate=1e-3: accepted, trains at the other run's 2e-6",
-            resume_other({"learning_rate": 0.001}, ["another run"]),
-            400,
-        ),
-        Case(
-            "state_faults/resume-another-architecture",
-            K,
-            R,
-            "resume=<a tiny-llama run's checkpoint> with model=tiny-qwen2: an optimizer param-group traceback",
-            resume_other({"model": "tiny-qwen2", "output_dir": "{work}/first"}, ["model"]),
-            400,
-        ),
-        Case(
-            "state_faults/resume-changed-learning-rate",
-            K,
-            R,
-            "resume=last with another learning_rate: the "
-            "checkpoint's optimizer and scheduler keep the old one, silently",
-            train_then(
-                {"max_steps": 1},
-                None,
-                {"max_steps": 2, "resume": "last", "learning_rate": 0.001},
-                refused(["learning_rate"]),
-            ),
-            400,
-        ),
-        Case(
-            "state_faults/checkpoint-truncated-model",
-            K,
-            R,
-            "the newest checkpoint's model.safetensors truncated: "
-            "a traceback naming no file, and it still counted as complete for resume=last",
-            damaged_then_resumed(truncate("model.safetensors")),
-            500,
-        ),
-        Case(
-            "state_faults/checkpoint-truncated-optimizer",
-            K,
-            R,
-            "the newest checkpoint's optimizer.pt truncated: torch's reader error",
-            damaged_then_resumed(truncate("optimizer.pt")),
-            500,
-        ),
-        Case(
-            "state_faults/checkpoint-garbage-trainer-state",
-            K,
-            R,
-            "garbage in the newest checkpoint's trainer_state.json: one line naming no file",
-            damaged_then_resumed(garbage),
-            500,
-        ),
-        Case(
-            "state_faults/resume-damaged-checkpoint",
-            K,
-            R,
-            "resume=<a checkpoint whose model.safetensors is truncated>: a traceback naming no file",
-            resume_damaged,
-            400,
-        ),
-        Case(
-            "state_faults/export-damaged-model",
-            K,
-            R,
-            "gkv-train export of a run whose model.safetensors is truncated: a traceback naming no file",
-            export_damaged,
-            400,
-        ),
+
+def state_cases() -> list[Case]:
+    cases = [Case(name, CATEGORY, kind, about, run, timeout) for name, kind, about, run, timeout in ROWS]
+    return cases + [
+        refuse(name, CATEGORY, kind, about, entry, changes, patterns, **options)
+        for name, kind, about, entry, changes, patterns, options in REFUSALS
     ]
-    return cases
