@@ -115,143 +115,6 @@ def traces_outputs(ctx: Context, proc: Proc) -> str | None:
     return None
 
 
-def output_cases() -> list[Case]:
-    L, C = "listed", "control"
-    K = "output"
-    eval_files = [
-        "summary.json",
-        "results.json",
-        "full/summary.json",
-        "full/run.json",
-        "full/samples.jsonl",
-        "full/density.jsonl",
-    ]
-    cases = [
-        either(
-            "output/s4r-rank-recorded",
-            K,
-            L,
-            "compression.s4r.rank=1000 for s4r: clamped to the model's width but recorded as given",
-            "evaluate",
-            {"compression.method": "s4r", "compression.options.rank": 1000},
-            ["rank"],
-            s4r_rank_check,
-            before_load=False,
-        ),
-        result(
-            "output/evaluate-strict-json",
-            K,
-            C,
-            "every evaluate.py JSON file and line parses strictly (3 problems x 3 samples, uneven batches)",
-            "evaluate",
-            {"data.limit": 3, "sampling.num_generations": 3, "batch_problems": 2},
-            strict_outputs("{work}/out", eval_files, lambda ctx, proc: pass_at_k_problem(ctx, proc, 3, 3)),
-        ),
-        result(
-            "output/evaluate-one-problem",
-            K,
-            C,
-            "one problem, one sample: undefined intervals written as null",
-            "evaluate",
-            {"data.limit": 1},
-            strict_outputs("{work}/out", eval_files, lambda ctx, proc: pass_at_k_problem(ctx, proc, 1, 1)),
-        ),
-        result(
-            "output/evaluate-with-plots",
-            K,
-            C,
-            "plots on: both figures written",
-            "evaluate",
-            {"plots": True},
-            strict_outputs("{work}/out", eval_files, lambda ctx, proc: figures_problem(ctx)),
-        ),
-        result(
-            "output/evaluate-sweep",
-            K,
-            C,
-            "methods=[full,gkv,snapkv] budgets=[16,32]: one run per pair",
-            "evaluate",
-            {
-                "methods": ["full", "gkv", "snapkv"],
-                "budgets": [16, 32],
-                "compression.window": 4,
-                "compression.interval": 4,
-            },
-            strict_outputs(
-                "{work}/out", ["*/summary.json", "summary.json"], lambda ctx, proc: sweep_problem(ctx, proc)
-            ),
-        ),
-        result(
-            "output/train-strict-json",
-            K,
-            C,
-            "train.py: metrics.jsonl and eval.json strict, each step once",
-            "train",
-            {"max_steps": 2},
-            strict_outputs("{work}/out", ["metrics.jsonl", "eval.json"], train_outputs),
-        ),
-        result(
-            "output/train-rl-full",
-            K,
-            C,
-            "recipe=rl_full: metrics and evaluation strict",
-            "train",
-            {"recipe": "rl_full", "max_steps": 2},
-            strict_outputs("{work}/out", ["metrics.jsonl", "eval.json"], train_outputs),
-        ),
-        result(
-            "output/train-s4r-record",
-            K,
-            C,
-            "compression.method=s4r in rl_sparse: trained under the record (mismatch < 1e-3)",
-            "train",
-            {"compression.method": "s4r", "max_steps": 2},
-            lambda ctx, proc: mismatch_problem(ctx),
-        ),
-        result(
-            "output/traces-strict-json",
-            K,
-            C,
-            "generate_traces.py: each line strict, counts agree",
-            "traces",
-            {"data.limit": 3, "sampling.num_generations": 2},
-            strict_outputs("{work}", ["traces.jsonl"], traces_outputs),
-        ),
-        result(
-            "output/distill-offline",
-            K,
-            C,
-            "recipe=distill from a traces file: strict outputs, each step once",
-            "train",
-            {"recipe": "distill", "max_steps": 2, "distill.traces": "{work}/traces.jsonl"},
-            lambda ctx, proc: distill_problem(ctx, proc),
-            setup=tiny_traces,
-        ),
-    ]
-
-    def lm_eval_stats(ctx: Context) -> Verdict:
-        proc = ctx.run(
-            lm_eval_command(
-                ctx, "pretrained=tiny,method=gkv,budget=16,window=4,interval=8,stats={work}/missing/stats.jsonl"
-            ),
-            180,
-            env={"HF_DATASETS_OFFLINE": "1"},
-        )
-        return judge_refusal(proc, ["missing"], before_load=True, must_not_exist=[ctx.work / "out"])
-
-    cases.append(
-        Case(
-            "output/lm-eval-stats-missing-folder",
-            "output",
-            "round3",
-            "gkv-train lm-eval with stats= in a folder that does not exist: a traceback after all the evaluation work",
-            lm_eval_stats,
-            180,
-        )
-    )
-    return cases
-
-
 def figures_problem(ctx: Context) -> str | None:
     missing = [n for n in ("pass_at_1_vs_budget.png", "retained_density.png") if not (ctx.work / "out" / n).is_file()]
     return f"no {', '.join(missing)}" if missing else None
@@ -310,3 +173,139 @@ def harness_cases() -> list[Case]:
             60,
         )
     ]
+
+
+CATEGORY = "output"
+LISTED, CONTROL = "listed", "control"  # the kinds of case (bench_faults.KINDS)
+EVAL_FILES = [
+    "summary.json",
+    "results.json",
+    "full/summary.json",
+    "full/run.json",
+    "full/samples.jsonl",
+    "full/density.jsonl",
+]
+
+# (name, kind, about, entry, changes, check, options): a case whose right outcome is exit 0 and ``check`` passing
+# (``result``)
+RESULTS = [
+    (
+        "output/evaluate-strict-json",
+        CONTROL,
+        "every evaluate.py JSON file and line parses strictly (3 problems x 3 samples, uneven batches)",
+        "evaluate",
+        {"data.limit": 3, "sampling.num_generations": 3, "batch_problems": 2},
+        strict_outputs("{work}/out", EVAL_FILES, lambda ctx, proc: pass_at_k_problem(ctx, proc, 3, 3)),
+        {},
+    ),
+    (
+        "output/evaluate-one-problem",
+        CONTROL,
+        "one problem, one sample: undefined intervals written as null",
+        "evaluate",
+        {"data.limit": 1},
+        strict_outputs("{work}/out", EVAL_FILES, lambda ctx, proc: pass_at_k_problem(ctx, proc, 1, 1)),
+        {},
+    ),
+    (
+        "output/evaluate-with-plots",
+        CONTROL,
+        "plots on: both figures written",
+        "evaluate",
+        {"plots": True},
+        strict_outputs("{work}/out", EVAL_FILES, lambda ctx, proc: figures_problem(ctx)),
+        {},
+    ),
+    (
+        "output/evaluate-sweep",
+        CONTROL,
+        "methods=[full,gkv,snapkv] budgets=[16,32]: one run per pair",
+        "evaluate",
+        {"methods": ["full", "gkv", "snapkv"], "budgets": [16, 32], "compression.window": 4, "compression.interval": 4},
+        strict_outputs("{work}/out", ["*/summary.json", "summary.json"], lambda ctx, proc: sweep_problem(ctx, proc)),
+        {},
+    ),
+    (
+        "output/train-strict-json",
+        CONTROL,
+        "train.py: metrics.jsonl and eval.json strict, each step once",
+        "train",
+        {"max_steps": 2},
+        strict_outputs("{work}/out", ["metrics.jsonl", "eval.json"], train_outputs),
+        {},
+    ),
+    (
+        "output/train-rl-full",
+        CONTROL,
+        "recipe=rl_full: metrics and evaluation strict",
+        "train",
+        {"recipe": "rl_full", "max_steps": 2},
+        strict_outputs("{work}/out", ["metrics.jsonl", "eval.json"], train_outputs),
+        {},
+    ),
+    (
+        "output/train-s4r-record",
+        CONTROL,
+        "compression.method=s4r in rl_sparse: trained under the record (mismatch < 1e-3)",
+        "train",
+        {"compression.method": "s4r", "max_steps": 2},
+        lambda ctx, proc: mismatch_problem(ctx),
+        {},
+    ),
+    (
+        "output/traces-strict-json",
+        CONTROL,
+        "generate_traces.py: each line strict, counts agree",
+        "traces",
+        {"data.limit": 3, "sampling.num_generations": 2},
+        strict_outputs("{work}", ["traces.jsonl"], traces_outputs),
+        {},
+    ),
+    (
+        "output/distill-offline",
+        CONTROL,
+        "recipe=distill from a traces file: strict outputs, each step once",
+        "train",
+        {"recipe": "distill", "max_steps": 2, "distill.traces": "{work}/traces.jsonl"},
+        lambda ctx, proc: distill_problem(ctx, proc),
+        {"setup": tiny_traces},
+    ),
+]
+
+
+def lm_eval_stats(ctx: Context) -> Verdict:
+    proc = ctx.run(
+        lm_eval_command(
+            ctx, "pretrained=tiny,method=gkv,budget=16,window=4,interval=8,stats={work}/missing/stats.jsonl"
+        ),
+        180,
+        env={"HF_DATASETS_OFFLINE": "1"},
+    )
+    return judge_refusal(proc, ["missing"], before_load=True, must_not_exist=[ctx.work / "out"])
+
+
+def output_cases() -> list[Case]:
+    results = [
+        result(name, CATEGORY, kind, about, entry, changes, check, **options)
+        for name, kind, about, entry, changes, check, options in RESULTS
+    ]
+    rank = either(
+        "output/s4r-rank-recorded",
+        CATEGORY,
+        LISTED,
+        "compression.s4r.rank=1000 for s4r: clamped to the model's width but recorded as given",
+        "evaluate",
+        {"compression.method": "s4r", "compression.options.rank": 1000},
+        ["rank"],
+        s4r_rank_check,
+        before_load=False,
+    )
+    lm_eval = Case(
+        "output/lm-eval-stats-missing-folder",
+        "output",
+        "round3",
+        "gkv-train lm-eval with stats= in a folder that does not exist: a traceback after all the evaluation work",
+        lm_eval_stats,
+        180,
+    )
+    return [rank, *results, lm_eval]
