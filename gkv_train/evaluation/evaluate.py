@@ -76,32 +76,8 @@ def evaluate_compression(
             SamplingConfig(**{**asdict(sampling), "seed": sampling.seed + index}),
             verify,
         )
-        out, golds, n = graded.out, graded.golds, sampling.num_samples
-        lines = []
-        for i, grade in enumerate(graded.grades):
-            lines.append(
-                {
-                    "batch": index,
-                    "problem_id": batch["id"][i // n],
-                    "sample": i % n,
-                    "completion": grade.text,
-                    "extracted": grade.answer,
-                    "gold": golds[i],
-                    "correct": grade.correct,
-                    "check_timed_out": grade.timed_out,
-                    "check_error": grade.error,
-                    "copied": grade.copied,
-                    "copied_share": grade.share,
-                    "score": grade.score,
-                    "length": int(out.completion_lengths[i]),
-                    "retention": out.retention[i].item(),
-                    "memory_share": out.memory_share[i].item(),
-                    "tokens_per_s": out.stats["tokens_per_s"],
-                    "batch_compressions": out.stats.get(
-                        "compressions", 0
-                    ),  # rounds in the batch, the prefill's included
-                }
-            )
+        out = graded.out
+        lines = sample_lines(index, batch["id"], graded, sampling.num_samples)
         kept, present = retained_by_position(out.record, out.prompt_lengths, out.completion_lengths)
         with naming_full_disk(out_dir, "evaluation samples"):
             with open(density_path, "a") as f:  # before the samples: a batch counts as done once its samples are in
@@ -128,6 +104,34 @@ def evaluate_compression(
     )
     write_atomically(out_dir / "summary.json", dumps(summary, indent=2))
     return summary
+
+
+def sample_lines(index: int, problem_ids: list, graded, n: int) -> list[dict]:
+    """One ``samples.jsonl`` record per sample of batch ``index`` (``graded``: its rollout and grades, ``n``
+    samples per problem, problem by problem)."""
+    out, golds = graded.out, graded.golds
+    return [
+        {
+            "batch": index,
+            "problem_id": problem_ids[i // n],
+            "sample": i % n,
+            "completion": grade.text,
+            "extracted": grade.answer,
+            "gold": golds[i],
+            "correct": grade.correct,
+            "check_timed_out": grade.timed_out,
+            "check_error": grade.error,
+            "copied": grade.copied,
+            "copied_share": grade.share,
+            "score": grade.score,
+            "length": int(out.completion_lengths[i]),
+            "retention": out.retention[i].item(),
+            "memory_share": out.memory_share[i].item(),
+            "tokens_per_s": out.stats["tokens_per_s"],
+            "batch_compressions": out.stats.get("compressions", 0),  # rounds in the batch, the prefill's included
+        }
+        for i, grade in enumerate(graded.grades)
+    ]
 
 
 def summarize(samples_path: Path, density_path: Path, n: int) -> dict:
