@@ -57,8 +57,6 @@ class CompressionConfig:
 
     def __post_init__(self):
         kind = method_class(self.method)  # an unknown name: an error naming the registered ones
-        if dataclasses.is_dataclass(self.options):
-            self.options = {f.name: getattr(self.options, f.name) for f in own_fields(type(self.options))}
         self.options = dict(self.options or {})
         # full keeps what it is given unchecked: a sweep's template holds its runs' options (EvalConfig)
         own = method_options(self.method, kind, self.options) if kind.compresses else {}
