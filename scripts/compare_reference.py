@@ -47,6 +47,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -144,8 +145,12 @@ def parse_args(argv=None):
     )
     p.add_argument("--cases-only", action="store_true", help="make the case file and stop")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--reference-python", default="/tmp/refvenv/bin/python")
-    p.add_argument("--reference-root", default="/tmp/gkvref")
+    p.add_argument(
+        "--reference-python",
+        default="outputs/reference/venv/bin/python",
+        help="the reference's Python (scripts/reference/make_fixtures.py: how it is made)",
+    )
+    p.add_argument("--reference-root", default="outputs/reference/G-KV", help="checkout of microsoft/G-KV (6db3b2e)")
     p.add_argument("--reference-output", default=None, help="reference result file (default: a temp path per interval)")
     p.add_argument("--reuse-reference", action="store_true", help="use an existing --reference-output, do not rerun it")
     p.add_argument(
@@ -195,7 +200,10 @@ def make_cases(args, model, tokenizer) -> dict:
 
 
 def run_reference(args, model_dir: Path, interval: int, methods: list[str], cases_path: Path) -> dict:
-    out = Path(args.reference_output or f"/tmp/reference_e2e_b{args.budget}_w{args.window}_i{interval}.pt")
+    out = Path(
+        args.reference_output
+        or Path(tempfile.gettempdir()) / f"reference_e2e_b{args.budget}_w{args.window}_i{interval}.pt"
+    )
     if args.reference_output and len(args.interval) > 1:
         out = out.with_name(f"{out.stem}_i{interval}{out.suffix}")
     if args.reuse_reference and args.wait_reference:
@@ -433,7 +441,7 @@ def main(argv=None):
     cases = [
         dict(c, completion=c["completion"][: args.max_completion or None]) for c in chosen[: args.max_cases or None]
     ]
-    effective = Path(f"/tmp/reference_e2e_cases_{os.getpid()}.json")
+    effective = Path(tempfile.gettempdir()) / f"reference_e2e_cases_{os.getpid()}.json"
     effective.write_text(json.dumps({"cases": cases}))
     result = {
         "script": "compare_reference",  # scripts/render_docs.py renders the file by this script's tables()

@@ -3,7 +3,7 @@
 # the wheels the GPU image lacks and this project's three) into a scratch folder, then run scripts/gpu_check.py,
 # which writes gpu_check.json (one JSON line, rewritten as each section finishes) and gpu_check.md under $OUT.
 #     bash scripts/device_check.sh --sections consistency   # on the GPU machine (the whole check: over 12 minutes on one H200)
-#     OUT=/tmp/out KIT=.whl-floor PYTHON=.venv-floor/bin/python bash scripts/device_check.sh --tiny   # CPU rehearsal
+#     OUT=$PWD/outputs/device KIT=.whl-floor PYTHON=.venv-floor/bin/python bash scripts/device_check.sh --tiny   # CPU rehearsal
 # Arguments go to gpu_check.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -25,8 +25,8 @@ skipped and marked so. Writes ``gpu_check.json`` (the
 JSON line so far) and ``gpu_check.md`` (a summary) under ``--out``, and prints the JSON line at the end.
 
     bash scripts/device_check.sh                   # on the GPU machine: install the kit (make device-kit), run this
-    python scripts/gpu_check.py --out /tmp/gpu     # CUDA, everything already installed
-    python scripts/gpu_check.py --tiny --out /tmp/gpu   # CPU: tiny shapes and sizes, the same code paths (SDPA
+    python scripts/gpu_check.py --out outputs/gpu     # CUDA, everything already installed
+    python scripts/gpu_check.py --tiny --out outputs/gpu   # CPU: tiny shapes and sizes, the same code paths (SDPA
                                                    # for flex in the training cost: FlexAttention's CPU backward
                                                    # is slow)
 """

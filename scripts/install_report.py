@@ -3,7 +3,7 @@ installing the three distributions of a source tree with a given Python, read as
 distributions replaced (installed version -> the one pip would take); one JSON line.
 
     python scripts/install_report.py --python .venv-floor/bin/python             # this checkout
-    python scripts/install_report.py --python .venv-floor/bin/python --tree /tmp/old --label before
+    python scripts/install_report.py --python .venv-floor/bin/python --tree ../old --label before
 
 ``--site`` adds a folder to that Python's path (the device kit installed with ``--target``), so what it holds
 counts as installed.

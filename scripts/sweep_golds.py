@@ -19,7 +19,7 @@ For each gold of the MATH-500, AMC23 and AIME24 presets (as ``load_problems`` gi
   commas: MATH-500's roots ``-2,1`` are not ``-21``).
 
     python scripts/sweep_golds.py                       # all three datasets -> results/gold_sweep.json
-    python scripts/sweep_golds.py --datasets aime24 --limit 5 --output /tmp/sweep.json
+    python scripts/sweep_golds.py --datasets aime24 --limit 5 --output outputs/sweep.json
 
 Prints one JSON line (also written to ``--output``, with the command, date and commit): per dataset the number of
 golds, self-matches, rewritings matched / tried and perturbations rejected / tried by kind, verifier timeouts and

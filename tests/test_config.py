@@ -273,7 +273,7 @@ def test_bad_sampling_config():
         SamplingConfig(max_new_tokens=0)
 
 
-@pytest.mark.parametrize("path", ["/nonexistent/model", "./missing-dir", "/tmp/none.gguf"])
+@pytest.mark.parametrize("path", ["/nonexistent/model", "./missing-dir", "/nonexistent/none.gguf"])
 def test_missing_model_path(path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_model(path)
@@ -599,7 +599,7 @@ def test_a_recipe_file_is_the_users_whatever_its_name_and_bounded(tmp_path, monk
     (tmp_path / "x,y.yaml").write_text("learning_rate: 0.25\n")
     assert configure("train", [f"recipe={tmp_path / 'x,y.yaml'}"])[0].learning_rate == 0.25
     refused = {
-        "hydra.yaml": ("hydra: {run: {dir: /tmp/elsewhere}}\n", "sets hydra .*output_dir="),
+        "hydra.yaml": ("hydra: {run: {dir: /nonexistent/elsewhere}}\n", "sets hydra .*output_dir="),
         "bomb.yaml": ('a: &a ["x", "x"]\nb: &b [*a, *a]\nc: [*b, *b]\n', r"uses YAML aliases \(\*a\)"),
         "self.yaml": ("a: &a [*a]\n", "is not YAML|uses YAML aliases"),
         "big.yaml": ("learning_rate: 1e-5\n" + "# x\n" * 400_000, "has 1600020 bytes: a recipe holds at most"),

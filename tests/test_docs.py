@@ -34,13 +34,14 @@ def test_a_block_finds_its_renderer_or_names_what_is_missing(tmp_path):
     assert done.returncode != 0 and "results/nobody_writes_this.json" in done.stderr
 
 
-MACHINE_FOLDER = re.compile(r"(?<![\w./-])/(?:work|home|Users|root|mnt|scratch|check)/[\w.+-]")
+MACHINE_FOLDER = re.compile(r"(?<![\w./-])/(?:tmp|work|home|Users|root|mnt|scratch|check)/[\w.+-]")
 
 
 def test_no_committed_file_names_a_folder_of_one_machine():
     """Docs, results, recipes and script defaults name paths relative to the checkout (``results/...``,
-    ``../outputs/...``, ``../shared/data``): a command copied from a doc runs in another clone, and no machine's
-    layout is published. Checked over every file git tracks or would add (binary files skipped)."""
+    ``../outputs/...``, ``../shared/data``; a temporary file under ``tempfile.gettempdir()``): a command copied
+    from a doc runs in another clone, and no machine's layout is published. Checked over every file git tracks or
+    would add (binary files skipped)."""
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
         cwd=ROOT,

@@ -12,9 +12,12 @@ The reference's redundancy term is a Triton kernel; it runs here on CPU in Trito
 (``TRITON_INTERPRET=1``), or, when Triton is missing, through ``similarity_reference`` below, a plain-torch
 restatement of the same kernel (the script checks that the two agree whenever both are available).
 
-    git -C <mirror of microsoft/G-KV> archive 6db3b2e | tar -x -C /tmp/gkvref
-    python3 -m venv /tmp/refvenv && /tmp/refvenv/bin/pip install torch transformers==4.51.1 triton numpy
-    TRITON_INTERPRET=1 /tmp/refvenv/bin/python scripts/reference/make_fixtures.py --reference-root /tmp/gkvref
+    mkdir -p outputs/reference/G-KV
+    git -C <mirror of microsoft/G-KV> archive 6db3b2e | tar -x -C outputs/reference/G-KV
+    python3 -m venv outputs/reference/venv
+    outputs/reference/venv/bin/pip install torch transformers==4.51.1 triton numpy
+    TRITON_INTERPRET=1 outputs/reference/venv/bin/python scripts/reference/make_fixtures.py \
+        --reference-root outputs/reference/G-KV
 
 Not part of the package: it imports the reference code, which carries no licence and is never copied here.
 """

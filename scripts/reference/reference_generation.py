@@ -107,7 +107,7 @@ def recipe(name: str, budget: int, window: int, interval: int) -> dict:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--reference-root", default="/tmp/gkvref", help="checkout of microsoft/G-KV (6db3b2e)")
+    p.add_argument("--reference-root", default="outputs/reference/G-KV", help="checkout of microsoft/G-KV (6db3b2e)")
     p.add_argument("--model-dir", required=True, help="SmolLM2-135M safetensors directory (gkv_train cache)")
     p.add_argument("--cases", required=True, help="JSON: [{'prompt': [ids], 'completion': [ids]}, ...]")
     p.add_argument("--output", required=True, help="torch file written with the kept positions")
