@@ -140,9 +140,9 @@ def task_keys(group: str, split: str, limit: int, args) -> list[str]:
 def sampling_keys(args) -> list[str]:
     """The sampling overrides of evaluate.py, train.py and the traces."""
     return [
-        f"sampling.max_new_tokens={args.max_new_tokens}",
-        f"sampling.temperature={args.temperature}",
-        f"sampling.top_p={args.top_p}",
+        f"max_completion_length={args.max_new_tokens}",
+        f"temperature={args.temperature}",
+        f"top_p={args.top_p}",
     ]
 
 
@@ -176,7 +176,7 @@ def evaluate(
             str(ROOT / "scripts" / "evaluate.py"),
             *model,
             *task_keys("data", split, problems, args),
-            f"sampling.num_generations={samples}",
+            f"num_generations={samples}",
             *sampling_keys(args),
             f"batch_problems={args.batch_problems}",
             f"methods=[{','.join((['full'] if full else []) + methods)}]",

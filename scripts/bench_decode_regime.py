@@ -117,7 +117,7 @@ def train_keys(name: str, root: Path, args) -> list[str]:
         f"output_dir={root / 'training' / 'train' / name}",
     ]  # eval_data: train.py's own final evaluation, kept tiny: the bench evaluates every model itself
     if not distill:
-        keys.append(f"sampling.num_generations={args.group_size}")
+        keys.append(f"num_generations={args.group_size}")
     if method == "s4r":
         keys += ["compression.method=s4r", *s4r_keys(args.train_budget, args)]
     elif method is not None:
@@ -144,7 +144,7 @@ def teacher_traces(root: Path, args) -> Path:
                 str(ROOT / "scripts" / "generate_traces.py"),
                 f"model={args.model}",
                 *task_keys("data", "train", args.trace_problems, args),
-                f"sampling.num_generations={args.group_size}",
+                f"num_generations={args.group_size}",
                 *sampling_keys(args),
                 f"seed={args.seed}",
                 f"output={partial}",

@@ -80,11 +80,15 @@ RECALL_PROMPT = "{problem} Reply with only the number."
 
 def sampling_overrides(args) -> list[str]:
     """evaluate.py's sampling options, named as ``--sampling-keys`` says the evaluated version names them."""
-    flat = args.sampling_keys != "group"
-    prefix, samples = ("", args.sampling_keys) if flat else ("sampling.", "sampling.num_generations")
+    if args.sampling_keys == "trl":
+        samples, longest, prefix = "num_generations", "max_completion_length", ""
+    elif args.sampling_keys == "group":
+        samples, longest, prefix = "sampling.num_generations", "sampling.max_new_tokens", "sampling."
+    else:
+        samples, longest, prefix = args.sampling_keys, "max_new_tokens", ""
     return [
         f"{samples}={args.samples}",
-        f"{prefix}max_new_tokens={args.max_new_tokens}",
+        f"{longest}={args.max_new_tokens}",
         f"{prefix}temperature={args.temperature}",
         f"{prefix}top_p={args.top_p}",
     ]
@@ -221,10 +225,11 @@ def main() -> None:
     parser.add_argument("--evaluate", type=Path, default=ROOT / "scripts" / "evaluate.py", help="evaluate.py to run")
     parser.add_argument(
         "--sampling-keys",
-        choices=["group", "num_generations", "n_samples"],
-        default="group",
-        help="how evaluate.py names its sampling keys: the sampling group (sampling.num_generations, "
-        "...), or flat keys with this sample-count key (a checkout of the flat layout)",
+        choices=["trl", "group", "num_generations", "n_samples"],
+        default="trl",
+        help="how evaluate.py names its sampling keys: TRL's names (num_generations, max_completion_length, ...), "
+        "the sampling group of 2026-12-03 to -06 (sampling.num_generations, ...), or flat keys with max_new_tokens "
+        "and this sample-count key (a checkout of the flat layout)",
     )
     parser.add_argument("--plan-only", action="store_true", help="print the runs still to do and stop")
     parser.add_argument(

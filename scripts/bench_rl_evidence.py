@@ -205,7 +205,7 @@ def train_keys(name: str, seed: int, lr: float, args, make_traces: bool = True) 
         f"output_dir={args.output_root / 'train' / run_name(name, seed, lr)}",
     ]  # eval_data: train.py's own final evaluation, kept tiny: the bench evaluates every model itself
     if not distill:
-        keys += [f"sampling.num_generations={args.group_size}", f"rewards=[{REWARD}]"]
+        keys += [f"num_generations={args.group_size}", f"rewards=[{REWARD}]"]
     if recipe != "rl_full":
         keys += [
             "compression.method=gkv",
@@ -233,7 +233,7 @@ def teacher_traces(args) -> Path:
                 str(ROOT / "scripts" / "generate_traces.py"),
                 f"model={args.model}",
                 *regime.task_keys("data", "train", args.trace_problems, task),
-                f"sampling.num_generations={args.group_size}",
+                f"num_generations={args.group_size}",
                 *regime.sampling_keys(task),
                 f"seed={TRACE_SEED}",
                 f"output={partial}",

@@ -95,13 +95,13 @@ def configuration(recipe: str, args, output_dir: Path, compile_decode: bool = Fa
 
     distill = recipe.startswith("distill")
     rows = f"prompts_per_step={args.rows if distill else 1}"
-    samples = f"sampling.num_generations={1 if distill else args.rows}"
+    samples = f"num_generations={1 if distill else args.rows}"
     overrides = [
         f"recipe={recipe}",
         f"model={args.model}",
         rows,
         samples,
-        f"sampling.max_new_tokens={args.max_new_tokens}",
+        f"max_completion_length={args.max_new_tokens}",
         f"max_steps={args.warmup + args.steps}",
         f"gradient_checkpointing={str(args.gradient_checkpointing).lower()}",
         "save_steps=100000",
@@ -116,7 +116,7 @@ def configuration(recipe: str, args, output_dir: Path, compile_decode: bool = Fa
     if recipe.startswith("distill"):
         overrides.append("distill.mode=onpolicy")
     if compile_decode:
-        overrides.append("sampling.compile_decode=true")
+        overrides.append("compile_decode=true")
     return configure("train", overrides)[0]
 
 

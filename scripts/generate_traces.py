@@ -1,7 +1,7 @@
 """Teacher traces for offline distillation: full-cache completions, checked, the correct ones written as JSONL
 (Hydra, like train.py and evaluate.py; keys: ``gkv_train.config.eval_config.TracesConfig``).
 
-    python scripts/generate_traces.py data.name=gsm8k data.split=test data.limit=200 sampling.num_generations=4 \
+    python scripts/generate_traces.py data.name=gsm8k data.split=test data.limit=200 num_generations=4 \
         output=traces/gsm8k.jsonl
     accelerate launch train.py recipe=distill distill.traces=traces/gsm8k.jsonl
 

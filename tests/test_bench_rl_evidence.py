@@ -126,7 +126,7 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
         *command[command.index("--output-root") :],
     ]
     refused = subprocess.run(other, capture_output=True, text=True, timeout=300, check=False)
-    assert refused.returncode != 0 and "sampling.temperature" in refused.stderr and "train.py" not in refused.stderr
+    assert refused.returncode != 0 and "temperature" in refused.stderr and "train.py" not in refused.stderr
     other_rate = [*command[: command.index("--lr") + 1], "1e-3", *command[command.index("--lr") + 2 :]]
     refused_rate = subprocess.run(other_rate, capture_output=True, text=True, timeout=300, check=False)
     assert refused_rate.returncode != 0 and "learning rate 0.0001" in refused_rate.stderr
@@ -263,7 +263,7 @@ def test_long_recall_runs_train_on_its_story_with_the_grpo_recipes_only(tmp_path
         ["--task", "long_recall", "--recipes", "rl_sparse", "rl_full", "--output-root", str(tmp_path)]
     )
     keys = train_keys("rl_sparse", 0, 3e-4, args)
-    assert {"data.name=long_recall", "data.sentences=80", "sampling.max_new_tokens=1040"} <= set(keys)
+    assert {"data.name=long_recall", "data.sentences=80", "max_completion_length=1040"} <= set(keys)
     assert "gradient_checkpointing=true" in keys and settings(args)["train"]["task_keys"] == keys[-1:]  # memory
     assert not [k for k in keys if "copy_" in k.split("=", 1)[0]] and settings(args)["task"] == {
         "name": "long_recall",

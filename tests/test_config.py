@@ -283,42 +283,35 @@ def test_missing_model_path(path):
     "kwargs, message",
     [
         (dict(temperature=0.0), "temperature must be a finite number > 0 in training"),
-        (dict(temperature=float("nan")), "temperature must be a finite number >= 0"),
-        (dict(temperature=-1.0), "temperature must be a finite number >= 0"),
+        (dict(temperature=float("nan")), "temperature must be a finite number > 0 in training"),
+        (dict(temperature=-1.0), "temperature must be a finite number > 0 in training"),
         (dict(top_p=0.0), "top_p must lie in (0, 1]"),
         (dict(top_p=1.5), "top_p must lie in (0, 1]"),
     ],
 )
 def test_bad_sampling_settings_fail_before_training(kwargs, message):
     from gkv_train.config.eval_config import EvalConfig
-    from gkv_train.config.options import SamplingOptions
     from gkv_train.config.train_config import TrainConfig
 
     with pytest.raises(ValueError) as err:
-        TrainConfig(sampling=SamplingOptions(**kwargs))
+        TrainConfig(**kwargs)
     assert message in str(err.value)
     if kwargs.get("temperature") == 0.0:
-        EvalConfig(sampling=SamplingOptions(temperature=0.0))  # greedy decoding is an evaluation setting
+        EvalConfig(temperature=0.0)  # greedy decoding is an evaluation setting
     else:
         with pytest.raises(ValueError):
-            EvalConfig(sampling=SamplingOptions(**kwargs))
+            EvalConfig(**kwargs)
 
 
 def test_evaluation_warns_when_the_interval_outlasts_the_completion():
     from gkv_train.config.eval_config import EvalConfig
-    from gkv_train.config.options import SamplingOptions
 
-    short = SamplingOptions(max_new_tokens=96)
-    trap = EvalConfig(methods=["full", "gkv", "s4r"], budgets=[64], sampling=short)  # reference interval 128
+    trap = EvalConfig(methods=["full", "gkv", "s4r"], budgets=[64], max_completion_length=96)  # reference: 128
     assert len(trap.warnings()) == 1
-    assert "compression.interval=128 exceeds sampling.max_new_tokens=96" in trap.warnings()[0]
-    assert (
-        EvalConfig(
-            methods=["gkv"], budgets=[64], sampling=short, compression=CompressionConfig("full", interval=16)
-        ).warnings()
-        == []
-    )
-    assert EvalConfig(methods=["gkv"], budgets=[64], sampling=SamplingOptions(max_new_tokens=256)).warnings() == []
+    assert "compression.interval=128 exceeds max_completion_length=96" in trap.warnings()[0]
+    short = dict(methods=["gkv"], budgets=[64], max_completion_length=96)
+    assert EvalConfig(**short, compression=CompressionConfig("full", interval=16)).warnings() == []
+    assert EvalConfig(methods=["gkv"], budgets=[64], max_completion_length=256).warnings() == []
 
 
 def test_a_tracker_that_is_not_installed_is_refused_with_the_fix(monkeypatch):
@@ -342,7 +335,9 @@ def test_trl_fields_are_keys_and_moved_keys_are_named():
     argv = [
         "recipe=rl_full",
         "compression.budget=64",
-        "sampling.max_new_tokens=32",
+        "max_completion_length=32",
+        "num_generations=4",
+        "temperature=0.7",
         "precision=bf16",
         "weight_decay=0.01",
         "num_iterations=2",
@@ -352,26 +347,30 @@ def test_trl_fields_are_keys_and_moved_keys_are_named():
     ]
     assert check_overrides(argv, TrainConfig) == argv
     refusals = {
-        "max_new_tokens=32": "max_new_tokens is now sampling.max_new_tokens: write sampling.max_new_tokens=32",
+        "max_new_tokens=32": "max_new_tokens is now max_completion_length: write max_completion_length=32",
+        "sampling.max_new_tokens=32": "sampling.max_new_tokens is now max_completion_length: write "
+        "max_completion_length=32",
+        "sampling.num_generations=4": "sampling.num_generations is now num_generations: write num_generations=4",
+        "sampling.top_p=0.9": "sampling.top_p is now top_p: write top_p=0.9",
+        "sampling.compile_decode=true": "sampling.compile_decode is now compile_decode: write compile_decode=true",
         "compression.eviction.alpha=0.5": "compression.eviction.alpha is now compression.options.alpha: write "
         "compression.options.alpha=0.5",
         "compression.eta=0.3": "compression.eta is now compression.options.eta",
-        "n_samples=2": "n_samples is now sampling.num_generations",
-        "max_completion_length=32": "max_completion_length (TRL's) is not a key here: it is set from "
-        "sampling.max_new_tokens",
+        "n_samples=2": "n_samples is now num_generations",
         "bf16=true": "bf16 (TRL's) is not a key here: it is set from precision=bf16",
         "per_device_train_batch_size=8": "set from prompts_per_step",
         "trl.weight_decay=0.01": "trl.weight_decay: TRL's fields are keys of their own: write weight_decay=0.01",
-        "num_generation=4": "unknown configuration key 'num_generation'; did you mean sampling.num_generations",
+        "num_generation=4": "unknown configuration key 'num_generation'; did you mean num_generations",
         "compression.bugdet=4": "'compression.bugdet'; did you mean compression.budget",
     }
     for arg, message in refusals.items():
         with pytest.raises(ValueError) as err:
             check_overrides([arg], TrainConfig)
         assert message in str(err.value), (arg, str(err.value))
-    assert check_overrides(["sampling.num_generations=2"], EvalConfig) == ["sampling.num_generations=2"]
-    with pytest.raises(ValueError, match="n_samples is now sampling.num_generations"):
-        check_overrides(["n_samples=2"], EvalConfig)
+    assert check_overrides(["num_generations=2"], EvalConfig) == ["num_generations=2"]
+    for old in ("n_samples=2", "sampling.num_generations=2"):
+        with pytest.raises(ValueError, match=f"{old.split('=')[0]} is now num_generations"):
+            check_overrides([old], EvalConfig)
     with pytest.raises(ValueError, match="unknown configuration key 'weight_decay'"):  # TRL's fields: training only
         check_overrides(["weight_decay=0.1"], EvalConfig)
 
@@ -409,7 +408,7 @@ def test_overrides_rough_edges():
     ), dashes.stderr
     assert moved.returncode == 2 and moved.stderr.strip().endswith("write compression.options.eta=0.3"), moved.stderr
     (moved,) = run_each(root / "train.py", [["max_new_tokens=8"]], cwd=root, timeout=300)
-    assert moved.returncode == 2 and moved.stderr.strip().endswith("write sampling.max_new_tokens=8"), moved.stderr
+    assert moved.returncode == 2 and moved.stderr.strip().endswith("write max_completion_length=8"), moved.stderr
 
 
 def test_trainer_arguments_are_trl_dataclasses_extended():
@@ -418,22 +417,26 @@ def test_trainer_arguments_are_trl_dataclasses_extended():
     distill, sampling); a GRPO-only key under distillation is refused, not dropped."""
     import json
 
-    from gkv_train.config.options import SamplingOptions
     from gkv_train.config.train_config import TrainConfig
     from gkv_train.training.distill import CompressedDistillationConfig
     from gkv_train.training.grpo import CompressedGRPOConfig
     from gkv_train.training.launch import trainer_args
 
-    config = TrainConfig(weight_decay=0.01, num_iterations=2, sampling=SamplingOptions(num_generations=4, top_p=0.9))
+    config = TrainConfig(weight_decay=0.01, num_iterations=2, num_generations=4, top_p=0.9, compile_decode=True)
     args = trainer_args(config, 1)
     assert isinstance(args, CompressedGRPOConfig)
     assert (args.weight_decay, args.num_iterations, args.num_generations, args.top_p) == (0.01, 2, 4, 0.9)
-    assert (args.per_device_train_batch_size, args.max_completion_length, args.learning_rate) == (8, 256, 2e-6)
+    assert (args.per_device_train_batch_size, args.max_completion_length, args.learning_rate) == (8, 96, 2e-6)
+    assert (args.temperature, args.compile_decode) == (0.6, True)
     assert args.compression == config.compression and args.rl == config.rl
     assert json.loads(args.to_json_string())["compression"]["budget"] == 64  # option groups serialise
-    distill = trainer_args(TrainConfig(algorithm="distill", recipe="distill", weight_decay=0.01), 1)
+    given = dict(algorithm="distill", recipe="distill", weight_decay=0.01, temperature=0.8, max_completion_length=20)
+    distill = trainer_args(TrainConfig(**given), 1)
     assert isinstance(distill, CompressedDistillationConfig) and distill.weight_decay == 0.01
-    assert distill.sampling == TrainConfig().sampling and not distill.remove_unused_columns
+    assert (distill.temperature, distill.max_completion_length, distill.top_p) == (0.8, 20, 0.95)
+    assert not distill.remove_unused_columns
+    with pytest.raises(ValueError, match="num_generations: GRPO options .* algorithm=distill"):
+        TrainConfig(algorithm="distill", num_generations=4)
     with pytest.raises(ValueError, match="num_iterations: GRPO options .* algorithm=distill"):
         TrainConfig(algorithm="distill", num_iterations=2)
 
@@ -462,15 +465,13 @@ def test_trl_generation_options_the_engine_lacks_are_refused():
 
 def test_compile_decode_with_s4r_is_refused_before_work():
     from gkv_train.config.eval_config import EvalConfig
-    from gkv_train.config.options import SamplingOptions
     from gkv_train.config.train_config import TrainConfig
 
-    compiled = SamplingOptions(compile_decode=True)
-    with pytest.raises(ValueError, match="sampling.compile_decode=true does not apply to s4r"):
-        TrainConfig(sampling=compiled, compression=CompressionConfig("s4r"))
-    with pytest.raises(ValueError, match="sampling.compile_decode=true does not apply to s4r"):
-        EvalConfig(sampling=compiled, methods=["gkv", "s4r"])
-    assert EvalConfig(sampling=compiled, methods=["full", "gkv"]).sampling.compile_decode
+    with pytest.raises(ValueError, match="compile_decode=true does not apply to s4r"):
+        TrainConfig(compile_decode=True, compression=CompressionConfig("s4r"))
+    with pytest.raises(ValueError, match="compile_decode=true does not apply to s4r"):
+        EvalConfig(compile_decode=True, methods=["gkv", "s4r"])
+    assert EvalConfig(compile_decode=True, methods=["full", "gkv"]).compile_decode
 
 
 @pytest.mark.parametrize(
@@ -520,18 +521,17 @@ def test_s4r_refresh_within_the_generation_and_counted_in_memory():
     """A refresh at or past the generation's end refreshes nothing and only takes memory: refused by every job and
     the engine; the memory estimate counts the refresh buffers."""
     from gkv_train.config.eval_config import EvalConfig
-    from gkv_train.config.options import SamplingOptions
     from gkv_train.config.preflight import ModelShape, rollout_bytes
     from gkv_train.config.train_config import TrainConfig
 
     refresh = CompressionConfig.of("s4r", refresh=64)
     for build in (
-        lambda: EvalConfig(compression=refresh, sampling=SamplingOptions(max_new_tokens=8)),
-        lambda: TrainConfig(compression=refresh, sampling=SamplingOptions(max_new_tokens=64, num_generations=2)),
+        lambda: EvalConfig(compression=refresh, max_completion_length=8),
+        lambda: TrainConfig(compression=refresh, max_completion_length=64, num_generations=2),
     ):
         with pytest.raises(ValueError, match="compression.options.refresh=64 refreshes nothing in a generation of"):
             build()
-    EvalConfig(compression=refresh, sampling=SamplingOptions(max_new_tokens=65))  # control
+    EvalConfig(compression=refresh, max_completion_length=65)  # control
     model, tokenizer = load_model("tiny")
     from gkv_rollout.engine import RolloutEngine
 
@@ -638,7 +638,7 @@ def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model
         check()
     check(prompts=prompts[:1])  # control
     with pytest.raises(
-        ValueError, match="sampling.max_new_tokens=5000 does not fit .* at most 4082 does after the longest"
+        ValueError, match="max_completion_length=5000 does not fit .* at most 4082 does after the longest"
     ):
         check(prompts=prompts[:1], new=5000)
     with pytest.raises(ValueError, match="compression.options.rank_v=33 exceeds"):
@@ -652,7 +652,7 @@ def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model
     monkeypatch.setattr(preflight, "available_memory", lambda device: (20 * 10**6, "test memory"))
     with pytest.raises(
         ValueError,
-        match=r"the evaluation \(64 sequences, full cache, sampling.max_new_tokens=900\) needs about "
+        match=r"the evaluation \(64 sequences, full cache, max_completion_length=900\) needs about "
         r"60.\d MB .* more than the 20.0 MB of test memory",
     ):
         check(prompts=["q" * 5], new=900, rows=64)
@@ -685,7 +685,8 @@ def test_help_lists_every_key_with_type_default_and_help():
             assert f"  {key}  ({kind}, default {default})" in shown[script], key
     train = shown["train.py"]
     assert "rl.rollout_veto  (float | None, default None)" in train and "recipe=NAME" in train
-    assert "sampling.max_new_tokens  (int, default 96)" in train and "\n  max_new_tokens " not in train
+    assert "  max_completion_length  (int | None, default 96)" in train and "\n  max_new_tokens " not in train
+    assert "  compile_decode  (bool, default False)" in train and "\n  sampling." not in train
     # TRL's own fields, with TRL's types and help; the project's defaults say why they differ
     assert "  weight_decay  (float, default 0.0)\n      Weight decay coefficient" in train
     assert "  learning_rate  (float, default 2e-06)" in train and "[Default here 2e-06: " in train

@@ -6,7 +6,7 @@ import torch
 from conftest import random_prompts  # noqa: F401  (fixtures)
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
-from gkv_train.config.options import DistillOptions, SamplingOptions
+from gkv_train.config.options import DistillOptions
 from gkv_train.evaluation.traces import generate_traces, load_traces, write_traces
 from gkv_train.models import load_model
 from gkv_train.training.distill import CompressedDistillationConfig, CompressedDistillationTrainer
@@ -48,7 +48,9 @@ def make_trainer(tmp_path, data, mode="offline", divergence="forward_kl", lr=1e-
         seed=0,
         distill=DistillOptions(mode=mode, divergence=divergence),
         compression=CompressionConfig("gkv", budget=10, window=2, interval=4),
-        sampling=SamplingOptions(max_new_tokens=20, temperature=0.8, top_p=1.0),
+        max_completion_length=20,
+        temperature=0.8,
+        top_p=1.0,
     )
     return CompressedDistillationTrainer(
         model=student, teacher=teacher, tokenizer=tokenizer, args=args, train_dataset=data

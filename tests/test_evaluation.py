@@ -45,8 +45,8 @@ def test_evaluate_script_writes_every_output(tmp_path):
     args = [
         "model=tiny",
         "data.limit=5",
-        "sampling.num_generations=2",
-        "sampling.max_new_tokens=12",
+        "num_generations=2",
+        "max_completion_length=12",
         "methods=[full,gkv,streaming]",
         "budgets=[8,10]",
         "compression.window=2",
@@ -77,7 +77,7 @@ def test_evaluate_script_writes_every_output(tmp_path):
     assert (tmp_path / "pass_at_1_vs_budget.png").stat().st_size > 0
     assert (tmp_path / "retained_density.png").stat().st_size > 0
     summary = strict_json((tmp_path / "summary.json").read_text())  # what produced the results, and with what
-    assert summary["config"]["compression"]["window"] == 2 and summary["config"]["sampling"]["num_generations"] == 2
+    assert summary["config"]["compression"]["window"] == 2 and summary["config"]["num_generations"] == 2
     assert summary["model"]["model"] == "tiny" and summary["data"]["name"] == "arithmetic"
     assert {"torch", "transformers", "trl", "python"} <= set(summary["versions"])
     assert summary["versions"]["git_dirty"] in (True, False) and len(summary["versions"]["git_commit"]) == 40
@@ -169,8 +169,8 @@ def test_evaluate_script_checks_answers_and_keys_results_by_settings(tmp_path):
         "model=tiny",
         "data.name=null",
         f"data.path={data}",
-        "sampling.num_generations=1",
-        "sampling.max_new_tokens=4",
+        "num_generations=1",
+        "max_completion_length=4",
         "plots=false",
     ]
     code = SCRIPT_WITH_ANSWERS.format(
@@ -193,14 +193,14 @@ def test_evaluate_script_checks_answers_and_keys_results_by_settings(tmp_path):
     assert summary["pass@1"] == pytest.approx(sum(e for _, _, e in PAIRS) / len(PAIRS))
 
     other = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args, "sampling.temperature=0.3"],
+        [sys.executable, str(ROOT / "scripts" / "evaluate.py"), *args, "temperature=0.3"],
         cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
-    assert other.returncode != 0 and "sampling.temperature" in other.stderr and "overwrite=true" in other.stderr
+    assert other.returncode != 0 and "temperature" in other.stderr and "overwrite=true" in other.stderr
     assert read_jsonl(run_dir / "samples.jsonl") == samples
 
 
@@ -215,8 +215,8 @@ def test_evaluate_script_saves_a_check_whose_worker_died_as_an_error(tmp_path):
         "model=tiny",
         "data.name=null",
         f"data.path={data}",
-        "sampling.num_generations=1",
-        "sampling.max_new_tokens=4",
+        "num_generations=1",
+        "max_completion_length=4",
         "plots=false",
         f"output_dir={tmp_path / 'out'}",
     ]
@@ -313,8 +313,8 @@ def test_a_second_evaluation_into_a_live_folder_is_refused(tmp_path):
     args = [
         "model=tiny",
         "data.limit=6",
-        "sampling.num_generations=2",
-        "sampling.max_new_tokens=8",
+        "num_generations=2",
+        "max_completion_length=8",
         "plots=false",
         f"output_dir={out}",
     ]
@@ -357,13 +357,13 @@ EVALUATE_REFUSALS = [
         "x 16 = 32",
     ),
     (
-        "sampling.max_new_tokens=100000",
-        "sampling.max_new_tokens=100000 does not fit {model}'s context of 4096 tokens",
+        "max_completion_length=100000",
+        "max_completion_length=100000 does not fit {model}'s context of 4096 tokens",
     ),
     ("data.limit=0", "data.limit must be at least 1"),
     ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),
     (
-        "data.name=long_recall sampling.max_new_tokens=64",
+        "data.name=long_recall max_completion_length=64",
         "the evaluation: the given beginning of problem 0's completions (long_recall's story, data.sentences) is",
     ),
     ("data.sentences=13", "data.sentences=13 applies to data.name=copy_recall / long_recall only, not to data.name="),
@@ -433,8 +433,8 @@ def test_a_failed_evaluation_keeps_its_error_in_the_log(tmp_path):
         "def boom(*a, **k):\n"
         "    raise RuntimeError('boom inside the evaluation')\n"
         "e.evaluate_compression = boom\n"
-        f"sys.argv = ['evaluate', 'model=tiny', 'data.limit=2', 'sampling.max_new_tokens=4', "
-        "'sampling.num_generations=1', "
+        f"sys.argv = ['evaluate', 'model=tiny', 'data.limit=2', 'max_completion_length=4', "
+        "'num_generations=1', "
         f"'plots=false', 'output_dir={tmp_path / 'out'}']\n"
         "from gkv_train.cli import evaluate\n"
         "evaluate()\n"

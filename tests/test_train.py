@@ -24,7 +24,7 @@ from verifier_probe import PAIRS, SCRIPT_WITH_ANSWERS, write_problems
 ROOT = Path(__file__).resolve().parents[1]
 TINY = [
     "model=tiny",
-    "sampling.max_new_tokens=24",
+    "max_completion_length=24",
     "compression.budget=16",
     "compression.window=4",
     "compression.interval=8",
@@ -177,9 +177,9 @@ def test_trl_users_keys_trackers_and_console_log(tmp_path):
             f"output_dir={out}",
             "report_to=[tensorboard,wandb]",
             "run_name=probe",
-            "sampling.max_new_tokens=20",
-            "sampling.num_generations=4",
-            "sampling.compile_decode=true",
+            "max_completion_length=20",
+            "num_generations=4",
+            "compile_decode=true",
         ],
         env=env,
     )
@@ -245,8 +245,8 @@ def test_distillation_recipes(tmp_path, recipe):
                 str(ROOT / "scripts" / "generate_traces.py"),
                 "model=tiny",
                 "data.limit=4",
-                "sampling.num_generations=2",
-                "sampling.max_new_tokens=16",
+                "num_generations=2",
+                "max_completion_length=16",
                 "keep_incorrect=true",
                 f"output={traces}",
             ],
@@ -367,7 +367,7 @@ def test_long_recall_trains_on_the_sampled_answer_through_train_py(tmp_path, rec
             "eval_data.name=long_recall",
             "eval_data.sentences=2",
             "eval_data.limit=1",
-            "sampling.max_new_tokens=200",
+            "max_completion_length=200",
             "compression.budget=64",
             f"output_dir={out}",
         ]
@@ -806,7 +806,7 @@ BAD_CONFIGS = [
     ("lora.enabled=true lora.r=0", "lora.r must be a finite number >= 1, got 0"),
     ("data.limit=0", "data.limit must be at least 1, or null for every problem; got 0"),
     ("data.levels=[0] data.limit=3000", "so the train split can give at most"),
-    ("sampling.max_new_tokens=1000000000", "sampling.max_new_tokens=1000000000 does not fit"),
+    ("max_completion_length=1000000000", "max_completion_length=1000000000 does not fit"),
     ("recipe=rl_full compression.method=s4r", "recipe=rl_full trains on full-cache rollouts, but compression"),
     ("output_dir={tmp}/a_file", "output_dir={tmp}/a_file is a file, not a folder"),
     ("rewards=[no.such.reward]", "cannot import reward function 'no.such.reward'"),
@@ -841,7 +841,7 @@ def bad_config_runs(tmp_path_factory, weightless_model):
                 f"model={weightless_model}",
                 f"output_dir={outs[-1]}",
                 "max_steps=1",
-                "sampling.max_new_tokens=24",
+                "max_completion_length=24",
                 *override.replace("{tmp}", str(tmp)).split(),
                 *(["data.name=null"] if "data.path" in override else []),
             ]
@@ -906,8 +906,8 @@ def test_traces_check_errors_are_counted_named_and_marked(tmp_path):
             "model=tiny",
             "data.name=null",
             f"data.path={data}",
-            "sampling.num_generations=1",
-            "sampling.max_new_tokens=4",
+            "num_generations=1",
+            "max_completion_length=4",
             f"keep_incorrect={str(keep).lower()}",
             f"output={out}",
         ]
@@ -986,8 +986,8 @@ def test_a_full_disk_keeps_the_earlier_traces_and_leaves_no_temporary_file(tmp_p
     command = traces_command(
         "model=tiny",
         "data.limit=2",
-        "sampling.num_generations=1",
-        "sampling.max_new_tokens=4",
+        "num_generations=1",
+        "max_completion_length=4",
         "keep_incorrect=true",
         f"output={target}",
     )

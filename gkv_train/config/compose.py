@@ -48,12 +48,12 @@ OmegaConf.register_new_resolver("gkv_dir", run_folder, replace=True)
 
 # Keys of earlier versions: key -> where it is now (named in the error that refuses them)
 MOVED = {
-    **{
-        key: f"sampling.{key}"
-        for key in ("num_generations", "max_new_tokens", "temperature", "top_p", "compile_decode")
-    },
-    "n_samples": "sampling.num_generations",
-    "samples_per_prompt": "sampling.num_generations",
+    # the sampling group, re-keyed under TRL's names (CHANGELOG 2026-12-06)
+    **{f"sampling.{key}": key for key in ("num_generations", "temperature", "top_p", "compile_decode")},
+    "sampling.max_new_tokens": "max_completion_length",
+    "max_new_tokens": "max_completion_length",
+    "n_samples": "num_generations",
+    "samples_per_prompt": "num_generations",
     # a method's own options, once flat (compression.alpha), then grouped (compression.eviction.alpha,
     # compression.s4r.eta): refused with their new key for one release (0.1.x), then dropped
     **{
@@ -113,7 +113,7 @@ def check_overrides(argv: list[str], schema) -> list[str]:
     built-in task is the default name, and a path and a name together are refused). Raises ValueError for:
 
     * ``--key=value`` / ``--key value`` (drop the dashes; Hydra's own flags pass);
-    * a key of an earlier version (``MOVED``: ``max_new_tokens`` is ``sampling.max_new_tokens``), a GRPOConfig
+    * a key of an earlier version (``MOVED``: ``sampling.max_new_tokens`` is ``max_completion_length``), a GRPOConfig
       field this project sets from its own keys (``DERIVED``: ``bf16`` from ``precision``), ``trl.<field>`` (the
       fields are keys of their own), naming the key to write;
     * any other unknown key, with the closest known names ("did you mean").

@@ -6,18 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gkv_rollout.config import CompressionConfig
-from gkv_train.config.options import PRECISIONS, SamplingOptions, check_compile_decode
+from gkv_train.config.options import PRECISIONS, Sampling, check_compile_decode, check_sampling_keys
 from gkv_train.problems.data import DataConfig
 
 
 @dataclass
-class TracesConfig:
+class TracesConfig(Sampling):
     """One call of ``scripts/generate_traces.py``: full-cache completions of a teacher, checked; the correct ones
-    (``keep_incorrect``: all) written as JSONL for offline distillation (``distill.traces``).
+    (``keep_incorrect``: all) written as JSONL for offline distillation (``distill.traces``). The sampling keys are
+    ``Sampling``'s.
 
     model: the teacher: a built-in model (smollm2-135m, tiny), a hub name or a local folder / GGUF file.
     data: the problems.
-    sampling: how completions are sampled (num_generations: completions per problem).
     seed: seeds the sampling.
     keep_incorrect: write wrong completions too.
     output: the traces file (JSONL); refused when another job writes it.
@@ -25,18 +25,19 @@ class TracesConfig:
 
     model: str = "smollm2-135m"
     data: DataConfig = field(default_factory=lambda: DataConfig(limit=64))
-    sampling: SamplingOptions = field(default_factory=SamplingOptions)
     seed: int = 0
     keep_incorrect: bool = False
     output: str = "outputs/traces.jsonl"
 
     def __post_init__(self):
+        check_sampling_keys(self, greedy=True)
         self.data.check("data")
 
 
 @dataclass
-class EvalConfig:
-    """One evaluation call of ``scripts/evaluate.py``: a model, a dataset, and one or more compressions.
+class EvalConfig(Sampling):
+    """One evaluation call of ``scripts/evaluate.py``: a model, a dataset, and one or more compressions, sampled
+    as ``Sampling``'s keys say.
 
     ``methods`` x ``budgets`` (when given) sweep ``compression.method`` and ``compression.budget``; the other
     ``compression.*`` keys apply to every run.
@@ -47,8 +48,7 @@ class EvalConfig:
     compression: the compression (with ``methods`` / ``budgets``: the options every run shares).
     methods: compression methods to sweep (full included as a run); None: compression.method alone.
     budgets: budgets to sweep for every compressing method; None: compression.budget alone.
-    sampling: how completions are sampled (num_generations: samples per problem).
-    batch_problems: problems per rollout batch (x sampling.num_generations sequences).
+    batch_problems: problems per rollout batch (x num_generations sequences).
     precision: fp32 or bf16 (forwards under autocast).
     seed: seeds the sampling (each batch's seed follows from it and the batch's index).
     output_dir: the results' folder (evaluate.yaml: outputs/eval/<model>_<data>).
@@ -62,7 +62,6 @@ class EvalConfig:
     compression: CompressionConfig = field(default_factory=lambda: CompressionConfig("full"))
     methods: list[str] | None = None
     budgets: list[int] | None = None
-    sampling: SamplingOptions = field(default_factory=SamplingOptions)
     batch_problems: int = 4
     precision: str = "fp32"
     seed: int = 0
@@ -71,6 +70,7 @@ class EvalConfig:
     plots: bool = True
 
     def __post_init__(self):
+        check_sampling_keys(self, greedy=True)
         self.data.check("data")
         if self.batch_problems < 1:
             raise ValueError(f"batch_problems must be at least 1, got {self.batch_problems}")
@@ -79,9 +79,9 @@ class EvalConfig:
                 raise ValueError(f"{key}=[] names no run: give at least one, or leave {key} unset (null)")
         if self.budgets is not None and any(b < 1 for b in self.budgets):
             raise ValueError(f"budgets are token counts: each must be at least 1, got {list(self.budgets)}")
-        check_compile_decode(self.sampling.compile_decode, self.compressions())
+        check_compile_decode(self.compile_decode, self.compressions())
         for compression in self.compressions():
-            compression.check_generation(self.sampling.max_new_tokens)
+            compression.check_generation(self.max_completion_length)
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
 
@@ -96,12 +96,12 @@ class EvalConfig:
             "adapter": None if self.adapter is None else model_identity(self.adapter),
             "data": self.data.identity(),
             "compression": compression.identity(),
-            # "n_samples": the key of earlier identities, kept so that their results stay valid
+            # under the names of earlier identities (n_samples, max_new_tokens), so that their results stay valid
             "sampling": dict(
-                n_samples=self.sampling.num_generations,
-                max_new_tokens=self.sampling.max_new_tokens,
-                temperature=self.sampling.temperature,
-                top_p=self.sampling.top_p,
+                n_samples=self.num_generations,
+                max_new_tokens=self.max_completion_length,
+                temperature=self.temperature,
+                top_p=self.top_p,
                 seed=self.seed,
             ),
             "batch_problems": self.batch_problems,
@@ -113,10 +113,10 @@ class EvalConfig:
         completion, so the budget applies at most once (after the prompt) and never while generating."""
         found = []
         for run in self.compressions():
-            if run.kind.rounds and run.resolved.interval > self.sampling.max_new_tokens:
+            if run.kind.rounds and run.resolved.interval > self.max_completion_length:
                 found.append(
                     f"{run.method} budget {run.budget}: compression.interval={run.resolved.interval} exceeds "
-                    f"sampling.max_new_tokens={self.sampling.max_new_tokens}, so it compresses only after the "
+                    f"max_completion_length={self.max_completion_length}, so it compresses only after the "
                     "prompt, never while "
                     "generating (the training recipes use interval 16); set compression.interval to compare"
                 )

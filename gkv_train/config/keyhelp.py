@@ -62,7 +62,7 @@ def type_name(annotation) -> str:
 
 def rows(cls: type, prefix: str = "", defaults=None) -> list[tuple[str, str, str, str]]:
     """(key, type, default, help) of every field of ``cls``, nested dataclasses flattened into dotted keys (with
-    the defaults of the group's default instance: ``defaults``, e.g. training's ``sampling.max_new_tokens`` 96)."""
+    the defaults of the group's default instance: ``defaults``, e.g. training's ``compression.budget`` 64)."""
     hints = typing.get_type_hints(cls)
     helps = field_help(cls)
     found = []

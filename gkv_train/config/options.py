@@ -1,6 +1,6 @@
-"""The option groups the jobs share (``sampling``, ``rl``, ``distill``, ``lora``), the checks of single values they
-use, and ``CompressedArguments``, what both trainers' arguments add to TRL's / transformers' own. Validated when
-built; no TRL import."""
+"""The option groups the jobs share (``rl``, ``distill``, ``lora``; the sampling keys, ``Sampling``), the checks
+of single values they use, and ``CompressedArguments``, what both trainers' arguments add to TRL's / transformers'
+own. Validated when built; no TRL import."""
 
 from __future__ import annotations
 
@@ -166,9 +166,9 @@ class LoraOptions:
 @dataclass
 class CompressedArguments:
     """What both trainers' arguments (``CompressedGRPOConfig``, ``CompressedDistillationConfig``) add to TRL's /
-    transformers' own, mixed in before them: the compression the rollouts run with and how training forwards attend
-    under its record; ``to_dict`` (which transformers uses for logs, trackers and JSON) writes each option group
-    (a dataclass field) as a dict."""
+    transformers' own, mixed in before them: the compression the rollouts run with, how training forwards attend
+    under its record, and whether the rollouts' decode steps are compiled; ``to_dict`` (which transformers uses for
+    logs, trackers and JSON) writes each option group (a dataclass field) as a dict."""
 
     compression: CompressionConfig = field(
         default_factory=lambda: CompressionConfig("gkv"),
@@ -185,6 +185,10 @@ class CompressedArguments:
             "columns the record lets it see, gathered, then SDPA; any device)."
         },
     )
+    compile_decode: bool = field(
+        default=False,
+        metadata={"help": "Rollout decode steps as compiled graphs (SamplingConfig.compile_decode; not s4r)."},
+    )
 
     def to_dict(self) -> dict:
         found = super().to_dict()
@@ -192,42 +196,50 @@ class CompressedArguments:
 
 
 @dataclass
-class SamplingOptions:
-    """How completions are sampled: the ``sampling.*`` keys, one group shared by ``train.py``,
-    ``scripts/evaluate.py`` and ``scripts/generate_traces.py`` (``engine`` builds the rollout engine's
-    ``SamplingConfig`` from it; the seed is the job's ``seed``).
+class Sampling:
+    """How completions are sampled, under TRL's names (``GRPOConfig``'s fields): the keys ``num_generations``,
+    ``max_completion_length``, ``temperature``, ``top_p`` of ``scripts/evaluate.py`` and
+    ``scripts/generate_traces.py`` (their configurations' base); a training run has them as TRL's own fields.
+    ``compile_decode`` is the rollout engine's. ``rollout_sampling`` turns any of these configurations into the
+    engine's ``SamplingConfig``.
 
-    num_generations: completions per prompt: GRPO's group size (TRL's name; >= 2), evaluation's samples per
-        problem, traces' per problem; on-policy distillation samples one and ignores it.
-    max_new_tokens: the longest completion (TRL: max_completion_length).
+    num_generations: completions per prompt: GRPO's group size (>= 2), evaluation's samples per problem, traces'
+        per problem.
+    max_completion_length: the longest completion, in tokens.
     temperature: sampling temperature (0: greedy, an evaluation and traces setting; > 0 in training).
     top_p: nucleus sampling (log-probs are always those of the unclipped distribution).
     compile_decode: decode steps as compiled graphs (``SamplingConfig.compile_decode``; not with s4r).
     """
 
     num_generations: int = 4
-    max_new_tokens: int = 256
+    max_completion_length: int = 256
     temperature: float = 0.6
     top_p: float = 0.95
     compile_decode: bool = False
 
-    def __post_init__(self):
-        check_sampling(self.temperature, self.top_p, greedy=True)
-        for name in ("num_generations", "max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"sampling.{name} must be at least 1, got {getattr(self, name)}")
 
-    def engine(self, seed: int, num_samples: int | None = None) -> SamplingConfig:
-        """The rollout engine's ``SamplingConfig``: ``num_samples`` completions per prompt (None:
-        ``num_generations``), seeded with ``seed``."""
-        return SamplingConfig(
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            num_samples=self.num_generations if num_samples is None else num_samples,
-            seed=seed,
-            compile_decode=self.compile_decode,
-        )
+def check_sampling_keys(config, greedy: bool) -> None:
+    """The sampling keys of a job's configuration (``Sampling``'s fields, or a training run's TRL fields of the
+    same names): ``check_sampling``, and at least one completion of at least one token; ValueError naming the
+    key."""
+    check_sampling(config.temperature, config.top_p, greedy)
+    for name in ("num_generations", "max_completion_length"):
+        if getattr(config, name) is None or getattr(config, name) < 1:  # (None: TRL's type allows it)
+            raise ValueError(f"{name} must be at least 1, got {getattr(config, name)}")
+
+
+def rollout_sampling(config, seed: int, num_samples: int | None = None) -> SamplingConfig:
+    """The rollout engine's ``SamplingConfig`` from a job's sampling keys (``Sampling``'s fields, or a training
+    run's TRL fields of the same names): ``num_samples`` completions per prompt (None: ``num_generations``),
+    seeded with ``seed``."""
+    return SamplingConfig(
+        max_new_tokens=config.max_completion_length,
+        temperature=config.temperature,
+        top_p=config.top_p,
+        num_samples=config.num_generations if num_samples is None else num_samples,
+        seed=seed,
+        compile_decode=config.compile_decode,
+    )
 
 
 def check_recipe(recipe: str, compression: CompressionConfig, rl: SparseRLOptions) -> None:
@@ -251,7 +263,7 @@ TRACKERS = {  # report_to name -> the modules that provide it (any one)
 
 
 def check_compile_decode(
-    compile_decode: bool, compressions: list[CompressionConfig], key: str = "sampling.compile_decode"
+    compile_decode: bool, compressions: list[CompressionConfig], key: str = "compile_decode"
 ) -> None:
     """``compile_decode`` (the option ``key``) only with caches that have a static decode step
     (``Method.static_decode``); raises ValueError."""

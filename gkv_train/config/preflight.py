@@ -34,7 +34,7 @@ class Generation:
     rows: int
     new_tokens: int | list[int]
     compressions: list[CompressionConfig]
-    key: str = "sampling.max_new_tokens"
+    key: str = "max_completion_length"
     given: list[str] | None = None  # per prompt, the text its completions begin with (long_recall's story)
     given_key: str = "data"  # the configuration group of the problems (for messages)
 
@@ -201,8 +201,8 @@ def check_memory(shape: ModelShape, need: int, biggest: tuple, device: str, proc
     )
     if need > free:
         raise ValueError(
-            f"{what}, more than the {size_text(free)} of {where}: lower sampling.max_new_tokens, the rows per call "
-            "(prompts_per_step / batch_problems, sampling.num_generations) or the compression budget"
+            f"{what}, more than the {size_text(free)} of {where}: lower max_completion_length, the rows per call "
+            "(prompts_per_step / batch_problems, num_generations) or the compression budget"
         )
     if need > free / 2:
         print(f"warning: {what}: over half the {size_text(free)} of {where}", file=sys.stderr)

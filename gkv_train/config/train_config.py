@@ -17,12 +17,11 @@ from gkv_train.config.options import (
     PRECISIONS,
     DistillOptions,
     LoraOptions,
-    SamplingOptions,
     SparseRLOptions,
     check_compile_decode,
     check_range,
     check_recipe,
-    check_sampling,
+    check_sampling_keys,
     check_trackers,
 )
 from gkv_train.config.trl_fields import (
@@ -47,8 +46,9 @@ class TrainOptions:
     data: the training problems.
     eval_data: the held-out problems of the final evaluation (and of eval_steps).
     compression: the rollouts' KV-cache compression (``compression.method=full``: none).
-    sampling: the rollouts' sampling (GRPO: num_generations is the group size).
-    prompts_per_step: GRPO: distinct prompts per optimizer step (rows: x sampling.num_generations); distillation:
+    compile_decode: the rollouts' decode steps as compiled graphs (not with s4r). The rollouts' other sampling
+        keys are TRL's fields: num_generations (GRPO's group size), max_completion_length, temperature, top_p.
+    prompts_per_step: GRPO: distinct prompts per optimizer step (rows: x num_generations); distillation:
         rows (traces or prompts) per step. Sets TRL's per_device_train_batch_size.
     rewards: reward functions by import path (plain callables, TRL's signature). Naming one imports its module,
         whose code runs: like a trust-remote-code choice, a configuration names code to run.
@@ -79,7 +79,7 @@ class TrainOptions:
     compression: CompressionConfig = field(
         default_factory=lambda: CompressionConfig("gkv", budget=64, window=8, interval=16)
     )
-    sampling: SamplingOptions = field(default_factory=lambda: SamplingOptions(num_generations=8, max_new_tokens=96))
+    compile_decode: bool = False
     prompts_per_step: int = 2
     rewards: list[str] = field(default_factory=lambda: ["gkv_rewards.functions.accuracy"])
     rl: SparseRLOptions = field(default_factory=SparseRLOptions)
@@ -97,18 +97,23 @@ class TrainOptions:
 
 
 TRL_FIELDS = trl_fields({f.name for f in dataclasses.fields(TrainOptions)})
-GRPO_ONLY = tuple(sorted(set(TRL_FIELDS) - {f.name for f in dataclasses.fields(TrainingArguments)}))
+# TRL's sampling fields that distillation reads too (``CompressedDistillationConfig`` declares them)
+DISTILL_SAMPLING = ("max_completion_length", "temperature", "top_p")
+GRPO_ONLY = tuple(
+    sorted(set(TRL_FIELDS) - {f.name for f in dataclasses.fields(TrainingArguments)} - set(DISTILL_SAMPLING))
+)
 TrlArguments = trl_arguments(TRL_FIELDS)
 
 
 @dataclass
 class TrainConfig(TrainOptions, TrlArguments):
-    """One training run: the project's keys (``TrainOptions``: recipe, model, data, compression, sampling, rl,
-    distill, lora, ...) and TRL's ``GRPOConfig`` fields under their own names and help (``learning_rate``, ``beta``,
-    ``loss_type``, ``weight_decay``, ``num_iterations``, ...; distillation uses those that transformers'
-    ``TrainingArguments`` has). ``DERIVED`` fields of ``gkv_train.config.trl_fields`` are set from the project's keys.
-    Every value is checked here, when the configuration is built; TRL's own checks run when the trainer's arguments
-    are built from it (``gkv_train.training.launch.trainer_args``), also before any work."""
+    """One training run: the project's keys (``TrainOptions``: recipe, model, data, compression, rl, distill, lora,
+    ...) and TRL's ``GRPOConfig`` fields under their own names and help (``learning_rate``, ``beta``, ``loss_type``,
+    ``num_generations``, ``max_completion_length``, ``temperature``, ``top_p``, ``num_iterations``, ...;
+    distillation uses those that transformers' ``TrainingArguments`` has, and the sampling fields it reads).
+    ``DERIVED`` fields of ``gkv_train.config.trl_fields`` are set from the project's keys. Every value is checked
+    here, when the configuration is built; TRL's own checks run when the trainer's arguments are built from it
+    (``gkv_train.training.launch.trainer_args``), also before any work."""
 
     def __post_init__(self):
         self.data.check("data")
@@ -130,8 +135,6 @@ class TrainConfig(TrainOptions, TrlArguments):
             raise ValueError(f"report_to must be a tracker name or a list of them, got {self.report_to!r}")
         self.report_to = list(self.report_to)
         check_trackers(self.report_to)
-        if self.sampling.temperature <= 0:
-            check_sampling(self.sampling.temperature, self.sampling.top_p, greedy=False)
         if self.overwrite and self.resume is not None:
             raise ValueError(f"overwrite=true and resume={self.resume} contradict each other: choose one")
         if self.algorithm not in ALGORITHMS:
@@ -162,8 +165,6 @@ class TrainConfig(TrainOptions, TrlArguments):
             check_hub_access()
         if self.resume_other_run and (self.resume is None or self.resume == "last"):
             raise ValueError("resume_other_run=true applies to resume=<a checkpoint of another run's folder>")
-        for compression in (self.compression,):
-            compression.check_generation(self.sampling.max_new_tokens)
         for name in ("eval_steps", "save_total_limit"):  # None: off / no limit
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 or null, got {getattr(self, name)}")
@@ -177,13 +178,17 @@ class TrainConfig(TrainOptions, TrlArguments):
         if self.reward_weights is not None:
             for weight in self.reward_weights:
                 check_range("reward_weights", weight)
+        # the checks that read the configuration's groups, each module's in one run: the sampling keys and the
+        # recipe (options), then the compression (gkv_rollout)
+        check_sampling_keys(self, greedy=False)
         check_recipe(self.recipe, self.compression, self.rl)
         if not self.compression.compresses and self.compression.unread():
             raise ValueError(
                 f"compression.options.{self.compression.unread()[0]} does not apply to compression.method=full"
             )
-        if self.algorithm == "grpo" and self.sampling.num_generations < 2:
-            raise ValueError("sampling.num_generations must be at least 2: GRPO compares samples of one prompt")
+        self.compression.check_generation(self.max_completion_length)
+        if self.algorithm == "grpo" and self.num_generations < 2:
+            raise ValueError("num_generations must be at least 2: GRPO compares samples of one prompt")
         if not self.use_vllm:
             ignored = [
                 name
@@ -193,7 +198,7 @@ class TrainConfig(TrainOptions, TrlArguments):
             if ignored:
                 raise ValueError(
                     f"{', '.join(ignored)}: options of TRL's own generation, which the rollout engine does not have "
-                    "(it samples with sampling.temperature and sampling.top_p); drop them (use_vllm=true, rl_full "
+                    "(it samples with temperature and top_p); drop them (use_vllm=true, rl_full "
                     "only, generates through TRL's vLLM path, which reads them)"
                 )
         if self.algorithm == "distill":
@@ -203,11 +208,9 @@ class TrainConfig(TrainOptions, TrlArguments):
                     f"{', '.join(changed)}: GRPO options (TRL's GRPOConfig), but algorithm=distill trains with "
                     "transformers' TrainingArguments, which has no such field: drop them or choose a GRPO recipe"
                 )
-        check_compile_decode(self.sampling.compile_decode, [self.compression])
-        if self.use_vllm and self.sampling.compile_decode:
-            raise ValueError(
-                "use_vllm generates through vLLM: sampling.compile_decode=true (the engine's option) has no effect"
-            )
+        check_compile_decode(self.compile_decode, [self.compression])
+        if self.use_vllm and self.compile_decode:
+            raise ValueError("use_vllm generates through vLLM: compile_decode=true (the engine's option) has no effect")
         if self.use_vllm and self.compression.compresses:
             raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):

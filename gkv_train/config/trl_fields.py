@@ -12,13 +12,9 @@ from typing import Any
 
 # GRPOConfig / TrainingArguments fields set from this project's keys, so not keys of their own: field -> what sets it
 DERIVED = {
-    "per_device_train_batch_size": "prompts_per_step (rows per step: prompts_per_step x sampling.num_generations, "
+    "per_device_train_batch_size": "prompts_per_step (rows per step: prompts_per_step x num_generations, "
     "divided by processes x gradient_accumulation_steps)",
-    "per_device_eval_batch_size": "prompts_per_step x sampling.num_generations",
-    "num_generations": "sampling.num_generations",
-    "max_completion_length": "sampling.max_new_tokens",
-    "temperature": "sampling.temperature",
-    "top_p": "sampling.top_p",
+    "per_device_eval_batch_size": "prompts_per_step x num_generations",
     "bf16": "precision=bf16",
     "fp16": "precision (fp32 or bf16)",
     "use_cpu": "the machine (true when no GPU)",
@@ -35,6 +31,10 @@ PROJECT_DEFAULTS = {
     "save_total_limit": (2, "the newest two checkpoints"),
     "logging_steps": (1, "every step's metrics in metrics.jsonl"),
     "seed": (0, "this project's seed everywhere"),
+    "max_completion_length": (96, "a CPU-scale completion; set it for real runs"),
+    "temperature": (0.6, "the recipes' measured sampling"),
+    "top_p": (0.95, "the recipes' measured sampling"),
+    "num_generations": (8, "pinned, the recipes' measured group size"),
     "epsilon_high": (0.28, "DAPO's clip-higher"),
     # TRL 1.16's own defaults, pinned: the loss the recipes were measured with, whatever a later TRL defaults to
     "loss_type": ("dapo", "pinned, the recipes' measured loss"),

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
+from gkv_train.config.options import rollout_sampling
 from gkv_train.config.preflight import Generation, check_generations, check_task_contexts
 from gkv_train.console import log_console_to
 from gkv_train.evaluation.graded import generate_and_grade
@@ -192,10 +193,10 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
         problems = load_problems(config.data, config.seed)
         check_output_dir(out_dir, "output_dir")
         prompts = [config.data.prompt_template.format(problem=p) for p in problems["problem"]]
-        rows = min(config.batch_problems, len(problems)) * config.sampling.num_generations
+        rows = min(config.batch_problems, len(problems)) * config.num_generations
         given = list(problems[GIVEN]) if GIVEN in problems.column_names else None
         generation = Generation(
-            "evaluation", prompts, problems["id"], rows, config.sampling.max_new_tokens, runs, given=given
+            "evaluation", prompts, problems["id"], rows, config.max_completion_length, runs, given=given
         )
         check_generations(config.model, [generation], dtype_bytes=2 if config.precision == "bf16" else 4, device="cpu")
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -224,7 +225,7 @@ def _evaluate(config, settings: dict, runs: list[CompressionConfig], problems, o
         from peft import PeftModel
 
         model = PeftModel.from_pretrained(model, config.adapter).merge_and_unload()
-    sampling = config.sampling.engine(config.seed)
+    sampling = rollout_sampling(config, config.seed)
     batches = math.ceil(len(problems) / config.batch_problems)
     summaries = []
     with tqdm(total=batches * len(runs), unit="batch") as sweep:  # one bar over the sweep: every run's batches
@@ -267,7 +268,7 @@ def _evaluate(config, settings: dict, runs: list[CompressionConfig], problems, o
     write_atomically(out_dir / "results.json", dumps({**results, "date": time.time()}, indent=2))
     title = (
         f"{config.model}{' + ' + config.adapter if config.adapter else ''} · {data_name} · "
-        f"{summaries[0]['problems']} problems x {config.sampling.num_generations} samples"
+        f"{summaries[0]['problems']} problems x {config.num_generations} samples"
     )
     if config.plots:
         plot_summaries(summaries, out_dir, title)
@@ -284,7 +285,7 @@ def final_evaluation(model, tokenizer, config, problems) -> dict:
     their prompts) under the recipe's compression (how the model will be run), ``config`` the run's
     ``TrainConfig``."""
     engine = RolloutEngine(model, tokenizer, config.compression)
-    sampling = config.sampling.engine(config.seed, num_samples=config.eval_samples)
+    sampling = rollout_sampling(config, config.seed, num_samples=config.eval_samples)
     verify = MathVerifier()
     graded = generate_and_grade(engine, tokenizer, problems, list(problems["prompt"]), sampling, verify)
     out, correct = graded.out, [grade.correct for grade in graded.grades]

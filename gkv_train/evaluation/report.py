@@ -179,7 +179,11 @@ def lm_eval_results(summaries: list[dict], task: str, config: dict, versions: di
             "output_type": "generate_until",
             "num_fewshot": 0,
             "repeats": s["samples_per_problem"],
-            "generation_kwargs": {k: config["sampling"][k] for k in ("max_new_tokens", "temperature", "top_p")},
+            "generation_kwargs": {
+                "max_new_tokens": config["max_completion_length"],
+                "temperature": config["temperature"],
+                "top_p": config["top_p"],
+            },
             "compression": s["compression"],
             "metric_list": [{"metric": "pass@1", "aggregation": "mean", "higher_is_better": True}],
         }

@@ -12,6 +12,7 @@ from tqdm import tqdm
 from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
+from gkv_train.config.options import rollout_sampling
 from gkv_train.config.preflight import Generation, check_generations, check_task_contexts
 from gkv_train.evaluation.graded import generate_and_grade
 from gkv_train.exits import refusing
@@ -115,16 +116,16 @@ def run_traces(config) -> dict:
         check_sampled_only(problems, "data", "teacher traces")
         check_output_file(output, "output")
         prompts = [config.data.prompt_template.format(problem=p) for p in problems["problem"]]
-        rows = min(TRACE_BATCH, len(problems)) * config.sampling.num_generations
+        rows = min(TRACE_BATCH, len(problems)) * config.num_generations
         generation = Generation(
-            "teacher traces", prompts, problems["id"], rows, config.sampling.max_new_tokens, [CompressionConfig("full")]
+            "teacher traces", prompts, problems["id"], rows, config.max_completion_length, [CompressionConfig("full")]
         )
         check_generations(config.model, [generation], dtype_bytes=4, device="cpu")
         output.parent.mkdir(parents=True, exist_ok=True)
         lock = RunLock.acquire_file(output, "output")
     with lock:
         model, tokenizer = load_model(config.model)
-        sampling = config.sampling.engine(config.seed)
+        sampling = rollout_sampling(config, config.seed)
         verify = MathVerifier()
         rows = generate_traces(
             model,
@@ -139,7 +140,7 @@ def run_traces(config) -> dict:
     result = {
         "traces": config.output,
         "problems": len(problems),
-        "samples": len(problems) * config.sampling.num_generations,
+        "samples": len(problems) * config.num_generations,
         "written": len(rows),
         "correct": sum(r["correct"] for r in rows),
         **{"verifier_" + k: v for k, v in verify.stats.items()},

@@ -27,7 +27,7 @@ from transformers import Trainer, TrainingArguments
 from gkv_rewards.functions import accuracy
 from gkv_rollout.engine import RolloutEngine
 from gkv_rollout.sampling import rollout_seed
-from gkv_train.config.options import CompressedArguments, DistillOptions, SamplingOptions
+from gkv_train.config.options import CompressedArguments, DistillOptions, rollout_sampling
 from gkv_train.console import rollout_progress
 from gkv_train.training.consistency import mismatch_stats
 from gkv_train.training.distributed import generation_model
@@ -46,21 +46,22 @@ class CompressedDistillationConfig(CompressedArguments, TrainingArguments):
             "(gkv_train.config.options.DistillOptions)."
         },
     )
-    sampling: SamplingOptions = field(
-        default_factory=lambda: SamplingOptions(num_generations=1, max_new_tokens=96),
-        metadata={
-            "help": "The temperature of the log-probs and of the divergence (> 0); for on-policy samples "
-            "also max_new_tokens, top_p and compile_decode (one sample per prompt; seeded from seed)."
-        },
+    # TRL's sampling fields (GRPOConfig's names), which TrainingArguments has not
+    max_completion_length: int = field(
+        default=96, metadata={"help": "On-policy samples: the longest completion (one sample per prompt)."}
     )
+    temperature: float = field(
+        default=0.6, metadata={"help": "The temperature of the log-probs, of the divergence and of on-policy samples."}
+    )
+    top_p: float = field(default=0.95, metadata={"help": "On-policy samples: nucleus sampling."})
     remove_unused_columns: bool = field(
         default=False, metadata={"help": "False: the trainer reads whole rows (traces or prompts with answers)."}
     )
 
     def __post_init__(self):
         super().__post_init__()
-        if self.sampling.temperature <= 0:
-            raise ValueError(f"distillation temperature must be positive, got {self.sampling.temperature}")
+        if self.temperature <= 0:
+            raise ValueError(f"distillation temperature must be positive, got {self.temperature}")
 
 
 class CompressedDistillationTrainer(Trainer):
@@ -86,10 +87,10 @@ class CompressedDistillationTrainer(Trainer):
         with generation_model(self) as student:  # ZeRO-3: the weights gathered
             engine = RolloutEngine(student, self.tokenizer, self.args.compression)
             if self.args.distill.mode == "offline":
-                sampling = self.args.sampling.engine(self.args.seed, num_samples=1)
+                sampling = rollout_sampling(self.args, self.args.seed, num_samples=1)
                 return engine.replay(prompts, [row["completion_ids"] for row in rows], sampling)
             seed = rollout_seed(self.args.seed, self.state.global_step, self.accelerator.process_index)
-            sampling = self.args.sampling.engine(seed, num_samples=1)
+            sampling = rollout_sampling(self.args, seed, num_samples=1)
             with rollout_progress(len(prompts), sampling.max_new_tokens, self.accelerator.is_main_process) as progress:
                 return engine.generate(prompts, sampling, progress=progress)
 
@@ -124,7 +125,7 @@ class CompressedDistillationTrainer(Trainer):
             self.teacher,
             out,
             self.args.distill.divergence,
-            self.args.sampling.temperature,
+            self.args.temperature,
             self.args.distill.chunk_tokens,
             self.args.mask_backend,
             base=self.accelerator.unwrap_model(model),
@@ -133,7 +134,7 @@ class CompressedDistillationTrainer(Trainer):
         loss = total / targets_mask.sum().clamp_min(1)
         with torch.no_grad():
             student_logps = head_logprobs(
-                student_hidden, student_head, targets, self.args.sampling.temperature, self.args.distill.chunk_tokens
+                student_hidden, student_head, targets, self.args.temperature, self.args.distill.chunk_tokens
             )
         mismatch = mismatch_stats(student_logps, out.logprobs[targets_mask], torch.ones_like(targets, dtype=torch.bool))
         metrics = {f"mismatch/{k}": v for k, v in mismatch.items()}

@@ -117,10 +117,6 @@ class CompressedGRPOConfig(CompressedArguments, GRPOConfig):
             "rollout's record, importance sampling and rejection against the rollout's log-probs."
         },
     )
-    compile_decode: bool = field(
-        default=False,
-        metadata={"help": "Rollout decode steps as compiled graphs (SamplingConfig.compile_decode; not s4r)."},
-    )
 
 
 class CompressedGRPOTrainer(GRPOTrainer):

@@ -18,6 +18,7 @@ from trl import GRPOTrainer
 
 from gkv_rewards.functions import verifier_stats
 from gkv_rollout.config import CompressionConfig
+from gkv_train.config.options import rollout_sampling
 from gkv_train.config.preflight import Generation, check_generations, check_task_contexts
 from gkv_train.config.train_config import TRL_FIELDS, TrainConfig
 from gkv_train.console import log_console_to
@@ -104,7 +105,7 @@ def trainer_args(config: TrainConfig, num_processes: int) -> TrainingArguments:
     grpo = config.algorithm == "grpo"
     args_class = CompressedGRPOConfig if grpo else CompressedDistillationConfig
     takes = {f.name for f in dataclasses.fields(args_class)}
-    rows = config.prompts_per_step * (config.sampling.num_generations if grpo else 1)
+    rows = config.prompts_per_step * (config.num_generations if grpo else 1)
     values = {name: getattr(config, name) for name in TRL_FIELDS if name in takes}
     values.update(
         output_dir=config.output_dir,
@@ -117,19 +118,15 @@ def trainer_args(config: TrainConfig, num_processes: int) -> TrainingArguments:
         use_cpu=not torch.cuda.is_available(),
         compression=config.compression,
         mask_backend=config.mask_backend,
+        compile_decode=config.compile_decode,
     )
     if not grpo:
-        return args_class(**values, distill=config.distill, sampling=config.sampling)
+        return args_class(**values, distill=config.distill)
     return args_class(
         **values,
-        num_generations=config.sampling.num_generations,
-        max_completion_length=config.sampling.max_new_tokens,
-        temperature=config.sampling.temperature,
-        top_p=config.sampling.top_p,
         eval_strategy="no" if config.eval_steps is None else "steps",
         per_device_eval_batch_size=rows // num_processes,
         rl=config.rl,
-        compile_decode=config.sampling.compile_decode,
     )
 
 
@@ -179,7 +176,7 @@ def generations(config: TrainConfig, data, held_out, num_processes: int) -> list
             list(held_out["prompt"]),
             held_out["id"],
             len(held_out) * config.eval_samples,
-            config.sampling.max_new_tokens,
+            config.max_completion_length,
             [config.compression],
             given=list(held_out[GIVEN]) if GIVEN in held_out.column_names else None,
             given_key="eval_data",
@@ -187,7 +184,7 @@ def generations(config: TrainConfig, data, held_out, num_processes: int) -> list
     ]
     per_process = -(-config.prompts_per_step // num_processes)
     if config.algorithm == "grpo" or config.distill.mode == "onpolicy":
-        samples = config.sampling.num_generations if config.algorithm == "grpo" else 1
+        samples = config.num_generations if config.algorithm == "grpo" else 1
         rows = -(-config.prompts_per_step * samples // num_processes)
         found.append(
             Generation(
@@ -195,7 +192,7 @@ def generations(config: TrainConfig, data, held_out, num_processes: int) -> list
                 list(data["prompt"]),
                 data["id"],
                 rows,
-                config.sampling.max_new_tokens,
+                config.max_completion_length,
                 [config.compression],
                 given=list(data[GIVEN]) if GIVEN in data.column_names else None,
             )
@@ -220,7 +217,7 @@ def generations(config: TrainConfig, data, held_out, num_processes: int) -> list
                 prompts,
                 data["id"],
                 TRACE_BATCH * config.distill.trace_samples,
-                config.sampling.max_new_tokens,
+                config.max_completion_length,
                 [CompressionConfig("full")],
             )
         )
@@ -367,7 +364,7 @@ def offline_traces(config: TrainConfig, teacher, tokenizer, state, problems):
     ``<output_dir>/traces.jsonl`` (reused on resume)."""
     path = Path(config.output_dir) / "traces.jsonl"
     if state.is_main_process and not path.is_file():
-        sampling = config.sampling.engine(config.seed, num_samples=config.distill.trace_samples)
+        sampling = rollout_sampling(config, config.seed, num_samples=config.distill.trace_samples)
         rows = generate_traces(teacher, tokenizer, problems, sampling, config.data.prompt_template)
         if not rows:
             raise RuntimeError(

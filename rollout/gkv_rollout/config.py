@@ -73,7 +73,7 @@ class CompressionConfig:
     def compresses(self) -> bool:
         return self.kind.compresses
 
-    def check_generation(self, max_new_tokens: int, key: str = "sampling.max_new_tokens") -> None:
+    def check_generation(self, max_new_tokens: int, key: str = "max_completion_length") -> None:
         """Options that only make sense within a generation of ``max_new_tokens`` (the setting ``key``); ValueError
         naming both (``Method.check_generation``)."""
         self.resolved.check_generation(max_new_tokens, key)

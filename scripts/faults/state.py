@@ -47,7 +47,7 @@ def wait_for(predicate: Callable[[], bool], running: Running, limit: float) -> b
     return False
 
 
-LONG_TRAIN = {"max_steps": 150, "sampling.max_new_tokens": 16, "data.limit": 8}
+LONG_TRAIN = {"max_steps": 150, "max_completion_length": 16, "data.limit": 8}
 
 
 def steps_problem(out: Path, max_steps: int) -> str | None:
@@ -109,7 +109,7 @@ def interrupted_train(sig: int, save_steps: int):
     return run
 
 
-LONG_EVAL = {"data.limit": 10, "batch_problems": 1, "sampling.num_generations": 2, "sampling.max_new_tokens": 24}
+LONG_EVAL = {"data.limit": 10, "batch_problems": 1, "num_generations": 2, "max_completion_length": 24}
 
 
 def interrupted_eval(sig: int):
@@ -193,8 +193,8 @@ def full_disk_eval(ctx: Context) -> Verdict:
     with ctx.full_disk("out", 48) as (out, fsize):
         changes = {
             "data.limit": 40,
-            "sampling.max_new_tokens": 16,
-            "sampling.num_generations": 2,
+            "max_completion_length": 16,
+            "num_generations": 2,
             "output_dir": str(out),
         }
         proc = ctx.run(ctx.entry(*overrides("evaluate", changes)), 180, fsize=fsize)
@@ -221,9 +221,9 @@ def full_disk_traces(ctx: Context) -> Verdict:
         target.write_text(earlier)
         changes = {
             "output": str(target),
-            "sampling.num_generations": 4,
+            "num_generations": 4,
             "data.limit": 16,
-            "sampling.max_new_tokens": 48,
+            "max_completion_length": 48,
         }
         proc = ctx.run(ctx.entry(*overrides("traces", changes)), 180, fsize=fsize)
         intact = read_text(target) == earlier
@@ -294,7 +294,7 @@ def other_settings_eval(ctx: Context) -> Verdict:
     first = ctx.run(ctx.entry(*overrides("evaluate", {})), 120)
     if first.rc != 0:
         return Verdict("crash", f"the first run failed: {failure_message(first.err)[:300]}")
-    again = ctx.run(ctx.entry(*overrides("evaluate", {"sampling.temperature": 0.3})), 120)
+    again = ctx.run(ctx.entry(*overrides("evaluate", {"temperature": 0.3})), 120)
     return judge_refusal(again, ["temperature"])
 
 
@@ -390,7 +390,7 @@ ROWS = [
         "doubled)",
         concurrent(
             "evaluate",
-            {"data.limit": 6, "batch_problems": 1, "sampling.num_generations": 2, "sampling.max_new_tokens": 24},
+            {"data.limit": 6, "batch_problems": 1, "num_generations": 2, "max_completion_length": 24},
             lambda ctx: samples_problem(ctx, 2, 6),
             "ok",
         ),
