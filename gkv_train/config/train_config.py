@@ -116,33 +116,38 @@ class TrainConfig(TrainOptions, TrlArguments):
     (``gkv_train.training.launch.trainer_args``), also before any work."""
 
     def __post_init__(self):
-        self.data.check("data")
-        self.eval_data.check("eval_data")
-        if self.data.name == LONG_RECALL and self.algorithm != "grpo":
-            raise ValueError(
-                f"data.name=long_recall with algorithm={self.algorithm}: its completions begin with a given story, "
-                "which distillation would take for the model's own tokens; train on it with a GRPO recipe (rl_sparse, "
-                "sparse_rl, rl_full: the story is fed through the cache, and only the sampled answer is trained on)"
-            )
-        if self.eval_data.name == LONG_RECALL and self.eval_steps is not None:
-            raise ValueError(
-                "eval_data.name=long_recall with eval_steps: the evaluation every eval_steps (TRL's loop) would leave "
-                "out the story its completions begin with; drop eval_steps (the final evaluation feeds it)"
-            )
         if isinstance(self.report_to, str) or self.report_to is None:  # a name; null: none
             self.report_to = [] if self.report_to is None else [self.report_to]
         if not isinstance(self.report_to, (list, tuple)) or not all(isinstance(n, str) for n in self.report_to):
             raise ValueError(f"report_to must be a tracker name or a list of them, got {self.report_to!r}")
         self.report_to = list(self.report_to)
+        self.check_values()
+        self.check_combinations()
         check_trackers(self.report_to)
-        if self.overwrite and self.resume is not None:
-            raise ValueError(f"overwrite=true and resume={self.resume} contradict each other: choose one")
-        if self.algorithm not in ALGORITHMS:
-            raise ValueError(f"unknown algorithm {self.algorithm!r}; choose one of {ALGORITHMS}")
-        if self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"unknown loss_type {self.loss_type!r}; choose one of {LOSS_TYPES}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
+        if self.push_to_hub:
+            check_hub_access()
+        self.data.check("data")
+        self.eval_data.check("eval_data")
+        # the checks that read the configuration's groups, each module's in one run: the sampling keys and the
+        # recipe (options), then the compression (gkv_rollout)
+        check_sampling_keys(self, greedy=False)
+        if self.algorithm == "grpo" and self.num_generations < 2:
+            raise ValueError("num_generations must be at least 2: GRPO compares samples of one prompt")
+        check_recipe(self.recipe, self.compression, self.rl)
+        if not self.compression.compresses and self.compression.unread():
+            raise ValueError(
+                f"compression.options.{self.compression.unread()[0]} does not apply to compression.method=full"
+            )
+        if self.use_vllm and self.compression.compresses:
+            raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
+        self.compression.check_generation(self.max_completion_length)
+        check_compile_decode(self.compile_decode, [self.compression])
+
+    def check_values(self) -> None:
+        """Each key on its own: a known choice, a count of at least 1, a number in its range."""
+        for name, choices in (("algorithm", ALGORITHMS), ("loss_type", LOSS_TYPES), ("precision", PRECISIONS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {choices}")
         for name in (
             "prompts_per_step",
             "max_steps",
@@ -161,10 +166,6 @@ class TrainConfig(TrainOptions, TrlArguments):
                 raise ValueError(
                     f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(map(str, choices))}"
                 )
-        if self.push_to_hub:
-            check_hub_access()
-        if self.resume_other_run and (self.resume is None or self.resume == "last"):
-            raise ValueError("resume_other_run=true applies to resume=<a checkpoint of another run's folder>")
         for name in ("eval_steps", "save_total_limit"):  # None: off / no limit
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 or null, got {getattr(self, name)}")
@@ -175,43 +176,41 @@ class TrainConfig(TrainOptions, TrlArguments):
         check_range("epsilon", self.epsilon, low=0, low_open=True)
         if self.epsilon_high is not None:
             check_range("epsilon_high", self.epsilon_high, low=0, low_open=True)
-        if self.reward_weights is not None:
-            for weight in self.reward_weights:
-                check_range("reward_weights", weight)
-        # the checks that read the configuration's groups, each module's in one run: the sampling keys and the
-        # recipe (options), then the compression (gkv_rollout)
-        check_sampling_keys(self, greedy=False)
-        check_recipe(self.recipe, self.compression, self.rl)
-        if not self.compression.compresses and self.compression.unread():
+        for weight in self.reward_weights or []:
+            check_range("reward_weights", weight)
+
+    def check_combinations(self) -> None:
+        """Keys that contradict each other, or that the chosen algorithm, task or generation does not read."""
+        if self.overwrite and self.resume is not None:
+            raise ValueError(f"overwrite=true and resume={self.resume} contradict each other: choose one")
+        if self.resume_other_run and (self.resume is None or self.resume == "last"):
+            raise ValueError("resume_other_run=true applies to resume=<a checkpoint of another run's folder>")
+        if self.data.name == LONG_RECALL and self.algorithm != "grpo":
             raise ValueError(
-                f"compression.options.{self.compression.unread()[0]} does not apply to compression.method=full"
+                f"data.name=long_recall with algorithm={self.algorithm}: its completions begin with a given story, "
+                "which distillation would take for the model's own tokens; train on it with a GRPO recipe (rl_sparse, "
+                "sparse_rl, rl_full: the story is fed through the cache, and only the sampled answer is trained on)"
             )
-        self.compression.check_generation(self.max_completion_length)
-        if self.algorithm == "grpo" and self.num_generations < 2:
-            raise ValueError("num_generations must be at least 2: GRPO compares samples of one prompt")
-        if not self.use_vllm:
-            ignored = [
-                name
-                for name in ENGINE_IGNORES  # (those the installed TRL has)
-                if name in TRL_FIELDS and getattr(self, name) != TRL_FIELDS[name].default_value
-            ]
-            if ignored:
-                raise ValueError(
-                    f"{', '.join(ignored)}: options of TRL's own generation, which the rollout engine does not have "
-                    "(it samples with temperature and top_p); drop them (use_vllm=true, rl_full "
-                    "only, generates through TRL's vLLM path, which reads them)"
-                )
-        if self.algorithm == "distill":
-            changed = sorted(name for name in GRPO_ONLY if getattr(self, name) != TRL_FIELDS[name].default_value)
-            if changed:
-                raise ValueError(
-                    f"{', '.join(changed)}: GRPO options (TRL's GRPOConfig), but algorithm=distill trains with "
-                    "transformers' TrainingArguments, which has no such field: drop them or choose a GRPO recipe"
-                )
-        check_compile_decode(self.compile_decode, [self.compression])
+        if self.eval_data.name == LONG_RECALL and self.eval_steps is not None:
+            raise ValueError(
+                "eval_data.name=long_recall with eval_steps: the evaluation every eval_steps (TRL's loop) would leave "
+                "out the story its completions begin with; drop eval_steps (the final evaluation feeds it)"
+            )
+        changed = [name for name in TRL_FIELDS if getattr(self, name) != TRL_FIELDS[name].default_value]
+        ignored = [name for name in ENGINE_IGNORES if name in changed]  # (those the installed TRL has)
+        if ignored and not self.use_vllm:
+            raise ValueError(
+                f"{', '.join(ignored)}: options of TRL's own generation, which the rollout engine does not have "
+                "(it samples with temperature and top_p); drop them (use_vllm=true, rl_full only, generates "
+                "through TRL's vLLM path, which reads them)"
+            )
+        grpo_only = sorted(name for name in GRPO_ONLY if name in changed)
+        if grpo_only and self.algorithm == "distill":
+            raise ValueError(
+                f"{', '.join(grpo_only)}: GRPO options (TRL's GRPOConfig), but algorithm=distill trains with "
+                "transformers' TrainingArguments, which has no such field: drop them or choose a GRPO recipe"
+            )
         if self.use_vllm and self.compile_decode:
             raise ValueError("use_vllm generates through vLLM: compile_decode=true (the engine's option) has no effect")
-        if self.use_vllm and self.compression.compresses:
-            raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
             raise ValueError(f"{len(self.reward_weights)} reward_weights for {len(self.rewards)} rewards")
