@@ -244,18 +244,7 @@ def stage_methods(root: Path, args, publish) -> dict:
     another machine too)."""
     folder, model, seed = root / "methods", [f"model={args.model}"], args.seed + 1
     problems, samples = args.methods_problems, args.methods_samples
-    settings = {
-        "model": args.model,
-        **({"task": args.task} if args.task != "copy_recall" else {}),  # copy_recall: the settings' first form
-        "sentences": args.sentences,
-        "window": args.window,
-        "interval": args.interval,
-        "sampling": sampling_settings(args),
-        "problems": problems,
-        "samples": samples,
-        "seed": seed,
-        "s4r_length": args.s4r_length,
-    }
+    settings = methods_settings(args, seed)
     table: dict = {"full": None, "methods": {}}
     section = {
         "task": {"split": "test", "problems": problems, "samples_per_problem": samples},
@@ -316,26 +305,7 @@ def stage_methods(root: Path, args, publish) -> dict:
                     lambda e=extra: runs_of(["s4r"], budget, folder / "s4r-refresh", e)[f"s4r-b{budget}"],
                 )
     for name, adapter in args.adapters:  # a trained model: the full cache and the training method at every budget
-        found = earlier_adapter(args.results, settings, name, adapter, args.budgets)
-        if found is None:
-            runs = evaluate(
-                [*model, f"adapter={adapter}"],
-                "test",
-                problems,
-                samples,
-                [args.train_method],
-                args.budgets,
-                folder / f"adapter-{name}",
-                seed,
-                args,
-            )
-            found = {
-                "adapter": adapter,
-                "full": row(runs["full"], None),
-                "compressed": {str(b): row(runs[f"{args.train_method}-b{b}"], runs["full"]) for b in args.budgets},
-                "method": args.train_method,
-            }
-        section["adapters"][name] = found
+        section["adapters"][name] = adapter_row(name, adapter, settings, folder, seed, args)
         publish(section)
     first = str(args.budgets[0])
     rows = {"full": table["full"], **{name: by[first] for name, by in table["methods"].items() if first in by}}
@@ -344,6 +314,47 @@ def stage_methods(root: Path, args, publish) -> dict:
     section["density"] = {name: r.get("retained_density") for name, r in rows.items()}
     section["partial"] = False
     return section
+
+
+def methods_settings(args, seed: int) -> dict:
+    """What a methods stage's rows depend on (rows of a results file with other settings are not reused)."""
+    return {
+        "model": args.model,
+        **({"task": args.task} if args.task != "copy_recall" else {}),  # copy_recall: the settings' first form
+        "sentences": args.sentences,
+        "window": args.window,
+        "interval": args.interval,
+        "sampling": sampling_settings(args),
+        "problems": args.methods_problems,
+        "samples": args.methods_samples,
+        "seed": seed,
+        "s4r_length": args.s4r_length,
+    }
+
+
+def adapter_row(name: str, adapter: str, settings: dict, folder: Path, seed: int, args) -> dict:
+    """A trained model's row of the methods stage: the full cache and the training method at every budget (an
+    earlier one with the same settings, else evaluated now under ``folder``)."""
+    found = earlier_adapter(args.results, settings, name, adapter, args.budgets)
+    if found is not None:
+        return found
+    runs = evaluate(
+        [f"model={args.model}", f"adapter={adapter}"],
+        "test",
+        args.methods_problems,
+        args.methods_samples,
+        [args.train_method],
+        args.budgets,
+        folder / f"adapter-{name}",
+        seed,
+        args,
+    )
+    return {
+        "adapter": adapter,
+        "full": row(runs["full"], None),
+        "compressed": {str(b): row(runs[f"{args.train_method}-b{b}"], runs["full"]) for b in args.budgets},
+        "method": args.train_method,
+    }
 
 
 def earlier_rows(results: Path | None, settings: dict) -> dict:

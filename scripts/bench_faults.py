@@ -55,6 +55,7 @@ import argparse
 import fnmatch
 import hashlib
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -253,10 +254,11 @@ def tables(view: str, runs: dict | list[dict]) -> str:
 def local(text: str) -> str:
     """``text`` with this machine's folders written relative to the checkout (``../outputs/...``,
     ``../wt-before``): the results are committed, and no path of one machine belongs there."""
-    return text.replace(str(ROOT.parent) + "/", "../")
+    return re.sub(r"(?<![\w./-])" + re.escape(str(ROOT.parent) + "/"), "../", text)  # where a path begins only
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The command line."""
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -278,7 +280,67 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fresh", action="store_true", help="forget the finished cases of --out and start over")
     parser.add_argument("--keep", action="store_true", help="keep each case's work folder")
     args = parser.parse_args(argv)
+    if args.results.suffix in (".json", ".md"):
+        parser.error(f"--results {args.results}: a folder (bench_faults_<tag>.json and .md are written into it)")
+    return args
 
+
+def run_cases(cases: list[Case], args, repo: Path, out: Path, site: Path) -> list[dict]:
+    """Each case's record, in the order of ``cases``: those finished in ``out/cases.jsonl`` read back, the others
+    run now and appended as each ends."""
+    results_path = out / "cases.jsonl"
+    done = {r["name"]: r for r in read_jsonl(results_path)}
+    for number, case in enumerate(cases, 1):
+        if case.name in done:
+            continue
+        record = run_case(
+            case, repo, args.python, out / "work", site, int(args.memory_gb * 2**30), args.data_dir, args.keep
+        )
+        with open(results_path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        done[case.name] = record
+        print(
+            f"[{number}/{len(cases)}] {case.name}: {record['outcome']} ({record['seconds']:.0f} s) "
+            f"{record['detail'][:150]}",
+            file=sys.stderr,
+            flush=True,
+        )
+    return [done[c.name] for c in cases]
+
+
+def write_results(args, argv, records: list[dict], repo: Path, commit: str, dirty: bool, started: float) -> None:
+    """``bench_faults_<tag>.json`` and ``.md`` under ``--results``, the table on stderr, one JSON line."""
+    rows = table(records)
+    command = " ".join([Path(sys.executable).name, *sys.argv]) if argv is None else " ".join(["bench_faults.py", *argv])
+    summary = {
+        "bench": "faults",
+        "tag": args.tag,
+        "command": command,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "repo": str(repo),
+        "repo_commit": commit,
+        "repo_dirty": dirty,
+        "memory_gb": args.memory_gb,
+        "full_disk": sorted({r["extra"]["full_disk"] for r in records if "full_disk" in r.get("extra", {})}),
+        "seconds_this_call": round(time.time() - started, 1),
+        "seconds_all_cases": round(sum(r["seconds"] for r in records), 1),
+        "table": rows,
+        "table_by_kind": table(records, "kind"),
+        "cases": [
+            {k: r[k] for k in ("name", "category", "kind", "about", "outcome", "detail", "seconds", "extra")}
+            for r in records
+        ],
+    }
+    args.results.mkdir(parents=True, exist_ok=True)
+    (args.results / f"bench_faults_{args.tag}.json").write_text(local(json.dumps(summary, indent=1)) + "\n")
+    text = local(markdown(rows, records, args.tag, commit))
+    (args.results / f"bench_faults_{args.tag}.md").write_text(text)
+    print(text.split("\n\n| case")[0], file=sys.stderr)
+    print(json.dumps({k: summary[k] for k in ("bench", "tag", "repo_commit", "table")}), flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_arguments(argv)
     cases = select(all_cases(), args.cases)
     if args.list:
         for c in cases:
@@ -298,7 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.fresh:
         shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
-    meta_path, results_path = out / "meta.json", out / "cases.jsonl"
+    meta_path = out / "meta.json"
     meta = {
         "repo": str(repo),
         "commit": commit,
@@ -320,52 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     (site / "bench_faults_checks.py").write_text(CHECKS_MODULE)
     (site / "bench_faults_start.py").write_text(START_MODULE)
 
-    done = {r["name"]: r for r in read_jsonl(results_path)}
     started = time.time()
-    for number, case in enumerate(cases, 1):
-        if case.name in done:
-            continue
-        record = run_case(
-            case, repo, args.python, out / "work", site, int(args.memory_gb * 2**30), args.data_dir, args.keep
-        )
-        with open(results_path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        done[case.name] = record
-        print(
-            f"[{number}/{len(cases)}] {case.name}: {record['outcome']} ({record['seconds']:.0f} s) "
-            f"{record['detail'][:150]}",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    records = [done[c.name] for c in cases]
-    rows = table(records)
-    command = " ".join([Path(sys.executable).name, *sys.argv]) if argv is None else " ".join(["bench_faults.py", *argv])
-    summary = {
-        "bench": "faults",
-        "tag": args.tag,
-        "command": command,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "repo": str(repo),
-        "repo_commit": commit,
-        "repo_dirty": bool(dirty),
-        "memory_gb": args.memory_gb,
-        "full_disk": sorted({r["extra"]["full_disk"] for r in records if "full_disk" in r.get("extra", {})}),
-        "seconds_this_call": round(time.time() - started, 1),
-        "seconds_all_cases": round(sum(r["seconds"] for r in records), 1),
-        "table": rows,
-        "table_by_kind": table(records, "kind"),
-        "cases": [
-            {k: r[k] for k in ("name", "category", "kind", "about", "outcome", "detail", "seconds", "extra")}
-            for r in records
-        ],
-    }
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / f"bench_faults_{args.tag}.json").write_text(local(json.dumps(summary, indent=1)) + "\n")
-    text = local(markdown(rows, records, args.tag, commit))
-    (args.results / f"bench_faults_{args.tag}.md").write_text(text)
-    print(text.split("\n\n| case")[0], file=sys.stderr)
-    print(json.dumps({k: summary[k] for k in ("bench", "tag", "repo_commit", "table")}), flush=True)
+    records = run_cases(cases, args, repo, out, site)
+    write_results(args, argv, records, repo, commit, bool(dirty), started)
     return 0
 
 

@@ -52,7 +52,8 @@ def write_task(folder: Path, rows: list[dict], max_new_tokens: int) -> None:
     )
 
 
-def main() -> None:
+def parse_arguments() -> argparse.Namespace:
+    """The command line."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--task", default="arithmetic")
@@ -64,7 +65,11 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=8)
     parser.add_argument("--interval", type=int, default=16)
     parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "lm_eval_bench")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def write_problems(args) -> None:
+    """The test problems as an lm-eval task under ``<output-root>/task`` (prompts in the chat template)."""
     root = args.output_root
     data = DataConfig(name=args.task, split="test", limit=args.problems)
     problems = load_problems(data)
@@ -78,12 +83,11 @@ def main() -> None:
             )
         rows.append({"prompt": text, "answer": p["answer"], "required": p.get("required")})
     write_task(root / "task", rows, args.max_new_tokens)
-    compression = [
-        f"compression.budget={args.budget}",
-        f"compression.window={args.window}",
-        f"compression.interval={args.interval}",
-    ]
 
+
+def run_evaluate(args, compression: list[str]) -> tuple[dict, dict[int, bool], float]:
+    """``scripts/evaluate.py`` on the problems: (its run summary, correct per problem, seconds)."""
+    root = args.output_root
     start = time.perf_counter()
     subprocess.run(
         [
@@ -107,12 +111,18 @@ def main() -> None:
         cwd=ROOT,
     )
     evaluate_seconds = time.perf_counter() - start
-    (ours,) = json.loads((root / "evaluate" / "summary.json").read_text())["runs"]
+    (summary,) = json.loads((root / "evaluate" / "summary.json").read_text())["runs"]
     per_problem = {}
     for line in (root / "evaluate" / f"{args.method}-b{args.budget}" / "samples.jsonl").read_text().splitlines():
         sample = json.loads(line)
         per_problem[sample["problem_id"]] = sample["correct"]
 
+    return summary, per_problem, evaluate_seconds
+
+
+def run_lm_eval(args) -> tuple[dict, dict[int, float], float]:
+    """``gkv-train lm-eval`` on the same task: (its results, accuracy per problem, seconds)."""
+    root = args.output_root
     start = time.perf_counter()
     model_args = (
         f"pretrained={args.model},method={args.method},budget={args.budget},window={args.window},"
@@ -149,6 +159,20 @@ def main() -> None:
         for f in (root / "lm_eval").rglob("samples_gkv_bench_*.jsonl")
         for s in map(json.loads, f.read_text().splitlines())
     }
+    return results, theirs, lm_eval_seconds
+
+
+def main() -> None:
+    args = parse_arguments()
+    write_problems(args)
+    compression = [
+        f"compression.budget={args.budget}",
+        f"compression.window={args.window}",
+        f"compression.interval={args.interval}",
+    ]
+
+    ours, per_problem, evaluate_seconds = run_evaluate(args, compression)
+    results, theirs, lm_eval_seconds = run_lm_eval(args)
     agree = sum(bool(theirs.get(i)) == bool(per_problem.get(i)) for i in range(args.problems))
     print_json(
         {

@@ -206,7 +206,8 @@ def tables(view: str, summaries: dict | list[dict]) -> str:
     )
 
 
-def main() -> None:
+def parse_arguments() -> argparse.Namespace:
+    """The command line (the roots and evaluate.py resolved)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--datasets", nargs="+", default=["svamp", "gsm8k"])
@@ -244,6 +245,37 @@ def main() -> None:
         args.work_root.resolve(),
         args.evaluate.resolve(),
     )
+    return args
+
+
+def run_one(path: Path, dataset: str, interval: int, method: str, budget: int | None, settings: dict, args) -> None:
+    """One evaluate.py run, its result written to ``path`` (the settings, the run's metrics, the command)."""
+    out = args.work_root / args.tag / path.stem
+    command = [
+        sys.executable,
+        str(args.evaluate),
+        f"model={args.model}",
+        *data_overrides(dataset, args.limit, args.work_root),
+        *sampling_overrides(args),
+        f"batch_problems={args.batch_problems}",
+        f"methods=[{method}]",
+        f"budgets=[{budget or 64}]",
+        f"compression.interval={interval}",
+        f"output_dir={out}",
+        "plots=false",
+    ]
+    print(f"[bench_methods] {path.name}: {' '.join(command[2:])}", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    subprocess.run(command, check=True, cwd=args.evaluate.parents[1])
+    (run_dir,) = [p for p in out.iterdir() if (p / "samples.jsonl").is_file()]
+    result = {"settings": settings, "dataset": dataset, "run": run_key(method, budget, interval), **read_run(run_dir)}
+    result["seconds"] = round(time.perf_counter() - start, 1)  # of this call (less when it resumed)
+    result["command"] = " ".join(command[1:])
+    path.write_text(json.dumps(result, indent=1) + "\n")
+
+
+def main() -> None:
+    args = parse_arguments()
     if args.report:
         path = args.results.parent / f"{args.results.name}.md"
         path.write_text(report(args.results, args.report))
@@ -274,33 +306,7 @@ def main() -> None:
         return
 
     for path, dataset, interval, method, budget in todo:
-        out = args.work_root / args.tag / path.stem
-        command = [
-            sys.executable,
-            str(args.evaluate),
-            f"model={args.model}",
-            *data_overrides(dataset, args.limit, args.work_root),
-            *sampling_overrides(args),
-            f"batch_problems={args.batch_problems}",
-            f"methods=[{method}]",
-            f"budgets=[{budget or 64}]",
-            f"compression.interval={interval}",
-            f"output_dir={out}",
-            "plots=false",
-        ]
-        print(f"[bench_methods] {path.name}: {' '.join(command[2:])}", file=sys.stderr, flush=True)
-        start = time.perf_counter()
-        subprocess.run(command, check=True, cwd=args.evaluate.parents[1])
-        (run_dir,) = [p for p in out.iterdir() if (p / "samples.jsonl").is_file()]
-        result = {
-            "settings": settings,
-            "dataset": dataset,
-            "run": run_key(method, budget, interval),
-            **read_run(run_dir),
-        }
-        result["seconds"] = round(time.perf_counter() - start, 1)  # of this call (less when it resumed)
-        result["command"] = " ".join(command[1:])
-        path.write_text(json.dumps(result, indent=1) + "\n")
+        run_one(path, dataset, interval, method, budget, settings, args)
 
     # every run file of the tag, also those of earlier calls with other datasets or settings: a call that ran
     # a subset does not shrink the summary

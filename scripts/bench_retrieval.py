@@ -452,7 +452,8 @@ def tables(view: str, result: dict) -> str:
     return "\n".join(rows) + f"\n\n{provenance(section)}{state}\n"
 
 
-def main() -> None:
+def parse_arguments() -> argparse.Namespace:
+    """The command line (``--quick``: every size tiny; the default stages filled in)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument(
@@ -505,6 +506,11 @@ def main() -> None:
         args.fair_controls, args.fair_methods, args.fair_etas = ["exact_both"], ["snapkv"], [0.4]
     if args.stages is None:
         args.stages = list(STAGES) if args.quick else [s for s in STAGES if s != "fair"]
+    return args
+
+
+def main() -> None:
+    args = parse_arguments()
     root = args.output_root
     root.mkdir(parents=True, exist_ok=True)
     result = {

@@ -1314,8 +1314,19 @@ def figures(section: dict, path: Path) -> None:
 
 # ---- the command ----------------------------------------------------------------------------------------------------
 def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line, with the task's defaults filled in (``--quick``: tiny sizes) and checked as a whole."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add = parser.add_argument
+    add_task_arguments(parser.add_argument)
+    add_run_arguments(parser.add_argument)
+    args = parser.parse_args(argv)
+    task_defaults(args, parser)
+    check_arguments(args, parser)
+    return args
+
+
+def add_task_arguments(add) -> None:
+    """Where the bench writes, the task, its sampling, and the probe and methods stages (``add``: a parser's
+    ``add_argument``)."""
     add("--model", default="smollm2-135m")
     add("--output-root", type=Path, default=ROOT / "outputs" / "rl_evidence")
     add("--results", type=Path, default=ROOT / "results" / "bench_rl_evidence.json")
@@ -1348,6 +1359,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     add("--methods-problems", type=int, default=128)
     add("--methods-samples", type=int, default=4)
     add("--train-budget", type=int, default=160)
+
+
+def add_run_arguments(add) -> None:
+    """The training, learning-rate, evaluation and cross stages (``add``: a parser's ``add_argument``)."""
     add("--recipes", nargs="+", default=list(RECIPES), help=f"of {', '.join(RECIPES)} and the --variant names")
     add(
         "--variant",
@@ -1402,7 +1417,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         "--min-rounds", type=int, help="probe: decode-time compression rounds, at least (copy_recall 6, long_recall 40)"
     )
     add("--poll", type=float, default=30.0, help="seconds between looks for a job while others hold the rest")
-    args = parser.parse_args(argv)
+
+
+def task_defaults(args, parser) -> None:
+    """The task's defaults for what the command line left unset; ``--quick``: every size tiny."""
     task = TASKS[args.task]
     if args.task != "copy_recall" and args.copy_share is not None:
         parser.error(f"--copy-share: copy_recall's, not {args.task}'s")
@@ -1428,6 +1446,10 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
             args.seeds = [0, 1]
         if args.recipes == list(RECIPES):
             args.recipes = ["rl_sparse", "sparse_rl"]
+
+
+def check_arguments(args, parser) -> None:
+    """The arguments against each other (``parser.error`` names the problem); ``args.variants`` parsed."""
     if args.train_budget not in args.eval_budgets:
         parser.error(f"--eval-budgets {args.eval_budgets} must include the training budget {args.train_budget}")
     args.variants = {}
@@ -1454,7 +1476,44 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
             f"--task long_recall: its completions begin with a given story, the GRPO recipes only, not "
             f"{' '.join(distilled)}"
         )
-    return args
+
+
+def probe_stage(args) -> dict:
+    """The probe's section: the untrained model's ordering of the eviction methods on the train split, with the
+    check that each loses at least ``--min-gap`` at the training budget."""
+    probe = regime_args(args, ["--budgets", *map(str, args.probe_budgets)])
+    probe.methods = args.probe_methods or regime.EVICTION
+    section = regime.ordering("probe", "train", args.probe_problems, args.probe_samples, args.output_root, probe)
+    at_budget = [
+        by[str(args.train_budget)]["gap"] for by in section["table"]["methods"].values() if str(args.train_budget) in by
+    ]
+    section["checks"]["every_gap_at_training_budget_at_least"] = [
+        args.min_gap,
+        bool(at_budget) and min(at_budget) >= args.min_gap,
+    ]
+    section["train_budget"] = args.train_budget
+    return section
+
+
+def methods_stage(args, publish_rows) -> dict:
+    """The methods stage's section (``publish_rows``: called with the section as its rows arrive)."""
+    ordering = regime_args(
+        args,
+        [
+            "--budgets",
+            *map(str, args.methods_budgets),
+            "--methods-problems",
+            str(args.methods_problems),
+            "--methods-samples",
+            str(args.methods_samples),
+            "--s4r-length",
+            str(TASKS[args.task]["s4r_length"] if not args.quick else 96),
+            "--s4r-refresh",
+            "0",
+        ],
+    )
+    ordering.results = args.results  # a call cut short keeps the rows it published (same settings)
+    return regime.stage_methods(args.output_root, ordering, publish_rows)
 
 
 def main() -> None:
@@ -1487,38 +1546,9 @@ def main() -> None:
             figures(section, args.figures)
 
     if "probe" in args.stages:
-        probe = regime_args(args, ["--budgets", *map(str, args.probe_budgets)])
-        probe.methods = args.probe_methods or regime.EVICTION
-        section = regime.ordering("probe", "train", args.probe_problems, args.probe_samples, args.output_root, probe)
-        at_budget = [
-            by[str(args.train_budget)]["gap"]
-            for by in section["table"]["methods"].values()
-            if str(args.train_budget) in by
-        ]
-        section["checks"]["every_gap_at_training_budget_at_least"] = [
-            args.min_gap,
-            bool(at_budget) and min(at_budget) >= args.min_gap,
-        ]
-        section["train_budget"] = args.train_budget
-        publish("probe", section)
+        publish("probe", probe_stage(args))
     if "methods" in args.stages:
-        ordering = regime_args(
-            args,
-            [
-                "--budgets",
-                *map(str, args.methods_budgets),
-                "--methods-problems",
-                str(args.methods_problems),
-                "--methods-samples",
-                str(args.methods_samples),
-                "--s4r-length",
-                str(TASKS[args.task]["s4r_length"] if not args.quick else 96),
-                "--s4r-refresh",
-                "0",
-            ],
-        )
-        ordering.results = args.results  # a call cut short keeps the rows it published (same settings)
-        publish("methods", regime.stage_methods(args.output_root, ordering, lambda s: publish("methods", s)))
+        publish("methods", methods_stage(args, lambda s: publish("methods", s)))
     if {"lr", "train", "eval", "cross"} & set(args.stages):
         work(args, publish_training)
     if {"lr", "train", "eval", "cross", "report"} & set(args.stages):

@@ -240,7 +240,6 @@ def main() -> None:
     args = parser.parse_args()
 
     model, tokenizer = load_model(args.model)
-    s4r = CompressionConfig.of("s4r", eta=args.eta)
     where = origin()
     if args.basis_cost:
         timed(model, tokenizer, long_prompt(tokenizer, 500), CompressionConfig.of("s4r", eta=args.eta), 1)  # warm-up
@@ -249,36 +248,7 @@ def main() -> None:
         return
     prompt = long_prompt(tokenizer, args.context)
     if args.refresh:
-        engine = RolloutEngine(model, tokenizer, CompressionConfig("full"), chat=False)
-        sampled = engine.generate(
-            [prompt],
-            SamplingConfig(
-                max_new_tokens=args.new_tokens, temperature=0.6, top_p=0.95, seed=args.seed, ignore_eos=True
-            ),
-        )
-        completion = sampled.completions()[0]
-        configs = {"s4r": s4r, "s4r_refresh": CompressionConfig.of("s4r", eta=args.eta, refresh=args.refresh)}
-        errors = {name: projection_errors(model, tokenizer, prompt, completion, c) for name, c in configs.items()}
-        timed(model, tokenizer, prompt, s4r, 4)  # warm-up
-        times = {
-            name: timed(model, tokenizer, prompt, c, args.new_tokens)["decode_seconds_per_token"]
-            for name, c in {"full": CompressionConfig("full"), **configs}.items()
-        }
-        print_json(
-            {
-                "benchmark": "s4r_refresh",
-                "model": args.model,
-                "eta": args.eta,
-                "refresh": args.refresh,
-                "prompt_tokens": int(sampled.prompt_lengths[0]),
-                "new_tokens": args.new_tokens,
-                "relative_error_by_128_tokens": errors,
-                "decode_seconds_per_token": times,
-                "decode_ratio_refresh_vs_s4r": times["s4r_refresh"] / times["s4r"],
-                "decode_ratio_refresh_vs_full": times["s4r_refresh"] / times["full"],
-                **where,
-            }
-        )
+        print_json({"benchmark": "s4r_refresh", **refresh_comparison(model, tokenizer, prompt, args), **where})
         return
     if args.memory_share:
         shares = memory_share(model, tokenizer, prompt, args.eta, args.new_tokens)
@@ -293,6 +263,43 @@ def main() -> None:
             }
         )
         return
+    print_json({"benchmark": "s4r", **speed_and_passkey(model, tokenizer, prompt, args), **where})
+
+
+def refresh_comparison(model, tokenizer, prompt: str, args) -> dict:
+    """S4R with and without a refresh of its bases every ``--refresh`` tokens: the reconstruction's relative error
+    on one sampled completion, and the decode time per token against the full cache."""
+    s4r = CompressionConfig.of("s4r", eta=args.eta)
+    engine = RolloutEngine(model, tokenizer, CompressionConfig("full"), chat=False)
+    sampled = engine.generate(
+        [prompt],
+        SamplingConfig(max_new_tokens=args.new_tokens, temperature=0.6, top_p=0.95, seed=args.seed, ignore_eos=True),
+    )
+    completion = sampled.completions()[0]
+    configs = {"s4r": s4r, "s4r_refresh": CompressionConfig.of("s4r", eta=args.eta, refresh=args.refresh)}
+    errors = {name: projection_errors(model, tokenizer, prompt, completion, c) for name, c in configs.items()}
+    timed(model, tokenizer, prompt, s4r, 4)  # warm-up
+    times = {
+        name: timed(model, tokenizer, prompt, c, args.new_tokens)["decode_seconds_per_token"]
+        for name, c in {"full": CompressionConfig("full"), **configs}.items()
+    }
+    return {
+        "model": args.model,
+        "eta": args.eta,
+        "refresh": args.refresh,
+        "prompt_tokens": int(sampled.prompt_lengths[0]),
+        "new_tokens": args.new_tokens,
+        "relative_error_by_128_tokens": errors,
+        "decode_seconds_per_token": times,
+        "decode_ratio_refresh_vs_s4r": times["s4r_refresh"] / times["s4r"],
+        "decode_ratio_refresh_vs_full": times["s4r_refresh"] / times["full"],
+    }
+
+
+def speed_and_passkey(model, tokenizer, prompt: str, args) -> dict:
+    """Prefill and decode time and persistent memory of S4R against the full cache on ``prompt``; with ``--cases``,
+    passkey accuracy of full, S4R, StreamingLLM and G-KV at S4R's budget."""
+    s4r = CompressionConfig.of("s4r", eta=args.eta)
     timed(model, tokenizer, prompt[:2000], s4r, 4)  # warm-up: first-call allocations are not S4R's cost
     full = timed(model, tokenizer, prompt, CompressionConfig("full"), args.new_tokens)
     sparse = timed(model, tokenizer, prompt, s4r, args.new_tokens)
@@ -310,29 +317,25 @@ def main() -> None:
             "gkv": CompressionConfig("gkv", budget=budget, window=16, interval=32),
         }
         passkey = {name: passkey_accuracy(model, tokenizer, cases, c, args.batch) for name, c in methods.items()}
-    print_json(
-        {
-            "benchmark": "s4r",
-            "model": args.model,
-            "prompt_tokens": full["prompt_tokens"],
-            "new_tokens": args.new_tokens,
-            "eta": args.eta,
-            "threads": torch.get_num_threads(),
-            "prefill_seconds": {"full": full["prefill_seconds"], "s4r": sparse["prefill_seconds"]},
-            "prefill_ratio_s4r_vs_full": sparse["prefill_seconds"] / full["prefill_seconds"],
-            "decode_ratio_s4r_vs_full": sparse["decode_seconds_per_token"] / full["decode_seconds_per_token"],
-            "decode_seconds_per_token": {
-                "full": full["decode_seconds_per_token"],
-                "s4r": sparse["decode_seconds_per_token"],
-                "s4r_reconstruct_all": everything["decode_seconds_per_token"],
-            },
-            "persistent_bytes": {"s4r": sparse["cache_bytes"], "full": full["cache_bytes"]},  # prompt + new tokens
-            "persistent_ratio_s4r_vs_full": sparse["cache_bytes"] / full["cache_bytes"],
-            "passkey_budget_tokens": budget,
-            "passkey": passkey,
-            **where,
-        }
-    )
+    return {
+        "model": args.model,
+        "prompt_tokens": full["prompt_tokens"],
+        "new_tokens": args.new_tokens,
+        "eta": args.eta,
+        "threads": torch.get_num_threads(),
+        "prefill_seconds": {"full": full["prefill_seconds"], "s4r": sparse["prefill_seconds"]},
+        "prefill_ratio_s4r_vs_full": sparse["prefill_seconds"] / full["prefill_seconds"],
+        "decode_ratio_s4r_vs_full": sparse["decode_seconds_per_token"] / full["decode_seconds_per_token"],
+        "decode_seconds_per_token": {
+            "full": full["decode_seconds_per_token"],
+            "s4r": sparse["decode_seconds_per_token"],
+            "s4r_reconstruct_all": everything["decode_seconds_per_token"],
+        },
+        "persistent_bytes": {"s4r": sparse["cache_bytes"], "full": full["cache_bytes"]},  # prompt + new tokens
+        "persistent_ratio_s4r_vs_full": sparse["cache_bytes"] / full["cache_bytes"],
+        "passkey_budget_tokens": budget,
+        "passkey": passkey,
+    }
 
 
 if __name__ == "__main__":

@@ -268,7 +268,8 @@ def plot(points: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def parse_arguments() -> argparse.Namespace:
+    """The command line (``--quick``: tiny values for the options left at their defaults)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--batch", type=int, default=4, help="rollout batch")
@@ -300,6 +301,11 @@ def main() -> None:
         for key, value in quick.items():
             if getattr(args, key) == parser.get_default(key):
                 setattr(args, key, value)
+    return args
+
+
+def main() -> None:
+    args = parse_arguments()
     if args.point:
         print_json(rollout_point(args))
         return

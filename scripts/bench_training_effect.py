@@ -350,7 +350,8 @@ def plot(summary: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def parse_arguments() -> argparse.Namespace:
+    """The command line (``--quick``: every size tiny)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "training_effect")
@@ -397,27 +398,12 @@ def main() -> None:
         args.probe_problems, args.steps, args.save_steps, args.prompts_per_step, args.samples = 4, 1, 1, 1, 2
         args.train_problems, args.trace_problems, args.max_new_tokens = 8, 4, 12
         args.eval_problems, args.kl_problems, args.batch_problems = 4, 2, 4
-    torch.set_num_threads(max(1, torch.get_num_threads()))
-    root = args.output_root
-    root.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
+    return args
 
-    probe = stage_probe(args, root)
-    chosen = next(c for c in probe["candidates"] if c["candidate"] == probe["chosen"])
-    log("probe", f"chosen {probe['chosen']} (full {chosen['full']['pass@1']:.3f}, gap {chosen['gap']:.3f})")
-    if "distill" in args.recipes:
-        training_traces(chosen, root, args)
-    for recipe in args.recipes:
-        if not (root / "train" / recipe / "eval.json").is_file():
-            run(
-                [
-                    sys.executable,
-                    str(ROOT / "train.py"),
-                    *train_keys(recipe, chosen, root, args),
-                    f"output_dir={root / 'train' / recipe}",
-                ],
-                f"train/{recipe}",
-            )
+
+def evaluate_models(chosen: dict, root: Path, args) -> dict:
+    """The untrained model and every trained one on the held-out problems, with the full cache and under the
+    chosen compression, each with its KL to the full-cache teacher (a finished evaluation is read back)."""
     data = [
         "data.name=arithmetic",
         "data.split=test",
@@ -448,6 +434,33 @@ def main() -> None:
         result["kl_full_teacher_vs_compressed"] = stage_kl(name, chosen, root, args, traces)
         models[name] = result
         log(f"eval/{name}", f"compressed {result['compressed']['pass@1']:.3f}, full {result['full']['pass@1']:.3f}")
+    return models
+
+
+def main() -> None:
+    args = parse_arguments()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    root = args.output_root
+    root.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+
+    probe = stage_probe(args, root)
+    chosen = next(c for c in probe["candidates"] if c["candidate"] == probe["chosen"])
+    log("probe", f"chosen {probe['chosen']} (full {chosen['full']['pass@1']:.3f}, gap {chosen['gap']:.3f})")
+    if "distill" in args.recipes:
+        training_traces(chosen, root, args)
+    for recipe in args.recipes:
+        if not (root / "train" / recipe / "eval.json").is_file():
+            run(
+                [
+                    sys.executable,
+                    str(ROOT / "train.py"),
+                    *train_keys(recipe, chosen, root, args),
+                    f"output_dir={root / 'train' / recipe}",
+                ],
+                f"train/{recipe}",
+            )
+    models = evaluate_models(chosen, root, args)
     summary = {
         "benchmark": "training_effect",
         "model": args.model,

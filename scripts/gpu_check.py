@@ -421,61 +421,9 @@ def tables(view: str, result: dict) -> str:
         lines.append("")
     lines += ["| section | run | measured |", "|---|---|---|"]
     for number, name, v in sections:
-        if "skipped" in v:
-            text = f"skipped ({v['skipped']})"
-        elif name == "hardware":
-            flops, copy = v["bf16_matmul_flops_per_s"] / 1e12, v["memory_bytes_per_s"] / 1e9
-            text = f"bf16 matmul {flops:.0f} TFLOP/s, copy {copy:.0f} GB/s"
-        elif name.startswith("consistency/"):
-            continue  # the table above
-        elif name.startswith("rollout/"):
-            engines = [
-                f"{engine} {r['tokens_per_s']:.0f} tokens/s, {r['decode_step_seconds'] * 1e3:.0f} ms a decode step, "
-                f"peak {gib(r['peak_bytes'])}, {r['roofline']['achieved_over_ceiling']:.3f} of its "
-                f"{r['roofline']['bound']} ceiling"
-                + (
-                    f", KV cache {gib(r['peak_kv_cache_bytes'])}, compression {r['compress_fraction_of_decode']:.1%} "
-                    "of decode"
-                    if r.get("compressions")
-                    else ""
-                )
-                if "tokens_per_s" in r
-                else f"{engine} skipped ({r['skipped']})"
-                for engine, r in v.items()
-                if isinstance(r, dict) and ("tokens_per_s" in r or "skipped" in r)
-            ]
-            ratios = [f"{k} x{r:.2f}" for k, r in v.items() if k.startswith("gkv_over_full")]
-            text = f"{v['new_tokens']} new tokens after {v['prompt_tokens']}: " + "; ".join(engines + ratios)
-        elif name.startswith("training_cost/") and "record" in v:
-            paths = [
-                f"{backend} {r['seconds']:.3f} s, peak {gib(r['peak_bytes'])}"
-                + (" (forward only)" if r["forward_only"] else f", x{v['record_over_causal'][backend]:.2f} causal")
-                for backend, r in v["record"].items()
-            ]
-            text = (
-                f"forward + backward of {v['batch']} x {v['sequence_tokens']} tokens: causal SDPA "
-                f"{v['causal_sdpa_seconds']:.3f} s, peak {gib(v['causal_sdpa_peak_bytes'])}; under a G-KV record "
-                f"(budget {v['record_budget']}): " + "; ".join(paths)
-            )
-        elif name.startswith("training_cost/"):  # the first runs' form: one backend
-            text = (
-                f"forward + backward of {v['batch']} x {v['sequence_tokens']} tokens: under the record "
-                f"({v['backend']}) {v['masked_seconds']:.3f} s, peak {gib(v['masked_peak_bytes'])}; "
-                f"causal SDPA {v['causal_sdpa_seconds']:.3f} s, peak {gib(v['causal_sdpa_peak_bytes'])} "
-                f"(time x{v['time_ratio']:.2f}; {v['roofline_masked']['achieved_over_ceiling']:.2f} and "
-                f"{v['roofline_causal_sdpa']['achieved_over_ceiling']:.2f} of the compute ceiling)"
-            )
-        elif name.startswith("grpo_step/") and not v["ok"]:
-            text = f"**failed** in {v['seconds']:.0f} s: {(v['error'].strip().splitlines() or ['?'])[-1]}"
-        elif name.startswith("grpo_step/"):
-            text = (
-                f"ran in {v['seconds']:.0f} s; rollout "
-                f"{v['rollout/tokens_per_s']:.0f} tokens/s, retention {v['rollout/retention']:.2f}, bf16 mismatch "
-                f"max {v['mismatch/max_abs']:.3f}"
-            )
-        else:
-            text = dumps(v)
-        lines.append(f"| {name} | {number} | {text} |")
+        text = section_text(name, v)
+        if text is not None:
+            lines.append(f"| {name} | {number} | {text} |")
     commands = []
     for i, run in enumerate(result["runs"], 1):
         note = f", {run['commit_note']}" if run.get("commit_note") else ""
@@ -484,6 +432,65 @@ def tables(view: str, result: dict) -> str:
         "\n".join(lines)
         + f"\n\n{result['device']}; {stack}; {result['date']}, commit {result['commit']}; {'; '.join(commands)}\n"
     )
+
+
+def section_text(name: str, v: dict) -> str | None:
+    """What one section of a run measured, in a line (None: a consistency section, shown in its own table)."""
+    if "skipped" in v:
+        text = f"skipped ({v['skipped']})"
+    elif name == "hardware":
+        flops, copy = v["bf16_matmul_flops_per_s"] / 1e12, v["memory_bytes_per_s"] / 1e9
+        text = f"bf16 matmul {flops:.0f} TFLOP/s, copy {copy:.0f} GB/s"
+    elif name.startswith("consistency/"):
+        return None  # the consistency table above
+    elif name.startswith("rollout/"):
+        engines = [
+            f"{engine} {r['tokens_per_s']:.0f} tokens/s, {r['decode_step_seconds'] * 1e3:.0f} ms a decode step, "
+            f"peak {gib(r['peak_bytes'])}, {r['roofline']['achieved_over_ceiling']:.3f} of its "
+            f"{r['roofline']['bound']} ceiling"
+            + (
+                f", KV cache {gib(r['peak_kv_cache_bytes'])}, compression {r['compress_fraction_of_decode']:.1%} "
+                "of decode"
+                if r.get("compressions")
+                else ""
+            )
+            if "tokens_per_s" in r
+            else f"{engine} skipped ({r['skipped']})"
+            for engine, r in v.items()
+            if isinstance(r, dict) and ("tokens_per_s" in r or "skipped" in r)
+        ]
+        ratios = [f"{k} x{r:.2f}" for k, r in v.items() if k.startswith("gkv_over_full")]
+        text = f"{v['new_tokens']} new tokens after {v['prompt_tokens']}: " + "; ".join(engines + ratios)
+    elif name.startswith("training_cost/") and "record" in v:
+        paths = [
+            f"{backend} {r['seconds']:.3f} s, peak {gib(r['peak_bytes'])}"
+            + (" (forward only)" if r["forward_only"] else f", x{v['record_over_causal'][backend]:.2f} causal")
+            for backend, r in v["record"].items()
+        ]
+        text = (
+            f"forward + backward of {v['batch']} x {v['sequence_tokens']} tokens: causal SDPA "
+            f"{v['causal_sdpa_seconds']:.3f} s, peak {gib(v['causal_sdpa_peak_bytes'])}; under a G-KV record "
+            f"(budget {v['record_budget']}): " + "; ".join(paths)
+        )
+    elif name.startswith("training_cost/"):  # the first runs' form: one backend
+        text = (
+            f"forward + backward of {v['batch']} x {v['sequence_tokens']} tokens: under the record "
+            f"({v['backend']}) {v['masked_seconds']:.3f} s, peak {gib(v['masked_peak_bytes'])}; "
+            f"causal SDPA {v['causal_sdpa_seconds']:.3f} s, peak {gib(v['causal_sdpa_peak_bytes'])} "
+            f"(time x{v['time_ratio']:.2f}; {v['roofline_masked']['achieved_over_ceiling']:.2f} and "
+            f"{v['roofline_causal_sdpa']['achieved_over_ceiling']:.2f} of the compute ceiling)"
+        )
+    elif name.startswith("grpo_step/") and not v["ok"]:
+        text = f"**failed** in {v['seconds']:.0f} s: {(v['error'].strip().splitlines() or ['?'])[-1]}"
+    elif name.startswith("grpo_step/"):
+        text = (
+            f"ran in {v['seconds']:.0f} s; rollout "
+            f"{v['rollout/tokens_per_s']:.0f} tokens/s, retention {v['rollout/retention']:.2f}, bf16 mismatch "
+            f"max {v['mismatch/max_abs']:.3f}"
+        )
+    else:
+        text = dumps(v)
+    return text
 
 
 def summary_markdown(result: dict) -> str:

@@ -105,6 +105,8 @@ def test_a_local_task_offline_from_python_and_the_command_line(tmp_path, monkeyp
         str(tasks),
         "--output_path",
         str(out),
+        "--batch_size",
+        "2",  # lm-eval passes it on as the text "2"
     ]
     done = subprocess.run(
         command,
@@ -134,6 +136,8 @@ def test_a_local_task_offline_from_python_and_the_command_line(tmp_path, monkeyp
         (dict(pretrained="/no/such/model"), "model path /no/such/model does not exist"),
         (dict(stats="/no/such/folder/stats.jsonl"), "the folder /no/such/folder does not exist"),
         (dict(max_gen_toks=0), "max_gen_toks=0: expected an integer >= 1"),
+        (dict(batch_size="0"), "batch_size=0: expected an integer >= 1"),
+        (dict(batch_size="two"), "batch_size=two: expected an integer >= 1"),
         (dict(device="tpu"), "device=tpu"),
     ],
 )

@@ -248,9 +248,12 @@ def checked_int(key: str, value, low: int) -> int:
 
 
 def checked_batch_size(value) -> int:
-    """lm-eval's batch size: a number, or ``auto`` (``auto:N``), which this model reads as 8."""
+    """lm-eval's batch size: a number (its command line passes ``--batch_size 4`` as the text "4"), or ``auto``
+    (``auto:N``), which this model reads as 8."""
     if isinstance(value, str) and value.startswith("auto"):
         return 8
+    if isinstance(value, str) and value.strip().isdecimal():
+        value = int(value)
     return checked_int("batch_size", value, 1)
 
 
