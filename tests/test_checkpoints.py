@@ -21,9 +21,19 @@ from gkv_train.runs.checkpoints import (
 )
 from gkv_train.runs.manifest import damage, write_manifest
 from gkv_train.runs.output_dir import prepare_output_dir, resume_checkpoint
-from gkv_train.training.launch import trainer_args
+from gkv_train.training.launch import run_folder, trainer_args
 
 STATE = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+
+
+def resume(config: TrainConfig, args) -> str | None:
+    """``resume_checkpoint`` as the launcher calls it: the run folder's part of ``config``, its model and LoRA."""
+    return resume_checkpoint(run_folder(config), args, config.model, config.lora.settings())
+
+
+def prepare(config: TrainConfig, checkpoint: str | None) -> None:
+    """``prepare_output_dir`` as the launcher calls it (one process)."""
+    prepare_output_dir(run_folder(config), STATE, checkpoint)
 
 
 def checkpoint(root, step, complete=True):
@@ -43,8 +53,8 @@ def test_newest_complete_checkpoint_is_resumed(tmp_path):
     assert complete_checkpoints(tmp_path) == [tmp_path / "checkpoint-1", second]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 0.1}) + "\n" for s in (1, 2, 3)))
     config = TrainConfig(model="tiny", output_dir=str(tmp_path), resume="last")
-    assert resume_checkpoint(config, None) == str(second)
-    prepare_output_dir(config, STATE, str(second))
+    assert resume(config, None) == str(second)
+    prepare(config, str(second))
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]  # step 3 is logged again
 
 
@@ -62,10 +72,10 @@ def test_damaged_checkpoints_are_found_by_their_manifest(tmp_path, capsys):
     config = TrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last")
     args = trainer_args(config, 1)
     first, second = saved(tmp_path, 1, args), saved(tmp_path, 2, args)
-    assert damage(second) is None and resume_checkpoint(config, args) == str(second)
+    assert damage(second) is None and resume(config, args) == str(second)
     (second / "optimizer.pt").write_bytes(b"x" * 10)  # truncated
     assert "optimizer.pt has 10 bytes, 100 when it was saved" in damage(second)
-    assert resume_checkpoint(config, args) == str(first)
+    assert resume(config, args) == str(first)
     assert "checkpoint-2 is damaged" in capsys.readouterr().err
     (first / "trainer_state.json").write_text(json.dumps({"global_step": 9}))  # same size, other content
     assert "differs from what was saved" in damage(first)
@@ -75,7 +85,7 @@ def test_damaged_checkpoints_are_found_by_their_manifest(tmp_path, capsys):
     (first / "trainer_state.json").write_text("{garbage")
     assert f"{first / 'trainer_state.json'} is damaged" in damage(first)
     with pytest.raises(ValueError, match="checkpoint-2: the checkpoint is damaged .*optimizer.pt"):
-        resume_checkpoint(TrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume=str(second)), args)
+        resume(TrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume=str(second)), args)
 
 
 def test_a_run_without_a_whole_checkpoint_is_never_replaced_by_resume_last(tmp_path):
@@ -89,7 +99,7 @@ def test_a_run_without_a_whole_checkpoint_is_never_replaced_by_resume_last(tmp_p
     (first / "optimizer.pt").write_bytes(b"x" * 10)
     (second / "trainer_state.json").write_text("{garbage")
     with pytest.raises(ValueError) as refused:
-        resume_checkpoint(config, args)
+        resume(config, args)
     message = str(refused.value)
     assert "checkpoint-1: " in message and "optimizer.pt has 10 bytes" in message
     assert "checkpoint-2: " in message and "trainer_state.json" in message and "overwrite=true" in message
@@ -97,11 +107,11 @@ def test_a_run_without_a_whole_checkpoint_is_never_replaced_by_resume_last(tmp_p
     (tmp_path / "eval.json").write_text("{}")
     (tmp_path / "model.safetensors").write_text("weights")
     with pytest.raises(ValueError, match=r"no checkpoint\), and it holds a run's results \(eval.json, model.safe"):
-        resume_checkpoint(config, args)
+        resume(config, args)
     clear_run(tmp_path)
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     (tmp_path / ".staging" / "checkpoint-1").mkdir(parents=True)
-    assert resume_checkpoint(config, args) is None  # stopped before its first checkpoint: from scratch
+    assert resume(config, args) is None  # stopped before its first checkpoint: from scratch
 
 
 def test_a_checkpoint_without_its_manifest_is_checked_by_its_contents(tmp_path):
@@ -116,10 +126,10 @@ def test_a_checkpoint_without_its_manifest_is_checked_by_its_contents(tmp_path):
     optimizer = torch.optim.AdamW([weights], lr=2e-6, eps=1e-8, weight_decay=0.0)
     torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)  # sets initial_lr, as the trainer's does
     torch.save(optimizer.state_dict(), path / "optimizer.pt")
-    assert damage(path) is None and resume_checkpoint(config, args) == str(path)
+    assert damage(path) is None and resume(config, args) == str(path)
     faster = TrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last", learning_rate=1e-3)
     with pytest.raises(ValueError, match=r"learning_rate=2e-06 there, 0.001 here"):
-        resume_checkpoint(faster, trainer_args(faster, 1))
+        resume(faster, trainer_args(faster, 1))
     saved_weights = (path / "model.safetensors").read_bytes()
     (path / "model.safetensors").write_bytes(saved_weights[:-3])
     assert "model.safetensors has" in damage(path) and "as its header describes it" in damage(path)
@@ -148,18 +158,18 @@ def test_a_resume_keeps_its_checkpoints_settings_or_is_refused(tmp_path):
     saved(other, 1, trainer_args(config, 1))
     here = dict(model="smollm2-135m", output_dir=str(tmp_path / "new"), resume=str(other / "checkpoint-1"))
     with pytest.raises(ValueError, match="checkpoint of another run .*resume_other_run=true"):
-        resume_checkpoint(TrainConfig(**here), None)
+        resume(TrainConfig(**here), None)
     allowed = TrainConfig(**here, resume_other_run=True)
-    assert resume_checkpoint(allowed, trainer_args(allowed, 1)) == str(other / "checkpoint-1")
+    assert resume(allowed, trainer_args(allowed, 1)) == str(other / "checkpoint-1")
     faster = TrainConfig(**here, resume_other_run=True, learning_rate=1e-3)
     with pytest.raises(ValueError, match=r"learning_rate=2e-06 there, 0.001 here"):
-        resume_checkpoint(faster, trainer_args(faster, 1))
+        resume(faster, trainer_args(faster, 1))
     snapkv = TrainConfig(**here, resume_other_run=True, compression=CompressionConfig("snapkv", budget=64))
     with pytest.raises(ValueError, match=r"compression.method='gkv' there, 'snapkv' here, compression.window="):
-        resume_checkpoint(snapkv, trainer_args(snapkv, 1))
+        resume(snapkv, trainer_args(snapkv, 1))
     lora = TrainConfig(**here, resume_other_run=True, lora=LoraOptions(enabled=True))
     with pytest.raises(ValueError, match="lora=None there"):
-        resume_checkpoint(lora, trainer_args(lora, 1))
+        resume(lora, trainer_args(lora, 1))
     with pytest.raises(ValueError, match="resume_other_run=true applies to"):
         TrainConfig(model="tiny", resume="last", resume_other_run=True)
 
@@ -169,8 +179,8 @@ def test_used_output_folder_is_refused_or_overwritten(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="holds another run .*pass resume=last .*overwrite=true"):
-        prepare_output_dir(TrainConfig(model="tiny", output_dir=str(tmp_path)), STATE, None)
-    prepare_output_dir(TrainConfig(model="tiny", output_dir=str(tmp_path), overwrite=True), STATE, None)
+        prepare(TrainConfig(model="tiny", output_dir=str(tmp_path)), None)
+    prepare(TrainConfig(model="tiny", output_dir=str(tmp_path), overwrite=True), None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
     with pytest.raises(ValueError, match="contradict"):
         TrainConfig(overwrite=True, resume="last")
@@ -202,13 +212,11 @@ def test_given_traces_file_in_the_output_folder_is_an_input(tmp_path):
     config = TrainConfig(
         model="tiny", output_dir=str(tmp_path), distill=DistillOptions(traces=str(traces)), overwrite=True
     )
-    prepare_output_dir(
-        TrainConfig(model="tiny", output_dir=str(tmp_path), distill=DistillOptions(traces=str(traces))), STATE, None
-    )
-    prepare_output_dir(config, STATE, None)
+    prepare(TrainConfig(model="tiny", output_dir=str(tmp_path), distill=DistillOptions(traces=str(traces))), None)
+    prepare(config, None)
     assert traces.is_file()
     with pytest.raises(FileExistsError, match=r"\(traces.jsonl\)"):  # generated by an earlier run: not ours
-        prepare_output_dir(TrainConfig(model="tiny", output_dir=str(tmp_path)), STATE, None)
+        prepare(TrainConfig(model="tiny", output_dir=str(tmp_path)), None)
 
 
 def test_run_lock_names_a_live_holder_and_outlives_no_process(tmp_path):

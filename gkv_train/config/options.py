@@ -58,7 +58,7 @@ class SparseRLOptions:
         (plain causal attention): a control that must show a large mismatch; RL-Full's setting; and with a
         compressed rollout Sparse-RL's design (recipe ``sparse_rl``: the mismatch is then corrected by the options
         below). With ``recipe=rl_full`` and a compressing method it must be given explicitly.
-    overlong_advantage_clip: clamp the advantage of completions that hit ``max_new_tokens`` without a stop token
+    overlong_advantage_clip: clamp the advantage of completions that hit ``max_completion_length`` without a stop token
         to >= 0 (a departure from GRPO, off by default as in TRL: a cut completion may be reasoning that needed
         more tokens, so it is not punished; DAPO's overlong filtering, which leaves such completions out of the
         loss, is TRL's ``mask_truncated_completions``). A loop into the limit then costs a policy nothing while a
@@ -161,6 +161,12 @@ class LoraOptions:
         check_range("lora.r", self.r, low=1)
         check_range("lora.alpha", self.alpha, low=0, low_open=True)
         check_range("lora.dropout", self.dropout, low=0, high=1, high_open=True)
+
+    def settings(self) -> dict | None:
+        """What a checkpoint's optimizer state depends on (None: no adapters), as its manifest records it."""
+        return (
+            {"r": self.r, "alpha": self.alpha, "target_modules": sorted(self.target_modules)} if self.enabled else None
+        )
 
 
 @dataclass

@@ -5,6 +5,7 @@ and prepared (another run's files refused unless resumed or overwritten; what a 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,60 +29,70 @@ from gkv_train.runs.runlock import RunLock, RunLocked
 if TYPE_CHECKING:
     from transformers import TrainingArguments
 
-    from gkv_train.config.train_config import TrainConfig
+
+@dataclass(frozen=True)
+class RunFolder:
+    """The run folder's part of a training run's configuration: where it writes (``output_dir``), the checkpoint
+    it continues (``resume``: None, "last" or a checkpoint's folder; ``resume_other_run``: one of another run's
+    folder allowed), whether it replaces a run found there (``overwrite``), and a file of the user's there that is
+    an input, not another run's (``keep``: distillation's traces)."""
+
+    output_dir: str
+    resume: str | None = None
+    resume_other_run: bool = False
+    overwrite: bool = False
+    keep: str | None = None
 
 
-def resume_checkpoint(config: TrainConfig, args: TrainingArguments) -> str | None:
+def resume_checkpoint(
+    folder: RunFolder, args: TrainingArguments | None, model: str, lora: dict | None = None
+) -> str | None:
     """The checkpoint to resume from, checked before any work: ``resume=last``: the newest complete, undamaged
     one in ``output_dir`` (a damaged newer one passed over with a line; None when there is none and nothing a
     fresh start would replace, ``refuse_to_replace``); a path: that
     checkpoint, which must be complete and undamaged, and of this run's folder unless ``resume_other_run=true``.
-    Either way the settings its optimizer and scheduler state were made with (``RESUME_SETTINGS``, the base model,
-    LoRA, the compression and RL-Sparse's options) must be this run's ``args``: a resumed run keeps the checkpoint's
+    Either way the settings its optimizer and scheduler state were made with (``RESUME_SETTINGS``, the base
+    ``model``, ``lora`` (``LoraOptions.settings``), the compression and RL-Sparse's options) must be this run's
+    ``args``: a resumed run keeps the checkpoint's
     optimizer and scheduler (another value would be ignored) and goes on with its rollouts (another method would
     mix two policies' samples).
     ValueError / FileNotFoundError naming the checkpoint and what is wrong."""
-    if config.resume is None:
+    if folder.resume is None:
         return None
-    if config.resume == "last":
-        found = newest_whole_checkpoint(config.output_dir)
+    if folder.resume == "last":
+        found = newest_whole_checkpoint(folder.output_dir)
         if found is None:
-            refuse_to_replace(Path(config.output_dir))
-            print(f"resume=last: no complete checkpoint in {config.output_dir}, starting from scratch", file=sys.stderr)
+            refuse_to_replace(Path(folder.output_dir))
+            print(f"resume=last: no complete checkpoint in {folder.output_dir}, starting from scratch", file=sys.stderr)
             return None
     else:
-        found = Path(config.resume)
+        found = Path(folder.resume)
         if not (found / "trainer_state.json").is_file():
             raise FileNotFoundError(
-                f"resume={config.resume}: not a complete checkpoint directory (no trainer_state.json)"
+                f"resume={folder.resume}: not a complete checkpoint directory (no trainer_state.json)"
             )
         problem = damage(found)
         if problem is not None:
             raise ValueError(
-                f"resume={config.resume}: the checkpoint is damaged ({problem}); resume=last takes the newest whole one"
+                f"resume={folder.resume}: the checkpoint is damaged ({problem}); resume=last takes the newest whole one"
             )
         run = found.resolve().parent
-        if run != Path(config.output_dir).resolve() and not config.resume_other_run:
+        if run != Path(folder.output_dir).resolve() and not folder.resume_other_run:
             raise ValueError(
-                f"resume={config.resume} is a checkpoint of another run ({run}), not of "
-                f"output_dir={config.output_dir}: "
+                f"resume={folder.resume} is a checkpoint of another run ({run}), not of "
+                f"output_dir={folder.output_dir}: "
                 "resuming continues that run's optimizer, scheduler and step count here; to do that, add "
                 "resume_other_run=true (to start a new run from its weights instead, use its folder as model=)"
             )
     saved = saved_settings(found)
     if saved is not None:
-        wanted = resume_settings(args, base_model_name(config.model), None)
-        wanted["lora"] = (
-            None
-            if not config.lora.enabled
-            else {"r": config.lora.r, "alpha": config.lora.alpha, "target_modules": sorted(config.lora.target_modules)}
-        )
+        wanted = {**resume_settings(args, base_model_name(model), None), "lora": lora}
         flat_saved, flat_wanted = flat_settings(saved), flat_settings(wanted)
         differ = [k for k in flat_wanted if k in flat_saved and flat_saved[k] != flat_wanted[k]]
         if differ:
             what = ", ".join(f"{k}={flat_saved[k]!r} there, {flat_wanted[k]!r} here" for k in differ)
             raise ValueError(
-                f"resume={config.resume}: {found.name} was trained with other settings ({what}); a resumed run "
+                f"resume={folder.resume}: {found.name} was trained with other settings ({what}); a resumed run "
                 "continues its checkpoint's optimizer, scheduler, model and rollouts, which these would ignore or mix "
                 "with others: resume with the settings it was saved with, or start a new run (overwrite=true, or "
                 "another output_dir)"
@@ -125,16 +136,16 @@ def refuse_to_replace(out: Path) -> None:
     )
 
 
-def prepare_output_dir(config: TrainConfig, state, checkpoint: str | None) -> None:
+def prepare_output_dir(folder: RunFolder, state, checkpoint: str | None) -> None:
     """Check ``output_dir`` before any work and get it ready to resume from ``checkpoint`` (``resume_checkpoint``).
 
     A folder holding another run is refused unless ``resume`` (continue it) or ``overwrite=true`` (its run files
     are removed) is given. On resume, metrics logged after the checkpoint and staging leftovers are removed, so
     no step is logged twice. Every process decides the same; only the main one changes files.
     """
-    out = Path(config.output_dir)
-    found = run_artefacts(out, keep=config.distill.traces)
-    if found and config.resume is None and not config.overwrite:
+    out = Path(folder.output_dir)
+    found = run_artefacts(out, keep=folder.keep)
+    if found and folder.resume is None and not folder.overwrite:
         raise FileExistsError(
             f"output_dir {out} holds another run ({', '.join(found)}): pass resume=last to continue it, overwrite=true "
             "to replace it, or choose another output_dir"
@@ -142,8 +153,8 @@ def prepare_output_dir(config: TrainConfig, state, checkpoint: str | None) -> No
     state.wait_for_everyone()  # every process has looked before anything changes
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)
-        if config.overwrite:
-            clear_run(out, keep=config.distill.traces)
+        if folder.overwrite:
+            clear_run(out, keep=folder.keep)
         else:
             clear_staging(out)
             truncate_metrics(out / METRICS, checkpoint_step(checkpoint) if checkpoint else 0)

@@ -35,7 +35,7 @@ from gkv_train.runs.checkpoints import (
     StopOnSignal,
     checkpoint_step,
 )
-from gkv_train.runs.output_dir import lock_output_dir, prepare_output_dir, resume_checkpoint
+from gkv_train.runs.output_dir import RunFolder, lock_output_dir, prepare_output_dir, resume_checkpoint
 from gkv_train.runs.storage import check_output_dir, naming_full_disk
 from gkv_train.training.distill import CompressedDistillationConfig, CompressedDistillationTrainer
 from gkv_train.training.distributed import generation_model
@@ -76,6 +76,11 @@ def prompt_dataset(config: TrainConfig, data, key: str = "data") -> "datasets.Da
     configuration group ``key``."""
     problems = load_problems(data, config.seed, key)
     return problems.map(lambda row: {"prompt": data.prompt_template.format(problem=row["problem"])})
+
+
+def run_folder(config: TrainConfig) -> RunFolder:
+    """The run folder's part of ``config``."""
+    return RunFolder(config.output_dir, config.resume, config.resume_other_run, config.overwrite, config.distill.traces)
 
 
 def batch_rows(config: TrainConfig, rows: int, num_processes: int) -> int:
@@ -246,7 +251,9 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
         data = training_data(config)
         held_out = prompt_dataset(config, config.eval_data, "eval_data")
         args = trainer_args(config, state.num_processes)  # TRL's fields checked by GRPOConfig's own __post_init__ too
-        checkpoint = resume_checkpoint(config, args)  # before the folder is made: a refused resume leaves nothing
+        folder = run_folder(config)
+        # before the folder is made: a refused resume leaves nothing
+        checkpoint = resume_checkpoint(folder, args, config.model, config.lora.settings())
         device = "cuda" if torch.cuda.is_available() else "cpu"
         local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         rollouts = generations(config, data, held_out, state.num_processes)
@@ -255,7 +262,7 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
         lock = lock_output_dir(out, state)
     with lock or contextlib.nullcontext():
         with refusing():
-            prepare_output_dir(config, state, checkpoint)
+            prepare_output_dir(folder, state, checkpoint)
         if state.is_main_process:
             for name, text in (config_files or {}).items():
                 (out / "hydra").mkdir(exist_ok=True)
