@@ -10,8 +10,8 @@
 Any key of ``gkv_train.config.train_config.TrainConfig`` can be overridden: ``compression.budget=64``,
 ``data.name=gsm8k``, ``max_steps=50``, ``lora.enabled=true``, ``max_completion_length=256``, ...; every field of
 TRL's ``GRPOConfig`` is a key under its own name (``weight_decay=0.01``, ``num_iterations=2``,
-``log_completions=true``, ...), except those set from the project's keys (``max_completion_length`` from
-``max_completion_length``, ``bf16`` from ``precision``: refused, naming the key to write). ``train.py --help``
+``log_completions=true``, ...), except those set from the project's keys (``bf16`` from ``precision``,
+``per_device_train_batch_size`` from ``prompts_per_step``: refused, naming the key to write). ``train.py --help``
 lists every key. The installed command ``gkv-train train ...`` runs the same.
 """
 

@@ -254,7 +254,8 @@ def tables(view: str, runs: dict | list[dict]) -> str:
 def local(text: str) -> str:
     """``text`` with this machine's folders written relative to the checkout (``../outputs/...``,
     ``../wt-before``): the results are committed, and no path of one machine belongs there."""
-    return re.sub(r"(?<![\w./-])" + re.escape(str(ROOT.parent) + "/"), "../", text)  # where a path begins only
+    begins = r"(?:(?<![\w./-])|(?<=\\[nt]))"  # a path's start: not inside a name, or after an escaped \n / \t
+    return re.sub(begins + re.escape(str(ROOT.parent) + "/"), "../", text)
 
 
 def parse_arguments(argv: list[str] | None) -> argparse.Namespace:

@@ -95,12 +95,12 @@ def configuration(recipe: str, args, output_dir: Path, compile_decode: bool = Fa
 
     distill = recipe.startswith("distill")
     rows = f"prompts_per_step={args.rows if distill else 1}"
-    samples = f"num_generations={1 if distill else args.rows}"
+    samples = [] if distill else [f"num_generations={args.rows}"]  # a GRPO option: distillation samples one
     overrides = [
         f"recipe={recipe}",
         f"model={args.model}",
         rows,
-        samples,
+        *samples,
         f"max_completion_length={args.max_new_tokens}",
         f"max_steps={args.warmup + args.steps}",
         f"gradient_checkpointing={str(args.gradient_checkpointing).lower()}",

@@ -200,7 +200,8 @@ def test_evaluate_script_checks_answers_and_keys_results_by_settings(tmp_path):
         text=True,
         timeout=600,
     )
-    assert other.returncode != 0 and "temperature" in other.stderr and "overwrite=true" in other.stderr
+    assert other.returncode != 0 and "overwrite=true" in other.stderr
+    assert "results made with other temperature:" in other.stderr  # the key to write, not the identity's entry
     assert read_jsonl(run_dir / "samples.jsonl") == samples
 
 
@@ -275,6 +276,9 @@ def test_run_folders_are_keyed_by_settings(tmp_path):
     (tmp_path / "legacy" / "samples.jsonl").write_text('{"batch": 0}\n')  # written before run.json existed
     with pytest.raises(FileExistsError, match="unknown settings"):
         claim_run_dir(tmp_path / "legacy", settings, overwrite=False)
+    cooler = {**other, "sampling": {"temperature": 0.3, "seed": 0}}  # named by its configuration key when mapped
+    with pytest.raises(FileExistsError, match=r"other temperature: choose"):
+        claim_run_dir(tmp_path / "run", cooler, overwrite=False, keys={"sampling.temperature": "temperature"})
 
 
 # scripts/evaluate.py whose rollouts wait, once the first has started ($STARTED written), until $GATE exists.

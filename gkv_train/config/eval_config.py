@@ -34,6 +34,16 @@ class TracesConfig(Sampling):
         self.data.check("data")
 
 
+# the entries of a run's settings (``EvalConfig.run_settings``) named otherwise than their configuration keys
+SETTINGS_KEYS = {
+    "sampling.n_samples": "num_generations",
+    "sampling.max_new_tokens": "max_completion_length",
+    "sampling.temperature": "temperature",
+    "sampling.top_p": "top_p",
+    "sampling.seed": "seed",
+}
+
+
 @dataclass
 class EvalConfig(Sampling):
     """One evaluation call of ``scripts/evaluate.py``: a model, a dataset, and one or more compressions, sampled

@@ -16,6 +16,7 @@ from tqdm import tqdm
 from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
+from gkv_train.config.eval_config import SETTINGS_KEYS
 from gkv_train.config.options import rollout_sampling
 from gkv_train.config.preflight import Generation, check_generations, check_task_contexts
 from gkv_train.console import log_console_to
@@ -203,7 +204,8 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
         lock = RunLock.acquire(out_dir, "output_dir")
         try:
             for compression in runs:
-                claim_run_dir(out_dir / run_name(compression), config.run_settings(compression), config.overwrite)
+                settings = config.run_settings(compression)
+                claim_run_dir(out_dir / run_name(compression), settings, config.overwrite, SETTINGS_KEYS)
         except BaseException:
             lock.release()
             raise

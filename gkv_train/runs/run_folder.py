@@ -31,11 +31,11 @@ def differences(old: dict, new: dict, prefix: str = "") -> list[str]:
     return keys
 
 
-def claim_run_dir(out_dir: Path, settings: dict, overwrite: bool) -> None:
+def claim_run_dir(out_dir: Path, settings: dict, overwrite: bool, keys: dict[str, str] | None = None) -> None:
     """Make ``out_dir`` the folder of the run with ``settings`` (before any work): a folder of the same run is
     kept (its finished batches are reused); one holding results made otherwise (other model weights, data,
-    sampling, compression, ...; or of unknown origin) is refused, naming what differs, unless ``overwrite``
-    (then its results are deleted)."""
+    sampling, compression, ...; or of unknown origin) is refused, naming what differs (by the configuration's key
+    where ``keys`` maps a settings entry to one), unless ``overwrite`` (then its results are deleted)."""
     out_dir = Path(out_dir)
     settings = json.loads(dumps(settings))  # as it reads back (tuples as lists), for a fair comparison
     recorded = out_dir / RUN_SETTINGS
@@ -50,7 +50,10 @@ def claim_run_dir(out_dir: Path, settings: dict, overwrite: bool) -> None:
             what = (
                 "results of unknown settings"
                 if old is None
-                else ("results made with other " + ", ".join(differences(old.get("settings", {}), settings)))
+                else (
+                    "results made with other "
+                    + ", ".join((keys or {}).get(k, k) for k in differences(old.get("settings", {}), settings))
+                )
             )
             raise FileExistsError(
                 f"{out_dir} holds {what}: choose another output_dir, or pass overwrite=true to replace them"

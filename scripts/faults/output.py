@@ -266,7 +266,7 @@ RESULTS = [
         CONTROL,
         "recipe=distill from a traces file: strict outputs, each step once",
         "train",
-        {"recipe": "distill", "max_steps": 2, "distill.traces": "{work}/traces.jsonl"},
+        {"recipe": "distill", "max_steps": 2, "distill.traces": "{work}/traces.jsonl", "num_generations": ...},
         lambda ctx, proc: distill_problem(ctx, proc),
         {"setup": tiny_traces},
     ),

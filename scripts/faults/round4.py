@@ -233,7 +233,7 @@ ROWS = [
         "configuration",
         "recipe=distill data.name=long_recall: distillation would take the story for the model's own tokens",
         "train",
-        {"recipe": "distill", "data.name": "long_recall", "max_completion_length": 600},
+        {"recipe": "distill", "data.name": "long_recall", "max_completion_length": 600, "num_generations": ...},
         "refuse",
         ["long_recall", "algorithm=distill"],
         None,
