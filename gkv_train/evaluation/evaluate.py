@@ -204,8 +204,8 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
         lock = RunLock.acquire(out_dir, "output_dir")
         try:
             for compression in runs:
-                settings = config.run_settings(compression)
-                claim_run_dir(out_dir / run_name(compression), settings, config.overwrite, SETTINGS_KEYS)
+                run = config.run_settings(compression)
+                claim_run_dir(out_dir / run_name(compression), run, config.overwrite, SETTINGS_KEYS)
         except BaseException:
             lock.release()
             raise
