@@ -7,7 +7,8 @@
     accelerate launch train.py recipe=rl_sparse resume=last
     accelerate launch --num_processes 2 train.py recipe=rl_sparse
 
-Any key of ``gkv_train.config.train_config.TrainConfig`` can be overridden: ``compression.budget=64``,
+Any key of the run's configuration (``gkv_train.config.train_config.GRPOTrainConfig``, TRL's ``GRPOConfig`` with
+the project's keys; ``DistillTrainConfig`` for distillation) can be overridden: ``compression.budget=64``,
 ``data.name=gsm8k``, ``max_steps=50``, ``lora.enabled=true``, ``max_completion_length=256``, ...; every field of
 TRL's ``GRPOConfig`` is a key under its own name (``weight_decay=0.01``, ``num_iterations=2``,
 ``log_completions=true``, ...), except those set from the project's keys (``bf16`` from ``precision``,

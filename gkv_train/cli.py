@@ -73,7 +73,7 @@ def _job(job: str, work, before_work=None) -> None:
         recipes = None
         if job == "train":
             recipes = sorted(p.stem for p in (Path(compose.RECIPES) / "recipe").glob("*.yaml"))
-        print(help_text(compose.job_class(job), job, recipes), end="")
+        print(help_text(job, recipes), end="")
         return
     quiet_upstream_warnings()
     from gkv_train.console import log_records_to_stderr

@@ -90,7 +90,8 @@ class StepTimer(TrainerCallback):
 
 
 def configuration(recipe: str, args, output_dir: Path, compile_decode: bool = False):
-    """The recipe's ``TrainConfig`` as ``train.py`` resolves it, with the benchmark's settings."""
+    """The recipe's configuration (the trainer's arguments) as ``train.py`` resolves it, with the benchmark's
+    settings."""
     from gkv_train.config.compose import configure
 
     distill = recipe.startswith("distill")
@@ -128,7 +129,7 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     from gkv_train.config import options
     from gkv_train.models import load_model
     from gkv_train.training import grpo
-    from gkv_train.training.launch import distill_trainer, grpo_trainer, import_callable, trainer_args, training_data
+    from gkv_train.training.launch import distill_trainer, grpo_trainer, import_callable, training_data
 
     base, _, variant = name.partition("+")
     if variant not in ("", "compile") or (variant and base == "trl"):
@@ -137,11 +138,10 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     config = configuration(recipe, args, workdir / name.replace("+", "_"), compile_decode=variant == "compile")
     name = base
     state = PartialState(cpu=not torch.cuda.is_available())
-    training_args = trainer_args(config, state.num_processes)
     data = training_data(config)
     model, tokenizer = load_model(config.model, dtype=torch.float32)
     timer = StepTimer()
-    rewards = [import_callable(p) for p in config.rewards]
+    rewards = [] if name == "distill" else [import_callable(p) for p in config.rewards]
     # Every completion runs to max_new_tokens (stop tokens are never sampled), so all trainers do the same work.
     if name == "trl":
         if tokenizer.chat_template:  # the chat template, as the engine applies it
@@ -149,7 +149,7 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
         trainer = GRPOTrainer(
             model=model,
             reward_funcs=rewards,
-            args=training_args,
+            args=config,
             train_dataset=data,
             processing_class=tokenizer,
             callbacks=[timer],
@@ -157,12 +157,12 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
         trainer.generation_config.min_new_tokens = args.max_new_tokens
         trainer._generate = timer.timed("generation", trainer._generate)
     elif name == "distill":
-        trainer = distill_trainer(config, training_args, model, tokenizer, state, [timer], torch.float32, data)
+        trainer = distill_trainer(config, model, tokenizer, state, [timer], torch.float32, data)
         options.SamplingConfig = functools.partial(SamplingConfig, ignore_eos=True)  # what its rollout samples with
         trainer._rollout = timer.timed("generation", trainer._rollout)
         trainer._student_loss = timer.timed("logprob_forward", trainer._student_loss)
     else:
-        trainer = grpo_trainer(config, training_args, model, tokenizer, rewards, [timer], data, None)
+        trainer = grpo_trainer(config, model, tokenizer, rewards, [timer], data, None)
         grpo.SamplingConfig = functools.partial(SamplingConfig, ignore_eos=True)  # what its rollout samples with
         trainer._generate = timer.timed("generation", trainer._generate)
     if name != "distill":

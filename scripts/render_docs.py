@@ -88,25 +88,18 @@ def render(text: str, results: Path) -> str:
 def config_table(command: str) -> str:
     """The keys of ``command``'s configuration as a markdown table (TRL's own fields of ``train`` named in a line
     after it)."""
-    import dataclasses
-
-    from gkv_train.config.compose import JOBS, job_class
-    from gkv_train.config.keyhelp import rows
+    from gkv_train.config.compose import JOBS
+    from gkv_train.config.keyhelp import job_rows
 
     if command not in JOBS:
         raise SystemExit(f"error: a docs block names config:{command}; choose one of {', '.join(JOBS)}")
-    schema = job_class(command)
-    trl = {f.name for f in dataclasses.fields(schema) if "type" in f.metadata}
+    own, trl = job_rows(command)
 
     def cell(text: str) -> str:
         return text.replace("|", "\\|")
 
     lines = ["| key | type | default | what it sets |", "|---|---|---|---|"]
-    lines += [
-        f"| `{key}` | {cell(kind)} | `{cell(default)}` | {cell(text)} |"
-        for key, kind, default, text in rows(schema)
-        if key not in trl
-    ]
+    lines += [f"| `{key}` | {cell(kind)} | `{cell(default)}` | {cell(text)} |" for key, kind, default, text in own]
     if trl:
         lines += [
             "",

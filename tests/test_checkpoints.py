@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 
 from gkv_rollout.config import CompressionConfig
 from gkv_train.config.options import DistillOptions, LoraOptions
-from gkv_train.config.train_config import TrainConfig
+from gkv_train.config.train_config import DistillTrainConfig, GRPOTrainConfig
 from gkv_train.jsonio import dumps, read_jsonl
 from gkv_train.runs.checkpoints import (
     clear_run,
@@ -21,17 +21,18 @@ from gkv_train.runs.checkpoints import (
 )
 from gkv_train.runs.manifest import damage, write_manifest
 from gkv_train.runs.output_dir import prepare_output_dir, resume_checkpoint
-from gkv_train.training.launch import run_folder, trainer_args
+from gkv_train.training.launch import run_folder
 
 STATE = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
 
 
-def resume(config: TrainConfig, args) -> str | None:
-    """``resume_checkpoint`` as the launcher calls it: the run folder's part of ``config``, its model and LoRA."""
+def resume(config: GRPOTrainConfig, args) -> str | None:
+    """``resume_checkpoint`` as the launcher calls it: the run folder's part of ``config``, the trainer's arguments
+    (the launcher's: ``config`` itself; None: none to compare), its model and LoRA."""
     return resume_checkpoint(run_folder(config), args, config.model, config.lora.settings())
 
 
-def prepare(config: TrainConfig, checkpoint: str | None) -> None:
+def prepare(config: GRPOTrainConfig, checkpoint: str | None) -> None:
     """``prepare_output_dir`` as the launcher calls it (one process)."""
     prepare_output_dir(run_folder(config), STATE, checkpoint)
 
@@ -52,7 +53,7 @@ def test_newest_complete_checkpoint_is_resumed(tmp_path):
     checkpoint(tmp_path, 10, complete=False)
     assert complete_checkpoints(tmp_path) == [tmp_path / "checkpoint-1", second]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 0.1}) + "\n" for s in (1, 2, 3)))
-    config = TrainConfig(model="tiny", output_dir=str(tmp_path), resume="last")
+    config = GRPOTrainConfig(model="tiny", output_dir=str(tmp_path), resume="last")
     assert resume(config, None) == str(second)
     prepare(config, str(second))
     assert [r["step"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [1, 2]  # step 3 is logged again
@@ -69,8 +70,8 @@ def saved(root, step, args, model="smollm2-135m"):
 def test_damaged_checkpoints_are_found_by_their_manifest(tmp_path, capsys):
     """A checkpoint whose files no longer match its manifest (truncated, overwritten, missing): resume=last takes the
     one before and says so; resume=<it> and its damage are named; a whole one resumes."""
-    config = TrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last")
-    args = trainer_args(config, 1)
+    config = GRPOTrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last")
+    args = config
     first, second = saved(tmp_path, 1, args), saved(tmp_path, 2, args)
     assert damage(second) is None and resume(config, args) == str(second)
     (second / "optimizer.pt").write_bytes(b"x" * 10)  # truncated
@@ -85,15 +86,15 @@ def test_damaged_checkpoints_are_found_by_their_manifest(tmp_path, capsys):
     (first / "trainer_state.json").write_text("{garbage")
     assert f"{first / 'trainer_state.json'} is damaged" in damage(first)
     with pytest.raises(ValueError, match="checkpoint-2: the checkpoint is damaged .*optimizer.pt"):
-        resume(TrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume=str(second)), args)
+        resume(GRPOTrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume=str(second)), args)
 
 
 def test_a_run_without_a_whole_checkpoint_is_never_replaced_by_resume_last(tmp_path):
     """resume=last with every checkpoint damaged, or none left beside a final model or evaluation, is refused naming
     each checkpoint's damage and overwrite=true (starting from scratch would replace them); a folder with only what a
     run stopped before its first checkpoint leaves (metrics, staging) starts from scratch."""
-    config = TrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last")
-    args = trainer_args(config, 1)
+    config = GRPOTrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last")
+    args = config
     first, second = saved(tmp_path, 1, args), saved(tmp_path, 2, args)
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
     (first / "optimizer.pt").write_bytes(b"x" * 10)
@@ -119,17 +120,17 @@ def test_a_checkpoint_without_its_manifest_is_checked_by_its_contents(tmp_path):
     weights against their safetensors header, torch's archives against their CRCs, and the settings its optimizer
     state was made with against this run's (another run's checkpoint at 2e-06 resumed under learning_rate=1e-3 is
     refused). A manifest that lists no weights, or an entry without its size and hash, is damaged."""
-    config = TrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last")
-    args = trainer_args(config, 1)
+    config = GRPOTrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last")
+    args = config
     path = checkpoint(tmp_path, 1)
     weights = torch.nn.Parameter(torch.zeros(3))
     optimizer = torch.optim.AdamW([weights], lr=2e-6, eps=1e-8, weight_decay=0.0)
     torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)  # sets initial_lr, as the trainer's does
     torch.save(optimizer.state_dict(), path / "optimizer.pt")
     assert damage(path) is None and resume(config, args) == str(path)
-    faster = TrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last", learning_rate=1e-3)
+    faster = GRPOTrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last", learning_rate=1e-3)
     with pytest.raises(ValueError, match=r"learning_rate=2e-06 there, 0.001 here"):
-        resume(faster, trainer_args(faster, 1))
+        resume(faster, faster)
     saved_weights = (path / "model.safetensors").read_bytes()
     (path / "model.safetensors").write_bytes(saved_weights[:-3])
     assert "model.safetensors has" in damage(path) and "as its header describes it" in damage(path)
@@ -154,24 +155,24 @@ def test_a_resume_keeps_its_checkpoints_settings_or_is_refused(tmp_path):
     """A resumed run keeps the checkpoint's optimizer and scheduler, so another learning rate, base model or LoRA is
     refused, naming both values; another run's checkpoint only with resume_other_run=true."""
     other = tmp_path / "other"
-    config = TrainConfig(model="smollm2-135m", output_dir=str(other), resume="last")
-    saved(other, 1, trainer_args(config, 1))
+    config = GRPOTrainConfig(model="smollm2-135m", output_dir=str(other), resume="last")
+    saved(other, 1, config)
     here = dict(model="smollm2-135m", output_dir=str(tmp_path / "new"), resume=str(other / "checkpoint-1"))
     with pytest.raises(ValueError, match="checkpoint of another run .*resume_other_run=true"):
-        resume(TrainConfig(**here), None)
-    allowed = TrainConfig(**here, resume_other_run=True)
-    assert resume(allowed, trainer_args(allowed, 1)) == str(other / "checkpoint-1")
-    faster = TrainConfig(**here, resume_other_run=True, learning_rate=1e-3)
+        resume(GRPOTrainConfig(**here), None)
+    allowed = GRPOTrainConfig(**here, resume_other_run=True)
+    assert resume(allowed, allowed) == str(other / "checkpoint-1")
+    faster = GRPOTrainConfig(**here, resume_other_run=True, learning_rate=1e-3)
     with pytest.raises(ValueError, match=r"learning_rate=2e-06 there, 0.001 here"):
-        resume(faster, trainer_args(faster, 1))
-    snapkv = TrainConfig(**here, resume_other_run=True, compression=CompressionConfig("snapkv", budget=64))
+        resume(faster, faster)
+    snapkv = GRPOTrainConfig(**here, resume_other_run=True, compression=CompressionConfig("snapkv", budget=64))
     with pytest.raises(ValueError, match=r"compression.method='gkv' there, 'snapkv' here, compression.window="):
-        resume(snapkv, trainer_args(snapkv, 1))
-    lora = TrainConfig(**here, resume_other_run=True, lora=LoraOptions(enabled=True))
+        resume(snapkv, snapkv)
+    lora = GRPOTrainConfig(**here, resume_other_run=True, lora=LoraOptions(enabled=True))
     with pytest.raises(ValueError, match="lora=None there"):
-        resume(lora, trainer_args(lora, 1))
+        resume(lora, lora)
     with pytest.raises(ValueError, match="resume_other_run=true applies to"):
-        TrainConfig(model="tiny", resume="last", resume_other_run=True)
+        GRPOTrainConfig(model="tiny", resume="last", resume_other_run=True)
 
 
 def test_used_output_folder_is_refused_or_overwritten(tmp_path):
@@ -179,11 +180,11 @@ def test_used_output_folder_is_refused_or_overwritten(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="holds another run .*pass resume=last .*overwrite=true"):
-        prepare(TrainConfig(model="tiny", output_dir=str(tmp_path)), None)
-    prepare(TrainConfig(model="tiny", output_dir=str(tmp_path), overwrite=True), None)
+        prepare(GRPOTrainConfig(model="tiny", output_dir=str(tmp_path)), None)
+    prepare(GRPOTrainConfig(model="tiny", output_dir=str(tmp_path), overwrite=True), None)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
     with pytest.raises(ValueError, match="contradict"):
-        TrainConfig(overwrite=True, resume="last")
+        GRPOTrainConfig(overwrite=True, resume="last")
 
 
 def test_metrics_truncation_drops_damaged_lines(tmp_path, caplog):
@@ -209,14 +210,16 @@ def test_json_outputs_are_strict():
 def test_given_traces_file_in_the_output_folder_is_an_input(tmp_path):
     traces = tmp_path / "traces.jsonl"
     traces.write_text('{"prompt": "p", "completion_ids": [3]}\n')
-    config = TrainConfig(
+    config = DistillTrainConfig(
         model="tiny", output_dir=str(tmp_path), distill=DistillOptions(traces=str(traces)), overwrite=True
     )
-    prepare(TrainConfig(model="tiny", output_dir=str(tmp_path), distill=DistillOptions(traces=str(traces))), None)
+    prepare(
+        DistillTrainConfig(model="tiny", output_dir=str(tmp_path), distill=DistillOptions(traces=str(traces))), None
+    )
     prepare(config, None)
     assert traces.is_file()
     with pytest.raises(FileExistsError, match=r"\(traces.jsonl\)"):  # generated by an earlier run: not ours
-        prepare(TrainConfig(model="tiny", output_dir=str(tmp_path)), None)
+        prepare(GRPOTrainConfig(model="tiny", output_dir=str(tmp_path)), None)
 
 
 def test_run_lock_names_a_live_holder_and_outlives_no_process(tmp_path):

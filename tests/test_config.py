@@ -94,7 +94,6 @@ def test_a_method_with_an_option_of_its_own_is_one_class_in_one_file(tmp_path, m
     from gkv_rollout.engine import RolloutEngine
     from gkv_rollout.methods import METHODS, PLUG_INS
     from gkv_train.config.compose import check_overrides
-    from gkv_train.config.train_config import TrainConfig
     from gkv_train.training.logprobs import token_logprobs
 
     (tmp_path / "my_methods.py").write_text(
@@ -117,7 +116,7 @@ def test_a_method_with_an_option_of_its_own_is_one_class_in_one_file(tmp_path, m
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        argv = check_overrides(["compression.method=my_methods:Recent", "compression.options.offset=3"], TrainConfig)
+        argv = check_overrides(["compression.method=my_methods:Recent", "compression.options.offset=3"], "train")
         assert argv[1] == "++compression.options.offset=3"  # Hydra's way into the options mapping
         cfg = CompressionConfig("my_methods:Recent", budget=16, window=4, interval=4, options={"offset": 3})
         assert cfg.resolved.offset == 3 and cfg.identity()["offset"] == 3 and "alpha" not in cfg.identity()
@@ -291,10 +290,10 @@ def test_missing_model_path(path):
 )
 def test_bad_sampling_settings_fail_before_training(kwargs, message):
     from gkv_train.config.eval_config import EvalConfig
-    from gkv_train.config.train_config import TrainConfig
+    from gkv_train.config.train_config import GRPOTrainConfig
 
     with pytest.raises(ValueError) as err:
-        TrainConfig(**kwargs)
+        GRPOTrainConfig(**kwargs)
     assert message in str(err.value)
     if kwargs.get("temperature") == 0.0:
         EvalConfig(temperature=0.0)  # greedy decoding is an evaluation setting
@@ -317,20 +316,18 @@ def test_evaluation_warns_when_the_interval_outlasts_the_completion():
 def test_a_tracker_that_is_not_installed_is_refused_with_the_fix(monkeypatch):
     import importlib.util
 
-    from gkv_train.config.train_config import TrainConfig
+    from gkv_train.config.train_config import GRPOTrainConfig
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r"report_to=wandb needs the wandb package.*gkv-train\[tracking\]"):
-        TrainConfig(report_to=["wandb"])
-    TrainConfig(report_to=[])  # control: no tracker, nothing to check
+        GRPOTrainConfig(report_to=["wandb"])
+    GRPOTrainConfig(report_to=[])  # control: no tracker, nothing to check
 
 
 def test_trl_fields_are_keys_and_moved_keys_are_named():
     """GRPOConfig's own fields are keys as they are (no translation); a moved key, a derived TRL field and the
     old ``trl.`` prefix are refused naming the key to write; a typo gets "did you mean"."""
     from gkv_train.config.compose import check_overrides
-    from gkv_train.config.eval_config import EvalConfig
-    from gkv_train.config.train_config import TrainConfig
 
     argv = [
         "recipe=rl_full",
@@ -345,7 +342,7 @@ def test_trl_fields_are_keys_and_moved_keys_are_named():
         "push_to_hub=false",
         "+x=1",
     ]
-    assert check_overrides(argv, TrainConfig) == argv
+    assert check_overrides(argv, "train") == argv
     refusals = {
         "max_new_tokens=32": "max_new_tokens is now max_completion_length: write max_completion_length=32",
         "sampling.max_new_tokens=32": "sampling.max_new_tokens is now max_completion_length: write "
@@ -365,21 +362,20 @@ def test_trl_fields_are_keys_and_moved_keys_are_named():
     }
     for arg, message in refusals.items():
         with pytest.raises(ValueError) as err:
-            check_overrides([arg], TrainConfig)
+            check_overrides([arg], "train")
         assert message in str(err.value), (arg, str(err.value))
-    assert check_overrides(["num_generations=2"], EvalConfig) == ["num_generations=2"]
+    assert check_overrides(["num_generations=2"], "evaluate") == ["num_generations=2"]
     for old in ("n_samples=2", "sampling.num_generations=2"):
         with pytest.raises(ValueError, match=f"{old.split('=')[0]} is now num_generations"):
-            check_overrides([old], EvalConfig)
+            check_overrides([old], "evaluate")
     with pytest.raises(ValueError, match="unknown configuration key 'weight_decay'"):  # TRL's fields: training only
-        check_overrides(["weight_decay=0.1"], EvalConfig)
+        check_overrides(["weight_decay=0.1"], "evaluate")
 
 
 def test_overrides_rough_edges():
     """Dashes refused with the fix; report_to as a string; a data path drops the default task name."""
     from gkv_train.config.compose import check_overrides
-    from gkv_train.config.eval_config import EvalConfig
-    from gkv_train.config.train_config import TrainConfig
+    from gkv_train.config.train_config import GRPOTrainConfig
 
     for argv, fix in (
         (["--max_steps=5"], "max_steps=5"),
@@ -387,12 +383,12 @@ def test_overrides_rough_edges():
         (["--lr"], "lr=VALUE"),
     ):
         with pytest.raises(ValueError, match=f"drop the dashes, overrides are key=value \\(write {fix}\\)"):
-            check_overrides(argv, TrainConfig)
-    assert check_overrides(["--help"], TrainConfig) == ["--help"]  # Hydra's own flag
-    assert TrainConfig(report_to="tensorboard").report_to == ["tensorboard"]  # TRL takes a string too
-    assert check_overrides(["data.path=a.jsonl"], EvalConfig) == ["data.path=a.jsonl", "data.name=null"]
+            check_overrides(argv, "train")
+    assert check_overrides(["--help"], "train") == ["--help"]  # Hydra's own flag
+    assert GRPOTrainConfig(report_to="tensorboard").report_to == ["tensorboard"]  # TRL takes a string too
+    assert check_overrides(["data.path=a.jsonl"], "evaluate") == ["data.path=a.jsonl", "data.name=null"]
     both = ["data.path=a.jsonl", "data.name=gsm8k"]  # control: an explicit name stays (and is refused later)
-    assert check_overrides(both, EvalConfig) == both
+    assert check_overrides(both, "evaluate") == both
     # through the entry points: one line, exit 2, before any work (evaluate.py's two command lines in one
     # interpreter: entry_points.run_each); a moved key through both, naming the new key
     from pathlib import Path
@@ -411,34 +407,42 @@ def test_overrides_rough_edges():
     assert moved.returncode == 2 and moved.stderr.strip().endswith("write max_completion_length=8"), moved.stderr
 
 
-def test_trainer_arguments_are_trl_dataclasses_extended():
-    """GRPO: a ``CompressedGRPOConfig`` (GRPOConfig + compression, rl) with every TRL key as given and the sampling
-    group in TRL's fields; distillation: a ``CompressedDistillationConfig`` (TrainingArguments + compression,
-    distill, sampling); a GRPO-only key under distillation is refused, not dropped."""
+def test_the_configuration_is_the_trainers_arguments():
+    """GRPO: ``GRPOTrainConfig`` is TRL's ``GRPOConfig`` with the project's keys, every TRL key as given and the
+    fields set from the project's keys derived; distillation: ``DistillTrainConfig`` is ``TrainingArguments`` with
+    the distillation options and sampling; through the composition a key of the other algorithm is refused, not
+    dropped (a control: at its default it passes)."""
     import json
 
-    from gkv_train.config.train_config import TrainConfig
-    from gkv_train.training.distill import CompressedDistillationConfig
-    from gkv_train.training.grpo import CompressedGRPOConfig
-    from gkv_train.training.launch import trainer_args
+    from transformers import TrainingArguments
+    from trl import GRPOConfig
 
-    config = TrainConfig(weight_decay=0.01, num_iterations=2, num_generations=4, top_p=0.9, compile_decode=True)
-    args = trainer_args(config, 1)
-    assert isinstance(args, CompressedGRPOConfig)
-    assert (args.weight_decay, args.num_iterations, args.num_generations, args.top_p) == (0.01, 2, 4, 0.9)
-    assert (args.per_device_train_batch_size, args.max_completion_length, args.learning_rate) == (8, 96, 2e-6)
-    assert (args.temperature, args.compile_decode) == (0.6, True)
-    assert args.compression == config.compression and args.rl == config.rl
-    assert json.loads(args.to_json_string())["compression"]["budget"] == 64  # option groups serialise
-    given = dict(algorithm="distill", recipe="distill", weight_decay=0.01, temperature=0.8, max_completion_length=20)
-    distill = trainer_args(TrainConfig(**given), 1)
-    assert isinstance(distill, CompressedDistillationConfig) and distill.weight_decay == 0.01
+    from gkv_train.config.compose import configure
+    from gkv_train.config.train_config import DistillTrainConfig, GRPOTrainConfig
+
+    config = GRPOTrainConfig(weight_decay=0.01, num_iterations=2, num_generations=4, top_p=0.9, compile_decode=True)
+    assert isinstance(config, GRPOConfig)
+    assert (config.weight_decay, config.num_iterations, config.num_generations, config.top_p) == (0.01, 2, 4, 0.9)
+    assert (config.per_device_train_batch_size, config.max_completion_length, config.learning_rate) == (8, 96, 2e-6)
+    assert (config.temperature, config.compile_decode, config.generation_batch_size) == (0.6, True, 8)
+    assert json.loads(config.to_json_string())["compression"]["budget"] == 64  # option groups serialise
+    assert GRPOTrainConfig(precision="bf16").bf16  # derived: precision sets bf16
+    given = dict(recipe="distill", weight_decay=0.01, temperature=0.8, max_completion_length=20, prompts_per_step=3)
+    distill = DistillTrainConfig(**given)
+    assert isinstance(distill, TrainingArguments) and not isinstance(distill, GRPOConfig)
+    assert (distill.weight_decay, distill.per_device_train_batch_size) == (0.01, 3)
     assert (distill.temperature, distill.max_completion_length, distill.top_p) == (0.8, 20, 0.95)
     assert not distill.remove_unused_columns
-    with pytest.raises(ValueError, match="num_generations: GRPO options .* algorithm=distill"):
-        TrainConfig(algorithm="distill", num_generations=4)
-    with pytest.raises(ValueError, match="num_iterations: GRPO options .* algorithm=distill"):
-        TrainConfig(algorithm="distill", num_iterations=2)
+    for key in ("num_generations=4", "num_iterations=2", "rewards=[a.b]"):
+        with pytest.raises(ValueError, match=f"{key.split('=')[0]}: GRPO options .* algorithm=distill"):
+            configure("train", ["recipe=distill", "model=tiny", key])
+    with pytest.raises(ValueError, match="distill.mode: distillation options, but algorithm=grpo"):
+        configure("train", ["model=tiny", "distill.mode=onpolicy"])
+    assert type(configure("train", ["recipe=distill", "model=tiny", "num_generations=8"])[0]) is DistillTrainConfig
+    with pytest.raises(ValueError, match="max_steps=abc: expected an integer, got 'abc'"):
+        configure("train", ["model=tiny", "max_steps=abc"])
+    with pytest.raises(ValueError, match="6 rows per step must be divisible by processes x gradient_accumulation"):
+        GRPOTrainConfig(prompts_per_step=3, num_generations=2, gradient_accumulation_steps=4)
 
 
 def test_trl_generation_options_the_engine_lacks_are_refused():
@@ -448,14 +452,14 @@ def test_trl_generation_options_the_engine_lacks_are_refused():
     import subprocess
     import sys
 
-    from gkv_train.config.train_config import TrainConfig
+    from gkv_train.config.train_config import GRPOTrainConfig
 
     for key, value in (("top_k", 1), ("repetition_penalty", 2.0), ("min_p", 0.5)):
         with pytest.raises(ValueError, match=f"{key}: options of TRL's own generation"):
-            TrainConfig(**{key: value})
-    TrainConfig(top_k=1, use_vllm=True, recipe="rl_full", compression=CompressionConfig("full"))  # control
+            GRPOTrainConfig(**{key: value})
+    GRPOTrainConfig(top_k=1, use_vllm=True, recipe="rl_full", compression=CompressionConfig("full"))  # control
     with pytest.raises(ValueError, match="report_to must be a tracker name or a list of them, got 5"):
-        TrainConfig(report_to=5)
+        GRPOTrainConfig(report_to=5)
     probe = (
         "import sys; from gkv_train.config.compose import configure; configure('evaluate', ['model=tiny']); "
         "configure('traces', ['model=tiny']); print('trl' in sys.modules)"
@@ -465,10 +469,10 @@ def test_trl_generation_options_the_engine_lacks_are_refused():
 
 def test_compile_decode_with_s4r_is_refused_before_work():
     from gkv_train.config.eval_config import EvalConfig
-    from gkv_train.config.train_config import TrainConfig
+    from gkv_train.config.train_config import GRPOTrainConfig
 
     with pytest.raises(ValueError, match="compile_decode=true does not apply to s4r"):
-        TrainConfig(compile_decode=True, compression=CompressionConfig("s4r"))
+        GRPOTrainConfig(compile_decode=True, compression=CompressionConfig("s4r"))
     with pytest.raises(ValueError, match="compile_decode=true does not apply to s4r"):
         EvalConfig(compile_decode=True, methods=["gkv", "s4r"])
     assert EvalConfig(compile_decode=True, methods=["full", "gkv"]).compile_decode
@@ -496,25 +500,25 @@ def test_compile_decode_with_s4r_is_refused_before_work():
     ],
 )
 def test_numeric_options_outside_their_range_are_refused(kwargs, message):
-    from gkv_train.config.train_config import TrainConfig
+    from gkv_train.config.train_config import GRPOTrainConfig
 
     with pytest.raises(ValueError) as err:
-        TrainConfig(**kwargs)
+        GRPOTrainConfig(**kwargs)
     assert message in str(err.value)
 
 
 def test_push_to_hub_without_the_hub_is_refused_before_work(monkeypatch):
     from huggingface_hub import constants
 
-    from gkv_train.config.train_config import TrainConfig
+    from gkv_train.config.train_config import GRPOTrainConfig
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError, match="push_to_hub=true needs the Hugging Face Hub, which HF_HUB_OFFLINE=1"):
-        TrainConfig(push_to_hub=True)
+        GRPOTrainConfig(push_to_hub=True)
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr("huggingface_hub.get_token", lambda: None)
     with pytest.raises(ValueError, match="push_to_hub=true needs a Hugging Face token"):
-        TrainConfig(push_to_hub=True)
+        GRPOTrainConfig(push_to_hub=True)
 
 
 def test_s4r_refresh_within_the_generation_and_counted_in_memory():
@@ -522,12 +526,12 @@ def test_s4r_refresh_within_the_generation_and_counted_in_memory():
     the engine; the memory estimate counts the refresh buffers."""
     from gkv_train.config.eval_config import EvalConfig
     from gkv_train.config.preflight import ModelShape, rollout_bytes
-    from gkv_train.config.train_config import TrainConfig
+    from gkv_train.config.train_config import GRPOTrainConfig
 
     refresh = CompressionConfig.of("s4r", refresh=64)
     for build in (
         lambda: EvalConfig(compression=refresh, max_completion_length=8),
-        lambda: TrainConfig(compression=refresh, max_completion_length=64, num_generations=2),
+        lambda: GRPOTrainConfig(compression=refresh, max_completion_length=64, num_generations=2),
     ):
         with pytest.raises(ValueError, match="compression.options.refresh=64 refreshes nothing in a generation of"):
             build()
@@ -546,7 +550,7 @@ def test_lora_options_are_checked_and_range_edges_accepted():
     """lora.r=0 is refused with the configuration, before the model loads. Controls: the edges of each range run
     (max_grad_norm=0 is transformers' "no clipping")."""
     from gkv_train.config.options import LoraOptions
-    from gkv_train.config.train_config import TrainConfig
+    from gkv_train.config.train_config import GRPOTrainConfig
 
     for kwargs, message in [
         (dict(r=0), "lora.r must be a finite number >= 1, got 0"),
@@ -556,7 +560,7 @@ def test_lora_options_are_checked_and_range_edges_accepted():
         with pytest.raises(ValueError) as err:
             LoraOptions(**kwargs)
         assert message in str(err.value)
-    TrainConfig(max_grad_norm=0.0, beta=0.0, warmup_steps=0, save_total_limit=None, eval_steps=None)
+    GRPOTrainConfig(max_grad_norm=0.0, beta=0.0, warmup_steps=0, save_total_limit=None, eval_steps=None)
     LoraOptions(r=1, alpha=1, dropout=0.0)
 
 
@@ -564,14 +568,14 @@ def test_rl_full_with_a_compressing_method_is_refused_unless_the_dense_learner_i
     """recipe=rl_full compression.method=s4r would roll out compressed and train without the record, silently:
     it runs only with rl.train_with_record=false given (the dense-learner baseline)."""
     from gkv_train.config.options import SparseRLOptions
-    from gkv_train.config.train_config import TrainConfig
+    from gkv_train.config.train_config import GRPOTrainConfig
 
     s4r = CompressionConfig("s4r")
     with pytest.raises(ValueError, match="recipe=rl_full trains on full-cache rollouts, but compression.method=s4r"):
-        TrainConfig(recipe="rl_full", compression=s4r)
-    TrainConfig(recipe="rl_full", compression=s4r, rl=SparseRLOptions(train_with_record=False))
-    TrainConfig(recipe="rl_full", compression=CompressionConfig("full"))  # the recipe as shipped
-    TrainConfig(recipe="rl_sparse", compression=s4r)
+        GRPOTrainConfig(recipe="rl_full", compression=s4r)
+    GRPOTrainConfig(recipe="rl_full", compression=s4r, rl=SparseRLOptions(train_with_record=False))
+    GRPOTrainConfig(recipe="rl_full", compression=CompressionConfig("full"))  # the recipe as shipped
+    GRPOTrainConfig(recipe="rl_sparse", compression=s4r)
 
 
 def test_recipes_compose_to_what_they_say():
@@ -667,15 +671,14 @@ def test_help_lists_every_key_with_type_default_and_help():
     import sys
     from pathlib import Path
 
-    from gkv_train.config.eval_config import EvalConfig, TracesConfig
-    from gkv_train.config.keyhelp import rows
-    from gkv_train.config.train_config import TrainConfig
+    from gkv_train.config.keyhelp import job_rows
 
     root = Path(__file__).resolve().parents[1]
-    scripts = {TrainConfig: "train.py", EvalConfig: "scripts/evaluate.py", TracesConfig: "scripts/generate_traces.py"}
+    scripts = {"train": "train.py", "evaluate": "scripts/evaluate.py", "traces": "scripts/generate_traces.py"}
     shown = {}
-    for cls, script in scripts.items():
-        keys = rows(cls)
+    for job, script in scripts.items():
+        own, trl = job_rows(job)
+        keys = own + trl
         assert all(text for _, _, _, text in keys), [key for key, _, _, text in keys if not text]
         flag = "-h" if script == "train.py" else "--help"  # both spellings
         shown[script] = subprocess.run(

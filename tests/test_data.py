@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from gkv_train.config.train_config import TrainConfig
+from gkv_train.config.train_config import DistillTrainConfig, GRPOTrainConfig
 from gkv_train.problems.data import DataConfig, load_problems
 from gkv_train.problems.tasks import arithmetic_task
 
@@ -163,7 +163,7 @@ def test_limit_below_one_is_refused(tmp_path):
         with pytest.raises(ValueError, match=f"data.limit must be at least 1, or null for every problem; got {limit}"):
             load_problems(DataConfig(limit=limit))
         with pytest.raises(ValueError, match=f"^eval_data.limit must be at least 1, .* got {limit}"):
-            TrainConfig(eval_data=DataConfig(split="test", limit=limit))
+            GRPOTrainConfig(eval_data=DataConfig(split="test", limit=limit))
     path = tmp_path / "mine.jsonl"
     path.write_text("".join(f'{{"question": "{i} + 1?", "answer": {i + 1}}}\n' for i in range(3)))
     for limit, rows in ((None, 3), (1, 1), (2, 2), (9, 3)):
@@ -226,7 +226,7 @@ def test_prompt_templates_that_cannot_format_a_problem_are_refused(template, mes
     with pytest.raises(ValueError, match=re.escape(f"data.prompt_template={template!r} {message}")):
         DataConfig(prompt_template=template).check()
     with pytest.raises(ValueError, match=re.escape(f"eval_data.prompt_template={template!r} {message}")):
-        TrainConfig(eval_data=DataConfig(split="test", prompt_template=template))
+        GRPOTrainConfig(eval_data=DataConfig(split="test", prompt_template=template))
     DataConfig().check()
     DataConfig(prompt_template="Problem: {problem}\nAnswer in \\boxed{{}}, as {{x}}.").check()
 
@@ -309,7 +309,7 @@ def test_long_recall_gives_the_story_the_completion_begins_with():
     stops where it belongs; the splits never share a prompt; the number must follow the last sentence. Refused by
     distillation, accepted by GRPO and as evaluation data."""
     from gkv_rewards.functions import accuracy
-    from gkv_train.config.train_config import TrainConfig
+    from gkv_train.config.train_config import GRPOTrainConfig
     from gkv_train.problems.tasks import long_recall_task
 
     train, test = (
@@ -335,9 +335,9 @@ def test_long_recall_gives_the_story_the_completion_begins_with():
     with pytest.raises(ValueError, match="sentences must be 1-4096 \\(long_recall"):
         DataConfig(name="long_recall", sentences=5000).check()
     with pytest.raises(ValueError, match="data.name=long_recall with algorithm=distill"):
-        TrainConfig(algorithm="distill", data=DataConfig(name="long_recall"))
-    TrainConfig(data=DataConfig(name="long_recall"))  # GRPO trains on the sampled answer after the story
-    TrainConfig(eval_data=DataConfig(name="long_recall", split="test"))
+        DistillTrainConfig(data=DataConfig(name="long_recall"))
+    GRPOTrainConfig(data=DataConfig(name="long_recall"))  # GRPO trains on the sampled answer after the story
+    GRPOTrainConfig(eval_data=DataConfig(name="long_recall", split="test"))
 
 
 @pytest.mark.parametrize("name", ["niah_single", "niah_multikey", "niah_multivalue", "niah_multiquery", "vt"])

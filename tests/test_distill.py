@@ -7,9 +7,10 @@ from conftest import random_prompts  # noqa: F401  (fixtures)
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.config.options import DistillOptions
+from gkv_train.config.train_config import DistillTrainConfig
 from gkv_train.evaluation.traces import generate_traces, load_traces, write_traces
 from gkv_train.models import load_model
-from gkv_train.training.distill import CompressedDistillationConfig, CompressedDistillationTrainer
+from gkv_train.training.distill import CompressedDistillationTrainer
 from gkv_train.training.logprobs import token_divergence
 
 
@@ -36,15 +37,14 @@ def traces(tmp_path_factory):
 def make_trainer(tmp_path, data, mode="offline", divergence="forward_kl", lr=1e-3, steps=1):
     student, tokenizer = load_model("tiny")
     teacher, _ = load_model("tiny")
-    args = CompressedDistillationConfig(
+    args = DistillTrainConfig(
         output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
+        prompts_per_step=8,
         max_steps=steps,
         learning_rate=lr,
         report_to=[],
         logging_steps=1,
-        save_strategy="no",
-        use_cpu=True,
+        save_steps=10**6,  # no checkpoint
         seed=0,
         distill=DistillOptions(mode=mode, divergence=divergence),
         compression=CompressionConfig("gkv", budget=10, window=2, interval=4),

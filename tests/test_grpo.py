@@ -8,9 +8,9 @@ import torch
 
 from gkv_rollout.config import CompressionConfig
 from gkv_train.config.options import SparseRLOptions
+from gkv_train.config.train_config import GRPOTrainConfig
 from gkv_train.models import load_model
 from gkv_train.training.grpo import (
-    CompressedGRPOConfig,
     CompressedGRPOTrainer,
     clip_overlong_advantages,
     rollout_correction,
@@ -45,21 +45,19 @@ def make_trainer(
     model, tokenizer = load_model("tiny")
     settings = dict(
         output_dir=str(tmp_path),
-        per_device_train_batch_size=8,
+        prompts_per_step=2,  # x num_generations: 8 rows
         num_generations=4,
         max_completion_length=24,
         max_steps=steps,
         learning_rate=lr,
-        bf16=False,
         report_to=[],
         logging_steps=1,
-        save_strategy="no",
-        use_cpu=True,
+        save_steps=10**6,  # no checkpoint
         temperature=1.0,
         loss_type=loss_type,
         seed=0,
     )
-    config = CompressedGRPOConfig(
+    config = GRPOTrainConfig(
         **{**settings, **args},
         compression=compression or CompressionConfig("gkv", budget=12, window=4, interval=4),
         rl=rl or SparseRLOptions(train_with_record=train_with_record, rollout_is=rollout_is),
@@ -88,7 +86,7 @@ def even_mass(trainer):
 @pytest.mark.parametrize("reward, sign", [(even_first_token, 1), (odd_first_token, -1)])
 def test_one_step_moves_towards_reward(tmp_path, reward, sign):
     """Every prompt, 8 samples each: one step raises the probability of what the reward favours."""
-    trainer = make_trainer(tmp_path, lr=3e-4, reward=reward, per_device_train_batch_size=64, num_generations=8)
+    trainer = make_trainer(tmp_path, lr=3e-4, reward=reward, prompts_per_step=8, num_generations=8)
     before = even_mass(trainer)
     trainer.train()
     assert sign * (even_mass(trainer) - before) > 1e-3
@@ -116,7 +114,7 @@ def mismatches(trainer):
 
 def test_record_survives_shuffle_and_split(tmp_path):
     """Two steps, each generation batch shuffled and split in two micro-batches with gradient accumulation."""
-    trainer = make_trainer(tmp_path, steps=2, gradient_accumulation_steps=2, per_device_train_batch_size=4)
+    trainer = make_trainer(tmp_path, steps=2, gradient_accumulation_steps=2)
     trainer.train()
     found = mismatches(trainer)
     assert len(found) == 2 and max(found) <= 1e-4
@@ -128,7 +126,6 @@ def test_s4r_record_survives_shuffle_and_split(tmp_path):
         compression=CompressionConfig.of("s4r", eta=0.4, window=4, sinks=1),
         steps=2,
         gradient_accumulation_steps=2,
-        per_device_train_batch_size=4,
     )
     trainer.train()
     found = mismatches(trainer)
@@ -156,10 +153,11 @@ def test_rollout_importance_sampling_runs(tmp_path, mode):
     assert log["mismatch/max_abs"] <= 1e-4
 
 
-def test_rollout_importance_sampling_refuses_a_loss_it_does_not_fit(tmp_path):
-    """vespo weights sequences with its own function of the importance ratio: scaling its advantages is not TRL's
-    correction, so the trainer refuses before any work (the ratio losses are accepted above)."""
-    with pytest.raises(ValueError, match="rollout_is scales advantages.*not vespo"):
+def test_a_loss_that_is_not_ratio_times_advantage_is_refused(tmp_path):
+    """vespo (TRL's) weights sequences with its own function of the importance ratio: scaling its advantages is not
+    TRL's correction (``rl.rollout_is``), so the trainer's arguments refuse it before any work (the ratio losses
+    are accepted above)."""
+    with pytest.raises(ValueError, match="unknown loss_type 'vespo'; choose one of .*'dapo'"):
         make_trainer(tmp_path, rollout_is="token_truncate", loss_type="vespo", importance_sampling_level="sequence")
 
 

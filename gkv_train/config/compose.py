@@ -9,12 +9,12 @@ import dataclasses
 import os
 import re
 import sys
+from functools import cache
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from gkv_rollout.config import CompressionConfig, flat_fields
-from gkv_train.config.trl_fields import DERIVED
 
 
 def dotted_keys(mapping: dict, prefix: str = "") -> dict:
@@ -65,17 +65,13 @@ MOVED = {
 }
 
 
-def schema_keys(schema) -> set[str]:
-    """Every dotted key of a config dataclass, nested groups included (``compression.budget``, ...)."""
-    import typing
-
-    keys = set()
-    hints = typing.get_type_hints(schema)
-    for f in dataclasses.fields(schema):
-        keys.add(f.name)
-        if dataclasses.is_dataclass(hints[f.name]):
-            keys |= {f"{f.name}.{sub}" for sub in schema_keys(hints[f.name])}
-    return keys
+def job_keys(job: str) -> set[str]:
+    """Every dotted key of ``job``'s configuration, groups included (``compression``, ``compression.budget``)."""
+    found = set()
+    for key in dotted_keys(job_defaults(job)):
+        parts = key.split(".")
+        found |= {".".join(parts[: i + 1]) for i in range(len(parts))}
+    return found
 
 
 # Hydra's own command-line flags (everything else with leading dashes is a key=value override written wrongly)
@@ -107,14 +103,15 @@ HYDRA_FLAGS = {
 }
 
 
-def check_overrides(argv: list[str], schema) -> list[str]:
-    """Command-line ``key=value`` overrides checked against ``schema`` before Hydra reads them; returns them, with
+def check_overrides(argv: list[str], job: str) -> list[str]:
+    """Command-line ``key=value`` overrides checked against ``job``'s keys before Hydra reads them; returns them, with
     ``data.name=null`` added where ``data.path`` (or ``eval_data.path``) is given without a name of its own (the
     built-in task is the default name, and a path and a name together are refused). Raises ValueError for:
 
     * ``--key=value`` / ``--key value`` (drop the dashes; Hydra's own flags pass);
     * a key of an earlier version (``MOVED``: ``sampling.max_new_tokens`` is ``max_completion_length``), a GRPOConfig
-      field this project sets from its own keys (``DERIVED``: ``bf16`` from ``precision``), ``trl.<field>`` (the
+      field this project sets from its own keys (``train_config.DERIVED``: ``bf16`` from ``precision``),
+      ``trl.<field>`` (the
       fields are keys of their own), naming the key to write;
     * any other unknown key, with the closest known names ("did you mean").
     A method's option ``compression.options.<name>=value`` (checked by the method when the configuration is built)
@@ -122,7 +119,8 @@ def check_overrides(argv: list[str], schema) -> list[str]:
     not list. Hydra's own syntax (``+key``, ``~key``, ``hydra.*``) is left alone."""
     import difflib
 
-    known = schema_keys(schema)
+    known = job_keys(job)
+    derived = job_derived(job)
     options = "compression.options" in known
     known |= {f"compression.options.{name}" for name, _, _ in flat_fields()} if options else set()
     for i, arg in enumerate(argv):
@@ -149,8 +147,8 @@ def check_overrides(argv: list[str], schema) -> list[str]:
             continue
         if key in MOVED and MOVED[key] in known:
             raise ValueError(f"{key} is now {MOVED[key]}: write {MOVED[key]}={value}")
-        if key in DERIVED and "prompts_per_step" in known:
-            raise ValueError(f"{key} (TRL's) is not a key here: it is set from {DERIVED[key]}")
+        if key in derived:
+            raise ValueError(f"{key} (TRL's) is not a key here: it is set from {derived[key]}")
         if key.startswith("trl.") and key[4:] in known:
             raise ValueError(f"{key}: TRL's fields are keys of their own: write {key[4:]}={value}")
         close = difflib.get_close_matches(key, sorted(known | set(MOVED)), n=3, cutoff=0.6)
@@ -169,51 +167,163 @@ def recipes_dir() -> str:
 
 RECIPES = recipes_dir()
 RECIPE_BYTES = 1 << 20  # a recipe file's largest size
-# job -> (its recipe file, its schema's name in the recipes' defaults, the module and class of its configuration)
+# job -> (its recipe file, its defaults' name in the recipes' defaults list)
 JOBS = {
-    "train": ("train", "train_schema", "gkv_train.config.train_config", "TrainConfig"),
-    "evaluate": ("evaluate", "eval_schema", "gkv_train.config.eval_config", "EvalConfig"),
-    "traces": ("traces", "traces_schema", "gkv_train.config.eval_config", "TracesConfig"),
+    "train": ("train", "train_schema"),
+    "evaluate": ("evaluate", "eval_schema"),
+    "traces": ("traces", "traces_schema"),
 }
 
 
-def job_class(job: str) -> type:
-    """The configuration class of ``job`` (train imports TRL; evaluate and traces do not)."""
-    import importlib
+def job_classes(job: str) -> dict[str, type]:
+    """The configuration classes of ``job``: training's by algorithm (``TRAIN_CONFIGS``: imports TRL), evaluation's
+    and traces' one (under their job's name)."""
+    if job == "train":
+        from gkv_train.config.train_config import TRAIN_CONFIGS
 
-    _, _, module, name = JOBS[job]
-    return getattr(importlib.import_module(module), name)
+        return TRAIN_CONFIGS
+    from gkv_train.config.eval_config import EvalConfig, TracesConfig
+
+    return {job: {"evaluate": EvalConfig, "traces": TracesConfig}[job]}
+
+
+def job_derived(job: str) -> dict[str, str]:
+    """The fields of ``job``'s configuration set from its keys, so not keys themselves: field -> what sets it."""
+    if job != "train":
+        return {}
+    from gkv_train.config.train_config import DERIVED
+
+    return DERIVED
+
+
+def class_keys(cls: type, job: str) -> set[str]:
+    """The top-level keys of ``job``'s configuration class ``cls``: its fields but private ones and those set from
+    its keys (``job_derived``)."""
+    derived = job_derived(job)
+    return {f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_") and f.name not in derived}
+
+
+@cache
+def job_defaults(job: str) -> dict:
+    """Every key of ``job`` at its default, as Hydra holds it (groups as mappings, enums as their values): what
+    Hydra composes the recipes and overrides onto (not to be changed in place). Training's are those of every
+    algorithm's class (the first's default where they share a key)."""
+    import enum
+
+    found = {}
+    for cls in job_classes(job).values():
+        for f in dataclasses.fields(cls):
+            if f.name in found or f.name not in class_keys(cls, job):
+                continue
+            if f.default is not dataclasses.MISSING:
+                value = f.default
+            else:
+                value = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+            found[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
+            found[f.name] = value.value if isinstance(value, enum.Enum) else found[f.name]
+    return found
+
+
+def build(cls: type, values: dict, prefix: str = ""):
+    """The configuration dataclass ``cls`` from a composed mapping ``values`` of its keys, groups (dataclass fields)
+    built the same way; each value of a simple type (bool, int, float, str, their ``| None``, lists of them) checked
+    first, naming the key (an int is a float where a float is wanted, a number a str where a str is). The class's
+    ``__post_init__`` checks the rest."""
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    return cls(**{key: converted(f"{prefix}{key}", hints[key], value) for key, value in values.items()})
+
+
+def converted(key: str, kind, value):
+    """``value`` of the key ``key`` as the type ``kind`` (``build``); ValueError naming the key."""
+    import types
+    import typing
+
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        if value is None and len(rest) < len(args):
+            return None
+        return converted(key, rest[0], value) if len(rest) == 1 else value  # several: the class checks
+    if dataclasses.is_dataclass(kind):
+        if not isinstance(value, dict):
+            raise ValueError(f"{key}={value!r}: {key} is a group of keys ({key}.<name>=value)")
+        return build(kind, value, f"{key}.")
+    if origin is list and len(args) == 1:
+        if not isinstance(value, list):
+            raise ValueError(f"{key}={value!r}: expected a list ([a, b])")
+        return [converted(f"{key}[{i}]", args[0], v) for i, v in enumerate(value)]
+    wanted = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    if kind not in wanted:
+        return value
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is bool and isinstance(value, bool) or kind is int and number and isinstance(value, int):
+        return value
+    if kind is float and number:
+        return float(value)
+    if kind is str and (isinstance(value, str) or number):
+        return str(value)
+    raise ValueError(f"{key}={value}: expected {wanted[kind]}, got {value!r}")
+
+
+def train_class(values: dict) -> type:
+    """The class of a training configuration (``values``: its composed keys): its algorithm's. ValueError for an
+    unknown algorithm, or for keys another algorithm's class has set away from their defaults (a GRPO option under
+    distillation, ``distill.*`` under GRPO)."""
+    classes = job_classes("train")
+    algorithm = values.get("algorithm")
+    if algorithm not in classes:
+        raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {tuple(classes)}")
+    own = class_keys(classes[algorithm], "train")
+    defaults = dotted_keys(job_defaults("train"))
+    foreign = [
+        key
+        for key, value in dotted_keys(values).items()
+        if key.split(".")[0] not in own and defaults.get(key, value) != value
+    ]
+    if foreign and algorithm == "distill":
+        raise ValueError(
+            f"{', '.join(foreign)}: GRPO options (TRL's GRPOConfig), but algorithm=distill trains with "
+            "transformers' TrainingArguments, which has no such field: drop them or choose a GRPO recipe"
+        )
+    if foreign:
+        raise ValueError(
+            f"{', '.join(foreign)}: distillation options, but algorithm={algorithm} does not distil: drop them or "
+            "choose a distillation recipe (recipe=distill, distill_onpolicy)"
+        )
+    return classes[algorithm]
 
 
 def configure(job: str, argv: list[str]):
     """``job``'s configuration from its command line ``argv`` (Hydra overrides of the recipes): a recipe file of one's
     own (``recipe_files``, train), the launcher's precision (``precision_from_launcher``, train), the keys
-    (``check_overrides``), the composition of recipes and overrides, and the configuration dataclass built from it,
-    which checks every value. Returns (configuration, the composed DictConfig, the files that record it: name ->
-    text). Raises ValueError naming the first problem."""
+    (``check_overrides``), the composition of recipes and overrides onto the job's defaults (a plain mapping), and
+    the configuration dataclass built from it (``build``), which checks every value. Returns (configuration, the
+    composed DictConfig, the files that record it: name -> text). Raises ValueError naming the first problem."""
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    config_name, schema_name, _, _ = JOBS[job]
+    config_name, schema_name = JOBS[job]
     if job == "train":
         argv = precision_from_launcher(recipe_files(argv))
-    cls = job_class(job)
-    argv = check_overrides(argv, cls)
-    ConfigStore.instance().store(name=schema_name, node=cls)
+    argv = check_overrides(argv, job)
+    ConfigStore.instance().store(name=schema_name, node=job_defaults(job))
     try:
         with initialize_config_dir(config_dir=RECIPES, version_base=None):
             cfg = compose(config_name, overrides=argv)
+        values = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
         cause = err.__cause__
         detail = f": {str(cause).splitlines()[0]}" if isinstance(cause, OmegaConfBaseException) else ""
         message = " ".join(str(err).split()).split(" Config search path:")[0]  # the search path says nothing here
         raise ValueError(f"{message}{detail}") from None
-    try:
-        config = OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as err:
-        raise ValueError(" ".join(str(err).split("\n")[0].split())) from None
+    cls = train_class(values) if job == "train" else job_classes(job)[job]
+    if job == "train":  # the other algorithm's keys, at their defaults (``train_class``)
+        values = {key: value for key, value in values.items() if key in class_keys(cls, job)}
+    config = build(cls, values)
     files = {"config.yaml": OmegaConf.to_yaml(cfg, resolve=True), "overrides.yaml": OmegaConf.to_yaml(argv)}
     return config, cfg, files
 
@@ -295,9 +405,7 @@ def recipe_files(argv: list[str]) -> list[str]:
 
     try:  # an empty group sets nothing; a method's own options are checked by the method
         keys = [f"{k}=x" for k, v in dotted_keys(values).items() if v != {} and not k.startswith("compression.options")]
-        from gkv_train.config.train_config import TrainConfig
-
-        check_overrides(keys, TrainConfig)
+        check_overrides(keys, "train")
     except ValueError as err:
         raise ValueError(f"recipe file {given}: {err}") from None
     folder = Path.home() / ".cache" / "gkv-train" / "recipes" / hashlib.sha256(text.encode()).hexdigest()[:16]

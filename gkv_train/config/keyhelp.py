@@ -17,13 +17,32 @@ FIELD_COMMENT = re.compile(r"^    (\w+): [^#]*#\s*(.*)$")  # "    name: type = d
 def field_help(cls: type) -> dict[str, str]:
     """Help text per field of the dataclass ``cls``: a field's ``metadata["help"]`` (TRL's way), else the entries
     of the docstrings of ``cls`` and its bases (an entry's indented lines continue it), else the comment on the
-    field's line."""
+    field's line. A field whose default this project changes (``metadata["why"]``) has the help of the base that
+    declares it, and then its default here and why."""
     text: dict[str, str] = {}
     for base in reversed(cls.__mro__):
         if base is not object:
             text.update(own_help(base))
-    text.update({f.name: f.metadata["help"] for f in dataclasses.fields(cls) if f.metadata.get("help")})
+    for f in dataclasses.fields(cls):
+        if "why" in f.metadata:
+            declared = [getattr(b, "__dataclass_fields__", {}).get(f.name) for b in cls.__mro__]
+            base = next(
+                (d.metadata["help"] for d in declared if d and "why" not in d.metadata and "help" in d.metadata), ""
+            )
+            own = f"{base or f.metadata.get('help', '')} [Default here {f.default!r}: {f.metadata['why']}.]"
+            text[f.name] = " ".join(own.split())
+        elif f.metadata.get("help"):
+            text[f.name] = " ".join(f.metadata["help"].split())
     return text
+
+
+def project_key(cls: type, name: str) -> bool:
+    """Whether the field ``name`` of ``cls`` is one of this project's keys: declared by a class of this project
+    (the first in ``cls``'s MRO that annotates it), not a field of TRL's or transformers' whose default it
+    changes."""
+    declaring = next(b for b in cls.__mro__ if name in b.__dict__.get("__annotations__", {}))
+    changed = "why" in cls.__dataclass_fields__[name].metadata
+    return declaring.__module__.startswith("gkv_") and not changed
 
 
 def own_help(cls: type) -> dict[str, str]:
@@ -60,13 +79,18 @@ def type_name(annotation) -> str:
     return getattr(annotation, "__name__", str(annotation))
 
 
-def rows(cls: type, prefix: str = "", defaults=None) -> list[tuple[str, str, str, str]]:
-    """(key, type, default, help) of every field of ``cls``, nested dataclasses flattened into dotted keys (with
-    the defaults of the group's default instance: ``defaults``, e.g. training's ``compression.budget`` 64)."""
+def rows(cls: type, prefix: str = "", defaults=None, derived=()) -> list[tuple[str, str, str, str]]:
+    """(key, type, default, help) of every field of ``cls`` but the ``derived`` and private ones, nested
+    dataclasses flattened into dotted keys (with the defaults of the group's default instance: ``defaults``, e.g.
+    training's ``compression.budget`` 64)."""
+    import enum
+
     hints = typing.get_type_hints(cls)
     helps = field_help(cls)
     found = []
     for f in dataclasses.fields(cls):
+        if not f.init or f.name.startswith("_") or f.name in derived:
+            continue
         if defaults is not None:
             default = getattr(defaults, f.name)
         else:
@@ -81,9 +105,33 @@ def rows(cls: type, prefix: str = "", defaults=None) -> list[tuple[str, str, str
         if f.name == "options" and getattr(cls, "__name__", "") == "CompressionConfig":
             found += method_option_rows(f"{prefix}{f.name}.")
             continue
-        kind = f.metadata.get("type", hints.get(f.name, f.type))  # a TRL field: its own type, not the schema's
-        found.append((prefix + f.name, type_name(kind), repr(default), helps.get(f.name, "")))
+        default = default.value if isinstance(default, enum.Enum) else default
+        found.append((prefix + f.name, type_name(hints.get(f.name, f.type)), repr(default), helps.get(f.name, "")))
     return found
+
+
+def job_rows(job: str) -> tuple[list[tuple[str, str, str, str]], list[tuple[str, str, str, str]]]:
+    """(this project's keys, TRL's and transformers' fields) of ``job``'s configuration as ``rows``: every key of
+    each of its classes once (training: GRPO's, then those only distillation has)."""
+    from gkv_train.config.compose import job_classes, job_derived
+
+    seen, own, trl = set(), [], []
+    for cls in job_classes(job).values():
+        # this project's keys in the order its classes declare them (a field of a base keeps the base's place)
+        order = [
+            n
+            for b in reversed(cls.__mro__)
+            if b.__module__.startswith("gkv_")
+            for n in b.__dict__.get("__annotations__", {})
+        ]
+        mine = []
+        for row in rows(cls, derived=job_derived(job)):
+            top = row[0].split(".")[0]
+            if row[0] not in seen:
+                seen.add(row[0])
+                (mine if project_key(cls, top) else trl).append(row)
+        own += sorted(mine, key=lambda row: order.index(row[0].split(".")[0]))
+    return own, trl
 
 
 def method_option_rows(prefix: str) -> list[tuple[str, str, str, str]]:
@@ -108,23 +156,24 @@ def method_option_rows(prefix: str) -> list[tuple[str, str, str, str]]:
     return found
 
 
-def help_text(cls: type, command: str, recipes: list[str] | None = None) -> str:
-    """The listing ``gkv-train COMMAND --help`` prints."""
-    lines = [f"usage: gkv-train {command} [key=value ...]   (Hydra overrides; the same as the repository's script)", ""]
+def help_text(job: str, recipes: list[str] | None = None) -> str:
+    """The listing ``gkv-train JOB --help`` prints."""
+    lines = [f"usage: gkv-train {job} [key=value ...]   (Hydra overrides; the same as the repository's script)", ""]
     if recipes:
         lines += [f"recipe=NAME sets a recipe's values first: {', '.join(recipes)} (recipes/recipe/*.yaml)", ""]
     lines += ["defaults are the dataclasses' (a recipe may set others); types as Python writes them", ""]
-    trl = {f.name for f in dataclasses.fields(cls) if "type" in f.metadata}  # TRL's own fields (train)
-    for key, kind, default, text in rows(cls):
-        if key in trl:
-            lines += [
-                "",
-                "TRL's GRPOConfig fields, their help TRL's (distillation takes those of transformers' "
-                "TrainingArguments):",
-                "",
-            ]
-            trl = set()
-        lines.append(f"  {key}  ({kind}, default {default})")
-        for part in textwrap.wrap(text or "-", 100):
-            lines.append(f"      {part}")
+    own, trl = job_rows(job)
+    for heading, found in (
+        (None, own),
+        (
+            "TRL's GRPOConfig fields, their help TRL's (distillation takes those of transformers' TrainingArguments):",
+            trl,
+        ),
+    ):
+        if heading and found:
+            lines += ["", heading, ""]
+        for key, kind, default, text in found:
+            lines.append(f"  {key}  ({kind}, default {default})")
+            for part in textwrap.wrap(text or "-", 100):
+                lines.append(f"      {part}")
     return "\n".join(lines) + "\n"

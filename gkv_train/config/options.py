@@ -1,11 +1,10 @@
-"""The option groups the jobs share (``rl``, ``distill``, ``lora``; the sampling keys, ``Sampling``), the checks
-of single values they use, and ``CompressedArguments``, what both trainers' arguments add to TRL's / transformers'
-own. Validated when built; no TRL import."""
+"""The option groups of the jobs (``rl``, ``distill``, ``lora``; the sampling keys, ``Sampling``) and the checks
+of single values they use. Validated when built; no TRL import."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import dataclass, field
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 
@@ -170,38 +169,6 @@ class LoraOptions:
 
 
 @dataclass
-class CompressedArguments:
-    """What both trainers' arguments (``CompressedGRPOConfig``, ``CompressedDistillationConfig``) add to TRL's /
-    transformers' own, mixed in before them: the compression the rollouts run with, how training forwards attend
-    under its record, and whether the rollouts' decode steps are compiled; ``to_dict`` (which transformers uses for
-    logs, trackers and JSON) writes each option group (a dataclass field) as a dict."""
-
-    compression: CompressionConfig = field(
-        default_factory=lambda: CompressionConfig("gkv"),
-        metadata={
-            "help": "The rollouts' KV-cache compression (gkv_rollout.config.CompressionConfig); "
-            "CompressionConfig('full') for none (RL-Full)."
-        },
-    )
-    mask_backend: str = field(
-        default="auto",
-        metadata={
-            "help": "How training forwards attend under the record: auto (FlexAttention on CUDA, SDPA "
-            "elsewhere), flex (FlexAttention, block masks from the record) or sdpa (per query chunk, the key "
-            "columns the record lets it see, gathered, then SDPA; any device)."
-        },
-    )
-    compile_decode: bool = field(
-        default=False,
-        metadata={"help": "Rollout decode steps as compiled graphs (SamplingConfig.compile_decode; not s4r)."},
-    )
-
-    def to_dict(self) -> dict:
-        found = super().to_dict()
-        return {key: asdict(value) if is_dataclass(value) else value for key, value in found.items()}
-
-
-@dataclass
 class Sampling:
     """How completions are sampled, under TRL's names (``GRPOConfig``'s fields): the keys ``num_generations``,
     ``max_completion_length``, ``temperature``, ``top_p`` of ``scripts/evaluate.py`` and
@@ -226,10 +193,10 @@ class Sampling:
 
 def check_sampling_keys(config, greedy: bool) -> None:
     """The sampling keys of a job's configuration (``Sampling``'s fields, or a training run's TRL fields of the
-    same names): ``check_sampling``, and at least one completion of at least one token; ValueError naming the
-    key."""
+    same names; distillation has no ``num_generations``): ``check_sampling``, and at least one completion of at
+    least one token; ValueError naming the key."""
     check_sampling(config.temperature, config.top_p, greedy)
-    for name in ("num_generations", "max_completion_length"):
+    for name in ("num_generations", "max_completion_length")[0 if hasattr(config, "num_generations") else 1 :]:
         if getattr(config, name) is None or getattr(config, name) < 1:  # (None: TRL's type allows it)
             raise ValueError(f"{name} must be at least 1, got {getattr(config, name)}")
 

@@ -1,14 +1,20 @@
-"""The configuration of a training run (``train.py``, ``gkv-train train``): ``TrainConfig``, the project's keys
-(``TrainOptions``) and every field of TRL's ``GRPOConfig`` under its own name, type and help (``TrlArguments``,
-generated from the installed TRL), validated once when built, before any work. Importing this module imports TRL."""
+"""The configuration of a training run (``train.py``, ``gkv-train train``): the trainer's own arguments with this
+project's keys. ``GRPOTrainConfig`` is TRL's ``GRPOConfig`` (recipes rl_sparse, sparse_rl, rl_full) and
+``DistillTrainConfig`` transformers' ``TrainingArguments`` (distill, distill_onpolicy), each with the project's keys
+(``TrainOptions``: recipe, model, data, compression, lora, ...) and its option group (``rl``, ``distill``). Built
+once, every value checked then (the project's checks, then TRL's / transformers' own ``__post_init__``), before any
+work; the trainer receives the object itself. Importing this module imports TRL."""
 
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from transformers import TrainingArguments
+from trl import GRPOConfig
 
 from gkv_rollout.config import CompressionConfig
 from gkv_train.config.options import (
@@ -24,21 +30,70 @@ from gkv_train.config.options import (
     check_sampling_keys,
     check_trackers,
 )
-from gkv_train.config.trl_fields import (
-    ENGINE_IGNORES,
-    TRL_AT_LEAST,
-    TRL_CHOICES,
-    check_hub_access,
-    trl_arguments,
-    trl_fields,
-)
 from gkv_train.problems.data import LONG_RECALL, DataConfig
+
+# TrainingArguments / GRPOConfig fields set from this project's keys, so not keys of their own: field -> what sets it
+DERIVED = {
+    "per_device_train_batch_size": "prompts_per_step (rows per step: prompts_per_step x num_generations, "
+    "divided by processes x gradient_accumulation_steps)",
+    "per_device_eval_batch_size": "prompts_per_step x num_generations",
+    "bf16": "precision=bf16",
+    "fp16": "precision (fp32 or bf16)",
+    "use_cpu": "the machine (true when no GPU)",
+    "eval_strategy": "eval_steps",
+    "save_strategy": "save_steps (a checkpoint every save_steps steps)",
+    "activation_checkpointing": "gradient_checkpointing",
+}
+# GRPOConfig fields that TRL's own generation reads and the rollout engine does not: refused unless use_vllm
+ENGINE_IGNORES = (
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "generation_kwargs",
+    "cache_implementation",
+    "use_transformers_paged",
+    "use_transformers_continuous_batching",
+    "transformers_continuous_batching_config",
+    "chat_template_kwargs",
+)
+# transformers 5.23 renamed TrainingArguments.gradient_checkpointing to activation_checkpointing (the old name an
+# alias until v6, with a FutureWarning); older releases (the GPU image's 5.17) know only the old name
+RENAMED_CHECKPOINTING = "activation_checkpointing" in {f.name for f in dataclasses.fields(TrainingArguments)}
+
+
+def changed(default, why: str, **metadata) -> Any:
+    """A field of TRL's / transformers' whose default this project changes, and why (``metadata["why"]``: the help
+    lists it after the field's own help, that of the base class that declares it)."""
+    return field(default=default, metadata={"why": why, **metadata})
+
+
+def process_count() -> int:
+    """The training processes of this launch (``accelerate launch`` / ``torchrun`` set ``WORLD_SIZE``)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def check_hub_access() -> None:
+    """``push_to_hub=true`` needs the Hugging Face Hub: ValueError when it is switched off (``HF_HUB_OFFLINE``) or
+    no token is found (checked before the model loads; the push would fail only after training)."""
+    from huggingface_hub import constants, get_token
+
+    if constants.HF_HUB_OFFLINE:
+        raise ValueError(
+            "push_to_hub=true needs the Hugging Face Hub, which HF_HUB_OFFLINE=1 switches off: drop "
+            "push_to_hub, or unset HF_HUB_OFFLINE"
+        )
+    if get_token() is None:
+        raise ValueError(
+            "push_to_hub=true needs a Hugging Face token (huggingface-cli login, or HF_TOKEN), and none "
+            "is set: drop push_to_hub, or log in"
+        )
 
 
 @dataclass
 class TrainOptions:
-    """The keys of a training run that TRL's ``GRPOConfig`` does not have (``TrainConfig`` adds GRPOConfig's own
-    fields, with TRL's help).
+    """The keys of a training run that TRL's and transformers' arguments do not have, mixed in before them (the
+    configuration classes add those arguments' own fields, with their help), and the defaults of theirs that this
+    project changes.
 
     recipe: the recipe (recipes/recipe/*.yaml): rl_sparse, rl_full, sparse_rl, distill, distill_onpolicy.
     algorithm: grpo (TRL's GRPOTrainer, ``gkv_train.training.grpo``) or distill (``gkv_train.training.distill``).
@@ -49,13 +104,9 @@ class TrainOptions:
     compile_decode: the rollouts' decode steps as compiled graphs (not with s4r). The rollouts' other sampling
         keys are TRL's fields: num_generations (GRPO's group size), max_completion_length, temperature, top_p.
     prompts_per_step: GRPO: distinct prompts per optimizer step (rows: x num_generations); distillation:
-        rows (traces or prompts) per step. Sets TRL's per_device_train_batch_size.
-    rewards: reward functions by import path (plain callables, TRL's signature). Naming one imports its module,
-        whose code runs: like a trust-remote-code choice, a configuration names code to run.
-    rl: what RL-Sparse adds to GRPO (training under the record; importance sampling against the rollout).
-    distill: distillation (algorithm=distill).
+        rows (traces or prompts) per step. Sets per_device_train_batch_size.
     precision: fp32 or bf16 (bf16: forwards under autocast, weights kept fp32; under accelerate launch, follows
-        its mixed precision when not given). Sets TRL's bf16.
+        its mixed precision when not given). Sets bf16.
     gradient_checkpointing: recompute activations in the backward (memory for time).
     lora: LoRA adapters instead of training every weight.
     mask_backend: how training forwards attend under the record: auto (flex on CUDA, sdpa elsewhere), flex
@@ -81,9 +132,6 @@ class TrainOptions:
     )
     compile_decode: bool = False
     prompts_per_step: int = 2
-    rewards: list[str] = field(default_factory=lambda: ["gkv_rewards.functions.accuracy"])
-    rl: SparseRLOptions = field(default_factory=SparseRLOptions)
-    distill: DistillOptions = field(default_factory=DistillOptions)
     precision: str = "fp32"
     gradient_checkpointing: bool = False
     lora: LoraOptions = field(default_factory=LoraOptions)
@@ -94,60 +142,74 @@ class TrainOptions:
     resume: str | None = None
     resume_other_run: bool = False
     overwrite: bool = False
-
-
-TRL_FIELDS = trl_fields({f.name for f in dataclasses.fields(TrainOptions)})
-# TRL's sampling fields that distillation reads too (``CompressedDistillationConfig`` declares them)
-DISTILL_SAMPLING = ("max_completion_length", "temperature", "top_p")
-GRPO_ONLY = tuple(
-    sorted(set(TRL_FIELDS) - {f.name for f in dataclasses.fields(TrainingArguments)} - set(DISTILL_SAMPLING))
-)
-TrlArguments = trl_arguments(TRL_FIELDS)
-
-
-@dataclass
-class TrainConfig(TrainOptions, TrlArguments):
-    """One training run: the project's keys (``TrainOptions``: recipe, model, data, compression, rl, distill, lora,
-    ...) and TRL's ``GRPOConfig`` fields under their own names and help (``learning_rate``, ``beta``, ``loss_type``,
-    ``num_generations``, ``max_completion_length``, ``temperature``, ``top_p``, ``num_iterations``, ...;
-    distillation uses those that transformers' ``TrainingArguments`` has, and the sampling fields it reads).
-    ``DERIVED`` fields of ``gkv_train.config.trl_fields`` are set from the project's keys. Every value is checked
-    here, when the configuration is built; TRL's own checks run when the trainer's arguments are built from it
-    (``gkv_train.training.launch.trainer_args``), also before any work."""
+    # transformers' TrainingArguments fields whose default here differs
+    learning_rate: float = changed(2e-6, "RL-scale updates on the 135M default")
+    lr_scheduler_type: str = changed("constant", "short runs compare recipes at one rate")
+    max_steps: int = changed(6, "a CPU-scale run; set it for real runs")
+    save_steps: float = changed(1, "a complete checkpoint every step: no work lost on a kill")
+    save_total_limit: int | None = changed(2, "the newest two checkpoints")
+    logging_steps: float = changed(1, "every step's metrics in metrics.jsonl")
+    seed: int = changed(0, "this project's seed everywhere")
+    # the rollouts' sampling under TRL's names: GRPOConfig's fields, which distillation's samples read too (its
+    # help where TrainingArguments has no such field)
+    max_completion_length: int | None = changed(
+        96, "a CPU-scale completion; set it for real runs", help="On-policy samples: the longest completion."
+    )
+    temperature: float = changed(
+        0.6, "the recipes' measured sampling", help="The temperature of the log-probs, the divergence and samples."
+    )
+    top_p: float = changed(0.95, "the recipes' measured sampling", help="On-policy samples: nucleus sampling.")
 
     def __post_init__(self):
+        """The project's checks, then the fields set from its keys (``DERIVED``), then TRL's / transformers' own."""
         if isinstance(self.report_to, str) or self.report_to is None:  # a name; null: none
             self.report_to = [] if self.report_to is None else [self.report_to]
         if not isinstance(self.report_to, (list, tuple)) or not all(isinstance(n, str) for n in self.report_to):
             raise ValueError(f"report_to must be a tracker name or a list of them, got {self.report_to!r}")
         self.report_to = list(self.report_to)
-        self.check_values()
-        self.check_combinations()
-        check_trackers(self.report_to)
         if self.push_to_hub:
             check_hub_access()
+        self.check_values()
+        self.check_combinations()
+        # the checks of other modules, each module's in one run: options, the data, the compression (gkv_rollout)
+        check_trackers(self.report_to)
+        check_sampling_keys(self, greedy=False)
+        check_compile_decode(self.compile_decode, [self.compression])
         self.data.check("data")
         self.eval_data.check("eval_data")
-        # the checks that read the configuration's groups, each module's in one run: the sampling keys and the
-        # recipe (options), then the compression (gkv_rollout)
-        check_sampling_keys(self, greedy=False)
-        if self.algorithm == "grpo" and self.num_generations < 2:
-            raise ValueError("num_generations must be at least 2: GRPO compares samples of one prompt")
-        check_recipe(self.recipe, self.compression, self.rl)
         if not self.compression.compresses and self.compression.unread():
             raise ValueError(
                 f"compression.options.{self.compression.unread()[0]} does not apply to compression.method=full"
             )
-        if self.use_vllm and self.compression.compresses:
-            raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
         self.compression.check_generation(self.max_completion_length)
-        check_compile_decode(self.compile_decode, [self.compression])
+        self.derive()
+        super().__post_init__()
+
+    @property
+    def rows_per_step(self) -> int:
+        """Rows of one optimizer step: GRPO's prompts x num_generations; distillation's traces or prompts."""
+        return self.prompts_per_step
+
+    def derive(self) -> None:
+        """Set the trainer's fields that follow from the project's keys (``DERIVED``)."""
+        per_step = process_count() * self.gradient_accumulation_steps
+        if self.rows_per_step % per_step:
+            raise ValueError(
+                f"{self.rows_per_step} rows per step must be divisible by processes x gradient_accumulation_steps "
+                f"({per_step})"
+            )
+        self.per_device_train_batch_size = self.rows_per_step // per_step
+        self.bf16, self.fp16 = self.precision == "bf16", False
+        self.use_cpu = not torch.cuda.is_available()
+        self.save_strategy = "steps"
+        self.run_name = self.run_name or os.path.basename(os.path.normpath(self.output_dir))
+        if RENAMED_CHECKPOINTING:
+            self.activation_checkpointing = self.gradient_checkpointing
 
     def check_values(self) -> None:
         """Each key on its own: a known choice, a count of at least 1, a number in its range."""
-        for name, choices in (("algorithm", ALGORITHMS), ("loss_type", LOSS_TYPES), ("precision", PRECISIONS)):
-            if getattr(self, name) not in choices:
-                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {choices}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
         for name in (
             "prompts_per_step",
             "max_steps",
@@ -158,20 +220,77 @@ class TrainConfig(TrainOptions, TrlArguments):
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name, low in TRL_AT_LEAST.items():
-            if name in TRL_FIELDS and getattr(self, name) is not None and getattr(self, name) < low:
-                raise ValueError(f"{name} must be at least {low}, got {getattr(self, name)}")
-        for name, choices in TRL_CHOICES.items():
-            if name in TRL_FIELDS and getattr(self, name) not in choices:
-                raise ValueError(
-                    f"unknown {name} {getattr(self, name)!r}; choose one of {', '.join(map(str, choices))}"
-                )
         for name in ("eval_steps", "save_total_limit"):  # None: off / no limit
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1 or null, got {getattr(self, name)}")
         check_range("learning_rate", self.learning_rate, low=0, low_open=True)
         check_range("warmup_steps", self.warmup_steps, low=0)
         check_range("max_grad_norm", self.max_grad_norm, low=0, note=" (0 turns gradient clipping off)")
+
+    def check_combinations(self) -> None:
+        """Keys that contradict each other, or that the chosen task or generation does not read."""
+        if self.overwrite and self.resume is not None:
+            raise ValueError(f"overwrite=true and resume={self.resume} contradict each other: choose one")
+        if self.resume_other_run and (self.resume is None or self.resume == "last"):
+            raise ValueError("resume_other_run=true applies to resume=<a checkpoint of another run's folder>")
+        if self.eval_data.name == LONG_RECALL and self.eval_steps is not None:
+            raise ValueError(
+                "eval_data.name=long_recall with eval_steps: the evaluation every eval_steps (TRL's loop) would leave "
+                "out the story its completions begin with; drop eval_steps (the final evaluation feeds it)"
+            )
+
+    def to_dict(self) -> dict:
+        """transformers' ``to_dict`` (logs, trackers, JSON), each option group (a dataclass field) as a dict."""
+        found = super().to_dict()
+        return {
+            key: dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value for key, value in found.items()
+        }
+
+
+@dataclass
+class GRPOTrainConfig(TrainOptions, GRPOConfig):
+    """A GRPO run (recipes rl_sparse, sparse_rl, rl_full): TRL's ``GRPOConfig`` itself, every field under its own
+    name and help (``learning_rate``, ``beta``, ``loss_type``, ``num_generations``, ``max_completion_length``,
+    ``temperature``, ``top_p``, ``num_iterations``, ...), with the project's keys (``TrainOptions``) and RL-Sparse's
+    options (``rl``); ``CompressedGRPOTrainer`` takes it as its arguments.
+
+    rewards: reward functions by import path (plain callables, TRL's signature). Naming one imports its module,
+        whose code runs: like a trust-remote-code choice, a configuration names code to run.
+    rl: what RL-Sparse adds to GRPO (training under the record; importance sampling against the rollout).
+    """
+
+    rewards: list[str] = field(default_factory=lambda: ["gkv_rewards.functions.accuracy"])
+    rl: SparseRLOptions = field(default_factory=SparseRLOptions)
+    # GRPOConfig fields whose default here differs from TRL's
+    num_generations: int | None = changed(8, "pinned, the recipes' measured group size")
+    epsilon_high: float | None = changed(0.28, "DAPO's clip-higher")
+    # TRL 1.16's own defaults, pinned: the loss the recipes were measured with, whatever a later TRL defaults to
+    loss_type: str = changed("dapo", "pinned, the recipes' measured loss")
+    beta: float = changed(0.0, "pinned, the recipes' measured loss")
+    epsilon: float = changed(0.2, "pinned, the recipes' measured loss")
+    scale_rewards: Any = changed("group", "pinned, the recipes' measured loss")
+
+    @property
+    def rows_per_step(self) -> int:
+        return self.prompts_per_step * self.num_generations
+
+    def check_values(self) -> None:
+        super().check_values()
+        if self.algorithm != "grpo":
+            raise ValueError(f"algorithm={self.algorithm} is not GRPO's: its configuration is DistillTrainConfig")
+        if self.loss_type not in LOSS_TYPES:
+            raise ValueError(f"unknown loss_type {self.loss_type!r}; choose one of {LOSS_TYPES}")
+        if self.num_generations is None or self.num_generations < 2:
+            raise ValueError("num_generations must be at least 2: GRPO compares samples of one prompt")
+        # values TRL checks only once the trainer is built (after the model loads), or never
+        for name in ("num_iterations", "steps_per_generation", "generation_batch_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        choices = ("group", "batch", "none", True, False)
+        if self.scale_rewards not in choices:
+            raise ValueError(
+                f"unknown scale_rewards {self.scale_rewards!r}; choose one of {', '.join(map(str, choices))}"
+            )
         check_range("beta", self.beta, low=0, note=" (the KL weight; 0: no reference model)")
         check_range("epsilon", self.epsilon, low=0, low_open=True)
         if self.epsilon_high is not None:
@@ -180,37 +299,61 @@ class TrainConfig(TrainOptions, TrlArguments):
             check_range("reward_weights", weight)
 
     def check_combinations(self) -> None:
-        """Keys that contradict each other, or that the chosen algorithm, task or generation does not read."""
-        if self.overwrite and self.resume is not None:
-            raise ValueError(f"overwrite=true and resume={self.resume} contradict each other: choose one")
-        if self.resume_other_run and (self.resume is None or self.resume == "last"):
-            raise ValueError("resume_other_run=true applies to resume=<a checkpoint of another run's folder>")
-        if self.data.name == LONG_RECALL and self.algorithm != "grpo":
-            raise ValueError(
-                f"data.name=long_recall with algorithm={self.algorithm}: its completions begin with a given story, "
-                "which distillation would take for the model's own tokens; train on it with a GRPO recipe (rl_sparse, "
-                "sparse_rl, rl_full: the story is fed through the cache, and only the sampled answer is trained on)"
-            )
-        if self.eval_data.name == LONG_RECALL and self.eval_steps is not None:
-            raise ValueError(
-                "eval_data.name=long_recall with eval_steps: the evaluation every eval_steps (TRL's loop) would leave "
-                "out the story its completions begin with; drop eval_steps (the final evaluation feeds it)"
-            )
-        changed = [name for name in TRL_FIELDS if getattr(self, name) != TRL_FIELDS[name].default_value]
-        ignored = [name for name in ENGINE_IGNORES if name in changed]  # (those the installed TRL has)
+        super().check_combinations()
+        check_recipe(self.recipe, self.compression, self.rl)
+        if self.use_vllm and self.compression.compresses:
+            raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
+        defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+        ignored = [name for name in ENGINE_IGNORES if name in defaults and getattr(self, name) != defaults[name]]
         if ignored and not self.use_vllm:
             raise ValueError(
                 f"{', '.join(ignored)}: options of TRL's own generation, which the rollout engine does not have "
                 "(it samples with temperature and top_p); drop them (use_vllm=true, rl_full only, generates "
                 "through TRL's vLLM path, which reads them)"
             )
-        grpo_only = sorted(name for name in GRPO_ONLY if name in changed)
-        if grpo_only and self.algorithm == "distill":
-            raise ValueError(
-                f"{', '.join(grpo_only)}: GRPO options (TRL's GRPOConfig), but algorithm=distill trains with "
-                "transformers' TrainingArguments, which has no such field: drop them or choose a GRPO recipe"
-            )
         if self.use_vllm and self.compile_decode:
             raise ValueError("use_vllm generates through vLLM: compile_decode=true (the engine's option) has no effect")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
             raise ValueError(f"{len(self.reward_weights)} reward_weights for {len(self.rewards)} rewards")
+
+    def derive(self) -> None:
+        super().derive()
+        self.eval_strategy = "no" if self.eval_steps is None else "steps"
+        self.per_device_eval_batch_size = self.rows_per_step // process_count()
+
+
+@dataclass
+class DistillTrainConfig(TrainOptions, TrainingArguments):
+    """A distillation run (recipes distill, distill_onpolicy): transformers' ``TrainingArguments`` itself, with the
+    project's keys (``TrainOptions``), the sampling fields under TRL's names (on-policy samples, the divergence's
+    temperature) and the distillation options (``distill``); ``CompressedDistillationTrainer`` takes it as its
+    arguments.
+
+    distill: distillation (mode, divergence, teacher, traces, chunking).
+    remove_unused_columns: False: the trainer reads whole rows (traces or prompts with answers).
+    """
+
+    algorithm: str = "distill"
+    recipe: str = "distill"
+    distill: DistillOptions = field(default_factory=DistillOptions)
+    remove_unused_columns: bool = False
+
+    def check_values(self) -> None:
+        super().check_values()
+        if self.algorithm != "distill":
+            raise ValueError(f"algorithm={self.algorithm} is not distillation's: its configuration is GRPOTrainConfig")
+
+    def check_combinations(self) -> None:
+        super().check_combinations()
+        if self.data.name == LONG_RECALL:
+            raise ValueError(
+                "data.name=long_recall with algorithm=distill: its completions begin with a given story, which "
+                "distillation would take for the model's own tokens; train on it with a GRPO recipe (rl_sparse, "
+                "sparse_rl, rl_full: the story is fed through the cache, and only the sampled answer is trained on)"
+            )
+
+
+# algorithm -> its configuration class
+TRAIN_CONFIGS = {"grpo": GRPOTrainConfig, "distill": DistillTrainConfig}
+assert tuple(TRAIN_CONFIGS) == ALGORITHMS
+TrainConfig = GRPOTrainConfig | DistillTrainConfig  # either, in annotations

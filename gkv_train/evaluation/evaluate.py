@@ -285,7 +285,7 @@ def _evaluate(config, settings: dict, runs: list[CompressionConfig], problems, o
 def final_evaluation(model, tokenizer, config, problems) -> dict:
     """A training run's final evaluation (``eval.json``): accuracy on the held-out problems (``problems``, with
     their prompts) under the recipe's compression (how the model will be run), ``config`` the run's
-    ``TrainConfig``."""
+    configuration (``GRPOTrainConfig`` / ``DistillTrainConfig``)."""
     engine = RolloutEngine(model, tokenizer, config.compression)
     sampling = rollout_sampling(config, config.seed, num_samples=config.eval_samples)
     verify = MathVerifier()

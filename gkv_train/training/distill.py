@@ -19,62 +19,32 @@ logits are never both held for the whole batch.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
-from transformers import Trainer, TrainingArguments
+from transformers import Trainer
 
 from gkv_rewards.functions import accuracy
 from gkv_rollout.engine import RolloutEngine
 from gkv_rollout.sampling import rollout_seed
-from gkv_train.config.options import CompressedArguments, DistillOptions, rollout_sampling
+from gkv_train.config.options import rollout_sampling
+from gkv_train.config.train_config import DistillTrainConfig
 from gkv_train.console import rollout_progress
 from gkv_train.training.consistency import mismatch_stats
 from gkv_train.training.distributed import generation_model
 from gkv_train.training.logprobs import divergence_under_record, head_logprobs
 
 
-@dataclass
-class CompressedDistillationConfig(CompressedArguments, TrainingArguments):
-    """transformers' ``TrainingArguments`` with what distillation into a compressed-cache student adds: the
-    arguments of ``CompressedDistillationTrainer``."""
-
-    distill: DistillOptions = field(
-        default_factory=DistillOptions,
-        metadata={
-            "help": "Mode (offline traces / on-policy), divergence, teacher, chunking "
-            "(gkv_train.config.options.DistillOptions)."
-        },
-    )
-    # TRL's sampling fields (GRPOConfig's names), which TrainingArguments has not
-    max_completion_length: int = field(
-        default=96, metadata={"help": "On-policy samples: the longest completion (one sample per prompt)."}
-    )
-    temperature: float = field(
-        default=0.6, metadata={"help": "The temperature of the log-probs, of the divergence and of on-policy samples."}
-    )
-    top_p: float = field(default=0.95, metadata={"help": "On-policy samples: nucleus sampling."})
-    remove_unused_columns: bool = field(
-        default=False, metadata={"help": "False: the trainer reads whole rows (traces or prompts with answers)."}
-    )
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.temperature <= 0:
-            raise ValueError(f"distillation temperature must be positive, got {self.temperature}")
-
-
 class CompressedDistillationTrainer(Trainer):
     """Student under its compressed cache's record, teacher with full attention (frozen)."""
 
     def __init__(self, *args, teacher, tokenizer, **kwargs):
-        """``Trainer``'s arguments; ``args`` a ``CompressedDistillationConfig`` (compression, distillation options,
-        sampling); ``teacher``: the frozen full-attention model."""
+        """``Trainer``'s arguments; ``args`` a ``DistillTrainConfig`` (TrainingArguments with the compression,
+        the distillation options and sampling); ``teacher``: the frozen full-attention model."""
         config = args[1] if len(args) > 1 else kwargs.get("args")
-        if not isinstance(config, CompressedDistillationConfig):
+        if not isinstance(config, DistillTrainConfig):
             raise TypeError(
-                f"args must be a CompressedDistillationConfig (TrainingArguments with compression, "
-                f"distill and sampling), got {type(config).__name__}"
+                f"args must be a DistillTrainConfig (TrainingArguments with compression, distill and sampling), got "
+                f"{type(config).__name__}"
             )
         super().__init__(*args, processing_class=tokenizer, data_collator=lambda rows: {"rows": rows}, **kwargs)
         self.teacher = teacher.eval().requires_grad_(False)

@@ -27,11 +27,11 @@ import dataclasses
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from accelerate.utils import gather_object
-from trl import GRPOConfig, GRPOTrainer
+from trl import GRPOTrainer
 
 from gkv_rollout.config import SamplingConfig
 from gkv_rollout.contract import attention_context, record_from_batch
@@ -39,7 +39,8 @@ from gkv_rollout.contract.attention import use_kv_attention
 from gkv_rollout.contract.record import Record
 from gkv_rollout.engine import RolloutEngine, RolloutOutput
 from gkv_rollout.sampling import rollout_seed
-from gkv_train.config.options import LOSS_TYPES, CompressedArguments, SparseRLOptions
+from gkv_train.config.options import SparseRLOptions
+from gkv_train.config.train_config import GRPOTrainConfig
 from gkv_train.console import rollout_progress
 from gkv_train.problems.data import GIVEN
 from gkv_train.training.consistency import mismatch_stats
@@ -104,31 +105,16 @@ class LogpsScope:
     given: list[str | None] | None = None
 
 
-@dataclass
-class CompressedGRPOConfig(CompressedArguments, GRPOConfig):
-    """TRL's ``GRPOConfig`` with what a rollout under a compressed cache and RL-Sparse add: the arguments of
-    ``CompressedGRPOTrainer``. TRL's own sampling fields (``num_generations``, ``max_completion_length``,
-    ``temperature``, ``top_p``) drive the rollout engine."""
-
-    rl: SparseRLOptions = field(
-        default_factory=SparseRLOptions,
-        metadata={
-            "help": "What RL-Sparse adds to GRPO (gkv_train.config.options.SparseRLOptions): training under the "
-            "rollout's record, importance sampling and rejection against the rollout's log-probs."
-        },
-    )
-
-
 class CompressedGRPOTrainer(GRPOTrainer):
     """``GRPOTrainer`` whose rollouts run with a compressed KV cache and whose forwards see what they saw."""
 
     def __init__(self, *args, **kwargs):
-        """``GRPOTrainer``'s arguments; ``args`` a ``CompressedGRPOConfig`` (the compression and the RL-Sparse
-        options among its fields)."""
+        """``GRPOTrainer``'s arguments; ``args`` a ``GRPOTrainConfig`` (TRL's GRPOConfig with the compression and
+        the RL-Sparse options among its fields)."""
         config = args[2] if len(args) > 2 else kwargs.get("args")
-        if not isinstance(config, CompressedGRPOConfig):
+        if not isinstance(config, GRPOTrainConfig):
             raise TypeError(
-                f"args must be a CompressedGRPOConfig (TRL's GRPOConfig with compression and rl), got "
+                f"args must be a GRPOTrainConfig (TRL's GRPOConfig with compression and rl), got "
                 f"{type(config).__name__}"
             )
         if kwargs.get("rollout_func") is not None:
@@ -137,10 +123,8 @@ class CompressedGRPOTrainer(GRPOTrainer):
         self.rl = config.rl  # the RL-Sparse options in use: config.rl with rollout_is=auto resolved (below)
         super().__init__(*args, rollout_func=self._rollout, **kwargs)
         if self.rl.rollout_is == "auto":  # on where bf16 rounding makes rollout and trainer differ
-            mode = "token_truncate" if self.args.bf16 and self.loss_type in LOSS_TYPES else None
+            mode = "token_truncate" if self.args.bf16 else None  # every loss allowed is ratio x advantage
             self.rl = dataclasses.replace(self.rl, rollout_is=mode)
-        if self.rl.rollout_is is not None and self.loss_type not in LOSS_TYPES:
-            raise ValueError(f"rollout_is scales advantages, right for the losses {LOSS_TYPES}, not {self.loss_type}")
         if is_zero3(self.accelerator) and not self.args.ds3_gather_for_generation:
             raise ValueError(
                 "ds3_gather_for_generation=false is not supported: the rollout engine decodes a different number of "

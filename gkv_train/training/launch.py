@@ -1,4 +1,5 @@
-"""Build and run a training job (GRPO: RL-Sparse / RL-Full; distillation) from a validated ``TrainConfig``."""
+"""Build and run a training job (GRPO: RL-Sparse / RL-Full; distillation) from its validated configuration
+(``GRPOTrainConfig`` / ``DistillTrainConfig``: the trainer's arguments themselves)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ from functools import cache
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback, TrainingArguments
+from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from gkv_rewards.functions import verifier_stats
 from gkv_rollout.config import CompressionConfig
 from gkv_train.config.options import rollout_sampling
 from gkv_train.config.preflight import Generation, check_generations, check_task_contexts
-from gkv_train.config.train_config import TRL_FIELDS, TrainConfig
+from gkv_train.config.train_config import DistillTrainConfig, GRPOTrainConfig, TrainConfig
 from gkv_train.console import log_console_to
 from gkv_train.evaluation.evaluate import final_evaluation
 from gkv_train.evaluation.traces import TRACE_BATCH, generate_traces, load_traces, write_traces
@@ -37,9 +38,9 @@ from gkv_train.runs.checkpoints import (
 )
 from gkv_train.runs.output_dir import RunFolder, lock_output_dir, prepare_output_dir, resume_checkpoint
 from gkv_train.runs.storage import check_output_dir, naming_full_disk
-from gkv_train.training.distill import CompressedDistillationConfig, CompressedDistillationTrainer
+from gkv_train.training.distill import CompressedDistillationTrainer
 from gkv_train.training.distributed import generation_model
-from gkv_train.training.grpo import CompressedGRPOConfig, CompressedGRPOTrainer
+from gkv_train.training.grpo import CompressedGRPOTrainer
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is how TRL takes a custom generator
 
@@ -80,59 +81,8 @@ def prompt_dataset(config: TrainConfig, data, key: str = "data") -> "datasets.Da
 
 def run_folder(config: TrainConfig) -> RunFolder:
     """The run folder's part of ``config``."""
-    return RunFolder(config.output_dir, config.resume, config.resume_other_run, config.overwrite, config.distill.traces)
-
-
-def batch_rows(config: TrainConfig, rows: int, num_processes: int) -> int:
-    """Rows each process takes per micro-step, so that a step covers ``rows`` rows in all."""
-    per_step = num_processes * config.gradient_accumulation_steps
-    if rows % per_step:
-        raise ValueError(
-            f"{rows} rows per step must be divisible by processes x gradient_accumulation_steps ({per_step})"
-        )
-    return rows // per_step
-
-
-# transformers 5.23 renamed TrainingArguments.gradient_checkpointing to activation_checkpointing (the old name an
-# alias until v6, with a FutureWarning); older releases (the GPU image's 5.17) know only the old name.
-CHECKPOINTING_FIELD = next(
-    name
-    for name in ("activation_checkpointing", "gradient_checkpointing")
-    if name in {f.name for f in dataclasses.fields(TrainingArguments)}
-)
-
-
-def trainer_args(config: TrainConfig, num_processes: int) -> TrainingArguments:
-    """The trainer's arguments, built before any work so that a bad value fails first: GRPO's
-    ``CompressedGRPOConfig`` (every TRL field of ``config`` as it is) or distillation's
-    ``CompressedDistillationConfig`` (those that ``TrainingArguments`` has), plus the fields set from the project's
-    keys (``gkv_train.config.trl_fields.DERIVED``)."""
-    grpo = config.algorithm == "grpo"
-    args_class = CompressedGRPOConfig if grpo else CompressedDistillationConfig
-    takes = {f.name for f in dataclasses.fields(args_class)}
-    rows = config.prompts_per_step * (config.num_generations if grpo else 1)
-    values = {name: getattr(config, name) for name in TRL_FIELDS if name in takes}
-    values.update(
-        output_dir=config.output_dir,
-        per_device_train_batch_size=batch_rows(config, rows, num_processes),
-        bf16=config.precision == "bf16",
-        **{CHECKPOINTING_FIELD: config.gradient_checkpointing},
-        save_strategy="steps",
-        report_to=config.report_to,
-        run_name=config.run_name or Path(config.output_dir).name,
-        use_cpu=not torch.cuda.is_available(),
-        compression=config.compression,
-        mask_backend=config.mask_backend,
-        compile_decode=config.compile_decode,
-    )
-    if not grpo:
-        return args_class(**values, distill=config.distill)
-    return args_class(
-        **values,
-        eval_strategy="no" if config.eval_steps is None else "steps",
-        per_device_eval_batch_size=rows // num_processes,
-        rl=config.rl,
-    )
+    traces = config.distill.traces if isinstance(config, DistillTrainConfig) else None
+    return RunFolder(config.output_dir, config.resume, config.resume_other_run, config.overwrite, traces)
 
 
 @cache
@@ -229,6 +179,12 @@ def generations(config: TrainConfig, data, held_out, num_processes: int) -> list
     return found
 
 
+def models(config: TrainConfig) -> list[str]:
+    """The models a run loads: the trained one, and a distillation's teacher where it names another."""
+    teacher = config.distill.teacher if isinstance(config, DistillTrainConfig) else None
+    return list(dict.fromkeys(name for name in (config.model, teacher) if name is not None))
+
+
 def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict:
     """Train as configured (``config.algorithm``: grpo or distill), checkpointing as it goes; returns the final
     evaluation. Everything is checked before any work (``refusing``): models, data, trainer arguments, the
@@ -242,22 +198,20 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
     out = Path(config.output_dir)
     with refusing():
         state = PartialState(cpu=not torch.cuda.is_available())  # several CPU processes talk through gloo
-        for name in (config.model, config.distill.teacher):
-            if name is not None:
-                check_model(name)
+        for name in models(config):
+            check_model(name)
         check_output_dir(out, "output_dir")
         check_task_contexts(config.model, {"data": config.data, "eval_data": config.eval_data})
         rewards = [import_callable(path) for path in config.rewards] if config.algorithm == "grpo" else []
         data = training_data(config)
         held_out = prompt_dataset(config, config.eval_data, "eval_data")
-        args = trainer_args(config, state.num_processes)  # TRL's fields checked by GRPOConfig's own __post_init__ too
         folder = run_folder(config)
         # before the folder is made: a refused resume leaves nothing
-        checkpoint = resume_checkpoint(folder, args, config.model, config.lora.settings())
+        checkpoint = resume_checkpoint(folder, config, config.model, config.lora.settings())
         device = "cuda" if torch.cuda.is_available() else "cpu"
         local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         rollouts = generations(config, data, held_out, state.num_processes)
-        for name in dict.fromkeys(n for n in (config.model, config.distill.teacher) if n is not None):
+        for name in models(config):
             check_generations(name, rollouts, dtype_bytes=4, device=device, processes=local)  # weights stay fp32
         lock = lock_output_dir(out, state)
     with lock or contextlib.nullcontext():
@@ -268,11 +222,11 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
                 (out / "hydra").mkdir(exist_ok=True)
                 write_atomically(out / "hydra" / name, text)
         with StopOnSignal() as stop:
-            return train_and_evaluate(config, state, args, rewards, data, held_out, checkpoint, stop)
+            return train_and_evaluate(config, state, rewards, data, held_out, checkpoint, stop)
 
 
 def train_and_evaluate(
-    config: TrainConfig, state, args, rewards: list, data, held_out, checkpoint: str | None, stop: StopOnSignal
+    config: TrainConfig, state, rewards: list, data, held_out, checkpoint: str | None, stop: StopOnSignal
 ) -> dict:
     """The work of ``run`` once everything is checked and the output folder is locked and prepared (``rewards``:
     the reward functions of a GRPO run, imported among the checks)."""
@@ -297,9 +251,9 @@ def train_and_evaluate(
     model, tokenizer = load_model(config.model, dtype=torch.float32)
     callbacks = [JsonlLogger(out / METRICS), stop]
     if config.algorithm == "distill":
-        trainer = distill_trainer(config, args, model, tokenizer, state, callbacks, dtype, data)
+        trainer = distill_trainer(config, model, tokenizer, state, callbacks, dtype, data)
     else:
-        trainer = grpo_trainer(config, args, model, tokenizer, rewards, callbacks, data, held_out)
+        trainer = grpo_trainer(config, model, tokenizer, rewards, callbacks, data, held_out)
     trainer.base_model_name, trainer.card_base_model = base_model_name(config.model), card_model_name(config.model)
     trainer.base_weights_note = base_weights_note(config.model)
     if finished:  # trained to the end, but stopped before the final save and evaluation
@@ -325,15 +279,13 @@ def training_data(config: TrainConfig):
     return prompt_dataset(config, config.data)
 
 
-def grpo_trainer(
-    config: TrainConfig, args: CompressedGRPOConfig, model, tokenizer, rewards: list, callbacks, data, held_out
-):
-    """The GRPO trainer of ``config`` (``rewards``: the reward functions, ``import_callable`` of
+def grpo_trainer(config: GRPOTrainConfig, model, tokenizer, rewards: list, callbacks, data, held_out):
+    """The GRPO trainer of ``config``, its arguments (``rewards``: the reward functions, ``import_callable`` of
     ``config.rewards``)."""
     common = dict(
         model=model,
         reward_funcs=rewards,
-        args=args,
+        args=config,
         train_dataset=data,
         eval_dataset=None if config.eval_steps is None else held_out,
         processing_class=tokenizer,
@@ -344,9 +296,8 @@ def grpo_trainer(
     return atomic(GRPOTrainer if config.use_vllm else CompressedGRPOTrainer)(**common)
 
 
-def distill_trainer(
-    config: TrainConfig, args: CompressedDistillationConfig, model, tokenizer, state, callbacks, dtype, data
-):
+def distill_trainer(config: DistillTrainConfig, model, tokenizer, state, callbacks, dtype, data):
+    """The distillation trainer of ``config``, its arguments."""
     # the teacher is frozen; by default a copy of the initial student
     teacher = load_model(config.distill.teacher or config.model, dtype=dtype)[0]
     if config.distill.mode == "offline" and config.distill.traces is None:
@@ -360,7 +311,7 @@ def distill_trainer(
         model=model,
         teacher=teacher,
         tokenizer=tokenizer,
-        args=args,
+        args=config,
         train_dataset=data,
         callbacks=callbacks,
     )
