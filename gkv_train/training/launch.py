@@ -28,7 +28,7 @@ from gkv_train.evaluation.traces import TRACE_BATCH, generate_traces, load_trace
 from gkv_train.exits import refusing
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import base_model_name, base_weights_note, card_model_name, check_model, load_model
-from gkv_train.problems.data import GIVEN, load_problems
+from gkv_train.problems.data import GIVEN, DataConfig, load_problems
 from gkv_train.runs.checkpoints import (
     EVAL,
     METRICS,
@@ -72,10 +72,10 @@ class JsonlLogger(TrainerCallback):
                 f.write(dumps({**record, **logs, **extra}) + "\n")
 
 
-def prompt_dataset(config: TrainConfig, data, key: str = "data") -> "datasets.Dataset":  # noqa: F821
-    """Problems -> rows with ``prompt`` (the problem in the prompt template) and ``answer``; errors name the
-    configuration group ``key``."""
-    problems = load_problems(data, config.seed, key)
+def prompt_dataset(data: DataConfig, seed: int, key: str = "data") -> "datasets.Dataset":  # noqa: F821
+    """The problems of ``data`` (shuffled with ``seed``) -> rows with ``prompt`` (the problem in the prompt template)
+    and ``answer``; errors name the configuration group ``key``."""
+    problems = load_problems(data, seed, key)
     return problems.map(lambda row: {"prompt": data.prompt_template.format(problem=row["problem"])})
 
 
@@ -204,7 +204,7 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
         check_task_contexts(config.model, {"data": config.data, "eval_data": config.eval_data})
         rewards = [import_callable(path) for path in config.rewards] if config.algorithm == "grpo" else []
         data = training_data(config)
-        held_out = prompt_dataset(config, config.eval_data, "eval_data")
+        held_out = prompt_dataset(config.eval_data, config.seed, "eval_data")
         folder = run_folder(config)
         # before the folder is made: a refused resume leaves nothing
         checkpoint = resume_checkpoint(folder, config, config.model, config.lora.settings())
@@ -276,7 +276,7 @@ def training_data(config: TrainConfig):
         if config.distill.traces is not None:
             return load_traces(config.distill.traces)
         return load_problems(dataclasses.replace(config.data, limit=config.distill.trace_problems), config.seed)
-    return prompt_dataset(config, config.data)
+    return prompt_dataset(config.data, config.seed)
 
 
 def grpo_trainer(config: GRPOTrainConfig, model, tokenizer, rewards: list, callbacks, data, held_out):
