@@ -324,7 +324,7 @@ def test_a_tracker_that_is_not_installed_is_refused_with_the_fix(monkeypatch):
     GRPOTrainConfig(report_to=[])  # control: no tracker, nothing to check
 
 
-def test_trl_fields_are_keys_and_moved_keys_are_named():
+def test_trl_fields_are_keys_and_moved_keys_are_named_with_their_new_key():
     """GRPOConfig's own fields are keys as they are (no translation); a moved key, a derived TRL field and the
     old ``trl.`` prefix are refused naming the key to write; a typo gets "did you mean"."""
     from gkv_train.config.compose import check_overrides
@@ -439,8 +439,21 @@ def test_the_configuration_is_the_trainers_arguments():
     with pytest.raises(ValueError, match="distill.mode: distillation options, but algorithm=grpo"):
         configure("train", ["model=tiny", "distill.mode=onpolicy"])
     assert type(configure("train", ["recipe=distill", "model=tiny", "num_generations=8"])[0]) is DistillTrainConfig
-    with pytest.raises(ValueError, match="max_steps=abc: expected an integer, got 'abc'"):
+    with pytest.raises(ValueError, match="max_steps='abc': expected an integer"):
         configure("train", ["model=tiny", "max_steps=abc"])
+    with pytest.raises(ValueError, match="lora.r=True: expected an integer"):  # a bool is no number
+        configure("train", ["model=tiny", "lora.r=true"])
+    # numbers and bools written as text convert as OmegaConf converts them (a quoted value, ${oc.env:...})
+    text = configure("train", ["model=tiny", "max_steps='5'", "learning_rate='1e-5'", "lora.enabled=yes"])[0]
+    assert (text.max_steps, text.learning_rate, text.lora.enabled) == (5, 1e-5, True)
+    for added, message in (
+        ("+lora.foo=1", "unknown configuration key 'lora.foo'"),
+        ("+foo=1", "unknown configuration key 'foo'"),
+        ("++per_device_train_batch_size=3", "'per_device_train_batch_size' (TRL's; set from prompts_per_step"),
+    ):
+        with pytest.raises(ValueError) as err:
+            configure("train", ["model=tiny", added])
+        assert message in str(err.value), (added, str(err.value))
     with pytest.raises(ValueError, match="6 rows per step must be divisible by processes x gradient_accumulation"):
         GRPOTrainConfig(prompts_per_step=3, num_generations=2, gradient_accumulation_steps=4)
 

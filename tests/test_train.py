@@ -801,7 +801,7 @@ BAD_CONFIGS = [
     ("data.path={tmp}/long.jsonl", "the training rollouts: the prompt of problem 1 (5035 tokens) plus 24 new"),
     ("model=/no/such/model", "model path /no/such/model does not exist"),
     ("report_to=[neptune_x]", "unknown tracker 'neptune_x' in report_to"),
-    ("max_steps=abc", "max_steps=abc: expected an integer, got 'abc'"),
+    ("max_steps=abc", "max_steps='abc': expected an integer"),
     ("gradient_accumulation_steps=0", "gradient_accumulation_steps must be at least 1, got 0"),
     ("lora.enabled=true lora.r=0", "lora.r must be a finite number >= 1, got 0"),
     ("data.limit=0", "data.limit must be at least 1, or null for every problem; got 0"),

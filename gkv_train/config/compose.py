@@ -111,12 +111,11 @@ def check_overrides(argv: list[str], job: str) -> list[str]:
     * ``--key=value`` / ``--key value`` (drop the dashes; Hydra's own flags pass);
     * a key of an earlier version (``MOVED``: ``sampling.max_new_tokens`` is ``max_completion_length``), a GRPOConfig
       field this project sets from its own keys (``train_config.DERIVED``: ``bf16`` from ``precision``),
-      ``trl.<field>`` (the
-      fields are keys of their own), naming the key to write;
+      ``trl.<field>`` (the fields are keys of their own), naming the key to write;
     * any other unknown key, with the closest known names ("did you mean").
     A method's option ``compression.options.<name>=value`` (checked by the method when the configuration is built)
-    is passed on as ``++compression.options.<name>=value``: Hydra's way to set a key of a mapping the schema does
-    not list. Hydra's own syntax (``+key``, ``~key``, ``hydra.*``) is left alone."""
+    is passed on as ``++compression.options.<name>=value``: Hydra's way to set a key of a mapping whose defaults do
+    not list it. Hydra's own syntax (``+key``, ``~key``, ``hydra.*``) is left alone."""
     import difflib
 
     known = job_keys(job)
@@ -232,13 +231,20 @@ def build(cls: type, values: dict, prefix: str = ""):
     import typing
 
     hints = typing.get_type_hints(cls)
+    unknown = [key for key in values if key not in hints]
+    if unknown:
+        raise ValueError(f"unknown configuration key {prefix + unknown[0]!r}")
     return cls(**{key: converted(f"{prefix}{key}", hints[key], value) for key, value in values.items()})
 
 
 def converted(key: str, kind, value):
-    """``value`` of the key ``key`` as the type ``kind`` (``build``); ValueError naming the key."""
+    """``value`` of the key ``key`` as the type ``kind`` (``build``): a simple type by OmegaConf's rules (a number
+    or a bool written as text converted, ``"1e-5"``, ``"yes"``; a bool is no number); ValueError naming the key."""
     import types
     import typing
+
+    from omegaconf import nodes
+    from omegaconf.errors import ValidationError
 
     origin, args = typing.get_origin(kind), typing.get_args(kind)
     if origin in (typing.Union, types.UnionType):
@@ -254,17 +260,15 @@ def converted(key: str, kind, value):
         if not isinstance(value, list):
             raise ValueError(f"{key}={value!r}: expected a list ([a, b])")
         return [converted(f"{key}[{i}]", args[0], v) for i, v in enumerate(value)]
-    wanted = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-    if kind not in wanted:
+    simple = {bool: ("true or false", nodes.BooleanNode), int: ("an integer", nodes.IntegerNode)}
+    simple |= {float: ("a number", nodes.FloatNode), str: ("a string", nodes.StringNode)}
+    if kind not in simple:
         return value
-    number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if kind is bool and isinstance(value, bool) or kind is int and number and isinstance(value, int):
-        return value
-    if kind is float and number:
-        return float(value)
-    if kind is str and (isinstance(value, str) or number):
-        return str(value)
-    raise ValueError(f"{key}={value}: expected {wanted[kind]}, got {value!r}")
+    wanted, node = simple[kind]
+    try:
+        return node(value)._value()
+    except ValidationError:
+        raise ValueError(f"{key}={value!r}: expected {wanted}") from None
 
 
 def train_class(values: dict) -> type:
@@ -320,10 +324,14 @@ def configure(job: str, argv: list[str]):
         detail = f": {str(cause).splitlines()[0]}" if isinstance(cause, OmegaConfBaseException) else ""
         message = " ".join(str(err).split()).split(" Config search path:")[0]  # the search path says nothing here
         raise ValueError(f"{message}{detail}") from None
+    added = [key for key in values if key not in job_defaults(job)]  # +key=value: Hydra adds any key
+    if added:
+        derived = job_derived(job)
+        set_from = f" (TRL's; set from {derived[added[0]]})" if added[0] in derived else ""
+        raise ValueError(f"unknown configuration key {added[0]!r}{set_from}")
     cls = train_class(values) if job == "train" else job_classes(job)[job]
-    if job == "train":  # the other algorithm's keys, at their defaults (``train_class``)
-        values = {key: value for key, value in values.items() if key in class_keys(cls, job)}
-    config = build(cls, values)
+    own = class_keys(cls, job)  # the other algorithm's keys are at their defaults (``train_class``): dropped
+    config = build(cls, {key: value for key, value in values.items() if key in own})
     files = {"config.yaml": OmegaConf.to_yaml(cfg, resolve=True), "overrides.yaml": OmegaConf.to_yaml(argv)}
     return config, cfg, files
 

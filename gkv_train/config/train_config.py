@@ -68,8 +68,11 @@ def changed(default, why: str, **metadata) -> Any:
 
 
 def process_count() -> int:
-    """The training processes of this launch (``accelerate launch`` / ``torchrun`` set ``WORLD_SIZE``)."""
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    """The training processes of this launch, from the environment its launcher sets, read as accelerate's
+    ``PartialState`` reads it (``WORLD_SIZE``: accelerate launch, torchrun; MPI's own variables)."""
+    from accelerate.utils import get_int_from_env
+
+    return get_int_from_env(["WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE"], 1)
 
 
 def check_hub_access() -> None:
@@ -303,7 +306,10 @@ class GRPOTrainConfig(TrainOptions, GRPOConfig):
         check_recipe(self.recipe, self.compression, self.rl)
         if self.use_vllm and self.compression.compresses:
             raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
-        defaults = {f.name: f.default for f in dataclasses.fields(GRPOConfig)}
+        defaults = {
+            f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            for f in dataclasses.fields(GRPOConfig)
+        }
         ignored = [name for name in ENGINE_IGNORES if name in defaults and getattr(self, name) != defaults[name]]
         if ignored and not self.use_vllm:
             raise ValueError(
