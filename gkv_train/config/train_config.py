@@ -284,7 +284,9 @@ class GRPOTrainConfig(TrainOptions, GRPOConfig):
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"unknown loss_type {self.loss_type!r}; choose one of {LOSS_TYPES}")
         if self.num_generations is None or self.num_generations < 2:
-            raise ValueError("num_generations must be at least 2: GRPO compares samples of one prompt")
+            raise ValueError(
+                f"num_generations must be at least 2 (GRPO compares samples of one prompt), got {self.num_generations}"
+            )
         # values TRL checks only once the trainer is built (after the model loads), or never
         for name in ("num_iterations", "steps_per_generation", "generation_batch_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:

@@ -279,7 +279,7 @@ REFUSALS = [
         "num_generations=null (TRL's type allows None; the rollout needs a count)",
         "train",
         {"num_generations": "null"},
-        ["num_generations must be at least 1"],
+        ["num_generations must be at least", "got None"],
         {},
     ),
     (
