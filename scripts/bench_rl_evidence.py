@@ -68,7 +68,7 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
-from gkv_train.config.compose import dotted_keys
+from gkv_train.config.compose import MOVED, dotted_keys
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 
 import _regime as regime
@@ -358,6 +358,8 @@ def check_resolved(args) -> None:
     before = published(args).get("settings", {}).get("train", {}).get("resolved", {})
     for recipe, mine in resolved(args).items():
         theirs = before.get(recipe)
+        if theirs is not None:  # keys of an earlier version under their names today (compose.MOVED)
+            theirs = {MOVED.get(key, key): value for key, value in theirs.items()}
         differ = sorted(k for k in set(mine) | set(theirs or {}) if theirs is not None and mine.get(k) != theirs.get(k))
         if differ:
             shown = ", ".join(f"{k}: {theirs.get(k)!r} there, {mine.get(k)!r} here" for k in differ[:6])

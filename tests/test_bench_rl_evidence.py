@@ -252,6 +252,25 @@ def test_seeds_resampled_on_their_own_assume_no_likeness_between_recipes():
     assert f"| {main} | 3 | +0.100 | [+0.010, +0.200] | [+0.100, +0.100] | RL-Sparse better (reported) |" in table
 
 
+def test_published_settings_of_an_earlier_version_are_read_under_todays_keys(monkeypatch):
+    """A results file whose recipes were trained under keys since renamed (``sampling.max_new_tokens``, CHANGELOG
+    2026-12-06) still matches a recipe that composes to the same values under today's keys (``compose.MOVED``);
+    a value that differs is refused, named by today's key."""
+    import argparse
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_rl_evidence
+
+    old = {"rl_sparse": {"sampling.max_new_tokens": 96, "sampling.num_generations": 8, "temperature": 0.6}}
+    monkeypatch.setattr(bench_rl_evidence, "published", lambda args: {"settings": {"train": {"resolved": old}}})
+    today = {"max_completion_length": 96, "num_generations": 8, "temperature": 0.6}
+    args = argparse.Namespace(results=Path("results.json"), _resolved={"rl_sparse": today})
+    bench_rl_evidence.check_resolved(args)  # the same settings under their old names
+    args._resolved = {"rl_sparse": {**today, "max_completion_length": 128}}
+    with pytest.raises(SystemExit, match="max_completion_length: 96 there, 128 here"):
+        bench_rl_evidence.check_resolved(args)
+
+
 def test_long_recall_runs_train_on_its_story_with_the_grpo_recipes_only(tmp_path, capsys):
     """``--task long_recall``: every run's task keys name it with its 80 sentences and the story's token budget, no
     copy_recall key; the fresh-problem check draws long_recall's problems; distillation (which refuses a given
