@@ -282,12 +282,11 @@ def _evaluate(config, settings: dict, runs: list[CompressionConfig], problems, o
     return result
 
 
-def final_evaluation(model, tokenizer, config, problems) -> dict:
+def final_evaluation(model, tokenizer, compression: CompressionConfig, sampling: SamplingConfig, problems) -> dict:
     """A training run's final evaluation (``eval.json``): accuracy on the held-out problems (``problems``, with
-    their prompts) under the recipe's compression (how the model will be run), ``config`` the run's
-    configuration (``GRPOTrainConfig`` / ``DistillTrainConfig``)."""
-    engine = RolloutEngine(model, tokenizer, config.compression)
-    sampling = rollout_sampling(config, config.seed, num_samples=config.eval_samples)
+    their prompts) under the recipe's ``compression`` (how the model will be run), ``sampling.num_samples``
+    completions each."""
+    engine = RolloutEngine(model, tokenizer, compression)
     verify = MathVerifier()
     graded = generate_and_grade(engine, tokenizer, problems, list(problems["prompt"]), sampling, verify)
     out, correct = graded.out, [grade.correct for grade in graded.grades]
@@ -296,12 +295,12 @@ def final_evaluation(model, tokenizer, config, problems) -> dict:
     return {
         "eval": "held_out",
         "problems": len(problems),
-        "samples_per_problem": config.eval_samples,
+        "samples_per_problem": sampling.num_samples,
         "accuracy": sum(correct) / len(correct),
         "mean_completion_length": out.completion_lengths.float().mean().item(),
         "retention": out.retention.mean().item(),
         "memory_share": out.memory_share.mean().item(),
         "tokens_per_s": out.stats["tokens_per_s"],
-        "compression": config.compression.method,
+        "compression": compression.method,
         **{"verifier_" + k: v for k, v in verify.stats.items()},
     }

@@ -113,7 +113,8 @@ def finish(trainer, tokenizer, config: TrainConfig, held_out, is_main_process: b
     with generation_model(trainer) as model:  # every process enters (ZeRO-3 gathers); the main one evaluates
         if not is_main_process:
             return {}
-        result = final_evaluation(model, tokenizer, config, held_out)
+        sampling = rollout_sampling(config, config.seed, num_samples=config.eval_samples)
+        result = final_evaluation(model, tokenizer, config.compression, sampling, held_out)
     result["recipe"] = config.recipe
     result["steps"] = trainer.state.global_step
     write_atomically(Path(config.output_dir) / EVAL, dumps(result, indent=2))
