@@ -89,7 +89,7 @@ def config_table(command: str) -> str:
     """The keys of ``command``'s configuration as a markdown table (TRL's own fields of ``train`` named in a line
     after it)."""
     from gkv_train.config.compose import JOBS
-    from gkv_train.config.keyhelp import job_rows
+    from gkv_train.config.keyhelp import changed_defaults, job_rows
 
     if command not in JOBS:
         raise SystemExit(f"error: a docs block names config:{command}; choose one of {', '.join(JOBS)}")
@@ -105,7 +105,14 @@ def config_table(command: str) -> str:
             "",
             "Every other field of TRL's `GRPOConfig` (`learning_rate`, `beta`, `loss_type`, "
             "`weight_decay`, `num_iterations`, ...) is a key under its own name, with TRL's type, default and "
-            "help (`gkv-train train --help` lists them); the defaults this project changes say why there.",
+            "help (`gkv-train train --help` lists them). The defaults this project changes, declared on the "
+            "configuration classes with their reason:",
+            "",
+            "| key | default here | TRL's / transformers' | why |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| `{key}` | `{here}` | `{theirs}` | {why} |" for key, here, theirs, why in changed_defaults(command)
         ]
     return "\n".join(lines) + "\n"
 

@@ -156,6 +156,23 @@ def method_option_rows(prefix: str) -> list[tuple[str, str, str, str]]:
     return found
 
 
+def changed_defaults(job: str) -> list[tuple[str, str, str, str]]:
+    """(key, default here, the declaring library's default, why) of every field of ``job``'s classes whose default
+    this project changes (``metadata["why"]``), each once."""
+    from gkv_train.config.compose import job_classes
+
+    found = {}
+    for cls in job_classes(job).values():
+        for f in dataclasses.fields(cls):
+            if "why" not in f.metadata or f.name in found:
+                continue
+            declared = [getattr(b, "__dataclass_fields__", {}).get(f.name) for b in cls.__mro__]
+            base = next((d for d in declared if d and "why" not in d.metadata), None)
+            theirs = "-" if base is None else repr(base.default)
+            found[f.name] = (f.name, repr(f.default), theirs, f.metadata["why"])
+    return list(found.values())
+
+
 def help_text(job: str, recipes: list[str] | None = None) -> str:
     """The listing ``gkv-train JOB --help`` prints."""
     lines = [f"usage: gkv-train {job} [key=value ...]   (Hydra overrides; the same as the repository's script)", ""]
