@@ -207,19 +207,29 @@ def job_defaults(job: str) -> dict:
     """Every key of ``job`` at its default, as Hydra holds it (groups as mappings, enums as their values): what
     Hydra composes the recipes and overrides onto (not to be changed in place). Training's are those of every
     algorithm's class (the first's default where they share a key)."""
+    found = {}
+    for cls in job_classes(job).values():
+        fields = [f for f in dataclasses.fields(cls) if f.name not in found and f.name in class_keys(cls, job)]
+        found |= field_defaults(fields)
+    return found
+
+
+def field_defaults(fields: list) -> dict:
+    """The defaults of dataclass ``fields`` as Hydra holds them: a group's (``options.group``) as the mapping of its
+    class's field defaults and the values it is given, without building it; an enum as its value."""
     import enum
 
     found = {}
-    for cls in job_classes(job).values():
-        for f in dataclasses.fields(cls):
-            if f.name in found or f.name not in class_keys(cls, job):
-                continue
-            if f.default is not dataclasses.MISSING:
-                value = f.default
-            else:
-                value = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
-            found[f.name] = dataclasses.asdict(value) if dataclasses.is_dataclass(value) else value
-            found[f.name] = value.value if isinstance(value, enum.Enum) else found[f.name]
+    for f in fields:
+        if "group" in f.metadata:
+            kind, given = f.metadata["group"]
+            found[f.name] = {**field_defaults(dataclasses.fields(kind)), **given}
+            continue
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        else:
+            value = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        found[f.name] = value.value if isinstance(value, enum.Enum) else value
     return found
 
 

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from gkv_rollout.config import CompressionConfig
-from gkv_train.config.options import PRECISIONS, Sampling, check_compile_decode, check_sampling_keys
+from gkv_train.config.options import PRECISIONS, Sampling, check_compile_decode, check_sampling_keys, group
 from gkv_train.problems.data import DataConfig
 
 
@@ -24,7 +24,7 @@ class TracesConfig(Sampling):
     """
 
     model: str = "smollm2-135m"
-    data: DataConfig = field(default_factory=lambda: DataConfig(limit=64))
+    data: DataConfig = group(DataConfig, limit=64)
     seed: int = 0
     keep_incorrect: bool = False
     output: str = "outputs/traces.jsonl"
@@ -68,8 +68,8 @@ class EvalConfig(Sampling):
 
     model: str = "smollm2-135m"
     adapter: str | None = None
-    data: DataConfig = field(default_factory=lambda: DataConfig(split="test", limit=32))
-    compression: CompressionConfig = field(default_factory=lambda: CompressionConfig("full"))
+    data: DataConfig = group(DataConfig, split="test", limit=32)
+    compression: CompressionConfig = group(CompressionConfig, method="full")
     methods: list[str] | None = None
     budgets: list[int] | None = None
     batch_problems: int = 4

@@ -3,8 +3,10 @@ of single values they use. Validated when built; no TRL import."""
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 
@@ -15,6 +17,13 @@ IS_MODES = ("token_truncate", "sequence_truncate")
 DISTILL_MODES = ("offline", "onpolicy")
 DIVERGENCES = ("forward_kl", "sft")
 PRECISIONS = ("fp32", "bf16")
+
+
+def group(cls: type, **values) -> Any:
+    """A group of a job's configuration (a dataclass field) whose default is ``cls(**values)``; ``values`` also kept
+    in the field's metadata, so that the job's defaults are read without building its groups
+    (``compose.job_defaults``)."""
+    return field(default_factory=lambda: cls(**copy.deepcopy(values)), metadata={"group": (cls, values)})
 
 
 def check_range(

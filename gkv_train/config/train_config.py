@@ -29,6 +29,7 @@ from gkv_train.config.options import (
     check_recipe,
     check_sampling_keys,
     check_trackers,
+    group,
 )
 from gkv_train.problems.data import LONG_RECALL, DataConfig
 
@@ -128,16 +129,14 @@ class TrainOptions:
     recipe: str = "rl_sparse"
     algorithm: str = "grpo"
     model: str = "smollm2-135m"
-    data: DataConfig = field(default_factory=DataConfig)
-    eval_data: DataConfig = field(default_factory=lambda: DataConfig(split="test", limit=32))
-    compression: CompressionConfig = field(
-        default_factory=lambda: CompressionConfig("gkv", budget=64, window=8, interval=16)
-    )
+    data: DataConfig = group(DataConfig)
+    eval_data: DataConfig = group(DataConfig, split="test", limit=32)
+    compression: CompressionConfig = group(CompressionConfig, method="gkv", budget=64, window=8, interval=16)
     compile_decode: bool = False
     prompts_per_step: int = 2
     precision: str = "fp32"
     gradient_checkpointing: bool = False
-    lora: LoraOptions = field(default_factory=LoraOptions)
+    lora: LoraOptions = group(LoraOptions)
     mask_backend: str = "auto"
     output_dir: str = "outputs/rl_sparse"
     report_to: Any = field(default_factory=list)
@@ -263,7 +262,7 @@ class GRPOTrainConfig(TrainOptions, GRPOConfig):
     """
 
     rewards: list[str] = field(default_factory=lambda: ["gkv_rewards.functions.accuracy"])
-    rl: SparseRLOptions = field(default_factory=SparseRLOptions)
+    rl: SparseRLOptions = group(SparseRLOptions)
     # GRPOConfig fields whose default here differs from TRL's
     num_generations: int | None = changed(8, "pinned, the recipes' measured group size")
     epsilon_high: float | None = changed(0.28, "DAPO's clip-higher")
@@ -343,7 +342,7 @@ class DistillTrainConfig(TrainOptions, TrainingArguments):
 
     algorithm: str = "distill"
     recipe: str = "distill"
-    distill: DistillOptions = field(default_factory=DistillOptions)
+    distill: DistillOptions = group(DistillOptions)
     remove_unused_columns: bool = False
 
     def check_values(self) -> None:
