@@ -7,8 +7,8 @@ compression method). One JSON line:
 * ``path``: the project modules in the order those calls enter them, consecutive calls in one module as one stop;
 * ``stops``, ``modules`` (distinct), ``returns`` (stops in a module already left once);
 * ``validating_calls``: the project functions that check the configuration on the way (``check*``, ``validate``,
-  a dataclass's ``__post_init__``, ``_composes`` (a dry-run composition), ``trainer_args`` (TRL's own checks),
-  ``precision_from_launcher``), each once.
+  a dataclass's ``__post_init__``, ``precision_from_launcher``; in trees before the configuration became TRL's
+  arguments also ``_composes`` (a dry-run composition) and ``trainer_args`` (TRL's own checks)), each once.
 
     python scripts/trace_config.py --tag after --results results/trace_config_after.json   # this tree, tiny 1-step run
     PYTHONPATH=$OLD:$OLD/rollout:$OLD/rewards python scripts/trace_config.py --root $OLD --tag before \
