@@ -443,6 +443,10 @@ def test_the_configuration_is_the_trainers_arguments():
         configure("train", ["model=tiny", "max_steps=abc"])
     with pytest.raises(ValueError, match="lora.r=True: expected an integer"):  # a bool is no number
         configure("train", ["model=tiny", "lora.r=true"])
+    for key in ("max_steps", "lora.r", "temperature", "compression.budget"):  # null where no None is allowed
+        with pytest.raises(ValueError, match=f"{key}=null: expected"):
+            configure("train", ["model=tiny", f"{key}=null"])
+    assert configure("train", ["model=tiny", "save_total_limit=null"])[0].save_total_limit is None  # Optional
     # numbers and bools written as text convert as OmegaConf converts them (a quoted value, ${oc.env:...})
     text = configure("train", ["model=tiny", "max_steps='5'", "learning_rate='1e-5'", "lora.enabled=yes"])[0]
     assert (text.max_steps, text.learning_rate, text.lora.enabled) == (5, 1e-5, True)

@@ -275,6 +275,8 @@ def converted(key: str, kind, value):
     if kind not in simple:
         return value
     wanted, node = simple[kind]
+    if value is None:  # (OmegaConf's nodes take None: a field not Optional does not)
+        raise ValueError(f"{key}=null: expected {wanted}")
     try:
         return node(value)._value()
     except ValidationError:

@@ -337,6 +337,15 @@ REFUSALS = [
         {},
     ),
     (
+        "configuration/train-null-for-int",
+        NEW,
+        "max_steps=null (a key that is not Optional: OmegaConf's nodes take None, the checks then compare it)",
+        "train",
+        {"max_steps": "null"},
+        ["max_steps=null", "expected an integer"],
+        {},
+    ),
+    (
         "configuration/train-list-for-float",
         NEW,
         "learning_rate=[0.1] (a list where a number is wanted)",
