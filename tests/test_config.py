@@ -443,6 +443,9 @@ def test_the_configuration_is_the_trainers_arguments():
         configure("train", ["model=tiny", "max_steps=abc"])
     with pytest.raises(ValueError, match="lora.r=True: expected an integer"):  # a bool is no number
         configure("train", ["model=tiny", "lora.r=true"])
+    with pytest.raises(ValueError, match="unknown mask_backend 'triton'; choose one of"):  # before any rollout
+        GRPOTrainConfig(mask_backend="triton")
+    assert GRPOTrainConfig(mask_backend="sdpa").mask_backend == "sdpa"
     for key in ("max_steps", "lora.r", "temperature", "compression.budget"):  # null where no None is allowed
         with pytest.raises(ValueError, match=f"{key}=null: expected"):
             configure("train", ["model=tiny", f"{key}=null"])

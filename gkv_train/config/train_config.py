@@ -17,6 +17,7 @@ from transformers import TrainingArguments
 from trl import GRPOConfig
 
 from gkv_rollout.config import CompressionConfig
+from gkv_rollout.contract.eviction import BACKENDS
 from gkv_train.config.options import (
     ALGORITHMS,
     LOSS_TYPES,
@@ -210,8 +211,9 @@ class TrainOptions:
 
     def check_values(self) -> None:
         """Each key on its own: a known choice, a count of at least 1, a number in its range."""
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}; choose one of {PRECISIONS}")
+        for name, choices in (("precision", PRECISIONS), ("mask_backend", BACKENDS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {choices}")
         for name in (
             "prompts_per_step",
             "max_steps",

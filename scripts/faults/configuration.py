@@ -337,6 +337,15 @@ REFUSALS = [
         {},
     ),
     (
+        "configuration/train-mask-backend-unknown",
+        NEW,
+        "mask_backend=triton (refused only at the first training forward, after the rollouts)",
+        "train",
+        {"mask_backend": "triton"},
+        ["unknown mask_backend 'triton'"],
+        {},
+    ),
+    (
         "configuration/train-null-for-int",
         NEW,
         "max_steps=null (a key that is not Optional: OmegaConf's nodes take None, the checks then compare it)",
