@@ -25,15 +25,20 @@ def field_help(cls: type) -> dict[str, str]:
             text.update(own_help(base))
     for f in dataclasses.fields(cls):
         if "why" in f.metadata:
-            declared = [getattr(b, "__dataclass_fields__", {}).get(f.name) for b in cls.__mro__]
-            base = next(
-                (d.metadata["help"] for d in declared if d and "why" not in d.metadata and "help" in d.metadata), ""
-            )
-            own = f"{base or f.metadata.get('help', '')} [Default here {f.default!r}: {f.metadata['why']}.]"
+            base = library_field(cls, f.name)
+            theirs = base.metadata.get("help", "") if base is not None else ""
+            own = f"{theirs or f.metadata.get('help', '')} [Default here {f.default!r}: {f.metadata['why']}.]"
             text[f.name] = " ".join(own.split())
         elif f.metadata.get("help"):
             text[f.name] = " ".join(f.metadata["help"].split())
     return text
+
+
+def library_field(cls: type, name: str):
+    """The field ``name`` as the library that declares it has it (TRL's, transformers'), for a field of ``cls`` whose
+    default this project changes; None where no base of ``cls`` has it (distillation's sampling fields)."""
+    declared = [getattr(b, "__dataclass_fields__", {}).get(name) for b in cls.__mro__]
+    return next((d for d in declared if d is not None and "why" not in d.metadata), None)
 
 
 def project_key(cls: type, name: str) -> bool:
@@ -166,8 +171,7 @@ def changed_defaults(job: str) -> list[tuple[str, str, str, str]]:
         for f in dataclasses.fields(cls):
             if "why" not in f.metadata or f.name in found:
                 continue
-            declared = [getattr(b, "__dataclass_fields__", {}).get(f.name) for b in cls.__mro__]
-            base = next((d for d in declared if d and "why" not in d.metadata), None)
+            base = library_field(cls, f.name)
             theirs = "-" if base is None else repr(base.default)
             found[f.name] = (f.name, repr(f.default), theirs, f.metadata["why"])
     return list(found.values())
