@@ -61,6 +61,7 @@ import math
 import os
 import random
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -823,7 +824,8 @@ def by_rounds(cells: list[dict], interval: int, bins: list[int]) -> list[dict]:
 def curve(folder: Path) -> dict:
     """Per-step figures of one run: the reward of the step's rollouts, the mismatch telemetry, the share of
     completion tokens left out of the loss (Sparse-RL's rejection), the rollouts' mean length, the share of them
-    cut at the length limit and the policy's entropy."""
+    cut at the length limit, the policy's entropy, and the step's wall-clock seconds (``step_time``) and the part
+    of them spent sampling (``rollout/seconds``). A step logged twice (a run resumed) counts once, its last row."""
     keys = (
         "reward",
         "mismatch/agreement_p5",
@@ -834,8 +836,11 @@ def curve(folder: Path) -> dict:
         "completions/mean_length",
         "completions/clipped_ratio",
         "entropy",
+        "step_time",
+        "rollout/seconds",
     )
-    steps = [r for r in read_jsonl(folder / "metrics.jsonl") if "mismatch/max_abs" in r or "loss" in r]
+    rows = [r for r in read_jsonl(folder / "metrics.jsonl") if "mismatch/max_abs" in r or "loss" in r]
+    steps = list({r["step"]: r for r in rows}.values())
     return {k: [[r["step"], r[k]] for r in steps if k in r] for k in keys}
 
 
@@ -1141,6 +1146,33 @@ def drift_table(section: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cost_table(section: dict) -> str:
+    """Per recipe, the seconds of one training step from the runs' own metrics: the median over every step of every
+    run, the range of the runs' own medians, and the part spent sampling (the rest: the trainer's log-probs, loss
+    and backward)."""
+    runs: dict[str, list[dict]] = {}
+    for model in section.get("models", {}).values():
+        if model.get("curve", {}).get("step_time"):
+            runs.setdefault(model["recipe"], []).append(model["curve"])
+    if not runs:
+        return "(no step timed yet)\n"
+    lines = [
+        "| recipe | runs | steps | seconds per step (median) | runs' medians | sampling (median) | the rest (median) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for recipe, curves in runs.items():
+        total = [v for c in curves for _, v in c["step_time"]]
+        sampling = {(i, s): v for i, c in enumerate(curves) for s, v in c.get("rollout/seconds", [])}
+        rest = [v - sampling[(i, s)] for i, c in enumerate(curves) for s, v in c["step_time"] if (i, s) in sampling]
+        medians = [statistics.median(v for _, v in c["step_time"]) for c in curves]
+        lines.append(
+            f"| {recipe} | {len(curves)} | {len(total)} | {statistics.median(total):.0f} | "
+            f"{min(medians):.0f}-{max(medians):.0f} | "
+            + (f"{statistics.median(sampling.values()):.0f} | {statistics.median(rest):.0f} |" if rest else "- | - |")
+        )
+    return "\n".join(lines) + "\n"
+
+
 def differences_table(section: dict) -> str:
     """Every paired difference (recipe minus recipe, per condition) with its 95% interval paired by seed, then the
     one with each recipe's seeds resampled on their own (``ci95_seeds_independent``); * where an interval excludes
@@ -1248,7 +1280,7 @@ def lr_table(section: dict) -> str:
 def tables(view: str, result: dict) -> str:
     """``scripts/render_docs.py``'s views: ``probe``, ``methods`` (the ordering tables), ``lr``, ``training``,
     ``rounds``, ``drift``, ``differences``, ``judged`` (issue 53's pre-registered comparison), ``cross`` (the
-    other task's models here)."""
+    other task's models here), ``cost`` (seconds per training step)."""
     if view in ("probe", "methods"):
         checks = "".join(
             f"- {name.replace('_', ' ')} {want}: {'yes' if ok else 'NO'}\n"
@@ -1266,6 +1298,7 @@ def tables(view: str, result: dict) -> str:
         "differences": differences_table,
         "judged": judged_table,
         "cross": cross_table,
+        "cost": cost_table,
     }[view](section)
     state = " (partial: runs still going)" if section.get("partial") else ""
     return f"{body}\n{provenance(section)}{state}\n"
@@ -1540,11 +1573,17 @@ def main() -> None:
 
     def publish_training() -> None:
         section = collect(args)
-        everything = ["lr", "train", "eval", *(["cross"] if args.cross_adapters is not None else [])]
+        # a cross stage's own output folder holds no training of this task: its results are whole once the cross
+        # cells are
+        training = bool({"lr", "train", "eval", "report"} & set(args.stages)) or section["learning_rate"] is not None
+        training |= any("recipe" in m for m in section["models"].values())
+        everything = [*(["lr", "train", "eval"] if training else []), *(["cross"] if args.cross_adapters else [])]
         every_job = jobs(argparse.Namespace(**{**vars(args), "stages": everything}))  # not only this call's stages
-        section["partial"] = any(not is_done(j, args) for j in every_job) or section["learning_rate"] is None
+        section["partial"] = any(not is_done(j, args) for j in every_job) or (
+            training and section["learning_rate"] is None
+        )
         publish("training", section)
-        if section["models"]:
+        if any(m.get("curve") for m in section["models"].values()):
             figures(section, args.figures)
 
     if "probe" in args.stages:

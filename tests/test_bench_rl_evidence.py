@@ -79,11 +79,12 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
     from bench_rl_evidence import tables
 
     published = json.loads(results.read_text())
-    for view in ("lr", "training", "rounds", "drift", "differences"):
+    for view in ("lr", "training", "rounds", "drift", "differences", "cost"):
         table = tables(view, published)
         assert training["commit"] in table and "partial" not in table
     assert "| sparse_rl |" in tables("training", published)
     assert "| rl_sparse seed 1 |" in tables("drift", published)
+    assert "| rl_sparse | 2 | 2 |" in tables("cost", published)  # one step of each of two seeds, timed
     again = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
     assert "train.py" not in again.stderr and "evaluate.py" not in again.stderr  # read back, nothing rerun
@@ -328,6 +329,8 @@ def test_the_cross_stage_evaluates_the_other_tasks_models_once(tmp_path):
 
     first = cross("here")
     assert first.stderr.count("evaluate.py") == 4  # untrained and the other task's run, full and gkv-b24
+    assert not json.loads(results.read_text())["training"]["partial"]  # this folder holds the cross cells only
+    assert not (tmp_path / "c.png").exists()  # no training curve to draw
     section = json.loads(results.read_text())["training"]["cross"]
     assert set(section["models"]) == {"rl_sparse-s0-lr0.0003"}
     for condition in ("full", "gkv-b24"):
@@ -341,3 +344,26 @@ def test_the_cross_stage_evaluates_the_other_tasks_models_once(tmp_path):
     shutil.copytree(adapters, tmp_path / "retrained")  # the same run names, other models: their cells are not these
     refused = cross("elsewhere", tmp_path / "retrained", ok=False)
     assert "holds the cross cells of the models under" in refused.stderr and "evaluate.py" not in refused.stderr
+
+
+def test_the_cost_of_a_step_is_read_from_the_runs_metrics_once_per_step(tmp_path):
+    """``curve`` keeps a step logged twice (a run resumed after a kill) once, its last row; the ``cost`` view gives
+    per recipe the median seconds of a step over every step of every run, the range of the runs' medians, and the
+    part spent sampling."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_rl_evidence import cost_table, curve
+
+    rows = [
+        {"step": 1, "loss": 0.1, "step_time": 10.0, "rollout/seconds": 6.0},
+        {"step": 2, "loss": 0.1, "step_time": 99.0, "rollout/seconds": 90.0},  # killed, then logged again
+        {"step": 2, "loss": 0.1, "step_time": 12.0, "rollout/seconds": 8.0},
+        {"step": 2, "train_runtime": 30.0},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    found = curve(tmp_path)
+    assert found["step_time"] == [[1, 10.0], [2, 12.0]] and found["rollout/seconds"] == [[1, 6.0], [2, 8.0]]
+    other = {"step_time": [[1, 30.0], [2, 40.0]], "rollout/seconds": [[1, 20.0], [2, 20.0]]}
+    section = {"models": {"a": {"recipe": "rl_sparse", "curve": found}, "b": {"recipe": "rl_sparse", "curve": other}}}
+    # steps 10, 12, 30, 40: median 21; the runs' medians 11 and 35; sampling 6, 8, 20, 20: 14; the rest 4, 4, 10, 20: 7
+    assert "| rl_sparse | 2 | 4 | 21 | 11-35 | 14 | 7 |" in cost_table(section)
+    assert cost_table({"models": {}}) == "(no step timed yet)\n"
