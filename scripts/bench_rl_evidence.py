@@ -99,6 +99,7 @@ TASKS = {
         "min_rounds": 6,
         "s4r_length": 500,
         "train_keys": [],
+        "recipes": RECIPES,
     },
     "long_recall": {
         "sentences": 80,
@@ -107,6 +108,7 @@ TASKS = {
         "min_rounds": 40,
         "s4r_length": 1100,
         "train_keys": ["gradient_checkpointing=true"],
+        "recipes": tuple(r for r in RECIPES if r not in DISTILL),  # a given story: distillation refuses it
     },
 }
 
@@ -1398,7 +1400,12 @@ def add_task_arguments(add) -> None:
 
 def add_run_arguments(add) -> None:
     """The training, learning-rate, evaluation and cross stages (``add``: a parser's ``add_argument``)."""
-    add("--recipes", nargs="+", default=list(RECIPES), help=f"of {', '.join(RECIPES)} and the --variant names")
+    add(
+        "--recipes",
+        nargs="+",
+        help=f"of {', '.join(RECIPES)} and the --variant names (default: every one the task trains; long_recall's "
+        "given story: the GRPO ones)",
+    )
     add(
         "--variant",
         nargs="+",
@@ -1464,6 +1471,8 @@ def task_defaults(args, parser) -> None:
     for key in ("sentences", "max_new_tokens", "min_full", "min_rounds"):
         if getattr(args, key) is None:
             setattr(args, key, task[key])
+    if args.recipes is None:
+        args.recipes = ["rl_sparse", "sparse_rl"] if args.quick else list(task["recipes"])
     if args.quick:
         args.model, args.max_new_tokens, args.batch_problems, args.sentences, args.interval = "tiny", 24, 2, 2, 8
         if args.task == "long_recall":  # the given story (the tiny tokenizer: ~190 tokens at 2 sentences), the number
@@ -1479,8 +1488,6 @@ def task_defaults(args, parser) -> None:
             args.eval_budgets = [24]
         if args.seeds == parser.get_default("seeds"):
             args.seeds = [0, 1]
-        if args.recipes == list(RECIPES):
-            args.recipes = ["rl_sparse", "sparse_rl"]
 
 
 def check_arguments(args, parser) -> None:

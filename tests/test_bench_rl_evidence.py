@@ -299,6 +299,8 @@ def test_long_recall_runs_train_on_its_story_with_the_grpo_recipes_only(tmp_path
             parse_arguments(["--task", "long_recall", "--output-root", str(tmp_path), *wrong])
         assert "error:" in capsys.readouterr().err
     assert settings(parse_arguments(["--output-root", str(tmp_path)]))["task"]["copy_share"] == 0.4  # copy_recall's
+    assert parse_arguments(["--task", "long_recall"]).recipes == ["rl_sparse", "sparse_rl", "rl_full"]  # by default
+    assert "distill" in parse_arguments([]).recipes
 
 
 def test_the_cross_stage_evaluates_the_other_tasks_models_once(tmp_path):
