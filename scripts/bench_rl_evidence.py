@@ -1582,7 +1582,7 @@ def main() -> None:
         section = collect(args)
         # a cross stage's own output folder holds no training of this task: its results are whole once the cross
         # cells are
-        training = bool({"lr", "train", "eval", "report"} & set(args.stages)) or section["learning_rate"] is not None
+        training = bool({"lr", "train", "eval", "report"} & set(args.stages))
         training |= any("recipe" in m for m in section["models"].values())
         everything = [*(["lr", "train", "eval"] if training else []), *(["cross"] if args.cross_adapters else [])]
         every_job = jobs(argparse.Namespace(**{**vars(args), "stages": everything}))  # not only this call's stages
