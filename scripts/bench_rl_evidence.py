@@ -100,6 +100,7 @@ TASKS = {
         "s4r_length": 500,
         "train_keys": [],
         "recipes": RECIPES,
+        "round_bins": [0, 4, 6, 8, 10],
     },
     "long_recall": {
         "sentences": 80,
@@ -109,6 +110,7 @@ TASKS = {
         "s4r_length": 1100,
         "train_keys": ["gradient_checkpointing=true"],
         "recipes": tuple(r for r in RECIPES if r not in DISTILL),  # a given story: distillation refuses it
+        "round_bins": [0, 60, 64],  # stories of 57-59 and 62-63 rounds; 64: the length limit
     },
 }
 
@@ -1452,7 +1454,7 @@ def add_run_arguments(add) -> None:
         help="cross stage: the other task's kept adapters (a folder of <recipe>-s<seed>-lr<rate> folders)",
     )
     add("--cross-recipes", nargs="+", help="cross stage: the other task's recipes to evaluate (default: every one)")
-    add("--round-bins", nargs="+", type=int, default=[0, 4, 6, 8, 10])
+    add("--round-bins", nargs="+", type=int, help="the rounds table's bins (default: the task's)")
     add("--min-gap", type=float, default=0.15, help="probe: every method's loss at the training budget, at least")
     add("--min-full", type=float, help="probe: the full cache's pass@1, at least (copy_recall 0.40, long_recall 0.60)")
     add(
@@ -1468,7 +1470,7 @@ def task_defaults(args, parser) -> None:
         parser.error(f"--copy-share: copy_recall's, not {args.task}'s")
     if args.copy_share is None and args.task == "copy_recall":
         args.copy_share = 0.4
-    for key in ("sentences", "max_new_tokens", "min_full", "min_rounds"):
+    for key in ("sentences", "max_new_tokens", "min_full", "min_rounds", "round_bins"):
         if getattr(args, key) is None:
             setattr(args, key, task[key])
     if args.recipes is None:

@@ -299,7 +299,8 @@ def test_long_recall_runs_train_on_its_story_with_the_grpo_recipes_only(tmp_path
             parse_arguments(["--task", "long_recall", "--output-root", str(tmp_path), *wrong])
         assert "error:" in capsys.readouterr().err
     assert settings(parse_arguments(["--output-root", str(tmp_path)]))["task"]["copy_share"] == 0.4  # copy_recall's
-    assert parse_arguments(["--task", "long_recall"]).recipes == ["rl_sparse", "sparse_rl", "rl_full"]  # by default
+    defaults = parse_arguments(["--task", "long_recall"])
+    assert defaults.recipes == ["rl_sparse", "sparse_rl", "rl_full"] and defaults.round_bins == [0, 60, 64]
     assert "distill" in parse_arguments([]).recipes
 
 
