@@ -47,8 +47,8 @@ figures:
 
     OMP_NUM_THREADS=1 python scripts/bench_rl_evidence.py &   # twice: two workers
     python scripts/bench_rl_evidence.py --quick                 # every stage, a tiny random model (a test runs it)
-    OMP_NUM_THREADS=1 python scripts/bench_rl_evidence.py --task long_recall --recipes rl_sparse sparse_rl rl_full \
-        --train-budget 128 --eval-budgets 128 --output-root outputs/rl_evidence_long_recall \
+    OMP_NUM_THREADS=1 python scripts/bench_rl_evidence.py --task long_recall --train-budget 128 --eval-budgets 128 \
+        --output-root outputs/rl_evidence_long_recall \
         --results results/bench_rl_evidence_long_recall.json --adapters results/rl_evidence_long_recall &
 """
 
@@ -1152,8 +1152,9 @@ def drift_table(section: dict) -> str:
 
 def cost_table(section: dict) -> str:
     """Per recipe, the seconds of one training step from the runs' own metrics: the median over every step of every
-    run, the range of the runs' own medians, and the part spent sampling (the rest: the trainer's log-probs, loss
-    and backward)."""
+    run, each run's own median, and the rollout's part (``rollout/seconds``: sampling and scoring the
+    completions, and for Sparse-RL's rejection the trainer's no-grad log-probs of them; the rest: the trainer's
+    log-probs, loss and backward)."""
     runs: dict[str, list[dict]] = {}
     for model in section.get("models", {}).values():
         if model.get("curve", {}).get("step_time"):
@@ -1161,18 +1162,18 @@ def cost_table(section: dict) -> str:
     if not runs:
         return "(no step timed yet)\n"
     lines = [
-        "| recipe | runs | steps | seconds per step (median) | runs' medians | sampling (median) | the rest (median) |",
+        "| recipe | runs | steps | seconds per step (median) | runs' medians | rollout (median) | the rest (median) |",
         "|---|---|---|---|---|---|---|",
     ]
     for recipe, curves in runs.items():
-        total = [v for c in curves for _, v in c["step_time"]]
-        sampling = {(i, s): v for i, c in enumerate(curves) for s, v in c.get("rollout/seconds", [])}
-        rest = [v - sampling[(i, s)] for i, c in enumerate(curves) for s, v in c["step_time"] if (i, s) in sampling]
-        medians = [statistics.median(v for _, v in c["step_time"]) for c in curves]
+        step_seconds = [v for c in curves for _, v in c["step_time"]]
+        rollout = {(i, s): v for i, c in enumerate(curves) for s, v in c.get("rollout/seconds", [])}
+        rest = [v - rollout[(i, s)] for i, c in enumerate(curves) for s, v in c["step_time"] if (i, s) in rollout]
+        medians = sorted(statistics.median(v for _, v in c["step_time"]) for c in curves)
         lines.append(
-            f"| {recipe} | {len(curves)} | {len(total)} | {statistics.median(total):.0f} | "
-            f"{min(medians):.0f}-{max(medians):.0f} | "
-            + (f"{statistics.median(sampling.values()):.0f} | {statistics.median(rest):.0f} |" if rest else "- | - |")
+            f"| {recipe} | {len(curves)} | {len(step_seconds)} | {statistics.median(step_seconds):.0f} | "
+            f"{', '.join(f'{m:.0f}' for m in medians)} | "
+            + (f"{statistics.median(rollout.values()):.0f} | {statistics.median(rest):.0f} |" if rest else "- | - |")
         )
     return "\n".join(lines) + "\n"
 
@@ -1405,8 +1406,8 @@ def add_run_arguments(add) -> None:
     add(
         "--recipes",
         nargs="+",
-        help=f"of {', '.join(RECIPES)} and the --variant names (default: every one the task trains; long_recall's "
-        "given story: the GRPO ones)",
+        help=f"of {', '.join(RECIPES)} and the --variant names (default: every one the task trains, long_recall's "
+        "given story the GRPO ones; --quick: rl_sparse sparse_rl)",
     )
     add(
         "--variant",
@@ -1567,6 +1568,8 @@ def main() -> None:
         before, lr = published(args).get("learning_rate"), chosen_lr(args)
         if before is not None and lr is not None and lr != before:
             raise SystemExit(f"error: {args.results} holds runs at learning rate {before:g}, this call's is {lr:g}")
+        if before is not None and lr is None and "lr" not in args.stages:  # its runs would be left out of it
+            raise SystemExit(f"error: {args.results} holds runs at learning rate {before:g}: --lr {before:g}")
     start = time.perf_counter()
     where = origin()
     lock_path = args.output_root / "results.lock"
@@ -1582,14 +1585,17 @@ def main() -> None:
 
     def publish_training() -> None:
         section = collect(args)
-        # a cross stage's own output folder holds no training of this task: its results are whole once the cross
-        # cells are
-        training = bool({"lr", "train", "eval", "report"} & set(args.stages))
-        training |= any("recipe" in m for m in section["models"].values())
-        everything = [*(["lr", "train", "eval"] if training else []), *(["cross"] if args.cross_adapters else [])]
-        every_job = jobs(argparse.Namespace(**{**vars(args), "stages": everything}))  # not only this call's stages
+        # the file holds training when a run of it is trained or swept, or when a call other than a cross-only one
+        # trains or names a rate; partial while a job of what it holds is not done
+        holds_training = any(v is not None for v in section["lr_sweep"].values())
+        holds_training |= any("recipe" in m for m in section["models"].values())
+        holds_training |= set(args.stages) != {"cross"} and (
+            bool({"lr", "train", "eval"} & set(args.stages)) or section["learning_rate"] is not None
+        )
+        held = [*(["lr", "train", "eval"] if holds_training else []), *(["cross"] if args.cross_adapters else [])]
+        every_job = jobs(argparse.Namespace(**{**vars(args), "stages": held}))  # not only this call's stages
         section["partial"] = any(not is_done(j, args) for j in every_job) or (
-            training and section["learning_rate"] is None
+            holds_training and section["learning_rate"] is None
         )
         publish("training", section)
         if any(m.get("curve") for m in section["models"].values()):

@@ -131,6 +131,11 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
     other_rate = [*command[: command.index("--lr") + 1], "1e-3", *command[command.index("--lr") + 2 :]]
     refused_rate = subprocess.run(other_rate, capture_output=True, text=True, timeout=300, check=False)
     assert refused_rate.returncode != 0 and "learning rate 0.0001" in refused_rate.stderr
+    no_rate = [*command[: command.index("--lr")], *command[command.index("--lr") + 2 :]]  # no sweep here either
+    for stages in (["cross", "--cross-adapters", str(adapters)], ["report"]):  # would publish without its runs
+        call = [*no_rate[: no_rate.index("--stages") + 1], *stages, *no_rate[no_rate.index("--stages") + 3 :]]
+        refused_none = subprocess.run(call, capture_output=True, text=True, timeout=300, check=False)
+        assert refused_none.returncode != 0 and "learning rate 0.0001: --lr 0.0001" in refused_none.stderr
     third_seed = [*command[: command.index("--seeds") + 1], "0", "1", "3", *command[command.index("--seeds") + 3 :]]
     bf16 = subprocess.run(  # the launcher's precision: rl_sparse would compose to bf16 training, pooled with fp32
         third_seed, capture_output=True, text=True, timeout=300, check=False, env={**os.environ, **BF16}
@@ -321,9 +326,9 @@ def test_the_cross_stage_evaluates_the_other_tasks_models_once(tmp_path):
     (adapters / "notes").mkdir()  # not a run folder: left alone
     results = tmp_path / "results.json"
 
-    def cross(root: str, folder: Path = adapters, ok: bool = True) -> subprocess.CompletedProcess:
+    def cross(root: str, folder: Path = adapters, ok: bool = True, stage: str = "cross") -> subprocess.CompletedProcess:
         command = [sys.executable, str(ROOT / "scripts" / "bench_rl_evidence.py"), "--quick"]  # no rate: none needed
-        command += ["--seeds", "0", "--recipes", "rl_sparse", "--stages", "cross", "--cross-adapters", str(folder)]
+        command += ["--seeds", "0", "--recipes", "rl_sparse", "--stages", stage, "--cross-adapters", str(folder)]
         command += ["--output-root", str(tmp_path / root), "--results", str(results)]
         command += ["--adapters", str(tmp_path / "kept"), "--figures", str(tmp_path / "c.png")]
         proc = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
@@ -343,6 +348,8 @@ def test_the_cross_stage_evaluates_the_other_tasks_models_once(tmp_path):
     from bench_rl_evidence import tables
 
     assert "| rl_sparse | 1 |" in tables("cross", json.loads(results.read_text()))
+    assert "evaluate.py" not in cross("here", stage="report").stderr
+    assert not json.loads(results.read_text())["training"]["partial"]  # rebuilt, still whole
     assert "evaluate.py" not in cross("elsewhere").stderr
     shutil.copytree(adapters, tmp_path / "retrained")  # the same run names, other models: their cells are not these
     refused = cross("elsewhere", tmp_path / "retrained", ok=False)
@@ -351,8 +358,8 @@ def test_the_cross_stage_evaluates_the_other_tasks_models_once(tmp_path):
 
 def test_the_cost_of_a_step_is_read_from_the_runs_metrics_once_per_step(tmp_path):
     """``curve`` keeps a step logged twice (a run resumed after a kill) once, its last row; the ``cost`` view gives
-    per recipe the median seconds of a step over every step of every run, the range of the runs' medians, and the
-    part spent sampling."""
+    per recipe the median seconds of a step over every step of every run, each run's median, and the rollout's
+    part."""
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_rl_evidence import cost_table, curve
 
@@ -367,6 +374,6 @@ def test_the_cost_of_a_step_is_read_from_the_runs_metrics_once_per_step(tmp_path
     assert found["step_time"] == [[1, 10.0], [2, 12.0]] and found["rollout/seconds"] == [[1, 6.0], [2, 8.0]]
     other = {"step_time": [[1, 30.0], [2, 40.0]], "rollout/seconds": [[1, 20.0], [2, 20.0]]}
     section = {"models": {"a": {"recipe": "rl_sparse", "curve": found}, "b": {"recipe": "rl_sparse", "curve": other}}}
-    # steps 10, 12, 30, 40: median 21; the runs' medians 11 and 35; sampling 6, 8, 20, 20: 14; the rest 4, 4, 10, 20: 7
-    assert "| rl_sparse | 2 | 4 | 21 | 11-35 | 14 | 7 |" in cost_table(section)
+    # steps 10, 12, 30, 40: median 21; the runs' medians 11 and 35; rollout 6, 8, 20, 20: 14; the rest 4, 4, 10, 20: 7
+    assert "| rl_sparse | 2 | 4 | 21 | 11, 35 | 14 | 7 |" in cost_table(section)
     assert cost_table({"models": {}}) == "(no step timed yet)\n"
