@@ -919,6 +919,8 @@ def cross_section(section: dict, args) -> dict:
     table = {}
     for condition in first:
         rows = {}
+        if untrained.get(condition):  # this task's untrained model, the row each difference is taken against
+            rows["untrained"] = summarize_recipe([untrained[condition]], args.interval, args.max_new_tokens)
         for recipe in recipes:
             cells = [
                 m["cells"][condition]
@@ -1237,8 +1239,9 @@ def judged_table(section: dict) -> str:
 
 
 def cross_table(section: dict) -> str:
-    """The other task's models on this task: per recipe, pass@1 over seeds with the full cache and at the training
-    budget, and its paired difference against this task's untrained model (* where the interval excludes 0)."""
+    """The other task's models on this task: this task's untrained model, then per recipe pass@1 over seeds with
+    the full cache and at the training budget, and its paired difference against the untrained model (* where the
+    interval excludes 0)."""
     cross = section.get("cross") or {}
     table = cross.get("recipes") or {}
     if not table:

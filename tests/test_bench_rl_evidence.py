@@ -347,7 +347,9 @@ def test_the_cross_stage_evaluates_the_other_tasks_models_once(tmp_path):
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_rl_evidence import tables
 
-    assert "| rl_sparse | 1 |" in tables("cross", json.loads(results.read_text()))
+    cross_rows = tables("cross", json.loads(results.read_text()))
+    assert "| rl_sparse | 1 |" in cross_rows and "| untrained | 1 |" in cross_rows
+    assert cross_rows.index("| untrained |") < cross_rows.index("| rl_sparse |")
     assert "evaluate.py" not in cross("here", stage="report").stderr
     assert not json.loads(results.read_text())["training"]["partial"]  # rebuilt, still whole
     assert "evaluate.py" not in cross("elsewhere").stderr
