@@ -1211,28 +1211,46 @@ def differences_table(section: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-JUDGED = ("rl_sparse_noclip - rl_full_noclip", ("gkv-b160-seed2", "gkv-b160"))  # issue 53's pre-registered pair
+JUDGED = {  # issue 53's pre-registered comparisons per task: (difference, condition, judged or only reported)
+    "copy_recall": [
+        ("rl_sparse_noclip - rl_full_noclip", "gkv-b160-seed2", True),
+        ("rl_sparse_noclip - rl_full_noclip", "gkv-b160", False),
+    ],
+    "long_recall": [
+        ("rl_sparse_noclip - sparse_rl_noclip", "gkv-b128", True),
+        ("rl_sparse_noclip - rl_full_noclip", "gkv-b128", True),
+    ],
+}
+SHOWN = {"rl_sparse": "RL-Sparse", "sparse_rl": "Sparse-RL", "rl_full": "RL-Full"}  # the names the docs use
 
 
 def judged_table(section: dict) -> str:
-    """The pre-registered comparison (``JUDGED``: RL-Sparse minus RL-Full, both without the clamp, on the fresh
-    problems first): the estimate, the interval with each recipe's seeds resampled on their own (the judged one),
-    the seed-paired interval, and the reading the plan fixed in advance."""
-    pair, conditions_ = JUDGED
+    """The task's pre-registered comparisons (``JUDGED``): the estimate, the interval with each recipe's seeds
+    resampled on their own (the judged one), the seed-paired interval, and the reading the plan fixed in advance
+    (with how many of the planned seeds it stands on while some are missing)."""
+    variants = section["settings"]["train"].get("variants", {})
+
+    def shown(name: str) -> str:
+        return SHOWN.get(variants.get(name, {}).get("recipe", name), name)
+
     lines = [
-        "| condition | seeds | RL-Sparse minus RL-Full | seeds on their own (judged) | seed s with seed s | reading |",
-        "|---|---|---|---|---|---|",
+        "| difference | condition | seeds | estimate | seeds on their own (judged) | seed s with seed s | reading |",
+        "|---|---|---|---|---|---|---|",
     ]
-    for condition in conditions_:
+    for pair, condition, judged in JUDGED[section["settings"].get("task", {}).get("name", "copy_recall")]:
+        mine, other = (shown(n) for n in pair.split(" - "))
         d = (section.get("differences") or {}).get(condition, {}).get(pair)
         if not d or "ci95_seeds_independent" not in d:  # none yet, or published by a version without it
-            lines.append(f"| {condition} | - | - | - | - | - |")
+            lines.append(f"| {mine} minus {other} | {condition} | - | - | - | - | - |")
             continue
         (lo, hi), (plo, phi) = d["ci95_seeds_independent"], d["ci95"]
-        reading = "RL-Sparse better" if lo > 0 else "RL-Full better" if hi < 0 else "not separated"
-        reading += " (judged)" if condition == conditions_[0] else " (reported)"
+        reading = f"{mine} better" if lo > 0 else f"{other} better" if hi < 0 else "not separated"
+        reading += " (judged)" if judged else " (reported)"
+        planned = len(section["settings"]["train"].get("seeds", []))
+        if d["seeds"] < planned:  # not a judgment yet
+            reading += f", so far: {d['seeds']} of {planned} seeds"
         lines.append(
-            f"| {condition} | {d['seeds']} | {d['difference']:+.3f} | [{lo:+.3f}, {hi:+.3f}] | "
+            f"| {mine} minus {other} | {condition} | {d['seeds']} | {d['difference']:+.3f} | [{lo:+.3f}, {hi:+.3f}] | "
             f"[{plo:+.3f}, {phi:+.3f}] | {reading} |"
         )
     return "\n".join(lines) + "\n"

@@ -251,11 +251,21 @@ def test_seeds_resampled_on_their_own_assume_no_likeness_between_recipes():
     low, high = d["ci95_seeds_independent"]
     assert low < 0 < 0.1 < high  # the seeds' spread, which pairing hides
     assert independent_interval(seeds, seeds) == pytest.approx(independent_interval(seeds, seeds, seed=0))
-    pair, (fresh, main) = JUDGED
-    section = {"differences": {fresh: {pair: d}, main: {pair: {**d, "ci95_seeds_independent": [0.01, 0.2]}}}}
+    (pair, fresh, _), (_, main, _) = JUDGED["copy_recall"]
+    variants = {"rl_sparse_noclip": {"recipe": "rl_sparse"}, "rl_full_noclip": {"recipe": "rl_full"}}
+    section = {
+        "settings": {"task": {"name": "copy_recall"}, "train": {"variants": variants, "seeds": [0, 1, 2]}},
+        "differences": {fresh: {pair: d}, main: {pair: {**d, "ci95_seeds_independent": [0.01, 0.2]}}},
+    }
     table = judged_table(section)
-    assert f"| {fresh} | 3 | +0.100 | [{low:+.3f}, {high:+.3f}] | [+0.100, +0.100] | not separated (judged) |" in table
+    row = f"| RL-Sparse minus RL-Full | {fresh} | 3 | +0.100 | [{low:+.3f}, {high:+.3f}] | [+0.100, +0.100] |"
+    assert f"{row} not separated (judged) |" in table
     assert f"| {main} | 3 | +0.100 | [+0.010, +0.200] | [+0.100, +0.100] | RL-Sparse better (reported) |" in table
+    section["settings"]["train"]["seeds"] = [0, 1, 2, 3]
+    assert "not separated (judged), so far: 3 of 4 seeds |" in judged_table(section)
+    section["settings"]["task"]["name"] = "long_recall"  # its two judged differences, none published yet
+    assert "| RL-Sparse minus RL-Full | gkv-b128 | - |" in judged_table(section)
+    assert "| RL-Sparse minus sparse_rl_noclip | gkv-b128 | - |" in judged_table(section)  # no variant: its name
 
 
 def test_published_settings_of_an_earlier_version_are_read_under_todays_keys(monkeypatch):
