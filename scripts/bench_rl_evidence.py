@@ -1326,7 +1326,7 @@ def tables(view: str, result: dict) -> str:
         "cross": cross_table,
         "cost": cost_table,
     }[view](section)
-    state = " (partial: runs still going)" if section.get("partial") else ""
+    state = " (partial: jobs of its command not done)" if section.get("partial") else ""
     return f"{body}\n{provenance(section)}{state}\n"
 
 
