@@ -770,21 +770,43 @@ def summarize_recipe(cells: list[dict], interval: int, limit: int) -> dict:
 
 
 def paired_difference(mine: list[dict], other: list[dict], draws: int = 2000) -> dict:
-    """RL-Sparse minus another recipe, paired by seed (same seed: same prompts, initial model and evaluation
-    problems) and by problem: the mean difference and its 95% interval (resample seed pairs, then problems), and
-    the interval with each recipe's seeds resampled on their own (``ci95_seeds_independent``:
-    ``independent_interval``), which assumes nothing about two recipes' runs at one seed being alike."""
+    """One recipe minus another, paired by seed (same seed: same prompts, initial model and evaluation problems)
+    and by problem (``mine[i]`` with ``other[i]``): the mean difference and its 95% interval (resample seed pairs,
+    then problems)."""
     pairs = [[a - b for a, b in zip(per_problem(x), per_problem(y))] for x, y in zip(mine, other)]
     if not pairs:
         return {}
     mean = sum(sum(p) / len(p) for p in pairs) / len(pairs)
+    return {"seeds": len(pairs), "difference": mean, "ci95": hierarchical_interval(pairs, draws)}
+
+
+def independent_difference(mine: list[dict], other: list[dict], draws: int = 2000) -> dict:
+    """The mean over every seed of one recipe minus the mean over every seed of the other (their counts may
+    differ), with the interval that resamples each recipe's seeds on their own (``independent_interval``): it
+    assumes nothing about two recipes' runs at one seed being alike, and leaves out no seed one recipe has and
+    the other lacks."""
+    if not mine or not other:
+        return {}
+    first, second = [per_problem(x) for x in mine], [per_problem(y) for y in other]
+    mean = sum(sum(s) / len(s) for s in first) / len(first) - sum(sum(s) / len(s) for s in second) / len(second)
     return {
-        "seeds": len(pairs),
-        "difference": mean,
-        "ci95": hierarchical_interval(pairs, draws),
-        "ci95_seeds_independent": independent_interval(
-            [per_problem(x) for x in mine], [per_problem(y) for y in other], draws
-        ),
+        "seeds_independent": [len(first), len(second)],
+        "difference_seeds_independent": mean,
+        "ci95_seeds_independent": independent_interval(first, second, draws),
+    }
+
+
+def compare(mine: dict, theirs: dict) -> dict:
+    """``mine`` minus ``theirs`` (each: seed -> evaluation under one condition; the untrained model's one
+    evaluation, under key None, pairs with every seed): ``paired_difference`` over the seeds both have and
+    ``independent_difference`` over every seed of each; {} when they share no seed."""
+    paired_with = dict.fromkeys(mine, theirs[None]) if None in theirs else theirs
+    common = sorted(set(mine) & set(paired_with))
+    if not common:
+        return {}
+    return {
+        **paired_difference([mine[s] for s in common], [paired_with[s] for s in common]),
+        **independent_difference(list(mine.values()), list(theirs.values())),
     }
 
 
@@ -922,16 +944,16 @@ def cross_section(section: dict, args) -> dict:
         if untrained.get(condition):  # this task's untrained model, the row each difference is taken against
             rows["untrained"] = summarize_recipe([untrained[condition]], args.interval, args.max_new_tokens)
         for recipe in recipes:
-            cells = [
-                m["cells"][condition]
+            cells = {
+                m["seed"]: m["cells"][condition]
                 for m in sorted(models.values(), key=lambda m: m["seed"])
                 if m["recipe"] == recipe and m["cells"].get(condition)
-            ]
+            }
             if not cells:
                 continue
-            rows[recipe] = summarize_recipe(cells, args.interval, args.max_new_tokens)
+            rows[recipe] = summarize_recipe(list(cells.values()), args.interval, args.max_new_tokens)
             if untrained.get(condition):
-                rows[recipe]["minus_untrained"] = paired_difference(cells, [untrained[condition]] * len(cells))
+                rows[recipe]["minus_untrained"] = compare(cells, {None: untrained[condition]})
         table[condition] = rows
     adapters = args.cross_adapters or before.get("adapters")
     return {"adapters": str(adapters) if adapters else None, "models": models, "recipes": table}
@@ -942,6 +964,12 @@ def recipe_table(section: dict, args) -> dict:
     differences."""
     table = {}
     models = section["models"]
+    # RL-Sparse: the recipe itself where it runs, else its first variant (long_recall runs rl_sparse_noclip only)
+    reference = (
+        "rl_sparse"
+        if "rl_sparse" in args.recipes
+        else next((r for r in args.recipes if base_recipe(r, args) == "rl_sparse"), "rl_sparse")
+    )
     for condition in conditions(args):
         rows = {}
         groups = {
@@ -960,7 +988,7 @@ def recipe_table(section: dict, args) -> dict:
                 rows[name] = summarize_recipe(cells, args.interval, args.max_new_tokens)
                 rows[name]["by_rounds"] = by_rounds(cells, args.interval, args.round_bins)
         for name in rows:
-            found = paired(models, "rl_sparse", name, condition) if name != "rl_sparse" else {}
+            found = paired(models, reference, name, condition) if name != reference else {}
             if found:
                 rows[name]["rl_sparse_minus"] = found
         table[condition] = rows
@@ -980,13 +1008,8 @@ def cells_by_seed(models: dict, name: str, condition: str) -> dict:
 
 
 def paired(models: dict, first: str, second: str, condition: str) -> dict:
-    """``first`` minus ``second`` under ``condition``, paired by seed and problem (the untrained model pairs with
-    every seed); {} when they share no seed."""
-    mine, theirs = cells_by_seed(models, first, condition), cells_by_seed(models, second, condition)
-    if None in theirs:
-        theirs = dict.fromkeys(mine, theirs[None])
-    common = sorted(set(mine) & set(theirs))
-    return paired_difference([mine[s] for s in common], [theirs[s] for s in common]) if common else {}
+    """``first`` minus ``second`` under ``condition`` (``compare``)."""
+    return compare(cells_by_seed(models, first, condition), cells_by_seed(models, second, condition))
 
 
 def differences(section: dict, args) -> dict:
@@ -1181,9 +1204,10 @@ def cost_table(section: dict) -> str:
 
 
 def differences_table(section: dict) -> str:
-    """Every paired difference (recipe minus recipe, per condition) with its 95% interval paired by seed, then the
-    one with each recipe's seeds resampled on their own (``ci95_seeds_independent``); * where an interval excludes
-    0; the seeds each pairs over in brackets."""
+    """Every difference (recipe minus recipe, per condition): paired by seed, over the seeds both have, with its 95%
+    interval, then over every seed of each with each recipe's seeds resampled on their own (``ci95_seeds_independent``;
+    its estimate differs where one recipe has seeds the other lacks); * where an interval excludes 0; the seeds each
+    stands on in brackets."""
     found = section.get("differences") or {}
     if not any(found.values()):
         return "(no paired difference yet)\n"
@@ -1201,12 +1225,12 @@ def differences_table(section: dict) -> str:
                 cells.append("-")
                 continue
             lo, hi = d["ci95"]
-            mark = " *" if lo > 0 or hi < 0 else ""
-            text = f"{d['difference']:+.3f} [{lo:+.2f}, {hi:+.2f}]{mark}"
-            if "ci95_seeds_independent" in d:
-                ilo, ihi = d["ci95_seeds_independent"]
-                text += f" / [{ilo:+.2f}, {ihi:+.2f}]" + (" *" if ilo > 0 or ihi < 0 else "")
-            cells.append(f"{text} ({d['seeds']})")
+            text = f"{d['difference']:+.3f} [{lo:+.2f}, {hi:+.2f}]{' *' if lo > 0 or hi < 0 else ''} ({d['seeds']})"
+            if "difference_seeds_independent" in d:
+                (ilo, ihi), (n, m) = d["ci95_seeds_independent"], d["seeds_independent"]
+                mark = " *" if ilo > 0 or ihi < 0 else ""
+                text += f" / {d['difference_seeds_independent']:+.3f} [{ilo:+.2f}, {ihi:+.2f}]{mark} ({n} and {m})"
+            cells.append(text)
         lines.append(f"| {pair.replace(' - ', ' minus ')} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -1225,9 +1249,10 @@ SHOWN = {"rl_sparse": "RL-Sparse", "sparse_rl": "Sparse-RL", "rl_full": "RL-Full
 
 
 def judged_table(section: dict) -> str:
-    """The task's pre-registered comparisons (``JUDGED``): the estimate, the interval with each recipe's seeds
-    resampled on their own (the judged one), the seed-paired interval, and the reading the plan fixed in advance
-    (with how many of the planned seeds it stands on while some are missing)."""
+    """The task's pre-registered comparisons (``JUDGED``): each recipe's seeds, the estimate over every seed of
+    each and its interval with each recipe's seeds resampled on their own (the judged one), the seed-paired
+    estimate and interval over the seeds both have, and the reading the plan fixed in advance (with how many of the
+    planned seeds it stands on while some are missing)."""
     variants = section["settings"]["train"].get("variants", {})
 
     def shown(name: str) -> str:
@@ -1240,18 +1265,19 @@ def judged_table(section: dict) -> str:
     for pair, condition, judged in JUDGED[section["settings"].get("task", {}).get("name", "copy_recall")]:
         mine, other = (shown(n) for n in pair.split(" - "))
         d = (section.get("differences") or {}).get(condition, {}).get(pair)
-        if not d or "ci95_seeds_independent" not in d:  # none yet, or published by a version without it
+        if not d or "difference_seeds_independent" not in d:  # none yet, or published by a version without it
             lines.append(f"| {mine} minus {other} | {condition} | - | - | - | - | - |")
             continue
-        (lo, hi), (plo, phi) = d["ci95_seeds_independent"], d["ci95"]
+        (lo, hi), (plo, phi), (n, m) = d["ci95_seeds_independent"], d["ci95"], d["seeds_independent"]
         reading = f"{mine} better" if lo > 0 else f"{other} better" if hi < 0 else "not separated"
         reading += " (judged)" if judged else " (reported)"
         planned = len(section["settings"]["train"].get("seeds", []))
-        if d["seeds"] < planned:  # not a judgment yet
-            reading += f", so far: {d['seeds']} of {planned} seeds"
+        if min(n, m) < planned:  # not a judgment yet
+            reading += f", so far: {min(n, m)} of {planned} seeds"
         lines.append(
-            f"| {mine} minus {other} | {condition} | {d['seeds']} | {d['difference']:+.3f} | [{lo:+.3f}, {hi:+.3f}] | "
-            f"[{plo:+.3f}, {phi:+.3f}] | {reading} |"
+            f"| {mine} minus {other} | {condition} | {n} and {m} | {d['difference_seeds_independent']:+.3f} | "
+            f"[{lo:+.3f}, {hi:+.3f}] | {d['difference']:+.3f} [{plo:+.3f}, {phi:+.3f}] over {d['seeds']} | "
+            f"{reading} |"
         )
     return "\n".join(lines) + "\n"
 

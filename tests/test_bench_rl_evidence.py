@@ -241,13 +241,14 @@ def test_seeds_resampled_on_their_own_assume_no_likeness_between_recipes():
     seed s of one recipe equals seed s of the other plus a constant, the seed-paired interval is that constant
     alone while the independent one spreads with the seeds; the judged table reads it as fixed in advance."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_rl_evidence import JUDGED, independent_interval, judged_table, paired_difference
+    from bench_rl_evidence import JUDGED, compare, independent_interval, judged_table
 
     seeds = [[0.2] * 8, [0.5] * 8, [0.8] * 8]
-    cells = [{"correct": [[v] for v in s]} for s in seeds]
-    shifted = [{"correct": [[v + 0.1] for v in s]} for s in seeds]
-    d = paired_difference(shifted, cells)
+    cells = {i: {"correct": [[v] for v in s]} for i, s in enumerate(seeds)}
+    shifted = {i: {"correct": [[v + 0.1] for v in s]} for i, s in enumerate(seeds)}
+    d = compare(shifted, cells)
     assert d["difference"] == pytest.approx(0.1) and d["ci95"] == pytest.approx([0.1, 0.1])
+    assert d["difference_seeds_independent"] == pytest.approx(0.1) and d["seeds_independent"] == [3, 3]
     low, high = d["ci95_seeds_independent"]
     assert low < 0 < 0.1 < high  # the seeds' spread, which pairing hides
     assert independent_interval(seeds, seeds) == pytest.approx(independent_interval(seeds, seeds, seed=0))
@@ -258,14 +259,50 @@ def test_seeds_resampled_on_their_own_assume_no_likeness_between_recipes():
         "differences": {fresh: {pair: d}, main: {pair: {**d, "ci95_seeds_independent": [0.01, 0.2]}}},
     }
     table = judged_table(section)
-    row = f"| RL-Sparse minus RL-Full | {fresh} | 3 | +0.100 | [{low:+.3f}, {high:+.3f}] | [+0.100, +0.100] |"
-    assert f"{row} not separated (judged) |" in table
-    assert f"| {main} | 3 | +0.100 | [+0.010, +0.200] | [+0.100, +0.100] | RL-Sparse better (reported) |" in table
+    row = f"| RL-Sparse minus RL-Full | {fresh} | 3 and 3 | +0.100 | [{low:+.3f}, {high:+.3f}] |"
+    assert f"{row} +0.100 [+0.100, +0.100] over 3 | not separated (judged) |" in table
+    assert (
+        f"| {main} | 3 and 3 | +0.100 | [+0.010, +0.200] | +0.100 [+0.100, +0.100] over 3 | "
+        "RL-Sparse better (reported) |" in table
+    )
     section["settings"]["train"]["seeds"] = [0, 1, 2, 3]
     assert "not separated (judged), so far: 3 of 4 seeds |" in judged_table(section)
     section["settings"]["task"]["name"] = "long_recall"  # its two judged differences, none published yet
     assert "| RL-Sparse minus RL-Full | gkv-b128 | - |" in judged_table(section)
     assert "| RL-Sparse minus sparse_rl_noclip | gkv-b128 | - |" in judged_table(section)  # no variant: its name
+
+
+def test_a_recipe_with_more_seeds_is_compared_over_all_of_them_when_seeds_stand_on_their_own():
+    """Where one recipe has seeds the other lacks, the seed-paired difference stands on the seeds both have, and the
+    independent one on every seed of each: extra seeds that score lower move the independent estimate and leave the
+    paired one (a comparison over the common seeds alone would hide them); the untrained model's one evaluation
+    counts once there, and pairs with every seed."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_rl_evidence import compare, differences_table, judged_table
+
+    def cell(value):
+        return {"correct": [[value]] * 8}
+
+    mine = {0: cell(0.8), 1: cell(0.8), 2: cell(0.8), 3: cell(0.2), 4: cell(0.2), 5: cell(0.2)}
+    other = {0: cell(0.3), 1: cell(0.3), 2: cell(0.3)}
+    d = compare(mine, other)
+    assert d["seeds"] == 3 and d["difference"] == pytest.approx(0.5)  # seeds 0-2 only
+    assert d["seeds_independent"] == [6, 3] and d["difference_seeds_independent"] == pytest.approx(0.2)
+    low, high = d["ci95_seeds_independent"]
+    assert low < 0.2 < high < 0.5  # the paired estimate lies outside it: the extra seeds count
+    untrained = compare(mine, {None: cell(0.1)})
+    assert untrained["seeds"] == 6 and untrained["seeds_independent"] == [6, 1]
+    assert untrained["difference"] == pytest.approx(untrained["difference_seeds_independent"]) == pytest.approx(0.4)
+    assert compare(mine, {7: cell(0.1)}) == {}  # no seed in common: nothing to pair
+    condition, pair = "gkv-b128", "rl_sparse_noclip - sparse_rl_noclip"
+    assert "+0.500 [+0.50, +0.50] * (3) / +0.200 [" in differences_table({"differences": {condition: {pair: d}}})
+    section = {
+        "settings": {"task": {"name": "long_recall"}, "train": {"seeds": [0, 1, 2]}},
+        "differences": {condition: {pair: d}},
+    }
+    assert f"| {condition} | 6 and 3 | +0.200 | [{low:+.3f}, {high:+.3f}] | +0.500 [+0.500, +0.500] over 3 |" in (
+        judged_table(section)
+    )
 
 
 def test_published_settings_of_an_earlier_version_are_read_under_todays_keys(monkeypatch):
