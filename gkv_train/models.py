@@ -239,9 +239,9 @@ def cache_root() -> Path:
 
 
 def _gguf_cache_dir(gguf: Path) -> Path:
-    """Where the dequantised copy of a GGUF model is kept, keyed by the file's path, size and mtime."""
-    stat = gguf.stat()
-    key = hashlib.sha1(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    """Where the float32 copy of a GGUF model is kept, keyed by the file's content (``file_identity``): every
+    install of the same file, one per virtual environment or clone, shares one copy."""
+    key = hashlib.sha256(json.dumps(file_identity(gguf)).encode()).hexdigest()[:12]
     return cache_root() / f"{gguf.stem}-{key}"
 
 
@@ -297,12 +297,13 @@ def _load_gguf(directory: str, gguf_file: str, dtype):
     if (cached / "config.json").is_file():
         return _from_dir(cached, dtype)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
-    # GgufConfig(dequantize=True) clears the "quantized" mark that would stop Trainer from fine-tuning it.
+    # GgufConfig(dequantize=True) clears the "quantized" mark that would stop Trainer from fine-tuning it. The copy
+    # is float32 whatever dtype is asked for, so that the first load's dtype does not decide every later one's weights.
     model = AutoModelForCausalLM.from_pretrained(
         directory,
         gguf_file=gguf_file,
         quantization_config=GgufConfig(dequantize=True),
-        dtype=dtype,
+        dtype=torch.float32,
         attn_implementation=ATTENTION_NAME,
     )
     special = gguf_special_tokens(gguf)
@@ -314,7 +315,7 @@ def _load_gguf(directory: str, gguf_file: str, dtype):
         cfg.eos_token_id, cfg.pad_token_id = eos, pad
     if _save_atomically(cached, model, tokenizer):
         return _from_dir(cached, dtype)
-    return model, tokenizer
+    return model.to(dtype), tokenizer
 
 
 def _load_tiny(kind: str, dtype):

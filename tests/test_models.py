@@ -70,3 +70,57 @@ def test_interrupted_cache_conversion_leaves_nothing(tmp_path, monkeypatch):
         models._save_atomically(tmp_path / "converted", Interrupted())
     models.load_model("tiny")
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"tiny-llama-seed0-v{models.TINY_VERSION}"]
+
+
+@pytest.mark.smollm2
+def test_gguf_copy_is_shared_across_installs(smollm2, tmp_path):
+    """The converted copy is keyed by the GGUF's content, not its path: each venv or clone installs its own file,
+    and a path key left a 517 MB copy per clone in the cache until the disk filled."""
+    import shutil
+
+    original = smollm2_gguf()
+    elsewhere = tmp_path / "another-venv" / original.name
+    elsewhere.parent.mkdir()
+    shutil.copyfile(original, elsewhere)  # another path and modification time, the same content
+    before = sorted(models.cache_root().iterdir())
+    model, _ = models.load_model(str(elsewhere), dtype=torch.bfloat16)
+    assert sorted(models.cache_root().iterdir()) == before  # no second conversion
+    assert model.name_or_path == smollm2[0].name_or_path
+    assert torch.equal(
+        model.model.layers[3].mlp.down_proj.weight, smollm2[0].model.layers[3].mlp.down_proj.weight.bfloat16()
+    )
+    data = bytearray(elsewhere.read_bytes())
+    data[-1] ^= 1  # control: other content, same size and name, is another copy
+    elsewhere.write_bytes(bytes(data))
+    assert models._gguf_cache_dir(elsewhere) != models._gguf_cache_dir(original)
+
+
+def test_gguf_copy_is_float32_whatever_the_first_load_asks(tmp_path, monkeypatch):
+    """The first load of a GGUF converts it and keeps the copy; asked for bfloat16, it still keeps float32, else every
+    later float32 load would read bf16-rounded weights. The conversion itself is the tiny model here (the real one
+    takes a minute; test_smollm2_loads_trainable_with_gguf_eos runs it)."""
+    from safetensors import safe_open
+
+    from gkv_train.models import tiny_tokenizer
+
+    def from_pretrained(directory, gguf_file=None, dtype=torch.float32, **kwargs):
+        assert gguf_file is not None, "only the conversion is replaced; the copy is reloaded for real"
+        return tiny_model("tiny-llama", dtype=dtype)
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + bytes(60))
+    monkeypatch.setenv("GKV_TRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "gguf_special_tokens", lambda path: {})
+    monkeypatch.setattr(models.AutoTokenizer, "from_pretrained", lambda directory, gguf_file=None: tiny_tokenizer())
+    real_model_load = models.AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(
+        models.AutoModelForCausalLM,
+        "from_pretrained",
+        lambda directory, **kw: (
+            from_pretrained(directory, **kw) if "gguf_file" in kw else real_model_load(directory, **kw)
+        ),
+    )
+    model, _ = models.load_model(str(gguf), dtype=torch.bfloat16)
+    assert model.dtype == torch.bfloat16
+    with safe_open(models._gguf_cache_dir(gguf) / "model.safetensors", "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
