@@ -1,0 +1,236 @@
+"""What G-KV holds when the answer is predicted: does training under the record teach a model to attend so that the
+compression keeps what the answer needs? (``docs/benchmarks/rl_evidence.md``, the mechanism check.)
+
+For ``long_recall`` models (the untrained one and each ``--adapters/<recipe>-s<seed>-lr<rate>``): the evaluation's
+held-out problems (settings read from ``--evidence``, the rl_evidence results file) are rolled out under its G-KV
+compression with the given story fed as if sampled; at the story's last token, the query that predicts the
+answer, the record (``kept_at``) says which keys each (layer, KV head) part held. Per problem: the share of parts
+holding every token of the number at its place in the prompt, in the story's first sentence, at either, and, as
+the chance level, of a span of as many tokens at a seeded random place among the middle sentences.
+
+    python scripts/bench_answer_kept.py --evidence results/bench_rl_evidence_long_recall.json \
+        --adapters results/rl_evidence_long_recall --output-root ../outputs/answer_kept \
+        --results results/bench_answer_kept.json [--worker 0/2]
+
+Each (model, batch) is written to ``--output-root`` as it finishes and never recomputed (resumable; ``--worker i/n``
+takes every n-th model, for one-thread workers side by side). Once every model is in, the report: per recipe over
+seeds (hierarchical 95 % intervals over seeds and problems), the judged differences (each recipe's seeds resampled
+on their own), shares by layer thirds, and pass@1 of the evaluation's ``gkv-b<budget>`` cells by whether the share
+is 0. One JSON line; ``--results`` gets the section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+from pathlib import Path
+
+from gkv_train.jsonio import dumps, write_atomically
+
+from _common import ROOT, origin, print_json
+from bench_rl_evidence import hierarchical_interval, independent_interval
+
+PLACES = ("prompt", "story", "either", "control")
+JUDGED = (
+    ("rl_sparse_noclip", "untrained"),
+    ("rl_sparse_noclip", "rl_full_noclip"),
+    ("rl_sparse_noclip", "sparse_rl_noclip"),
+)
+
+
+def token_span(tokenizer, ids: list[int], start_char: int, end_char: int) -> list[int]:
+    """Indices of the tokens of ``ids`` whose decoded text overlaps characters [start_char, end_char) of
+    ``tokenizer.decode(ids)``."""
+    ends = [len(tokenizer.decode(ids[: k + 1])) for k in range(len(ids))]
+    starts = [0] + ends[:-1]
+    return [k for k in range(len(ids)) if starts[k] < end_char and ends[k] > start_char]
+
+
+def number_span(tokenizer, ids: list[int], number: str) -> list[int]:
+    """The tokens of the first standalone occurrence of ``number`` in ``ids``; checked to spell it."""
+    text = tokenizer.decode(ids)
+    found = re.search(rf"(?<!\d){number}(?!\d)", text)
+    if found is None:
+        raise ValueError(f"{number} is not in {text[:80]!r}...")
+    span = token_span(tokenizer, ids, found.start(), found.end())
+    if tokenizer.decode([ids[k] for k in span]).strip() != number:
+        raise ValueError(f"the tokens {span} spell {tokenizer.decode([ids[k] for k in span])!r}, not {number}")
+    return span
+
+
+def problem_shares(record, row: int, prompt_ids: list[int], story: list[int], number: str, tokenizer, rng) -> dict:
+    """The held shares of one rolled-out problem (``row`` of the rollout; ``prompt_ids`` its real prompt tokens,
+    ``story`` the given prefix): at the story's last token, per (layer, KV head) part, whether every token of each
+    span is kept."""
+    p = len(prompt_ids)
+    query = p + len(story) - 1  # logical position of the story's last token
+    kept = record.kept_at(row, query)  # bool [L * Hkv, query + 1]
+    prompt_span = number_span(tokenizer, prompt_ids, number)
+    story_span = [p + k for k in number_span(tokenizer, story, number)]
+    text = tokenizer.decode(story)
+    middle_start = len(tokenizer.decode(story[: story_span[-1] + 1 - p]))
+    middle_end = text.rindex("At the end of the day")
+    middle = token_span(tokenizer, story, middle_start, middle_end)[1:-1]  # whole tokens inside the middle
+    first = rng.randrange(middle[0], middle[-1] - len(story_span) + 2)
+    control = [p + k for k in range(first, first + len(story_span))]
+    held = {
+        "prompt": kept[:, prompt_span].all(dim=1),
+        "story": kept[:, story_span].all(dim=1),
+        "control": kept[:, control].all(dim=1),
+    }
+    held["either"] = held["prompt"] | held["story"]
+    layers = kept.shape[0] // record.evict_at.shape[2]
+    return {
+        **{place: held[place].float().mean().item() for place in PLACES},
+        "either_by_layer": held["either"].reshape(layers, -1).float().mean(dim=1).tolist(),
+        "spans": {"prompt": prompt_span, "story": story_span, "control": control},
+    }
+
+
+def evaluation_config(settings: dict, problems: int):
+    """The ``scripts/evaluate.py`` configuration of the rl_evidence bench's ``gkv-b<budget>`` cells."""
+    from gkv_train.config import compose
+
+    train = settings["train"]
+    overrides = [
+        f"model={settings['model']}",
+        f"data.name={settings['task']['name']}",
+        "data.split=test",
+        f"data.sentences={settings['task']['sentences']}",
+        f"data.limit={problems}",
+        "methods=[gkv]",
+        f"budgets=[{train['budget']}]",
+        f"compression.window={settings['window']}",
+        f"compression.interval={settings['interval']}",
+        "seed=0",
+    ]
+    config, _, _ = compose.configure("evaluate", overrides)
+    return config
+
+
+def measure(name: str, adapter: Path | None, config, batch: int, folder: Path) -> list[dict]:
+    """Every problem's shares for one model, batch by batch (each written to ``folder`` and kept)."""
+    from gkv_rollout.config import SamplingConfig
+    from gkv_rollout.engine import RolloutEngine
+    from gkv_train.models import load_model
+    from gkv_train.problems.data import load_problems
+
+    problems = load_problems(config.data, config.seed)
+    (compression,) = config.compressions()
+    model = tokenizer = engine = None
+    rows = []
+    for start in range(0, len(problems), batch):
+        path = folder / f"{name}-{start}.json"
+        if not path.is_file():
+            if model is None:
+                model, tokenizer = load_model(config.model)
+                if adapter is not None:
+                    from peft import PeftModel
+
+                    model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+                engine = RolloutEngine(model, tokenizer, compression)
+            part = problems.select(range(start, min(start + batch, len(problems))))
+            stories = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in part["continuation"]]
+            prompts = [config.data.prompt_template.format(problem=p) for p in part["problem"]]
+            sampling = SamplingConfig(max_new_tokens=max(map(len, stories)) + 1, num_samples=1, seed=start)
+            out = engine.generate(prompts, sampling, prefixes=stories)
+            found = []
+            for row, (pid, answer, story) in enumerate(zip(part["id"], part["answer"], stories)):
+                real = out.sequences[row][out.attention_mask[row].bool()].tolist()
+                prompt_ids = real[: int(out.prompt_lengths[row])]
+                assert real[len(prompt_ids) : len(prompt_ids) + len(story)] == story, "the story was not fed as given"
+                rng = random.Random(f"control:{pid}")
+                found.append({"id": pid, **problem_shares(out.record, row, prompt_ids, story, answer, tokenizer, rng)})
+            write_atomically(path, dumps(found))
+        rows += json.loads(path.read_text())
+    return rows
+
+
+def mean(values) -> float:
+    return sum(values) / len(values)
+
+
+def report(evidence: dict, shares: dict[str, list[dict]], settings: dict) -> dict:
+    """Per recipe over seeds, the judged differences, shares by layer thirds and pass@1 by held or not."""
+    budget = settings["train"]["budget"]
+    cell = f"gkv-b{budget}"
+    recipes: dict[str, list[str]] = {}
+    for name in shares:
+        recipes.setdefault(name.split("-s")[0], []).append(name)
+    section = {"recipes": {}, "differences": {}}
+    for recipe, names in recipes.items():
+        entry = {"seeds": len(names)}
+        for place in PLACES:
+            per_seed = [[r[place] for r in shares[n]] for n in names]
+            entry[place] = mean([mean(s) for s in per_seed])
+            entry[f"{place}_ci95"] = hierarchical_interval(per_seed)
+            entry[f"{place}_per_seed"] = [mean(s) for s in per_seed]
+        layers = len(shares[names[0]][0]["either_by_layer"])
+        thirds = [range(t * layers // 3, (t + 1) * layers // 3) for t in range(3)]
+        entry["either_by_layer_thirds"] = [
+            mean([r["either_by_layer"][k] for n in names for r in shares[n] for k in third]) for third in thirds
+        ]
+        held, empty = [], []
+        for n in names:
+            correct = evidence["models"][n]["cells"][cell]
+            by_id = dict(zip(correct["problems"], correct["correct"]))
+            for r in shares[n]:
+                (held if r["either"] > 0 else empty).extend(by_id[r["id"]])
+        entry["pass@1_when_held"] = [mean(held) if held else None, len(held)]
+        entry["pass@1_when_not_held"] = [mean(empty) if empty else None, len(empty)]
+        section["recipes"][recipe] = entry
+    for mine, theirs in JUDGED:
+        if mine in recipes and theirs in recipes:
+            first = [[r["either"] for r in shares[n]] for n in recipes[mine]]
+            second = [[r["either"] for r in shares[n]] for n in recipes[theirs]]
+            section["differences"][f"{mine} minus {theirs}"] = {
+                "difference": mean([mean(s) for s in first]) - mean([mean(s) for s in second]),
+                "ci95": independent_interval(first, second),
+                "seeds": [len(first), len(second)],
+            }
+    return section
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--evidence", type=Path, required=True, help="the rl_evidence results file of the task")
+    parser.add_argument("--adapters", type=Path, required=True, help="its kept fp16 adapters")
+    parser.add_argument("--output-root", type=Path, required=True)
+    parser.add_argument("--results", type=Path, help="where the report's section goes")
+    parser.add_argument("--problems", type=int, default=64)
+    parser.add_argument("--batch", type=int, default=32, help="problems per rollout (and per kept file)")
+    parser.add_argument("--worker", default="0/1", help="i/n: every n-th model from the i-th")
+    args = parser.parse_args()
+    evidence = json.loads(args.evidence.read_text())["training"]
+    settings = evidence["settings"]
+    names = list(evidence["models"])  # the untrained model, then every run the evidence holds
+    worker, workers = map(int, args.worker.split("/"))
+    config = evaluation_config(settings, args.problems)
+    args.output_root.mkdir(parents=True, exist_ok=True)
+    for name in names[worker::workers]:
+        adapter = None if name == "untrained" else args.adapters / name
+        print(f"{name}: measuring", file=sys.stderr, flush=True)
+        measure(name, adapter, config, args.batch, args.output_root)
+    files = {n: [args.output_root / f"{n}-{s}.json" for s in range(0, args.problems, args.batch)] for n in names}
+    if not all(p.is_file() for paths in files.values() for p in paths):
+        return  # another worker's models are not all in: its run (or a later call) reports
+    shares = {n: [r for p in paths for r in json.loads(p.read_text())] for n, paths in files.items()}
+    section = {
+        "problems": args.problems,
+        "budget": settings["train"]["budget"],
+        **report(evidence, shares, settings),
+        "per_model": {n: {p: mean([r[p] for r in rows]) for p in PLACES} for n, rows in shares.items()},
+        **origin(),
+    }
+    if args.results is not None:
+        write_atomically(
+            ROOT / args.results if not args.results.is_absolute() else args.results, dumps(section, indent=1)
+        )
+    print_json({"bench": "answer_kept", **{k: v for k, v in section.items() if k != "per_model"}})
+
+
+if __name__ == "__main__":
+    main()
