@@ -1,0 +1,97 @@
+"""scripts/bench_answer_kept.py as main, on the tiny model's long_recall: the spans it measures spell the number,
+the shares come from the rollout's record (every part holds every span when the budget never compresses: the
+control that must come out 1; at a small budget the chance span is dropped somewhere), the report holds each
+recipe and the judged difference, and a second call recomputes nothing."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINED = "rl_sparse_noclip-s0-lr0.0003"
+
+
+def evidence(tmp_path: Path, budget: int) -> Path:
+    """An rl_evidence results file with the settings and cells the bench reads: the untrained model and one run."""
+    cells = {f"gkv-b{budget}": {"problems": [0, 1, 2], "correct": [[1, 0], [0, 0], [1, 1]]}}
+    settings = {
+        "model": "tiny",
+        "task": {"name": "long_recall", "sentences": 3},
+        "window": 4,
+        "interval": 4,
+        "train": {"budget": budget},
+    }
+    path = tmp_path / f"evidence-{budget}.json"
+    models = {"untrained": {"cells": cells}, TRAINED: {"cells": cells}}
+    path.write_text(json.dumps({"training": {"settings": settings, "models": models}}))
+    return path
+
+
+def adapter(folder: Path) -> Path:
+    """A LoRA adapter of the tiny model whose update is not zero (so the trained model differs)."""
+    from peft import LoraConfig, get_peft_model
+
+    from gkv_train.models import load_model
+
+    model, _ = load_model("tiny")
+    peft = get_peft_model(model, LoraConfig(r=2, target_modules=["q_proj", "k_proj"]))
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn_like(p, generator=torch.Generator().manual_seed(0)) * 0.5)
+    peft.save_pretrained(folder / TRAINED)
+    return folder
+
+
+def run(tmp_path: Path, budget: int, adapters: Path) -> tuple[dict, Path]:
+    out, results = tmp_path / f"out-{budget}", tmp_path / f"kept-{budget}.json"
+    command = [
+        sys.executable,
+        str(ROOT / "scripts" / "bench_answer_kept.py"),
+        "--evidence",
+        str(evidence(tmp_path, budget)),
+        "--adapters",
+        str(adapters),
+        "--output-root",
+        str(out),
+        "--results",
+        str(results),
+        "--problems",
+        "3",
+        "--batch",
+        "2",
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(results.read_text()), out
+
+
+def test_shares_come_from_the_record_and_the_report_holds_the_judged_difference(tmp_path):
+    adapters = adapter(tmp_path / "adapters")
+    whole, out = run(tmp_path, 4096, adapters)  # never compresses: every part holds every span
+    for name in ("untrained", TRAINED):
+        assert whole["per_model"][name] == {"prompt": 1.0, "story": 1.0, "either": 1.0, "control": 1.0}
+
+    section, out = run(tmp_path, 24, adapters)
+    rows = [r for part in sorted(out.glob("untrained-*.json")) for r in json.loads(part.read_text())]
+    assert [r["id"] for r in rows] == [0, 1, 2]
+    assert all(len(r["spans"]["control"]) == len(r["spans"]["story"]) == 2 for r in rows)  # two digits
+    shares = [r[p] for r in rows for p in ("prompt", "story", "either", "control")]
+    assert all(0 <= s <= 1 for s in shares) and min(shares) < 1  # the small budget drops something
+    assert all(r["either"] >= max(r["prompt"], r["story"]) for r in rows)
+    recipes = section["recipes"]
+    assert set(recipes) == {"untrained", "rl_sparse_noclip"} and recipes["untrained"]["seeds"] == 1
+    held, not_held = recipes["untrained"]["pass@1_when_held"], recipes["untrained"]["pass@1_when_not_held"]
+    assert held[1] + not_held[1] == 6  # every evaluation sample of the three problems, on one side
+    difference = section["differences"]["rl_sparse_noclip minus untrained"]
+    per_model = section["per_model"]
+    assert abs(difference["difference"] - (per_model[TRAINED]["either"] - per_model["untrained"]["either"])) < 1e-9
+    assert difference["ci95"][0] <= difference["difference"] <= difference["ci95"][1]
+
+    stamps = {p: p.stat().st_mtime_ns for p in out.iterdir()}
+    again, _ = run(tmp_path, 24, adapters)  # resumed: nothing rolled out again
+    assert {p: p.stat().st_mtime_ns for p in out.iterdir()} == stamps
+    assert again["per_model"] == section["per_model"]
