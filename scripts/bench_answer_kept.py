@@ -30,7 +30,7 @@ from pathlib import Path
 
 from gkv_train.jsonio import dumps, write_atomically
 
-from _common import ROOT, origin, print_json
+from _common import ROOT, origin, print_json, provenance
 from bench_rl_evidence import hierarchical_interval, independent_interval
 
 PLACES = ("prompt", "story", "either", "control")
@@ -192,6 +192,44 @@ def report(evidence: dict, shares: dict[str, list[dict]], settings: dict) -> dic
                 "seeds": [len(first), len(second)],
             }
     return section
+
+
+def tables(view: str, result: dict) -> str:
+    """Markdown of the results file: ``recipes`` (per recipe over seeds: the shares holding the number in the prompt,
+    the story's first sentence, either, and the chance span; by layer thirds; pass@1 by held or not) or
+    ``differences`` (the judged ones), with where it came from."""
+
+    def share(entry: dict, place: str) -> str:
+        low, high = entry[f"{place}_ci95"]
+        return f"{entry[place]:.3f} [{low:.2f}, {high:.2f}]"
+
+    def accuracy(pair: list) -> str:
+        return "-" if pair[0] is None else f"{pair[0]:.2f} ({pair[1]})"
+
+    if view == "recipes":
+        rows = [
+            "| model | seeds | prompt | story | either | chance span | either, per seed "
+            "| either by layer thirds, first / "
+            "second / last | pass@1 where held (samples) | pass@1 where not held (samples) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for name, e in result["recipes"].items():
+            rows.append(
+                f"| {name} | {e['seeds']} | {share(e, 'prompt')} | {share(e, 'story')} | {share(e, 'either')} "
+                f"| {share(e, 'control')} | {', '.join(f'{v:.2f}' for v in e['either_per_seed'])} "
+                f"| {' / '.join(f'{v:.2f}' for v in e['either_by_layer_thirds'])} "
+                f"| {accuracy(e['pass@1_when_held'])} | {accuracy(e['pass@1_when_not_held'])} |"
+            )
+    else:
+        rows = ["| difference in the share holding the number (either place) | seeds | difference |", "|---|---|---|"]
+        for name, d in result["differences"].items():
+            low, high = d["ci95"]
+            mark = " *" if low > 0 or high < 0 else ""
+            rows.append(
+                f"| {name} | {d['seeds'][0]} and {d['seeds'][1]} "
+                f"| {d['difference']:+.3f} [{low:+.2f}, {high:+.2f}]{mark} |"
+            )
+    return "\n".join(rows) + f"\n\n{provenance(result)}"
 
 
 def main() -> None:

@@ -95,3 +95,9 @@ def test_shares_come_from_the_record_and_the_report_holds_the_judged_difference(
     again, _ = run(tmp_path, 24, adapters)  # resumed: nothing rolled out again
     assert {p: p.stat().st_mtime_ns for p in out.iterdir()} == stamps
     assert again["per_model"] == section["per_model"]
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_answer_kept import tables
+
+    recipes, differences = tables("recipes", section), tables("differences", section)
+    assert recipes.count("\n| ") == 2 and "| untrained | 1 |" in recipes and "bench_answer_kept.py" in recipes
+    assert "rl_sparse_noclip minus untrained | 1 and 1 |" in differences
