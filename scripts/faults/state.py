@@ -366,6 +366,37 @@ def export_damaged(ctx: Context) -> Verdict:
     return judge_refusal(proc, ["model.safetensors"], must_not_exist=[ctx.work / "merged"])
 
 
+def damaged_model_copy(damage):
+    """An evaluation, then the tiny model's converted copy in the model cache (``GKV_TRAIN_CACHE``) damaged by
+    ``damage``, then the same evaluation into another folder: right is the same samples as the first, with a line
+    naming the copy (it is made again from its source)."""
+
+    def run(ctx: Context) -> Verdict:
+        env = {"GKV_TRAIN_CACHE": str(ctx.work / "cache")}
+        first = ctx.run(
+            ctx.entry(*overrides("evaluate", {"data.limit": 3, "output_dir": "{work}/first"})), 120, env=env
+        )
+        if first.rc != 0:
+            return Verdict("crash", f"the first run failed: {failure_message(first.err)[:300]}")
+        (copy,) = (ctx.work / "cache").glob("tiny-*")
+        damage(copy)
+        again = ctx.run(ctx.entry(*overrides("evaluate", {"data.limit": 3})), 120, env=env)
+
+        def check():
+            problem = samples_problem(ctx, 1, 3)
+            if problem:
+                return problem
+            before = [s["completion"] for s in read_jsonl(ctx.work / "first" / "full" / "samples.jsonl")]
+            after = [s["completion"] for s in read_jsonl(ctx.work / "out" / "full" / "samples.jsonl")]
+            if before != after:
+                return f"other completions than before the damage: {after} against {before}"
+            return None if re.search(f"{re.escape(str(copy))} is damaged", again.err) else "no line named the copy"
+
+        return judge_result(again, check)
+
+    return run
+
+
 def resume_other(changes_second: dict, names: list[str]):
     """A run into {work}/first (1 step), then one into {work}/out resuming its checkpoint with
     ``changes_second``: refused, naming ``names``, before the model loads."""
@@ -567,6 +598,22 @@ ROWS = [
         "gkv-train export of a run whose model.safetensors is truncated: a traceback naming no file",
         export_damaged,
         400,
+    ),
+    (
+        "state_faults/model-copy-truncated",
+        NEW,
+        "the model cache's converted copy (model.safetensors) cut in half after it was written: safetensors' "
+        "'incomplete metadata' traceback on every later load, naming no file",
+        damaged_model_copy(truncate("model.safetensors")),
+        300,
+    ),
+    (
+        "state_faults/model-copy-garbage-config",
+        NEW,
+        "garbage in the model cache's converted copy (config.json): transformers' 'not a valid JSON file' traceback "
+        "on every later load",
+        damaged_model_copy(lambda folder: (folder / "config.json").write_text("{not json")),
+        300,
     ),
     (
         "state_faults/evaluate-reused",
