@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import json
@@ -11,7 +12,7 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
 from gkv_rollout.contract.attention import ATTENTION_NAME, register
@@ -243,10 +244,21 @@ def cache_root() -> Path:
 
 
 def _gguf_cache_dir(gguf: Path) -> Path:
-    """Where the float32 copy of a GGUF model is kept, keyed by the file's content (``file_identity``): every
-    install of the same file, one per virtual environment or clone, shares one copy."""
-    key = hashlib.sha256(json.dumps(file_identity(gguf)).encode()).hexdigest()[:12]
-    return cache_root() / f"{gguf.stem}-{key}"
+    """Where the float32 copy of a GGUF model is kept, keyed by the SHA-256 of the whole file: every install of the
+    same file, one per virtual environment or clone, shares one copy, and two files that differ anywhere do not."""
+    stat = gguf.stat()
+    return cache_root() / f"{gguf.stem}-{_file_digest(str(gguf.resolve()), stat.st_size, stat.st_mtime_ns)}"
+
+
+@functools.lru_cache(maxsize=16)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
+    """The first 12 hex digits of the file's SHA-256 (about 0.1 s for the 98 MB SmolLM2 file), once per process for
+    a path, size and modification time."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:12]
 
 
 def remove_stale_temporaries(root: Path) -> None:
@@ -289,18 +301,36 @@ def _from_dir(directory: Path, dtype):
     return model, AutoTokenizer.from_pretrained(directory)
 
 
-def _from_cache(directory: Path, dtype):
-    """(model, tokenizer) from a converted copy in the cache, or None when there is none. A copy that does not load
-    (a file cut or garbled after it was written) is removed with a warning naming it, so the caller converts again:
-    the copy is derived data, and the source it came from is intact."""
+def _damage(directory: Path) -> str | None:
+    """What makes a converted copy unreadable, or None: no ``config.json``, a JSON file that does not parse, a
+    safetensors file whose header does not match its size. (A copy is written aside and renamed, so only damage
+    after it was written gets here.)"""
     if not (directory / "config.json").is_file():
+        return "no config.json"
+    for path in sorted(directory.iterdir()):
+        try:
+            if path.suffix == ".json":
+                json.loads(path.read_text())
+            elif path.suffix == ".safetensors":
+                with safe_open(path, "pt"):
+                    pass
+        except (ValueError, SafetensorError) as err:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
+            return f"{path.name}: {err}"
+    return None
+
+
+def _from_cache(directory: Path, dtype):
+    """(model, tokenizer) from a converted copy in the cache, or None when there is none. A damaged copy
+    (``_damage``) is removed with a warning naming it, so that the caller converts again: the copy is derived data,
+    and its source is intact. Any other error loading a sound copy is raised as it is."""
+    if not directory.is_dir():
         return None
-    try:
+    damage = _damage(directory)
+    if damage is None:
         return _from_dir(directory, dtype)
-    except (OSError, ValueError, SafetensorError) as err:
-        log.warning("the converted model %s is damaged (%s); it is removed and made again", directory, err)
-        shutil.rmtree(directory, ignore_errors=True)
-        return None
+    log.warning("the converted model %s is damaged (%s); it is removed and made again", directory, damage)
+    shutil.rmtree(directory, ignore_errors=True)
+    return None
 
 
 def _load_gguf(directory: str, gguf_file: str, dtype):
@@ -387,11 +417,8 @@ def load_config_and_tokenizer(name_or_path: str = SMOLLM2_ALIAS):
     directory, gguf_file = resolve(name_or_path)
     if gguf_file is not None:
         cached = _gguf_cache_dir(Path(directory) / gguf_file)
-        if (cached / "config.json").is_file():
-            try:
-                return AutoConfig.from_pretrained(cached), AutoTokenizer.from_pretrained(cached)
-            except (OSError, ValueError):  # a damaged copy (load_model makes it again): the file's metadata
-                pass
+        if cached.is_dir() and _damage(cached) is None:  # else the file's metadata (load_model makes the copy again)
+            return AutoConfig.from_pretrained(cached), AutoTokenizer.from_pretrained(cached)
         return (
             AutoConfig.from_pretrained(directory, gguf_file=gguf_file),
             AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file),

@@ -49,10 +49,11 @@ def token_span(tokenizer, ids: list[int], start_char: int, end_char: int) -> lis
     return [k for k in range(len(ids)) if starts[k] < end_char and ends[k] > start_char]
 
 
-def number_span(tokenizer, ids: list[int], number: str) -> list[int]:
-    """The tokens of the first standalone occurrence of ``number`` in ``ids``; checked to spell it."""
+def number_span(tokenizer, ids: list[int], number: str, after: str = "") -> list[int]:
+    """The tokens of the first standalone occurrence of ``number`` in ``ids`` from where the text ``after`` begins
+    (a chat template's own digits, a date, come before the problem); checked to spell it."""
     text = tokenizer.decode(ids)
-    found = re.search(rf"(?<!\d){number}(?!\d)", text)
+    found = re.compile(rf"(?<!\d){number}(?!\d)").search(text, max(text.find(after), 0))
     if found is None:
         raise ValueError(f"{number} is not in {text[:80]!r}...")
     span = token_span(tokenizer, ids, found.start(), found.end())
@@ -61,14 +62,16 @@ def number_span(tokenizer, ids: list[int], number: str) -> list[int]:
     return span
 
 
-def problem_shares(record, row: int, prompt_ids: list[int], story: list[int], number: str, tokenizer, rng) -> dict:
+def problem_shares(
+    record, row: int, prompt_ids: list[int], story: list[int], number: str, problem: str, tokenizer, rng
+) -> dict:
     """The held shares of one rolled-out problem (``row`` of the rollout; ``prompt_ids`` its real prompt tokens,
-    ``story`` the given prefix): at the story's last token, per (layer, KV head) part, whether every token of each
-    span is kept."""
+    ``story`` the given prefix, ``problem`` the problem's text inside the prompt): at the story's last token, per
+    (layer, KV head) part, whether every token of each span is kept."""
     p = len(prompt_ids)
     query = p + len(story) - 1  # logical position of the story's last token
     kept = record.kept_at(row, query)  # bool [L * Hkv, query + 1]
-    prompt_span = number_span(tokenizer, prompt_ids, number)
+    prompt_span = number_span(tokenizer, prompt_ids, number, after=problem)
     story_span = [p + k for k in number_span(tokenizer, story, number)]
     text = tokenizer.decode(story)
     middle_start = len(tokenizer.decode(story[: story_span[-1] + 1 - p]))
@@ -90,22 +93,23 @@ def problem_shares(record, row: int, prompt_ids: list[int], story: list[int], nu
     }
 
 
-def evaluation_config(settings: dict, problems: int):
-    """The ``scripts/evaluate.py`` configuration of the rl_evidence bench's ``gkv-b<budget>`` cells."""
+def evaluation_config(settings: dict):
+    """The ``scripts/evaluate.py`` configuration of the rl_evidence bench's ``gkv-b<budget>`` cells: its model, task,
+    held-out problems (split, count, seed) and G-KV settings."""
     from gkv_train.config import compose
 
-    train = settings["train"]
+    train, evaluation = settings["train"], settings["eval"]
     overrides = [
         f"model={settings['model']}",
         f"data.name={settings['task']['name']}",
-        "data.split=test",
+        f"data.split={evaluation['split']}",
         f"data.sentences={settings['task']['sentences']}",
-        f"data.limit={problems}",
+        f"data.limit={evaluation['problems']}",
         "methods=[gkv]",
         f"budgets=[{train['budget']}]",
         f"compression.window={settings['window']}",
         f"compression.interval={settings['interval']}",
-        "seed=0",
+        f"seed={evaluation['seed']}",
     ]
     config, _, _ = compose.configure("evaluate", overrides)
     return config
@@ -124,6 +128,9 @@ def measure(name: str, adapter: Path | None, config, batch: int, folder: Path) -
     rows = []
     for start in range(0, len(problems), batch):
         path = folder / f"{name}-{start}.json"
+        ids = list(problems["id"][start : start + batch])
+        if path.is_file() and [r["id"] for r in json.loads(path.read_text())] != ids:
+            raise SystemExit(f"error: {path} holds other problems than {ids}: another --output-root is needed")
         if not path.is_file():
             if model is None:
                 model, tokenizer = load_model(config.model)
@@ -138,15 +145,30 @@ def measure(name: str, adapter: Path | None, config, batch: int, folder: Path) -
             sampling = SamplingConfig(max_new_tokens=max(map(len, stories)) + 1, num_samples=1, seed=start)
             out = engine.generate(prompts, sampling, prefixes=stories)
             found = []
-            for row, (pid, answer, story) in enumerate(zip(part["id"], part["answer"], stories)):
+            for row, (pid, answer, problem, story) in enumerate(
+                zip(part["id"], part["answer"], part["problem"], stories)
+            ):
                 real = out.sequences[row][out.attention_mask[row].bool()].tolist()
                 prompt_ids = real[: int(out.prompt_lengths[row])]
                 assert real[len(prompt_ids) : len(prompt_ids) + len(story)] == story, "the story was not fed as given"
                 rng = random.Random(f"control:{pid}")
-                found.append({"id": pid, **problem_shares(out.record, row, prompt_ids, story, answer, tokenizer, rng)})
+                found.append(
+                    {"id": pid, **problem_shares(out.record, row, prompt_ids, story, answer, problem, tokenizer, rng)}
+                )
             write_atomically(path, dumps(found))
         rows += json.loads(path.read_text())
     return rows
+
+
+def check_manifest(path: Path, settings: dict) -> None:
+    """The settings an output root's files were measured under, written by its first call; a later call with
+    others is an error before any work (its files would be mixed with theirs)."""
+    if not path.is_file():
+        write_atomically(path, dumps(settings, indent=1))
+    elif json.loads(path.read_text()) != json.loads(dumps(settings)):
+        raise SystemExit(
+            f"error: {path.parent} holds measurements of other settings ({path}): use another --output-root"
+        )
 
 
 def mean(values) -> float:
@@ -238,7 +260,6 @@ def main() -> None:
     parser.add_argument("--adapters", type=Path, required=True, help="its kept fp16 adapters")
     parser.add_argument("--output-root", type=Path, required=True)
     parser.add_argument("--results", type=Path, help="where the report's section goes")
-    parser.add_argument("--problems", type=int, default=64)
     parser.add_argument("--batch", type=int, default=32, help="problems per rollout (and per kept file)")
     parser.add_argument("--worker", default="0/1", help="i/n: every n-th model from the i-th")
     args = parser.parse_args()
@@ -246,18 +267,20 @@ def main() -> None:
     settings = evidence["settings"]
     names = list(evidence["models"])  # the untrained model, then every run the evidence holds
     worker, workers = map(int, args.worker.split("/"))
-    config = evaluation_config(settings, args.problems)
+    config = evaluation_config(settings)
+    problems = settings["eval"]["problems"]
     args.output_root.mkdir(parents=True, exist_ok=True)
+    check_manifest(args.output_root / "settings.json", {"evidence": settings, "batch": args.batch})
     for name in names[worker::workers]:
         adapter = None if name == "untrained" else args.adapters / name
         print(f"{name}: measuring", file=sys.stderr, flush=True)
         measure(name, adapter, config, args.batch, args.output_root)
-    files = {n: [args.output_root / f"{n}-{s}.json" for s in range(0, args.problems, args.batch)] for n in names}
+    files = {n: [args.output_root / f"{n}-{s}.json" for s in range(0, problems, args.batch)] for n in names}
     if not all(p.is_file() for paths in files.values() for p in paths):
         return  # another worker's models are not all in: its run (or a later call) reports
     shares = {n: [r for p in paths for r in json.loads(p.read_text())] for n, paths in files.items()}
     section = {
-        "problems": args.problems,
+        "problems": problems,
         "budget": settings["train"]["budget"],
         **report(evidence, shares, settings),
         "per_model": {n: {p: mean([r[p] for r in rows]) for p in PLACES} for n, rows in shares.items()},

@@ -23,6 +23,7 @@ def evidence(tmp_path: Path, budget: int) -> Path:
         "window": 4,
         "interval": 4,
         "train": {"budget": budget},
+        "eval": {"split": "test", "problems": 3, "seed": 0},
     }
     path = tmp_path / f"evidence-{budget}.json"
     models = {"untrained": {"cells": cells}, TRAINED: {"cells": cells}}
@@ -59,8 +60,6 @@ def run(tmp_path: Path, budget: int, adapters: Path) -> tuple[dict, Path]:
         str(out),
         "--results",
         str(results),
-        "--problems",
-        "3",
         "--batch",
         "2",
     ]
@@ -101,3 +100,38 @@ def test_shares_come_from_the_record_and_the_report_holds_the_judged_difference(
     recipes, differences = tables("recipes", section), tables("differences", section)
     assert recipes.count("\n| ") == 2 and "| untrained | 1 |" in recipes and "bench_answer_kept.py" in recipes
     assert "rl_sparse_noclip minus untrained | 1 and 1 |" in differences
+
+
+def test_problem_shares_read_the_record_at_the_story_s_last_token():
+    """A hand-built record: which parts hold which span is known, so are the shares. A key evicted at the query's
+    own position is not seen by it, one evicted a position later is: the query position cannot be off by one."""
+    import random
+
+    from gkv_rollout.contract.eviction import NEVER, EvictionRecord
+    from gkv_train.models import tiny_tokenizer
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_answer_kept import problem_shares
+
+    tokenizer = tiny_tokenizer()
+    problem = "Ava has 47 apples. Tell the story."
+    prompt = tokenizer("<user> 47 " + problem, add_special_tokens=False)[
+        "input_ids"
+    ]  # the number before the problem too
+    text = "Ava has 47 apples. Then Ava goes to the park and sings. Then Ava reads. At the end of the day, Ava has"
+    story = tokenizer(text, add_special_tokens=False)["input_ids"]
+    p = len(prompt)
+    query = p + len(story) - 1
+    evict_at = torch.full((1, 2, 1, query + 1), NEVER, dtype=torch.int32)  # [B, L, Hkv, T]: two parts
+    in_prompt = [k for k in range(p) if tokenizer.decode(prompt[k : k + 2]) == "47"][-1]
+    in_story = p + [k for k in range(len(story)) if tokenizer.decode(story[k : k + 2]) == "47"][0]
+    evict_at[0, 0, 0, in_prompt] = query  # part 0 dropped the prompt's number before the query
+    evict_at[0, 0, 0, in_story] = query + 1  # ... and holds the story's (dropped only after the query)
+    evict_at[0, 1, 0, in_story + 1] = 5  # part 1 dropped the story's number long ago, holds the prompt's
+    shares = problem_shares(EvictionRecord(evict_at), 0, prompt, story, "47", problem, tokenizer, random.Random(0))
+    assert shares["spans"]["prompt"] == [in_prompt, in_prompt + 1]  # the problem's 47, not the template's
+    assert shares["spans"]["story"] == [in_story, in_story + 1]
+    assert (shares["prompt"], shares["story"], shares["either"], shares["control"]) == (0.5, 0.5, 1.0, 1.0)
+    assert shares["either_by_layer"] == [1.0, 1.0]
+    control = shares["spans"]["control"]
+    assert control[0] > in_story + 1 and control[-1] < p + text.index("At the end")

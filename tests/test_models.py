@@ -90,7 +90,7 @@ def test_gguf_copy_is_shared_across_installs(smollm2, tmp_path):
         model.model.layers[3].mlp.down_proj.weight, smollm2[0].model.layers[3].mlp.down_proj.weight.bfloat16()
     )
     data = bytearray(elsewhere.read_bytes())
-    data[-1] ^= 1  # control: other content, same size and name, is another copy
+    data[len(data) // 2] ^= 1  # control: other content in the middle, same size and name, is another copy
     elsewhere.write_bytes(bytes(data))
     assert models._gguf_cache_dir(elsewhere) != models._gguf_cache_dir(original)
 
@@ -126,7 +126,7 @@ def test_gguf_copy_is_float32_whatever_the_first_load_asks(tmp_path, monkeypatch
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
 
 
-@pytest.mark.parametrize("damage", ["cut", "garbage"])
+@pytest.mark.parametrize("damage", ["cut", "garbage", "no-config"])
 def test_damaged_cache_copy_is_made_again_with_a_warning(tmp_path, monkeypatch, caplog, damage):
     """A converted copy damaged after it was written (a cut model.safetensors, a garbled config.json) is removed and
     made again from its source, with a warning naming it; before, every later load failed on it."""
@@ -138,10 +138,28 @@ def test_damaged_cache_copy_is_made_again_with_a_warning(tmp_path, monkeypatch, 
     if damage == "cut":
         weights = copy / "model.safetensors"
         weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    else:
+    elif damage == "garbage":
         (copy / "config.json").write_text("{not json")
+    else:
+        (copy / "config.json").unlink()
     with caplog.at_level("WARNING", logger="gkv_train.models"):
         again, _ = models.load_model("tiny")
     assert f"{copy} is damaged" in caplog.text
     assert all(torch.equal(p, q) for p, q in zip(first, again.parameters()))
     assert models.load_model("tiny")[0] is not None and (copy / "config.json").is_file()
+
+
+def test_a_sound_copy_that_fails_to_load_is_kept_and_the_error_raised(tmp_path, monkeypatch):
+    """Only damage removes a copy: another error loading a sound one (here, one the loader raises) is the caller's,
+    and the copy stays."""
+    monkeypatch.setenv("GKV_TRAIN_CACHE", str(tmp_path))
+    models.load_model("tiny")
+    (copy,) = tmp_path.iterdir()
+
+    def refuse(directory, dtype):
+        raise ValueError("an unsupported configuration field")
+
+    monkeypatch.setattr(models, "_from_dir", refuse)
+    with pytest.raises(ValueError, match="unsupported configuration field"):
+        models.load_model("tiny")
+    assert (copy / "config.json").is_file() and (copy / "model.safetensors").is_file()
