@@ -251,7 +251,7 @@ def tables(view: str, result: dict) -> str:
                 f"| {name} | {d['seeds'][0]} and {d['seeds'][1]} "
                 f"| {d['difference']:+.3f} [{low:+.2f}, {high:+.2f}]{mark} |"
             )
-    return "\n".join(rows) + f"\n\n{provenance(result)}"
+    return "\n".join(rows) + f"\n\n{provenance(result)}\n"
 
 
 def main() -> None:
