@@ -13,7 +13,9 @@ the chance level, of a span of as many tokens at a seeded random place among the
         --results results/bench_answer_kept.json [--worker 0/2]
 
 Each (model, batch) is written to ``--output-root`` as it finishes and never recomputed (resumable; ``--worker i/n``
-takes every n-th model, for one-thread workers side by side). Once every model is in, the report: per recipe over
+takes every n-th model, for one-thread workers side by side); an output root measured under other settings
+(``settings.json`` there) is refused, and so is a file holding other problems. Once every model is in, the
+report: per recipe over
 seeds (hierarchical 95 % intervals over seeds and problems), the judged differences (each recipe's seeds resampled
 on their own), shares by layer thirds, and pass@1 of the evaluation's ``gkv-b<budget>`` cells by whether the share
 is 0. One JSON line; ``--results`` gets the section.
