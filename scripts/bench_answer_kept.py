@@ -33,7 +33,7 @@ from pathlib import Path
 from gkv_train.jsonio import dumps, write_atomically
 
 from _common import ROOT, origin, print_json, provenance
-from bench_rl_evidence import hierarchical_interval, independent_interval
+from _regime import hierarchical_interval, independent_interval
 
 PLACES = ("prompt", "story", "either", "control")
 JUDGED = (

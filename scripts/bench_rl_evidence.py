@@ -59,7 +59,6 @@ import fcntl
 import json
 import math
 import os
-import random
 import re
 import statistics
 import subprocess
@@ -728,18 +727,6 @@ def rounds(length: int, interval: int) -> int:
     return max(length - 1, 0) // interval
 
 
-def hierarchical_interval(per_seed: list[list[float]], draws: int = 2000, seed: int = 0) -> list[float]:
-    """95% interval of the mean over seeds of the mean over problems: resample seeds, then problems within each
-    (``per_seed``: per seed, one value per problem)."""
-    rng = random.Random(seed)
-    means = []
-    for _ in range(draws):
-        seeds = [per_seed[rng.randrange(len(per_seed))] for _ in per_seed]
-        means.append(sum(sum(v[rng.randrange(len(v))] for _ in v) / len(v) for v in seeds) / len(seeds))
-    means.sort()
-    return [means[int(0.025 * draws)], means[min(draws - 1, int(0.975 * draws))]]
-
-
 def per_problem(cell: dict, what: str = "correct") -> list[float]:
     return [sum(v) / len(v) for v in cell[what]]
 
@@ -759,7 +746,7 @@ def summarize_recipe(cells: list[dict], interval: int, limit: int) -> dict:
     return {
         "seeds": len(cells),
         "pass@1": sum(sum(s) / len(s) for s in seeds) / len(seeds),
-        "pass@1_ci95": hierarchical_interval(seeds),
+        "pass@1_ci95": regime.hierarchical_interval(seeds),
         "per_seed": [sum(s) / len(s) for s in seeds],
         "score": sum(sum(per_problem(c, "score")) / len(c["score"]) for c in cells) / len(cells),
         "mean_length": sum(lengths) / len(lengths),
@@ -777,7 +764,7 @@ def paired_difference(mine: list[dict], other: list[dict], draws: int = 2000) ->
     if not pairs:
         return {}
     mean = sum(sum(p) / len(p) for p in pairs) / len(pairs)
-    return {"seeds": len(pairs), "difference": mean, "ci95": hierarchical_interval(pairs, draws)}
+    return {"seeds": len(pairs), "difference": mean, "ci95": regime.hierarchical_interval(pairs, draws)}
 
 
 def independent_difference(mine: list[dict], other: list[dict], draws: int = 2000) -> dict:
@@ -792,7 +779,7 @@ def independent_difference(mine: list[dict], other: list[dict], draws: int = 200
     return {
         "seeds_independent": [len(first), len(second)],
         "difference_seeds_independent": mean,
-        "ci95_seeds_independent": independent_interval(first, second, draws),
+        "ci95_seeds_independent": regime.independent_interval(first, second, draws),
     }
 
 
@@ -808,24 +795,6 @@ def compare(mine: dict, theirs: dict) -> dict:
         **paired_difference([mine[s] for s in common], [paired_with[s] for s in common]),
         **independent_difference(list(mine.values()), list(theirs.values())),
     }
-
-
-def independent_interval(first: list[list[float]], second: list[list[float]], draws: int = 2000, seed: int = 0):
-    """95% interval of the mean over ``first``'s seeds minus the mean over ``second``'s (each: per seed, one value
-    per problem, the same problems in the same order): per draw, each side's seeds resampled on their own, and one
-    resample of the problems shared by both sides (every model answers the same problems)."""
-    rng = random.Random(seed)
-    n = len(first[0])
-    diffs = []
-    for _ in range(draws):
-        a = [first[rng.randrange(len(first))] for _ in first]
-        b = [second[rng.randrange(len(second))] for _ in second]
-        problems = [rng.randrange(n) for _ in range(n)]
-        mean_a = sum(s[p] for s in a for p in problems) / (len(a) * n)
-        mean_b = sum(s[p] for s in b for p in problems) / (len(b) * n)
-        diffs.append(mean_a - mean_b)
-    diffs.sort()
-    return [diffs[int(0.025 * draws)], diffs[min(draws - 1, int(0.975 * draws))]]
 
 
 def by_rounds(cells: list[dict], interval: int, bins: list[int]) -> list[dict]:

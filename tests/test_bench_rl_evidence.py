@@ -241,7 +241,9 @@ def test_seeds_resampled_on_their_own_assume_no_likeness_between_recipes():
     seed s of one recipe equals seed s of the other plus a constant, the seed-paired interval is that constant
     alone while the independent one spreads with the seeds; the judged table reads it as fixed in advance."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_rl_evidence import JUDGED, compare, independent_interval, judged_table
+    from bench_rl_evidence import JUDGED, compare, judged_table
+
+    from _regime import independent_interval
 
     seeds = [[0.2] * 8, [0.5] * 8, [0.8] * 8]
     cells = {i: {"correct": [[v] for v in s]} for i, s in enumerate(seeds)}
