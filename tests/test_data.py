@@ -440,3 +440,50 @@ def test_a_natural_haystack_too_short_or_malformed_is_refused_naming_the_file(mo
         path.write_text(json.dumps({"question": "One."}) + "\n" + line + "\n")
         with pytest.raises(ValueError, match=f"gsm8k_test.jsonl:{message}"):
             load_problems(config)
+
+
+def test_count_recall_gives_a_note_and_asks_for_a_count_then_its_code():
+    """count_recall: one prompt for every problem (never the code); the given note holds the code; the solution
+    counts to count_to and writes the code, and scores 1 under its reward; the splits never share a code; the
+    settings are checked; distillation takes it only from traces that mark the note as given."""
+    from gkv_rewards.functions import staged_score
+    from gkv_train.config.options import DistillOptions
+    from gkv_train.config.train_config import GRPOTrainConfig
+
+    train = load_problems(DataConfig(name="count_recall", count_to=12, limit=50))
+    test = load_problems(DataConfig(name="count_recall", count_to=12, limit=64, split="test"))
+    assert len(set(train["problem"])) == 1 and "count from 1 to 12" in train[0]["problem"]
+    assert not set(train["answer"]) & set(test["answer"]) and len(set(train["answer"])) == 50
+    for row in train:
+        assert row["continuation"] == f"Note: the code is {row['answer']}.\n" and row["answer"] not in row["problem"]
+        assert row["solution"].split("\n") == [*map(str, range(1, 13)), f"Code: \\boxed{{{row['answer']}}}"]
+    row = train[0]
+    completions = [row["continuation"] + row["solution"], row["continuation"] + "1\n2\nCode: " + row["answer"]]
+    assert staged_score(completions=completions, answer=[row["answer"]] * 2, required=[row["required"]] * 2) == [
+        1.0,
+        0.5 * 2 / 12,
+    ]
+    assert DataConfig(name="count_recall", count_to=12).identity() != DataConfig(name="count_recall").identity()
+    assert "count_to" not in DataConfig(name="long_recall").identity() | DataConfig(name="count_recall").identity()
+    with pytest.raises(ValueError, match="count_to must be 1-4096"):
+        DataConfig(name="count_recall", count_to=0).check()
+    with pytest.raises(ValueError, match="data.count_to=12 applies to data.name=count_recall only"):
+        DataConfig(name="long_recall", count_to=12).check()
+    with pytest.raises(ValueError, match="data.name=count_recall with algorithm=distill"):
+        DistillTrainConfig(data=DataConfig(name="count_recall"))
+    DistillTrainConfig(data=DataConfig(name="count_recall"), distill=DistillOptions(traces="traces.jsonl"))
+    GRPOTrainConfig(data=DataConfig(name="count_recall"))
+
+
+def test_long_recall_with_the_number_only_in_the_story():
+    """number_in_prompt=false: the same problems (stories, answers), prompts without the number; a setting of
+    long_recall's only."""
+    stated = load_problems(DataConfig(name="long_recall", sentences=5, limit=20, split="test"))
+    hidden = load_problems(DataConfig(name="long_recall", sentences=5, limit=20, split="test", number_in_prompt=False))
+    assert stated["continuation"] == hidden["continuation"] and stated["answer"] == hidden["answer"]
+    for with_number, without in zip(stated["problem"], hidden["problem"]):
+        assert with_number.endswith(without) and not any(c.isdigit() for c in without)
+    identity = DataConfig(name="long_recall", number_in_prompt=False).identity()
+    assert identity["number_in_prompt"] is False and "number_in_prompt" not in DataConfig(name="long_recall").identity()
+    with pytest.raises(ValueError, match="data.number_in_prompt=False applies to data.name=long_recall only"):
+        DataConfig(name="copy_recall", number_in_prompt=False).check()

@@ -122,3 +122,52 @@ def test_one_kl_path_for_training_and_evaluation(traces):
         total, hidden, targets, _ = divergence_under_record(model, model, out, "forward_kl", 1.0, 512)
     assert hidden.shape[0] == targets.shape[0] == evicting["tokens"]
     assert abs(total.item() / evicting["tokens"] - evicting["kl"]) < 1e-6
+
+
+def test_solution_traces_mark_the_given_note_and_distillation_puts_no_loss_on_it(tmp_path):
+    """``source=solution`` traces (count_recall): the note tokenised on its own as the engine feeds it, then the
+    solution and the stop token, ``given`` its length, each graded correct. Distillation's loss (sft) over such a
+    trace is the cross-entropy of the tokens after the note only; the control (given 0) covers the note too and
+    differs."""
+    from gkv_rewards.verify import MathVerifier
+    from gkv_rollout.engine import encode_prompts
+    from gkv_train.evaluation.traces import solution_traces
+    from gkv_train.problems.tasks import count_recall_task
+
+    model, tokenizer = load_model("tiny")
+    problems = count_recall_task(3, count_to=6)
+    rows = solution_traces(tokenizer, problems, "{problem}", tokenizer.eos_token_id, MathVerifier())
+    for row, problem in zip(rows, problems):
+        note = tokenizer(problem["continuation"], add_special_tokens=False)["input_ids"]
+        assert row["completion_ids"][: row["given"]] == note and row["given"] == len(note)
+        assert row["completion_ids"][-1] == tokenizer.eos_token_id and row["correct"]
+        assert row["completion"] == problem["continuation"] + problem["solution"]
+    path = tmp_path / "traces.jsonl"
+    write_traces(rows, path)
+    data = load_traces(str(path))
+    trainer = make_trainer(tmp_path, data, divergence="sft")
+    trainer.args.compression = CompressionConfig("full")
+    batch = {"rows": [data[i] for i in range(len(data))]}
+    with torch.no_grad():
+        loss = trainer.compute_loss(trainer.model, batch).item()
+        control = trainer.compute_loss(trainer.model, {"rows": [{**r, "given": 0} for r in batch["rows"]]}).item()
+        expected, count = 0.0, 0
+        for row in rows:
+            ids = encode_prompts(tokenizer, [row["prompt"]])[0]  # as the engine encodes it
+            full = torch.tensor([ids + row["completion_ids"]])
+            logits = trainer.model(input_ids=full).logits[0, len(ids) - 1 : -1].float()  # sft: at temperature 1
+            nll = torch.nn.functional.cross_entropy(logits, full[0, len(ids) :], reduction="none")
+            expected += nll[row["given"] :].sum().item()
+            count += len(row["completion_ids"]) - row["given"]
+    assert abs(loss - expected / count) < 1e-4 and abs(control - loss) > 1e-3
+    with pytest.raises(ValueError, match="solution does not pass its own check"):
+        wrong = problems.map(lambda p: {"solution": p["solution"].replace("6\n", "")})
+        solution_traces(tokenizer, wrong, "{problem}", tokenizer.eos_token_id, MathVerifier())
+    for given in ("-1", "1.5", "true", "10000"):
+        (tmp_path / "bad.jsonl").write_text(
+            "".join(
+                line[: line.rindex('"given": ')] + f'"given": {given}}}\n' for line in path.read_text().splitlines()
+            )
+        )
+        with pytest.raises(ValueError, match=f"record 1: given={given.replace('true', 'True')} must be a whole"):
+            load_traces(str(tmp_path / "bad.jsonl"))

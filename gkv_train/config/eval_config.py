@@ -9,17 +9,22 @@ from gkv_rollout.config import CompressionConfig
 from gkv_train.config.options import PRECISIONS, Sampling, check_compile_decode, check_sampling_keys, group
 from gkv_train.problems.data import DataConfig
 
+TRACE_SOURCES = ("model", "solution")  # where traces come from: the teacher's samples, or the problems' solutions
+
 
 @dataclass
 class TracesConfig(Sampling):
     """One call of ``scripts/generate_traces.py``: full-cache completions of a teacher, checked; the correct ones
     (``keep_incorrect``: all) written as JSONL for offline distillation (``distill.traces``). The sampling keys are
-    ``Sampling``'s.
+    ``Sampling``'s. With ``source=solution`` the traces are the problems' own solutions instead (a task with a
+    ``solution`` column: count_recall), checked, each with the number of its given tokens (``given``).
 
     model: the teacher: a built-in model (smollm2-135m, tiny), a hub name or a local folder / GGUF file.
     data: the problems.
     seed: seeds the sampling.
     keep_incorrect: write wrong completions too.
+    source: ``model`` (the teacher's sampled completions) or ``solution`` (the problems' solutions, tokenised with
+        the model's tokenizer and ended by its stop token: SFT data for a skill the model lacks).
     output: the traces file (JSONL); refused when another job writes it.
     """
 
@@ -27,11 +32,16 @@ class TracesConfig(Sampling):
     data: DataConfig = group(DataConfig, limit=64)
     seed: int = 0
     keep_incorrect: bool = False
+    source: str = "model"
     output: str = "outputs/traces.jsonl"
 
     def __post_init__(self):
         check_sampling_keys(self, greedy=True)
         self.data.check("data")
+        if self.source not in TRACE_SOURCES:
+            raise ValueError(f"source must be one of {', '.join(TRACE_SOURCES)}, got {self.source!r}")
+        if self.source == "solution" and self.keep_incorrect:
+            raise ValueError("keep_incorrect applies to source=model: a solution that fails its check is refused")
 
 
 # the entries of a run's settings (``EvalConfig.run_settings``) named otherwise than their configuration keys

@@ -32,7 +32,7 @@ from gkv_train.config.options import (
     check_trackers,
     group,
 )
-from gkv_train.problems.data import LONG_RECALL, DataConfig
+from gkv_train.problems.data import GIVEN_TASKS, DataConfig
 
 # TrainingArguments / GRPOConfig fields set from this project's keys, so not keys of their own: field -> what sets it
 DERIVED = {
@@ -237,10 +237,11 @@ class TrainOptions:
             raise ValueError(f"overwrite=true and resume={self.resume} contradict each other: choose one")
         if self.resume_other_run and (self.resume is None or self.resume == "last"):
             raise ValueError("resume_other_run=true applies to resume=<a checkpoint of another run's folder>")
-        if self.eval_data.name == LONG_RECALL and self.eval_steps is not None:
+        if self.eval_data.name in GIVEN_TASKS and self.eval_steps is not None:
             raise ValueError(
-                "eval_data.name=long_recall with eval_steps: the evaluation every eval_steps (TRL's loop) would leave "
-                "out the story its completions begin with; drop eval_steps (the final evaluation feeds it)"
+                f"eval_data.name={self.eval_data.name} with eval_steps: the evaluation every eval_steps (TRL's loop) "
+                "would leave out the given text its completions begin with; drop eval_steps (the final evaluation "
+                "feeds it)"
             )
 
     def to_dict(self) -> dict:
@@ -354,11 +355,13 @@ class DistillTrainConfig(TrainOptions, TrainingArguments):
 
     def check_combinations(self) -> None:
         super().check_combinations()
-        if self.data.name == LONG_RECALL:
+        if self.data.name in GIVEN_TASKS and not (self.distill.mode == "offline" and self.distill.traces):
             raise ValueError(
-                "data.name=long_recall with algorithm=distill: its completions begin with a given story, which "
+                f"data.name={self.data.name} with algorithm=distill: its completions begin with given text, which "
                 "distillation would take for the model's own tokens; train on it with a GRPO recipe (rl_sparse, "
-                "sparse_rl, rl_full: the story is fed through the cache, and only the sampled answer is trained on)"
+                "sparse_rl, rl_full: the given text is fed through the cache, and only the sampled tokens are trained "
+                "on), or distil offline from traces that mark it (distill.traces=<file> with a given count per "
+                "trace: gkv-train traces source=solution)"
             )
 
 

@@ -9,20 +9,22 @@ from pathlib import Path
 import datasets
 from tqdm import tqdm
 
+from gkv_rewards.grading import grade_completions, required_column
 from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig, SamplingConfig
-from gkv_rollout.engine import RolloutEngine
+from gkv_rollout.engine import RolloutEngine, stop_ids_of
 from gkv_train.config.options import rollout_sampling
 from gkv_train.config.preflight import Generation, check_generations, check_task_contexts
 from gkv_train.evaluation.graded import generate_and_grade
 from gkv_train.exits import refusing
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import check_model, load_model
-from gkv_train.problems.data import check_sampled_only, load_problems, read_records
+from gkv_train.problems.data import GIVEN, check_sampled_only, load_problems, read_records
 from gkv_train.runs.runlock import RunLock
 from gkv_train.runs.storage import check_output_file, naming_full_disk
 
 TRACE_FIELDS = ("id", "prompt", "completion", "completion_ids", "answer", "correct", "check_timed_out", "check_error")
+SOLUTION = "solution"  # a problem set's column of the completion that solves it (count_recall's)
 TRACE_BATCH = 4  # problems per generate call
 
 
@@ -81,6 +83,40 @@ def generate_traces(
     return rows
 
 
+def check_solutions(problems) -> None:
+    """ValueError unless ``problems`` have a ``solution`` column (what ``source=solution`` writes as traces)."""
+    if SOLUTION not in problems.column_names:
+        raise ValueError(
+            f"traces source=solution reads the problems' {SOLUTION!r} column, which they do not have (a built-in "
+            "task that has one: count_recall); with source=model the teacher's own completions are the traces"
+        )
+
+
+def solution_traces(tokenizer, problems, prompt_template: str, stop_id: int, verify: MathVerifier) -> list[dict]:
+    """The problems' own solutions as traces (``source=solution``): each completion is the problem's given
+    beginning (its ``continuation``, when it has one) and its ``solution`` column, tokenised as the rollout engine
+    feeds them (the given text on its own, ``RolloutEngine.generate(prefixes=...)``; the solution after it) and
+    ended by ``stop_id``; ``given``: the number of given tokens, which distillation puts no loss on. Each is graded
+    as an evaluation grades a completion; ValueError naming the first problem whose solution fails its own check
+    (a task whose solutions are wrong teaches the wrong skill)."""
+    check_solutions(problems)
+    given = problems[GIVEN] if GIVEN in problems.column_names else [""] * len(problems)
+    prefixes = [tokenizer(text, add_special_tokens=False)["input_ids"] if text else [] for text in given]
+    completions = [
+        prefix + tokenizer(solution, add_special_tokens=False)["input_ids"] + [stop_id]
+        for prefix, solution in zip(prefixes, problems[SOLUTION])
+    ]
+    grades = grade_completions(tokenizer, completions, problems["answer"], verify, required_column(problems, 1))
+    rows = []
+    for problem, prefix, ids, grade in zip(problems, prefixes, completions, grades):
+        if not grade.correct:
+            raise ValueError(f"problem {problem['id']}'s solution does not pass its own check: {grade.text[-200:]!r}")
+        prompt = prompt_template.format(problem=problem["problem"])
+        fields = (problem["id"], prompt, grade.text, ids, problem["answer"], True, False, False)
+        rows.append({**dict(zip(TRACE_FIELDS, fields)), "given": len(prefix)})
+    return rows
+
+
 def write_traces(rows: list[dict], path: Path) -> None:
     """Write ``rows`` as JSONL to ``path`` atomically (a reader never sees part of it; a full disk is named)."""
     path, text = Path(path), "".join(json.dumps(row) + "\n" for row in rows)
@@ -99,6 +135,13 @@ def load_traces(path: str) -> datasets.Dataset:
     missing = [f for f in ("prompt", "completion_ids") if f not in rows[0]]
     if missing:
         raise ValueError(f"traces file {path} lacks the fields {missing}")
+    for i, row in enumerate(rows):
+        given = row.get("given", 0)
+        if isinstance(given, bool) or not isinstance(given, int) or not 0 <= given < len(row["completion_ids"]):
+            raise ValueError(
+                f"traces file {path} record {i + 1}: given={given!r} must be a whole number of given completion "
+                f"tokens below the completion's {len(row['completion_ids'])}"
+            )
     return datasets.Dataset.from_list(rows)
 
 
@@ -113,7 +156,10 @@ def run_traces(config) -> dict:
         check_model(config.model)
         check_task_contexts(config.model, {"data": config.data})
         problems = load_problems(config.data, config.seed)
-        check_sampled_only(problems, "data", "teacher traces")
+        if config.source == "model":
+            check_sampled_only(problems, "data", "teacher traces")
+        else:
+            check_solutions(problems)
         check_output_file(output, "output")
         prompts = [config.data.prompt_template.format(problem=p) for p in problems["problem"]]
         rows = min(TRACE_BATCH, len(problems)) * config.num_generations
@@ -125,22 +171,26 @@ def run_traces(config) -> dict:
         lock = RunLock.acquire_file(output, "output")
     with lock:
         model, tokenizer = load_model(config.model)
-        sampling = rollout_sampling(config, config.seed)
         verify = MathVerifier()
-        rows = generate_traces(
-            model,
-            tokenizer,
-            problems,
-            sampling,
-            config.data.prompt_template,
-            keep_incorrect=config.keep_incorrect,
-            verify=verify,
-        )
+        if config.source == "solution":
+            stop_id = stop_ids_of(model, tokenizer, rollout_sampling(config, config.seed))[0]
+            rows = solution_traces(tokenizer, problems, config.data.prompt_template, stop_id, verify)
+            verify.close()
+        else:
+            rows = generate_traces(
+                model,
+                tokenizer,
+                problems,
+                rollout_sampling(config, config.seed),
+                config.data.prompt_template,
+                keep_incorrect=config.keep_incorrect,
+                verify=verify,
+            )
         write_traces(rows, output)
     result = {
         "traces": config.output,
         "problems": len(problems),
-        "samples": len(problems) * config.num_generations,
+        "samples": len(problems) * (config.num_generations if config.source == "model" else 1),
         "written": len(rows),
         "correct": sum(r["correct"] for r in rows),
         **{"verifier_" + k: v for k, v in verify.stats.items()},

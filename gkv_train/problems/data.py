@@ -23,11 +23,14 @@ from gkv_train.jsonio import file_identity
 from gkv_train.problems.retrieval import HAYSTACKS, RETRIEVAL_TASKS, TOKENS_PER_WORD, retrieval_task
 from gkv_train.problems.tasks import (
     COPY_REQUIRED,
+    COUNT_TO,
+    COUNT_TO_MOST,
     LONG_RECALL_SENTENCES,
     PLACES,
     arithmetic_task,
     copy_places,
     copy_recall_task,
+    count_recall_task,
     long_recall_task,
 )
 
@@ -64,17 +67,21 @@ PRESETS = {
 BUILTIN = "arithmetic"
 COPY_RECALL = "copy_recall"  # the built-in task of the decode-time regime: see copy_recall_task
 LONG_RECALL = "long_recall"  # the decode-time regime at reasoning lengths, a given story: see long_recall_task
+COUNT_RECALL = "count_recall"  # a given note's code after a long count the model writes: see count_recall_task
+GIVEN_TASKS = (LONG_RECALL, COUNT_RECALL)  # the built-in tasks whose completions begin with given text
 PROMPT_TEMPLATE = "{problem}\nPut your final answer in \\boxed{{}}."
 
 
 @dataclass
 class DataConfig:
     """Where problems come from: ``path`` (local JSONL/JSON/Parquet) or ``name`` (preset: aime24, amc23,
-    math500, gsm8k, svamp; ``arithmetic``, ``copy_recall`` or ``long_recall``, the built-in tasks; or a hub dataset).
+    math500, gsm8k, svamp; ``arithmetic``, ``copy_recall``, ``long_recall`` or ``count_recall``, the built-in tasks;
+    or a hub dataset).
 
     ``copy_recall`` is the built-in task of the decode-time regime (see ``copy_recall_task``); ``long_recall`` the
     same regime at reasoning lengths, a task whose completions begin with a given story
-    (``long_recall_task``).
+    (``long_recall_task``); ``count_recall`` the fact given mid-completion and the long part written by the model
+    (``count_recall_task``).
 
     ``split`` picks a hub dataset's split or the built-in task's (train/test); a preset's file holds only its
     test split (another is refused); a local file is split by its name: ``path=data/{split}.jsonl`` (on a
@@ -82,7 +89,8 @@ class DataConfig:
     ``split=test``, and a path without ``{split}`` is read whole.
 
     path: a local JSONL / JSON / Parquet file of problems (``{split}`` in it: the split's file); implies name=null.
-    name: a preset (aime24, amc23, math500, gsm8k, svamp), a built-in task (arithmetic, copy_recall, long_recall; the
+    name: a preset (aime24, amc23, math500, gsm8k, svamp), a built-in task (arithmetic, copy_recall, long_recall,
+        count_recall; the
         RULER-style retrieval tasks niah_single, niah_multikey, niah_multivalue, niah_multiquery, vt:
         ``gkv_train.problems.retrieval``) or a hub dataset; None with ``path``.
     context: the retrieval tasks' prompt length, about this many tokens.
@@ -92,6 +100,8 @@ class DataConfig:
     copy_required: what a copy_recall completion must copy before the number: ``last`` (the last sentence) or
         ``places`` (the middle sentences' "goes to <place>", in order, at least a ``copy_share`` of them, the
         number after them: the training variant).
+    number_in_prompt: long_recall's prompt states the number (False: only the story's first sentence does).
+    count_to: count_recall's last number.
     copy_share: with ``copy_required=places``, the share of the middle sentences' places a completion must copy
         in order (1.0: every one).
     answer_field: the field holding the gold answer.
@@ -110,6 +120,8 @@ class DataConfig:
     sentences: int = 10  # copy_recall (1-12), long_recall (1-4096; 80: its ~1k-token story): the middle sentences
     copy_required: str = "last"
     copy_share: float = 1.0
+    number_in_prompt: bool = True
+    count_to: int = COUNT_TO
     context: int = 1024
     haystack: str = "filler"
     prompt_template: str = PROMPT_TEMPLATE
@@ -125,6 +137,10 @@ class DataConfig:
         most, task = (LONG_RECALL_SENTENCES, LONG_RECALL) if self.name == LONG_RECALL else (len(PLACES), COPY_RECALL)
         if not 1 <= self.sentences <= most:
             raise ValueError(f"{key}.sentences must be 1-{most} ({task}'s middle sentences), got {self.sentences}")
+        if not 1 <= self.count_to <= COUNT_TO_MOST:
+            raise ValueError(
+                f"{key}.count_to must be 1-{COUNT_TO_MOST} (count_recall's last number), got {self.count_to}"
+            )
         if self.copy_required not in COPY_REQUIRED:
             raise ValueError(
                 f"{key}.copy_required must be one of {', '.join(COPY_REQUIRED)}, got {self.copy_required!r}"
@@ -174,6 +190,9 @@ class DataConfig:
         for key in ("distractors", "config"):  # added later: at their defaults they leave earlier identities valid
             if not settings[key]:
                 del settings[key]
+        for key in ("number_in_prompt", "count_to"):  # added later: at their defaults earlier identities stay valid
+            if settings[key] == getattr(DataConfig, key):
+                del settings[key]
         if self.name not in (COPY_RECALL, LONG_RECALL):
             del settings["sentences"]  # only copy_recall and long_recall read it
         if self.name != COPY_RECALL or self.copy_required == "last":
@@ -195,6 +214,8 @@ TASK_KEYS = {
     "distractors": (BUILTIN,),
     "sentences": (COPY_RECALL, LONG_RECALL),
     "copy_required": (COPY_RECALL,),
+    "number_in_prompt": (LONG_RECALL,),
+    "count_to": (COUNT_RECALL,),
     "context": RETRIEVAL_TASKS,
 }
 
@@ -250,7 +271,9 @@ def load_problems(data: DataConfig, seed: int = 0, key: str = "data") -> dataset
     if name == COPY_RECALL:
         return copy_recall_task(limit, split, seed, data.sentences, data.copy_required, data.copy_share)
     if name == LONG_RECALL:
-        return long_recall_task(limit, split, seed, data.sentences)
+        return long_recall_task(limit, split, seed, data.sentences, data.number_in_prompt)
+    if name == COUNT_RECALL:
+        return count_recall_task(limit, split, seed, data.count_to)
     if name in RETRIEVAL_TASKS:
         corpus = gsm8k_questions(None) if data.haystack == "questions" else None
         if corpus is not None:

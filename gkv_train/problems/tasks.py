@@ -13,6 +13,7 @@ import random
 
 import datasets
 
+from gkv_rewards.extract import EACH_LINE
 from gkv_train.problems.splits import check_builtin_request, held_out_split
 
 NAMES = ["Ava", "Ben", "Cleo", "Dan", "Eli", "Fay", "Gus", "Hana", "Ivan", "June", "Kai", "Lena", "Milo", "Nora"]
@@ -244,24 +245,29 @@ def copy_recall_task(
 LONG_RECALL_SENTENCES = 4096  # long_recall's most middle sentences (about 13 tokens each on SmolLM2)
 
 
-def _long_recall_problem(rng: random.Random, sentences: int) -> tuple[str, int, str, str]:
+def _long_recall_problem(rng: random.Random, sentences: int, number_in_prompt: bool) -> tuple[str, int, str, str]:
     """One long_recall problem, its answer, its last sentence and the completion's given beginning: a short prompt
-    that states a number (10-99), and a story that restates it, goes on for ``sentences`` middle sentences (places
-    and activities drawn with replacement) and stops where the number belongs."""
+    that states a number (10-99; ``number_in_prompt=False``: that asks for the story without stating it), and a
+    story that states it in its first sentence, goes on for ``sentences`` middle sentences (places and activities
+    drawn with replacement) and stops where the number belongs."""
     who, item, number = rng.choice(NAMES), rng.choice(ITEMS), rng.randint(10, 99)
-    prompt = f"{who} has {number} {item}. Tell the story of {who}'s day, then say how many {item} {who} still has."
+    ask = f"Tell the story of {who}'s day, then say how many {item} {who} still has."
+    prompt = f"{who} has {number} {item}. {ask}" if number_in_prompt else ask
     story = [f"{who} has {number} {item}."]
     story += [f"Then {who} goes to {rng.choice(PLACES)} and {rng.choice(ACTIVITIES)}." for _ in range(sentences)]
     story.append(f"At the end of the day, {who} counts the {item} and still has")
     return prompt, number, story[-1], " ".join(story)
 
 
-def long_recall_task(n: int | None, split: str = "train", seed: int = 0, sentences: int = 80) -> datasets.Dataset:
+def long_recall_task(
+    n: int | None, split: str = "train", seed: int = 0, sentences: int = 80, number_in_prompt: bool = True
+) -> datasets.Dataset:
     """The decode-time regime at reasoning lengths: ``n`` problems whose completion begins with a
     given story (the ``continuation`` column: the rollout engine feeds it as if sampled, compressing the cache every
     interval as it goes, ``RolloutEngine.generate(prefixes=...)``) and ends with the number the model samples.
 
-    The prompt states a number; the story restates it in its first sentence, then ``sentences`` middle sentences
+    The prompt states a number (``number_in_prompt=False``: it does not, so that a cache that keeps the prompt
+    cannot hold it); the story states it in its first sentence, then ``sentences`` middle sentences
     (SmolLM2-135M: about 13 tokens each, so 80 make a completion of about 1,050 tokens) and a last sentence that
     stops where the number belongs ("... and still has"). A cache compressed while the story is written must still
     hold the number at the end, some thousand tokens and dozens of compression rounds later. The story is given
@@ -276,14 +282,71 @@ def long_recall_task(n: int | None, split: str = "train", seed: int = 0, sentenc
 
     def stream(which: str):
         rng = random.Random(f"{seed}:long_recall:{sentences}:{which}")
-        while True:
-            yield _long_recall_problem(rng, sentences)
+        while True:  # distinct by the prompt and the story's first sentence (which states the number)
+            prompt, answer, last, story = _long_recall_problem(rng, sentences, number_in_prompt)
+            yield (prompt, story[: story.index(".")]), answer, last, story
 
-    space = len(NAMES) * len(ITEMS) * 90  # distinct prompts: the splits never share one
+    space = len(NAMES) * len(ITEMS) * 90  # distinct (who, item, number): the splits never share one
     task = f"the built-in task long_recall with {sentences} sentences"
     chosen = held_out_split(stream, n, split, task, space, "add sentences")
     rows = [
         {"id": i, "problem": prompt, "answer": str(answer), "required": last, "continuation": story}
-        for i, (prompt, answer, last, story) in enumerate(chosen)
+        for i, ((prompt, _), answer, last, story) in enumerate(chosen)
+    ]
+    return datasets.Dataset.from_list(rows)
+
+
+COUNT_TO = 160  # count_recall's last number by default (SmolLM2: about 530 tokens of counting)
+COUNT_TO_MOST = 4096
+COUNT_INSTRUCTION = (
+    "Read the note. Then count from 1 to {count_to}, one number a line. After {count_to}, give the note's code."
+)
+
+
+def _count_recall_problem(rng: random.Random, count_to: int) -> tuple[str, int, str, str, str]:
+    """One count_recall problem: its note (the given beginning of its completions, with the code), the code (a
+    four-digit number, the answer), the prompt, the required lines and the completion that solves it."""
+    code = rng.randint(1000, 9999)
+    numbers = [str(i) for i in range(1, count_to + 1)]
+    solution = "\n".join([*numbers, f"Code: \\boxed{{{code}}}"])
+    return f"Note: the code is {code}.\n", code, COUNT_INSTRUCTION.format(count_to=count_to), numbers, solution
+
+
+def count_recall_task(n: int | None, split: str = "train", seed: int = 0, count_to: int = COUNT_TO) -> datasets.Dataset:
+    """The decode-time regime where the fact arrives during decoding and the model writes the long part itself:
+    ``n`` problems whose completion begins with a given note holding a code (the ``continuation`` column, fed
+    through the compressed cache like ``long_recall``'s story: a tool output's shape, no loss on it), after which
+    the model counts from 1 to ``count_to``, one number a line, and then writes the code. The prompt is the same
+    for every problem and never holds the code, so a cache that keeps the prompt cannot help; counting needs
+    only the last line, so the code is the one fact the end needs from far back (SmolLM2-135M: about 530 tokens
+    of counting at 160, 33 compressions at interval 16).
+
+    ``required``: ``each line:`` and the numbers 1 to ``count_to`` (``gkv_rewards.extract.copied``: each a whole
+    line, in order; other lines, such as the code restated, may come between), the answer read after the last;
+    reward ``gkv_rewards.functions.staged_score`` (half for the share counted, half for the right code after
+    the whole count). ``solution``: the completion after the note that solves it (``gkv-train traces
+    source=solution`` writes it as a trace, to teach a base model the skill). Splits as ``arithmetic_task``,
+    distinct by the code (9,000 problems)."""
+    check_builtin_request("the built-in task count_recall", split, n)
+    if not 1 <= count_to <= COUNT_TO_MOST:
+        raise ValueError(f"data.count_to must be 1-{COUNT_TO_MOST} for count_recall, got {count_to}")
+
+    def stream(which: str):
+        rng = random.Random(f"{seed}:count_recall:{which}")
+        while True:
+            yield _count_recall_problem(rng, count_to)
+
+    task = f"the built-in task count_recall to {count_to}"
+    chosen = held_out_split(stream, n, split, task, 9000, "fewer problems")
+    rows = [
+        {
+            "id": i,
+            "problem": prompt,
+            "answer": str(code),
+            "required": "\n".join([EACH_LINE, *numbers]),
+            "continuation": note,
+            "solution": solution,
+        }
+        for i, (note, code, prompt, numbers, solution) in enumerate(chosen)
     ]
     return datasets.Dataset.from_list(rows)

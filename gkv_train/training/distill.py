@@ -68,8 +68,11 @@ class CompressedDistillationTrainer(Trainer):
         start = time.perf_counter()
         out = self._rollout(inputs["rows"])
         rollout_seconds = time.perf_counter() - start
+        given = torch.tensor([row.get("given") or 0 for row in inputs["rows"]], device=out.sequences.device)
+        positions = torch.arange(out.num_completion_tokens, device=given.device)
+        trained = out.completion_mask.bool() & (positions[None, :] >= given[:, None])  # no loss on given tokens
         with self.accelerator.autocast():  # precision=bf16: the LM heads too run as in the rollout's forward
-            loss, hidden = self._student_loss(model, out, rollout_seconds)
+            loss, hidden = self._student_loss(model, out, trained, rollout_seconds)
         if self.args.distill.mode == "onpolicy" and "answer" in inputs["rows"][0]:
             self._last_metrics.setdefault("reward", []).append(self._accuracy(inputs["rows"], out))
         return (loss, {"hidden": hidden}) if return_outputs else loss
@@ -86,10 +89,10 @@ class CompressedDistillationTrainer(Trainer):
         )
         return sum(scores) / len(scores)
 
-    def _student_loss(self, model, out, rollout_seconds: float):
-        """The divergence from the teacher on the rollout's tokens, the student under the rollout's record;
-        logs the rollout-trainer mismatch. Returns the loss and the student's final hidden states at the
-        completion tokens [N, d]."""
+    def _student_loss(self, model, out, trained, rollout_seconds: float):
+        """The divergence from the teacher on the rollout's ``trained`` tokens (bool [B, C]: the real completion
+        tokens after any given beginning), the student under the rollout's record; logs the rollout-trainer
+        mismatch. Returns the loss and the student's final hidden states at those tokens [N, d]."""
         total, student_hidden, targets, student_head = divergence_under_record(
             model,
             self.teacher,
@@ -99,8 +102,9 @@ class CompressedDistillationTrainer(Trainer):
             self.args.distill.chunk_tokens,
             self.args.mask_backend,
             base=self.accelerator.unwrap_model(model),
+            trained=trained,
         )
-        targets_mask = out.completion_mask.bool()
+        targets_mask = trained
         loss = total / targets_mask.sum().clamp_min(1)
         with torch.no_grad():
             student_logps = head_logprobs(

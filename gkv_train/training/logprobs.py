@@ -133,16 +133,25 @@ def chunked_divergence(
 
 
 def divergence_under_record(
-    model, teacher, rollout, divergence: str, temperature: float, chunk_tokens: int, backend: str = "auto", base=None
+    model,
+    teacher,
+    rollout,
+    divergence: str,
+    temperature: float,
+    chunk_tokens: int,
+    backend: str = "auto",
+    base=None,
+    trained=None,
 ):
     """KL-type divergence of ``model`` attending under the rollout's record from ``teacher`` with full
     attention, over the rollout's completion tokens: distillation's loss and the evaluation's compressed KL.
 
     rollout: a ``RolloutOutput`` (sequences, attention_mask [B, T], record, completion_mask [B, C]); divergence:
     ``forward_kl`` | ``reverse_kl`` ... as ``token_divergence`` (``sft``: the teacher is not run); ``model`` may be
-    a training wrapper (DDP, DeepSpeed: its forward keeps their gradient hooks), ``base`` the model it wraps.
-    Returns (sum over the N completion tokens of the per-token divergence, float32 scalar; the student's final
-    hidden states [N, d]; targets int64 [N]; the student's LM head)."""
+    a training wrapper (DDP, DeepSpeed: its forward keeps their gradient hooks), ``base`` the model it wraps;
+    ``trained``: bool [B, C], the completion tokens the divergence covers (None: every real one; a given beginning
+    is left out). Returns (sum over the N covered tokens of the per-token divergence, float32 scalar; the student's
+    final hidden states [N, d]; targets int64 [N]; the student's LM head)."""
     base = base if base is not None else model
     use_kv_attention(base)
     ids, mask = rollout.sequences, rollout.attention_mask
@@ -157,7 +166,8 @@ def divergence_under_record(
         logits_to_keep=1,
         output_hidden_states=True,
     ).hidden_states[-1]
-    C, real = rollout.num_completion_tokens, rollout.completion_mask.bool()
+    C = rollout.num_completion_tokens
+    real = rollout.completion_mask.bool() if trained is None else trained
     student_hidden, targets = hidden[:, -C - 1 : -1][real], ids[:, -C:][real]
     _, head = decoder_and_head(base)
     teacher_hidden, teacher_head = None, None

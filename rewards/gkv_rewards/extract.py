@@ -7,6 +7,7 @@ and compared as one (by math-verify: a bare list as a set, ``(a, b)`` as a tuple
 
 from __future__ import annotations
 
+import bisect
 import math
 import numbers
 import re
@@ -95,6 +96,7 @@ def gold_answer(value) -> str:
 
 
 _AT_LEAST = re.compile(r"at least (\d+) of:")
+EACH_LINE = "each line:"  # a first required line: every following line must be a whole line of the text, in order
 
 
 class Copy(NamedTuple):
@@ -119,14 +121,18 @@ class Copy(NamedTuple):
 
 def copied(text: str, required: str | None) -> Copy:
     """What ``text`` copied of ``required``: a task's lines the completion must reproduce, one per line, in order,
-    spaces normalised. A first line ``at least K of:`` asks for any K of the lines that follow, in order; then the
-    final answer counts only after them (``rest``: the text after the last line found), so it comes at the end of
-    the copy. Used by tasks whose answer counts only after the work that leads to it (``copy_recall``)."""
+    spaces normalised. A first line ``at least K of:`` asks for any K of the lines that follow, in order; a first
+    line ``each line:`` asks for every line that follows as a whole line of the text, in order, other lines allowed
+    between them (``found``: how many of the first lines were written so, ``written_in_order``). The final answer
+    counts only after them (``rest``: the text after the last line found), so it comes at the end of the work. Used
+    by tasks whose answer counts only after the work that leads to it (``copy_recall``, ``count_recall``)."""
     if not required:
         return Copy(0, 0, 0, text)
     if not isinstance(required, str):
         raise TypeError(f"required is {required!r} ({type(required).__name__}): the lines to copy, one text, or None")
     lines = required.split("\n")
+    if lines[0].strip() == EACH_LINE:
+        return written_in_order(text, [" ".join(line.split()) for line in lines[1:]])
     relaxed = _AT_LEAST.fullmatch(lines[0].strip())
     if relaxed:
         lines = lines[1:]
@@ -142,19 +148,46 @@ def copied(text: str, required: str | None) -> Copy:
                 return Copy(0, len(wanted), len(wanted), text)
             at = found + len(line)
         return Copy(len(wanted), len(wanted), len(wanted), flat[at:])
-    # the most lines that appear in order: ends[i][c] = the earliest end of c lines in order, the last being line i
-    ends: list[dict[int, int]] = []
-    for i, line in enumerate(wanted):
-        found = flat.find(line)
-        ends.append({1: found + len(line)} if found >= 0 else {})
-        for j in range(i):
-            for count, end in ends[j].items():
-                found = flat.find(line, end)
-                if found >= 0 and found + len(line) < ends[i].get(count + 1, len(flat) + 1):
-                    ends[i][count + 1] = found + len(line)
-    count, end = max(((c, -e) for chains in ends for c, e in chains.items()), default=(0, 0))
-    end = -end
+    count, end = most_in_order(flat, wanted)
     return Copy(count, min(int(relaxed[1]), len(wanted)), len(wanted), flat[end:])
+
+
+def most_in_order(flat: str, wanted: list[str]) -> tuple[int, int]:
+    """The most of the ``wanted`` lines that occur in ``flat`` in their order without overlapping, and the earliest
+    end of such a chain (0 when none occurs). ``best[c]``: the earliest end of a chain of c lines among those seen;
+    each line extends every chain from the longest down (so that it is used once), at its first occurrence after
+    the chain's end (found by bisection in its occurrences). O(lines x chain length x log occurrences)."""
+    best = [0]
+    for line in wanted:
+        starts, at = [], flat.find(line)
+        while at >= 0:
+            starts.append(at)
+            at = flat.find(line, at + 1)
+        if not starts:
+            continue
+        for c in range(len(best) - 1, -1, -1):
+            i = bisect.bisect_left(starts, best[c])
+            if i == len(starts):
+                continue
+            end = starts[i] + len(line)
+            if c + 1 == len(best):
+                best.append(end)
+            elif end < best[c + 1]:
+                best[c + 1] = end
+    return len(best) - 1, best[-1]
+
+
+def written_in_order(text: str, wanted: list[str]) -> Copy:
+    """How many of the first ``wanted`` lines ``text`` holds as whole lines (spaces normalised) in their order,
+    other lines allowed between them; ``rest``: the text after the last one found (the whole text when none is).
+    One pass over the text's lines."""
+    found, rest_at, at = 0, 0, 0
+    for line in text.split("\n"):
+        end = at + len(line)
+        if found < len(wanted) and " ".join(line.split()) == wanted[found]:
+            found, rest_at = found + 1, end
+        at = end + 1
+    return Copy(found, len(wanted), len(wanted), text[rest_at:] if found else text)
 
 
 def copies_in_order(text: str, required: str | None) -> bool:

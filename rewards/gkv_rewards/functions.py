@@ -43,6 +43,18 @@ def copy_score(prompts=None, completions=(), answer=(), required=None, **_) -> l
     ]
 
 
+def staged_score(prompts=None, completions=(), answer=(), required=None, **_) -> list[float]:
+    """Half for the work, half for the answer after it: 0.5 x the share of the ``required`` lines written in order
+    (``gkv_rewards.extract.copied``), plus 0.5 when every one was written and the final answer, read after them,
+    equals the gold ``answer``. Writing less never pays: stopping the work early to answer sooner (while the fact
+    it needs is still at hand) scores below finishing it and answering wrong (the training reward of
+    ``count_recall``). ``accuracy`` is the pass/fail form (1.0 exactly when this is 1.0)."""
+    return [
+        0.5 * copy.share + 0.5 * float(copy.ok and _VERIFIER(extract_answer(copy.rest), gold))
+        for copy, gold in _copies(completions, answer, required)
+    ]
+
+
 def _copies(completions, answer, required):
     """(what each completion copied, its gold answer); ValueError when the columns do not give one value per
     completion (TRL repeats a problem's columns for each of its completions): a shorter column would drop
