@@ -32,10 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--task",
         default="copy_recall",
-        choices=["copy_recall", "long_recall"],
-        help="long_recall: the regime at reasoning lengths, an evaluation task (probe and methods stages)",
+        choices=["copy_recall", "long_recall", "count_recall"],
+        help="long_recall: the regime at reasoning lengths, an evaluation task (probe and methods stages); "
+        "count_recall: a given note's code after a count the model writes",
     )
-    add("--sentences", type=int, default=10, help="the task's middle sentences")
+    add("--sentences", type=int, default=10, help="the task's middle sentences (copy_recall, long_recall)")
+    add("--count-to", type=int, default=160, help="count_recall's last number")
     add(
         "--copy-required",
         default="last",
@@ -103,10 +105,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The regime's arguments checked (``parser.error``), before any work: long_recall without copy_recall's
+    """The regime's arguments checked (``parser.error``), before any work: the other tasks without copy_recall's
     options; each adapter a NAME=DIR whose folder is an adapter (before the methods' rows, which take hours)."""
-    if args.task == "long_recall" and (args.copy_required != "last" or args.copy_share != 1):
-        parser.error("--task long_recall: without --copy-required / --copy-share")
+    if args.task != "copy_recall" and (args.copy_required != "last" or args.copy_share != 1):
+        parser.error(f"--task {args.task}: without --copy-required / --copy-share")
     if any("=" not in a for a in args.adapters):
         parser.error(f"--adapters: NAME=DIR each, got {args.adapters}")
     args.adapters = [tuple(a.split("=", 1)) for a in args.adapters]
@@ -130,13 +132,8 @@ def task_keys(group: str, split: str, limit: int, args) -> list[str]:
     variant = [f"{group}.copy_required={args.copy_required}"] if args.copy_required != "last" else []
     if args.copy_share != 1:
         variant.append(f"{group}.copy_share={args.copy_share}")
-    return [
-        f"{group}.name={args.task}",
-        f"{group}.split={split}",
-        f"{group}.sentences={args.sentences}",
-        f"{group}.limit={limit}",
-        *variant,
-    ]
+    size = f"{group}.count_to={args.count_to}" if args.task == "count_recall" else f"{group}.sentences={args.sentences}"
+    return [f"{group}.name={args.task}", f"{group}.split={split}", size, f"{group}.limit={limit}", *variant]
 
 
 def sampling_keys(args) -> list[str]:
@@ -323,7 +320,7 @@ def methods_settings(args, seed: int) -> dict:
     return {
         "model": args.model,
         **({"task": args.task} if args.task != "copy_recall" else {}),  # copy_recall: the settings' first form
-        "sentences": args.sentences,
+        **({"count_to": args.count_to} if args.task == "count_recall" else {"sentences": args.sentences}),
         "window": args.window,
         "interval": args.interval,
         "sampling": sampling_settings(args),

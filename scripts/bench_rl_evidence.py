@@ -111,6 +111,19 @@ TASKS = {
         "recipes": tuple(r for r in RECIPES if r not in DISTILL),  # a given story: distillation refuses it
         "round_bins": [0, 60, 64],  # stories of 57-59 and 62-63 rounds; 64: the length limit
     },
+    # count_recall: a ~12-token given note, then ~530 tokens the model writes (counting to 160) and the code; the
+    # recipes start from a base taught the skill (--model); reward: half for the count, half for the code after it
+    "count_recall": {
+        "count_to": 160,
+        "max_new_tokens": 640,
+        "min_full": 0.80,
+        "min_rounds": 30,
+        "s4r_length": 620,
+        "train_keys": [],
+        "recipes": tuple(r for r in RECIPES if r not in DISTILL),  # a given note: the GRPO recipes
+        "round_bins": [0, 30, 34, 40],  # a full count ends in round 33-34; 40: the length limit
+        "reward": "gkv_rewards.functions.staged_score",
+    },
 }
 
 
@@ -127,13 +140,13 @@ def run(command: list[str]) -> None:
 def regime_args(args, extra: list[str] | None = None) -> argparse.Namespace:
     """The regime's arguments for this task (``_regime``: its probe, methods and evaluate helpers read them)."""
     variant = ["--copy-required", "places", "--copy-share", str(args.copy_share)] if args.task == "copy_recall" else []
+    size = ["--count-to", str(args.count_to)] if args.task == "count_recall" else ["--sentences", str(args.sentences)]
     argv = [
         "--model",
         args.model,
         "--task",
         args.task,
-        "--sentences",
-        str(args.sentences),
+        *size,
         *variant,
         "--min-full",
         str(args.min_full),
@@ -184,6 +197,11 @@ def variant_overrides(name: str, args) -> list[str]:
     return list(args.variants[name][1]) if name in args.variants else []
 
 
+def reward(args) -> str:
+    """GRPO's reward on this task (``copy_score`` unless the task names its own)."""
+    return TASKS[args.task].get("reward", REWARD)
+
+
 def train_keys(name: str, seed: int, lr: float, args, make_traces: bool = True) -> list[str]:
     """``train.py``'s overrides of one run of ``name`` (a recipe or a ``--variant``): the recipe under G-KV at the
     training budget (``rl_full``: the full cache), ``--steps`` optimizer steps of ``--prompts-per-step`` x
@@ -209,7 +227,7 @@ def train_keys(name: str, seed: int, lr: float, args, make_traces: bool = True) 
         f"output_dir={args.output_root / 'train' / run_name(name, seed, lr)}",
     ]  # eval_data: train.py's own final evaluation, kept tiny: the bench evaluates every model itself
     if not distill:
-        keys += [f"num_generations={args.group_size}", f"rewards=[{REWARD}]"]
+        keys += [f"num_generations={args.group_size}", f"rewards=[{reward(args)}]"]
     if recipe != "rl_full":
         keys += [
             "compression.method=gkv",
@@ -673,10 +691,12 @@ def parse_condition(condition: str, args) -> tuple[int | None, int, str]:
 def problem_texts(args, split: str, seed: int, n: int) -> set[str]:
     """The prompts of the task's first ``n`` problems of ``split`` at ``seed`` (what ``evaluate.py`` and
     ``train.py`` draw with the bench's task keys)."""
-    from gkv_train.problems.tasks import copy_recall_task, long_recall_task
+    from gkv_train.problems.tasks import copy_recall_task, count_recall_task, long_recall_task
 
     if args.task == "long_recall":
         return set(long_recall_task(n, split, seed, args.sentences)["problem"])
+    if args.task == "count_recall":  # one prompt for every problem: a problem is its note (its code)
+        return set(count_recall_task(n, split, seed, args.count_to)["continuation"])
     return set(copy_recall_task(n, split, seed, args.sentences, "places", args.copy_share)["problem"])
 
 
@@ -1008,6 +1028,8 @@ def settings(args) -> dict:
                 "copy_share": args.copy_share,
             }
             if args.task == "copy_recall"
+            else {"name": args.task, "count_to": args.count_to}
+            if args.task == "count_recall"
             else {"name": args.task, "sentences": args.sentences}
         ),
         "window": args.window,
@@ -1021,7 +1043,7 @@ def settings(args) -> dict:
             "prompts_per_step": args.prompts_per_step,
             "group_size": args.group_size,
             "lora": True,
-            "reward": REWARD,
+            "reward": reward(args),
             **({"task_keys": TASKS[args.task]["train_keys"]} if TASKS[args.task]["train_keys"] else {}),
             "train_problems": args.train_problems,
             "seeds": args.seeds,
@@ -1394,10 +1416,12 @@ def add_task_arguments(add) -> None:
         "--task",
         default="copy_recall",
         choices=list(TASKS),
-        help="copy_recall (places required; completions ~120-300 tokens), or long_recall (a ~1k-token given story "
-        "through the compressed cache, then the sampled number; the GRPO recipes)",
+        help="copy_recall (places required; completions ~120-300 tokens), long_recall (a ~1k-token given story "
+        "through the compressed cache, then the sampled number; the GRPO recipes), or count_recall (a given note's "
+        "code after a ~530-token count the model writes; the GRPO recipes, from a base taught the skill: --model)",
     )
     add("--sentences", type=int, help="the task's middle sentences (copy_recall 10, long_recall 80)")
+    add("--count-to", type=int, help="count_recall's last number (160)")
     add("--copy-share", type=float, help="copy_recall: the share of the places a completion must copy in order (0.4)")
     add("--window", type=int, default=8)
     add("--interval", type=int, default=16)
@@ -1487,15 +1511,17 @@ def task_defaults(args, parser) -> None:
         parser.error(f"--copy-share: copy_recall's, not {args.task}'s")
     if args.copy_share is None and args.task == "copy_recall":
         args.copy_share = 0.4
-    for key in ("sentences", "max_new_tokens", "min_full", "min_rounds", "round_bins"):
+    for key in ("sentences", "count_to", "max_new_tokens", "min_full", "min_rounds", "round_bins"):
         if getattr(args, key) is None:
-            setattr(args, key, task[key])
+            setattr(args, key, task.get(key))
     if args.recipes is None:
         args.recipes = ["rl_sparse", "sparse_rl"] if args.quick else list(task["recipes"])
     if args.quick:
         args.model, args.max_new_tokens, args.batch_problems, args.sentences, args.interval = "tiny", 24, 2, 2, 8
         if args.task == "long_recall":  # the given story (the tiny tokenizer: ~190 tokens at 2 sentences), the number
             args.max_new_tokens = 224
+        if args.task == "count_recall":  # the note (~25 tiny tokens), a count to 3 and the code
+            args.count_to, args.max_new_tokens = 3, 48
         args.probe_budgets, args.probe_problems, args.probe_samples = [24], 2, 2
         args.methods_budgets, args.methods_problems, args.methods_samples = [24], 2, 1
         args.train_budget, args.steps, args.prompts_per_step, args.group_size = 24, 1, 1, 2
@@ -1532,9 +1558,9 @@ def check_arguments(args, parser) -> None:
     if unknown:
         parser.error(f"--recipes {' '.join(unknown)}: neither a recipe ({', '.join(RECIPES)}) nor a --variant name")
     distilled = [r for r in args.recipes if base_recipe(r, args) in DISTILL]
-    if args.task == "long_recall" and distilled:  # train_config refuses it too, but only once the run starts
+    if args.task != "copy_recall" and distilled:  # train_config refuses it too, but only once the run starts
         parser.error(
-            f"--task long_recall: its completions begin with a given story, the GRPO recipes only, not "
+            f"--task {args.task}: its completions begin with given text, the GRPO recipes only, not "
             f"{' '.join(distilled)}"
         )
 

@@ -428,3 +428,24 @@ def test_the_cost_of_a_step_is_read_from_the_runs_metrics_once_per_step(tmp_path
     # steps 10, 12, 30, 40: median 21; the runs' medians 11 and 35; rollout 6, 8, 20, 20: 14; the rest 4, 4, 10, 20: 7
     assert "| rl_sparse | 2 | 4 | 21 | 11, 35 | 14 | 7 |" in cost_table(section)
     assert cost_table({"models": {}}) == "(no step timed yet)\n"
+
+
+def test_count_recall_runs_train_with_its_count_and_reward(tmp_path, capsys):
+    """``--task count_recall``: every run's task keys name it with its count (no sentences, no copy_recall key) and
+    its own reward (``staged_score``); the fresh-problem check draws its notes (one prompt for every problem);
+    distillation is refused before any work."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_rl_evidence import parse_arguments, problem_texts, settings, train_keys
+
+    args = parse_arguments(["--task", "count_recall", "--output-root", str(tmp_path)])
+    keys = train_keys("rl_sparse", 0, 3e-4, args)
+    assert {"data.name=count_recall", "data.count_to=160", "max_completion_length=640"} <= set(keys)
+    assert "rewards=[gkv_rewards.functions.staged_score]" in keys and not [k for k in keys if "sentences" in k]
+    assert settings(args)["task"] == {"name": "count_recall", "count_to": 160}
+    assert settings(args)["train"]["reward"] == "gkv_rewards.functions.staged_score"
+    notes = problem_texts(args, "test", 0, 3)
+    assert len(notes) == 3 and all(n.startswith("Note: the code is") for n in notes)
+    assert args.recipes == ["rl_sparse", "sparse_rl", "rl_full"]
+    with pytest.raises(SystemExit):
+        parse_arguments(["--task", "count_recall", "--output-root", str(tmp_path), "--recipes", "distill"])
+    assert "error:" in capsys.readouterr().err
