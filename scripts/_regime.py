@@ -39,6 +39,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--sentences", type=int, default=10, help="the task's middle sentences (copy_recall, long_recall)")
     add("--count-to", type=int, default=160, help="count_recall's last number")
     add(
+        "--number-in-prompt",
+        type=lambda v: {"true": True, "false": False}[v],
+        default=True,
+        metavar="{true,false}",
+        help="long_recall: false asks without stating the number (only the story's first sentence holds it)",
+    )
+    add(
         "--copy-required",
         default="last",
         choices=["last", "places"],
@@ -133,6 +140,8 @@ def task_keys(group: str, split: str, limit: int, args) -> list[str]:
     if args.copy_share != 1:
         variant.append(f"{group}.copy_share={args.copy_share}")
     size = f"{group}.count_to={args.count_to}" if args.task == "count_recall" else f"{group}.sentences={args.sentences}"
+    if not args.number_in_prompt:
+        variant.append(f"{group}.number_in_prompt=false")
     return [f"{group}.name={args.task}", f"{group}.split={split}", size, f"{group}.limit={limit}", *variant]
 
 
@@ -321,6 +330,7 @@ def methods_settings(args, seed: int) -> dict:
         "model": args.model,
         **({"task": args.task} if args.task != "copy_recall" else {}),  # copy_recall: the settings' first form
         **({"count_to": args.count_to} if args.task == "count_recall" else {"sentences": args.sentences}),
+        **({} if args.number_in_prompt else {"number_in_prompt": False}),
         "window": args.window,
         "interval": args.interval,
         "sampling": sampling_settings(args),

@@ -67,6 +67,7 @@ import time
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
+from typing import NamedTuple
 
 from gkv_train.config.compose import MOVED, dotted_keys
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
@@ -141,6 +142,8 @@ def regime_args(args, extra: list[str] | None = None) -> argparse.Namespace:
     """The regime's arguments for this task (``_regime``: its probe, methods and evaluate helpers read them)."""
     variant = ["--copy-required", "places", "--copy-share", str(args.copy_share)] if args.task == "copy_recall" else []
     size = ["--count-to", str(args.count_to)] if args.task == "count_recall" else ["--sentences", str(args.sentences)]
+    if not args.number_in_prompt:
+        size += ["--number-in-prompt", "false"]
     argv = [
         "--model",
         args.model,
@@ -470,7 +473,7 @@ def jobs(args) -> list[Job]:
                 "train", run_name(args.lr_recipe, args.lr_seed, lr), recipe=args.lr_recipe, seed=args.lr_seed, lr=lr
             )
             found += [train, Job("lr-eval", lr_name(lr), needs=[train.key], lr=lr)]
-    first = [f"gkv-b{args.train_budget}", "full"]
+    first = [f"gkv-b{args.train_budget}", "full", *controls(args)]
     cross = []  # the other task's models: they need no learning rate of this task's
     if "cross" in stages and args.cross_adapters is not None:
         cross = [Job("eval", f"untrained@{c}") for c in first]
@@ -608,18 +611,19 @@ def run_job(job: Job, args) -> None:
         name, condition = job.name.split("@")
         adapter = args.cross_adapters / name if job.kind == "cross" else adapter_of(name, args)
         model = [f"model={args.model}"] + ([] if name == "untrained" else [f"adapter={adapter}"])
-        budget, seed, _ = parse_condition(condition, args)
+        found = parse_condition(condition, args)
         regime.evaluate(
             model,
             "test",
             args.eval_problems,
             args.eval_samples,
-            [] if budget is None else ["gkv"],
-            [args.train_budget if budget is None else budget],
+            [] if found.method is None else [found.method],
+            [args.train_budget if found.budget is None else found.budget],
             args.output_root / job.kind / name / condition,
-            seed,
+            found.seed,
             task,
-            full=budget is None,
+            full=found.method is None,
+            compression=[f"compression.window={args.window}", f"compression.interval={args.interval}", *found.keys],
         )
 
 
@@ -670,22 +674,55 @@ def samples_of(folder: Path, run: str, kept: Path | None = None) -> dict | None:
 
 def conditions(args, fresh: bool = True) -> list[str]:
     """The evaluation conditions, in table order: ``full``, ``gkv-b<budget>`` (each of ``--eval-budgets``, on the
-    main evaluation's problems), ``gkv-b<training budget>-seed<s>`` (each of ``--fresh-seeds``, unless ``fresh`` is
-    false: on fresh problems). ``parse_condition`` reads one back."""
+    main evaluation's problems), with ``--eval-controls`` the training-free rules at the training budget
+    (``controls``), ``gkv-b<training budget>-seed<s>`` (each of ``--fresh-seeds``, unless ``fresh`` is false: on
+    fresh problems). ``parse_condition`` reads one back."""
     main = [f"gkv-b{b}" for b in args.eval_budgets]
     seeds = args.fresh_seeds if fresh else []
     at_train = main.index(f"gkv-b{args.train_budget}") + 1
-    return ["full", *main[:at_train], *(f"gkv-b{args.train_budget}-seed{s}" for s in seeds), *main[at_train:]]
+    fresh_cells = [f"gkv-b{args.train_budget}-seed{s}" for s in seeds]
+    return ["full", *main[:at_train], *controls(args), *fresh_cells, *main[at_train:]]
 
 
-def parse_condition(condition: str, args) -> tuple[int | None, int, str]:
-    """``condition``'s G-KV budget (None: the full cache), its evaluation seed (the problem stream and the sampling
-    seed) and the name of its run in its ``evaluate.py`` folder (``full`` or ``gkv-b<budget>``)."""
-    found = re.fullmatch(r"(full|gkv-b(\d+))(?:-seed(\d+))?", condition)
+def controls(args) -> list[str]:
+    """The rules of ``--eval-controls`` at the training budget, the bench's window and interval: G-KV keeping each
+    prompt (``keep_prompt-b<budget>``), Random Attention (``random_attention-b<budget>``): the training-free rules a
+    trained model is compared with."""
+    return [f"{rule}-b{args.train_budget}" for rule in args.eval_controls]
+
+
+RULES = {  # a condition's prefix -> (evaluate.py's method, its compression keys besides the window and interval)
+    "gkv": ("gkv", []),
+    "keep_prompt": ("gkv", ["compression.keep_prompt=true"]),
+    "random_attention": ("random_attention", []),
+}
+
+
+class Condition(NamedTuple):
+    """An evaluation condition read back: ``method`` None and ``budget`` None for the full cache; ``keys`` its
+    compression keys besides the window and interval; ``seed`` the problem stream and sampling seed; ``run`` its
+    run's name in its ``evaluate.py`` folder (``full`` or ``<method>-b<budget>``)."""
+
+    method: str | None
+    budget: int | None
+    keys: list[str]
+    seed: int
+    run: str
+
+
+def parse_condition(condition: str, args) -> Condition:
+    """``condition`` (``full``, ``gkv-b128``, ``keep_prompt-b128``, ``gkv-b128-seed3``) read back."""
+    found = re.fullmatch(r"(full|(gkv|keep_prompt|random_attention)-b(\d+))(?:-seed(\d+))?", condition)
     if found is None:
         raise ValueError(f"not an evaluation condition: {condition!r}")
-    run, budget, seed = found.groups()
-    return (None if budget is None else int(budget)), (args.eval_seed if seed is None else int(seed)), run
+    _, rule, budget, seed = found.groups()
+    seed = args.eval_seed if seed is None else int(seed)
+    if rule is None:
+        return Condition(None, None, [], seed, "full")
+    method, keys = RULES[rule]
+    return Condition(method, int(budget), keys, seed, f"{method}-b{budget}")
+
+
 
 
 def problem_texts(args, split: str, seed: int, n: int) -> set[str]:
@@ -694,7 +731,7 @@ def problem_texts(args, split: str, seed: int, n: int) -> set[str]:
     from gkv_train.problems.tasks import copy_recall_task, count_recall_task, long_recall_task
 
     if args.task == "long_recall":
-        return set(long_recall_task(n, split, seed, args.sentences)["problem"])
+        return set(long_recall_task(n, split, seed, args.sentences, args.number_in_prompt)["problem"])
     if args.task == "count_recall":  # one prompt for every problem: a problem is its note (its code)
         return set(count_recall_task(n, split, seed, args.count_to)["continuation"])
     return set(copy_recall_task(n, split, seed, args.sentences, "places", args.copy_share)["problem"])
@@ -869,7 +906,7 @@ def collect(args) -> dict:
     section: dict = {"settings": settings(args), "lr_sweep": sweep, "learning_rate": lr, "models": {}}
     if lr is None:
         untrained = {
-            c: samples_of(args.output_root / "eval" / "untrained" / c, parse_condition(c, args)[2])
+            c: samples_of(args.output_root / "eval" / "untrained" / c, parse_condition(c, args).run)
             for c in conditions(args)
         }
         if any(untrained.values()):  # the cross stage's comparison needs no learning rate
@@ -884,7 +921,7 @@ def collect(args) -> dict:
         old = {} if trained_here(name, args) else before.get(name, {})
         kept = None if name == "untrained" else args.adapters / name
         cells = {
-            c: samples_of(args.output_root / "eval" / name / c, parse_condition(c, args)[2], kept)
+            c: samples_of(args.output_root / "eval" / name / c, parse_condition(c, args).run, kept)
             or old.get("cells", {}).get(c)
             for c in conditions(args)
         }
@@ -915,10 +952,10 @@ def cross_section(section: dict, args) -> dict:
     this task's training budget) per recipe its figures over seeds and its paired difference against this task's
     untrained model. What the results file held is kept for runs not evaluated here."""
     before = published(args).get("cross", {})
-    first = ["full", f"gkv-b{args.train_budget}"]
+    first = ["full", f"gkv-b{args.train_budget}", *controls(args)]
     models = dict(before.get("models", {}))
     for name in cross_runs(args):
-        cells = {c: samples_of(args.output_root / "cross" / name / c, parse_condition(c, args)[2]) for c in first}
+        cells = {c: samples_of(args.output_root / "cross" / name / c, parse_condition(c, args).run) for c in first}
         cells = {c: v or models.get(name, {}).get("cells", {}).get(c) for c, v in cells.items()}
         if any(cells.values()):
             recipe, seed = name.split("-s")[0], int(name.split("-s")[1].split("-")[0])
@@ -1018,6 +1055,7 @@ def differences(section: dict, args) -> dict:
 
 
 def settings(args) -> dict:
+    hidden = {"number_in_prompt": False}  # long_recall with the number only in its story
     return {
         "model": args.model,
         "task": (
@@ -1030,7 +1068,7 @@ def settings(args) -> dict:
             if args.task == "copy_recall"
             else {"name": args.task, "count_to": args.count_to}
             if args.task == "count_recall"
-            else {"name": args.task, "sentences": args.sentences}
+            else {"name": args.task, "sentences": args.sentences, **({} if args.number_in_prompt else hidden)}
         ),
         "window": args.window,
         "interval": args.interval,
@@ -1064,6 +1102,7 @@ def settings(args) -> dict:
             "budgets": args.eval_budgets,
             "fresh_seeds": args.fresh_seeds,
             "batch_problems": args.batch_problems,
+            **({"controls": args.eval_controls} if args.eval_controls else {}),
         },
     }
 
@@ -1422,6 +1461,13 @@ def add_task_arguments(add) -> None:
     )
     add("--sentences", type=int, help="the task's middle sentences (copy_recall 10, long_recall 80)")
     add("--count-to", type=int, help="count_recall's last number (160)")
+    add(
+        "--number-in-prompt",
+        type=lambda v: {"true": True, "false": False}[v],
+        default=True,
+        metavar="{true,false}",
+        help="long_recall: false asks without stating the number (only the story's first sentence holds it)",
+    )
     add("--copy-share", type=float, help="copy_recall: the share of the places a completion must copy in order (0.4)")
     add("--window", type=int, default=8)
     add("--interval", type=int, default=16)
@@ -1490,6 +1536,14 @@ def add_run_arguments(add) -> None:
         "problems of each seed's test stream (checked to share none with any set the bench draws)",
     )
     add(
+        "--eval-controls",
+        nargs="*",
+        default=[],
+        choices=[r for r in RULES if r != "gkv"],
+        help="the training-free rules every model is also evaluated under at the training budget (the eval and cross "
+        "stages): keep_prompt (G-KV keeping each prompt), random_attention (Random Attention)",
+    )
+    add(
         "--cross-adapters",
         type=Path,
         help="cross stage: the other task's kept adapters (a folder of <recipe>-s<seed>-lr<rate> folders)",
@@ -1509,6 +1563,8 @@ def task_defaults(args, parser) -> None:
     task = TASKS[args.task]
     if args.task != "copy_recall" and args.copy_share is not None:
         parser.error(f"--copy-share: copy_recall's, not {args.task}'s")
+    if args.task != "long_recall" and not args.number_in_prompt:
+        parser.error(f"--number-in-prompt: long_recall's, not {args.task}'s")
     if args.copy_share is None and args.task == "copy_recall":
         args.copy_share = 0.4
     for key in ("sentences", "count_to", "max_new_tokens", "min_full", "min_rounds", "round_bins"):
