@@ -723,8 +723,6 @@ def parse_condition(condition: str, args) -> Condition:
     return Condition(method, int(budget), keys, seed, f"{method}-b{budget}")
 
 
-
-
 def problem_texts(args, split: str, seed: int, n: int) -> set[str]:
     """The prompts of the task's first ``n`` problems of ``split`` at ``seed`` (what ``evaluate.py`` and
     ``train.py`` draw with the bench's task keys)."""

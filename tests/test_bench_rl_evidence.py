@@ -449,3 +449,35 @@ def test_count_recall_runs_train_with_its_count_and_reward(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_arguments(["--task", "count_recall", "--output-root", str(tmp_path), "--recipes", "distill"])
     assert "error:" in capsys.readouterr().err
+
+
+def test_eval_controls_and_the_hidden_number_are_conditions_and_task_keys(tmp_path, capsys):
+    """``--eval-controls``: G-KV keeping each prompt and Random Attention at the training budget, after its G-KV
+    cell, in the eval and cross stages, each an evaluate.py run of its method with its keys (the bench's window and
+    interval); recorded in the settings only when asked. ``--number-in-prompt false``: long_recall's prompts
+    without the number, in every run's task keys and the settings; refused for another task."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_rl_evidence import conditions, jobs, parse_arguments, parse_condition, problem_texts, settings
+
+    argv = ["--task", "long_recall", "--output-root", str(tmp_path), "--train-budget", "128", "--eval-budgets", "128"]
+    args = parse_arguments([*argv, "--eval-controls", "keep_prompt", "random_attention", "--lr", "3e-4"])
+    assert conditions(args) == ["full", "gkv-b128", "keep_prompt-b128", "random_attention-b128"]
+    kept = parse_condition("keep_prompt-b128", args)
+    assert (kept.method, kept.budget, kept.keys, kept.run) == ("gkv", 128, ["compression.keep_prompt=true"], "gkv-b128")
+    assert parse_condition("random_attention-b128", args).run == "random_attention-b128"
+    assert parse_condition("full", args).method is None and parse_condition("gkv-b96-seed3", args).seed == 3
+    evaluations = {j.name.split("@")[1] for j in jobs(args) if j.kind == "eval"}
+    assert {"keep_prompt-b128", "random_attention-b128"} <= evaluations
+    assert settings(args)["eval"]["controls"] == ["keep_prompt", "random_attention"]
+    plain = parse_arguments(argv)
+    assert conditions(plain) == ["full", "gkv-b128"] and "controls" not in settings(plain)["eval"]
+    with pytest.raises(ValueError, match="not an evaluation condition"):
+        parse_condition("snapkv-b128", args)
+    hidden = parse_arguments([*argv, "--number-in-prompt", "false"])
+    assert settings(hidden)["task"] == {"name": "long_recall", "sentences": 80, "number_in_prompt": False}
+    assert "number_in_prompt" not in settings(plain)["task"]
+    assert not any(c.isdigit() for p in problem_texts(hidden, "test", 0, 4) for c in p)
+    for wrong in (["--task", "copy_recall", "--number-in-prompt", "false"], [*argv, "--eval-controls", "snapkv"]):
+        with pytest.raises(SystemExit):
+            parse_arguments(["--output-root", str(tmp_path), *wrong])
+        assert "error:" in capsys.readouterr().err
