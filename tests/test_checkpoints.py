@@ -38,11 +38,15 @@ def prepare(config: GRPOTrainConfig, checkpoint: str | None) -> None:
 
 
 def checkpoint(root, step, complete=True):
+    """A checkpoint's folder: weights, and (``complete``) the trainer state and an (empty) optimizer and scheduler
+    state."""
     path = root / f"checkpoint-{step}"
     path.mkdir(parents=True)
     save_file({"w": torch.zeros(2)}, path / "model.safetensors")
     if complete:
         (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        for name in ("optimizer.pt", "scheduler.pt"):
+            torch.save({}, path / name)
     return path
 
 
