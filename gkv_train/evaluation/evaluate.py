@@ -205,7 +205,7 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
         out_dir.mkdir(parents=True, exist_ok=True)
         lock = RunLock.acquire(out_dir, "output_dir")
         try:
-            check_evaluation_folder(config)  # again, locked: a run that ended meanwhile is not written over
+            check_evaluation_folder(config, held=True)  # again, locked: one that ended meanwhile is not written over
             for compression in runs:
                 run = config.run_settings(compression)
                 claim_run_dir(out_dir / run_name(compression), run, config.overwrite, SETTINGS_KEYS)
@@ -219,12 +219,13 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
         return _evaluate(config, settings, runs, problems, out_dir)
 
 
-def check_evaluation_folder(config) -> None:
-    """``output_dir`` by the rule of every job's output (``check_output``): empty or missing, an evaluation's (each
-    run's folder then claimed by its settings), or ``overwrite=true``; never a training run's folder, nor the
-    folder of the model or adapter it evaluates."""
+def check_evaluation_folder(config, held: bool = False) -> None:
+    """``output_dir`` by the rule of every job's output (``check_output``): not in use by another evaluation,
+    empty or missing, an evaluation's (each run's folder then claimed by its settings), or ``overwrite=true``; never
+    a training run's folder, nor the folder of the model or adapter it evaluates. ``held``: this call holds its
+    lock."""
     inputs = {"model": config.model, "adapter": config.adapter}
-    check_output("evaluate", config.output_dir, "output_dir", overwrite=config.overwrite, inputs=inputs)
+    check_output("evaluate", config.output_dir, "output_dir", overwrite=config.overwrite, inputs=inputs, held=held)
 
 
 def _evaluate(config, settings: dict, runs: list[CompressionConfig], problems, out_dir: Path) -> dict:

@@ -103,10 +103,12 @@ def load_traces(path: str) -> datasets.Dataset:
     return datasets.Dataset.from_list(rows)
 
 
-def check_traces_output(config) -> None:
-    """``output`` by the rule of every job's output (``check_output``): a new file, or an existing one with
-    ``overwrite=true`` (a call generates every trace again); never in a training run's folder, nor in the model's."""
-    check_output("traces", config.output, "output", overwrite=config.overwrite, inputs={"model": config.model})
+def check_traces_output(config, held: bool = False) -> None:
+    """``output`` by the rule of every job's output (``check_output``): not in use by another call, a new file, or
+    an existing one with ``overwrite=true`` (a call generates every trace again); never in a training run's folder,
+    nor in the model's. ``held``: this call holds its lock."""
+    inputs = {"model": config.model}
+    check_output("traces", config.output, "output", overwrite=config.overwrite, inputs=inputs, held=held)
 
 
 def run_traces(config) -> dict:
@@ -131,7 +133,7 @@ def run_traces(config) -> dict:
         output.parent.mkdir(parents=True, exist_ok=True)
         lock = RunLock.acquire_file(output, "output")
         try:
-            check_traces_output(config)  # again, locked: a call that ended meanwhile is not written over
+            check_traces_output(config, held=True)  # again, locked: a call that ended meanwhile is not written over
         except BaseException:
             lock.release()
             raise

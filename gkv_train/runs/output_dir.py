@@ -48,9 +48,10 @@ class RunFolder:
     models: tuple[tuple[str, str], ...] = ()
 
 
-def check_run_folder(folder: RunFolder) -> None:
-    """``output_dir`` by the rule of every job's output (``check_output``): empty or missing, this run's (resumed,
-    or stopped before its first step), or ``overwrite=true``; never a model it loads."""
+def check_run_folder(folder: RunFolder, held: bool = False) -> None:
+    """``output_dir`` by the rule of every job's output (``check_output``): not in use by another run, empty or
+    missing, this run's (resumed, or stopped before its first step), or ``overwrite=true``; never a model it loads.
+    ``held``: this run holds the folder's lock (or, in another process of the run, its main process takes it)."""
     check_output(
         "train",
         folder.output_dir,
@@ -59,6 +60,7 @@ def check_run_folder(folder: RunFolder) -> None:
         resume=folder.resume is not None,
         inputs=dict(folder.models),
         keep=folder.keep,
+        held=held,
     )
 
 
@@ -182,7 +184,7 @@ def prepare_output_dir(folder: RunFolder, state, checkpoint: str | None) -> None
     the same; only the main one changes files.
     """
     out = Path(folder.output_dir)
-    check_run_folder(folder)
+    check_run_folder(folder, held=True)
     state.wait_for_everyone()  # every process has looked before anything changes
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,12 @@
 """Where a job may write, checked before any work (no model loaded, nothing written) by every job that writes:
 training and evaluation (``output_dir``, a folder), teacher traces (``output``, a file) and export (``OUT_DIR``).
 
-One rule (``check_output``): an output is written only when it is missing or empty, when it holds this same job's
-run, or when the user says to replace what is there (``overwrite=true``; export: ``--overwrite``). Whatever the flag,
-an output that is, holds or lies inside a model the job reads is refused (its weights would be written over or
-removed), and so is a training run's folder for every job but training (its configuration, model or metrics would
-be replaced). "This same run", by job:
+One rule (``check_output``): an output that another live run holds is refused, naming it; otherwise it is written
+only when it is missing or empty (lock files aside), when it holds this same job's run, or when the user says to
+replace what is there (``overwrite=true``; export: ``--overwrite``). Whatever the flag, an output that is, holds or
+lies inside a model the job reads is refused (its weights would be written over or removed), and so is a training
+run's folder for every job but training (its configuration, model or metrics would be replaced), and an empty
+name. "This same run", by job:
 
 * train: a training run's folder (``run_artefacts``) with ``resume`` given (the checkpoint and its settings are then
   checked by ``resume_checkpoint``), or one where a run stopped before its first step (its configuration and
@@ -24,7 +25,7 @@ from pathlib import Path
 from gkv_train.models import BUILTIN_MODELS
 from gkv_train.runs.checkpoints import TRAIN_LOG, run_artefacts
 from gkv_train.runs.run_folder import evaluation_marks
-from gkv_train.runs.runlock import LOCK_FILE
+from gkv_train.runs.runlock import RunLock, is_lock_file
 from gkv_train.runs.storage import check_output_dir, check_output_file
 
 # what each job writes into its folder (named in a refusal: the files a user's folder would lose)
@@ -49,12 +50,15 @@ def check_output(
     inputs: dict[str, str | None] | None = None,
     keep: str | None = None,
     flag: str = "overwrite=true",
+    held: bool = False,
 ) -> None:
     """Whether ``job`` (train, evaluate, export: a folder; traces: a file) may write ``path`` (given as ``key``),
     by the module's rule; ValueError / FileExistsError naming the folder or file, a few of the files there, and
     ``flag`` where it would allow it. ``overwrite``: the user's ``flag``; ``resume``: a training run continues a
     checkpoint; ``inputs``: what the job reads (key -> a model's name or path; hub and built-in names are no
-    paths); ``keep``: a file of the folder that is an input (distillation's given traces)."""
+    paths); ``keep``: a file of the folder that is an input (distillation's given traces). An output another live
+    run holds is refused first, naming that run (``RunLock.check_free``), unless the caller holds its lock (``held``:
+    the check again under the lock)."""
     if not str(path).strip():
         what = "file" if job == "traces" else "folder"
         raise ValueError(
@@ -70,9 +74,13 @@ def check_output(
             )
     if job == "traces":
         check_output_file(out, key)
+        if not held:
+            RunLock.check_free(out, key, file=True)
         check_file(out, key, overwrite)
     else:
         check_output_dir(out, key)
+        if not held and out.is_dir():
+            RunLock.check_free(out, key)
         check_folder(job, out, key, overwrite, resume, keep, flag)
 
 
@@ -100,7 +108,7 @@ def check_folder(job: str, out: Path, key: str, overwrite: bool, resume: bool, k
     if not out.is_dir():
         return
     kept = Path(keep).resolve() if keep else None
-    held = sorted(p.name for p in out.iterdir() if p.name != LOCK_FILE and p.resolve() != kept)
+    held = sorted(p.name for p in out.iterdir() if not is_lock_file(p.name) and p.resolve() != kept)
     if not held:
         return
     trained = run_artefacts(out)

@@ -234,7 +234,7 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
         for name in dict.fromkeys(models(config).values()):
             check_model(name)
         folder = run_folder(config)
-        check_run_folder(folder)
+        check_run_folder(folder, held=not state.is_main_process)  # the main process takes the lock
         check_task_contexts(config.model, {"data": config.data, "eval_data": config.eval_data})
         rewards = [import_callable(path) for path in config.rewards] if config.algorithm == "grpo" else []
         data = training_data(config)
