@@ -30,9 +30,9 @@ from gkv_train.runs.storage import check_output_dir, check_output_file
 
 # what each job writes into its folder (named in a refusal: the files a user's folder would lose)
 WRITES = {
-    "train": "its model (*.safetensors, config.json, tokenizer files), model card (README.md), hydra/, train.log, "
-    "metrics and checkpoints",
-    "evaluate": "summary.json, results.json, hydra/, evaluate.log, figures and a folder per compression",
+    "train": "its model (*.safetensors, config.json, tokenizer files), model card (README.md), hydra/config.yaml, "
+    "train.log, metrics and checkpoints",
+    "evaluate": "summary.json, results.json, hydra/config.yaml, evaluate.log, figures and a folder per compression",
     "export": "a model (*.safetensors, config.json, tokenizer files) and its card (README.md)",
 }
 # what a training run that stopped before its first step leaves: nothing a new start loses
@@ -108,12 +108,12 @@ def check_folder(job: str, out: Path, key: str, overwrite: bool, resume: bool, k
     if not out.is_dir():
         return
     kept = Path(keep).resolve() if keep else None
-    held = sorted(p.name for p in out.iterdir() if not is_lock_file(p.name) and p.resolve() != kept)
-    if not held:
+    present = sorted(p.name for p in out.iterdir() if not is_lock_file(p.name) and p.resolve() != kept)
+    if not present:
         return
     trained = run_artefacts(out)
     if trained and job == "train":
-        if resume or overwrite or set(held) <= STARTED:
+        if resume or overwrite or set(present) <= STARTED:
             return
         raise FileExistsError(
             f"{key} {out} holds another run ({shown(trained)}): pass resume=last to continue it, overwrite=true to "
@@ -122,8 +122,8 @@ def check_folder(job: str, out: Path, key: str, overwrite: bool, resume: bool, k
     if trained:
         raise FileExistsError(
             f"{key} {out} is a training run's folder ({shown(trained)}): {job} would write {WRITES[job]} into it, "
-            f"replacing the run's own (its hydra/config.yaml, which export reads, among them), {flag} or not: choose "
-            f"another {key} (a new or empty folder)"
+            f"replacing the run's own files of those names, {flag} or not: choose another {key} (a new or empty "
+            "folder)"
         )
     if job == "evaluate" and evaluation_marks(out):
         return
@@ -131,7 +131,7 @@ def check_folder(job: str, out: Path, key: str, overwrite: bool, resume: bool, k
         return
     holds = {"train": " and holds no training run", "evaluate": " and holds no evaluation"}.get(job, "")
     raise FileExistsError(
-        f"{key} {out} is not empty ({shown(held)}){holds}: {job} writes {WRITES[job]} there, replacing files of "
+        f"{key} {out} is not empty ({shown(present)}){holds}: {job} writes {WRITES[job]} there, replacing files of "
         f"those names; choose a new or empty {key}, or pass {flag} to write into it"
     )
 
