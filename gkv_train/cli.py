@@ -4,7 +4,7 @@
     gkv-train evaluate data.name=gsm8k methods=[full,gkv]  # = python scripts/evaluate.py ...
     gkv-train traces data.name=gsm8k output=traces.jsonl   # = python scripts/generate_traces.py ...
     gkv-train check --model tiny --method gkv              # = python scripts/check_consistency.py ...
-    gkv-train export RUN_DIR OUT_DIR                       # a run as a self-contained HF folder (LoRA merged)
+    gkv-train export RUN_DIR OUT_DIR [--overwrite]         # a run as a self-contained HF folder (LoRA merged)
     gkv-train lm-eval --model gkv --model_args method=gkv,budget=512 --tasks ...   # lm-eval under a compressed cache
 
 ``train``, ``evaluate`` and ``traces`` take Hydra overrides of the recipes shipped inside the package
@@ -160,13 +160,14 @@ def main(argv: list[str] | None = None) -> None:
         lm_eval_main()
         return
     if command == "export":
-        if len(rest) != 2:
-            _fail("usage: gkv-train export RUN_DIR OUT_DIR", REFUSED)
+        folders = [word for word in rest if word != "--overwrite"]
+        if len(folders) != 2 or len(rest) - len(folders) > 1:
+            _fail("usage: gkv-train export RUN_DIR OUT_DIR [--overwrite]", REFUSED)
         from gkv_train.export import export
 
         quiet_upstream_warnings()
         try:
-            print(export(*rest))
+            print(export(*folders, overwrite="--overwrite" in rest))
         except (ValueError, OSError) as err:  # a bad argument, a missing base model, a failed write
             _fail(f"error: {err}", REFUSED)
         return

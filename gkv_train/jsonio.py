@@ -1,5 +1,5 @@
-"""JSON files that strict parsers accept (``null``, never ``NaN``), JSONL reading that survives damaged lines, and
-atomic writes."""
+"""JSON files that strict parsers accept (``null``, never ``NaN``), JSONL reading that survives damaged lines, atomic
+writes, and the one reader of a run's state files (``read_state``: JSON or YAML, every failure naming the file)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+STATE_BYTES = 64 << 20  # a state file (a configuration, a trainer state, a manifest) larger than this is no such file
 
 
 def finite(value):
@@ -81,3 +83,33 @@ def read_jsonl(path: Path) -> list[dict]:
             else:
                 log.warning("%s:%d: not a JSON object, line skipped (%s)", path, number, record)
     return records
+
+
+def read_state(path: Path) -> dict:
+    """The mapping a run's state file holds (a manifest, a trainer state, a saved configuration: JSON, or YAML for
+    ``.yaml`` / ``.yml``), read without trusting it: ValueError naming the file when it is larger than
+    ``STATE_BYTES``, not UTF-8, not JSON / YAML, uses YAML aliases (each expanded in full by a reader: a few lines
+    can stand for gigabytes) or holds something other than a mapping; OSError (naming it) when it cannot be read."""
+    path = Path(path)
+    size = path.stat().st_size
+    try:
+        if size > STATE_BYTES:
+            raise ValueError(f"{size} bytes, more than a state file holds ({STATE_BYTES})")
+        text = path.read_bytes().decode("utf-8")
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            try:
+                aliases = [e.anchor for e in yaml.parse(text) if isinstance(e, yaml.AliasEvent)]
+                if aliases:
+                    raise ValueError(f"it uses YAML aliases (*{aliases[0]})")
+                value = yaml.safe_load(text)
+            except yaml.YAMLError as err:
+                raise ValueError(f"not YAML: {' '.join(str(err).split())}") from None
+        else:
+            value = json.loads(text)
+    except (ValueError, UnicodeDecodeError) as err:  # json's JSONDecodeError is a ValueError
+        raise ValueError(f"{path} is damaged ({err})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path} is damaged (it holds a {type(value).__name__}, not a mapping of keys)")
+    return value

@@ -43,7 +43,8 @@ message; so that the table shows both), ``new`` (not in that list), ``round3`` (
 issue 37: the newer paths — the lm-eval model, S4R refresh, resume, TRL keys, user methods, reward workers under
 load, damaged checkpoints), ``round4`` (issue 54's: damaged runs, long_recall's story, recipe files, checkpoints
 without manifests, the natural haystack, keys that cannot apply, adapter folders, unbounded inputs, library calls;
-written as data, ``scripts/faults/round4.py``).
+written as data, ``scripts/faults/round4.py``), ``round5`` (issue 64's, in round four's row shape,
+``scripts/faults/round5.py``: output folders written over, no-op training, resumes without their optimizer state).
 A full disk is a tmpfs of a few KB mounted on the case's output folder where ``mount`` is allowed (root): writes
 fail with ENOSPC as on a real full disk. Without that permission a file-size limit (RLIMIT_FSIZE) stands in:
 writes then fail with EFBIG ("File too large"), per file rather than in total; the results name which was used.
@@ -81,6 +82,7 @@ from faults.harness import (  # noqa: E402
 from faults.output import harness_cases, output_cases  # noqa: E402
 from faults.rewards import reward_cases  # noqa: E402
 from faults.round4 import round4_cases  # noqa: E402
+from faults.round5 import round5_cases  # noqa: E402
 from faults.state import state_cases  # noqa: E402
 
 
@@ -93,6 +95,7 @@ def all_cases() -> list[Case]:
         *state_cases(),
         *output_cases(),
         *round4_cases(),
+        *round5_cases(),
     ]
     names = [c.name for c in cases]
     assert not any("," in n for n in names), "a comma separates --cases patterns"
@@ -202,7 +205,7 @@ def markdown(rows: dict, records: list[dict], tag: str, commit: str | None) -> s
     lines += [
         "",
         "By kind of case (listed: a defect of issue 24's list; control: handled before, result or check; "
-        "new: not in the list; round3: a defect of issue 37's list; round4: of issue 54's):",
+        "new: not in the list; round3: a defect of issue 37's list; round4: of issue 54's; round5: of issue 64's):",
         "",
         "| kind | " + " | ".join(head[1:]) + " |",
         "|" + "---|" * len(head),

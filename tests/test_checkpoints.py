@@ -38,11 +38,15 @@ def prepare(config: GRPOTrainConfig, checkpoint: str | None) -> None:
 
 
 def checkpoint(root, step, complete=True):
+    """A checkpoint's folder: weights, and (``complete``) the trainer state and an (empty) optimizer and scheduler
+    state."""
     path = root / f"checkpoint-{step}"
     path.mkdir(parents=True)
     save_file({"w": torch.zeros(2)}, path / "model.safetensors")
     if complete:
         (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        for name in ("optimizer.pt", "scheduler.pt"):
+            torch.save({}, path / name)
     return path
 
 
@@ -250,10 +254,17 @@ def test_run_lock_names_a_live_holder_and_outlives_no_process(tmp_path):
             r"host .*, started \d{4}-\d\d-\d\d \d\d:\d\d:\d\d .*: .*python -c",
         ):
             RunLock.acquire(tmp_path, "output_dir")
+        note = (tmp_path / ".run.lock").read_bytes()
+        with pytest.raises(RunLocked, match=rf"output_dir {tmp_path} is in use by another run \(pid {holder.pid} "):
+            RunLock.check_free(tmp_path, "output_dir")  # the probe of a job's first checks: it writes nothing
+        assert (tmp_path / ".run.lock").read_bytes() == note
     finally:
         os.kill(holder.pid, signal.SIGKILL)
         holder.wait()
     assert f'"pid": {holder.pid}' in (tmp_path / ".run.lock").read_text()  # the dead holder's note stays
+    RunLock.check_free(tmp_path, "output_dir")  # free once its holder is gone
+    RunLock.check_free(tmp_path / "nowhere", "output_dir")  # no lock file: free, and none made
+    assert not (tmp_path / "nowhere").exists()
     with RunLock.acquire(tmp_path, "output_dir"):
         assert f'"pid": {os.getpid()}' in (tmp_path / ".run.lock").read_text()
         with pytest.raises(RunLocked):  # the same process cannot take it twice either
@@ -318,3 +329,31 @@ def test_a_signal_stops_training_at_the_step_boundary_and_elsewhere_at_once():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)
     assert err.value.code == 143 and "stopped by SIGTERM outside training" in str(err.value)
+
+
+def test_a_resume_needs_the_checkpoints_optimizer_state_or_says_it_starts_afresh(tmp_path):
+    """A checkpoint without its optimizer and scheduler state (save_only_model=true) is refused, naming both files
+    and resume_model_only=true, which accepts it (and is refused where the state is there, or without a resume);
+    DeepSpeed's checkpoint keeps both in its global_step folder (control); a file the manifest does not list is
+    damage, named."""
+    from gkv_train.runs.manifest import missing_training_state
+
+    config = GRPOTrainConfig(model="tiny", output_dir=str(tmp_path), resume="last")
+    path = checkpoint(tmp_path, 1)
+    (path / "optimizer.pt").unlink()
+    (path / "scheduler.pt").unlink()
+    with pytest.raises(ValueError, match=r"holds no optimizer or scheduler state \(optimizer.pt, scheduler.pt miss"):
+        resume(config, None)
+    accepted = GRPOTrainConfig(model="tiny", output_dir=str(tmp_path), resume="last", resume_model_only=True)
+    assert resume(accepted, None) == str(path)
+    (path / "global_step1").mkdir()
+    assert missing_training_state(path) == []  # DeepSpeed's engine state
+    with pytest.raises(ValueError, match="holds its optimizer and scheduler state, which a resume continues"):
+        resume(accepted, None)
+    with pytest.raises(ValueError, match="resume_model_only=true applies to resume=last or resume=<checkpoint>"):
+        GRPOTrainConfig(model="tiny", resume_model_only=True)
+    second = saved(tmp_path, 2, config)
+    torch.save({}, second / "rng_state.pth")  # written after the manifest: not what was saved
+    assert damage(second) == f"{second / 'rng_state.pth'} is not listed in its manifest (not what was saved: " + (
+        "added, or the manifest replaced, after the save)"
+    )

@@ -990,6 +990,7 @@ def test_a_full_disk_keeps_the_earlier_traces_and_leaves_no_temporary_file(tmp_p
         "max_completion_length=4",
         "keep_incorrect=true",
         f"output={target}",
+        "overwrite=true",
     )
     proc = subprocess.run([*FULL_AT_TRACES, *command[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 1, proc.stderr[-3000:]

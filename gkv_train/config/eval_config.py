@@ -25,7 +25,8 @@ class TracesConfig(Sampling):
     keep_incorrect: write wrong completions too.
     source: ``model`` (the teacher's sampled completions) or ``solution`` (the problems' solutions, tokenised with
         the model's tokenizer and ended by its stop token: SFT data for a skill the model lacks).
-    output: the traces file (JSONL); refused when another job writes it.
+    output: the traces file (JSONL); refused when another job writes it, and when it exists (unless overwrite).
+    overwrite: replace an existing output file (a call generates every trace again; traces are not resumed).
     """
 
     model: str = "smollm2-135m"
@@ -34,6 +35,7 @@ class TracesConfig(Sampling):
     keep_incorrect: bool = False
     source: str = "model"
     output: str = "outputs/traces.jsonl"
+    overwrite: bool = False
 
     def __post_init__(self):
         check_sampling_keys(self, greedy=True)
@@ -71,8 +73,10 @@ class EvalConfig(Sampling):
     batch_problems: problems per rollout batch (x num_generations sequences).
     precision: fp32 or bf16 (forwards under autocast).
     seed: seeds the sampling (each batch's seed follows from it and the batch's index).
-    output_dir: the results' folder (evaluate.yaml: outputs/eval/<model>_<data>).
-    overwrite: replace earlier results in output_dir made with other settings.
+    output_dir: the results' folder (evaluate.yaml: outputs/eval/<model>_<data>): a new or empty folder, or an
+        evaluation's (its results kept where the settings are the same); never a training run's.
+    overwrite: replace earlier results in output_dir made with other settings, or write into a folder holding
+        other files (those of the names an evaluation writes replaced).
     plots: write pass_at_1_vs_budget.png and retained_density.png.
     """
 

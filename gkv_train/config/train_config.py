@@ -124,7 +124,10 @@ class TrainOptions:
         its optimizer and scheduler state come with it, so settings that differ from it are refused.
     resume_other_run: allow resume= to name a checkpoint of another run's folder (its optimizer, scheduler and step
         count continue in this output_dir).
-    overwrite: replace a previous run in output_dir (otherwise refused unless resume is given).
+    resume_model_only: allow resume= to continue a checkpoint saved without its optimizer and scheduler state
+        (save_only_model=true): training goes on from its weights and step with a new optimizer and schedule.
+    overwrite: write into an output_dir that holds another run (its files removed first) or other files (those of
+        the names a run writes replaced); otherwise only an empty or new folder, or this run's (resume), is written.
     """
 
     recipe: str = "rl_sparse"
@@ -144,6 +147,7 @@ class TrainOptions:
     eval_samples: int = 1
     resume: str | None = None
     resume_other_run: bool = False
+    resume_model_only: bool = False
     overwrite: bool = False
     # transformers' TrainingArguments fields whose default here differs
     learning_rate: float = changed(2e-6, "RL-scale updates on the 135M default")
@@ -237,6 +241,11 @@ class TrainOptions:
             raise ValueError(f"overwrite=true and resume={self.resume} contradict each other: choose one")
         if self.resume_other_run and (self.resume is None or self.resume == "last"):
             raise ValueError("resume_other_run=true applies to resume=<a checkpoint of another run's folder>")
+        if self.resume_model_only and self.resume is None:
+            raise ValueError(
+                "resume_model_only=true applies to resume=last or resume=<checkpoint> (a checkpoint saved without "
+                "its optimizer state)"
+            )
         if self.eval_data.name in GIVEN_TASKS and self.eval_steps is not None:
             raise ValueError(
                 f"eval_data.name={self.eval_data.name} with eval_steps: the evaluation every eval_steps (TRL's loop) "

@@ -27,9 +27,10 @@ from gkv_train.exits import refusing
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.models import check_adapter, check_model, load_model, model_identity
 from gkv_train.problems.data import GIVEN, load_problems, local_file
-from gkv_train.runs.run_folder import claim_run_dir, finished_batches
+from gkv_train.runs.outputs import check_output
+from gkv_train.runs.run_folder import EVALUATION_LOG, LM_EVAL_RESULTS, claim_run_dir, finished_batches
 from gkv_train.runs.runlock import RunLock
-from gkv_train.runs.storage import check_output_dir, naming_full_disk
+from gkv_train.runs.storage import naming_full_disk
 
 
 def run_name(compression: CompressionConfig) -> str:
@@ -181,7 +182,8 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
     """``scripts/evaluate.py`` / ``gkv-train evaluate``: every run of ``config`` (an ``EvalConfig``, whose
     ``settings`` as plain values go into the summaries), the files described there; returns the JSON line's
     record (also printed). Everything is checked before any work (``refusing``): the runs, model, data, the
-    context and memory the rollouts need, ``output_dir``; then ``output_dir`` is locked for this call
+    context and memory the rollouts need, ``output_dir`` (``check_evaluation_folder``); then ``output_dir`` is
+    locked for this call
     (``RunLock``: a second evaluation into it is refused while this one runs), its run folders claimed, and
     ``config_files`` (name -> text: the resolved configuration) written under ``output_dir/hydra``."""
     out_dir = Path(config.output_dir)
@@ -192,7 +194,7 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
             check_adapter(config.adapter)
         check_task_contexts(config.model, {"data": config.data})
         problems = load_problems(config.data, config.seed)
-        check_output_dir(out_dir, "output_dir")
+        check_evaluation_folder(config)
         prompts = [config.data.prompt_template.format(problem=p) for p in problems["problem"]]
         rows = min(config.batch_problems, len(problems)) * config.num_generations
         given = list(problems[GIVEN]) if GIVEN in problems.column_names else None
@@ -203,6 +205,7 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
         out_dir.mkdir(parents=True, exist_ok=True)
         lock = RunLock.acquire(out_dir, "output_dir")
         try:
+            check_evaluation_folder(config, held=True)  # again, locked: one that ended meanwhile is not written over
             for compression in runs:
                 run = config.run_settings(compression)
                 claim_run_dir(out_dir / run_name(compression), run, config.overwrite, SETTINGS_KEYS)
@@ -216,10 +219,19 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
         return _evaluate(config, settings, runs, problems, out_dir)
 
 
+def check_evaluation_folder(config, held: bool = False) -> None:
+    """``output_dir`` by the rule of every job's output (``check_output``): not in use by another evaluation,
+    empty or missing, an evaluation's (each run's folder then claimed by its settings), or ``overwrite=true``; never
+    a training run's folder, nor the folder of the model or adapter it evaluates. ``held``: this call holds its
+    lock."""
+    inputs = {"model": config.model, "adapter": config.adapter}
+    check_output("evaluate", config.output_dir, "output_dir", overwrite=config.overwrite, inputs=inputs, held=held)
+
+
 def _evaluate(config, settings: dict, runs: list[CompressionConfig], problems, out_dir: Path) -> dict:
     """The work of ``run_evaluation`` once everything is checked and ``out_dir`` is locked and claimed."""
     data = config.data
-    log_console_to(out_dir / "evaluate.log")
+    log_console_to(out_dir / EVALUATION_LOG)
     for warning in config.warnings():
         print(f"warning: {warning}", file=sys.stderr)
     model, tokenizer = load_model(config.model, dtype=torch.bfloat16 if config.precision == "bf16" else torch.float32)
@@ -267,7 +279,7 @@ def _evaluate(config, settings: dict, runs: list[CompressionConfig], problems, o
         ),
     )
     results = lm_eval_results(summaries, data_name, settings, versions)
-    write_atomically(out_dir / "results.json", dumps({**results, "date": time.time()}, indent=2))
+    write_atomically(out_dir / LM_EVAL_RESULTS, dumps({**results, "date": time.time()}, indent=2))
     title = (
         f"{config.model}{' + ' + config.adapter if config.adapter else ''} · {data_name} · "
         f"{summaries[0]['problems']} problems x {config.num_generations} samples"

@@ -20,8 +20,9 @@ from gkv_train.exits import refusing
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import check_model, load_model
 from gkv_train.problems.data import GIVEN, check_sampled_only, load_problems, read_records
+from gkv_train.runs.outputs import check_output
 from gkv_train.runs.runlock import RunLock
-from gkv_train.runs.storage import check_output_file, naming_full_disk
+from gkv_train.runs.storage import naming_full_disk
 
 TRACE_FIELDS = ("id", "prompt", "completion", "completion_ids", "answer", "correct", "check_timed_out", "check_error")
 SOLUTION = "solution"  # a problem set's column of the completion that solves it (count_recall's)
@@ -145,12 +146,20 @@ def load_traces(path: str) -> datasets.Dataset:
     return datasets.Dataset.from_list(rows)
 
 
+def check_traces_output(config, held: bool = False) -> None:
+    """``output`` by the rule of every job's output (``check_output``): not in use by another call, a new file, or
+    an existing one with ``overwrite=true`` (a call generates every trace again); never in a training run's folder,
+    nor in the model's. ``held``: this call holds its lock."""
+    inputs = {"model": config.model}
+    check_output("traces", config.output, "output", overwrite=config.overwrite, inputs=inputs, held=held)
+
+
 def run_traces(config) -> dict:
     """``scripts/generate_traces.py`` / ``gkv-train traces``: the traces of ``config`` (a ``TracesConfig``)
     written to ``config.output``; returns the JSON line's record (also printed; with the answer checks' counts,
     timeouts and errors). The model, data, output path and the context and memory the generation needs are
-    checked before any work (``refusing``); then the output is locked for this call (``RunLock.acquire_file``: a
-    second call writing the same file is refused while this one runs)."""
+    checked before any work (``refusing``; the output by ``check_traces_output``); then the output is locked for this
+    call (``RunLock.acquire_file``: a second call writing the same file is refused while this one runs)."""
     output = Path(config.output)
     with refusing():
         check_model(config.model)
@@ -160,7 +169,7 @@ def run_traces(config) -> dict:
             check_sampled_only(problems, "data", "teacher traces")
         else:
             check_solutions(problems)
-        check_output_file(output, "output")
+        check_traces_output(config)
         prompts = [config.data.prompt_template.format(problem=p) for p in problems["problem"]]
         rows = min(TRACE_BATCH, len(problems)) * config.num_generations
         generation = Generation(
@@ -169,6 +178,11 @@ def run_traces(config) -> dict:
         check_generations(config.model, [generation], dtype_bytes=4, device="cpu")
         output.parent.mkdir(parents=True, exist_ok=True)
         lock = RunLock.acquire_file(output, "output")
+        try:
+            check_traces_output(config, held=True)  # again, locked: a call that ended meanwhile is not written over
+        except BaseException:
+            lock.release()
+            raise
     with lock:
         model, tokenizer = load_model(config.model)
         verify = MathVerifier()

@@ -29,7 +29,7 @@ from transformers.trainer import TRAINER_STATE_NAME
 from transformers.trainer_utils import rotate_checkpoints
 
 from gkv_train.exits import Preempted
-from gkv_train.jsonio import dumps, read_jsonl, write_atomically
+from gkv_train.jsonio import dumps, read_jsonl, read_state, write_atomically
 from gkv_train.runs.manifest import CHECKPOINT, MANIFEST, damage, write_manifest
 from gkv_train.runs.storage import FULL, disk_full, free_bytes
 
@@ -37,6 +37,7 @@ STAGING = ".staging"
 METRICS = "metrics.jsonl"
 EVAL = "eval.json"
 TRACES = "traces.jsonl"
+TRAIN_LOG = "train.log"
 # What a training run leaves in its output folder (besides its resolved configuration, ``hydra/``, rewritten at each
 # start, and the lock file ``.run.lock``): removed by overwrite=true.
 RUN_FILES = (
@@ -58,6 +59,11 @@ RUN_FILES = (
     "special_tokens_map.json",
     "chat_template.jinja",
 )
+
+
+# What only a training run leaves in its folder, so that a folder holding one of them is a training run's (a traces
+# file is not: ``scripts/generate_traces.py`` writes those anywhere)
+RUN_MARKS = ("checkpoint-*", STAGING, METRICS, MANIFEST, EVAL, TRAIN_LOG)
 
 
 # The model files of a run folder (what ``save_model`` writes there), listed by the final model's manifest
@@ -101,18 +107,16 @@ def newest_whole_checkpoint(output_dir: Path) -> Path | None:
 
 def checkpoint_step(checkpoint: Path) -> int:
     """The global step a checkpoint was saved at."""
-    return json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text())["global_step"]
+    return read_state(Path(checkpoint) / TRAINER_STATE_NAME)["global_step"]
 
 
-def run_artefacts(output_dir: Path, keep: Path | None = None) -> list[str]:
-    """Names of what a previous run left in ``output_dir`` (checkpoints, metrics, evaluation, generated traces),
-    sorted; ``keep`` (an input of this run, such as a given traces file) does not count."""
+def run_artefacts(output_dir: Path) -> list[str]:
+    """Names of what marks ``output_dir`` as a training run's folder (``RUN_MARKS``: checkpoints, an interrupted
+    save, metrics, the final model's manifest, the evaluation, the console log), sorted."""
     output_dir = Path(output_dir)
     if not output_dir.is_dir():
         return []
-    marks = ("checkpoint-*", STAGING, METRICS, EVAL, TRACES)
-    found = {p for pattern in marks for p in output_dir.glob(pattern)}
-    return sorted(p.name for p in found if keep is None or p.resolve() != Path(keep).resolve())
+    return sorted({p.name for pattern in RUN_MARKS for p in output_dir.glob(pattern)})
 
 
 def clear_run(output_dir: Path, keep: Path | None = None) -> None:

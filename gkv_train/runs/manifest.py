@@ -12,7 +12,7 @@ from pathlib import Path
 
 from transformers.trainer import TRAINER_STATE_NAME
 
-from gkv_train.jsonio import dumps, write_atomically
+from gkv_train.jsonio import dumps, read_state, write_atomically
 
 MANIFEST = "manifest.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")  # a checkpoint folder's name and its step
@@ -36,30 +36,35 @@ def write_manifest(folder: Path, files: list[Path], settings: dict) -> None:
 
 def read_manifest(folder: Path) -> dict | None:
     """The manifest of ``folder`` (None: it has none: a checkpoint of an earlier version, or copied without it);
-    ValueError naming the file when it is damaged: not JSON, an entry without its size and SHA-256, no weights
-    listed, or (a checkpoint's) no trainer state listed."""
+    ValueError naming the file when it is damaged: not a JSON object (``read_state``), an entry without its size and
+    SHA-256, no weights listed, or (a checkpoint's) no trainer state listed."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
         return None
-    try:
-        manifest = json.loads(path.read_text())
-        files = manifest.get("files") if isinstance(manifest, dict) else None
-        if not isinstance(files, dict):
-            raise ValueError("not a manifest: no files")
-        for name, entry in files.items():
-            if not (
-                isinstance(entry, dict)
-                and isinstance(entry.get("bytes"), int)
-                and isinstance(entry.get("sha256"), str)
-                and (folder / name).resolve().is_relative_to(Path(folder).resolve())
-            ):
-                raise ValueError(f"its entry {name!r} is not a file of the folder with its bytes and sha256")
-        if not any(is_weights(name) for name in files):
-            raise ValueError("it lists no weights")
-        if CHECKPOINT.fullmatch(Path(folder).name) and TRAINER_STATE_NAME not in files:
-            raise ValueError(f"it does not list {TRAINER_STATE_NAME}")
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is damaged ({err})") from None
+    manifest = read_state(path)
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        problem = "not a manifest: no files"
+    else:
+        problem = next(
+            (
+                f"its entry {name!r} is not a file of the folder with its bytes and sha256"
+                for name, entry in files.items()
+                if not (
+                    isinstance(entry, dict)
+                    and isinstance(entry.get("bytes"), int)
+                    and isinstance(entry.get("sha256"), str)
+                    and (folder / name).resolve().is_relative_to(Path(folder).resolve())
+                )
+            ),
+            None,
+        )
+        if problem is None and not any(is_weights(name) for name in files):
+            problem = "it lists no weights"
+        if problem is None and CHECKPOINT.fullmatch(Path(folder).name) and TRAINER_STATE_NAME not in files:
+            problem = f"it does not list {TRAINER_STATE_NAME}"
+    if problem is not None:
+        raise ValueError(f"{path} is damaged ({problem})")
     return manifest
 
 
@@ -111,9 +116,11 @@ def content_damage(folder: Path) -> str | None:
     folder = Path(folder)
     if CHECKPOINT.fullmatch(folder.name):
         try:
-            json.loads((folder / TRAINER_STATE_NAME).read_text())["global_step"]
-        except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError) as err:
-            return f"{folder / TRAINER_STATE_NAME} is damaged ({type(err).__name__}: {err})"
+            state = read_state(folder / TRAINER_STATE_NAME)
+        except (OSError, ValueError) as err:
+            return str(err)
+        if not isinstance(state.get("global_step"), int):
+            return f"{folder / TRAINER_STATE_NAME} is damaged (no global_step)"
     weights = [f for f in folder.iterdir() if f.is_file() and is_weights(f.name)]
     if not weights:
         return f"{folder} holds no weights (*.safetensors, *.bin)"
@@ -149,7 +156,32 @@ def damage(folder: Path, hashes: bool = True) -> str | None:
             return f"{path} has {size} bytes, {saved['bytes']} when it was saved"
         if hashes and sha256(path) != saved["sha256"]:
             return f"{path} differs from what was saved (SHA-256)"
+    if CHECKPOINT.fullmatch(folder.name):  # written whole and listed whole: a file it does not list was not saved
+        unlisted = sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file())
+        unlisted = [name for name in unlisted if name not in manifest["files"] and name != MANIFEST]
+        if unlisted:
+            return (
+                f"{folder / unlisted[0]} is not listed in its manifest (not what was saved: added, or the manifest "
+                "replaced, after the save)"
+            )
     return None
+
+
+def missing_training_state(checkpoint: Path) -> list[str]:
+    """What a checkpoint lacks of the optimizer and scheduler state a resumed run continues (transformers' Trainer
+    starts both afresh, saying nothing, when they are not there: a checkpoint saved with ``save_only_model=true``):
+    ``optimizer.pt`` unless it holds an optimizer state (``optimizer.pt`` / ``.bin``, an ``optimizer*`` folder, or
+    DeepSpeed's ``global_step*`` folder), ``scheduler.pt`` (outside DeepSpeed's, whose engine holds it)."""
+    checkpoint = Path(checkpoint)
+    folders = [p.name for p in checkpoint.iterdir() if p.is_dir()]
+    deepspeed = any(name.startswith("global_step") for name in folders)
+    optimizer = (
+        deepspeed
+        or any((checkpoint / name).is_file() for name in ("optimizer.pt", "optimizer.bin"))
+        or any("optimizer" in name for name in folders)
+    )
+    missing = [] if optimizer else ["optimizer.pt"]
+    return missing + ([] if deepspeed or (checkpoint / "scheduler.pt").is_file() else ["scheduler.pt"])
 
 
 def saved_settings(folder: Path) -> dict | None:

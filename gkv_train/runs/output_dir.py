@@ -1,6 +1,7 @@
-"""A training run's folder (``output_dir``), settled before any work: the checkpoint a resume continues (the newest
-whole one, or the one named, whose settings must be this run's), the folder locked for the run (one run per folder)
-and prepared (another run's files refused unless resumed or overwritten; what a resume logs again removed)."""
+"""A training run's folder (``output_dir``), settled before any work: what it may hold (``check_run_folder``: the rule
+of every job's output, ``gkv_train.runs.outputs``), the checkpoint a resume continues (the newest whole one, or the
+one named, whose settings must be this run's and which must hold its optimizer state), the folder locked for the run
+(one run per folder) and prepared (checked again under the lock; what a resume logs again removed)."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ from gkv_train.runs.checkpoints import (
     clear_staging,
     newest_whole_checkpoint,
     resume_settings,
-    run_artefacts,
     truncate_metrics,
 )
-from gkv_train.runs.manifest import CHECKPOINT, MANIFEST, damage, saved_settings
+from gkv_train.runs.manifest import CHECKPOINT, MANIFEST, damage, missing_training_state, saved_settings
+from gkv_train.runs.outputs import check_output
 from gkv_train.runs.runlock import RunLock, RunLocked
 
 if TYPE_CHECKING:
@@ -34,14 +35,33 @@ if TYPE_CHECKING:
 class RunFolder:
     """The run folder's part of a training run's configuration: where it writes (``output_dir``), the checkpoint
     it continues (``resume``: None, "last" or a checkpoint's folder; ``resume_other_run``: one of another run's
-    folder allowed), whether it replaces a run found there (``overwrite``), and a file of the user's there that is
-    an input, not another run's (``keep``: distillation's traces)."""
+    folder allowed; ``resume_model_only``: one saved without its optimizer state allowed), whether it replaces a run
+    found there (``overwrite``), a file of the user's there that is an input, not another run's (``keep``:
+    distillation's traces), and the models it loads (``models``: key -> name or path; never the folder itself)."""
 
     output_dir: str
     resume: str | None = None
     resume_other_run: bool = False
     overwrite: bool = False
     keep: str | None = None
+    resume_model_only: bool = False
+    models: tuple[tuple[str, str], ...] = ()
+
+
+def check_run_folder(folder: RunFolder, held: bool = False) -> None:
+    """``output_dir`` by the rule of every job's output (``check_output``): not in use by another run, empty or
+    missing, this run's (resumed, or stopped before its first step), or ``overwrite=true``; never a model it loads.
+    ``held``: this run holds the folder's lock (or, in another process of the run, its main process takes it)."""
+    check_output(
+        "train",
+        folder.output_dir,
+        "output_dir",
+        overwrite=folder.overwrite,
+        resume=folder.resume is not None,
+        inputs=dict(folder.models),
+        keep=folder.keep,
+        held=held,
+    )
 
 
 def resume_checkpoint(
@@ -84,6 +104,7 @@ def resume_checkpoint(
                 "resuming continues that run's optimizer, scheduler and step count here; to do that, add "
                 "resume_other_run=true (to start a new run from its weights instead, use its folder as model=)"
             )
+    check_training_state(folder, found)
     saved = saved_settings(found)
     if saved is not None:
         wanted = {**resume_settings(args, base_model_name(model), None), "lora": lora}
@@ -98,6 +119,25 @@ def resume_checkpoint(
                 "another output_dir)"
             )
     return str(found)
+
+
+def check_training_state(folder: RunFolder, found: Path) -> None:
+    """The checkpoint ``found`` holds the optimizer and scheduler state a resumed run continues (``save_only_model=
+    true`` saves none, and transformers' Trainer would start both afresh without a word), unless
+    ``resume_model_only=true`` accepts that (and only then)."""
+    missing = missing_training_state(found)
+    if missing and not folder.resume_model_only:
+        raise ValueError(
+            f"resume={folder.resume}: {found} holds no optimizer or scheduler state ({', '.join(missing)} missing: "
+            "saved with save_only_model=true?): a resumed run would go on from its step with a new optimizer and a "
+            "learning-rate schedule from its start; to accept that, add resume_model_only=true; to start a new run "
+            f"from its weights, use model={found} and another output_dir"
+        )
+    if folder.resume_model_only and not missing:
+        raise ValueError(
+            f"resume_model_only=true, but {found} holds its optimizer and scheduler state, which a resume "
+            "continues: drop resume_model_only"
+        )
 
 
 def flat_settings(settings: dict) -> dict:
@@ -137,19 +177,14 @@ def refuse_to_replace(out: Path) -> None:
 
 
 def prepare_output_dir(folder: RunFolder, state, checkpoint: str | None) -> None:
-    """Check ``output_dir`` before any work and get it ready to resume from ``checkpoint`` (``resume_checkpoint``).
-
-    A folder holding another run is refused unless ``resume`` (continue it) or ``overwrite=true`` (its run files
-    are removed) is given. On resume, metrics logged after the checkpoint and staging leftovers are removed, so
-    no step is logged twice. Every process decides the same; only the main one changes files.
+    """Get ``output_dir`` (checked before any work, and locked) ready to resume from ``checkpoint``
+    (``resume_checkpoint``): checked again under the lock (``check_run_folder``: a run that ended meanwhile is not
+    written over); with ``overwrite=true`` a run's files there are removed (other files stay); on resume, metrics
+    logged after the checkpoint and staging leftovers are removed, so no step is logged twice. Every process decides
+    the same; only the main one changes files.
     """
     out = Path(folder.output_dir)
-    found = run_artefacts(out, keep=folder.keep)
-    if found and folder.resume is None and not folder.overwrite:
-        raise FileExistsError(
-            f"output_dir {out} holds another run ({', '.join(found)}): pass resume=last to continue it, overwrite=true "
-            "to replace it, or choose another output_dir"
-        )
+    check_run_folder(folder, held=True)
     state.wait_for_everyone()  # every process has looked before anything changes
     if state.is_main_process:
         out.mkdir(parents=True, exist_ok=True)

@@ -8,10 +8,22 @@ import json
 import sys
 from pathlib import Path
 
-from gkv_train.jsonio import dumps, read_jsonl, write_atomically
+from gkv_train.jsonio import dumps, read_jsonl, read_state, write_atomically
 
 RUN_SETTINGS = "run.json"
 RUN_FILES = ("samples.jsonl", "density.jsonl", "summary.json", RUN_SETTINGS)
+EVALUATION_LOG = "evaluate.log"
+LM_EVAL_RESULTS = "results.json"  # an evaluation's results in lm-evaluation-harness's layout
+
+
+def evaluation_marks(folder: Path) -> list[str]:
+    """Names of what marks ``folder`` as an evaluation's (its console log, its ``results.json``, a run's folder
+    with its settings), sorted."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    marks = (EVALUATION_LOG, LM_EVAL_RESULTS)
+    return sorted(p.name for p in folder.iterdir() if p.name in marks or (p / RUN_SETTINGS).is_file())
 
 
 def fingerprint(settings: dict) -> str:
@@ -40,8 +52,8 @@ def claim_run_dir(out_dir: Path, settings: dict, overwrite: bool, keys: dict[str
     settings = json.loads(dumps(settings))  # as it reads back (tuples as lists), for a fair comparison
     recorded = out_dir / RUN_SETTINGS
     try:
-        old = json.loads(recorded.read_text()) if recorded.is_file() else None
-    except json.JSONDecodeError:  # cut by an interruption: of unknown origin
+        old = read_state(recorded) if recorded.is_file() else None
+    except ValueError:  # cut by an interruption, or not this file: of unknown origin
         old = None
     has_results = any((out_dir / name).is_file() for name in RUN_FILES)
     same = old is not None and old.get("fingerprint") == fingerprint(settings)
@@ -52,7 +64,12 @@ def claim_run_dir(out_dir: Path, settings: dict, overwrite: bool, keys: dict[str
                 if old is None
                 else (
                     "results made with other "
-                    + ", ".join((keys or {}).get(k, k) for k in differences(old.get("settings", {}), settings))
+                    + ", ".join(
+                        (keys or {}).get(k, k)
+                        for k in differences(
+                            old.get("settings") if isinstance(old.get("settings"), dict) else {}, settings
+                        )
+                    )
                 )
             )
             raise FileExistsError(

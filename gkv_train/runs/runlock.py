@@ -20,6 +20,11 @@ from pathlib import Path
 LOCK_FILE = ".run.lock"
 
 
+def is_lock_file(name: str) -> bool:
+    """Whether a file ``name`` is a lock file ``RunLock`` leaves (a folder's, or an output file's): no one's output."""
+    return name == LOCK_FILE or (name.startswith(".") and name.endswith(".lock"))
+
+
 class RunLocked(Exception):
     """Another live process holds the folder's lock (the message names it)."""
 
@@ -44,17 +49,34 @@ class RunLock:
         return cls._acquire(path.with_name(f".{path.name}.lock"), path, what)
 
     @classmethod
+    def check_free(cls, target: Path, what: str = "folder", file: bool = False) -> None:
+        """Raise ``RunLocked`` (naming the live holder, as ``acquire`` would) when another process holds the lock
+        of ``target`` (a folder; ``file``: an output file), changing nothing: no lock file is made or written (a
+        folder that is refused stays as it was). The lock is tested by taking it shared for an instant, so a run
+        acquiring it in that instant is refused, as if the two had started together."""
+        target = Path(target)
+        lock_path = target.with_name(f".{target.name}.lock") if file else target / LOCK_FILE
+        try:
+            fd = os.open(lock_path, os.O_RDONLY)
+        except OSError:  # no lock file: no holder
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise in_use(target, what, fd) from None
+        finally:
+            os.close(fd)
+
+    @classmethod
     def _acquire(cls, lock_path: Path, target: Path, what: str) -> RunLock:
         """Lock ``lock_path``, the lock file of ``target`` (named ``what`` in the message of ``RunLocked``)."""
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)  # never truncated here: the holder's note stays readable
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _describe(os.pread(fd, 1 << 16, 0))
+            refused = in_use(target, what, fd)
             os.close(fd)
-            raise RunLocked(
-                f"{what} {target} is in use by another run ({holder}): wait for it to end, or choose another {what}"
-            ) from None
+            raise refused from None
         except BaseException:
             os.close(fd)
             raise
@@ -79,6 +101,14 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def in_use(target: Path, what: str, fd: int) -> RunLocked:
+    """The refusal of ``target`` (named ``what``), whose lock file ``fd`` another live process holds: its note."""
+    holder = _describe(os.pread(fd, 1 << 16, 0))
+    return RunLocked(
+        f"{what} {target} is in use by another run ({holder}): wait for it to end, or choose another {what}"
+    )
 
 
 def _describe(text: bytes) -> str:

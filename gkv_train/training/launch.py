@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib
-import json
 import os
 import sys
 import time
@@ -26,18 +25,25 @@ from gkv_train.console import log_console_to
 from gkv_train.evaluation.evaluate import final_evaluation
 from gkv_train.evaluation.traces import TRACE_BATCH, generate_traces, load_traces, write_traces
 from gkv_train.exits import refusing
-from gkv_train.jsonio import dumps, write_atomically
+from gkv_train.jsonio import dumps, read_state, write_atomically
 from gkv_train.models import base_model_name, base_weights_note, card_model_name, check_model, load_model
 from gkv_train.problems.data import GIVEN, DataConfig, load_problems
 from gkv_train.runs.checkpoints import (
     EVAL,
     METRICS,
+    TRAIN_LOG,
     AtomicCheckpoints,
     StopOnSignal,
     checkpoint_step,
 )
-from gkv_train.runs.output_dir import RunFolder, lock_output_dir, prepare_output_dir, resume_checkpoint
-from gkv_train.runs.storage import check_output_dir, naming_full_disk
+from gkv_train.runs.output_dir import (
+    RunFolder,
+    check_run_folder,
+    lock_output_dir,
+    prepare_output_dir,
+    resume_checkpoint,
+)
+from gkv_train.runs.storage import naming_full_disk
 from gkv_train.training.distill import CompressedDistillationTrainer
 from gkv_train.training.distributed import generation_model
 from gkv_train.training.grpo import CompressedGRPOTrainer
@@ -82,7 +88,31 @@ def prompt_dataset(data: DataConfig, seed: int, key: str = "data") -> "datasets.
 def run_folder(config: TrainConfig) -> RunFolder:
     """The run folder's part of ``config``."""
     traces = config.distill.traces if isinstance(config, DistillTrainConfig) else None
-    return RunFolder(config.output_dir, config.resume, config.resume_other_run, config.overwrite, traces)
+    return RunFolder(
+        config.output_dir,
+        config.resume,
+        config.resume_other_run,
+        config.overwrite,
+        traces,
+        config.resume_model_only,
+        tuple(models(config).items()),
+    )
+
+
+def check_fills_a_generation_batch(config: TrainConfig, data) -> None:
+    """GRPO's sampler (TRL's ``RepeatSampler``) draws whole generation batches of prompts and drops an incomplete one:
+    fewer training prompts than one generation batch takes would train 0 steps and save the untrained model.
+    ValueError naming the numbers and what to change."""
+    if config.algorithm != "grpo":
+        return  # distillation's batches are plain rows: a short last batch still trains
+    needed = config.generation_batch_size // config.num_generations
+    if len(data) < needed:
+        raise ValueError(
+            f"data: {len(data)} training prompts, fewer than one generation batch takes ({needed}: "
+            f"prompts_per_step={config.prompts_per_step} x steps_per_generation={config.steps_per_generation} / "
+            f"gradient_accumulation_steps={config.gradient_accumulation_steps}): training would run 0 steps; give "
+            "more problems (data.limit) or lower prompts_per_step / steps_per_generation"
+        )
 
 
 @cache
@@ -180,17 +210,19 @@ def generations(config: TrainConfig, data, held_out, num_processes: int) -> list
     return found
 
 
-def models(config: TrainConfig) -> list[str]:
-    """The models a run loads: the trained one, and a distillation's teacher where it names another."""
+def models(config: TrainConfig) -> dict[str, str]:
+    """The models a run loads, by key: the trained one (``model``), and a distillation's teacher where it names one
+    (``distill.teacher``)."""
     teacher = config.distill.teacher if isinstance(config, DistillTrainConfig) else None
-    return list(dict.fromkeys(name for name in (config.model, teacher) if name is not None))
+    return {key: name for key, name in (("model", config.model), ("distill.teacher", teacher)) if name is not None}
 
 
 def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict:
     """Train as configured (``config.algorithm``: grpo or distill), checkpointing as it goes; returns the final
     evaluation. Everything is checked before any work (``refusing``): models, data, trainer arguments, the
-    context and memory the rollouts need, ``output_dir`` (its kind; locked for this run, so a second run into it
-    is refused while this one lives; another run's files refused unless resume / overwrite). Then
+    context and memory the rollouts need, enough prompts for a generation batch, ``output_dir`` (the rule of every
+    job's output, ``check_run_folder``: empty, this run's, or overwrite=true, never a model it loads; locked for this
+    run, so a second run into it is refused while this one lives). Then
     ``config_files`` (name -> text: the resolved configuration) are written under ``output_dir/hydra``.
     SIGTERM / SIGINT stop training at the next step boundary with a complete checkpoint (``StopOnSignal``),
     raising ``Preempted``."""
@@ -199,20 +231,21 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
     out = Path(config.output_dir)
     with refusing():
         state = PartialState(cpu=not torch.cuda.is_available())  # several CPU processes talk through gloo
-        for name in models(config):
+        for name in dict.fromkeys(models(config).values()):
             check_model(name)
-        check_output_dir(out, "output_dir")
+        folder = run_folder(config)
+        check_run_folder(folder, held=not state.is_main_process)  # the main process takes the lock
         check_task_contexts(config.model, {"data": config.data, "eval_data": config.eval_data})
         rewards = [import_callable(path) for path in config.rewards] if config.algorithm == "grpo" else []
         data = training_data(config)
+        check_fills_a_generation_batch(config, data)
         held_out = prompt_dataset(config.eval_data, config.seed, "eval_data")
-        folder = run_folder(config)
         # before the folder is made: a refused resume leaves nothing
         checkpoint = resume_checkpoint(folder, config, config.model, config.lora.settings())
         device = "cuda" if torch.cuda.is_available() else "cpu"
         local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         rollouts = generations(config, data, held_out, state.num_processes)
-        for name in models(config):
+        for name in dict.fromkeys(models(config).values()):
             check_generations(name, rollouts, dtype_bytes=4, device=device, processes=local)  # weights stay fp32
         lock = lock_output_dir(out, state)
     with lock or contextlib.nullcontext():
@@ -233,10 +266,10 @@ def train_and_evaluate(
     the reward functions of a GRPO run, imported among the checks)."""
     out = Path(config.output_dir)
     if state.is_main_process:
-        log_console_to(out / "train.log")
+        log_console_to(out / TRAIN_LOG)
     finished = checkpoint is not None and checkpoint_step(checkpoint) >= config.max_steps
     if finished and (out / EVAL).is_file():
-        result = json.loads((out / EVAL).read_text())
+        result = read_state(out / EVAL)
         if state.is_main_process:
             print(
                 f"{out} holds a finished run ({checkpoint_step(checkpoint)} steps, max_steps={config.max_steps}): "

@@ -22,7 +22,7 @@ from typing import Callable
 ROOT = Path(__file__).resolve().parents[2]
 OUTCOMES = ("ok", "clear_error", "unclear_error", "silent_wrong", "crash", "hang", "data_lost")
 CATEGORIES = ("harness", "rewards", "configuration", "data", "state_faults", "output")
-KINDS = ("listed", "control", "new", "round3", "round4")
+KINDS = ("listed", "control", "new", "round3", "round4", "round5")
 REFUSAL_CODE = 2
 TRACEBACK = "Traceback (most recent call last)"
 HYDRA_DUMP = "Error executing job"

@@ -4,12 +4,13 @@ written as data: one row per case, read by ``round4_cases``.
 
 A row is ``(name, category, about, entry, changes, expect, patterns, setup)``:
 
-* ``entry``: ``train`` / ``evaluate`` (the scripts, their base overrides updated with ``changes``), ``cli`` (``python
-  -m gkv_train.cli`` with the words of ``changes["argv"]``), ``script`` (``changes["argv"]`` under the checkout) or
-  ``python`` (``changes["code"]``, a snippet run in a child that prints ``BENCH_RESULT`` and its value or what it
-  raised);
+* ``entry``: ``train`` / ``evaluate`` / ``traces`` (the scripts, their base overrides updated with ``changes``),
+  ``cli`` (``python -m gkv_train.cli`` with the words of ``changes["argv"]``), ``script`` (``changes["argv"]`` under
+  the checkout) or ``python`` (``changes["code"]``, a snippet run in a child that prints ``BENCH_RESULT`` and its
+  value or what it raised);
 * ``expect``: ``refuse`` (a clear error matching every pattern, before the model loads), ``refuse_late`` (the same,
-  a model may have loaded), ``refuse_whole`` (a refusal that leaves the run folder byte for byte: else data lost),
+  a model may have loaded), ``refuse_whole`` (a refusal that leaves the run folder byte for byte: else data lost;
+  another folder where the setup names it, ``row_case``),
   ``result`` (exit 0, and ``patterns`` found in its output or, as ``file:pattern``, in that file of the case's
   folder) or ``raise`` (the snippet raises ValueError / TypeError matching every pattern);
 * ``setup``: a function of the case's context run first (a finished run to damage, files to read), or None.
@@ -23,6 +24,7 @@ import re
 from pathlib import Path
 
 from faults.harness import (
+    SCRIPTS,
     Case,
     Context,
     Verdict,
@@ -35,9 +37,10 @@ RUN = {"max_steps": 2, "save_steps": 1}  # a finished run with two checkpoints
 
 
 def folder_digest(folder: Path) -> str:
-    """One hash of every file under ``folder`` (names and bytes): equal before and after means untouched."""
+    """One hash of every file under ``folder`` (names and bytes; not the probe's own marks files): equal before and
+    after means untouched."""
     digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(".marks")):
         digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
@@ -669,7 +672,7 @@ def command(ctx: Context, entry: str, changes: dict) -> tuple[list[str], int | N
     """The child's command line for a row, and its file-size limit (``_fsize`` among ``changes``)."""
     changes = dict(changes)
     fsize = changes.pop("_fsize", None)
-    if entry in ("train", "evaluate"):
+    if entry in SCRIPTS:
         return ctx.entry(*overrides(entry, changes)), fsize
     argv = [ctx.path(a) for a in changes.get("argv", [])]
     if entry == "cli":
@@ -714,7 +717,10 @@ def judge_found(ctx: Context, proc, patterns: list[str]) -> Verdict:
     return Verdict("ok", "right result")
 
 
-def row_case(row: tuple) -> Case:
+def row_case(row: tuple, kind: str = "round4") -> Case:
+    """The case of a row (of ``kind``). A setup may name, in ``ctx.notes``, the folder a ``refuse_whole`` row keeps
+    (``digest_folder``, default ``{work}/out``; ``digest``: its digest before) and paths a refusal must not leave
+    (``absent``)."""
     name, category, about, entry, changes, expect, patterns, setup = row
 
     def run(ctx: Context) -> Verdict:
@@ -727,13 +733,15 @@ def row_case(row: tuple) -> Case:
             return judge_raise(proc, patterns)
         if expect == "result":
             return judge_found(ctx, proc, patterns)
-        if expect == "refuse_whole" and folder_digest(ctx.work / "out") != ctx.notes.pop("digest"):
-            return Verdict("data_lost", f"exit {proc.rc}: the run's folder changed: {failure_message(proc.err)[:200]}")
+        kept = Path(ctx.notes.pop("digest_folder", ctx.work / "out"))
+        if expect == "refuse_whole" and folder_digest(kept) != ctx.notes.pop("digest"):
+            return Verdict("data_lost", f"exit {proc.rc}: {kept} changed: {failure_message(proc.err)[:200]}")
         if expect == "machine":  # a failure of the machine, not of the input: any exit code but 0 (a full disk's 1)
             return judge_refusal(proc, patterns, before_load=False, code=None)
-        return judge_refusal(proc, patterns, before_load=expect != "refuse_late")
+        absent = [Path(ctx.path(p)) for p in ctx.notes.pop("absent", [])]
+        return judge_refusal(proc, patterns, before_load=expect != "refuse_late", must_not_exist=absent)
 
-    return Case(name, category, "round4", about, run, 900.0 if setup is not None else 360.0)
+    return Case(name, category, kind, about, run, 900.0 if setup is not None else 360.0)
 
 
 def round4_cases() -> list[Case]:

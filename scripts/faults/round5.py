@@ -1,0 +1,306 @@
+"""Round five (issue 64): the hostile cases of the issue's list, written as data in the row shape of round four
+(``scripts/faults/round4.py``'s docstring: ``(name, category, about, entry, changes, expect, patterns, setup)``, run
+by its ``row_case``), one section per part of the issue, read by ``round5_cases``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from faults.harness import Context
+from faults.round4 import folder_digest, row_case, trained
+
+# ----------------------------------------------------------------------------- output folders and no-op training
+# Every job writes only into an empty folder, its own run's, or with overwrite=true (gkv_train.runs.outputs); a
+# training set that cannot fill one generation batch, and a resume without its optimizer state, are refused.
+
+
+def kept(folder: str = "{work}/out", absent: tuple[str, ...] = ()):
+    """The end of a setup: ``folder`` (a refuse_whole row's) digested as it is now; ``absent``: paths the refusal
+    must not leave."""
+
+    def note(ctx: Context) -> None:
+        path = Path(ctx.path(folder))
+        ctx.notes.update(digest=folder_digest(path), digest_folder=str(path), absent=list(absent))
+
+    return note
+
+
+def users_folder(*names: str, folder: str = "{work}/out"):
+    """Setup: a folder of the user's holding ``names`` (a README, a configuration, notes: no run's)."""
+
+    def setup(ctx: Context) -> None:
+        path = Path(ctx.path(folder))
+        path.mkdir(parents=True, exist_ok=True)
+        for name in names:
+            (path / name).write_text(f"the user's {name}\n")
+        kept(folder)(ctx)
+
+    return setup
+
+
+def finished(changes: dict | None = None, absent: tuple[str, ...] = ()):
+    """Setup: a finished two-step run in ``{work}/out`` (``changes``: its other settings), digested."""
+
+    def setup(ctx: Context) -> None:
+        trained(ctx, changes)
+        kept("{work}/out", absent)(ctx)
+
+    return setup
+
+
+def exported(ctx: Context) -> None:
+    """Setup: a run in ``{work}/run`` exported (``gkv-train export``) into ``{work}/out``, digested."""
+    run = trained(ctx, {"output_dir": "{work}/run"})
+    proc = ctx.run([ctx.python, "-m", "gkv_train.cli", "export", str(run), str(ctx.work / "out")], 300)
+    if proc.rc != 0:
+        raise RuntimeError(f"the export failed: {proc.err[-300:]}")
+    kept()(ctx)
+
+
+def unlisted_optimizer(ctx: Context) -> None:
+    """Setup: a finished run whose every checkpoint has optimizer.pt damaged (a byte flipped) and left out of its
+    manifest."""
+    import json
+
+    out = trained(ctx)
+    for checkpoint in sorted(out.glob("checkpoint-*")):
+        manifest = json.loads((checkpoint / "manifest.json").read_text())
+        del manifest["files"]["optimizer.pt"]
+        (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+        data = bytearray((checkpoint / "optimizer.pt").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (checkpoint / "optimizer.pt").write_bytes(bytes(data))
+    kept()(ctx)
+
+
+def config_yaml(text: str):
+    """Setup: a finished run whose resolved configuration (hydra/config.yaml, which export reads) is ``text``."""
+
+    def setup(ctx: Context) -> None:
+        out = trained(ctx)
+        (out / "hydra" / "config.yaml").write_text(text)
+        kept(absent=("{work}/exp",))(ctx)
+
+    return setup
+
+
+WEIGHTS, METRICS = "{work}/out/model.safetensors", "{work}/out/metrics.jsonl"
+EXPORT = ["export", "{work}/out"]
+OUTPUT_ROWS = [
+    # 1. train wrote into any folder that held no run artefacts, replacing same-named files
+    (
+        "output/train-into-users-folder",
+        "output",
+        "a user's folder with README.md and config.json: both replaced by the model card and the model's config",
+        "train",
+        {},
+        "refuse_whole",
+        ["README.md", "config.json", "overwrite=true"],
+        users_folder("README.md", "config.json", "notes.txt"),
+    ),
+    (
+        "output/train-resume-last-into-users-folder",
+        "output",
+        "resume=last into a user's folder: no checkpoint, so a run from scratch into it",
+        "train",
+        {"resume": "last"},
+        "refuse_whole",
+        ["holds no training run", "README.md"],
+        users_folder("README.md", "notes.txt"),
+    ),
+    (
+        "output/train-into-exported-model",
+        "output",
+        "an exported model's folder as output_dir: its weights, config and card replaced by another run's",
+        "train",
+        {},
+        "refuse_whole",
+        ["is not empty", "model.safetensors", "overwrite=true"],
+        exported,
+    ),
+    (
+        "output/train-model-is-output-dir",
+        "output",
+        "model=X output_dir=X overwrite=true: the base weights replaced by the trained ones",
+        "train",
+        {"model": "{work}/out", "overwrite": True},
+        "refuse_whole",
+        [r"output_dir=\S+/out is model=", "overwrite=true"],
+        finished(),
+    ),
+    (
+        "output/train-model-inside-output-dir",
+        "output",
+        "model=X/checkpoint-2 output_dir=X overwrite=true: the checkpoint trained from removed first",
+        "train",
+        {"model": "{work}/out/checkpoint-2", "overwrite": True},
+        "refuse_whole",
+        [r"output_dir=\S+/out holds model=\S+/checkpoint-2"],
+        finished(),
+    ),
+    # 2. evaluate into a finished training run replaced its hydra/config.yaml (which export reads)
+    *[
+        (
+            f"output/evaluate-into-finished-run{suffix}",
+            "output",
+            f"evaluate.py output_dir=<a finished run>{about}: its hydra/config.yaml and overrides.yaml replaced",
+            "evaluate",
+            changes,
+            "refuse_whole",
+            ["training run's folder", "hydra/config.yaml"],
+            finished(),
+        )
+        for suffix, about, changes in (("", "", {}), ("-overwrite", " overwrite=true", {"overwrite": True}))
+    ],
+    # 3. generate_traces replaced any existing file
+    *[
+        (
+            f"output/traces-over-{name}",
+            "output",
+            f"scripts/generate_traces.py output={about}: replaced",
+            "traces",
+            changes,
+            "refuse_whole",
+            patterns,
+            setup,
+        )
+        for name, about, changes, patterns, setup in (
+            ("run-weights", "<a run's model.safetensors>", {"output": WEIGHTS}, ["training run's folder"], finished()),
+            (
+                "run-metrics",
+                "<a run's metrics.jsonl> overwrite=true",
+                {"output": METRICS, "overwrite": True},
+                ["training run's folder"],
+                finished(),
+            ),
+            (
+                "other-traces",
+                "<a traces file made with other settings>",
+                {"output": "{work}/out/traces.jsonl"},
+                ["exists", "overwrite=true"],
+                users_folder("traces.jsonl"),
+            ),
+        )
+    ],
+    # 4. an empty output_dir= wrote into the current folder
+    (
+        "output/train-empty-output-dir",
+        "output",
+        "train.py output_dir=: crashed after loading the model, leaving hydra/ and train.log in the current folder",
+        "train",
+        {"output_dir": ""},
+        "refuse_whole",
+        ["output_dir is empty"],
+        kept("{work}"),
+    ),
+    (
+        "output/evaluate-empty-output-dir",
+        "output",
+        "scripts/evaluate.py output_dir=: replaced a summary.json in the current folder",
+        "evaluate",
+        {"output_dir": ""},
+        "refuse_whole",
+        ["output_dir is empty"],
+        users_folder("summary.json", folder="{work}"),
+    ),
+    (
+        "output/traces-empty-output",
+        "output",
+        "scripts/generate_traces.py output=: refused as a folder named '.'",
+        "traces",
+        {"output": ""},
+        "refuse",
+        ["output is empty"],
+        None,
+    ),
+    # 13. export failed after writing the merged weights, leaving a folder a rerun refuses; its own folder
+    *[
+        (
+            f"output/export-config-{name}",
+            "output",
+            f"gkv-train export of a run whose hydra/config.yaml is {about}: failed after writing the weights",
+            "cli",
+            {"argv": [*EXPORT, "{work}/exp"]},
+            "refuse_whole",
+            ["config.yaml is damaged"],
+            config_yaml(text),
+        )
+        for name, about, text in (("list", "a list", "- model\n- tiny\n"), ("broken", "broken YAML", "model: [tiny\n"))
+    ],
+    (
+        "output/export-into-its-run",
+        "output",
+        "gkv-train export RUN RUN --overwrite: the run's model and card replaced by the export",
+        "cli",
+        {"argv": [*EXPORT, "{work}/out", "--overwrite"]},
+        "refuse_whole",
+        [r"OUT_DIR=\S+/out is RUN_DIR="],
+        finished(),
+    ),
+    # 5. fewer training prompts than one generation batch: 0 steps trained, the untrained model saved, rc 0
+    *[
+        (
+            f"configuration/no-op-training-{name}",
+            "configuration",
+            f"{about} with data.limit=2: TRL's sampler drew no whole generation batch, 0 steps, rc 0",
+            "train",
+            {"data.limit": 2, **changes},
+            "refuse",
+            ["2 training prompts", "generation batch", "data.limit", key],
+            None,
+        )
+        for name, about, changes, key in (
+            ("prompts-per-step", "prompts_per_step=3", {"prompts_per_step": 3}, "prompts_per_step=3"),
+            ("steps-per-generation", "steps_per_generation=3", {"steps_per_generation": 3}, "steps_per_generation=3"),
+        )
+    ],
+    # 6. a resume without the optimizer state it continues
+    (
+        "state_faults/resume-save-only-model",
+        "state_faults",
+        "resume=last from a save_only_model=true checkpoint: a fresh optimizer and scheduler without a word",
+        "train",
+        {"max_steps": 3, "resume": "last", "save_only_model": True},
+        "refuse_whole",
+        ["save_only_model", "optimizer.pt", "resume_model_only=true"],
+        finished({"save_only_model": True}),
+    ),
+    (
+        "state_faults/resume-manifest-without-optimizer",
+        "state_faults",
+        "resume=<checkpoint> whose manifest omits a damaged optimizer.pt: PytorchStreamReader failed after loading",
+        "train",
+        {"max_steps": 3, "resume": "{work}/out/checkpoint-2"},
+        "refuse_whole",
+        ["optimizer.pt is not listed in its manifest"],
+        unlisted_optimizer,
+    ),
+    # the controls: what is the same run, or allowed by overwrite=true, is written
+    (
+        "output/train-overwrite-into-users-folder",
+        "output",
+        "control: overwrite=true writes into a user's folder (the user's other files kept)",
+        "train",
+        {"overwrite": True},
+        "result",
+        ["out/notes.txt:the user's", "out/eval.json:accuracy"],
+        users_folder("README.md", "notes.txt"),
+    ),
+    (
+        "state_faults/resume-model-only-accepted",
+        "state_faults",
+        "control: resume_model_only=true resumes a save_only_model checkpoint",
+        "train",
+        {"max_steps": 3, "resume": "last", "save_only_model": True, "resume_model_only": True},
+        "result",
+        ['out/eval.json:"steps": 3'],
+        finished({"save_only_model": True}),
+    ),
+]
+
+ROWS = [*OUTPUT_ROWS]
+
+
+def round5_cases() -> list:
+    return [row_case(row, "round5") for row in ROWS]
