@@ -516,13 +516,14 @@ def test_block_masks_from_the_record_equal_create_block_mask(tiny_llama, queries
         compare(masks, config.num_hidden_layers, config.num_attention_heads, num_queries)
 
 
-@pytest.mark.parametrize("method", ["gkv", "snapkv", "streaming"])
+@pytest.mark.parametrize("method", ["gkv", "snapkv", "streaming", "random_attention"])
 def test_flex_backend_from_the_record_over_several_blocks(tiny_llama, method):
     """FlexAttention under the record's block masks over several 128-token blocks: the trainer's log-probs equal the
-    rollout's; a causal mask and the record rotated by one layer do not."""
+    rollout's; a causal mask and the record rotated by one layer do not (random_attention: a kept prompt whose
+    first key block every query sees, the last query block ragged)."""
     # a new shape compiles FlexAttention's CPU kernel again for that shape: torch 2.13's kernel for dynamic shapes
     # (what a second shape asks for by default) does not compile (a C++ error in its generated code)
-    cfg = CompressionConfig(method, budget=64, window=8, interval=16)
+    cfg = CompressionConfig(method, budget=method_budget(method, 64, 8, 140), window=8, interval=16)
     out = RolloutEngine(tiny_llama, compression=cfg).generate(
         random_prompts([9, 140]), SamplingConfig(max_new_tokens=300, temperature=1.0, seed=6, stop_token_ids=())
     )
