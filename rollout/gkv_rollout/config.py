@@ -25,12 +25,14 @@ class CompressionConfig:
         (an ``EvictionMethod`` dataclass; the module is imported, its code run, and the class registered under
         that name and its own when the configuration is validated: like a trust-remote-code choice, a
         configuration naming one names code to run).
-    budget: tokens each (layer, KV head) keeps after a compression, the window included (eviction methods).
+    budget: tokens each (layer, KV head) keeps after a compression, the window (and a kept prompt) included
+        (eviction methods).
     window: the last ``window`` queries score the cache, and the last ``window`` keys are always kept and never
-        scored (None: the method's; 16 for most, 1 for ``h2o`` and ``tova``, 32 for ``s4r``).
+        scored (None: the method's; 16 for most, 1 for ``h2o`` and ``tova``, 32 for ``s4r``, 64 for
+        ``random_attention``).
     interval: compress after every ``interval`` generated tokens (and right after prefill when a prompt exceeds
         the budget), so attention never sees more than ``budget + interval`` keys (None: the method's; 128, the
-        reference's ``divide_length``; 1 for ``tova``).
+        reference's ``divide_length``; 1 for ``tova``, 64 for ``random_attention``).
     sinks: the first ``sinks`` tokens are always kept (None: the method's; 4 for ``streaming`` and ``s4r``).
     keep_prompt: each sequence's whole prompt is always kept, inside the budget (eviction methods; None: the
         method's, false but for ``random_attention``); a prompt that with the window fills the budget is refused.
