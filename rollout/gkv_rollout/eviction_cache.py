@@ -3,9 +3,9 @@
 ``EvictionCache`` is the attention context (``gkv_rollout.contract.attention``) of the rollout's forward calls:
 each layer appends its new keys/values (after RoPE) to its buffer, keeps the last ``window`` queries for scoring, and
 attends over the occupied slots. Every slot carries the logical position of its token, so eviction never
-shifts a RoPE position, and ``compress`` keeps, per layer and KV head, the sinks (or the prompt), the window and the best
-scored others, compacting them into the first ``budget`` slots in position order and stamping the evicted ones in
-the record (see ``gkv_rollout.contract.eviction`` for the timing).
+shifts a RoPE position, and ``compress`` keeps, per layer and KV head, the sinks (or the prompt), the window and the
+best scored others, compacting them into the first ``budget`` slots in position order and stamping the evicted ones
+in the record (see ``gkv_rollout.contract.eviction`` for the timing).
 
 Occupancy is per sequence, not per layer or head: after a compression every (layer, KV head) of sequence ``b``
 keeps exactly ``min(budget, length_b)`` tokens, so one [B, S] validity mask serves all layers.

@@ -217,7 +217,7 @@ class EvictionMethod(Method):
     budget) keep, per layer and KV head, the sinks (or each sequence's whole prompt: ``keep_prompt``), the last
     ``window`` tokens and the best-scored others within ``budget``; a method implements ``score``.
 
-    budget: tokens each (layer, KV head) keeps after a compression, the window included.
+    budget: tokens each (layer, KV head) keeps after a compression, the window (and a kept prompt) included.
     window: the last ``window`` queries score the cache, and the last ``window`` keys are always kept and never
         scored.
     interval: compress after every ``interval`` generated tokens (and right after prefill when a prompt exceeds

@@ -110,11 +110,11 @@ def block_classes(
     column is a real key, the largest and smallest real key position and eviction stamp; per query block: its
     smallest and largest query position (both among its queries). A tile is full iff every key is real, every
     query of the block is (the last, ragged block never is), the latest key is written by the first query and the
-    earliest eviction comes after the last query; empty when no
-    key is real, every key is written after the last query, or every key left by the first query's; a tile whose
-    keys all come at or before its first query is partial otherwise (the longest-lived key is seen by the first
-    query). The remaining tiles (a key block that reaches past the first query: the diagonal, and query blocks
-    holding padding, which sits at position 0) are decided by evaluating the mask on them alone.
+    earliest eviction comes after the last query; empty when no key is real, every key is written after the last
+    query, or every key left by the first query's; a tile whose keys all come at or before its first query is
+    partial otherwise (the longest-lived key is seen by the first query). The remaining tiles (a key block that
+    reaches past the first query: the diagonal, and query blocks holding padding, which sits at position 0) are
+    decided by evaluating the mask on them alone.
     """
     B, H, T = evict.shape
     nk, nq, offset = -(-T // block), -(-num_queries // block), T - num_queries
