@@ -42,3 +42,13 @@ def weightless_model(tmp_path_factory):
     tiny_config().save_pretrained(folder)
     tiny_tokenizer().save_pretrained(folder)
     return str(folder)
+
+
+def method_budget(name: str, budget: int, window: int, longest: int) -> int:
+    """The budget a test gives the method ``name`` at its defaults: ``budget``, or for a method that keeps each
+    prompt (``random_attention``), one that holds the longest prompt (``longest`` tokens) and the window with room
+    to spare (half of ``budget``): a prompt that fills the budget is refused."""
+    from gkv_rollout.methods import method_class
+
+    keeps = getattr(method_class(name), "keep_prompt", False)
+    return longest + window + budget // 2 if keeps else budget

@@ -252,6 +252,62 @@ def test_a_method_from_the_users_own_module(tmp_path, monkeypatch):
         PLUG_INS.pop("user_methods:Oldest", None)
 
 
+def test_keep_prompt_is_an_option_of_every_eviction_method():
+    """``compression.keep_prompt`` (shared, default false; true for ``random_attention``, Random Attention at its
+    authors' window and interval of 64): a value that is not a boolean is refused, ``s4r`` (whose exact part is its
+    sinks) refuses it, ``full`` keeps every prompt anyway; a prompt that with the window fills the budget is refused
+    naming its length, the window and the budget, one token less is accepted (the check the job runs before any
+    work, ``check_prompts``, and the cache's own after the prefill)."""
+    from gkv_rollout.methods import eviction_methods
+
+    for name in eviction_methods():
+        assert CompressionConfig(name, keep_prompt=True).resolved.keep_prompt is True
+        default = CompressionConfig(name).resolved.keep_prompt
+        assert default is (name == "random_attention")
+    ra = CompressionConfig("random_attention").resolved
+    assert (ra.window, ra.interval, ra.sinks, ra.budget) == (64, 64, 0, 2048)
+    for bad in ("yes", 1, "true"):
+        with pytest.raises(ValueError, match="keep_prompt must be true or false"):
+            CompressionConfig("gkv", keep_prompt=bad)
+    with pytest.raises(ValueError, match="keep_prompt=true does not apply to compression.method=s4r"):
+        CompressionConfig("s4r", keep_prompt=True)
+    with pytest.raises(ValueError, match="keep_prompt=true does not apply to compression.method=s4r"):
+        CompressionConfig("gkv", keep_prompt=True).for_method("s4r", None)  # a sweep's run
+    assert CompressionConfig("s4r", keep_prompt=False).method == "s4r"
+    assert CompressionConfig("full", keep_prompt=True).identity() == {"method": "full"}
+    assert CompressionConfig.of("snapkv", keep_prompt=True, budget=64).resolved.keep_prompt is True
+
+    method = CompressionConfig("gkv", budget=64, window=16, keep_prompt=True).resolved
+    names = lambda i: f"the prompt of problem {i}"  # noqa: E731
+    method.check_prompts([10, 47, 3], names)  # 47 + 16 < 64: one slot left for the completion
+    with pytest.raises(
+        ValueError,
+        match=r"compression.keep_prompt: the prompt of problem 1 has 48 tokens; with the window \(16\) it fills "
+        r"the budget \(64\).* above 64",
+    ):
+        method.check_prompts([10, 48, 3], names)
+    CompressionConfig("gkv", budget=64, window=16).resolved.check_prompts([10, 480, 3], names)  # control: not kept
+    assert method.prompt_limit() == 48 and CompressionConfig("gkv").resolved.prompt_limit() is None
+
+
+def test_a_prompt_that_fills_the_budget_is_refused_by_the_engine(tiny_llama):
+    """A library call of the engine with a kept prompt that fills the budget: ValueError naming both numbers before
+    any token is generated; one token shorter runs, its prompt kept."""
+    from gkv_rollout.contract.eviction import NEVER
+    from gkv_rollout.engine import RolloutEngine
+    from gkv_train.models import random_prompts
+
+    cfg = CompressionConfig("gkv", budget=16, window=4, interval=4, keep_prompt=True)
+    engine = RolloutEngine(tiny_llama, compression=cfg)
+    sampling = SamplingConfig(max_new_tokens=20, stop_token_ids=())
+    with pytest.raises(
+        ValueError, match=r"the prompt of row 1 has 12 tokens; .* window \(4\) it fills the budget \(16\)"
+    ):
+        engine.generate(random_prompts([5, 12]), sampling)
+    out = engine.generate(random_prompts([5, 11]), sampling)
+    assert (out.record.evict_at[1, ..., :11] == NEVER).all() and (out.record.evict_at[1] < NEVER).any()
+
+
 def test_tova_evicts_every_step():
     r = CompressionConfig("tova", budget=16)
     assert (r.resolved.window, r.resolved.interval, r.resolved.pool_kernel, r.option_names()) == (1, 1, 1, ())
@@ -724,10 +780,16 @@ def test_a_run_identity_is_its_methods_fields():
     from gkv_train.config.eval_config import EvalConfig
 
     config = EvalConfig(model="tiny")
-    for method in ("full", "gkv", "h2o", "s4r"):
+    for method in ("full", "gkv", "h2o", "s4r", "random_attention"):
         resolved = CompressionConfig(method).resolved
         identity = config.run_settings(CompressionConfig(method))["compression"]
-        assert identity == {"method": method, **dataclasses.asdict(resolved)}
+        fields = dataclasses.asdict(resolved)
+        if fields.get("keep_prompt") is False:  # an option added later: in the identity only when set
+            del fields["keep_prompt"]
+        assert identity == {"method": method, **fields}
+    assert config.run_settings(CompressionConfig("random_attention"))["compression"]["keep_prompt"] is True
+    kept = config.run_settings(CompressionConfig("gkv", keep_prompt=True))["compression"]
+    assert kept["keep_prompt"] is True and kept != config.run_settings(CompressionConfig("gkv"))["compression"]
     assert "redundancy" not in config.run_settings(CompressionConfig("h2o"))["compression"]  # h2o does not read it
     plain = config.run_settings(CompressionConfig("s4r"))["compression"]
     refreshed = config.run_settings(CompressionConfig.of("s4r", refresh=8))["compression"]

@@ -4,10 +4,11 @@ import dataclasses
 
 import pytest
 import torch
-from conftest import random_prompts
+from conftest import method_budget, random_prompts
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract import attention
+from gkv_rollout.contract.eviction import NEVER
 from gkv_rollout.engine import RolloutEngine
 from gkv_rollout.methods import eviction_methods, method_class
 from gkv_train.models import tiny_model
@@ -17,16 +18,20 @@ from gkv_train.training.logprobs import token_logprobs
 TOL = 1e-4
 
 
-def tiny_methods(budget, window, interval):
+def tiny_methods(budget, window, interval, longest):
     """Every registered eviction method at its defaults (a method whose own window or interval is smaller keeps
-    it: TOVA evicts every step), and G-KV's other history forms."""
+    it: TOVA evicts every step; one that keeps the prompt gets a budget that holds the longest prompt, ``longest``
+    tokens: ``method_budget``), and G-KV's other history forms."""
     common = dict(budget=budget, window=window, interval=interval)
     names = eviction_methods()
     defaults = {name: {f.name: f.default for f in dataclasses.fields(method_class(name))} for name in names}
     own = {
         name: {k: min(v, defaults[name][k]) for k, v in common.items() if k != "budget"} for name in eviction_methods()
     }
-    return [CompressionConfig(name, budget=budget, **own[name]) for name in eviction_methods()] + [
+    return [
+        CompressionConfig(name, budget=method_budget(name, budget, own[name]["window"], longest), **own[name])
+        for name in eviction_methods()
+    ] + [
         CompressionConfig.of("gkv", form="mean", **common),
         CompressionConfig.of("gkv", form="sum", redundancy=False, **common),
     ]
@@ -46,13 +51,63 @@ def check(model, out, cfg):
 
 
 @pytest.mark.floor
-@pytest.mark.parametrize("cfg", tiny_methods(16, 4, 8), ids=lambda c: f"{c.method}-{c.options.get('form')}")
+@pytest.mark.parametrize("cfg", tiny_methods(16, 4, 8, 30), ids=lambda c: f"{c.method}-{c.options.get('form')}")
 def test_consistency_tiny(tiny_llama, cfg):
     prompts = random_prompts([5, 23, 12, 30, 9])
     out = RolloutEngine(tiny_llama, compression=cfg).generate(
         prompts, SamplingConfig(max_new_tokens=40, temperature=1.0, seed=1)
     )
     check(tiny_llama, out, cfg)
+
+
+def kept_after_compressions(evict_at: torch.Tensor) -> dict[int, torch.Tensor]:
+    """One row's record evict_at int32 [L, Hkv, T] -> {stamp s: int64 [L, Hkv] keys kept by the compression that
+    stamped s (k < s and evict_at[k] > s)}, one entry per compression that evicted something."""
+    stamps = evict_at[evict_at < NEVER].unique().tolist()
+    return {s: (evict_at[..., :s] > s).sum(-1) for s in stamps}
+
+
+KEPT_PROMPTS = [5, 12, 9, 14, 3]  # different prompt lengths per row, the longest 14 tokens
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [dataclasses.replace(c, keep_prompt=True) for c in tiny_methods(24, 4, 8, max(KEPT_PROMPTS))],
+    ids=lambda c: f"{c.method}-{c.options.get('form')}",
+)
+def test_consistency_keep_prompt(tiny_llama, cfg):
+    """``keep_prompt`` for every eviction method: the record stays exact (trainer = rollout; the causal-mask and
+    rotated-layer controls fail); no position of a row's own prompt is ever evicted, while without the option some
+    are (the control); every compression of a row leaves each (layer, KV head) exactly ``budget`` tokens, its
+    prompt among them (rows of different prompt lengths, left-padded)."""
+    sampling = SamplingConfig(max_new_tokens=48, temperature=1.0, seed=1, stop_token_ids=())
+    out = RolloutEngine(tiny_llama, compression=cfg).generate(random_prompts(KEPT_PROMPTS), sampling)
+    check(tiny_llama, out, cfg)
+    evict_at = out.record.evict_at
+    for row, prompt in enumerate(out.prompt_lengths.tolist()):
+        assert (evict_at[row, ..., :prompt] == NEVER).all(), f"{cfg.method}: row {row}'s prompt evicted"
+        kept = kept_after_compressions(evict_at[row])
+        assert kept and all((n == cfg.budget).all() for n in kept.values()), (cfg.method, row, kept)
+    assert out.stats["compressions"] >= 3
+    plain = RolloutEngine(tiny_llama, compression=dataclasses.replace(cfg, keep_prompt=False)).generate(
+        random_prompts(KEPT_PROMPTS), sampling
+    )
+    lost = [(plain.record.evict_at[row, ..., :p] < NEVER).any() for row, p in enumerate(KEPT_PROMPTS)]
+    assert any(lost), f"{cfg.method} without keep_prompt evicts no prompt token: the test could not fail"
+
+
+def test_keep_prompt_keeps_each_rows_own_prompt(tiny_llama):
+    """The kept prompt is each row's own (positions below its prompt length), not the batch's longest: StreamingLLM
+    without sinks keeps the prompt and the newest tokens, so each row's first generated token is the first evicted,
+    in every layer and KV head, and no prompt position ever is."""
+    cfg = CompressionConfig("streaming", budget=24, window=4, interval=8, sinks=0, keep_prompt=True)
+    out = RolloutEngine(tiny_llama, compression=cfg).generate(
+        random_prompts(KEPT_PROMPTS), SamplingConfig(max_new_tokens=40, temperature=1.0, seed=2, stop_token_ids=())
+    )
+    for row, prompt in enumerate(KEPT_PROMPTS):
+        evict_at = out.record.evict_at[row]
+        assert (evict_at[..., :prompt] == NEVER).all() and (evict_at[..., prompt] < NEVER).all(), row
+        assert (evict_at[..., prompt, None] <= evict_at[..., prompt + 1 :]).all(), row
 
 
 @pytest.mark.parametrize("kind", ["tiny-qwen2", "tiny-qwen3"])
@@ -419,7 +474,6 @@ def test_sampled_tokens_after_a_long_given_beginning_match_the_rollout(tiny_llam
 
 def random_eviction_record(lengths: list[int], layers: int, heads: int, width: int, seed: int) -> torch.Tensor:
     """int32 [B, layers, heads, width]: each key evicted at a random later position, or (a third of them) never."""
-    from gkv_rollout.contract.eviction import NEVER
 
     g = torch.Generator().manual_seed(seed)
     keys = torch.arange(width)
@@ -452,7 +506,7 @@ def test_block_masks_from_the_record_equal_create_block_mask(tiny_llama, queries
     record = random_eviction_record(lengths, 2, 2, width, seed=5)
     compare(EvictionMasks.build(record, attention, "flex"), 2, 6, width if queries == "all" else 200)
 
-    for cfg in tiny_methods(64, 8, 16):
+    for cfg in tiny_methods(64, 8, 16, 140):
         out = RolloutEngine(tiny_llama, compression=cfg).generate(
             random_prompts([9, 140]), SamplingConfig(max_new_tokens=300, temperature=1.0, seed=4)
         )
@@ -462,13 +516,14 @@ def test_block_masks_from_the_record_equal_create_block_mask(tiny_llama, queries
         compare(masks, config.num_hidden_layers, config.num_attention_heads, num_queries)
 
 
-@pytest.mark.parametrize("method", ["gkv", "snapkv", "streaming"])
+@pytest.mark.parametrize("method", ["gkv", "snapkv", "streaming", "random_attention"])
 def test_flex_backend_from_the_record_over_several_blocks(tiny_llama, method):
     """FlexAttention under the record's block masks over several 128-token blocks: the trainer's log-probs equal the
-    rollout's; a causal mask and the record rotated by one layer do not."""
+    rollout's; a causal mask and the record rotated by one layer do not (random_attention: a kept prompt whose
+    first key block every query sees, the last query block ragged)."""
     # a new shape compiles FlexAttention's CPU kernel again for that shape: torch 2.13's kernel for dynamic shapes
     # (what a second shape asks for by default) does not compile (a C++ error in its generated code)
-    cfg = CompressionConfig(method, budget=64, window=8, interval=16)
+    cfg = CompressionConfig(method, budget=method_budget(method, 64, 8, 140), window=8, interval=16)
     out = RolloutEngine(tiny_llama, compression=cfg).generate(
         random_prompts([9, 140]), SamplingConfig(max_new_tokens=300, temperature=1.0, seed=6, stop_token_ids=())
     )

@@ -374,6 +374,13 @@ EVALUATE_REFUSALS = [
     ("data.name=copy_recall data.distractors=2", "data.distractors=2 applies to data.name=arithmetic only"),
     ("data.name=gsm8k data.copy_required=places", "data.copy_required='places' applies to data.name=copy_recall"),
     ("methods=[s4r] compression.options.eta=1e-9", "compression.options.eta=1e-09 is below what S4R's smallest"),
+    (
+        "methods=[full,gkv] budgets=[64] compression.keep_prompt=true",
+        "compression.keep_prompt: the prompt of problem 8 in the evaluation has 121 tokens; with the window (16) it "
+        "fills the budget (64), which holds the kept prompt: set compression.budget above 137",
+    ),
+    ("methods=[gkv,s4r] compression.keep_prompt=true", "compression.keep_prompt=true does not apply to compression."),
+    ("compression.keep_prompt=maybe", "compression.keep_prompt='maybe': expected true or false"),
     ("adapter={tmp}/empty", "adapter={tmp}/empty: {tmp}/empty/adapter_config.json is not a PEFT adapter's"),
     ("adapter={tmp}/garbage", "adapter={tmp}/garbage: {tmp}/garbage/adapter_config.json is not JSON"),
     ("adapter={tmp}/full", "adapter={tmp}/full holds no adapter_config.json: a full model's folder, given as model="),

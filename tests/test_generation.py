@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import random_prompts
+from conftest import method_budget, random_prompts
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract.attention import ATTENTION_NAME
+from gkv_rollout.contract.eviction import NEVER
 from gkv_rollout.engine import RolloutEngine, encode_prompts, left_pad
 from gkv_rollout.methods import eviction_methods
 from gkv_rollout.scoring import hashed_uniform
@@ -113,13 +114,13 @@ def test_padding_changes_nothing(tiny_llama, method):
     record alone and in a padded batch, for every method at its defaults (max pooling makes ties common: with
     one ``topk`` over the padded rows, snapkv's shorter rows keep other tokens than alone)."""
     name, _, pool = method.partition("-")
-    cfg = CompressionConfig(name, budget=12, window=3, interval=5, pool=pool or "max")
+    cfg = CompressionConfig(name, budget=method_budget(name, 12, 3, 30), window=3, interval=5, pool=pool or "max")
     prompts = random_prompts([9, 30, 17], seed=4)
     sampling = SamplingConfig(max_new_tokens=25, temperature=0, stop_token_ids=())
     engine = RolloutEngine(tiny_llama, compression=cfg)
     batch = engine.generate(prompts, sampling)
     # random draws per row of the rollout: alone, a prompt is row 0, so only the batch's row 0 compares
-    rows = [0] if name == "random" else range(len(prompts))
+    rows = [0] if name in ("random", "random_attention") else range(len(prompts))
     for row in rows:
         alone = engine.generate([prompts[row]], sampling)
         assert torch.equal(alone.completion_ids[0], batch.completion_ids[row])
@@ -246,14 +247,15 @@ def test_prefixes_are_fed_then_sampling_goes_on(tiny_llama, method):
             engine.generate(prompts, sampling, prefixes=[bad, prefixes[1]])
 
 
-@pytest.mark.parametrize("method", ["full", "gkv", "snapkv", "s4r"])
+@pytest.mark.parametrize("method", ["full", "gkv", "snapkv", "s4r", "random_attention"])
 def test_dropping_finished_rows_changes_nothing(tiny_llama, method):
     """Finished sequences leaving the batch (at every finish) give the same tokens, log-probs and record as
-    keeping them to the end; the control: a different seed gives different tokens."""
+    keeping them to the end (each row's kept prompt follows it: ``random_attention``); the control: a different
+    seed gives different tokens."""
     cfg = (
         CompressionConfig(method, window=3)
         if method == "s4r"
-        else CompressionConfig(method, budget=12, window=3, interval=5)
+        else CompressionConfig(method, budget=method_budget(method, 12, 3, 30), window=3, interval=5)
     )
     engine = RolloutEngine(tiny_llama, compression=cfg)
     prompts = random_prompts([9, 30, 17, 12, 25, 8], seed=2)
@@ -281,7 +283,8 @@ def test_dropping_finished_rows_changes_nothing(tiny_llama, method):
     replayed = engine.replay(
         [p for p in prompts for _ in range(2)],
         dropped.completions(),
-        SamplingConfig(max_new_tokens=40, temperature=1.0, drop_finished_at=0.01),  # the rollout's (s4r's rank)
+        # the rollout's max_new_tokens (s4r's rank) and seed (random_attention's draws)
+        SamplingConfig(max_new_tokens=40, temperature=1.0, seed=1, drop_finished_at=0.01),
     )
     assert torch.equal(replayed.sequences, kept.sequences) and torch.allclose(
         replayed.logprobs, kept.logprobs, atol=1e-5
@@ -306,6 +309,23 @@ def test_rows_leaving_keep_the_compression_steps(tiny_llama, method):
     assert runs[0].stats["compressions"] == runs[1].stats["compressions"] > 10
     assert torch.equal(runs[0].record.evict_at, runs[1].record.evict_at)
     assert torch.allclose(runs[0].logprobs, runs[1].logprobs, atol=1e-5)
+
+
+def test_rows_leaving_keep_each_rows_prompt(tiny_llama):
+    """``keep_prompt`` with rows leaving: each remaining row keeps its own prompt (short-prompt rows go on after the
+    long-prompt rows left), so dropping finished rows changes no record."""
+    cfg = CompressionConfig("random_attention", budget=40, window=3, interval=4)
+    engine = RolloutEngine(tiny_llama, compression=cfg)
+    prompts = random_prompts([30, 6, 28, 5], seed=3)
+    completions = [c[:n] for c, n in zip(random_prompts([70] * 4, seed=4), [2, 70, 3, 70])]
+    runs = [
+        engine.replay(prompts, completions, SamplingConfig(temperature=1.0, drop_finished_at=d)) for d in (1.0, 0.01)
+    ]
+    assert runs[0].stats["compressions"] == runs[1].stats["compressions"] > 5
+    assert torch.equal(runs[0].record.evict_at, runs[1].record.evict_at)
+    for row in (1, 3):
+        evict_at = runs[1].record.evict_at[row]
+        assert (evict_at[..., : len(prompts[row])] == NEVER).all() and (evict_at < NEVER).any()
 
 
 def test_progress_callback_counts_every_generated_token(tiny_llama):

@@ -2,8 +2,9 @@
 
 ``check_generations`` checks every kind of ``generate`` call a job will make: each prompt plus its new tokens
 within the model's context (``max_position_embeddings``), what each method asks of the model and the prompts
-(``Method.check_model``, ``Method.check_prompts``: S4R's ranks, prompts longer than its sinks), and the memory the
-rollout's cache and record will take (``Method.cache_bytes``) within the memory free on the device.
+(``Method.check_model``, ``Method.check_prompts``: S4R's ranks, prompts longer than its sinks, a kept prompt within
+the budget), and the memory the rollout's cache and record will take (``Method.cache_bytes``) within the memory free
+on the device.
 """
 
 from __future__ import annotations
@@ -50,21 +51,24 @@ def check_generations(
     config, tokenizer = load_config_and_tokenizer(model)
     shape = ModelShape.of(model, config)
     need, biggest, counted = 0, None, {}
+    # the prompt lengths from which a method refuses a prompt: prompts near one are counted exactly
+    limits = {c.resolved.prompt_limit() for g in generations for c in g.compressions} - {None}
     for gen in generations:
         check_ranks(shape, gen.compressions)
         if not gen.prompts:
             continue
         texts = tuple(gen.prompts)
-        lengths, skipped = counted[texts] = counted.get(texts) or prompt_tokens(tokenizer, gen.prompts, shape.context)
+        lengths, skipped = counted[texts] = counted.get(texts) or prompt_tokens(
+            tokenizer, gen.prompts, shape.context, limits
+        )
         new = gen.new_tokens if isinstance(gen.new_tokens, list) else [gen.new_tokens] * len(lengths)
         if shape.context is not None:
             check_context(shape, gen, lengths, skipped, new)
         if gen.given is not None:
             check_given(tokenizer, gen, new)
         for compression in gen.compressions:
-            short = gen.ids[min(range(len(lengths)), key=lengths.__getitem__)]
             method = compression.resolved
-            method.check_prompts(min(lengths), f"the prompt of problem {short} in the {gen.what}")
+            method.check_prompts(lengths, lambda i: f"the prompt of problem {gen.ids[i]} in the {gen.what}")
             method.check_lengths(shape, min(lengths), min(new))
             size = method.cache_bytes(shape, gen.rows, max(lengths), max(new), dtype_bytes)
             if size > need:
@@ -98,11 +102,13 @@ def check_ranks(shape: ModelShape, compressions: list[CompressionConfig]) -> Non
         c.resolved.check_model(shape)
 
 
-def prompt_tokens(tokenizer, prompts: list[str], context: int | None) -> tuple[list[int], set[int]]:
+def prompt_tokens(
+    tokenizer, prompts: list[str], context: int | None, limits: set[int] = frozenset()
+) -> tuple[list[int], set[int]]:
     """(tokens of each prompt as the rollout engine encodes it (chat template), the indices of prompts too long to
     count). A prompt far longer than ``context`` could hold is not tokenised (more characters than 2 x the longest
     vocabulary entry per token): it counts as ``context + 1``. The others are counted in one batch plus the
-    template's tokens, and those near ``context`` exactly."""
+    template's tokens, and those near ``context`` or within ``NEAR_LIMIT`` of one of ``limits`` exactly."""
     from gkv_rollout.engine import encode_prompts
 
     longest_token = max(len(t) for t in tokenizer.get_vocab()) if context is not None else 0
@@ -112,7 +118,10 @@ def prompt_tokens(tokenizer, prompts: list[str], context: int | None) -> tuple[l
     lengths = []
     for i, (prompt, ids) in enumerate(zip(prompts, plain["input_ids"])):
         estimate = context + 1 if i in skipped else len(ids) + template
-        if i not in skipped and context is not None and estimate >= context - NEAR_LIMIT:
+        near = (context is not None and estimate >= context - NEAR_LIMIT) or any(
+            abs(estimate - limit) <= NEAR_LIMIT for limit in limits
+        )
+        if i not in skipped and near:
             estimate = len(encode_prompts(tokenizer, [prompt])[0])
         lengths.append(estimate)
     return lengths, skipped

@@ -25,13 +25,18 @@ class CompressionConfig:
         (an ``EvictionMethod`` dataclass; the module is imported, its code run, and the class registered under
         that name and its own when the configuration is validated: like a trust-remote-code choice, a
         configuration naming one names code to run).
-    budget: tokens each (layer, KV head) keeps after a compression, the window included (eviction methods).
+    budget: tokens each (layer, KV head) keeps after a compression, the window (and a kept prompt) included
+        (eviction methods).
     window: the last ``window`` queries score the cache, and the last ``window`` keys are always kept and never
-        scored (None: the method's; 16 for most, 1 for ``h2o`` and ``tova``, 32 for ``s4r``).
+        scored (None: the method's; 16 for most, 1 for ``h2o`` and ``tova``, 32 for ``s4r``, 64 for
+        ``random_attention``).
     interval: compress after every ``interval`` generated tokens (and right after prefill when a prompt exceeds
         the budget), so attention never sees more than ``budget + interval`` keys (None: the method's; 128, the
-        reference's ``divide_length``; 1 for ``tova``).
+        reference's ``divide_length``; 1 for ``tova``, 64 for ``random_attention``).
     sinks: the first ``sinks`` tokens are always kept (None: the method's; 4 for ``streaming`` and ``s4r``).
+    keep_prompt: each sequence's whole prompt is always kept, inside the budget (eviction methods; None: the
+        method's, false but for ``random_attention``); a prompt that with the window fills the budget is refused.
+        ``full`` keeps it anyway; ``s4r`` refuses it (its exact part is its ``sinks``).
     pool_kernel: pooling of scores along the sequence (odd; 1: none; None: the method's, 5 for ``snapkv`` and
         ``rkv``, 7 for ``s4r``).
     pool: how scores are pooled: max or avg.
@@ -50,6 +55,7 @@ class CompressionConfig:
     window: int | None = None
     interval: int | None = None
     sinks: int | None = None
+    keep_prompt: bool | None = None
     pool_kernel: int | None = None
     pool: str = "max"
     group_agg: str | None = None
@@ -61,6 +67,11 @@ class CompressionConfig:
         # full keeps what it is given unchecked: a sweep's template holds its runs' options (EvalConfig)
         own = method_options(self.method, kind, self.options) if kind.compresses else {}
         names = {f.name for f in dataclasses.fields(kind)}
+        if self.keep_prompt and kind.compresses and "keep_prompt" not in names:
+            raise ValueError(
+                f"compression.keep_prompt=true does not apply to compression.method={self.method}, which keeps "
+                "exactly only its sinks (compression.sinks): use an eviction method, or keep_prompt=false"
+            )
         shared = {name: getattr(self, name) for name in SHARED if name in names and getattr(self, name) is not None}
         self.resolved: Method = kind(**shared, **own)
 

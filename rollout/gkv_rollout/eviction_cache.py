@@ -3,9 +3,9 @@
 ``EvictionCache`` is the attention context (``gkv_rollout.contract.attention``) of the rollout's forward calls:
 each layer appends its new keys/values (after RoPE) to its buffer, keeps the last ``window`` queries for scoring, and
 attends over the occupied slots. Every slot carries the logical position of its token, so eviction never
-shifts a RoPE position, and ``compress`` keeps, per layer and KV head, the sinks, the window and the best
-scored others, compacting them into the first ``budget`` slots in position order and stamping the evicted ones in
-the record (see ``gkv_rollout.contract.eviction`` for the timing).
+shifts a RoPE position, and ``compress`` keeps, per layer and KV head, the sinks (or the prompt), the window and the
+best scored others, compacting them into the first ``budget`` slots in position order and stamping the evicted ones
+in the record (see ``gkv_rollout.contract.eviction`` for the timing).
 
 Occupancy is per sequence, not per layer or head: after a compression every (layer, KV head) of sequence ``b``
 keeps exactly ``min(budget, length_b)`` tokens, so one [B, S] validity mask serves all layers.
@@ -93,6 +93,8 @@ class EvictionCache(KVCache):
         self.values = [torch.zeros(B, Hkv, S, D, dtype=dtype, device=device) for _ in range(L)]
         self.valid = torch.zeros(B, S, dtype=torch.bool, device=device)
         self.lengths = torch.zeros(B, dtype=torch.long, device=device)  # tokens seen = next logical position
+        # each sequence's prompt length, set after the prefill (what ``keep_prompt`` keeps; 0: nothing yet)
+        self.prompt_lengths = torch.zeros(B, dtype=torch.long, device=device)
         self.used = 0  # occupied prefix of the buffers (some slots in it may be empty for some sequences)
         self._pending = 0  # slots being written by the forward in flight
         self.compressions = 0
@@ -217,8 +219,16 @@ class EvictionCache(KVCache):
         return bool((self.lengths > self.method.budget).any()) or self.left_length > self.method.budget
 
     def after_prefill(self) -> None:
-        """Compress right after prefill when a prompt exceeds the budget."""
-        if self.method.compresses and self.over_budget():
+        """Note each sequence's prompt length (the tokens seen so far); compress right after prefill when a prompt
+        exceeds the budget. With ``keep_prompt``, ValueError when a prompt fills the budget (the job's checks
+        refuse it before any work; a direct call of the engine here, before any token is generated)."""
+        if not self.method.compresses:
+            return
+        self.prompt_lengths = self.lengths.clone()
+        if self.method.keep_prompt:
+            longest = int(self.prompt_lengths.argmax())
+            self.method.check_kept_prompt(int(self.prompt_lengths[longest]), f"the prompt of row {longest}")
+        if self.over_budget():
             self.compress()
 
     def after_step(self, generated: int) -> None:
@@ -238,7 +248,7 @@ class EvictionCache(KVCache):
         for layers in buffers:
             for layer, x in enumerate(layers):
                 layers[layer] = x.index_select(0, keep)
-        self.valid, self.lengths = self.valid[keep], self.lengths[keep]
+        self.valid, self.lengths, self.prompt_lengths = self.valid[keep], self.lengths[keep], self.prompt_lengths[keep]
         if self.method.compresses:
             self.positions = self.positions.index_select(1, keep)
             self.history = self.history.index_select(1, keep)
@@ -254,7 +264,8 @@ class EvictionCache(KVCache):
         return record, record.retention(total)
 
     def compress(self) -> None:
-        """Keep ``min(budget, length)`` tokens per (sequence, layer, KV head); stamp the evicted ones.
+        """Keep ``min(budget, length)`` tokens per (sequence, layer, KV head), its sinks (or its prompt) and window
+        among them; stamp the evicted ones.
 
         The stamp is each sequence's current length: the logical position of its next query, the first that
         no longer sees them.
@@ -264,7 +275,8 @@ class EvictionCache(KVCache):
         key_ok, stamp = self.valid[:, :S], self.lengths.to(torch.int32)
         positions, history = self.positions[..., :S], self.history[..., :S]  # [L, B, Hkv, S]
         L, B, Hkv, _ = positions.shape
-        candidates = candidate_slots(positions, key_ok, self.lengths, cfg.window, cfg.sinks)
+        kept_front = self.prompt_lengths.clamp_min(cfg.sinks) if cfg.keep_prompt else cfg.sinks
+        candidates = candidate_slots(positions, key_ok, self.lengths, cfg.window, kept_front)
         # each layer's score; what follows (selection, record, positions, history) runs for all layers at once.
         # (What a sequence keeps depends on its batch only through top-k ties: the slots' layout follows the
         # batch's compressions.)

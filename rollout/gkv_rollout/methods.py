@@ -42,6 +42,8 @@ from gkv_rollout.scoring import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
     from gkv_rollout.kv_cache import KVCache
 
 GKV_FORMS = ("max", "mean", "sum")
@@ -149,9 +151,15 @@ class Method:
     def check_model(self, shape: ModelShape) -> None:
         """ValueError when an option exceeds what the model ``shape`` allows."""
 
-    def check_prompts(self, shortest: int, which: str) -> None:
-        """ValueError when the shortest prompt (``shortest`` tokens, ``which``: the problem and the rollout, for the
-        message) is too short for this method."""
+    def check_prompts(self, lengths: Sequence[int], which: Callable[[int], str]) -> None:
+        """ValueError when a prompt does not suit this method (S4R: one no longer than its sinks; an eviction method
+        keeping the prompt: one that fills the budget). ``lengths``: every prompt's tokens; ``which(i)`` names
+        prompt ``i`` (its problem and the rollout) for the message."""
+
+    def prompt_limit(self) -> int | None:
+        """The prompt length from which ``check_prompts`` refuses a prompt as too long (None: none); the job's checks
+        count the prompts near it exactly."""
+        return None
 
     def check_lengths(self, shape: ModelShape, shortest: int, new: int) -> None:
         """ValueError when an option cannot hold for ``shape`` with a prompt of ``shortest`` tokens and ``new``
@@ -160,7 +168,7 @@ class Method:
 
 # The options a kind of method shares, each a field of its base (``EvictionMethod``, ``S4R``) and a key of its own,
 # ``compression.<name>``; a method's other fields are ``compression.options.<name>``
-SHARED = ("budget", "window", "interval", "sinks", "pool_kernel", "pool", "group_agg")
+SHARED = ("budget", "window", "interval", "sinks", "keep_prompt", "pool_kernel", "pool", "group_agg")
 
 
 def own_fields(kind: type[Method]) -> list[dataclasses.Field]:
@@ -206,16 +214,20 @@ class Full(Method):
 @dataclass
 class EvictionMethod(Method):
     """Base of the G-KV family: every ``interval`` generated tokens (and after the prefill when a prompt exceeds the
-    budget) keep, per layer and KV head, the sinks, the last ``window`` tokens and the best-scored others within
-    ``budget``; a method implements ``score``.
+    budget) keep, per layer and KV head, the sinks (or each sequence's whole prompt: ``keep_prompt``), the last
+    ``window`` tokens and the best-scored others within ``budget``; a method implements ``score``.
 
-    budget: tokens each (layer, KV head) keeps after a compression, the window included.
+    budget: tokens each (layer, KV head) keeps after a compression, the window (and a kept prompt) included.
     window: the last ``window`` queries score the cache, and the last ``window`` keys are always kept and never
         scored.
     interval: compress after every ``interval`` generated tokens (and right after prefill when a prompt exceeds
         the budget), so attention never sees more than ``budget + interval`` keys (128: the reference's
         ``divide_length``).
     sinks: the first ``sinks`` tokens are always kept.
+    keep_prompt: each sequence's whole prompt (its positions below its own prompt length) is always kept and never
+        scored, inside the budget: the budget counts the prompt, the window and what is kept of the rest, so
+        methods compare at equal memory. A prompt that with the window leaves no slot of the budget to the rest
+        (prompt + window >= budget) is refused before any work, naming both numbers.
     pool_kernel: pooling of scores along the sequence (odd; 1: none).
     pool: how scores are pooled: max or avg.
     group_agg: how the query heads of a GQA group are combined, per window query: max or mean.
@@ -225,6 +237,7 @@ class EvictionMethod(Method):
     window: int = 16
     interval: int = 128
     sinks: int = 0
+    keep_prompt: bool = False
     pool_kernel: int = 1
     pool: str = "max"
     group_agg: str = "max"
@@ -241,6 +254,37 @@ class EvictionMethod(Method):
             raise ValueError(f"sinks ({self.sinks}) + window ({self.window}) must fit in the budget ({self.budget})")
         if self.interval <= 0:
             raise ValueError(f"interval must be a positive number of tokens, got {self.interval}")
+        if not isinstance(self.keep_prompt, bool):
+            raise ValueError(f"keep_prompt must be true or false, got {self.keep_prompt!r}")
+
+    def identity(self) -> dict:
+        """Its name and fields, ``keep_prompt`` only when set: the identities of runs from before it was an option
+        (their folders' fingerprints, a resumed training's settings) stay what they were."""
+        found = super().identity()
+        if not self.keep_prompt:
+            del found["keep_prompt"]
+        return found
+
+    def check_prompts(self, lengths, which):
+        """With ``keep_prompt``, the longest prompt must leave room in the budget (``check_kept_prompt``)."""
+        if self.keep_prompt and len(lengths):
+            longest = max(range(len(lengths)), key=lengths.__getitem__)
+            self.check_kept_prompt(int(lengths[longest]), which(longest))
+
+    def prompt_limit(self):
+        """With ``keep_prompt``: budget - window, the prompt length that with the window fills the budget."""
+        return self.budget - self.window if self.keep_prompt else None
+
+    def check_kept_prompt(self, length: int, which: str) -> None:
+        """ValueError when a prompt of ``length`` tokens (``which``, for the message), kept with the window, fills
+        the budget: nothing of a completion beyond its window could be kept (and the prompt would not fit once it
+        is longer)."""
+        if length >= self.budget - self.window:
+            raise ValueError(
+                f"compression.keep_prompt: {which} has {length} tokens; with the window ({self.window}) it fills "
+                f"the budget ({self.budget}), which holds the kept prompt: set compression.budget above "
+                f"{length + self.window}, or keep_prompt=false"
+            )
 
     def make_cache(self, model, batch, prompt_width, max_new, device, seed=0):
         """An ``EvictionCache`` sized to the most it ever holds: budget + interval tokens after the first
@@ -467,14 +511,15 @@ class H2O(GlobalScore):
 @register
 @dataclass
 class Random(EvictionMethod):
-    """Random eviction, per layer and KV head (the control every scorer must beat; reported to match the best
-    scorers on reasoning benchmarks, arXiv 2609.03430): at each compression every candidate gets a fresh uniform
-    score, a pure function of the rollout's seed, the sequence's row, the layer, the KV head, the token's position
-    and the compression's time (``hashed_uniform``), so a rollout is reproducible and independent of padding.
-    Sinks and the window are kept as for every method."""
+    """Random eviction, per layer and KV head, the prompt not kept (the control every scorer must beat; the
+    unprotected ``random`` control of arXiv 2609.03430, whose Random Attention keeps the prompt:
+    ``random_attention``): at each compression every candidate gets a fresh uniform score, a pure function of the
+    rollout's seed, the sequence's row, the layer, the KV head, the token's position and the compression's time
+    (``hashed_uniform``), so a rollout is reproducible and independent of padding; the best-scored candidates are
+    kept, a uniformly random subset. Sinks and the window are kept as for every method."""
 
     name = "random"
-    summary = "a seeded uniform draw per token and compression: the control every scorer must beat"
+    summary = "a seeded uniform draw per token and compression, the prompt not kept: the control every scorer must beat"
 
     def score(self, state):
         B, Hkv, _ = state.key_pos.shape
@@ -482,6 +527,22 @@ class Random(EvictionMethod):
         time = (state.key_pos.new_zeros(B) if state.lengths is None else state.lengths)[:, None, None]
         heads = torch.arange(Hkv, device=state.key_pos.device)[None, :, None]
         return hashed_uniform(state.seed, rows, time, state.layer * Hkv + heads, state.key_pos), None
+
+
+@register
+@dataclass
+class RandomAttention(Random):
+    """Random Attention (arXiv 2609.03430; SalesforceAIResearch/Random-Attention's ``random_pp``): each sequence's
+    whole prompt and its last ``window`` (64) tokens kept, the rest of the budget a uniformly random subset of the
+    other generated tokens, drawn afresh per layer, KV head and compression (``random``'s draw), every
+    ``interval`` (64) generated tokens; the budget counts the prompt and the window, as the authors count it
+    (docs/methods.md names where their code differs)."""
+
+    name = "random_attention"
+    summary = "Random Attention: the prompt and the last 64 tokens kept, a uniform draw of the rest per KV head"
+    window: int = 64
+    interval: int = 64
+    keep_prompt: bool = True
 
 
 @register

@@ -239,11 +239,12 @@ class S4R(Method):
         groups = shape.heads // shape.kv_heads
         check_eta(self.eta, self.sinks, length - self.sinks, shape.latent_dim, groups, self.window)
 
-    def check_prompts(self, shortest, which):
-        if shortest <= self.sinks:
+    def check_prompts(self, lengths, which):
+        shortest = min(range(len(lengths)), key=lengths.__getitem__, default=None)
+        if shortest is not None and lengths[shortest] <= self.sinks:
             raise ValueError(
-                f"s4r needs prompts longer than its {self.sinks} sinks (compression.sinks); {which} has "
-                f"{shortest} tokens"
+                f"s4r needs prompts longer than its {self.sinks} sinks (compression.sinks); {which(shortest)} has "
+                f"{lengths[shortest]} tokens"
             )
 
 

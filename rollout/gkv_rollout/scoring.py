@@ -3,8 +3,9 @@
 Shapes: ``B`` batch, ``Hkv`` KV heads, ``G`` query heads per KV head, ``W`` scoring queries, ``S`` cache
 slots, ``D`` head dim. Slots hold keys in increasing logical position; ``key_ok`` marks the occupied ones.
 *Candidates* are the occupied slots that a compression may evict: everything but the last ``window``
-positions and the first ``sinks`` ones, which are kept unconditionally and never scored (the reference
-implementation removes the window's columns before pooling and normalising).
+positions and each sequence's first ones (the ``sinks``, or its whole prompt with ``keep_prompt``), which are kept
+unconditionally and never scored (the reference implementation removes the window's columns before pooling and
+normalising).
 
 Conventions follow the reference implementation of G-KV (microsoft/G-KV, ``ScoreBasedKV.update_kv`` and
 ``compute_attention_scores``); each function says which step it reproduces.
@@ -49,14 +50,18 @@ class LayerState:
 
 
 def candidate_slots(
-    key_pos: torch.Tensor, key_ok: torch.Tensor, lengths: torch.Tensor, window: int, sinks: int
+    key_pos: torch.Tensor, key_ok: torch.Tensor, lengths: torch.Tensor, window: int, kept_front: int | torch.Tensor
 ) -> torch.Tensor:
-    """Occupied slots outside the window and the sinks: bool [..., B, Hkv, S].
+    """Occupied slots outside the window and each sequence's kept front: bool [..., B, Hkv, S].
 
     key_pos int64 [..., B, Hkv, S] (leading dims: e.g. layers); key_ok bool [B, S]; lengths int64 [B] tokens
-    seen (the next logical position).
+    seen (the next logical position); kept_front: the positions below it are always kept, one number for every
+    sequence (the sinks) or int64 [B], one per sequence (with ``keep_prompt``: its prompt's length, at least the
+    sinks).
     """
-    return key_ok[:, None, :] & (key_pos < (lengths - window)[:, None, None]) & (key_pos >= sinks)
+    if isinstance(kept_front, torch.Tensor):
+        kept_front = kept_front[:, None, None]
+    return key_ok[:, None, :] & (key_pos < (lengths - window)[:, None, None]) & (key_pos >= kept_front)
 
 
 def window_softmax(logits: torch.Tensor, visible: torch.Tensor, query_ok: torch.Tensor) -> torch.Tensor:
@@ -212,8 +217,9 @@ def hashed_uniform(seed: int, *coordinates: torch.Tensor) -> torch.Tensor:
 def select_keep(
     score: torch.Tensor, candidates: torch.Tensor, key_ok: torch.Tensor, budget: int, window: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Slots to keep: every occupied non-candidate slot (window, sinks), then the best-scored candidates,
-    ``budget`` in all.
+    """Slots to keep: every occupied non-candidate slot (window, sinks or the kept prompt), then the best-scored
+    candidates, ``budget`` in all (the non-candidates of a sequence over budget must fit in ``budget - window``
+    besides the window: ``EvictionMethod.check_kept_prompt``).
 
     score float [..., B, Hkv, S] (leading dims: e.g. layers); candidates bool, the same shape; key_ok bool [B, S].
     Every sequence appends a token per step, so its newest ``window`` tokens fill the buffer's last ``window``

@@ -108,12 +108,13 @@ def block_classes(
 
     A key k is visible to a query at position q iff valid[k], pos[k] <= q < evict[k]. Per key block: whether every
     column is a real key, the largest and smallest real key position and eviction stamp; per query block: its
-    smallest and largest query position (both among its queries). A tile is full iff every key is real, the
-    latest key is written by the first query and the earliest eviction comes after the last query; empty when no
-    key is real, every key is written after the last query, or every key left by the first query's; a tile whose
-    keys all come at or before its first query is partial otherwise (the longest-lived key is seen by the first
-    query). The remaining tiles (a key block that reaches past the first query: the diagonal, and query blocks
-    holding padding, which sits at position 0) are decided by evaluating the mask on them alone.
+    smallest and largest query position (both among its queries). A tile is full iff every key is real, every
+    query of the block is (the last, ragged block never is), the latest key is written by the first query and the
+    earliest eviction comes after the last query; empty when no key is real, every key is written after the last
+    query, or every key left by the first query's; a tile whose keys all come at or before its first query is
+    partial otherwise (the longest-lived key is seen by the first query). The remaining tiles (a key block that
+    reaches past the first query: the diagonal, and query blocks holding padding, which sits at position 0) are
+    decided by evaluating the mask on them alone.
     """
     B, H, T = evict.shape
     nk, nq, offset = -(-T // block), -(-num_queries // block), T - num_queries
@@ -132,7 +133,9 @@ def block_classes(
     qin = F.pad(torch.ones(num_queries, dtype=torch.bool, device=evict.device), (0, qpad)).view(1, 1, nq, block)
     first_query = torch.where(qin, qp, big).amin(-1)[..., None]  # [B, 1, nq, 1]
     last_query = torch.where(qin, qp, small).amax(-1)[..., None]
-    full = all_real[:, :, None, :] & (last_key <= first_query) & (first_evict > last_query)
+    # a ragged last query block is never full, as in ``create_block_mask`` (which pads the mask with False)
+    all_queries = qin.all(-1)[..., None]  # [1, 1, nq, 1]
+    full = all_real[:, :, None, :] & all_queries & (last_key <= first_query) & (first_evict > last_query)
     below = last_key <= first_query
     partial = below & ~full & (last_evict > first_query)
     empty = ~any_real[:, :, None, :] | (first_key > last_query) | (last_evict <= first_query)
