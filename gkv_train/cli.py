@@ -164,11 +164,12 @@ def main(argv: list[str] | None = None) -> None:
         if len(folders) != 2 or len(rest) - len(folders) > 1:
             _fail("usage: gkv-train export RUN_DIR OUT_DIR [--overwrite]", REFUSED)
         from gkv_train.export import export
+        from gkv_train.runs.runlock import RunLocked
 
         quiet_upstream_warnings()
         try:
             print(export(*folders, overwrite="--overwrite" in rest))
-        except (ValueError, OSError) as err:  # a bad argument, a missing base model, a failed write
+        except (ValueError, OSError, RunLocked) as err:  # a bad argument, a missing base model, a folder in use
             _fail(f"error: {err}", REFUSED)
         return
     if command == "train":

@@ -6,46 +6,48 @@ configuration: the run's ``model``); a full fine-tune is loaded as it is. The fo
 function is not needed to load or run it) and the tokenizer, so ``AutoModelForCausalLM.from_pretrained(OUT_DIR)``
 loads it anywhere, without this package. The run's files are checked against its manifest first (a damaged one is
 named, before anything is loaded), and everything else before anything is written (``export``). ``OUT_DIR`` is a new
-or empty folder (``--overwrite``: one holding other files, whose model files are replaced).
+or empty folder (``--overwrite``: one holding other files, whose model files are replaced), never the run's or its
+base model's; it is locked while the export writes it, and written whole or not at all (``write_export``).
 
     gkv-train export RUN_DIR OUT_DIR [--overwrite]"""
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 from gkv_train.jsonio import read_state
 from gkv_train.models import check_adapter, check_model, load_model
 from gkv_train.runs.checkpoints import MODEL_FILES
 from gkv_train.runs.manifest import damage
-from gkv_train.runs.outputs import check_output
+from gkv_train.runs.outputs import EXPORT_STAGING, check_output
+from gkv_train.runs.runlock import RunLock
+from gkv_train.runs.storage import naming_full_disk
 
 
 def export(run_dir: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:
     """Merge (LoRA) or copy (full) the model of ``run_dir`` into ``out_dir``; returns ``out_dir``. Everything is
-    checked before anything is written: the run's model (whole against its manifest; a LoRA adapter's base), its
-    saved configuration (``model_card``), and ``out_dir`` by the rule of every job's output (``check_output``: a new
-    or empty folder, or ``overwrite``, whose model files are removed first; never the run's folder, inside it or
-    holding it, nor another training run's folder)."""
+    checked before anything is written: ``out_dir`` by the rule of every job's output (``check_output``: a new or
+    empty folder, or ``overwrite``; never the run's folder, nor one holding it or in it, nor another training run's
+    folder, nor a LoRA run's base model's), the run's model (whole against its manifest; a LoRA adapter's base) and
+    its saved configuration (``model_card``). The folder is then locked (``RunLock``: a second export or a training
+    run into it is refused meanwhile), checked again, and written (``write_export``)."""
     if not str(run_dir).strip():
         raise ValueError("RUN_DIR is empty: name the training run's folder to export")
     run_dir = Path(run_dir)
     adapter = run_dir / "adapter_config.json"
     if not run_dir.is_dir() or not (adapter.is_file() or (run_dir / "config.json").is_file()):
         raise ValueError(f"{run_dir} holds no trained model (no adapter_config.json or config.json)")
-    check_output(
-        "export", str(out_dir), "OUT_DIR", overwrite=overwrite, inputs={"RUN_DIR": str(run_dir)}, flag="--overwrite"
-    )
+    base_name = adapter_base(adapter) if adapter.is_file() else None
+    inputs = {"RUN_DIR": str(run_dir), f"{adapter}'s base_model_name_or_path": base_name}
+    check_output("export", str(out_dir), "OUT_DIR", overwrite=overwrite, inputs=inputs, flag="--overwrite")
     out_dir = Path(out_dir)
     problem = damage(run_dir)
     if problem is not None:
         raise ValueError(f"{run_dir}: the trained model is damaged ({problem})")
-    base_name = None
-    if adapter.is_file():
+    if base_name is not None:
         check_adapter(str(run_dir))
-        base_name = read_state(adapter).get("base_model_name_or_path")
-        if not isinstance(base_name, str):
-            raise ValueError(f"{adapter} names no base model (base_model_name_or_path)")
         check_model(base_name)
     card = model_card(run_dir, out_dir, base_name)
     if base_name is not None:
@@ -56,14 +58,50 @@ def export(run_dir: str | Path, out_dir: str | Path, overwrite: bool = False) ->
     else:
         model, tokenizer = load_model(str(run_dir))
     model.config._attn_implementation = "sdpa"
-    if overwrite:  # an earlier export's files go first (a larger model's shards would stay beside the new ones)
-        for path in [p for pattern in (*MODEL_FILES, "README.md") for p in out_dir.glob(pattern) if p.is_file()]:
-            path.unlink()
     out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    (out_dir / "README.md").write_text(card)
+    with RunLock.acquire(out_dir, "OUT_DIR"):
+        check_output(
+            "export", str(out_dir), "OUT_DIR", overwrite=overwrite, inputs=inputs, flag="--overwrite", held=True
+        )
+        write_export(model, tokenizer, card, out_dir)
     return out_dir
+
+
+def adapter_base(adapter: Path) -> str:
+    """The base model a LoRA run's ``adapter_config.json`` names (``base_model_name_or_path``), read before anything
+    else (``read_state``): the export reads it, so it is never the export's folder. ValueError naming the file when
+    it is damaged or names none."""
+    base = read_state(adapter).get("base_model_name_or_path")
+    if not isinstance(base, str) or not base.strip():
+        raise ValueError(f"{adapter} names no base model (base_model_name_or_path)")
+    return base
+
+
+def write_export(model, tokenizer, card: str, out_dir: Path) -> None:
+    """The model, tokenizer and ``card`` (README.md) into ``out_dir`` (locked by the caller), whole or not at all:
+    saved into its staging folder (``EXPORT_STAGING``; one an interrupted export left is removed first) and moved in
+    file by file once complete; an earlier export's model files that none of the new ones replaces (a larger model's
+    shards) removed last. A save that fails (a full disk: named) removes the staging folder and leaves ``out_dir``
+    as it was."""
+    staging = out_dir / EXPORT_STAGING
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        with naming_full_disk(staging, "the exported model"):
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            (staging / "README.md").write_text(card)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    saved = sorted(staging.iterdir())
+    names = {path.name for path in saved}
+    earlier = {p for pattern in (*MODEL_FILES, "README.md") for p in out_dir.glob(pattern) if p.is_file()}
+    for path in saved:
+        os.replace(path, out_dir / path.name)
+    for path in sorted(earlier):
+        if path.name not in names:
+            path.unlink()
+    staging.rmdir()
 
 
 def model_card(run_dir: Path, out_dir: Path, base: str | None) -> str:

@@ -357,3 +357,50 @@ def test_a_resume_needs_the_checkpoints_optimizer_state_or_says_it_starts_afresh
     assert damage(second) == f"{second / 'rng_state.pth'} is not listed in its manifest (not what was saved: " + (
         "added, or the manifest replaced, after the save)"
     )
+
+
+def test_a_file_a_resume_never_reads_is_no_damage(tmp_path, capsys):
+    """A file a checkpoint's manifest does not list is damage only where a resume reads it (the weights, the trainer,
+    optimizer, scheduler and RNG states, ...): a README.md, .DS_Store or an NFS leftover is named in a warning, and
+    resume=last keeps the checkpoint instead of dropping back to the one before."""
+    config = GRPOTrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last")
+    first, second = saved(tmp_path, 1, config), saved(tmp_path, 2, config)
+    for name in ("README.md", ".DS_Store", ".nfs0000000001"):
+        (second / name).write_text("not saved by the trainer")
+    assert damage(second) is None
+    assert ".DS_Store, .nfs0000000001, README.md" in capsys.readouterr().err
+    assert resume(config, config) == str(second)
+    torch.save({}, second / "scaler.pt")  # read by a resume: damage
+    assert damage(second).startswith(f"{second / 'scaler.pt'} is not listed in its manifest")
+    assert resume(config, config) == str(first)
+
+
+def test_a_lock_held_for_an_instant_is_tried_again(tmp_path):
+    """Another job's probe (``check_free``: the lock taken shared for an instant) does not refuse a run taking the
+    lock then, and a run that holds the lock for an instant while it starts (its note not yet written: a stale
+    holder's there) does not refuse a probe; a lock held longer is refused, naming its holder."""
+    import fcntl
+    import os
+    import threading
+
+    from gkv_train.runs.runlock import LOCK_FILE, RunLock, RunLocked
+
+    (tmp_path / LOCK_FILE).write_text('{"pid": 1, "host": "h", "started": "long ago", "command": "stale"}\n')
+
+    def held_for(kind: int, seconds: float) -> threading.Thread:
+        fd = os.open(tmp_path / LOCK_FILE, os.O_RDONLY)
+        fcntl.flock(fd, kind)
+        thread = threading.Timer(seconds, os.close, [fd])  # closing drops the lock
+        thread.start()
+        return thread
+
+    probe = held_for(fcntl.LOCK_SH, 0.05)
+    RunLock.acquire(tmp_path, "output_dir").release()
+    probe.join()
+    starting = held_for(fcntl.LOCK_EX, 0.05)
+    RunLock.check_free(tmp_path, "output_dir")
+    starting.join()
+    holder = held_for(fcntl.LOCK_EX, 1)
+    with pytest.raises(RunLocked, match="in use by another run"):
+        RunLock.check_free(tmp_path, "output_dir")
+    holder.join()

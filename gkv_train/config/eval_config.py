@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from gkv_rollout.config import CompressionConfig
@@ -25,7 +26,8 @@ class TracesConfig(Sampling):
     keep_incorrect: write wrong completions too.
     source: ``model`` (the teacher's sampled completions) or ``solution`` (the problems' solutions, tokenised with
         the model's tokenizer and ended by its stop token: SFT data for a skill the model lacks).
-    output: the traces file (JSONL); refused when another job writes it, and when it exists (unless overwrite).
+    output: the traces file (JSONL; a leading ~ is the home folder); refused when another job writes it, and when it
+        exists (unless overwrite).
     overwrite: replace an existing output file (a call generates every trace again; traces are not resumed).
     """
 
@@ -38,6 +40,7 @@ class TracesConfig(Sampling):
     overwrite: bool = False
 
     def __post_init__(self):
+        self.output = os.path.expanduser(self.output)  # once, here: every reader sees one path (as training's)
         check_sampling_keys(self, greedy=True)
         self.data.check("data")
         if self.source not in TRACE_SOURCES:
@@ -73,8 +76,9 @@ class EvalConfig(Sampling):
     batch_problems: problems per rollout batch (x num_generations sequences).
     precision: fp32 or bf16 (forwards under autocast).
     seed: seeds the sampling (each batch's seed follows from it and the batch's index).
-    output_dir: the results' folder (evaluate.yaml: outputs/eval/<model>_<data>): a new or empty folder, or an
-        evaluation's (its results kept where the settings are the same); never a training run's.
+    output_dir: the results' folder (evaluate.yaml: outputs/eval/<model>_<data>; a leading ~ is the home folder): a
+        new or empty folder, or an evaluation's (its results kept where the settings are the same); never a training
+        run's, nor one inside it.
     overwrite: replace earlier results in output_dir made with other settings, or write into a folder holding
         other files (those of the names an evaluation writes replaced).
     plots: write pass_at_1_vs_budget.png and retained_density.png.
@@ -94,6 +98,9 @@ class EvalConfig(Sampling):
     plots: bool = True
 
     def __post_init__(self):
+        # a leading ~ made the home folder once, here, as TrainingArguments does training's output_dir: the output
+        # check and the job read one path (`./~/x` stays a folder named ~)
+        self.output_dir = os.path.expanduser(self.output_dir)
         check_sampling_keys(self, greedy=True)
         self.data.check("data")
         if self.batch_problems < 1:

@@ -123,7 +123,7 @@ class TrainOptions:
     resume: a checkpoint directory of this run (output_dir), or "last" for the newest complete one in output_dir;
         its optimizer and scheduler state come with it, so settings that differ from it are refused.
     resume_other_run: allow resume= to name a checkpoint of another run's folder (its optimizer, scheduler and step
-        count continue in this output_dir).
+        count continue in this output_dir, which must be new or empty: a run there is another one).
     resume_model_only: allow resume= to continue a checkpoint saved without its optimizer and scheduler state
         (save_only_model=true): training goes on from its weights and step with a new optimizer and schedule.
     overwrite: write into an output_dir that holds another run (its files removed first) or other files (those of

@@ -50,7 +50,9 @@ RUN_FILES = (
     "runs",
     "README.md",
     "*.safetensors",
+    "*.safetensors.index.json",
     "*.bin",
+    "*.bin.index.json",
     "*.pt",
     "adapter_config.json",
     "config.json",
@@ -69,7 +71,9 @@ RUN_MARKS = ("checkpoint-*", STAGING, METRICS, MANIFEST, EVAL, TRAIN_LOG)
 # The model files of a run folder (what ``save_model`` writes there), listed by the final model's manifest
 MODEL_FILES = (
     "*.safetensors",
+    "*.safetensors.index.json",  # a sharded model's index: which shard holds which tensor
     "*.bin",
+    "*.bin.index.json",
     "adapter_config.json",
     "config.json",
     "generation_config.json",

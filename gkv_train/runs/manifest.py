@@ -5,9 +5,11 @@ damaged after it was saved (truncated, overwritten) is found before it is loaded
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 import re
+import sys
 from pathlib import Path
 
 from transformers.trainer import TRAINER_STATE_NAME
@@ -16,6 +18,22 @@ from gkv_train.jsonio import dumps, read_state, write_atomically
 
 MANIFEST = "manifest.json"
 CHECKPOINT = re.compile(r"checkpoint-(\d+)")  # a checkpoint folder's name and its step
+# what transformers' Trainer reads from a checkpoint it resumes, besides the weights (``is_weights``), by the name of
+# an entry of the checkpoint's folder: its state, the optimizer's, scheduler's, grad scaler's and RNG states, the
+# model's and adapter's configurations, a sharded model's index, DeepSpeed's and FSDP's state folders
+LOADED = (
+    TRAINER_STATE_NAME,
+    "*.index.json",
+    "optimizer*",
+    "scheduler*",
+    "scaler*",
+    "rng_state*",
+    "config.json",
+    "adapter_config.json",
+    "global_step*",
+    "latest",
+    "pytorch_model_fsdp*",
+)
 
 
 def sha256(path: Path) -> str:
@@ -157,14 +175,36 @@ def damage(folder: Path, hashes: bool = True) -> str | None:
         if hashes and sha256(path) != saved["sha256"]:
             return f"{path} differs from what was saved (SHA-256)"
     if CHECKPOINT.fullmatch(folder.name):  # written whole and listed whole: a file it does not list was not saved
-        unlisted = sorted(str(f.relative_to(folder)) for f in folder.rglob("*") if f.is_file())
-        unlisted = [name for name in unlisted if name not in manifest["files"] and name != MANIFEST]
-        if unlisted:
-            return (
-                f"{folder / unlisted[0]} is not listed in its manifest (not what was saved: added, or the manifest "
-                "replaced, after the save)"
-            )
+        return unlisted_damage(folder, manifest)
     return None
+
+
+def unlisted_damage(checkpoint: Path, manifest: dict) -> str | None:
+    """What is wrong with a checkpoint's files that its ``manifest`` does not list (added, or the manifest replaced,
+    after the save): one that a resume loads (``LOADED``, weights) is damage; any other (a note, ``.DS_Store``, an
+    NFS leftover) is not read, and is named in a warning on stderr."""
+    names = sorted(str(f.relative_to(checkpoint)) for f in checkpoint.rglob("*") if f.is_file())
+    unlisted = [name for name in names if name not in manifest["files"] and name != MANIFEST]
+    loaded = [name for name in unlisted if is_loaded(name)]
+    if loaded:
+        return (
+            f"{checkpoint / loaded[0]} is not listed in its manifest (not what was saved: added, or the manifest "
+            "replaced, after the save)"
+        )
+    if unlisted:
+        print(
+            f"warning: {checkpoint} holds files its manifest does not list ({', '.join(unlisted[:5])}): not what "
+            "was saved, and not read by a resume",
+            file=sys.stderr,
+        )
+    return None
+
+
+def is_loaded(name: str) -> bool:
+    """Whether a resume reads a checkpoint's file ``name`` (relative to the checkpoint): transformers' Trainer loads
+    the weights, and by the name of the checkpoint's entry it lies in, ``LOADED``."""
+    top = Path(name).parts[0]
+    return is_weights(name) or any(fnmatch.fnmatch(top, pattern) for pattern in LOADED)
 
 
 def missing_training_state(checkpoint: Path) -> list[str]:

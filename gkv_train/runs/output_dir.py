@@ -50,18 +50,29 @@ class RunFolder:
 
 def check_run_folder(folder: RunFolder, held: bool = False) -> None:
     """``output_dir`` by the rule of every job's output (``check_output``): not in use by another run, empty or
-    missing, this run's (resumed, or stopped before its first step), or ``overwrite=true``; never a model it loads.
-    ``held``: this run holds the folder's lock (or, in another process of the run, its main process takes it)."""
+    missing, this run's (continued from a checkpoint of its own, ``continues_here``, or stopped before its first
+    step), or ``overwrite=true``; never a model it loads. ``held``: this run holds the folder's lock (or, in another
+    process of the run, its main process takes it)."""
     check_output(
         "train",
         folder.output_dir,
         "output_dir",
         overwrite=folder.overwrite,
-        resume=folder.resume is not None,
+        resume=continues_here(folder),
         inputs=dict(folder.models),
         keep=folder.keep,
         held=held,
     )
+
+
+def continues_here(folder: RunFolder) -> bool:
+    """Whether the run continues a checkpoint of ``output_dir`` itself (``resume=last``, or a checkpoint folder in
+    it), so that a training run found there is this one. A checkpoint of another run (``resume_other_run=true``)
+    starts a new run from it: a run found in ``output_dir`` is then another one (its metrics would be cut back to
+    the checkpoint's step, its checkpoints written over and rotated away)."""
+    if folder.resume is None:
+        return False
+    return folder.resume == "last" or Path(folder.resume).resolve().parent == Path(folder.output_dir).resolve()
 
 
 def resume_checkpoint(
@@ -104,7 +115,7 @@ def resume_checkpoint(
                 "resuming continues that run's optimizer, scheduler and step count here; to do that, add "
                 "resume_other_run=true (to start a new run from its weights instead, use its folder as model=)"
             )
-    check_training_state(folder, found)
+    check_training_state(folder, found, finished=args is not None and checkpoint_step(found) >= args.max_steps)
     saved = saved_settings(found)
     if saved is not None:
         wanted = {**resume_settings(args, base_model_name(model), None), "lora": lora}
@@ -121,12 +132,13 @@ def resume_checkpoint(
     return str(found)
 
 
-def check_training_state(folder: RunFolder, found: Path) -> None:
+def check_training_state(folder: RunFolder, found: Path, finished: bool = False) -> None:
     """The checkpoint ``found`` holds the optimizer and scheduler state a resumed run continues (``save_only_model=
     true`` saves none, and transformers' Trainer would start both afresh without a word), unless
-    ``resume_model_only=true`` accepts that (and only then)."""
+    ``resume_model_only=true`` accepts that (and only then), or the run is ``finished`` (its step at ``max_steps``:
+    nothing is trained, only its model is loaded, when its final save and evaluation are missing)."""
     missing = missing_training_state(found)
-    if missing and not folder.resume_model_only:
+    if missing and not folder.resume_model_only and not finished:
         raise ValueError(
             f"resume={folder.resume}: {found} holds no optimizer or scheduler state ({', '.join(missing)} missing: "
             "saved with save_only_model=true?): a resumed run would go on from its step with a new optimizer and a "

@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 LOCK_FILE = ".run.lock"
+RETRY_S = 0.2  # a lock found held is tried once more after this long (a probe's instant, a holder writing its note)
 
 
 def is_lock_file(name: str) -> bool:
@@ -52,8 +53,9 @@ class RunLock:
     def check_free(cls, target: Path, what: str = "folder", file: bool = False) -> None:
         """Raise ``RunLocked`` (naming the live holder, as ``acquire`` would) when another process holds the lock
         of ``target`` (a folder; ``file``: an output file), changing nothing: no lock file is made or written (a
-        folder that is refused stays as it was). The lock is tested by taking it shared for an instant, so a run
-        acquiring it in that instant is refused, as if the two had started together."""
+        folder that is refused stays as it was). The lock is tested by taking it shared for an instant (a run
+        acquiring it in that instant tries again, ``_acquire``); one found held is tested once more after
+        ``RETRY_S`` (a run that was only starting has written its note by then, or was another's probe)."""
         target = Path(target)
         lock_path = target.with_name(f".{target.name}.lock") if file else target / LOCK_FILE
         try:
@@ -61,9 +63,8 @@ class RunLock:
         except OSError:  # no lock file: no holder
             return
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise in_use(target, what, fd) from None
+            if not _lock(fd, fcntl.LOCK_SH):
+                raise in_use(target, what, fd)
         finally:
             os.close(fd)
 
@@ -72,11 +73,8 @@ class RunLock:
         """Lock ``lock_path``, the lock file of ``target`` (named ``what`` in the message of ``RunLocked``)."""
         fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)  # never truncated here: the holder's note stays readable
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            refused = in_use(target, what, fd)
-            os.close(fd)
-            raise refused from None
+            if not _lock(fd, fcntl.LOCK_EX):
+                raise in_use(target, what, fd)
         except BaseException:
             os.close(fd)
             raise
@@ -101,6 +99,20 @@ class RunLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def _lock(fd: int, kind: int) -> bool:
+    """Take the lock ``kind`` (``LOCK_SH``, ``LOCK_EX``) of the file ``fd`` without waiting, trying once more after
+    ``RETRY_S`` when it is held: another job's probe (``check_free``) holds it shared for an instant, and a run that
+    is starting holds it before its note is written. Whether it was taken."""
+    for attempt in range(2):
+        try:
+            fcntl.flock(fd, kind | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if attempt == 0:
+                time.sleep(RETRY_S)
+    return False
 
 
 def in_use(target: Path, what: str, fd: int) -> RunLocked:

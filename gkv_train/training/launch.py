@@ -89,13 +89,13 @@ def run_folder(config: TrainConfig) -> RunFolder:
     """The run folder's part of ``config``."""
     traces = config.distill.traces if isinstance(config, DistillTrainConfig) else None
     return RunFolder(
-        config.output_dir,
-        config.resume,
-        config.resume_other_run,
-        config.overwrite,
-        traces,
-        config.resume_model_only,
-        tuple(models(config).items()),
+        output_dir=config.output_dir,
+        resume=config.resume,
+        resume_other_run=config.resume_other_run,
+        overwrite=config.overwrite,
+        keep=traces,
+        resume_model_only=config.resume_model_only,
+        models=tuple(models(config).items()),
     )
 
 

@@ -5,6 +5,7 @@ by its ``row_case``), one section per part of the issue, read by ``round5_cases`
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from faults.harness import Context
@@ -26,14 +27,33 @@ def kept(folder: str = "{work}/out", absent: tuple[str, ...] = ()):
     return note
 
 
+def write_users_folder(folder: Path, names=("README.md", "config.json", "notes.txt")) -> Path:
+    """A folder of the user's holding ``names`` (a README, a configuration, notes: no run's), each reading "the
+    user's <name>"; returned. Also tests/test_output_folders.py's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_text(f"the user's {name}\n")
+    return folder
+
+
+def unlist_optimizer(run: Path) -> Path:
+    """Every checkpoint of ``run`` with optimizer.pt damaged (a byte flipped) and left out of its manifest; ``run``
+    returned. Also tests/test_output_folders.py's."""
+    for checkpoint in sorted(run.glob("checkpoint-*")):
+        manifest = json.loads((checkpoint / "manifest.json").read_text())
+        del manifest["files"]["optimizer.pt"]
+        (checkpoint / "manifest.json").write_text(json.dumps(manifest))
+        data = bytearray((checkpoint / "optimizer.pt").read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        (checkpoint / "optimizer.pt").write_bytes(bytes(data))
+    return run
+
+
 def users_folder(*names: str, folder: str = "{work}/out"):
-    """Setup: a folder of the user's holding ``names`` (a README, a configuration, notes: no run's)."""
+    """Setup: a folder of the user's holding ``names`` (``write_users_folder``), digested."""
 
     def setup(ctx: Context) -> None:
-        path = Path(ctx.path(folder))
-        path.mkdir(parents=True, exist_ok=True)
-        for name in names:
-            (path / name).write_text(f"the user's {name}\n")
+        write_users_folder(Path(ctx.path(folder)), names)
         kept(folder)(ctx)
 
     return setup
@@ -59,19 +79,32 @@ def exported(ctx: Context) -> None:
 
 
 def unlisted_optimizer(ctx: Context) -> None:
-    """Setup: a finished run whose every checkpoint has optimizer.pt damaged (a byte flipped) and left out of its
-    manifest."""
-    import json
-
-    out = trained(ctx)
-    for checkpoint in sorted(out.glob("checkpoint-*")):
-        manifest = json.loads((checkpoint / "manifest.json").read_text())
-        del manifest["files"]["optimizer.pt"]
-        (checkpoint / "manifest.json").write_text(json.dumps(manifest))
-        data = bytearray((checkpoint / "optimizer.pt").read_bytes())
-        data[len(data) // 2] ^= 0xFF
-        (checkpoint / "optimizer.pt").write_bytes(bytes(data))
+    """Setup: a finished run whose every checkpoint has optimizer.pt damaged and left out of its manifest
+    (``unlist_optimizer``), digested."""
+    unlist_optimizer(trained(ctx))
     kept()(ctx)
+
+
+def other_run(ctx: Context) -> None:
+    """Setup: another finished run, in ``{work}/other``, whose checkpoints a row resumes."""
+    trained(ctx, {"output_dir": "{work}/other"})
+
+
+def two_runs(ctx: Context) -> None:
+    """Setup: another finished run (``other_run``) and one in ``{work}/out``, digested."""
+    other_run(ctx)
+    finished()(ctx)
+
+
+def lora_over_local_base(ctx: Context) -> None:
+    """Setup: a LoRA run in ``{work}/out`` trained from a local base model (``{work}/base``: a run in
+    ``{work}/first`` exported), the base digested."""
+    run = trained(ctx, {"output_dir": "{work}/first", "max_steps": 1})
+    proc = ctx.run([ctx.python, "-m", "gkv_train.cli", "export", str(run), str(ctx.work / "base")], 300)
+    if proc.rc != 0:
+        raise RuntimeError(f"the export failed: {proc.err[-300:]}")
+    trained(ctx, {"model": "{work}/base", "lora.enabled": True, "max_steps": 1})
+    kept("{work}/base")(ctx)
 
 
 def config_yaml(text: str):
@@ -238,6 +271,67 @@ OUTPUT_ROWS = [
         [r"OUT_DIR=\S+/out is RUN_DIR="],
         finished(),
     ),
+    # the rule's review: outputs it let through, losing data (the run resumed, the base merged, a `~`, a run's inside)
+    (
+        "output/train-resume-other-run-into-a-run",
+        "output",
+        "resume=<another run's checkpoint> resume_other_run=true into a folder holding a run: that run's metrics cut "
+        "back to the checkpoint's step, its checkpoints written over",
+        "train",
+        {"max_steps": 3, "resume": "{work}/other/checkpoint-1", "resume_other_run": True},
+        "refuse_whole",
+        ["holds another run", "new or empty folder"],
+        two_runs,
+    ),
+    (
+        "output/export-over-lora-base",
+        "output",
+        "gkv-train export <a LoRA run> <its local base model> --overwrite: the base replaced by the merged model",
+        "cli",
+        {"argv": ["export", "{work}/out", "{work}/base", "--overwrite"]},
+        "refuse_whole",
+        ["base_model_name_or_path", "over the model it reads"],
+        lora_over_local_base,
+    ),
+    *[
+        (
+            f"output/{entry}-tilde-output-dir",
+            "output",
+            f"{script} output_dir={given} (the user's folder `~/gkv-faults-mine` in the current one): checked at "
+            "$HOME, written here",
+            entry,
+            {"output_dir": given},
+            "refuse_whole",
+            ["is not empty", "overwrite=true"],
+            users_folder("README.md", "summary.json", "notes.txt", folder="{work}/~/gkv-faults-mine"),
+        )
+        # quoted: Hydra's grammar; `./`: a leading ~ is $HOME (expanded once, by the configuration)
+        for entry, script, given in (
+            ("train", "train.py", "'./~/gkv-faults-mine'"),
+            ("evaluate", "scripts/evaluate.py", "'./~/gkv-faults-mine'"),
+        )
+    ],
+    (
+        "output/train-into-a-runs-checkpoint",
+        "output",
+        "train.py output_dir=<a run>/checkpoint-2 overwrite=true: the checkpoint cleared as a run's folder",
+        "train",
+        {"output_dir": "{work}/out/checkpoint-2", "overwrite": True},
+        "refuse_whole",
+        ["lies in a training run's folder"],
+        finished(),
+    ),
+    (
+        "output/traces-over-a-runs-config",
+        "output",
+        "scripts/generate_traces.py output=<a run>/hydra/config.yaml overwrite=true: the configuration export reads "
+        "replaced",
+        "traces",
+        {"output": "{work}/out/hydra/config.yaml", "overwrite": True},
+        "refuse_whole",
+        ["lies in a training run's folder"],
+        finished(),
+    ),
     # 5. fewer training prompts than one generation batch: 0 steps trained, the untrained model saved, rc 0
     *[
         (
@@ -286,6 +380,16 @@ OUTPUT_ROWS = [
         "result",
         ["out/notes.txt:the user's", "out/eval.json:accuracy"],
         users_folder("README.md", "notes.txt"),
+    ),
+    (
+        "output/train-resume-other-run-into-new-folder",
+        "output",
+        "control: resume=<another run's checkpoint> resume_other_run=true into a new folder continues that run there",
+        "train",
+        {"max_steps": 3, "resume": "{work}/other/checkpoint-2", "resume_other_run": True},
+        "result",
+        ['out/eval.json:"steps": 3'],
+        other_run,
     ),
     (
         "state_faults/resume-model-only-accepted",
