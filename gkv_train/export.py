@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from gkv_train.adapters import read_adapter
 from gkv_train.models import check_adapter, check_model, load_model
 from gkv_train.runs.manifest import damage
 
@@ -30,15 +31,12 @@ def export(run_dir: str | Path, out_dir: str | Path) -> Path:
     if problem is not None:
         raise ValueError(f"{run_dir}: the trained model is damaged ({problem})")
     if adapter.is_file():
-        from peft import PeftModel
-
-        check_adapter(str(run_dir))
-        base_name = json.loads(adapter.read_text()).get("base_model_name_or_path")
-        if not isinstance(base_name, str):
+        base_name = read_adapter(str(run_dir)).base
+        if base_name is None:
             raise ValueError(f"{adapter} names no base model (base_model_name_or_path)")
         check_model(base_name)
-        base, tokenizer = load_model(base_name)
-        model = PeftModel.from_pretrained(base, str(run_dir)).merge_and_unload()
+        check_adapter(str(run_dir), base_name)
+        model, tokenizer = load_model(base_name, adapter=str(run_dir))
     else:
         model, tokenizer = load_model(str(run_dir))
     model.config._attn_implementation = "sdpa"
