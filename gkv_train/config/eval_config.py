@@ -6,7 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gkv_rollout.config import CompressionConfig
-from gkv_train.config.options import PRECISIONS, Sampling, check_compile_decode, check_sampling_keys, group
+from gkv_train.config.options import (
+    PRECISIONS,
+    Sampling,
+    check_compile_decode,
+    check_sampling_keys,
+    check_seed,
+    group,
+)
 from gkv_train.problems.data import DataConfig
 
 
@@ -31,6 +38,7 @@ class TracesConfig(Sampling):
 
     def __post_init__(self):
         check_sampling_keys(self, greedy=True)
+        check_seed("seed", self.seed)
         self.data.check("data")
 
 
@@ -81,6 +89,7 @@ class EvalConfig(Sampling):
 
     def __post_init__(self):
         check_sampling_keys(self, greedy=True)
+        check_seed("seed", self.seed)
         self.data.check("data")
         if self.batch_problems < 1:
             raise ValueError(f"batch_problems must be at least 1, got {self.batch_problems}")
