@@ -187,7 +187,7 @@ def same_model(a: str, b: str) -> bool:
     """Whether two model arguments name the same weights: the same name once aliases and paths are resolved
     (``tiny`` = ``tiny-llama``; a path made absolute, as ``base_model_name`` writes it), or files with the same
     content (the GGUF of ``smollm2-135m`` and that file's path or a copy of it; two copies of a model folder), or
-    one the folder the other loads from in the model cache (what an adapter made on ``load_model``'s model names)."""
+    one is the folder the other loads from in the model cache (what an adapter made on ``load_model``'s model names)."""
     names = [TINY_MODELS[0] if n == TINY_ALIAS else base_model_name(n) for n in (a, b)]
     copies = [_copy(n) for n in names]
     if names[0] == names[1] or names[0] == copies[1] or names[1] == copies[0]:
@@ -328,7 +328,7 @@ def _load_gguf(directory: str, gguf_file: str, dtype):
     tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad)
     for cfg in (model.config, model.generation_config):
         cfg.eos_token_id, cfg.pad_token_id = eos, pad
-    if save_copy(cached, [model, tokenizer], {"gguf": gguf.name, "sha256": cached.name.rsplit("-", 1)[1]}):
+    if save_copy(cached, [model, tokenizer], {"gguf": gguf.name, "sha256_12": cached.name.rsplit("-", 1)[1]}):
         return _from_dir(cached, dtype) if sound_copy(cached) else (model.to(dtype), tokenizer)
     return model.to(dtype), tokenizer
 
