@@ -189,8 +189,7 @@ def same_model(a: str, b: str) -> bool:
     content (the GGUF of ``smollm2-135m`` and that file's path or a copy of it; two copies of a model folder), or
     one is the folder the other loads from in the model cache (what an adapter made on ``load_model``'s model names)."""
     names = [TINY_MODELS[0] if n == TINY_ALIAS else base_model_name(n) for n in (a, b)]
-    copies = [_copy(n) for n in names]
-    if names[0] == names[1] or names[0] == copies[1] or names[1] == copies[0]:
+    if names[0] == names[1] or names[0] == _copy(names[1]) or names[1] == _copy(names[0]):
         return True
     contents = [_content(n) for n in names]
     return contents[0] is not None and contents[0] == contents[1]
@@ -301,12 +300,9 @@ def _from_dir(directory: Path, dtype):
 
 
 def _load_gguf(directory: str, gguf_file: str, dtype):
-    """Load a GGUF model dequantised and trainable, with EOS/pad from the GGUF metadata.
-
-    The first load converts the file (tens of seconds) and keeps the result as safetensors in the model cache
-    (``gkv_train.model_cache``), so later loads take about a second, and the model's ``name_or_path`` is a
-    directory that ``from_pretrained`` can reload (TRL builds its reference model that way).
-    """
+    """Load a GGUF model dequantised and trainable, with EOS/pad from the GGUF metadata. The first load converts
+    the file (tens of seconds) and keeps the result in the model cache (``gkv_train.model_cache``): later loads
+    take about a second, from a folder ``from_pretrained`` reloads (TRL builds its reference model that way)."""
     gguf = Path(directory) / gguf_file
     cached = gguf_copy(gguf)
     if sound_copy(cached):
@@ -377,10 +373,9 @@ def load_model(name_or_path: str = SMOLLM2_ALIAS, dtype: torch.dtype = torch.flo
 
 
 def load_config_and_tokenizer(name_or_path: str = SMOLLM2_ALIAS):
-    """(config, tokenizer) of a model without its weights, for the checks before any work (context length, cache
-    sizes): the tiny models from their definition, a GGUF model from its converted copy when a sound one is there
-    (else from the file's metadata: a few seconds), local folders and hub models from their config and tokenizer
-    files."""
+    """(config, tokenizer) of a model without its weights, for the checks before any work: the tiny models from
+    their definition, a GGUF model from its sound copy in the cache (else from the file's metadata: a few seconds),
+    local folders and hub models from their config and tokenizer files."""
     if name_or_path == TINY_ALIAS:
         name_or_path = TINY_MODELS[0]
     if name_or_path in TINY_MODELS:
