@@ -47,14 +47,11 @@ def export(run_dir: str | Path, out_dir: str | Path, overwrite: bool = False) ->
     if problem is not None:
         raise ValueError(f"{run_dir}: the trained model is damaged ({problem})")
     if base_name is not None:
-        check_adapter(str(run_dir))
         check_model(base_name)
+        check_adapter(str(run_dir), base_name)
     card = model_card(run_dir, out_dir, base_name)
     if base_name is not None:
-        from peft import PeftModel
-
-        base, tokenizer = load_model(base_name)
-        model = PeftModel.from_pretrained(base, str(run_dir)).merge_and_unload()
+        model, tokenizer = load_model(base_name, adapter=str(run_dir))
     else:
         model, tokenizer = load_model(str(run_dir))
     model.config._attn_implementation = "sdpa"

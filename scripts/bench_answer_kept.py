@@ -135,11 +135,7 @@ def measure(name: str, adapter: Path | None, config, batch: int, folder: Path) -
             raise SystemExit(f"error: {path} holds other problems than {ids}: another --output-root is needed")
         if not path.is_file():
             if model is None:
-                model, tokenizer = load_model(config.model)
-                if adapter is not None:
-                    from peft import PeftModel
-
-                    model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+                model, tokenizer = load_model(config.model, adapter=None if adapter is None else str(adapter))
                 engine = RolloutEngine(model, tokenizer, compression)
             part = problems.select(range(start, min(start + batch, len(problems))))
             stories = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in part["continuation"]]

@@ -463,7 +463,6 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.task == "long_recall" and "training" in args.stages:
         parser.error("--task long_recall: the probe and methods stages (its training: bench_rl_evidence.py)")
-    check_arguments(parser, args)
     if args.quick:
         args.model, args.problems, args.samples, args.methods, args.budgets = "tiny", 2, 2, ["gkv"], [24]
         args.max_new_tokens, args.batch_problems, args.sentences, args.interval = 24, 2, 2, 8
@@ -475,6 +474,7 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         args.trace_problems, args.eval_problems, args.eval_samples = 2, 2, 1
         if args.recipes == parser.get_default("recipes"):  # the record's learner (the dense one: test_train.py)
             args.recipes = ["rl_sparse"]
+    check_arguments(parser, args)  # the model the adapters are checked against: --quick's too
     return args
 
 

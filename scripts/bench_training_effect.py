@@ -236,10 +236,8 @@ def stage_kl(name: str, chosen: dict, root: Path, args, traces: list[dict]) -> d
     teacher, tokenizer = load_model(args.model)
     if name == "untrained":
         model = teacher
-    elif args.lora:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(load_model(args.model)[0], str(root / "train" / name)).eval()
+    elif args.lora:  # merged into its base (float rounding away from the adapter applied beside it)
+        model = load_model(args.model, adapter=str(root / "train" / name))[0]
     else:
         model = load_model(str(root / "train" / name))[0]
     compression = CompressionConfig(

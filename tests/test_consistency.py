@@ -1,6 +1,8 @@
 """Training sees exactly what inference saw: trainer log-probs under the record equal the rollout's."""
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -563,3 +565,35 @@ def test_compressions_inside_compiled_decode_compile_nothing_more(tiny_llama):
     eager, _ = rollout(200, False)
     assert torch.equal(eager.sequences, long.sequences) and torch.equal(eager.record.evict_at, long.record.evict_at)
     assert (eager.logprobs - long.logprobs).abs().max() <= 1e-5
+
+
+CHECK_REFUSALS = [  # gkv-train check's arguments, each refused before the model loads (the model has no weights)
+    ("--batch 0", "--batch must be at least 1, got 0"),
+    ("--max-new-tokens 0", "--max-new-tokens must be at least 1, got 0"),
+    ("--max-new-tokens 100000000", "--max-new-tokens=100000000 does not fit"),
+    ("--temperature -1", "--temperature must be a finite number > 0"),
+    ("--temperature nan", "--temperature must be a finite number > 0 (log-probs of logits / temperature), got nan"),
+    ("--temperature 0", "--temperature must be a finite number > 0"),
+    ("--seed -1", "--seed must be an integer in [0, 2**63 - 1]"),
+    ("--seed 100000000000000000000000", "--seed must be an integer in [0, 2**63 - 1]"),
+    ("--batch 1000 --max-new-tokens 3000", "attend with a dense mask: about"),
+]
+
+
+def test_check_refuses_its_arguments_before_the_model_loads(weightless_model, tmp_path):
+    """``gkv-train check`` (scripts/check_consistency.py) checks every argument before the model loads: one line,
+    exit 2. Before, --batch 0 and --temperature -1 failed with tracebacks after the model loaded, --temperature nan
+    reported an inconsistency, --max-new-tokens 10**8 allocated 12.8 GB. Control: a sound check of the tiny model
+    runs and is consistent."""
+    from entry_points import run_each
+
+    root = Path(__file__).resolve().parents[1]
+    argvs = [["--model", weightless_model, *flags.split()] for flags, _ in CHECK_REFUSALS]
+    argvs.append(["--model", "tiny", "--batch", "2", "--max-new-tokens", "12"])
+    *refused, sound = run_each(root / "scripts" / "check_consistency.py", argvs, cwd=tmp_path)
+    for (flags, message), proc in zip(CHECK_REFUSALS, refused):
+        line = proc.stderr.strip().splitlines()[-1]
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, (flags, proc.stderr[-2000:])
+        assert line.startswith("gkv-train check: error: ") and message in line, (flags, line)
+    assert sound.returncode == 0, sound.stderr[-2000:]
+    assert json.loads(sound.stdout.strip().splitlines()[-1])["consistent"] is True

@@ -385,7 +385,24 @@ EVALUATE_REFUSALS = [
     ("adapter={tmp}/garbage", "adapter={tmp}/garbage: {tmp}/garbage/adapter_config.json is not JSON"),
     ("adapter={tmp}/full", "adapter={tmp}/full holds no adapter_config.json: a full model's folder, given as model="),
     ("adapter={tmp}/weightless", "adapter={tmp}/weightless holds no adapter weights"),
+    ("adapter={tmp}/other_base", "adapter={tmp}/other_base was trained on tiny-qwen2 (base_model_name_or_path in its"),
+    ("adapter={tmp}/deep", "adapter={tmp}/deep does not fit model={model}: it holds weights for model.layers.4."),
+    ("seed=100000000000000000000000", "seed must be an integer in [0, 2**63 - 1]"),
 ]
+
+
+def lora_adapter(folder: Path, base: str, kind: str = "tiny-llama", **shape) -> Path:
+    """A rank-4 LoRA adapter (q_proj, v_proj) of a tiny model of ``kind`` and ``shape`` saved in ``folder``, its
+    configuration naming ``base`` as its base model."""
+    from peft import LoraConfig, get_peft_model
+
+    from gkv_train.models import tiny_model
+
+    lora = LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    get_peft_model(tiny_model(kind, **shape), lora).save_pretrained(folder)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    (folder / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": base}))
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -398,6 +415,8 @@ def evaluate_refusals(tmp_path_factory, weightless_model):
         (tmp / name / "adapter_config.json").write_text(config)
     (tmp / "full").mkdir()
     (tmp / "full" / "config.json").write_text("{}")
+    lora_adapter(tmp / "other_base", "tiny-qwen2", kind="tiny-qwen2")  # its configuration names another base
+    lora_adapter(tmp / "deep", weightless_model, num_hidden_layers=6)  # the model's own base, two layers more
     outs = [tmp / f"out{i}" for i in range(len(EVALUATE_REFUSALS))]
     argvs = [
         [f"model={weightless_model}", f"output_dir={out}", *override.replace("{tmp}", str(tmp)).split()]

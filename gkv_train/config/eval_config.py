@@ -7,7 +7,14 @@ import os
 from dataclasses import dataclass
 
 from gkv_rollout.config import CompressionConfig
-from gkv_train.config.options import PRECISIONS, Sampling, check_compile_decode, check_sampling_keys, group
+from gkv_train.config.options import (
+    PRECISIONS,
+    Sampling,
+    check_compile_decode,
+    check_sampling_keys,
+    check_seed,
+    group,
+)
 from gkv_train.problems.data import DataConfig
 
 TRACE_SOURCES = ("model", "solution")  # where traces come from: the teacher's samples, or the problems' solutions
@@ -42,6 +49,7 @@ class TracesConfig(Sampling):
     def __post_init__(self):
         self.output = os.path.expanduser(self.output)  # once, here: every reader sees one path (as training's)
         check_sampling_keys(self, greedy=True)
+        check_seed("seed", self.seed)
         self.data.check("data")
         if self.source not in TRACE_SOURCES:
             raise ValueError(f"source must be one of {', '.join(TRACE_SOURCES)}, got {self.source!r}")
@@ -102,6 +110,7 @@ class EvalConfig(Sampling):
         # check and the job read one path (`./~/x` stays a folder named ~)
         self.output_dir = os.path.expanduser(self.output_dir)
         check_sampling_keys(self, greedy=True)
+        check_seed("seed", self.seed)
         self.data.check("data")
         if self.batch_problems < 1:
             raise ValueError(f"batch_problems must be at least 1, got {self.batch_problems}")

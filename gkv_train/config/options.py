@@ -43,6 +43,19 @@ def check_range(
         raise ValueError(f"{key} must be a finite number {wanted}{note}, got {value}")
 
 
+SEED_LIMIT = 2**63  # torch's random generators take 64 bits, and a job's batches add their index to its seed
+
+
+def check_seed(key: str, seed: int) -> None:
+    """A seed the random generators take, with room for each batch's index added to it: 0 <= ``seed`` < 2**63;
+    ValueError naming the key."""
+    if not 0 <= seed < SEED_LIMIT:
+        raise ValueError(
+            f"{key} must be an integer in [0, 2**63 - 1] (torch's random generators take 64 bits, and each batch adds "
+            f"its index), got {seed}"
+        )
+
+
 def check_sampling(temperature: float, top_p: float, greedy: bool) -> None:
     """Sampling settings: a finite ``temperature`` > 0 (>= 0 when ``greedy`` decoding is allowed, i.e. in
     evaluation) and 0 < ``top_p`` <= 1; raises ValueError naming the problem."""

@@ -24,10 +24,10 @@ GIVEN_COUNTED = 100_000  # characters: a given beginning up to this long is coun
 
 @dataclass
 class Generation:
-    """One kind of ``generate`` (or replay) call of a job: ``what`` it is (for messages), its ``prompts`` (texts, as
-    the engine receives them) with their problem ``ids``, ``rows`` sequences per call, the new tokens of each
-    prompt (``new_tokens``: one count for all, or one per prompt for replayed completions; ``key``: the setting
-    that sets them) and the ``compressions`` it runs under."""
+    """One kind of ``generate`` (or replay) call of a job: ``what`` it is (for messages), its ``prompts`` (texts or
+    token ids, as the engine receives them) with their problem ``ids``, ``rows`` sequences per call (``rows_key``:
+    the settings that set them), the new tokens of each prompt (``new_tokens``: one count for all, or one per prompt
+    for replayed completions; ``key``: the setting that sets them) and the ``compressions`` it runs under."""
 
     what: str
     prompts: list[str]
@@ -38,6 +38,7 @@ class Generation:
     key: str = "max_completion_length"
     given: list[str] | None = None  # per prompt, the text its completions begin with (long_recall's story)
     given_key: str = "data"  # the configuration group of the problems (for messages)
+    rows_key: str = "prompts_per_step / batch_problems, num_generations"
 
 
 def check_generations(
@@ -57,7 +58,7 @@ def check_generations(
         check_ranks(shape, gen.compressions)
         if not gen.prompts:
             continue
-        texts = tuple(gen.prompts)
+        texts = tuple(p if isinstance(p, str) else tuple(p) for p in gen.prompts)
         lengths, skipped = counted[texts] = counted.get(texts) or prompt_tokens(
             tokenizer, gen.prompts, shape.context, limits
         )
@@ -105,18 +106,25 @@ def check_ranks(shape: ModelShape, compressions: list[CompressionConfig]) -> Non
 def prompt_tokens(
     tokenizer, prompts: list[str], context: int | None, limits: set[int] = frozenset()
 ) -> tuple[list[int], set[int]]:
-    """(tokens of each prompt as the rollout engine encodes it (chat template), the indices of prompts too long to
-    count). A prompt far longer than ``context`` could hold is not tokenised (more characters than 2 x the longest
-    vocabulary entry per token): it counts as ``context + 1``. The others are counted in one batch plus the
-    template's tokens, and those near ``context`` or within ``NEAR_LIMIT`` of one of ``limits`` exactly."""
+    """(tokens of each prompt as the rollout engine encodes it (chat template; token ids pass through), the
+    indices of prompts too long to count). A text far longer than ``context`` could hold is not tokenised (more
+    characters than 2 x the longest vocabulary entry per token): it counts as ``context + 1``. The others are
+    counted in one batch plus the template's tokens, and those near ``context`` or within ``NEAR_LIMIT`` of one of
+    ``limits`` exactly."""
     from gkv_rollout.engine import encode_prompts
 
+    given = {i: len(p) for i, p in enumerate(prompts) if not isinstance(p, str)}  # token ids
     longest_token = max(len(t) for t in tokenizer.get_vocab()) if context is not None else 0
     skipped = {i for i, p in enumerate(prompts) if context is not None and len(p) > 2 * longest_token * context}
+    skipped -= set(given)
     template = len(encode_prompts(tokenizer, ["x"])[0]) - 1  # the chat template's own tokens
-    plain = tokenizer(["" if i in skipped else p for i, p in enumerate(prompts)], add_special_tokens=False)
+    texts = ["" if i in skipped or i in given else p for i, p in enumerate(prompts)]
+    plain = tokenizer(texts, add_special_tokens=False)
     lengths = []
     for i, (prompt, ids) in enumerate(zip(prompts, plain["input_ids"])):
+        if i in given:
+            lengths.append(given[i])
+            continue
         estimate = context + 1 if i in skipped else len(ids) + template
         near = (context is not None and estimate >= context - NEAR_LIMIT) or any(
             abs(estimate - limit) <= NEAR_LIMIT for limit in limits
@@ -210,8 +218,8 @@ def check_memory(shape: ModelShape, need: int, biggest: tuple, device: str, proc
     )
     if need > free:
         raise ValueError(
-            f"{what}, more than the {size_text(free)} of {where}: lower max_completion_length, the rows per call "
-            "(prompts_per_step / batch_problems, num_generations) or the compression budget"
+            f"{what}, more than the {size_text(free)} of {where}: lower {gen.key}, the rows per call ({gen.rows_key}) "
+            "or the compression budget"
         )
     if need > free / 2:
         print(f"warning: {what}: over half the {size_text(free)} of {where}", file=sys.stderr)

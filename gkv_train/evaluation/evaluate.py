@@ -191,7 +191,7 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
         runs = config.compressions()
         check_model(config.model)
         if config.adapter is not None:
-            check_adapter(config.adapter)
+            check_adapter(config.adapter, config.model)
         check_task_contexts(config.model, {"data": config.data})
         problems = load_problems(config.data, config.seed)
         check_evaluation_folder(config)
@@ -234,11 +234,8 @@ def _evaluate(config, settings: dict, runs: list[CompressionConfig], problems, o
     log_console_to(out_dir / EVALUATION_LOG)
     for warning in config.warnings():
         print(f"warning: {warning}", file=sys.stderr)
-    model, tokenizer = load_model(config.model, dtype=torch.bfloat16 if config.precision == "bf16" else torch.float32)
-    if config.adapter is not None:
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, config.adapter).merge_and_unload()
+    dtype = torch.bfloat16 if config.precision == "bf16" else torch.float32
+    model, tokenizer = load_model(config.model, dtype=dtype, adapter=config.adapter)
     sampling = rollout_sampling(config, config.seed)
     batches = math.ceil(len(problems) / config.batch_problems)
     summaries = []

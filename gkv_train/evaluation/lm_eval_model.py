@@ -87,13 +87,9 @@ class CompressedLM(LM):
             self.stats_path = checked_stats(stats)
             check_model(pretrained)
             if adapter:
-                check_adapter(adapter)
+                check_adapter(adapter, pretrained)
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        self.model, self.tokenizer = load_model(pretrained, dtype=dtype)
-        if adapter:
-            from peft import PeftModel
-
-            self.model = PeftModel.from_pretrained(self.model, adapter).merge_and_unload()
+        self.model, self.tokenizer = load_model(pretrained, dtype=dtype, adapter=adapter or None)
         self.model.to(self._device)
         self.engine = RolloutEngine(self.model, self.tokenizer, self.compression, chat=False)
         self.stats: list[dict] = []

@@ -10,11 +10,27 @@ import torch
 from gkv_rollout.config import SamplingConfig, add_compression_args, compression_from_args
 from gkv_rollout.contract.eviction import resolved_backend
 from gkv_rollout.engine import RolloutEngine
-from gkv_train.config.options import check_compile_decode
-from gkv_train.config.preflight import reset_peak_resident, status_bytes
+from gkv_rollout.methods import ModelShape
+from gkv_train.config.options import check_compile_decode, check_range, check_seed
+from gkv_train.config.preflight import (
+    Generation,
+    available_memory,
+    check_generations,
+    prompt_tokens,
+    reset_peak_resident,
+    status_bytes,
+)
 from gkv_train.jsonio import dumps
-from gkv_train.models import check_model, load_model, random_prompts
+from gkv_train.models import (
+    TINY_ALIAS,
+    TINY_MODELS,
+    check_model,
+    load_config_and_tokenizer,
+    load_model,
+    random_prompts,
+)
 from gkv_train.problems.data import gsm8k_questions
+from gkv_train.runs.storage import size_text
 from gkv_train.training.logprobs import token_logprobs
 
 
@@ -111,6 +127,54 @@ CHECK_USAGE = """Roll out with a compressed cache, recompute the log-probs as th
 bf16 autocast."""
 
 
+def check_arguments(args) -> tuple:
+    """(the compression, the prompts) of ``check``'s arguments, every one checked before the model loads
+    (ValueError / OSError naming the flag): the compression and the model, --batch and --max-new-tokens at least
+    1, a finite --temperature > 0 (the trainer's log-probs are those of softmax(logits / temperature)), a --seed
+    the generators take, and the rollout within the model's context and the memory free (``check_generations``)."""
+    compression = compression_from_args(args)
+    check_compile_decode(args.compile_decode, [compression], key="--compile-decode")
+    for flag, value in (("--batch", args.batch), ("--max-new-tokens", args.max_new_tokens)):
+        if value < 1:
+            raise ValueError(f"{flag} must be at least 1, got {value}")
+    check_range("--temperature", args.temperature, low=0, low_open=True, note=" (log-probs of logits / temperature)")
+    check_seed("--seed", args.seed)
+    check_model(args.model)  # a name that is nowhere: named at once, not after the hub's retries
+    config, tokenizer = load_config_and_tokenizer(args.model)
+    if args.model in (TINY_ALIAS, *TINY_MODELS):  # token ids: row i has 7 + 11 i tokens
+        context = config.max_position_embeddings
+        if 7 + 11 * (args.batch - 1) > context:
+            raise ValueError(
+                f"--batch={args.batch}: row i of a tiny model's check has 7 + 11 i prompt tokens, so at most "
+                f"{(context - 7) // 11 + 1} rows fit its context of {context} tokens"
+            )
+        prompts = random_prompts([7 + 11 * i for i in range(args.batch)], config.vocab_size, args.seed)
+    else:
+        prompts = gsm8k_questions(args.batch)
+        if len(prompts) < args.batch:
+            raise ValueError(f"--batch={args.batch}: the GSM8K test file holds {len(prompts)} questions")
+    ids, new = list(range(args.batch)), args.max_new_tokens
+    rollout = Generation("check", prompts, ids, args.batch, new, [compression], "--max-new-tokens", rows_key="--batch")
+    check_generations(args.model, [rollout], dtype_bytes=4, device="cpu")
+    shape = ModelShape.of(args.model, config)
+    check_forward_memory(shape, args.batch, max(prompt_tokens(tokenizer, prompts, shape.context)[0]) + new)
+    return compression, prompts
+
+
+def check_forward_memory(shape: ModelShape, rows: int, width: int) -> None:
+    """ValueError when the check's no-grad forwards (``rows`` sequences of ``width`` tokens) would not fit the
+    memory free: on CPU they attend through SDPA with one layer's dense boolean mask [rows, KV heads, T, T] at a
+    time, expanded to the query heads (tiny-llama, estimated / measured: 500 / 353 MB at 80 rows of 884 tokens,
+    524 / 174 MB at 4 rows of 4047)."""
+    need = rows * width**2 * (shape.kv_heads + shape.heads)
+    free, where = available_memory("cpu")
+    if need > free:
+        raise ValueError(
+            f"the check's forwards ({rows} rows of {width} tokens on {shape.name}) attend with a dense mask: about "
+            f"{size_text(need)}, more than the {size_text(free)} of {where}: lower --batch or --max-new-tokens"
+        )
+
+
 def check(argv: list[str] | None = None) -> dict:
     """``scripts/check_consistency.py`` / ``gkv-train check``: roll out with a compressed cache, recompute the
     log-probs as the trainer does, print one JSON line (returned too)."""
@@ -133,17 +197,11 @@ def check(argv: list[str] | None = None) -> dict:
     add_compression_args(parser, method="gkv", budget=32, window=8, interval=16)
     args = parser.parse_args(argv)
     try:
-        compression = compression_from_args(args)
-        check_compile_decode(args.compile_decode, [compression], key="--compile-decode")
-        check_model(args.model)  # a name that is nowhere: named at once, not after the hub's retries
-    except (ValueError, FileNotFoundError) as err:
+        compression, prompts = check_arguments(args)
+    except (ValueError, OSError) as err:
         parser.error(str(err))  # one line and exit 2, before any work
 
     model, tokenizer = load_model(args.model)
-    if args.model.startswith("tiny"):
-        prompts = random_prompts([7 + 11 * i for i in range(args.batch)], model.config.vocab_size, args.seed)
-    else:
-        prompts = gsm8k_questions(args.batch)
     sampling = SamplingConfig(
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,

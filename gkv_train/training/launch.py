@@ -26,7 +26,14 @@ from gkv_train.evaluation.evaluate import final_evaluation
 from gkv_train.evaluation.traces import TRACE_BATCH, generate_traces, load_traces, write_traces
 from gkv_train.exits import refusing
 from gkv_train.jsonio import dumps, read_state, write_atomically
-from gkv_train.models import base_model_name, base_weights_note, card_model_name, check_model, load_model
+from gkv_train.models import (
+    base_model_name,
+    base_weights_note,
+    card_model_name,
+    check_model,
+    load_model,
+    reload_problem,
+)
 from gkv_train.problems.data import GIVEN, DataConfig, load_problems
 from gkv_train.runs.checkpoints import (
     EVAL,
@@ -217,6 +224,19 @@ def models(config: TrainConfig) -> dict[str, str]:
     return {key: name for key, name in (("model", config.model), ("distill.teacher", teacher)) if name is not None}
 
 
+def check_reference_model(config: TrainConfig) -> None:
+    """TRL builds a GRPO run's reference model (``beta`` > 0, no LoRA) by reloading the policy from its
+    ``name_or_path``; ValueError when that is no folder to reload (``reload_problem``: a read-only model cache)."""
+    if config.algorithm != "grpo" or config.beta == 0 or config.lora.enabled:
+        return
+    problem = reload_problem(config.model)
+    if problem is not None:
+        raise ValueError(
+            f"beta={config.beta} needs TRL's reference model, which it loads from the folder of model={config.model}, "
+            f"but {problem}: set GKV_TRAIN_CACHE to a writable folder (or train with beta=0 or lora.enabled=true)"
+        )
+
+
 def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict:
     """Train as configured (``config.algorithm``: grpo or distill), checkpointing as it goes; returns the final
     evaluation. Everything is checked before any work (``refusing``): models, data, trainer arguments, the
@@ -233,6 +253,7 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
         state = PartialState(cpu=not torch.cuda.is_available())  # several CPU processes talk through gloo
         for name in dict.fromkeys(models(config).values()):
             check_model(name)
+        check_reference_model(config)
         folder = run_folder(config)
         check_run_folder(folder, held=not state.is_main_process)  # the main process takes the lock
         check_task_contexts(config.model, {"data": config.data, "eval_data": config.eval_data})
