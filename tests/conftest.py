@@ -1,8 +1,11 @@
+import dataclasses
 import os
 
 import pytest
 import torch
 
+from gkv_rollout.config import CompressionConfig
+from gkv_rollout.methods import eviction_methods, method_class
 from gkv_train.models import load_model, random_prompts, tiny_model  # noqa: F401 (random_prompts: the tests')
 
 # pytest -n N (make test): the cores shared out among the workers, here and in the processes the tests start
@@ -12,6 +15,21 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     torch.set_num_threads(threads)
 else:
     torch.set_num_threads(max(1, torch.get_num_threads()))
+
+
+def tiny_methods(budget, window, interval):
+    """Every registered eviction method at its defaults (a method whose own window or interval is smaller keeps
+    it: TOVA evicts every step), and G-KV's other history forms."""
+    common = dict(budget=budget, window=window, interval=interval)
+    names = eviction_methods()
+    defaults = {name: {f.name: f.default for f in dataclasses.fields(method_class(name))} for name in names}
+    own = {
+        name: {k: min(v, defaults[name][k]) for k, v in common.items() if k != "budget"} for name in eviction_methods()
+    }
+    return [CompressionConfig(name, budget=budget, **own[name]) for name in eviction_methods()] + [
+        CompressionConfig.of("gkv", form="mean", **common),
+        CompressionConfig.of("gkv", form="sum", redundancy=False, **common),
+    ]
 
 
 @pytest.fixture(scope="session")

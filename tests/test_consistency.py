@@ -1,35 +1,17 @@
 """Training sees exactly what inference saw: trainer log-probs under the record equal the rollout's."""
 
-import dataclasses
-
 import pytest
 import torch
-from conftest import random_prompts
+from conftest import random_prompts, tiny_methods
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract import attention
 from gkv_rollout.engine import RolloutEngine
-from gkv_rollout.methods import eviction_methods, method_class
 from gkv_train.models import tiny_model
 from gkv_train.training.consistency import consistency_report
 from gkv_train.training.logprobs import token_logprobs
 
 TOL = 1e-4
-
-
-def tiny_methods(budget, window, interval):
-    """Every registered eviction method at its defaults (a method whose own window or interval is smaller keeps
-    it: TOVA evicts every step), and G-KV's other history forms."""
-    common = dict(budget=budget, window=window, interval=interval)
-    names = eviction_methods()
-    defaults = {name: {f.name: f.default for f in dataclasses.fields(method_class(name))} for name in names}
-    own = {
-        name: {k: min(v, defaults[name][k]) for k, v in common.items() if k != "budget"} for name in eviction_methods()
-    }
-    return [CompressionConfig(name, budget=budget, **own[name]) for name in eviction_methods()] + [
-        CompressionConfig.of("gkv", form="mean", **common),
-        CompressionConfig.of("gkv", form="sum", redundancy=False, **common),
-    ]
 
 
 def check(model, out, cfg):

@@ -191,6 +191,15 @@ class SamplingConfig:
         the eager step by float rounding (masked slots, fused kernels), which may rarely flip a sampled token
         near a tie or the top-p cut (the trainer still reproduces whatever was sampled). The full cache and the
         G-KV family only (s4r scores and reconstructs at every step, outside any graph).
+    chunk_given: feed given tokens (``RolloutEngine.generate``'s prefixes, ``replay``'s completions) through the
+        model several at a time: while every unfinished sequence has given tokens left, one forward takes them
+        up to the next compression point (causal among them, over the cache), so the cache compresses at the
+        same points with the same window queries and the record is the same as one token per forward; their
+        log-probs come from that forward's logits at every position. False: one forward per token, as if
+        sampled (the reference this path is tested and timed against). Tokens and records are the same either
+        way; log-probs differ by the float rounding of the larger forward (on CPU in fp32 within 1e-5). A cache
+        that acts after every token (s4r, tova) takes one token per forward either way
+        (``KVCache.forward_span``).
     """
 
     max_new_tokens: int = 256
@@ -202,6 +211,7 @@ class SamplingConfig:
     ignore_eos: bool = False
     drop_finished_at: float = 0.25
     compile_decode: bool = False
+    chunk_given: bool = True
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
