@@ -306,6 +306,13 @@ def test_given_tokens_in_chunks_equal_one_by_one(tiny_llama, cfg):
     assert (replayed.stats["forwards"] < replayed.stats["steps"] - 1) == chunks
 
 
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_chunk_given_is_true_or_false(value):
+    """A string would be true whatever it says: only a bool is taken."""
+    with pytest.raises(ValueError, match="chunk_given must be True or False"):
+        SamplingConfig(chunk_given=value)
+
+
 def test_a_chunk_past_the_compression_point_changes_the_record(tiny_llama, monkeypatch):
     """The control of the equality above: forwards of given tokens that run one token past each compression point
     (so the cache compresses one token late) give another record, and the comparison fails."""

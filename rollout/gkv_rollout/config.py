@@ -196,8 +196,9 @@ class SamplingConfig:
         up to the next compression point (causal among them, over the cache), so the cache compresses at the
         same points with the same window queries and the record is the same as one token per forward; their
         log-probs come from that forward's logits at every position. False: one forward per token, as if
-        sampled (the reference this path is tested and timed against). Tokens and records are the same either
-        way; log-probs differ by the float rounding of the larger forward (on CPU in fp32 within 1e-5). A cache
+        sampled (the reference this path is tested and timed against). Log-probs differ by the float rounding
+        of the larger forward (on CPU in fp32 within 1e-5), which, as with ``compile_decode``, may rarely flip a
+        sampled token or a kept token near a tie; tested: the same tokens and records for every method. A cache
         that acts after every token (s4r, tova) takes one token per forward either way
         (``KVCache.forward_span``).
     """
@@ -224,6 +225,8 @@ class SamplingConfig:
             raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
         if not 0.0 < self.drop_finished_at <= 1.0:
             raise ValueError(f"drop_finished_at must lie in (0, 1], got {self.drop_finished_at}")
+        if not isinstance(self.chunk_given, bool):
+            raise ValueError(f"chunk_given must be True or False, got {self.chunk_given!r}")
 
 
 def _parse_bool(text: str) -> bool:

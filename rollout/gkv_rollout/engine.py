@@ -384,13 +384,14 @@ def given_forward(model, cache: KVCache, ids, positions, temperature: float) -> 
     ).last_hidden_state
     cache.end()
     N, Q, _ = hidden.shape
-    width = max(1, HEAD_ELEMENTS // (N * head.weight.shape[0]))  # positions per slice
+    last = head(hidden[:, -1])  # [N, V]
+    width = max(1, HEAD_ELEMENTS // (N * last.shape[-1]))  # positions per slice
     logprobs = []
     for i in range(0, Q - 1, width):
         logits = head(hidden[:, i : min(i + width, Q - 1)])  # [N, w, V]: the logits before ids[:, i + 1 : ...]
         targets = ids[:, i + 1 : i + 1 + logits.shape[1]]
         logprobs.append(token_logprobs_of(logits.flatten(0, 1), targets.flatten(), temperature).view(N, -1))
-    return torch.cat(logprobs, dim=1), head(hidden[:, -1])
+    return torch.cat(logprobs, dim=1), last
 
 
 def check_token_ids(rows, vocab: int, name: str) -> None:
