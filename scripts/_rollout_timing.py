@@ -1,6 +1,6 @@
 """Timing one rollout, alike for every caller (``bench_rollout.py``, ``gpu_check.py``): the engine, eager or
 with compiled decode steps (cold, then warm), and stock HF ``generate``; tokens/s, the compression share of decode,
-the KV cache's bytes."""
+the KV cache's bytes, and with given prefixes the seconds they took."""
 
 from __future__ import annotations
 
@@ -45,13 +45,19 @@ def hf_generate(model, tokenizer, prompts, sampling: SamplingConfig) -> dict:
     return {"tokens_per_s": new_tokens / seconds, "seconds": seconds, "peak_kv_cache_bytes": kv_bytes}
 
 
-def engine_run(model, tokenizer, prompts, sampling: SamplingConfig, compression: CompressionConfig) -> dict:
-    out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling)
+def engine_run(
+    model, tokenizer, prompts, sampling: SamplingConfig, compression: CompressionConfig, prefixes=None
+) -> dict:
+    """One rollout's statistics (``prefixes``: each prompt's given beginning, ``RolloutEngine.generate``'s);
+    ``given_seconds``: the part of the decode the given tokens took; ``forwards``: the decode forwards."""
+    out = RolloutEngine(model, tokenizer, compression).generate(prompts, sampling, prefixes=prefixes)
     s = out.stats
     return {
         "tokens_per_s": s["tokens_per_s"],
         "seconds": s["seconds"],
         "prefill_seconds": s["prefill_seconds"],
+        "given_seconds": s["given_seconds"],
+        "forwards": s["forwards"],
         "compress_fraction_of_decode": s["compress_seconds"] / s["decode_seconds"],
         "compressions": s["compressions"],
         "peak_kv_cache_bytes": s["kv_cache_bytes"],

@@ -1,8 +1,11 @@
+import dataclasses
 import os
 
 import pytest
 import torch
 
+from gkv_rollout.config import CompressionConfig
+from gkv_rollout.methods import eviction_methods, method_class
 from gkv_train.models import load_model, random_prompts, tiny_model  # noqa: F401 (random_prompts: the tests')
 
 # pytest -n N (make test): the cores shared out among the workers, here and in the processes the tests start
@@ -12,6 +15,25 @@ if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
     torch.set_num_threads(threads)
 else:
     torch.set_num_threads(max(1, torch.get_num_threads()))
+
+
+def tiny_methods(budget, window, interval, longest):
+    """Every registered eviction method at its defaults (a method whose own window or interval is smaller keeps
+    it: TOVA evicts every step; one that keeps the prompt gets a budget that holds the longest prompt, ``longest``
+    tokens: ``method_budget``), and G-KV's other history forms."""
+    common = dict(budget=budget, window=window, interval=interval)
+    names = eviction_methods()
+    defaults = {name: {f.name: f.default for f in dataclasses.fields(method_class(name))} for name in names}
+    own = {
+        name: {k: min(v, defaults[name][k]) for k, v in common.items() if k != "budget"} for name in eviction_methods()
+    }
+    return [
+        CompressionConfig(name, budget=method_budget(name, budget, own[name]["window"], longest), **own[name])
+        for name in eviction_methods()
+    ] + [
+        CompressionConfig.of("gkv", form="mean", **common),
+        CompressionConfig.of("gkv", form="sum", redundancy=False, **common),
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +70,5 @@ def method_budget(name: str, budget: int, window: int, longest: int) -> int:
     """The budget a test gives the method ``name`` at its defaults: ``budget``, or for a method that keeps each
     prompt (``random_attention``), one that holds the longest prompt (``longest`` tokens) and the window with room
     to spare (half of ``budget``): a prompt that fills the budget is refused."""
-    from gkv_rollout.methods import method_class
-
     keeps = getattr(method_class(name), "keep_prompt", False)
     return longest + window + budget // 2 if keeps else budget

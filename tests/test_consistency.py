@@ -6,37 +6,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import method_budget, random_prompts
+from conftest import method_budget, random_prompts, tiny_methods
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract import attention
 from gkv_rollout.contract.eviction import NEVER
 from gkv_rollout.engine import RolloutEngine
-from gkv_rollout.methods import eviction_methods, method_class
 from gkv_train.models import tiny_model
 from gkv_train.training.consistency import consistency_report
 from gkv_train.training.logprobs import token_logprobs
 
 TOL = 1e-4
-
-
-def tiny_methods(budget, window, interval, longest):
-    """Every registered eviction method at its defaults (a method whose own window or interval is smaller keeps
-    it: TOVA evicts every step; one that keeps the prompt gets a budget that holds the longest prompt, ``longest``
-    tokens: ``method_budget``), and G-KV's other history forms."""
-    common = dict(budget=budget, window=window, interval=interval)
-    names = eviction_methods()
-    defaults = {name: {f.name: f.default for f in dataclasses.fields(method_class(name))} for name in names}
-    own = {
-        name: {k: min(v, defaults[name][k]) for k, v in common.items() if k != "budget"} for name in eviction_methods()
-    }
-    return [
-        CompressionConfig(name, budget=method_budget(name, budget, own[name]["window"], longest), **own[name])
-        for name in eviction_methods()
-    ] + [
-        CompressionConfig.of("gkv", form="mean", **common),
-        CompressionConfig.of("gkv", form="sum", redundancy=False, **common),
-    ]
 
 
 def check(model, out, cfg):
@@ -357,7 +337,8 @@ def test_consistency_smollm2(smollm2, gsm8k_questions, cfg):
 def test_compiled_decode_matches_eager_and_trainer(tiny_llama, method):
     """compile_decode (static-shape step under torch.compile) samples the eager step's tokens and records, its
     log-probs agree to float rounding, and the trainer reproduces them; rows finish early, so the batch narrows
-    (a recompile with a dynamic batch) and the attention width grows past one static width step."""
+    (a recompile with a dynamic batch) and the attention width grows past one static width step. With prefixes,
+    their tokens go through in eager forwards of several between compiled steps: the same rollout."""
     cfg = CompressionConfig(method, budget=16, window=4, interval=8)
     prompts = random_prompts([5, 17, 40, 9])
     runs = [
@@ -377,6 +358,20 @@ def test_compiled_decode_matches_eager_and_trainer(tiny_llama, method):
     else:
         assert torch.equal(eager.record.evict_at, compiled.record.evict_at)
         check(tiny_llama, compiled, cfg)
+    # given tokens: eager forwards of several tokens between the compiled steps give the eager token path's rollout
+    prefixes = random_prompts([23, 30, 12, 19], seed=9)
+    eager, compiled = (
+        RolloutEngine(tiny_llama, compression=cfg).generate(
+            prompts,
+            SamplingConfig(max_new_tokens=40, num_samples=2, stop_token_ids=(2,), compile_decode=c, chunk_given=c),
+            prefixes=prefixes,
+        )
+        for c in (False, True)
+    )
+    assert compiled.stats["forwards"] < eager.stats["forwards"]
+    assert torch.equal(eager.sequences, compiled.sequences)
+    assert (eager.logprobs - compiled.logprobs).abs().max() <= 1e-5
+    assert method == "full" or torch.equal(eager.record.evict_at, compiled.record.evict_at)
 
 
 def test_decode_one_token_is_one_graph():
@@ -443,35 +438,47 @@ def test_chunked_masked_attention_keeps_its_dropout_through_the_recompute(monkey
     assert torch.equal(chunked, plain) and all(torch.equal(a, b) for a, b in zip(grads, plain_grads))
 
 
-@pytest.mark.parametrize("method", ["gkv", "snapkv", "s4r"])
-def test_sampled_tokens_after_a_long_given_beginning_match_the_rollout(tiny_llama, method):
-    """A completion that begins with 520 given tokens (long_recall's story, fed through the compressing cache) then
-    samples: the trainer's log-probs of the sampled tokens under the record equal the rollout's; a plain causal
-    mask and the record rotated by one layer do not."""
-    cfg = (
-        CompressionConfig.of("s4r", eta=0.3, window=4, sinks=2)
-        if method == "s4r"
-        else CompressionConfig(method, budget=64, window=8, interval=16)
-    )
+GIVEN_METHODS = [
+    CompressionConfig("full"),
+    *tiny_methods(64, 8, 16, 14),
+    CompressionConfig.of("s4r", eta=0.3, window=4, sinks=2),
+]
+
+
+@pytest.mark.parametrize("cfg", GIVEN_METHODS, ids=lambda c: f"{c.method}-{c.options.get('form')}")
+def test_sampled_tokens_after_a_long_given_beginning_match_the_rollout(tiny_llama, cfg):
+    """A completion that begins with 520 given tokens (long_recall's story, fed through the compressing cache, up
+    to each compression point in one forward) then samples: for every method the trainer's log-probs under the
+    record equal the rollout's, of the sampled tokens and of the given ones (reported too: TRL reads them); a plain
+    causal mask and the record rotated by one layer do not (the full cache: no record, the plain causal mask is its
+    own)."""
+    method = cfg.method
     given = random_prompts([520, 530], seed=11)
     out = RolloutEngine(tiny_llama, compression=cfg).generate(
         random_prompts([9, 14]),
         SamplingConfig(max_new_tokens=572, temperature=1.0, seed=2, stop_token_ids=()),
         prefixes=given,
     )
-    assert method == "s4r" or out.stats["compressions"] >= 30
+    assert method in ("full", "s4r") or out.stats["compressions"] >= 30
+    assert out.stats["forwards"] < 100 or method in ("s4r", "tova")  # the given tokens went through in chunks
     sampled = out.completion_mask.clone()
     for row, prefix in enumerate(given):
         sampled[row, : len(prefix)] = False  # the given tokens: not the policy's samples
     assert int(sampled.sum()) == 2 * 572 - 520 - 530
 
-    def diff(record):
+    def diff(record, tokens):
         with torch.no_grad():
             lp = token_logprobs(tiny_llama, out.sequences, out.attention_mask, out.num_completion_tokens, record)
-        return (lp - out.logprobs)[sampled].abs().max().item()
+        return (lp - out.logprobs)[tokens].abs().max().item()
 
-    assert diff(out.record) <= TOL
-    assert diff(None) > 1e-2 and diff(out.record.roll_layers(1)) > 1e-2
+    given_tokens = out.completion_mask.bool() & ~sampled
+    if method == "full":
+        assert out.record is None and diff(None, sampled) <= TOL and diff(None, given_tokens) <= TOL
+        return
+    assert diff(out.record, sampled) <= TOL and diff(out.record, given_tokens) <= TOL
+    assert diff(None, sampled) > 1e-2
+    # (streaming evicts the same tokens in every layer and head: rotating layers changes nothing)
+    assert method == "streaming" or diff(out.record.roll_layers(1), sampled) > 1e-2
 
 
 def random_eviction_record(lengths: list[int], layers: int, heads: int, width: int, seed: int) -> torch.Tensor:

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import method_budget, random_prompts
+from conftest import method_budget, random_prompts, tiny_methods
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract.attention import ATTENTION_NAME
 from gkv_rollout.contract.eviction import NEVER
 from gkv_rollout.engine import RolloutEngine, encode_prompts, left_pad
+from gkv_rollout.eviction_cache import EvictionCache
 from gkv_rollout.methods import eviction_methods
 from gkv_rollout.scoring import hashed_uniform
 from gkv_train.models import tiny_model
@@ -247,6 +248,91 @@ def test_prefixes_are_fed_then_sampling_goes_on(tiny_llama, method):
             engine.generate(prompts, sampling, prefixes=[bad, prefixes[1]])
 
 
+# every registered method: the eviction family (and G-KV's other forms), the full cache and S4R
+EVERY_METHOD = [
+    CompressionConfig("full"),
+    *tiny_methods(16, 4, 8, 30),
+    CompressionConfig.of("s4r", eta=0.3, window=4, sinks=2),
+]
+STOPS = tuple(range(10, 24))  # about one token in nine: rows end at many different steps
+
+
+def assert_same_rollout(a, b):
+    """The same completions and record, log-probs within 1e-5 (fp32)."""
+    assert torch.equal(a.sequences, b.sequences) and torch.equal(a.attention_mask, b.attention_mask)
+    assert (a.logprobs - b.logprobs).abs().max() <= 1e-5
+    assert (a.record is None) == (b.record is None)
+    if a.record is not None:
+        theirs = b.record.to_batch()
+        for name, value in a.record.to_batch().items():
+            assert torch.equal(value, theirs[name]), name
+
+
+@pytest.mark.parametrize("cfg", EVERY_METHOD, ids=lambda c: f"{c.method}-{c.options.get('form')}")
+def test_given_tokens_in_chunks_equal_one_by_one(tiny_llama, cfg):
+    """Given tokens fed up to each compression point in one forward (``chunk_given``, the default) give what one
+    forward per token gives: the same completions and record, log-probs within 1e-5 in fp32. Prefixes of
+    different lengths (all rows given for several compression rounds; one shorter than an interval; a row without
+    one, which samples from the first token), two samples each, rows finishing and kept in the cache or leaving it;
+    and replay of the completions (every token given). S4R and TOVA act after every token: one per forward."""
+    engine = RolloutEngine(tiny_llama, compression=cfg)
+    prompts = random_prompts([9, 23, 14, 30], seed=4)
+    rows = [p for p in prompts for _ in range(2)]
+    chunks = cfg.method not in ("s4r", "tova")
+    cases = [  # (prefixes, drop_finished_at, whether some forwards take several tokens)
+        (random_prompts([61, 37, 45, 29], seed=5), 0.01, chunks),  # 29 given for all: 4 rounds in chunks
+        (random_prompts([5, 6, 61, 7], seed=6), 1.0, chunks),  # shorter than an interval
+        (random_prompts([20, 0, 33, 12], seed=7), 0.25, None),  # an empty prefix (its rows sample, end, leave)
+    ]
+    for prefixes, drop, fewer in cases:
+        sampling = SamplingConfig(
+            max_new_tokens=90, temperature=1.0, seed=6, num_samples=2, stop_token_ids=(10, 11), drop_finished_at=drop
+        )
+        chunked = engine.generate(prompts, sampling, prefixes=prefixes)
+        tokens = engine.generate(prompts, dataclasses.replace(sampling, chunk_given=False), prefixes=prefixes)
+        assert_same_rollout(chunked, tokens)
+        assert fewer is None or (chunked.stats["forwards"] < tokens.stats["forwards"]) == fewer
+        assert tokens.stats["forwards"] == tokens.stats["steps"] - 1
+        assert 0 < chunked.stats["given_seconds"] <= chunked.stats["decode_seconds"]
+        assert cfg.method in ("full", "s4r") or chunked.stats["compressions"] >= 6
+        assert int((chunked.completion_lengths < 90).sum()) >= 2  # rows finish early
+    replay = SamplingConfig(
+        max_new_tokens=90, temperature=1.0, seed=6
+    )  # the rollout's length (s4r's rank), seed (random's)
+    replayed = engine.replay(rows, chunked.completions(), replay)
+    assert_same_rollout(
+        replayed, engine.replay(rows, chunked.completions(), dataclasses.replace(replay, chunk_given=False))
+    )
+    assert_same_rollout(replayed, chunked)
+    assert (replayed.stats["forwards"] < replayed.stats["steps"] - 1) == chunks
+
+
+@pytest.mark.parametrize("value", ["no", 0, None])
+def test_chunk_given_is_true_or_false(value):
+    """A string would be true whatever it says: only a bool is taken."""
+    with pytest.raises(ValueError, match="chunk_given must be True or False"):
+        SamplingConfig(chunk_given=value)
+
+
+def test_a_chunk_past_the_compression_point_changes_the_record(tiny_llama, monkeypatch):
+    """The control of the equality above: forwards of given tokens that run one token past each compression point
+    (so the cache compresses one token late) give another record, and the comparison fails."""
+    cfg = CompressionConfig("gkv", budget=16, window=4, interval=8)
+    engine = RolloutEngine(tiny_llama, compression=cfg)
+    prompts, prefixes = random_prompts([30, 26], seed=4), random_prompts([61, 45], seed=5)  # prompts past the budget
+    sampling = SamplingConfig(max_new_tokens=80, temperature=1.0, seed=6)
+    tokens = engine.generate(prompts, dataclasses.replace(sampling, chunk_given=False), prefixes=prefixes)
+    span, after = EvictionCache.forward_span, EvictionCache.after_step
+    monkeypatch.setattr(EvictionCache, "forward_span", lambda cache, generated: span(cache, generated) + 1)
+    monkeypatch.setattr(EvictionCache, "after_step", lambda cache, generated: after(cache, generated - 1))
+    late = engine.generate(prompts, sampling, prefixes=prefixes)
+    assert (
+        late.stats["compressions"] == tokens.stats["compressions"] and late.stats["forwards"] < tokens.stats["forwards"]
+    )
+    with pytest.raises(AssertionError):
+        assert_same_rollout(late, tokens)
+
+
 @pytest.mark.parametrize("method", ["full", "gkv", "snapkv", "s4r", "random_attention"])
 def test_dropping_finished_rows_changes_nothing(tiny_llama, method):
     """Finished sequences leaving the batch (at every finish) give the same tokens, log-probs and record as
@@ -340,6 +426,14 @@ def test_progress_callback_counts_every_generated_token(tiny_llama):
         random_prompts([12, 30, 7]), SamplingConfig(max_new_tokens=24, seed=3), progress=counts.append
     )
     assert sum(counts) == int(out.completion_lengths.sum()) and len(counts) == out.num_completion_tokens
+    counts.clear()  # given tokens that go through several at a time are counted as they are appended
+    out = engine.generate(
+        random_prompts([12, 30, 7]),
+        SamplingConfig(max_new_tokens=40, seed=3),
+        progress=counts.append,
+        prefixes=random_prompts([20, 25, 30]),
+    )
+    assert sum(counts) == int(out.completion_lengths.sum()) and len(counts) < out.num_completion_tokens
 
 
 def test_compare_rollouts_finds_a_changed_rollout(tmp_path):

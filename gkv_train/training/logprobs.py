@@ -8,7 +8,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from gkv_rollout.contract import attention_context
-from gkv_rollout.contract.attention import base_model, use_kv_attention
+from gkv_rollout.contract.attention import decoder_and_head, use_kv_attention
 from gkv_rollout.contract.record import logical_positions
 
 
@@ -39,12 +39,6 @@ def _chunk_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.
     """hidden [N, d], targets int64 [N] -> log p(target) [N] under softmax(logits / temperature), in fp32."""
     logits = head(hidden).float() / temperature
     return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
-
-
-def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """The transformer body (hidden states out) and the LM head of a causal LM, through PEFT wrappers."""
-    base = base_model(model)
-    return base.get_decoder(), base.get_output_embeddings()
 
 
 def hidden_states(

@@ -202,6 +202,16 @@ class SamplingConfig:
         the eager step by float rounding (masked slots, fused kernels), which may rarely flip a sampled token
         near a tie or the top-p cut (the trainer still reproduces whatever was sampled). The full cache and the
         G-KV family only (s4r scores and reconstructs at every step, outside any graph).
+    chunk_given: feed given tokens (``RolloutEngine.generate``'s prefixes, ``replay``'s completions) through the
+        model several at a time: while every unfinished sequence has given tokens left, one forward takes them
+        up to the next compression point (causal among them, over the cache), so the cache compresses at the
+        same points with the same window queries and the record is the same as one token per forward; their
+        log-probs come from that forward's logits at every position. False: one forward per token, as if
+        sampled (the reference this path is tested and timed against). Log-probs differ by the float rounding
+        of the larger forward (CPU, fp32: within 1e-5 on the tiny test models, 4e-5 on SmolLM2-135M at 1,000
+        given tokens), which, as with ``compile_decode``, may rarely flip a sampled token or a kept token near a
+        tie; tested: the same tokens and records for every method. A cache that acts after every token (s4r,
+        tova) takes one token per forward either way (``KVCache.forward_span``).
     """
 
     max_new_tokens: int = 256
@@ -213,6 +223,7 @@ class SamplingConfig:
     ignore_eos: bool = False
     drop_finished_at: float = 0.25
     compile_decode: bool = False
+    chunk_given: bool = True
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -225,6 +236,8 @@ class SamplingConfig:
             raise ValueError(f"num_samples must be at least 1, got {self.num_samples}")
         if not 0.0 < self.drop_finished_at <= 1.0:
             raise ValueError(f"drop_finished_at must lie in (0, 1], got {self.drop_finished_at}")
+        if not isinstance(self.chunk_given, bool):
+            raise ValueError(f"chunk_given must be True or False, got {self.chunk_given!r}")
 
 
 def _parse_bool(text: str) -> bool:

@@ -2,8 +2,9 @@
 
 The engine drives an HF causal LM (any model whose attention goes through ``AttentionInterface``: Llama,
 Qwen2, Qwen3, ...) token by token with its own cache as attention context (``EvictionCache`` for the G-KV
-family, ``S4RCache`` for S4R; any ``gkv_rollout.kv_cache.KVCache`` can be injected). Prompts are left-padded;
-every sequence keeps its own logical positions, length and end-of-sequence state.
+family, ``S4RCache`` for S4R; any ``gkv_rollout.kv_cache.KVCache`` can be injected); given tokens (prefixes,
+replayed completions) go through several at a time, up to the cache's next compression point. Prompts are
+left-padded; every sequence keeps its own logical positions, length and end-of-sequence state.
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from typing import Callable, Sequence
 import torch
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
-from gkv_rollout.contract.attention import use_kv_attention
+from gkv_rollout.contract.attention import decoder_and_head, use_kv_attention
 from gkv_rollout.contract.record import Record, logical_positions
 from gkv_rollout.kv_cache import KVCache
 from gkv_rollout.sampling import sample_tokens, token_logprobs_of
 
 Prompt = str | Sequence[int] | Sequence[dict]
+HEAD_ELEMENTS = 2**24  # logits a forward of given tokens computes at once (64 MiB in fp32)
 
 
 @dataclass
@@ -84,7 +86,8 @@ def make_cache(
 
 def forward_logits(model, ids, positions, mask, cache) -> torch.Tensor:
     """The model's last logits [N, V] for new tokens ids [N, Q] at logical positions [N, Q], attending under
-    ``mask`` (the cache's, from ``begin``) with ``cache`` as the attention context: the engine's one model call."""
+    ``mask`` (the cache's, from ``begin``) with ``cache`` as the attention context: prefill's and a decode step's
+    model call (``given_forward`` runs given tokens)."""
     out = model(
         input_ids=ids, position_ids=positions, attention_mask=mask, kv_context=cache, use_cache=False, logits_to_keep=1
     )
@@ -214,13 +217,15 @@ class RolloutEngine:
     ) -> RolloutOutput:
         """Sample completions (or, with ``forced``, feed the given ones: see ``replay``). The model runs in
         eval mode (no dropout) without gradients; its training mode is restored on return. ``progress``, when
-        given, is called after every step with the number of tokens that step generated (e.g. a progress bar's
-        ``update``).
+        given, is called after every step with the number of tokens generated since its last call (e.g. a
+        progress bar's ``update``).
 
         ``prefixes``: the first tokens of each prompt's completions (one per prompt, shorter than
         ``max_new_tokens``), fed as if sampled: the cache compresses as it would while writing them, their
         log-probs are the model's, and sampling goes on after them (a stop token inside a prefix does not end its
-        row). The completions and the record hold them; ``replay`` of such a completion reproduces its record."""
+        row). The completions and the record hold them; ``replay`` of such a completion reproduces its record.
+        While every unfinished row has given tokens left, they go through the model up to the next compression
+        point in one forward (``SamplingConfig.chunk_given``, ``given_span``)."""
         if prefixes is not None:
             if forced is not None:
                 raise ValueError("give forced (whole completions) or prefixes (their beginnings), not both")
@@ -240,8 +245,9 @@ class RolloutEngine:
             self.model.train(was_training)
 
     def _generate(self, prompts, sampling: SamplingConfig, forced, progress, prefixes=None) -> RolloutOutput:
-        """prefill, then ``decode_one_token`` step by step: pick each row's token, drop finished rows from the
-        cache, stop when every row has; the record and statistics from what the cache saw."""
+        """prefill, then step by step: pick each row's token, drop finished rows from the cache, stop when every row
+        has; feed the step's tokens (``decode_one_token``), or with them the given tokens that follow, as far as
+        ``given_span`` allows (``feed_given``); the record and statistics from what the cache saw."""
         model, device = self.model, next(self.model.parameters()).device
         rows = [r for r in encode_prompts(self.tokenizer, prompts, self.chat) for _ in range(sampling.num_samples)]
         pad_id = self.pad_id()
@@ -261,8 +267,10 @@ class RolloutEngine:
         t0 = time.perf_counter()
         logits = prefill(model, cache, ids, logical_positions(prompt_mask), prompt_mask.bool())
         t_prefill = time.perf_counter() - t0
+        t_given = None if pick.given_width else 0.0  # until the last given token has been through the model
         drop = sampling.drop_finished_at < 1.0
-        for n in range(max_new):
+        n = 0  # the step: the index of the token picked next
+        while True:
             token, logprob, stop = pick(logits, n, state.in_cache)
             live = state.append(n, token, logprob, stop)
             if progress is not None:
@@ -271,11 +279,20 @@ class RolloutEngine:
                 break
             if drop:
                 drop = state.drop_finished(cache, sampling.drop_finished_at, step)
-            logits = step(state.last_tokens(n), state.next_positions(n))
-            cache.after_step(n + 1)
+            span = given_span(pick, state, cache, n)
+            if span == 1:
+                logits = step(state.last_tokens(n), state.next_positions(n))
+            else:
+                logits = feed_given(model, cache, pick, state, n, span, progress)
+            n += span
+            state.forwards += 1
+            cache.after_step(n)
+            if t_given is None and n >= pick.given_width:
+                t_given = time.perf_counter() - t0 - t_prefill
         seconds = time.perf_counter() - t0
         state.cache_bytes = max(state.cache_bytes, cache.nbytes())
-        return finish(cache, ids, prompt_mask, state, self.compression.method, seconds, t_prefill)
+        t_given = seconds - t_prefill if t_given is None else t_given  # replay: its last tokens are never fed
+        return finish(cache, ids, prompt_mask, state, self.compression.method, seconds, t_prefill, t_given)
 
 
 def prefill(model, cache: KVCache, ids, positions, valid) -> torch.Tensor:
@@ -320,6 +337,63 @@ class DecodeStep:
         return logits
 
 
+def given_span(pick: TokenPicker, state: Decoding, cache: KVCache, n: int) -> int:
+    """How many tokens per row the forward after step n takes: 1 (step n's token), or with it the given tokens
+    that follow, as many as every unfinished row in the cache has (given and ending nothing: a prefix's tokens, a
+    replayed completion's but its last) and at most up to the next compression point (``cache.forward_span``).
+
+    Compression is batch-synchronous (every ``interval`` generated tokens, for every row), so every row advances
+    the same number of tokens per forward: a forward of several tokens needs all unfinished rows to be inside
+    their given tokens. While some row samples (its prefix ended, or it had none), every forward takes one token,
+    the rows still inside a prefix included. Finished rows left in the cache are fed padding, as in a decode
+    step (their given tokens are behind them)."""
+    if pick.given_ends is None or n + 1 >= pick.given_stop:
+        return 1
+    limit = cache.forward_span(n)
+    if limit <= 1:
+        return 1
+    ends = pick.given_ends[state.live_rows().cpu()]
+    return max(1, min(limit, int(ends.min()) - n))
+
+
+def feed_given(model, cache: KVCache, pick: TokenPicker, state: Decoding, n: int, span: int, progress) -> torch.Tensor:
+    """Steps n + 1 .. n + span - 1, whose tokens are given, at once: step n's tokens and the given ones after
+    them through one forward (``given_forward``), appended with their log-probs (the random draws of the steps
+    skipped, so that sampling after them draws as one step at a time does); returns the logits [n_rows, V] that
+    follow them."""
+    given = pick.given_tokens(state.in_cache, n + 1, n + span)  # [n_rows, span - 1]
+    ids = torch.cat([state.last_tokens(n), given], dim=1)
+    positions = state.next_positions(n) + torch.arange(span, device=ids.device)
+    logprobs, logits = given_forward(model, cache, ids, positions, pick.sampling.temperature)
+    pick.skip(span - 1)
+    live = state.append_given(n + 1, given, logprobs)
+    if progress is not None:
+        progress(live * (span - 1))
+    return logits
+
+
+def given_forward(model, cache: KVCache, ids, positions, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens ids int64 [N, Q] at logical positions [N, Q] through one forward into the cache, causal among them
+    over what it holds -> (log-probs float32 [N, Q - 1] of ids[:, 1:], each under softmax(logits / temperature)
+    at the position before it (``token_logprobs_of``); the logits [N, V] after the last). The LM head runs over
+    at most ``HEAD_ELEMENTS`` logits at a time: the [N, Q, V] logits are never held at once."""
+    decoder, head = decoder_and_head(model)
+    mask = cache.begin(positions, torch.ones_like(positions, dtype=torch.bool))
+    hidden = decoder(
+        input_ids=ids, position_ids=positions, attention_mask=mask, kv_context=cache, use_cache=False
+    ).last_hidden_state
+    cache.end()
+    N, Q, _ = hidden.shape
+    last = head(hidden[:, -1])  # [N, V]
+    width = max(1, HEAD_ELEMENTS // (N * last.shape[-1]))  # positions per slice
+    logprobs = []
+    for i in range(0, Q - 1, width):
+        logits = head(hidden[:, i : min(i + width, Q - 1)])  # [N, w, V]: the logits before ids[:, i + 1 : ...]
+        targets = ids[:, i + 1 : i + 1 + logits.shape[1]]
+        logprobs.append(token_logprobs_of(logits.flatten(0, 1), targets.flatten(), temperature).view(N, -1))
+    return torch.cat(logprobs, dim=1), last
+
+
 def check_token_ids(rows, vocab: int, name: str) -> None:
     """Each row of ``rows`` (the argument ``name``) a sequence of token ids: integers in [0, ``vocab``); ValueError
     naming the argument, the row and what is wrong (a string, a float, None, an id outside the vocabulary)."""
@@ -340,7 +414,12 @@ def check_token_ids(rows, vocab: int, name: str) -> None:
 class TokenPicker:
     """Each step's tokens from the logits: sampled (top-p at the temperature; stop tokens banned with
     ``ignore_eos``), or with ``forced`` completions the given tokens and their log-probs (``replay``), or with
-    ``prefixes`` the given tokens while a row's prefix lasts and sampled ones after it."""
+    ``prefixes`` the given tokens while a row's prefix lasts and sampled ones after it.
+
+    given_width: the longest row of given tokens (0: none); given_ends: (with ``sampling.chunk_given``) int64
+    [batch] on the CPU, each row's count of leading tokens that are given and end nothing (a prefix's length, a
+    replayed completion's less its last token), which a forward of several tokens may take (``given_span``);
+    given_stop: their largest."""
 
     def __init__(
         self, sampling: SamplingConfig, forced, batch: int, pad_id: int, stop_ids: list[int], device, prefixes=None
@@ -352,13 +431,19 @@ class TokenPicker:
         self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device)
         self.banned = self.stop_ids if sampling.ignore_eos and len(stop_ids) else None
         self.generator = torch.Generator(device=device).manual_seed(sampling.seed)
-        self.forced = self.forced_lengths = None
+        self.forced = self.forced_lengths = self.given_ends = None
+        self.given_width = self.given_stop = 0
         self.then_sample = prefixes is not None  # the given tokens are beginnings: sampling follows them
         given = prefixes if prefixes is not None else forced
         if given is not None:
-            self.forced_lengths = torch.tensor([len(c) for c in given], device=device)
+            lengths = [len(c) for c in given]
+            self.forced_lengths = torch.tensor(lengths, device=device)
             width = sampling.max_new_tokens
             self.forced = torch.tensor([list(c) + [pad_id] * (width - len(c)) for c in given], device=device)
+            self.given_width = max(lengths)
+            if sampling.chunk_given:
+                self.given_ends = torch.tensor(lengths) - (0 if self.then_sample else 1)
+                self.given_stop = int(self.given_ends.max())
 
     def __call__(self, logits: torch.Tensor, n: int, rows: torch.Tensor):
         """logits [n_rows, V] of ``rows`` (indices into the batch) at step n -> (token int64 [n_rows], logprob
@@ -377,6 +462,18 @@ class TokenPicker:
                 stop = stop & ~given
         return token, logprob, stop
 
+    def given_tokens(self, rows: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """The given tokens int64 [n_rows, stop - start] of ``rows`` at steps start .. stop - 1 (padding past a
+        row's given tokens)."""
+        return self.forced[rows, start:stop]
+
+    def skip(self, steps: int) -> None:
+        """Steps whose tokens were given without calling this picker: their random draws (one for the batch each
+        step, as ``sampled`` draws whether a row's token is given or not) are drawn and left unused."""
+        if self.then_sample and self.sampling.temperature != 0:
+            for _ in range(steps):
+                torch.rand(self.batch, generator=self.generator, device=self.generator.device)
+
     def sampled(self, logits: torch.Tensor, rows: torch.Tensor):
         """The sampled (token, logprob, stop) of ``__call__``."""
         s = self.sampling
@@ -390,7 +487,8 @@ class TokenPicker:
 class Decoding:
     """What the decode loop has produced so far, by batch row: tokens int64 [N, max_new] (pad past the end),
     logprobs float32 [N, max_new] (0 past the end), lengths int64 [N], finished bool [N]; ``in_cache`` int64: the
-    rows the cache still holds, in its order; ``cache_bytes``: the most the cache held."""
+    rows the cache still holds, in its order; ``cache_bytes``: the most the cache held; ``forwards``: the decode
+    forwards run (fewer than the steps when given tokens went through several at a time)."""
 
     def __init__(self, batch: int, max_new: int, pad_id: int, prompt_lengths: torch.Tensor, device):
         self.pad_id, self.prompt_lengths = pad_id, prompt_lengths
@@ -400,7 +498,7 @@ class Decoding:
         self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
         self.in_cache = torch.arange(batch, device=device)
         self.cache_bytes = 0
-        self.steps = 0
+        self.steps = self.forwards = 0
 
     def append(self, n: int, token: torch.Tensor, logprob: torch.Tensor, stop: torch.Tensor) -> int:
         """Step n's token, log-prob and stop flag [n_rows] for the rows in the cache (a finished row's are
@@ -413,6 +511,21 @@ class Decoding:
         self.finished[rows] |= stop
         self.steps = n + 1
         return int(live.sum())
+
+    def append_given(self, start: int, tokens: torch.Tensor, logprobs: torch.Tensor) -> int:
+        """Given tokens and their log-probs [n_rows, k] as steps start .. start + k - 1 of the rows in the cache
+        (none ends its row; a finished row's are dropped); returns how many rows were live."""
+        rows, k = self.in_cache, tokens.shape[1]
+        live = ~self.finished[rows]
+        self.tokens[rows, start : start + k] = torch.where(live[:, None], tokens, self.pad_id)
+        self.logprobs[rows, start : start + k] = torch.where(live[:, None], logprobs, 0.0)
+        self.lengths[rows] += live.long() * k
+        self.steps = start + k
+        return int(live.sum())
+
+    def live_rows(self) -> torch.Tensor:
+        """int64: the rows the cache holds that have not finished."""
+        return self.in_cache[~self.finished[self.in_cache]]
 
     def drop_finished(self, cache: KVCache, at: float, step: DecodeStep) -> bool:
         """Once a share ``at`` of the rows in the cache has finished, take them out of it. Returns whether
@@ -439,8 +552,12 @@ class Decoding:
         return (self.prompt_lengths[self.in_cache] + n)[:, None]
 
 
-def finish(cache: KVCache, ids, prompt_mask, state: Decoding, method: str, seconds: float, t_prefill: float):
-    """The ``RolloutOutput`` of a finished loop: sequences, the record and retention from the cache, statistics."""
+def finish(
+    cache: KVCache, ids, prompt_mask, state: Decoding, method: str, seconds: float, t_prefill: float, t_given: float
+):
+    """The ``RolloutOutput`` of a finished loop: sequences, the record and retention from the cache, statistics
+    (``given_seconds``: from the prefill's end until every given token had been through the model: the part of
+    ``decode_seconds`` that prefixes took, all of it for a replay, 0 without given tokens)."""
     steps, lengths = state.steps, state.lengths
     P = ids.shape[1]
     completion_mask = torch.arange(steps, device=ids.device)[None, :] < lengths[:, None]
@@ -454,9 +571,11 @@ def finish(cache: KVCache, ids, prompt_mask, state: Decoding, method: str, secon
         "batch": ids.shape[0],
         "new_tokens": new_tokens,
         "steps": steps,
+        "forwards": state.forwards,
         "seconds": seconds,
         "prefill_seconds": t_prefill,
         "decode_seconds": seconds - t_prefill,
+        "given_seconds": t_given,
         "compress_seconds": cache.seconds,
         "compress_phase_seconds": dict(cache.phase_seconds),
         "compressions": cache.compressions,

@@ -114,7 +114,8 @@ class EvictionCache(KVCache):
             self.queries = [torch.zeros(B, H, W, D, dtype=dtype, device=device) for _ in range(L)]
             self.query_pos = torch.zeros(B, W, dtype=torch.long, device=device)
             self.query_ok = torch.zeros(B, W, dtype=torch.bool, device=device)
-            self._query_slot = 0
+            self._query_slot = 0  # the window slot of the next query
+            self._ring = None  # the window slots of the forward in flight's last queries
             # the eviction stamps, layer first: [L, B, Hkv, T] (``finish`` returns them as an EvictionRecord)
             self.evict_at = torch.full((L, B, Hkv, record_len), NEVER, dtype=torch.int32, device=device)
 
@@ -159,10 +160,9 @@ class EvictionCache(KVCache):
         self._pending = Q
         if self.method.compresses:
             self.positions[..., start:end] = positions[None, :, None, :]
-            W = self.query_pos.shape[1]
-            slots = (self._query_slot + torch.arange(min(W, Q), device=positions.device)) % W
-            self.query_pos[:, slots] = positions[:, -len(slots) :]
-            self.query_ok[:, slots] = valid[:, -len(slots) :]
+            self._ring = self.ring_slots(Q, first=start == 0)
+            self.query_pos[:, self._ring] = positions[:, -len(self._ring) :]
+            self.query_ok[:, self._ring] = valid[:, -len(self._ring) :]
         if static:
             return self.valid[:, None, None, : self.static_width(end)]
         new = torch.arange(Q, device=positions.device)
@@ -170,6 +170,18 @@ class EvictionCache(KVCache):
         causal = cols[None, :] <= (start + new)[:, None]
         mask = (self.valid[:, None, :end] & causal) | (cols[None, :] == (start + new)[:, None])
         return mask[:, None]
+
+    def ring_slots(self, Q: int, first: bool) -> torch.Tensor:
+        """The window slots int64 [min(W, Q)] of the last queries of a forward of Q tokens: query t of the forward
+        takes slot (``_query_slot`` + t) mod W, as when the tokens go through one by one, so the window holds its
+        queries in the same slots however the tokens were grouped into forwards (and the scores' sums over the
+        window run in the same order). ``first``: the prompt's forward, which starts the ring so that its last
+        queries fill it from slot 0."""
+        W = self.query_pos.shape[1]
+        kept = min(W, Q)
+        if first:
+            self._query_slot = (kept - Q) % W
+        return (self._query_slot + torch.arange(Q - kept, Q, device=self.query_pos.device)) % W
 
     def step_buffers(self) -> list[torch.Tensor]:
         """The tensors a static decode step writes in place (for CUDA graphs: their addresses are fixed)."""
@@ -197,9 +209,7 @@ class EvictionCache(KVCache):
         keys[:, :, start:end] = key
         values[:, :, start:end] = value
         if self.method.compresses:
-            W = self.queries[layer].shape[2]
-            slots = (self._query_slot + torch.arange(min(W, Q), device=query.device)) % W
-            self.queries[layer][:, :, slots] = query[:, :, -len(slots) :]
+            self.queries[layer][:, :, self._ring] = query[:, :, -len(self._ring) :]
         return sdpa_attention_forward(
             module, query, keys[:, :, :end], values[:, :, :end], attention_mask, scaling=scaling
         )
@@ -207,8 +217,7 @@ class EvictionCache(KVCache):
     def end(self) -> None:
         """Commit the slots written by the forward that just ran."""
         if self.method.compresses:
-            W = self.queries[0].shape[2]
-            self._query_slot = (self._query_slot + min(self._pending, W)) % W
+            self._query_slot = (self._query_slot + self._pending) % self.queries[0].shape[2]
         self.used += self._pending
         self._pending = 0
 
@@ -235,6 +244,13 @@ class EvictionCache(KVCache):
         """Compress after every ``interval``-th generated token's forward (when a sequence is over budget)."""
         if self.method.compresses and generated % self.method.interval == 0 and self.over_budget():
             self.compress()
+
+    def forward_span(self, generated: int) -> int:
+        """Tokens per sequence the next decode forward may take: up to the next compression point (the next
+        multiple of ``interval`` generated tokens); without compression, as many as the buffers have room for."""
+        if not self.method.compresses:
+            return self.capacity - self.used
+        return self.method.interval - generated % self.method.interval
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keep the sequences at indices keep int64 [B'] of the rows held now; the record keeps every row."""

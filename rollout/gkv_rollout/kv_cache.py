@@ -1,4 +1,4 @@
-"""The protocol of a rollout's KV cache, which the engine drives token by token."""
+"""The protocol of a rollout's KV cache, which the engine drives forward by forward."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ class KVCache(Protocol):
     """The attention context (``gkv_rollout.contract.attention``) holding one batched rollout's KV cache.
 
     The engine calls, per forward: ``begin`` (reserve the new tokens, get the forward's mask), the model
-    (every layer calls ``attend``), ``end``; then ``after_prefill`` once or ``after_step`` after each generated
-    token's forward (where compression happens); ``select_rows`` when finished sequences leave the batch;
-    ``finish`` and ``memory_share`` at the end.
+    (every layer calls ``attend``), ``end``; then ``after_prefill`` once or ``after_step`` after each decode
+    forward (where compression happens); ``select_rows`` when finished sequences leave the batch; ``finish`` and
+    ``memory_share`` at the end. A decode forward takes one token per sequence, or several given ones (a prefix,
+    a replayed completion) as far as ``forward_span`` allows.
     """
 
     static_decode: bool = False  # whether ``begin`` takes static=True (``SamplingConfig.compile_decode``)
@@ -41,8 +42,15 @@ class KVCache(Protocol):
         """Called once after the prompt's forward (a compression point); nothing by default."""
 
     def after_step(self, generated: int) -> None:
-        """Called after the forward of the ``generated``-th generated token (a compression point); nothing by
-        default."""
+        """Called after a decode forward, once ``generated`` generated tokens have been through the model (a
+        compression point); nothing by default."""
+
+    def forward_span(self, generated: int) -> int:
+        """How many tokens per sequence the next decode forward may take once ``generated`` generated tokens have
+        been through the model: as many as reach the next point where ``after_step`` may change the cache, so that
+        one forward of that many (causal among them) leaves the cache as that many one-token forwards do. 1 by
+        default: a cache that acts after every token."""
+        return 1
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keep only the sequences at indices keep int64 [B'] (of the rows held now, in this order): the engine

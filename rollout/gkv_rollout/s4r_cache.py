@@ -333,6 +333,11 @@ class S4RCache(KVCache):
             self.phase_seconds["record"] += time.perf_counter() - start
         self.step += 1
 
+    def forward_span(self, generated: int) -> int:
+        """1: every generated token's query scores the cache and selects the tokens it attends to (one selection
+        per token in the record), so every token is a compression point and a decode forward takes one."""
+        return 1
+
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keep the sequences at indices keep int64 [B'] of the rows held now; the record keeps every row."""
         if self.rows is None:

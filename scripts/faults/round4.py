@@ -610,6 +610,19 @@ ROWS = [
             ("out-of-vocabulary", "[[10**9]]", ["prefixes", "vocabulary"]),
         )
     ],
+    *[
+        (
+            "configuration/sampling-chunk-given-" + name,
+            "configuration",
+            f"SamplingConfig(chunk_given={given}): not a bool (a string is true whatever it says)",
+            "python",
+            {"code": f"from gkv_rollout.config import SamplingConfig\nvalue = SamplingConfig(chunk_given={given})"},
+            "raise",
+            ["chunk_given", given],
+            None,
+        )
+        for name, given in (("string", "'no'"), ("integer", "0"))
+    ],
     # 11. a method of the user's own module (a method is one dataclass, 2026-12-06)
     *[
         ("configuration/plug-in-" + name, "configuration", about, "python", {"code": code}, expect, patterns, None)

@@ -190,6 +190,12 @@ def base_model(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
+def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The transformer body (hidden states out) and the LM head of a causal LM, through PEFT wrappers."""
+    base = base_model(model)
+    return base.get_decoder(), base.get_output_embeddings()
+
+
 def head_dim(config) -> int:
     """Per-head dimension of an HF config (``head_dim`` when set, else hidden size / heads)."""
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
