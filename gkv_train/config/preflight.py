@@ -1,10 +1,10 @@
 """Limits a job checks before any work, from the model's configuration and tokenizer (never its weights).
 
-``check_generations`` checks every kind of ``generate`` call a job will make: each prompt plus its new tokens
-within the model's context (``max_position_embeddings``), what each method asks of the model and the prompts
-(``Method.check_model``, ``Method.check_prompts``: S4R's ranks, prompts longer than its sinks, a kept prompt within
-the budget), and the memory the rollout's cache and record will take (``Method.cache_bytes``) within the memory free
-on the device.
+``check_generations`` checks that the model's logits are its LM head's (``check_plain_head``) and every kind of
+``generate`` call a job will make: each prompt plus its new tokens within the model's context
+(``max_position_embeddings``), what each method asks of the model and the prompts (``Method.check_model``,
+``Method.check_prompts``: S4R's ranks, prompts longer than its sinks, a kept prompt within the budget), and the
+memory the rollout's cache and record will take (``Method.cache_bytes``) within the memory free on the device.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from gkv_rollout.config import CompressionConfig
+from gkv_rollout.contract.attention import check_plain_head
 from gkv_rollout.methods import ModelShape
 from gkv_train.runs.storage import size_text
 
@@ -50,6 +51,7 @@ def check_generations(
     from gkv_train.models import load_config_and_tokenizer
 
     config, tokenizer = load_config_and_tokenizer(model)
+    check_plain_head(config, f"model={model}")
     shape = ModelShape.of(model, config)
     need, biggest, counted = 0, None, {}
     # the prompt lengths from which a method refuses a prompt: prompts near one are counted exactly

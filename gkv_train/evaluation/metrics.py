@@ -95,8 +95,9 @@ def compressed_kl(
 ) -> dict:
     """Mean per-token KL(teacher with the full cache || ``model`` under ``compression``) over the completion
     tokens of ``traces`` (rows with ``prompt`` and ``completion_ids``, e.g. teacher traces of held-out problems).
-    Each trace is replayed through the model's compressed cache (``RolloutEngine.replay``: the record a rollout
-    of those tokens would have), and the model attends under that record; distributions at temperature 1.
+    Each trace is replayed through the model's compressed cache (``RolloutEngine.replay``: compressions at the
+    points a rollout of those tokens would have), and the model attends under the replay's record; distributions
+    at temperature 1.
 
     Returns {"kl": mean over tokens, "tokens": count, "traces": count}.
     """

@@ -4,8 +4,9 @@ Two data modes share one trainer (a ``transformers.Trainer`` subclass, so checkp
 multi-process training are the standard ones):
 
 * ``offline``: rows are teacher traces (prompt + completion ids). Each step replays them through the current
-  student with the compressed cache (``RolloutEngine.replay``), which yields exactly the record a sampled
-  rollout of those tokens would have produced, and trains the student under that record.
+  student with the compressed cache (``RolloutEngine.replay``: compressions at the points a sampled rollout of
+  those tokens would have, the tokens up to each one in one forward), and trains the student under the record
+  that replay wrote.
 * ``onpolicy``: rows are prompts. Each step the student samples under compression (with its record), the
   teacher scores the same tokens with full attention, and the student minimises the divergence on its own
   samples.
@@ -25,13 +26,13 @@ from transformers import Trainer
 
 from gkv_rewards.functions import accuracy
 from gkv_rollout.engine import RolloutEngine
-from gkv_rollout.sampling import rollout_seed
+from gkv_rollout.sampling import head_logprobs, rollout_seed
 from gkv_train.config.options import rollout_sampling
 from gkv_train.config.train_config import DistillTrainConfig
 from gkv_train.console import rollout_progress
 from gkv_train.training.consistency import mismatch_stats
 from gkv_train.training.distributed import generation_model
-from gkv_train.training.logprobs import divergence_under_record, head_logprobs
+from gkv_train.training.logprobs import divergence_under_record
 
 
 class CompressedDistillationTrainer(Trainer):

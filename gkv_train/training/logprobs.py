@@ -10,6 +10,7 @@ from torch.utils.checkpoint import checkpoint
 from gkv_rollout.contract import attention_context
 from gkv_rollout.contract.attention import decoder_and_head, use_kv_attention
 from gkv_rollout.contract.record import logical_positions
+from gkv_rollout.sampling import head_logprobs
 
 
 @contextmanager
@@ -33,12 +34,6 @@ def logical_forward(model: torch.nn.Module, context=None):
         yield
     finally:
         handle.remove()
-
-
-def _chunk_logprobs(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, temperature: float):
-    """hidden [N, d], targets int64 [N] -> log p(target) [N] under softmax(logits / temperature), in fp32."""
-    logits = head(hidden).float() / temperature
-    return logits.log_softmax(-1).gather(-1, targets[:, None]).squeeze(-1)
 
 
 def hidden_states(
@@ -78,19 +73,6 @@ def token_logprobs(
     B, N, d = hidden.shape
     flat, targets = hidden.reshape(B * N, d), input_ids[:, -num_tokens:].reshape(B * N)
     return head_logprobs(flat, head, targets, temperature, chunk_tokens).view(B, N)
-
-
-def head_logprobs(hidden: torch.Tensor, head, targets: torch.Tensor, temperature: float, chunk_tokens: int = 1024):
-    """log p(target) [N] from final hidden states [N, d] through the LM head, ``chunk_tokens`` rows at a time
-    (each chunk re-computed in the backward pass when gradients flow)."""
-    out = []
-    for start in range(0, hidden.shape[0], chunk_tokens):
-        args = (hidden[start : start + chunk_tokens], head, targets[start : start + chunk_tokens], temperature)
-        if torch.is_grad_enabled() and hidden.requires_grad:
-            out.append(checkpoint(_chunk_logprobs, *args, use_reentrant=False))
-        else:
-            out.append(_chunk_logprobs(*args))
-    return torch.cat(out)
 
 
 def token_divergence(student_logits, teacher_logits, targets, divergence: str, temperature: float) -> torch.Tensor:

@@ -21,10 +21,12 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract.attention import decoder_and_head, use_kv_attention
 from gkv_rollout.contract.record import Record, logical_positions
 from gkv_rollout.kv_cache import KVCache
-from gkv_rollout.sampling import sample_tokens, token_logprobs_of
+from gkv_rollout.sampling import head_logprobs, sample_tokens, token_logprobs_of
 
 Prompt = str | Sequence[int] | Sequence[dict]
-HEAD_ELEMENTS = 2**24  # logits a forward of given tokens computes at once (64 MiB in fp32)
+# logits a forward of given tokens computes at once: 64 MiB in fp32, about 4x that at the peak (the logits, their
+# fp32 copy divided by the temperature, and its log-softmax: ``head_logprobs``)
+HEAD_ELEMENTS = 2**24
 
 
 @dataclass
@@ -193,10 +195,14 @@ class RolloutEngine:
     ) -> RolloutOutput:
         """Teacher-force given completions through the compressed cache, one per prompt.
 
-        Returns what a sampled rollout that produced exactly these tokens returns: the same record, and the
-        log-probs of the given tokens under softmax(logits / sampling.temperature). ``sampling.max_new_tokens``
-        is the rollout's (at least the longest completion; without ``sampling``: the longest completion): S4R
-        solves its rank at prompt + ``max_new_tokens`` unless ``expected_length`` is set.
+        Returns the record of these tokens and their log-probs under softmax(logits / sampling.temperature): the
+        cache compresses at the points a sampled rollout of them does, over the same tokens. With
+        ``sampling.chunk_given`` (the default) the tokens go through up to each compression point in one forward,
+        whose rounding may cross a top-k boundary that one token per forward does not (``SamplingConfig``): the
+        record is this replay's own, and the trainer reproduces it. ``chunk_given=False`` feeds one token per
+        forward, as sampling does: the record and log-probs of a rollout sampled without prefixes, bit for bit.
+        ``sampling.max_new_tokens`` is the rollout's (at least the longest completion; without ``sampling``: the
+        longest completion): S4R solves its rank at prompt + ``max_new_tokens`` unless ``expected_length`` is set.
         """
         if len(completions) != len(prompts):
             raise ValueError(f"{len(completions)} completions for {len(prompts)} prompts")
@@ -223,9 +229,9 @@ class RolloutEngine:
         ``prefixes``: the first tokens of each prompt's completions (one per prompt, shorter than
         ``max_new_tokens``), fed as if sampled: the cache compresses as it would while writing them, their
         log-probs are the model's, and sampling goes on after them (a stop token inside a prefix does not end its
-        row). The completions and the record hold them; ``replay`` of such a completion reproduces its record.
-        While every unfinished row has given tokens left, they go through the model up to the next compression
-        point in one forward (``SamplingConfig.chunk_given``, ``given_span``)."""
+        row). The completions and the record hold them. While every unfinished row has given tokens left, they go
+        through the model up to the next compression point in one forward (``SamplingConfig.chunk_given``,
+        ``given_span``)."""
         if prefixes is not None:
             if forced is not None:
                 raise ValueError("give forced (whole completions) or prefixes (their beginnings), not both")
@@ -262,7 +268,7 @@ class RolloutEngine:
         if prefixes is not None:  # one per prompt, given to each of its samples
             prefixes = [list(p) for p in prefixes for _ in range(sampling.num_samples)]
         pick = TokenPicker(sampling, forced, N, pad_id, stop_ids, device, prefixes)
-        state = Decoding(N, max_new, pad_id, prompt_mask.sum(-1), device)
+        state = Decoding(N, max_new, pad_id, prompt_mask.sum(-1), device, pick.given_count)
 
         t0 = time.perf_counter()
         logits = prefill(model, cache, ids, logical_positions(prompt_mask), prompt_mask.bool())
@@ -347,7 +353,7 @@ def given_span(pick: TokenPicker, state: Decoding, cache: KVCache, n: int) -> in
     their given tokens. While some row samples (its prefix ended, or it had none), every forward takes one token,
     the rows still inside a prefix included. Finished rows left in the cache are fed padding, as in a decode
     step (their given tokens are behind them)."""
-    if pick.given_ends is None or n + 1 >= pick.given_stop:
+    if pick.given_ends is None or n + 1 >= pick.given_last:
         return 1
     limit = cache.forward_span(n)
     if limit <= 1:
@@ -375,23 +381,22 @@ def feed_given(model, cache: KVCache, pick: TokenPicker, state: Decoding, n: int
 def given_forward(model, cache: KVCache, ids, positions, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens ids int64 [N, Q] at logical positions [N, Q] through one forward into the cache, causal among them
     over what it holds -> (log-probs float32 [N, Q - 1] of ids[:, 1:], each under softmax(logits / temperature)
-    at the position before it (``token_logprobs_of``); the logits [N, V] after the last). The LM head runs over
-    at most ``HEAD_ELEMENTS`` logits at a time: the [N, Q, V] logits are never held at once."""
+    at the position before it; the logits [N, V] after the last). The LM head runs over at most
+    ``HEAD_ELEMENTS`` logits at a time (``head_logprobs``): the [N, Q, V] logits are never held at once. The
+    logits are the bare LM head's, as the one-token step's are: ``use_kv_attention`` refuses a model whose causal
+    LM changes them after the head."""
     decoder, head = decoder_and_head(model)
     mask = cache.begin(positions, torch.ones_like(positions, dtype=torch.bool))
     hidden = decoder(
         input_ids=ids, position_ids=positions, attention_mask=mask, kv_context=cache, use_cache=False
     ).last_hidden_state
     cache.end()
-    N, Q, _ = hidden.shape
+    N, Q, d = hidden.shape
     last = head(hidden[:, -1])  # [N, V]
-    width = max(1, HEAD_ELEMENTS // (N * last.shape[-1]))  # positions per slice
-    logprobs = []
-    for i in range(0, Q - 1, width):
-        logits = head(hidden[:, i : min(i + width, Q - 1)])  # [N, w, V]: the logits before ids[:, i + 1 : ...]
-        targets = ids[:, i + 1 : i + 1 + logits.shape[1]]
-        logprobs.append(token_logprobs_of(logits.flatten(0, 1), targets.flatten(), temperature).view(N, -1))
-    return torch.cat(logprobs, dim=1), last
+    before = hidden[:, :-1].reshape(N * (Q - 1), d)  # the states before ids[:, 1:]
+    rows = max(1, HEAD_ELEMENTS // last.shape[-1])
+    logprobs = head_logprobs(before, head, ids[:, 1:].reshape(-1), temperature, rows)
+    return logprobs.view(N, Q - 1), last
 
 
 def check_token_ids(rows, vocab: int, name: str) -> None:
@@ -416,10 +421,10 @@ class TokenPicker:
     ``ignore_eos``), or with ``forced`` completions the given tokens and their log-probs (``replay``), or with
     ``prefixes`` the given tokens while a row's prefix lasts and sampled ones after it.
 
-    given_width: the longest row of given tokens (0: none); given_ends: (with ``sampling.chunk_given``) int64
-    [batch] on the CPU, each row's count of leading tokens that are given and end nothing (a prefix's length, a
-    replayed completion's less its last token), which a forward of several tokens may take (``given_span``);
-    given_stop: their largest."""
+    given_width: the longest row of given tokens (0: none); given_count: the given tokens of all rows (0: none);
+    given_ends: (with ``sampling.chunk_given``) int64 [batch] on the CPU, each row's count of leading tokens that
+    are given and end nothing (a prefix's length, a replayed completion's less its last token), which a forward of
+    several tokens may take (``given_span``); given_last: their largest (past it, every forward takes one token)."""
 
     def __init__(
         self, sampling: SamplingConfig, forced, batch: int, pad_id: int, stop_ids: list[int], device, prefixes=None
@@ -432,7 +437,7 @@ class TokenPicker:
         self.banned = self.stop_ids if sampling.ignore_eos and len(stop_ids) else None
         self.generator = torch.Generator(device=device).manual_seed(sampling.seed)
         self.forced = self.forced_lengths = self.given_ends = None
-        self.given_width = self.given_stop = 0
+        self.given_width = self.given_count = self.given_last = 0
         self.then_sample = prefixes is not None  # the given tokens are beginnings: sampling follows them
         given = prefixes if prefixes is not None else forced
         if given is not None:
@@ -440,10 +445,10 @@ class TokenPicker:
             self.forced_lengths = torch.tensor(lengths, device=device)
             width = sampling.max_new_tokens
             self.forced = torch.tensor([list(c) + [pad_id] * (width - len(c)) for c in given], device=device)
-            self.given_width = max(lengths)
+            self.given_width, self.given_count = max(lengths), sum(lengths)
             if sampling.chunk_given:
                 self.given_ends = torch.tensor(lengths) - (0 if self.then_sample else 1)
-                self.given_stop = int(self.given_ends.max())
+                self.given_last = int(self.given_ends.max())
 
     def __call__(self, logits: torch.Tensor, n: int, rows: torch.Tensor):
         """logits [n_rows, V] of ``rows`` (indices into the batch) at step n -> (token int64 [n_rows], logprob
@@ -488,10 +493,11 @@ class Decoding:
     """What the decode loop has produced so far, by batch row: tokens int64 [N, max_new] (pad past the end),
     logprobs float32 [N, max_new] (0 past the end), lengths int64 [N], finished bool [N]; ``in_cache`` int64: the
     rows the cache still holds, in its order; ``cache_bytes``: the most the cache held; ``forwards``: the decode
-    forwards run (fewer than the steps when given tokens went through several at a time)."""
+    forwards run (fewer than the steps when given tokens went through several at a time); ``given``: how many of
+    the tokens are given (prefixes, a replay's completions), not sampled."""
 
-    def __init__(self, batch: int, max_new: int, pad_id: int, prompt_lengths: torch.Tensor, device):
-        self.pad_id, self.prompt_lengths = pad_id, prompt_lengths
+    def __init__(self, batch: int, max_new: int, pad_id: int, prompt_lengths: torch.Tensor, device, given: int = 0):
+        self.pad_id, self.prompt_lengths, self.given = pad_id, prompt_lengths, given
         self.tokens = torch.full((batch, max_new), pad_id, dtype=torch.long, device=device)
         self.logprobs = torch.zeros((batch, max_new), dtype=torch.float32, device=device)
         self.finished = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -556,8 +562,10 @@ def finish(
     cache: KVCache, ids, prompt_mask, state: Decoding, method: str, seconds: float, t_prefill: float, t_given: float
 ):
     """The ``RolloutOutput`` of a finished loop: sequences, the record and retention from the cache, statistics
-    (``given_seconds``: from the prefill's end until every given token had been through the model: the part of
-    ``decode_seconds`` that prefixes took, all of it for a replay, 0 without given tokens)."""
+    (``tokens_per_s``: every completion token, given ones included, per second of the rollout;
+    ``sampled_tokens_per_s``: the sampled ones only (0 for a replay); ``given_seconds``: from the prefill's end
+    until every given token had been through the model: the part of ``decode_seconds`` that prefixes took, all of
+    it for a replay, 0 without given tokens)."""
     steps, lengths = state.steps, state.lengths
     P = ids.shape[1]
     completion_mask = torch.arange(steps, device=ids.device)[None, :] < lengths[:, None]
@@ -570,6 +578,7 @@ def finish(
         "method": method,
         "batch": ids.shape[0],
         "new_tokens": new_tokens,
+        "sampled_tokens": new_tokens - state.given,
         "steps": steps,
         "forwards": state.forwards,
         "seconds": seconds,
@@ -580,6 +589,7 @@ def finish(
         "compress_phase_seconds": dict(cache.phase_seconds),
         "compressions": cache.compressions,
         "tokens_per_s": new_tokens / seconds if seconds > 0 else float("nan"),
+        "sampled_tokens_per_s": (new_tokens - state.given) / seconds if seconds > 0 else float("nan"),
         "kv_cache_bytes": state.cache_bytes,
         "record_bytes_per_sample": 0 if record is None else record.nbytes(),
     }

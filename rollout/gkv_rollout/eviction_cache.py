@@ -29,6 +29,11 @@ if TYPE_CHECKING:
     from gkv_rollout.methods import Method
 
 STATIC_WIDTH_STEP = 64  # a static decode step attends over a multiple of this many slots
+# given tokens a forward of the full cache takes at most (it has no compression point to stop at): its attention
+# scores are span x cache wide per head, a span of decode steps' worth (the whole cache wide for a long replay
+# otherwise), while the per-forward overhead that chunking saves is already shared by this many tokens; G-KV's
+# default interval, the most a compressing cache's forward takes by default
+FULL_SPAN = 128
 
 
 def gather_slots(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -160,6 +165,8 @@ class EvictionCache(KVCache):
         self._pending = Q
         if self.method.compresses:
             self.positions[..., start:end] = positions[None, :, None, :]
+            # ``used`` is 0 only before the prompt's forward: forwards add to it, a compression leaves the K >= 1
+            # slots it keeps, rows leaving keep the slots' width
             self._ring = self.ring_slots(Q, first=start == 0)
             self.query_pos[:, self._ring] = positions[:, -len(self._ring) :]
             self.query_ok[:, self._ring] = valid[:, -len(self._ring) :]
@@ -175,8 +182,9 @@ class EvictionCache(KVCache):
         """The window slots int64 [min(W, Q)] of the last queries of a forward of Q tokens: query t of the forward
         takes slot (``_query_slot`` + t) mod W, as when the tokens go through one by one, so the window holds its
         queries in the same slots however the tokens were grouped into forwards (and the scores' sums over the
-        window run in the same order). ``first``: the prompt's forward, which starts the ring so that its last
-        queries fill it from slot 0."""
+        window run in the same order). ``first``: the prompt's forward (the same whether later tokens are
+        chunked or not), whose last queries fill the ring from slot 0 in order, as they did before given tokens
+        were chunked (so that one token per forward gives the records it gave then)."""
         W = self.query_pos.shape[1]
         kept = min(W, Q)
         if first:
@@ -247,9 +255,9 @@ class EvictionCache(KVCache):
 
     def forward_span(self, generated: int) -> int:
         """Tokens per sequence the next decode forward may take: up to the next compression point (the next
-        multiple of ``interval`` generated tokens); without compression, as many as the buffers have room for."""
+        multiple of ``interval`` generated tokens); without compression, ``FULL_SPAN`` (within the buffers)."""
         if not self.method.compresses:
-            return self.capacity - self.used
+            return min(FULL_SPAN, self.capacity - self.used)
         return self.method.interval - generated % self.method.interval
 
     def select_rows(self, keep: torch.Tensor) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.utils.checkpoint import checkpoint
 
 _NUCLEUS_PROBE = 256  # candidates tried before falling back to a full sort
 
@@ -52,6 +53,27 @@ def scale_logits(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 def token_logprobs_of(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
     """Log-prob of given tokens int64 [B] under softmax(logits [B, V] / temperature): float32 [B]."""
     return scale_logits(logits, temperature).log_softmax(-1).gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def head_logprobs(hidden: torch.Tensor, head, targets: torch.Tensor, temperature: float, chunk_rows: int):
+    """log p(target) float32 [M] of final hidden states hidden [M, d] through the LM head ``head`` (logits [M, V])
+    for targets int64 [M], under softmax(logits / temperature) (``token_logprobs_of``): the given tokens of a
+    rollout and the trainer's log-probs. The head runs over ``chunk_rows`` rows at a time, so the [M, V] logits
+    are never held at once (a chunk holds about 4 x chunk_rows x V floats at its peak: the logits, their fp32
+    copy scaled by the temperature and its log-softmax); with gradients flowing, each chunk is recomputed in the
+    backward pass."""
+    out = []
+    for start in range(0, hidden.shape[0], chunk_rows):
+        args = (hidden[start : start + chunk_rows], head, targets[start : start + chunk_rows], temperature)
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            out.append(checkpoint(_head_chunk_logprobs, *args, use_reentrant=False))
+        else:
+            out.append(_head_chunk_logprobs(*args))
+    return torch.cat(out)
+
+
+def _head_chunk_logprobs(hidden: torch.Tensor, head, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    return token_logprobs_of(head(hidden), targets, temperature)
 
 
 def sample_tokens(

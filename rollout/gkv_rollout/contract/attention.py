@@ -196,6 +196,31 @@ def decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.
     return base.get_decoder(), base.get_output_embeddings()
 
 
+# configuration keys with which a causal LM changes its logits after the LM head, and the value that changes
+# nothing: Gemma 2/3's softcapping, Cohere's scale, Granite's (and MiniCPM3's, HyperCLOVA X's) scaling, ...
+LOGIT_PROCESSING = {
+    "final_logit_softcapping": None,
+    "logit_scale": 1.0,
+    "logits_scaling": 1.0,
+    "output_multiplier": 1.0,
+}
+
+
+def check_plain_head(config, name: str = "the model") -> None:
+    """ValueError when the causal LM of ``config`` (or of its ``text_config``) changes its logits after the LM head
+    (``LOGIT_PROCESSING``): the trainer's log-probs, a rollout's given tokens and lm-eval's scores come from the
+    bare head (``decoder_and_head``), so they would not be the logits the model samples from."""
+    for part in (config, getattr(config, "text_config", None)):
+        for key, plain in LOGIT_PROCESSING.items():
+            value = getattr(part, key, None)
+            if value is not None and value != plain:
+                raise ValueError(
+                    f"{name} changes its logits after the LM head ({key}={value} in its configuration), which this "
+                    "project's log-probs do not apply (they come from the bare head): models that softcap or "
+                    "scale their logits are not supported"
+                )
+
+
 def head_dim(config) -> int:
     """Per-head dimension of an HF config (``head_dim`` when set, else hidden size / heads)."""
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -209,7 +234,9 @@ def register() -> str:
 
 
 def use_kv_attention(model: torch.nn.Module) -> torch.nn.Module:
-    """Switch a loaded model to the registered attention (idempotent); returns the model."""
+    """Switch a loaded model to the registered attention (idempotent); returns the model. ValueError for a model
+    whose logits are not its LM head's (``check_plain_head``)."""
+    check_plain_head(model.config, type(base_model(model)).__name__)
     name = register()
     if model.config._attn_implementation != name:
         model.set_attn_implementation(name)
