@@ -195,8 +195,8 @@ class Sampling:
     """How completions are sampled, under TRL's names (``GRPOConfig``'s fields): the keys ``num_generations``,
     ``max_completion_length``, ``temperature``, ``top_p`` of ``scripts/evaluate.py`` and
     ``scripts/generate_traces.py`` (their configurations' base); a training run has them as TRL's own fields.
-    ``compile_decode`` is the rollout engine's. ``rollout_sampling`` turns any of these configurations into the
-    engine's ``SamplingConfig``.
+    ``compile_decode`` and ``chunk_given`` are the rollout engine's. ``rollout_sampling`` turns any of these
+    configurations into the engine's ``SamplingConfig``.
 
     num_generations: completions per prompt: GRPO's group size (>= 2), evaluation's samples per problem, traces'
         per problem.
@@ -204,6 +204,8 @@ class Sampling:
     temperature: sampling temperature (0: greedy, an evaluation and traces setting; > 0 in training).
     top_p: nucleus sampling (log-probs are always those of the unclipped distribution).
     compile_decode: decode steps as compiled graphs (``SamplingConfig.compile_decode``; not with s4r).
+    chunk_given: given tokens (a task's given beginning, replayed traces) up to each compression point in one
+        forward (``SamplingConfig.chunk_given``); false: one token per forward.
     """
 
     num_generations: int = 4
@@ -211,13 +213,17 @@ class Sampling:
     temperature: float = 0.6
     top_p: float = 0.95
     compile_decode: bool = False
+    chunk_given: bool = True
 
 
 def check_sampling_keys(config, greedy: bool) -> None:
     """The sampling keys of a job's configuration (``Sampling``'s fields, or a training run's TRL fields of the
-    same names; distillation has no ``num_generations``): ``check_sampling``, and at least one completion of at
-    least one token; ValueError naming the key."""
+    same names; distillation has no ``num_generations``): ``check_sampling``, at least one completion of at
+    least one token, the engine's switches true or false; ValueError naming the key."""
     check_sampling(config.temperature, config.top_p, greedy)
+    for name in ("compile_decode", "chunk_given"):
+        if not isinstance(getattr(config, name), bool):
+            raise ValueError(f"{name} must be true or false, got {getattr(config, name)!r}")
     for name in ("num_generations", "max_completion_length")[0 if hasattr(config, "num_generations") else 1 :]:
         if getattr(config, name) is None or getattr(config, name) < 1:  # (None: TRL's type allows it)
             raise ValueError(f"{name} must be at least 1, got {getattr(config, name)}")
@@ -234,6 +240,7 @@ def rollout_sampling(config, seed: int, num_samples: int | None = None) -> Sampl
         num_samples=config.num_generations if num_samples is None else num_samples,
         seed=seed,
         compile_decode=config.compile_decode,
+        chunk_given=config.chunk_given,
     )
 
 

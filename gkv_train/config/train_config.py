@@ -108,6 +108,8 @@ class TrainOptions:
     compression: the rollouts' KV-cache compression (``compression.method=full``: none).
     compile_decode: the rollouts' decode steps as compiled graphs (not with s4r). The rollouts' other sampling
         keys are TRL's fields: num_generations (GRPO's group size), max_completion_length, temperature, top_p.
+    chunk_given: given tokens (a task's given beginning, replayed traces) up to each compression point in one
+        forward; false: one token per forward (``SamplingConfig.chunk_given``).
     prompts_per_step: GRPO: distinct prompts per optimizer step (rows: x num_generations); distillation:
         rows (traces or prompts) per step. Sets per_device_train_batch_size.
     precision: fp32 or bf16 (bf16: forwards under autocast, weights kept fp32; under accelerate launch, follows
@@ -137,6 +139,7 @@ class TrainOptions:
     eval_data: DataConfig = group(DataConfig, split="test", limit=32)
     compression: CompressionConfig = group(CompressionConfig, method="gkv", budget=64, window=8, interval=16)
     compile_decode: bool = False
+    chunk_given: bool = True
     prompts_per_step: int = 2
     precision: str = "fp32"
     gradient_checkpointing: bool = False
@@ -332,6 +335,8 @@ class GRPOTrainConfig(TrainOptions, GRPOConfig):
             )
         if self.use_vllm and self.compile_decode:
             raise ValueError("use_vllm generates through vLLM: compile_decode=true (the engine's option) has no effect")
+        if self.use_vllm and not self.chunk_given:
+            raise ValueError("use_vllm generates through vLLM: chunk_given=false (the engine's option) has no effect")
         if self.reward_weights is not None and len(self.reward_weights) != len(self.rewards):
             raise ValueError(f"{len(self.reward_weights)} reward_weights for {len(self.rewards)} rewards")
 

@@ -155,6 +155,7 @@ class CompressedGRPOTrainer(GRPOTrainer):
             seed=rollout_seed(self.args.seed, self.state.global_step, self.accelerator.process_index),
             stop_token_ids=tuple(self.eos_token_ids),
             compile_decode=self.args.compile_decode,
+            chunk_given=self.args.chunk_given,
         )
         rows = len(prompts)  # TRL passes every sample's prompt (num_generations per problem)
         prefixes = self._given_ids(self._scope.given, rows)
@@ -226,7 +227,10 @@ class CompressedGRPOTrainer(GRPOTrainer):
                 self._metrics[mode]["sampling/rollout_tokens_dropped"].append(dropped)
         output["advantages"] = advantages
         stats = out.stats
-        self._metrics[mode]["rollout/tokens_per_s"].append(stats["tokens_per_s"])
+        # the sampled tokens only: a task's given beginning goes through in chunks, far faster than sampling
+        self._metrics[mode]["rollout/tokens_per_s"].append(stats["sampled_tokens_per_s"])
+        self._metrics[mode]["rollout/forwards"].append(float(stats["forwards"]))
+        self._metrics[mode]["rollout/given_seconds"].append(stats["given_seconds"])
         self._metrics[mode]["rollout/seconds"].append(time.perf_counter() - start)
         self._metrics[mode]["rollout/retention"].append(out.retention.mean().item())
         self._metrics[mode]["rollout/memory_share"].append(out.memory_share.mean().item())

@@ -428,6 +428,15 @@ REFUSALS = [
         {},
     ),
     (
+        "configuration/train-chunk-given",
+        CONTROL,
+        "chunk_given=maybe (not a bool)",
+        "train",
+        {"chunk_given": "maybe"},
+        ["chunk_given"],
+        {},
+    ),
+    (
         "configuration/train-reward-weights",
         CONTROL,
         "two reward_weights for one reward",
