@@ -203,15 +203,18 @@ class SamplingConfig:
         near a tie or the top-p cut (the trainer still reproduces whatever was sampled). The full cache and the
         G-KV family only (s4r scores and reconstructs at every step, outside any graph).
     chunk_given: feed given tokens (``RolloutEngine.generate``'s prefixes, ``replay``'s completions) through the
-        model several at a time: while every unfinished sequence has given tokens left, one forward takes them
-        up to the next compression point (causal among them, over the cache), so the cache compresses at the
-        same points with the same window queries and the record is the same as one token per forward; their
-        log-probs come from that forward's logits at every position. False: one forward per token, as if
-        sampled (the reference this path is tested and timed against). Log-probs differ by the float rounding
-        of the larger forward (CPU, fp32: within 1e-5 on the tiny test models, 4e-5 on SmolLM2-135M at 1,000
-        given tokens), which, as with ``compile_decode``, may rarely flip a sampled token or a kept token near a
-        tie; tested: the same tokens and records for every method. A cache that acts after every token (s4r,
-        tova) takes one token per forward either way (``KVCache.forward_span``).
+        model several at a time: while every unfinished sequence has given tokens left, one forward takes them up
+        to the next compression point (causal among them, over the cache; the full cache: at most 128), and their
+        log-probs come from that forward's logits at every position. False: one forward per token, as if sampled
+        (the reference this path is tested and timed against). Both compress at the same points, over the same
+        tokens and window positions. The kept sets are the same for methods whose scores do not depend on the
+        model's numbers (full, streaming, random, random_attention) and for caches that take one token per
+        forward either way (s4r, tova: ``KVCache.forward_span``). For attention- or key-scored methods the larger
+        forward's rounding (about 1e-7 in fp32 on CPU, far more in bf16 and on a GPU) can cross a top-k boundary
+        or R-KV's 0.5 cosine test: that row's kept set, and everything after it, then differ (as with
+        ``compile_decode``; seen in one of 8 SmolLM2-135M rows). Each rollout is consistent with itself: its
+        record is written with its log-probs, and the trainer reproduces them (1e-4). Tested: the same tokens
+        and records for every method in fp64; log-probs within 1e-5 in fp32 on the tiny test models.
     """
 
     max_new_tokens: int = 256
