@@ -42,6 +42,13 @@ def tiny_llama():
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_fp64():
+    """tiny-llama's weights in fp64: where equality of kept sets is tested (the logic, not the rounding), since
+    fp32 rounding that differs between two ways of computing the same forward may cross a top-k boundary."""
+    return tiny_model("tiny-llama", dtype=torch.float64)
+
+
+@pytest.fixture(scope="session")
 def smollm2():
     return load_model("smollm2-135m")
 

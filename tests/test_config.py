@@ -554,6 +554,48 @@ def test_compile_decode_with_s4r_is_refused_before_work():
     assert EvalConfig(compile_decode=True, methods=["full", "gkv"]).compile_decode
 
 
+def test_chunk_given_is_a_sampling_key_of_every_job():
+    """chunk_given (the engine's ``SamplingConfig.chunk_given``) is a key of train, evaluate and traces, passed to
+    the engine by ``rollout_sampling`` (and GRPO's rollouts); a value that is not a bool is refused before any work,
+    as is chunk_given=false with use_vllm (vLLM generates: the engine's option would do nothing)."""
+    from gkv_train.config.compose import configure
+    from gkv_train.config.eval_config import EvalConfig, TracesConfig
+    from gkv_train.config.options import rollout_sampling
+    from gkv_train.config.train_config import DistillTrainConfig, GRPOTrainConfig
+
+    for job in ("train", "evaluate", "traces"):
+        assert configure(job, ["model=tiny"])[0].chunk_given is True
+        config = configure(job, ["model=tiny", "chunk_given=false"])[0]
+        assert config.chunk_given is False and rollout_sampling(config, 0, 1).chunk_given is False
+        with pytest.raises(ValueError, match="chunk_given='maybe': expected true or false"):
+            configure(job, ["model=tiny", "chunk_given=maybe"])
+    for make in (GRPOTrainConfig, DistillTrainConfig, EvalConfig, TracesConfig):
+        for value in ("no", 0, None):
+            with pytest.raises(ValueError, match=f"chunk_given must be true or false, got {value!r}"):
+                make(chunk_given=value)
+    with pytest.raises(ValueError, match="use_vllm generates through vLLM: chunk_given=false"):
+        GRPOTrainConfig(use_vllm=True, chunk_given=False, recipe="rl_full", compression=CompressionConfig("full"))
+    GRPOTrainConfig(use_vllm=True, recipe="rl_full", compression=CompressionConfig("full"))  # control
+
+
+def test_a_model_that_changes_its_logits_after_the_head_is_refused_before_it_loads(tmp_path):
+    """A model folder whose configuration softcaps the logits after the LM head (Gemma 2) is refused by the job's
+    checks from its configuration (the rollout's and the trainer's log-probs come from the bare head); the
+    control: the same folder with the softcapping off."""
+    from transformers import Gemma2Config
+
+    from gkv_train.config.preflight import check_generations
+    from gkv_train.models import tiny_tokenizer
+
+    tiny_tokenizer().save_pretrained(tmp_path)
+    shape = dict(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8, hidden_size=16)
+    Gemma2Config(vocab_size=128, final_logit_softcapping=30.0, **shape).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=f"model={tmp_path} changes its logits after the LM head"):
+        check_generations(str(tmp_path), [], 4, "cpu")
+    Gemma2Config(vocab_size=128, final_logit_softcapping=None, **shape).save_pretrained(tmp_path)
+    check_generations(str(tmp_path), [], 4, "cpu")
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

@@ -193,13 +193,18 @@ def test_inverse_cdf_follows_the_weights():
 
 
 @pytest.mark.parametrize("method", ["gkv", "h2o", "full"])
-def test_replay_reproduces_a_sampled_rollout(tiny_llama, method):
-    """Teacher-forcing the sampled completions gives the same record and log-probs."""
+@pytest.mark.parametrize("chunk_given", [False, True])
+def test_replay_reproduces_a_sampled_rollout(tiny_llama, tiny_llama_fp64, method, chunk_given):
+    """Teacher-forcing the sampled completions gives the same record and log-probs: one token per forward
+    (``chunk_given=False``) in fp32, the same forwards as sampling; in chunks (the default) in fp64, where the larger
+    forward's rounding crosses no top-k boundary (in fp32 it may: ``SamplingConfig.chunk_given``)."""
+    model = tiny_llama_fp64 if chunk_given else tiny_llama
     cfg = CompressionConfig(method, budget=12, window=3, interval=5)
-    engine = RolloutEngine(tiny_llama, compression=cfg)
+    engine = RolloutEngine(model, compression=cfg)
     prompts = random_prompts([9, 30, 17, 4], seed=7)
     sampled = engine.generate(prompts, SamplingConfig(max_new_tokens=28, temperature=1.0, seed=3, top_p=0.9))
-    replayed = engine.replay(prompts, sampled.completions(), SamplingConfig(temperature=1.0))
+    replayed = engine.replay(prompts, sampled.completions(), SamplingConfig(temperature=1.0, chunk_given=chunk_given))
+    assert (replayed.stats["forwards"] < replayed.stats["steps"] - 1) == chunk_given
     assert torch.equal(replayed.sequences, sampled.sequences)
     assert torch.equal(replayed.completion_lengths, sampled.completion_lengths)
     assert torch.allclose(replayed.logprobs, sampled.logprobs, atol=1e-6)
@@ -208,10 +213,12 @@ def test_replay_reproduces_a_sampled_rollout(tiny_llama, method):
 
 
 @pytest.mark.parametrize("method", ["gkv", "s4r"])
-def test_prefixes_are_fed_then_sampling_goes_on(tiny_llama, method):
+def test_prefixes_are_fed_then_sampling_goes_on(tiny_llama_fp64, method):
     """Given prefixes begin every sample of their prompt, then sampling goes on: the completions hold them, a
-    replay of the completions reproduces the record and the log-probs, and the prefix's log-probs are the model's
-    for those tokens. The sampled tails differ between samples; a prefix that fills max_new_tokens is refused."""
+    replay of the completions reproduces the record and the log-probs (fp64: the replay takes the sampled tails in
+    chunks too), and the prefix's log-probs are the model's for those tokens. The sampled tails differ between
+    samples; a prefix that fills max_new_tokens is refused."""
+    tiny_llama = tiny_llama_fp64
     cfg = CompressionConfig(method, budget=12, window=3, interval=5) if method == "gkv" else CompressionConfig(method)
     engine = RolloutEngine(tiny_llama, compression=cfg)
     prompts = random_prompts([9, 17], seed=7)
@@ -254,11 +261,10 @@ EVERY_METHOD = [
     *tiny_methods(16, 4, 8, 30),
     CompressionConfig.of("s4r", eta=0.3, window=4, sinks=2),
 ]
-STOPS = tuple(range(10, 24))  # about one token in nine: rows end at many different steps
 
 
 def assert_same_rollout(a, b):
-    """The same completions and record, log-probs within 1e-5 (fp32)."""
+    """The same completions and record, log-probs within 1e-5."""
     assert torch.equal(a.sequences, b.sequences) and torch.equal(a.attention_mask, b.attention_mask)
     assert (a.logprobs - b.logprobs).abs().max() <= 1e-5
     assert (a.record is None) == (b.record is None)
@@ -268,17 +274,13 @@ def assert_same_rollout(a, b):
             assert torch.equal(value, theirs[name]), name
 
 
-@pytest.mark.parametrize("cfg", EVERY_METHOD, ids=lambda c: f"{c.method}-{c.options.get('form')}")
-def test_given_tokens_in_chunks_equal_one_by_one(tiny_llama, cfg):
-    """Given tokens fed up to each compression point in one forward (``chunk_given``, the default) give what one
-    forward per token gives: the same completions and record, log-probs within 1e-5 in fp32. Prefixes of
-    different lengths (all rows given for several compression rounds; one shorter than an interval; a row without
-    one, which samples from the first token), two samples each, rows finishing and kept in the cache or leaving it;
-    and replay of the completions (every token given). S4R and TOVA act after every token: one per forward."""
-    engine = RolloutEngine(tiny_llama, compression=cfg)
+def given_cases(engine, chunks: bool):
+    """Prefixes of different lengths (all rows given for several compression rounds; one shorter than an interval;
+    a row without one, which samples from the first token), two samples each, rows finishing and kept in the cache
+    or leaving it: each case chunked (the default) and one token per forward, and the replay of the last case's
+    completions both ways (every token given)."""
     prompts = random_prompts([9, 23, 14, 30], seed=4)
     rows = [p for p in prompts for _ in range(2)]
-    chunks = cfg.method not in ("s4r", "tova")
     cases = [  # (prefixes, drop_finished_at, whether some forwards take several tokens)
         (random_prompts([61, 37, 45, 29], seed=5), 0.01, chunks),  # 29 given for all: 4 rounds in chunks
         (random_prompts([5, 6, 61, 7], seed=6), 1.0, chunks),  # shorter than an interval
@@ -290,21 +292,130 @@ def test_given_tokens_in_chunks_equal_one_by_one(tiny_llama, cfg):
         )
         chunked = engine.generate(prompts, sampling, prefixes=prefixes)
         tokens = engine.generate(prompts, dataclasses.replace(sampling, chunk_given=False), prefixes=prefixes)
+        yield chunked, tokens, fewer
+    replay = SamplingConfig(max_new_tokens=90, temperature=1.0, seed=6)  # the rollout's length (s4r), seed (random)
+    replayed = engine.replay(rows, chunked.completions(), replay)
+    yield replayed, engine.replay(rows, chunked.completions(), dataclasses.replace(replay, chunk_given=False)), chunks
+    yield replayed, chunked, None
+
+
+@pytest.mark.parametrize("cfg", EVERY_METHOD, ids=lambda c: f"{c.method}-{c.options.get('form')}")
+def test_given_tokens_in_chunks_equal_one_by_one(tiny_llama_fp64, cfg):
+    """Given tokens fed up to each compression point in one forward (``chunk_given``, the default) give what one
+    forward per token gives: the same completions and record, in fp64, where the larger forward's rounding crosses
+    no top-k boundary or cosine test (in fp32 it may, for a method that scores with the model's numbers:
+    ``SamplingConfig.chunk_given``), through ``given_cases``. S4R and TOVA act after every token: one per
+    forward."""
+    engine = RolloutEngine(tiny_llama_fp64, compression=cfg)
+    chunks = cfg.method not in ("s4r", "tova")
+    for i, (chunked, tokens, fewer) in enumerate(given_cases(engine, chunks)):
         assert_same_rollout(chunked, tokens)
         assert fewer is None or (chunked.stats["forwards"] < tokens.stats["forwards"]) == fewer
-        assert tokens.stats["forwards"] == tokens.stats["steps"] - 1
-        assert 0 < chunked.stats["given_seconds"] <= chunked.stats["decode_seconds"]
-        assert cfg.method in ("full", "s4r") or chunked.stats["compressions"] >= 6
-        assert int((chunked.completion_lengths < 90).sum()) >= 2  # rows finish early
-    replay = SamplingConfig(
-        max_new_tokens=90, temperature=1.0, seed=6
-    )  # the rollout's length (s4r's rank), seed (random's)
-    replayed = engine.replay(rows, chunked.completions(), replay)
-    assert_same_rollout(
-        replayed, engine.replay(rows, chunked.completions(), dataclasses.replace(replay, chunk_given=False))
+        if i < 3:  # the sampled cases
+            assert tokens.stats["forwards"] == tokens.stats["steps"] - 1
+            assert 0 < chunked.stats["given_seconds"] <= chunked.stats["decode_seconds"]
+            assert cfg.method in ("full", "s4r") or chunked.stats["compressions"] >= 6
+            assert int((chunked.completion_lengths < 90).sum()) >= 2  # rows finish early
+
+
+@pytest.mark.parametrize("method", ["full", "streaming", "random", "random_attention"])
+def test_given_tokens_in_chunks_in_fp32(tiny_llama, method):
+    """In fp32 the cases of ``given_cases`` for the methods whose kept sets do not depend on the model's numbers
+    (positions, random draws): the same completions and records, log-probs within 1e-5 (the larger forward's
+    rounding)."""
+    cfg = CompressionConfig(method, budget=method_budget(method, 16, 4, 30), window=4, interval=8)
+    for chunked, tokens, fewer in given_cases(RolloutEngine(tiny_llama, compression=cfg), True):
+        assert_same_rollout(chunked, tokens)
+        assert fewer is None or (chunked.stats["forwards"] < tokens.stats["forwards"]) == fewer
+
+
+def test_chunks_leave_the_window_queries_where_one_token_forwards_do(tiny_llama_fp64):
+    """At every compression the window holds the same queries in the same slots (positions and validity exactly,
+    the queries themselves to fp64 rounding) whether given tokens went through in chunks or one per forward: the
+    window (3) divides neither the interval (8) nor the chunks that end a prefix, where a ring refilled from its
+    current slot by each chunk would put them elsewhere (and the scores would sum in another order)."""
+    from gkv_rollout.engine import make_cache
+
+    def snapshots(chunk_given: bool) -> list:
+        taken = []
+
+        def factory(*args):
+            cache = make_cache(*args)
+            compress = cache.compress
+
+            def snapshot():
+                taken.append((cache.query_pos.clone(), cache.query_ok.clone(), [q.clone() for q in cache.queries]))
+                compress()
+
+            cache.compress = snapshot
+            return cache
+
+        engine = RolloutEngine(tiny_llama_fp64, compression=cfg, cache_factory=factory)
+        sampling = SamplingConfig(max_new_tokens=70, temperature=1.0, seed=3, chunk_given=chunk_given)
+        out = engine.generate(random_prompts([30, 20], seed=4), sampling, prefixes=random_prompts([45, 29], seed=5))
+        return taken, out
+
+    cfg = CompressionConfig("gkv", budget=16, window=3, interval=8)
+    (chunked, out), (tokens, _) = snapshots(True), snapshots(False)
+    assert out.stats["forwards"] < out.stats["steps"] - 1 and len(chunked) == len(tokens) >= 6
+    for (pos, ok, queries), (their_pos, their_ok, their_queries) in zip(chunked, tokens):
+        assert torch.equal(pos, their_pos) and torch.equal(ok, their_ok)
+        # (the queries of a forward of several tokens round differently: ~1e-15 in fp64; a query in another slot
+        # differs by its size, ~1)
+        assert all(torch.allclose(a, b, rtol=0, atol=1e-12) for a, b in zip(queries, their_queries))
+
+
+def test_the_full_cache_takes_at_most_full_span_given_tokens_per_forward(tiny_llama):
+    """The full cache has no compression point to stop at: a forward takes at most ``FULL_SPAN`` (128) given
+    tokens, so a long given beginning goes through in several (and its attention scores stay within 128 decode
+    steps' worth), up to the end of the shortest one, then one token per forward."""
+    from gkv_rollout.engine import make_cache
+    from gkv_rollout.eviction_cache import FULL_SPAN
+
+    widths = []
+
+    def factory(*args):
+        cache = make_cache(*args)
+        begin = cache.begin
+
+        def spy(positions, valid, static=False):
+            widths.append(positions.shape[1])
+            return begin(positions, valid, static)
+
+        cache.begin = spy
+        return cache
+
+    engine = RolloutEngine(tiny_llama, compression=CompressionConfig("full"), cache_factory=factory)
+    sampling = SamplingConfig(max_new_tokens=340, temperature=1.0, seed=1, stop_token_ids=())
+    engine.generate(random_prompts([9, 14], seed=2), sampling, prefixes=random_prompts([300, 310], seed=3))
+    assert FULL_SPAN == 128 and widths[:4] == [14, 128, 128, 44] and set(widths[4:]) == {1}
+
+
+def test_a_model_that_changes_its_logits_after_the_head_is_refused(tiny_llama):
+    """Given tokens' log-probs (and the trainer's) come from the bare LM head: a model whose causal LM softcaps or
+    scales its logits after it (Gemma 2's ``final_logit_softcapping``) is refused, since its bare head is not what
+    it samples from; the control: tiny-llama."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    config = Gemma2Config(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+        final_logit_softcapping=0.01,
     )
-    assert_same_rollout(replayed, chunked)
-    assert (replayed.stats["forwards"] < replayed.stats["steps"] - 1) == chunks
+    model = Gemma2ForCausalLM(config).eval()
+    ids = torch.tensor([[1, 5, 9]])
+    with torch.no_grad():
+        capped = model(input_ids=ids).logits[:, -1]
+        bare = model.lm_head(model.model(input_ids=ids).last_hidden_state[:, -1])
+    assert (capped - bare).abs().max() > 1e-2  # the bare head is not the model's logits
+    with pytest.raises(ValueError, match="final_logit_softcapping=0.01 in its configuration"):
+        RolloutEngine(model)
+    RolloutEngine(tiny_llama)
 
 
 @pytest.mark.parametrize("value", ["no", 0, None])
@@ -314,11 +425,11 @@ def test_chunk_given_is_true_or_false(value):
         SamplingConfig(chunk_given=value)
 
 
-def test_a_chunk_past_the_compression_point_changes_the_record(tiny_llama, monkeypatch):
+def test_a_chunk_past_the_compression_point_changes_the_record(tiny_llama_fp64, monkeypatch):
     """The control of the equality above: forwards of given tokens that run one token past each compression point
-    (so the cache compresses one token late) give another record, and the comparison fails."""
+    (so the cache compresses one token late) give another record, and the comparison fails (in fp64, as there)."""
     cfg = CompressionConfig("gkv", budget=16, window=4, interval=8)
-    engine = RolloutEngine(tiny_llama, compression=cfg)
+    engine = RolloutEngine(tiny_llama_fp64, compression=cfg)
     prompts, prefixes = random_prompts([30, 26], seed=4), random_prompts([61, 45], seed=5)  # prompts past the budget
     sampling = SamplingConfig(max_new_tokens=80, temperature=1.0, seed=6)
     tokens = engine.generate(prompts, dataclasses.replace(sampling, chunk_given=False), prefixes=prefixes)
@@ -369,8 +480,9 @@ def test_dropping_finished_rows_changes_nothing(tiny_llama, method):
     replayed = engine.replay(
         [p for p in prompts for _ in range(2)],
         dropped.completions(),
-        # the rollout's max_new_tokens (s4r's rank) and seed (random_attention's draws)
-        SamplingConfig(max_new_tokens=40, temperature=1.0, seed=1, drop_finished_at=0.01),
+        # the rollout's max_new_tokens (s4r's rank) and seed (random_attention's draws); one token per forward, as
+        # sampled (chunks are compared in test_given_tokens_in_chunks_equal_one_by_one)
+        SamplingConfig(max_new_tokens=40, temperature=1.0, seed=1, drop_finished_at=0.01, chunk_given=False),
     )
     assert torch.equal(replayed.sequences, kept.sequences) and torch.allclose(
         replayed.logprobs, kept.logprobs, atol=1e-5

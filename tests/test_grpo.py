@@ -211,6 +211,35 @@ def even_last_token(completion_ids=(), **_):
     return [float(ids[-1] % 2 == 0) if ids else 0.0 for ids in completion_ids]
 
 
+@pytest.mark.parametrize("chunk_given", [True, False])
+def test_the_rollout_statistics_count_the_sampled_tokens_and_the_forwards(tmp_path, monkeypatch, chunk_given):
+    """GRPO's rollouts take chunk_given from the configuration: with it the given beginnings go through in fewer
+    forwards than steps; rollout/tokens_per_s counts the sampled tokens only (the engine's sampled_tokens_per_s,
+    below its rate of every completion token), rollout/forwards and rollout/given_seconds are the engine's."""
+    from gkv_rollout.engine import RolloutEngine
+
+    outputs = []
+    generate = RolloutEngine.generate
+
+    def spy(engine, *args, **kwargs):
+        outputs.append(generate(engine, *args, **kwargs))
+        return outputs[-1]
+
+    monkeypatch.setattr(RolloutEngine, "generate", spy)
+    trainer = make_trainer(
+        tmp_path, max_completion_length=64, reward=even_last_token, rows=GIVEN_ROWS, chunk_given=chunk_given
+    )
+    _, sampled = given_batch(trainer)
+    (out,) = outputs
+    stats, metrics = out.stats, trainer._metrics["train"]
+    assert (stats["forwards"] < stats["steps"] - 1) == chunk_given
+    assert stats["sampled_tokens"] == int(sampled.sum()) < stats["new_tokens"]
+    assert 0 < stats["sampled_tokens_per_s"] < stats["tokens_per_s"]
+    assert metrics["rollout/tokens_per_s"] == [stats["sampled_tokens_per_s"]]
+    assert metrics["rollout/forwards"] == [float(stats["forwards"])]
+    assert metrics["rollout/given_seconds"] == [stats["given_seconds"]] and stats["given_seconds"] > 0
+
+
 def given_batch(trainer):
     """One generation batch of ``GIVEN_ROWS`` (4 samples each), and the mask of the sampled completion tokens."""
     trainer.model.train()
