@@ -20,7 +20,9 @@ from gkv_train.models import check_adapter
 
 from _common import ROOT
 
-EVICTION = eviction_methods()
+# The ranked methods: those that choose from the whole cache. A method that keeps each prompt by default
+# (random_attention) is a control, run with --eval-controls where the task's prompt fits the budget.
+EVICTION = [name for name in eviction_methods() if not registered()[name].keep_prompt]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

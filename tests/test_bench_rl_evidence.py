@@ -195,10 +195,9 @@ def test_fresh_problems_are_checked_to_be_fresh(tmp_path, capsys):
     assert "never read" not in capsys.readouterr().err
     assert conditions(args) == ["full", "gkv-b24", "gkv-b24-seed3", "gkv-b24-seed5"]
     assert conditions(args, fresh=False) == ["full", "gkv-b24"]
-    assert parse_condition("gkv-b24-seed5", args) == (24, 5, "gkv-b24") and parse_condition("full", args)[:2] == (
-        None,
-        0,
-    )
+    seeded, full = parse_condition("gkv-b24-seed5", args), parse_condition("full", args)
+    assert (seeded.method, seeded.budget, seeded.seed, seeded.run) == ("gkv", 24, 5, "gkv-b24")
+    assert (full.method, full.budget, full.seed, full.run) == (None, None, 0, "full")
     check_fresh(call(2))  # seed 2's runs evaluated its first two test problems at their end, and nothing read them
     assert "2 of its problems are also in train.py's own evaluation, seed 2 (never read)" in capsys.readouterr().err
     for seed, what in ((0, "main evaluation"), (1, "methods stage")):
