@@ -9,7 +9,12 @@ prompts x 1; 8 by default), new tokens, loss, learning rate and activation check
 (as chat messages, so the same chat template applies) and generates with ``transformers``' ``generate`` (full
 cache). Every completion runs to ``--max-new-tokens`` (stop tokens are never sampled: TRL's ``min_new_tokens``,
 the engine's ``ignore_eos``), so every trainer does the same work. ``--steps`` steps are timed after
-``--warmup`` untimed ones.
+``--warmup`` untimed ones. Each trainer runs in a process of its own, so none inherits the heap another left:
+on CPU the log-prob forward and the backward spend much of their time faulting in fresh memory (TRL's LM head
+writes [rows x length, vocab] float32 logits, hundreds of MB per temporary), and how much depends on what the
+process allocated and freed before (here the first trainer of a shared process took 1.6-1.9x the page faults of
+the second in its log-prob forward, whichever trainer it was). ``minor_faults`` gives each phase's page faults per
+step, a count that does not depend on the machine's load.
 
     python scripts/bench_train_step.py                       # SmolLM2-135M, 1 x 8 x 128, 2 timed steps
     python scripts/bench_train_step.py --model tiny --max-new-tokens 16 --steps 1 --warmup 0   # quick
@@ -29,9 +34,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import multiprocessing
+import resource
 import tempfile
 import time
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import torch
@@ -46,18 +54,20 @@ PHASES = ("generation", "logprob_forward", "backward", "optimizer", "other")
 
 
 class StepTimer(TrainerCallback):
-    """Wall time of each optimizer step and of its phases (phase timers add into ``current``), and which phase
-    raised the process's peak resident memory to what (``raised``: phase -> the peak in bytes when one of its calls
-    ended above the peak before it; Linux's ``VmHWM``, never reset, so the process's own peak stays whole)."""
+    """Wall time of each optimizer step and of its phases (phase timers add into ``current``), the minor page
+    faults of each timed phase (``faults``), and which phase raised the process's peak resident memory to what
+    (``raised``: phase -> the peak in bytes when one of its calls ended above the peak before it; Linux's
+    ``VmHWM``, never reset, so the process's own peak stays whole)."""
 
     def __init__(self):
         self.steps: list[dict] = []
         self.current: dict = defaultdict(float)
+        self.faults: dict = defaultdict(int)
         self.raised: dict = {}
         self._step_start = self._opt_start = 0.0
 
     def on_step_begin(self, args, state, control, **kwargs):
-        self.current = defaultdict(float)
+        self.current, self.faults = defaultdict(float), defaultdict(int)
         self._step_start = time.perf_counter()
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
@@ -71,22 +81,29 @@ class StepTimer(TrainerCallback):
         step = {phase: self.current[phase] for phase in PHASES[:-1]}
         step["other"] = total - sum(step.values())
         step["total"] = total
+        step["minor_faults"] = dict(self.faults)
         self.steps.append(step)
 
     def timed(self, phase: str, function):
         """``function`` with its time added to ``phase`` (timed functions must not call one another)."""
 
         def wrapper(*args, **kwargs):
-            start, peak = time.perf_counter(), status_bytes("VmHWM")
+            start, peak, faults = time.perf_counter(), status_bytes("VmHWM"), minor_faults()
             try:
                 return function(*args, **kwargs)
             finally:
                 self.current[phase] += time.perf_counter() - start
+                self.faults[phase] += minor_faults() - faults
                 now = status_bytes("VmHWM")
                 if now is not None and peak is not None and now > peak:
                     self.raised[phase] = max(self.raised.get(phase, 0), now)
 
         return wrapper
+
+
+def minor_faults() -> int:
+    """Minor page faults of this process so far (each a page of fresh memory first written)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def configuration(recipe: str, args, output_dir: Path, compile_decode: bool = False):
@@ -176,12 +193,25 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     timed = timer.steps[args.warmup :]
     result = {k: round(sum(s[k] for s in timed) / len(timed), 3) for k in (*PHASES, "total")}
     lengths = [r["completions/mean_length"] for r in trainer.state.log_history if "completions/mean_length" in r]
+    phases = dict.fromkeys(p for s in timed for p in s["minor_faults"])
     return result | {
         "steps": len(timed),
+        "minor_faults": {p: round(sum(s["minor_faults"].get(p, 0) for s in timed) / len(timed)) for p in phases},
         "mean_completion_length": sum(lengths) / max(len(lengths), 1),
         "warmup_total": round(sum(s["total"] for s in timer.steps[: args.warmup]), 3),
         "peak_raised_by": timer.raised,
     }
+
+
+def seeded_trainer(name: str, args, workdir: Path) -> dict:
+    torch.manual_seed(0)
+    return time_trainer(name, args, workdir)
+
+
+def in_own_process(name: str, args, workdir: Path) -> dict:
+    """``time_trainer`` in a fresh (spawned) process: no trainer inherits another's heap."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(seeded_trainer, name, args, workdir).result()
 
 
 NAMES = {
@@ -245,8 +275,7 @@ def main() -> None:
     }
     with tempfile.TemporaryDirectory(dir=ROOT / "outputs" if (ROOT / "outputs").is_dir() else None) as workdir:
         for name in args.trainers:
-            torch.manual_seed(0)
-            result["trainers"][name] = time_trainer(name, args, Path(workdir))
+            result["trainers"][name] = in_own_process(name, args, Path(workdir))
     if "trl" in result["trainers"]:
         base = result["trainers"]["trl"]["total"]
         result["step_time_vs_trl"] = {n: round(t["total"] / base, 3) for n, t in result["trainers"].items()}

@@ -212,6 +212,38 @@ def test_similarity_sums_follow_their_definition():
     assert any(v >= 0 for v in latest) and any(v < 0 for v in latest)  # both cases occurred
 
 
+@pytest.mark.parametrize("chunk", [1, 1000, 3000], ids=["one-each", "two-each", "uneven"])
+def test_scores_computed_in_chunks_equal_one_call(monkeypatch, chunk):
+    """The window attention and the key similarities run a few sequences (heads) at a time (``SCORE_CHUNK``
+    entries of their S x S work): bit for bit what one call over the batch gives, with empty slots, an empty
+    sequence, invalid scoring queries and keys sliced from a wider buffer (as the cache passes them)."""
+    from gkv_rollout import scoring
+
+    g = torch.Generator().manual_seed(3)
+    B, Hkv, G, W, S, D = 5, 2, 3, 4, 20, 8
+    keys = (torch.randn(B, Hkv, 1, D, generator=g) + torch.randn(B, Hkv, S + 6, D, generator=g))[:, :, :S]
+    key_ok = torch.rand(B, S, generator=g) > 0.2
+    key_ok[2] = False
+    query = torch.randn(B, Hkv, G, W, D, generator=g)
+    key_pos = torch.randint(0, 30, (B, Hkv, S), generator=g)
+    query_pos = torch.randint(10, 30, (B, W), generator=g)
+    query_ok = torch.rand(B, W, generator=g) > 0.3
+    query_ok[2] = False  # the empty sequence has no scoring queries either
+
+    def scores():
+        attention = [
+            scoring.window_attention(query, query_pos, query_ok, keys, key_pos, key_ok, D**-0.5, agg)
+            for agg in ("max", "mean")
+        ]
+        return [scoring.similarity_sums(keys, key_ok, "rkv"), scoring.key_redundancy(keys, key_ok, "rkv"), *attention]
+
+    whole = scores()
+    monkeypatch.setattr(scoring, "SCORE_CHUNK", chunk)
+    chunked = scores()
+    assert all(torch.equal(a, b) for a, b in zip(whole, chunked))
+    assert whole[0].abs().sum() > 0 and whole[2].abs().sum() > 0
+
+
 def test_the_end_to_end_comparison_builds_every_reference_recipe():
     """scripts/compare_reference.py's recipes are valid configurations with the reference's values (the script
     builds them before any work; a recipe the configuration refuses would stop it)."""

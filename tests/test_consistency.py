@@ -113,6 +113,73 @@ def test_full_consistency_and_chunking(tiny_llama):
     assert torch.allclose(whole, chunked)
 
 
+def sdpa_calls(monkeypatch, forward) -> list[tuple]:
+    """Every ``scaled_dot_product_attention`` call of ``forward()``: its shapes, mask (None, or its shape and
+    values), ``is_causal``, ``enable_gqa`` and scale."""
+    calls, sdpa = [], torch.nn.functional.scaled_dot_product_attention
+
+    def spy(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        mask = None if attn_mask is None else (tuple(attn_mask.shape), attn_mask.clone())
+        calls.append((query.shape, key.shape, value.shape, mask, is_causal, enable_gqa, scale))
+        return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+        forward()
+    return calls
+
+
+def same_calls(ours: list[tuple], theirs: list[tuple]) -> bool:
+    def same(a, b):
+        return (a is None and b is None) or (
+            a is not None and b is not None and a[0] == b[0] and torch.equal(a[1], b[1])
+        )
+
+    return len(ours) == len(theirs) and all(
+        a[:3] == b[:3] and same(a[3], b[3]) and a[4:] == b[4:] for a, b in zip(ours, theirs)
+    )
+
+
+@pytest.mark.parametrize("lengths", [[14, 14], [5, 14]], ids=["unpadded", "left-padded"])
+def test_a_record_that_evicts_nothing_attends_through_sdpa_as_trl_does(tiny_llama, lengths, monkeypatch):
+    """Rows that never went over the budget (rl_full's case: a causal record): the training forward under their
+    record calls SDPA exactly as TRL's forward does, the model called with the padding mask and nothing else
+    (``is_causal`` and no mask without padding, transformers' [B, 1, T, T] mask with it; grouped-query as SDPA
+    does it), and its log-probs equal the rollout's. Control: a record that evicts attends through its masks."""
+    from gkv_rollout.contract import attention_context
+    from gkv_train.training.logprobs import logical_forward
+
+    def calls_under(out):
+        ids, mask = out.sequences, out.attention_mask
+        context = attention_context(out.record, tiny_llama, mask)
+
+        def ours():
+            with logical_forward(tiny_llama, context):
+                tiny_llama(input_ids=ids, attention_mask=mask)
+
+        return sdpa_calls(monkeypatch, ours), sdpa_calls(
+            monkeypatch, lambda: tiny_llama(input_ids=ids, attention_mask=mask)
+        )
+
+    sampling = SamplingConfig(max_new_tokens=20, ignore_eos=True, stop_token_ids=(), seed=2)
+    prompts = random_prompts(lengths)
+    out = RolloutEngine(tiny_llama, compression=CompressionConfig("gkv", budget=64, window=4, interval=4)).generate(
+        prompts, sampling
+    )
+    assert out.record is not None and out.stats["compressions"] == 0
+    ours, trl = calls_under(out)
+    assert len(trl) == tiny_llama.config.num_hidden_layers and (trl[0][3] is None) == (lengths[0] == lengths[1])
+    assert same_calls(ours, trl)
+    lp = token_logprobs(tiny_llama, out.sequences, out.attention_mask, out.num_completion_tokens, out.record)
+    assert (lp - out.logprobs)[out.completion_mask.bool()].abs().max() <= TOL
+
+    evicting = RolloutEngine(tiny_llama, compression=CompressionConfig("gkv", budget=12, window=4, interval=4))
+    out = evicting.generate(prompts, sampling)
+    assert out.stats["compressions"] > 0
+    ours, trl = calls_under(out)
+    assert not same_calls(ours, trl)
+
+
 def test_flex_backend_matches_sdpa(tiny_llama):
     cfg = CompressionConfig("gkv", budget=12, window=4, interval=4)
     out = RolloutEngine(tiny_llama, compression=cfg).generate(

@@ -32,6 +32,31 @@ def test_visibility_mask_matches_definition():
                     assert bool(mask[b, h, q, k]) == expected
 
 
+def test_evicts_nothing_exactly_when_every_real_query_sees_causally():
+    """``EvictionMasks.evicts_nothing``: true iff every real query sees exactly the real keys up to its position
+    (its mask equals the causal one), whatever the padding; a stamp at a row's last position is an eviction that
+    query sees, one after it is none, and a stamp on a padding column (or past the row's end) counts for nothing."""
+    from gkv_rollout.contract.eviction import EvictionMasks
+
+    attention_mask = torch.ones(2, 7, dtype=torch.long)
+    attention_mask[0, :2] = 0  # row 0: 5 tokens, left-padded
+    attention_mask[1, 6] = 0  # row 1: 6 tokens, ended
+    pos, valid = logical_positions(attention_mask), attention_mask.bool()
+    real_queries = valid[:, None, :, None].expand(-1, 2, -1, 7)  # [B, Hkv, Q, K]
+    causal = visibility_mask(torch.full((2, 2, 7), NEVER, dtype=torch.int32), pos, valid, pos)[real_queries]
+
+    def evicts_nothing(row, key, stamp):
+        evict_at = torch.full((2, 3, 2, 7), NEVER, dtype=torch.int32)
+        evict_at[row, 1, 1, key] = stamp
+        masks = EvictionMasks.build(evict_at, attention_mask)
+        assert masks.evicts_nothing() == torch.equal(masks.layer_mask(1, 7)[real_queries], causal)
+        return masks.evicts_nothing()
+
+    assert evicts_nothing(0, 4, NEVER) and evicts_nothing(0, 2, 5) and evicts_nothing(1, 0, 6)
+    assert not evicts_nothing(0, 2, 4) and not evicts_nothing(1, 0, 5) and not evicts_nothing(1, 3, 4)
+    assert evicts_nothing(0, 6, 3)  # logical position 6: past row 0's end, no column holds it
+
+
 METHODS = [
     CompressionConfig("streaming", budget=20, window=4, interval=6),
     CompressionConfig("snapkv", budget=20, window=4, interval=6),

@@ -37,7 +37,8 @@ FULL_SPAN = 128
 
 
 def gather_slots(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """x [B, H, S, *rest], index int64 [B, H, K] -> x at those slots, [B, H, K, *rest].
+    """x [B, H, S, *rest] (contiguous: a whole buffer, so that no copy is made to index it), index int64 [B, H, K]
+    (slots < S) -> x at those slots, [B, H, K, *rest].
 
     A flat ``index_select``: several times faster on CPU than ``torch.gather`` with an expanded index.
     """
@@ -336,8 +337,8 @@ class EvictionCache(KVCache):
         if self.rows is not None:
             self.evict_at.index_copy_(1, self.rows, record)
         for layer in range(L):
-            self.keys[layer][:, :, :K] = gather_slots(self.keys[layer][:, :, :S], index[layer])
-            self.values[layer][:, :, :K] = gather_slots(self.values[layer][:, :, :S], index[layer])
+            self.keys[layer][:, :, :K] = gather_slots(self.keys[layer], index[layer])
+            self.values[layer][:, :, :K] = gather_slots(self.values[layer], index[layer])
         self.positions[..., :K] = positions.gather(-1, index)
         if histories[0] is not None:
             # Sequences within budget lose nothing and keep their score history untouched; only the scored tokens

@@ -19,6 +19,9 @@ import torch
 import torch.nn.functional as F
 
 _EPS = 1e-12
+# float32 entries per chunk of the [.., S] x S matrices of a score (512 KiB): a chunk of sequences or heads is
+# written and read again in a core's cache, not in memory
+SCORE_CHUNK = 2**17
 
 
 @dataclass(frozen=True)
@@ -64,14 +67,15 @@ def candidate_slots(
     return key_ok[:, None, :] & (key_pos < (lengths - window)[:, None, None]) & (key_pos >= kept_front)
 
 
-def window_softmax(logits: torch.Tensor, visible: torch.Tensor, query_ok: torch.Tensor) -> torch.Tensor:
-    """Softmax of scoring queries' logits [..., W, S] over the keys each may see.
+def window_softmax(logits: torch.Tensor, hidden: torch.Tensor, query_ok: torch.Tensor) -> torch.Tensor:
+    """Softmax of scoring queries' logits [..., W, S] over the keys each may see; ``logits`` is overwritten.
 
-    visible bool, broadcastable to ``logits``; query_ok bool, broadcastable to [..., W, 1]: the rows of invalid
-    queries come out finite (not NaN) and must be given weight 0 (``mean_over_window``).
+    hidden bool, broadcastable to ``logits``: the keys a query may not see; query_ok bool, broadcastable to
+    [..., W, 1]: the rows of invalid queries see every key, so they come out finite (not NaN), and must be given
+    weight 0 (``mean_over_window``).
     """
-    # (on CPU a broadcast ``where`` is faster than a broadcast ``masked_fill``, which copies the logits first)
-    return torch.where(visible | ~query_ok, logits, float("-inf")).softmax(-1)
+    # (in place: a broadcast ``where`` or ``masked_fill`` writes a new [..., W, S] tensor, twice the time on CPU)
+    return logits.masked_fill_(hidden & query_ok, float("-inf")).softmax(-1)
 
 
 def mean_over_window(probs: torch.Tensor, query_ok: torch.Tensor) -> torch.Tensor:
@@ -101,14 +105,24 @@ def window_attention(
     keys [B, Hkv, S, D] (after RoPE); key_pos int64 [B, Hkv, S]; key_ok bool [B, S].
     Each valid query's softmax runs causally over all occupied slots (the window's own keys included); the
     query heads of a GQA group are combined per query (``max``, the reference, or ``mean``), then the result
-    is averaged over the valid window queries.
+    is averaged over the valid window queries. Computed for a few sequences at a time (``SCORE_CHUNK`` logits:
+    each sequence's scores are its own), so that the [B, Hkv, G, W, S] logits stay in cache.
     Returns float32 [B, Hkv, S].
     """
     B, Hkv, G, W, D = query.shape
+    step = max(1, SCORE_CHUNK // (Hkv * G * W * keys.shape[-2]))
+    if step < B:
+        rows = [slice(i, i + step) for i in range(0, B, step)]
+        return torch.cat(
+            [
+                window_attention(query[r], query_pos[r], query_ok[r], keys[r], key_pos[r], key_ok[r], scale, group_agg)
+                for r in rows
+            ]
+        )
     scaled = query.float().reshape(B, Hkv, G * W, D) * scale
     logits = (scaled @ keys.float().transpose(-1, -2)).view(B, Hkv, G, W, -1)
-    visible = key_ok[:, None, None, None, :] & (key_pos[:, :, None, None, :] <= query_pos[:, None, None, :, None])
-    probs = window_softmax(logits, visible, query_ok[:, None, None, :, None])  # [B, Hkv, G, W, S]
+    hidden = ~key_ok[:, None, None, None, :] | (key_pos[:, :, None, None, :] > query_pos[:, None, None, :, None])
+    probs = window_softmax(logits, hidden, query_ok[:, None, None, :, None])  # [B, Hkv, G, W, S]
     return mean_over_window(aggregate_group(probs, 2, group_agg), query_ok)
 
 
@@ -134,34 +148,54 @@ def pool_scores(scores: torch.Tensor, ok: torch.Tensor, kernel: int, mode: str) 
     return (total / count.clamp_min(_EPS)).view(shape) * ok.view(shape)
 
 
+def unit_keys(keys: torch.Tensor, key_ok: torch.Tensor) -> torch.Tensor:
+    """keys [..., S, D] / (their norm + 1e-6), float32; key_ok bool [..., S] (broadcast): empty slots get a zero
+    unit key, so that every cosine with them is exactly 0 (whatever the slot holds)."""
+    keys = keys.float()
+    # filled in place (a broadcast ``where`` writes another [..., S, D] tensor)
+    return (keys / (keys.norm(dim=-1, keepdim=True) + 1e-6)).masked_fill_(~key_ok[..., None], 0.0)
+
+
+def near_duplicate_sums(unit: torch.Tensor, threshold: float) -> torch.Tensor:
+    """``similarity_sums``' ``rkv`` kernel over unit keys [N, S, D] (N heads): float32 [N, S]."""
+    S = unit.shape[-2]
+    cos = unit @ unit.transpose(-1, -2)  # [N, S(m), S(n)]
+    cos.diagonal(dim1=-2, dim2=-1).zero_()
+    # for every key n, the most recent other key m with cos > threshold (-1: none), as the largest m + 1 of the
+    # 0/1 mask times m + 1 (much faster on CPU than an argmax or an int64 index tensor over S x S); the mask in
+    # float32, which CPU kernels compare into and multiply twice as fast as into a bool or small-integer tensor
+    order = torch.arange(1, S + 1, dtype=torch.float32, device=unit.device)[:, None]  # exact below 2^24
+    latest = torch.gt(cos, threshold, out=torch.empty_like(cos)).mul_(order).amax(-2).long() - 1  # [N, S(n)]
+    at = latest.clamp_min(0)[:, None, :]
+    dropped = torch.where(latest >= 0, 0.0, cos.gather(-2, at).squeeze(-2))
+    cos.scatter_(-2, at, dropped[:, None, :])  # that entry counts 0
+    return cos.sum(-1)
+
+
 def similarity_sums(keys: torch.Tensor, key_ok: torch.Tensor, kind: str, threshold: float = 0.5) -> torch.Tensor:
     """Sum of each key's cosine similarity to the other occupied keys of its head: float32 [B, Hkv, S].
 
     keys [B, Hkv, S, D]; key_ok bool [B, S]. ``kind``:
     ``rkv`` (the reference's kernel, O(S^2 D)): cosines u_m . u_n with u = k / (|k| + 1e-6), self excluded;
         for every key n, the entry of the most recent other key m with cos > ``threshold`` is dropped (so a
-        key's latest near-duplicate does not count against it);
+        key's latest near-duplicate does not count against it); computed for a few heads at a time
+        (``SCORE_CHUNK`` cosines: each head's sums are its own, so the chunks give what one call would),
+        so that the S x S matrices are written and read again in cache, not in memory;
     ``mean_cosine`` (O(S D)): all other keys, nothing dropped: u_m . U - |u_m|^2 with U the sum of unit keys.
     Empty slots give 0.
     """
-    keys = keys.float()
-    # empty slots get a zero unit key, so that every cosine with them is exactly 0 (whatever the slot holds)
-    unit = torch.where(key_ok[:, None, :, None], keys / (keys.norm(dim=-1, keepdim=True) + 1e-6), 0.0)
+    B, Hkv, S, D = keys.shape
     if kind == "mean_cosine":
+        unit = unit_keys(keys, key_ok[:, None, :])
         total = unit.sum(-2, keepdim=True)  # [B, Hkv, 1, D]
         return (unit @ total.transpose(-1, -2)).squeeze(-1) - unit.square().sum(-1)
-    S = keys.shape[-2]
-    cos = unit @ unit.transpose(-1, -2)  # [B, Hkv, S(m), S(n)]
-    cos.diagonal(dim1=-2, dim2=-1).zero_()
-    # for every key n, the most recent other key m with cos > threshold (-1: none), as the largest m + 1 of a
-    # small-integer mask (much faster on CPU than an argmax or an int64 index tensor over S x S)
-    small = torch.int16 if S < 2**15 else torch.int32
-    order = torch.arange(1, S + 1, dtype=small, device=keys.device)[:, None]
-    latest = ((cos > threshold) * order).amax(-2).long() - 1  # [B, Hkv, S(n)] (bool * int16: int16)
-    at = latest.clamp_min(0)[:, :, None, :]
-    dropped = torch.where(latest >= 0, 0.0, cos.gather(-2, at).squeeze(-2))
-    cos.scatter_(-2, at, dropped[:, :, None, :])  # that entry counts 0
-    return cos.sum(-1)
+    heads, ok = keys.reshape(B * Hkv, S, D), key_ok[:, None, :].expand(B, Hkv, S).reshape(B * Hkv, S)
+    step = max(1, SCORE_CHUNK // (S * S))
+    sums = [
+        near_duplicate_sums(unit_keys(heads[i : i + step], ok[i : i + step]), threshold)
+        for i in range(0, B * Hkv, step)
+    ]
+    return torch.cat(sums).view(B, Hkv, S)
 
 
 def key_redundancy(keys: torch.Tensor, key_ok: torch.Tensor, kind: str) -> torch.Tensor:
@@ -169,8 +203,8 @@ def key_redundancy(keys: torch.Tensor, key_ok: torch.Tensor, kind: str) -> torch
     ``similarity_sums / n`` (n = occupied keys). keys [B, Hkv, S, D]; key_ok bool [B, S]. Returns float32
     [B, Hkv, S], 0 on empty slots; the softmax runs over the window's keys too."""
     count = key_ok.sum(-1).clamp_min(1)[:, None, None]
-    logits = (similarity_sums(keys, key_ok, kind) / count).masked_fill(~key_ok[:, None, :], float("-inf"))
-    return logits.softmax(-1).nan_to_num(0.0)
+    logits = (similarity_sums(keys, key_ok, kind) / count).masked_fill_(~key_ok[:, None, :], float("-inf"))
+    return logits.softmax(-1).nan_to_num_(0.0)
 
 
 def normalize_max(scores: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:

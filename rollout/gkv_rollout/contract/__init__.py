@@ -29,5 +29,5 @@ def record_from_batch(batch) -> Record | None:
 
 def attention_context(record: Record | None, model, attention_mask, backend: str = "auto"):
     """The attention context reproducing ``record`` in a forward of ``model`` over a padded batch
-    (attention_mask [B, T]); None (plain causal attention) without a record."""
+    (attention_mask [B, T]); None (plain causal attention) without a record or when the record evicts nothing."""
     return None if record is None else record.attention_context(model, attention_mask, backend)

@@ -217,6 +217,14 @@ class EvictionMasks:
         evict_cols = record_to_columns(evict_at.to(attention_mask.device), positions)
         return cls(evict_cols, positions, attention_mask.bool(), backend)
 
+    def evicts_nothing(self) -> bool:
+        """Whether every query sees every real key up to its own position, in every layer and KV head: each real
+        key's stamp comes after its row's last query (a record of rows that never went over the budget). Plain
+        causal attention then reproduces the record exactly. One host sync (on CUDA)."""
+        last = torch.where(self.valid, self.positions, -1).amax(-1)  # [B] each row's last query position
+        alive = self.evict_cols > last[:, None, None, None].to(self.evict_cols.dtype)  # [B, L, Hkv, T]
+        return bool((alive | ~self.valid[:, None, None, :]).all())
+
     def layer_mask(
         self, layer_idx: int, num_queries: int, start: int = 0, end: int | None = None, columns=slice(None)
     ) -> torch.Tensor:
@@ -331,8 +339,12 @@ class EvictionRecord:
     def nbytes(self, row: int = 0) -> int:
         return self.evict_at[row].numel() * self.evict_at.element_size()
 
-    def attention_context(self, model, attention_mask: torch.Tensor, backend: str = "auto") -> EvictionMasks:
-        return EvictionMasks.build(self.evict_at, attention_mask, backend)
+    def attention_context(self, model, attention_mask: torch.Tensor, backend: str = "auto") -> EvictionMasks | None:
+        """The rows' ``EvictionMasks``; None when the record evicts nothing any of them would see
+        (``EvictionMasks.evicts_nothing``): the forward then attends as a full cache's does, through the model's
+        own SDPA call (``is_causal`` without padding, else transformers' padding mask), as TRL's forward does."""
+        masks = EvictionMasks.build(self.evict_at, attention_mask, backend)
+        return None if masks.evicts_nothing() else masks
 
     def kept_at(self, row: int, position: int) -> torch.Tensor:
         """bool [L * Hkv, position + 1]: the keys each (layer, KV head) held for the query at ``position``."""

@@ -40,7 +40,8 @@ class Record(Protocol):
 
     def attention_context(self, model, attention_mask: torch.Tensor, backend: str = "auto"):
         """The attention context (``gkv_rollout.contract.attention``) under which a forward of ``model`` over the
-        padded batch (attention_mask [B, T]) attends exactly as the rollout did."""
+        padded batch (attention_mask [B, T]) attends exactly as the rollout did; None when plain causal attention
+        does (the rows' records evict nothing they would see), so the forward takes the model's own SDPA path."""
 
     def kept_at(self, row: int, position: int) -> torch.Tensor:
         """bool [parts, position + 1]: the keys (logical positions 0..position) the query at logical
