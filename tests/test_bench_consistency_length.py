@@ -14,7 +14,7 @@ def test_short_run_holds_and_renders(tmp_path):
     from bench_consistency_length import tables
 
     results = tmp_path / "results.json"
-    command = [sys.executable, str(ROOT / "scripts" / "bench_consistency_length.py"), "--new-tokens", "24"]
+    command = [sys.executable, str(ROOT / "scripts" / "bench_consistency_length.py"), "--new-tokens", "32"]
     command += ["--methods", "gkv", "s4r", "--budget", "16", "--window", "4", "--interval", "8"]
     done = subprocess.run([*command, "--results", str(results)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -28,4 +28,4 @@ def test_short_run_holds_and_renders(tmp_path):
     ]
     assert line["rows"][0]["compressions"] >= 2 and all(r["max_abs_logprob_diff"] <= 1e-4 for r in line["rows"])
     rendered = tables("rows", line)
-    assert rendered.count("| yes |") == 4 and "bench_consistency_length.py --new-tokens 24" in rendered
+    assert rendered.count("| yes |") == 4 and "bench_consistency_length.py --new-tokens 32" in rendered
