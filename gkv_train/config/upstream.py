@@ -38,9 +38,8 @@ ENGINE_IGNORES = (
     "chat_template_kwargs",
 )
 LOADED_HERE = (
-    "the model is loaded by this project (model=..., gkv_train.models.load_model: its weights in fp32, the precision "
-    "of its forwards precision=fp32|bf16, its attention the project's own), not by TRL, and no model code is run "
-    "from the hub: leave it out"
+    "the model is loaded by this project (model=..., gkv_train.models.load_model: its precision is precision=, its "
+    "attention the project's own), not by TRL, and runs no code from the hub: leave it out"
 )
 # fields the trainer would accept and ignore here, or apply on a path this project replaces -> why, what to use
 NOT_HONOURED = {
