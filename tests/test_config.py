@@ -521,18 +521,24 @@ def test_the_configuration_is_the_trainers_arguments():
         GRPOTrainConfig(prompts_per_step=3, num_generations=2, gradient_accumulation_steps=4)
 
 
-def test_trl_generation_options_the_engine_lacks_are_refused():
+def test_trl_generation_options_the_engine_lacks_are_refused(monkeypatch):
     """top_k, repetition_penalty, ... are GRPOConfig fields that only TRL's own generation reads: refused with the
-    rollout engine (not passed through to be ignored), accepted with use_vllm; report_to of a wrong kind
-    is a refusal, not a traceback; evaluation's schema does not import TRL."""
+    rollout engine (not passed through to be ignored), accepted with use_vllm (where vLLM is installed: here a
+    stand-in says so); report_to of a wrong kind is a refusal, not a traceback; evaluation's schema does not import
+    TRL."""
     import subprocess
     import sys
+
+    from trl import import_utils
 
     from gkv_train.config.train_config import GRPOTrainConfig
 
     for key, value in (("top_k", 1), ("repetition_penalty", 2.0), ("min_p", 0.5)):
-        with pytest.raises(ValueError, match=f"{key}: options of TRL's own generation"):
+        with pytest.raises(ValueError, match=f"{key}={value} is not honoured here: an option of TRL's own generation"):
             GRPOTrainConfig(**{key: value})
+    with pytest.raises(ValueError, match="use_vllm=true generates through vLLM, which is not installed here"):
+        GRPOTrainConfig(top_k=1, use_vllm=True, recipe="rl_full", compression=CompressionConfig("full"))
+    monkeypatch.setattr(import_utils, "is_vllm_available", lambda *args, **kwargs: True)
     GRPOTrainConfig(top_k=1, use_vllm=True, recipe="rl_full", compression=CompressionConfig("full"))  # control
     with pytest.raises(ValueError, match="report_to must be a tracker name or a list of them, got 5"):
         GRPOTrainConfig(report_to=5)
@@ -679,7 +685,7 @@ def test_lora_options_are_checked_and_range_edges_accepted():
             LoraOptions(**kwargs)
         assert message in str(err.value)
     GRPOTrainConfig(max_grad_norm=0.0, beta=0.0, warmup_steps=0, save_total_limit=None, eval_steps=None)
-    LoraOptions(r=1, alpha=1, dropout=0.0)
+    LoraOptions(enabled=True, r=1, alpha=1, dropout=0.0)
 
 
 def test_rl_full_with_a_compressing_method_is_refused_unless_the_dense_learner_is_asked_for():

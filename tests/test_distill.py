@@ -46,6 +46,7 @@ def make_trainer(tmp_path, data, mode="offline", divergence="forward_kl", lr=1e-
         logging_steps=1,
         save_steps=10**6,  # no checkpoint
         seed=0,
+        recipe="distill_onpolicy" if mode == "onpolicy" else "distill",
         distill=DistillOptions(mode=mode, divergence=divergence),
         compression=CompressionConfig("gkv", budget=10, window=2, interval=4),
         max_completion_length=20,

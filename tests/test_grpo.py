@@ -139,7 +139,7 @@ def test_dropped_masks_show_a_large_mismatch(tmp_path):
 
 
 def test_full_cache_mismatch_is_zero(tmp_path):
-    trainer = make_trainer(tmp_path, compression=CompressionConfig("full"), train_with_record=False)
+    trainer = make_trainer(tmp_path, compression=CompressionConfig("full"), train_with_record=False, recipe="rl_full")
     trainer.train()
     assert max(mismatches(trainer)) <= 1e-4
 

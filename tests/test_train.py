@@ -167,7 +167,7 @@ def test_trl_users_keys_trackers_and_console_log(tmp_path):
     out = tmp_path / "out"
     env = {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
     mine = tmp_path / "mine.yaml"
-    mine.write_text("recipe: mine\nnum_iterations: 2\nweight_decay: 0.01\nlog_completions: true\n")
+    mine.write_text("recipe: rl_sparse\nnum_iterations: 2\nweight_decay: 0.01\nlog_completions: true\n")
     proc = run(
         [
             "--config",

@@ -15,6 +15,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from gkv_rollout.config import CompressionConfig, flat_fields
+from gkv_train.config.options import RECIPE_ALGORITHMS, check_recipe_algorithm
 
 
 def dotted_keys(mapping: dict, prefix: str = "") -> dict:
@@ -74,33 +75,26 @@ def job_keys(job: str) -> set[str]:
     return found
 
 
-# Hydra's own command-line flags (everything else with leading dashes is a key=value override written wrongly)
+# Hydra's command-line flags, which do not apply to a configuration composed with Hydra's compose API (no Hydra job
+# runs) -> what to use instead (``--help`` and ``--version`` are the command's own, answered before any check)
 HYDRA_FLAGS = {
-    "--help",
-    "-h",
-    "--hydra-help",
-    "--version",
-    "--cfg",
-    "-c",
-    "--resolve",
-    "--package",
-    "-p",
-    "--info",
-    "-i",
-    "--run",
-    "-r",
-    "--multirun",
-    "-m",
-    "--shell-completion",
-    "-sc",
-    "--config-path",
-    "-cp",
-    "--config-name",
-    "-cn",
-    "--config-dir",
-    "-cd",
-    "--experimental-rerun",
+    **dict.fromkeys(
+        ("--cfg", "-c", "--resolve", "--info", "-i", "--package", "-p"),
+        "--help lists every key with "
+        "its default; the composed configuration is written with the job's output (hydra/config.yaml)",
+    ),
+    **dict.fromkeys(
+        ("--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd"),
+        "a recipe of one's own is --config path/to/recipe.yaml (or recipe=path/to/recipe.yaml)",
+    ),
+    **dict.fromkeys(("--multirun", "-m"), "one run per command: run it once per setting"),
+    **dict.fromkeys(
+        ("--hydra-help", "--run", "-r", "--shell-completion", "-sc", "--experimental-rerun"), "--help lists every key"
+    ),
 }
+COMMAND_FLAGS = ("--help", "-h", "--version")  # the command's own (answered by ``cli`` before any check)
+# Hydra's own settings a command line may give: recipe folders of one's own (``recipe_files`` adds one)
+HYDRA_KEYS = ("hydra.searchpath",)
 
 
 def check_overrides(argv: list[str], job: str) -> list[str]:
@@ -108,22 +102,31 @@ def check_overrides(argv: list[str], job: str) -> list[str]:
     ``data.name=null`` added where ``data.path`` (or ``eval_data.path``) is given without a name of its own (the
     built-in task is the default name, and a path and a name together are refused). Raises ValueError for:
 
-    * ``--key=value`` / ``--key value`` (drop the dashes; Hydra's own flags pass);
+    * ``--key=value`` / ``--key value`` (drop the dashes);
     * a key of an earlier version (``MOVED``: ``sampling.max_new_tokens`` is ``max_completion_length``), a GRPOConfig
       field this project sets from its own keys (``train_config.DERIVED``: ``bf16`` from ``precision``),
       ``trl.<field>`` (the fields are keys of their own), naming the key to write;
+    * a field no run here honours (``upstream.never_honoured``: ``num_train_epochs``, ``do_train``,
+      ``resume_from_checkpoint``, ...), naming what to use;
+    * ``hydra.*`` but ``hydra.searchpath`` (no Hydra job runs), Hydra's command-line flags, ``recipe=null``;
     * any other unknown key, with the closest known names ("did you mean").
     A method's option ``compression.options.<name>=value`` (checked by the method when the configuration is built)
     is passed on as ``++compression.options.<name>=value``: Hydra's way to set a key of a mapping whose defaults do
-    not list it. Hydra's own syntax (``+key``, ``~key``, ``hydra.*``) is left alone."""
+    not list it. Hydra's own syntax (``+key``, ``~key``, ``hydra.searchpath``) is left alone."""
     import difflib
 
     known = job_keys(job)
-    derived = job_derived(job)
+    derived, unhonoured = job_derived(job), job_unhonoured(job)
     options = "compression.options" in known
     known |= {f"compression.options.{name}" for name, _, _ in flat_fields()} if options else set()
     for i, arg in enumerate(argv):
-        if arg.startswith("--") and arg.partition("=")[0] not in HYDRA_FLAGS:
+        flag = arg.partition("=")[0]
+        if flag in HYDRA_FLAGS:
+            raise ValueError(
+                f"{flag}: Hydra's command-line flags do not apply here (the recipes are composed with Hydra's compose "
+                f"API, which runs no Hydra job; overrides are key=value): {HYDRA_FLAGS[flag]}"
+            )
+        if arg.startswith("--") and flag not in COMMAND_FLAGS:
             key, eq, value = arg[2:].partition("=")
             if key == "config":  # train.py's recipe file (recipe_files takes it there, before this check)
                 raise ValueError(
@@ -137,6 +140,19 @@ def check_overrides(argv: list[str], job: str) -> list[str]:
             argv = [*argv, f"{group}.name=null"]
     for arg in argv:
         key, eq, value = arg.partition("=")
+        bare = key.lstrip("+~")
+        if bare.startswith("hydra.") and not bare.startswith(HYDRA_KEYS):
+            raise ValueError(
+                f"{bare}: Hydra's job settings do not apply here (the recipes are composed with Hydra's compose API, "
+                "which runs no Hydra job): the run's folder is output_dir=... (evaluate.py's too; traces' output=...), "
+                "and the composed configuration is written there (hydra/config.yaml)"
+            )
+        if bare == "recipe" and "recipe" in known and eq and value in ("null", "~", ""):
+            raise ValueError(
+                f"{arg}: a training run has a recipe ({', '.join(RECIPE_ALGORITHMS)}); without recipe= it is rl_sparse"
+            )
+        if bare in unhonoured:
+            raise ValueError(f"{bare}={value} is not honoured here: {unhonoured[bare]}")
         if (
             not eq
             or key.startswith(("+", "~", "hydra."))
@@ -165,7 +181,6 @@ def recipes_dir() -> str:
 
 
 RECIPES = recipes_dir()
-RECIPE_BYTES = 1 << 20  # a recipe file's largest size
 # job -> (its recipe file, its defaults' name in the recipes' defaults list)
 JOBS = {
     "train": ("train", "train_schema"),
@@ -195,11 +210,20 @@ def job_derived(job: str) -> dict[str, str]:
     return DERIVED
 
 
+def job_unhonoured(job: str) -> dict[str, str]:
+    """The fields of ``job``'s configuration that no run honours (``upstream.never_honoured``): field -> why."""
+    if job != "train":
+        return {}
+    from gkv_train.config.upstream import never_honoured
+
+    return never_honoured()
+
+
 def class_keys(cls: type, job: str) -> set[str]:
-    """The top-level keys of ``job``'s configuration class ``cls``: its fields but private ones and those set from
-    its keys (``job_derived``)."""
-    derived = job_derived(job)
-    return {f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_") and f.name not in derived}
+    """The top-level keys of ``job``'s configuration class ``cls``: its fields but private ones, those set from its
+    keys (``job_derived``) and those no run honours (``job_unhonoured``)."""
+    left_out = {**job_derived(job), **job_unhonoured(job)}
+    return {f.name for f in dataclasses.fields(cls) if f.init and not f.name.startswith("_") and f.name not in left_out}
 
 
 @cache
@@ -291,6 +315,7 @@ def train_class(values: dict) -> type:
     algorithm = values.get("algorithm")
     if algorithm not in classes:
         raise ValueError(f"unknown algorithm {algorithm!r}; choose one of {tuple(classes)}")
+    check_recipe_algorithm(values.get("recipe"), algorithm)  # before its keys: the recipe names the mistake
     own = class_keys(classes[algorithm], "train")
     defaults = dotted_keys(job_defaults("train"))
     foreign = [
@@ -375,16 +400,14 @@ def precision_from_launcher(overrides: list[str]) -> list[str]:
 
 def recipe_files(argv: list[str]) -> list[str]:
     """A recipe of one's own, by path: ``recipe=path/to/mine.yaml`` or ``--config path/to/mine.yaml`` (as TRL users
-    type it) becomes ``recipe=mine`` with the file's folder on Hydra's search path. The file is a recipe like those
-    of ``recipes/recipe/`` (top-level keys: ``learning_rate: 1e-5``, ``compression: {method: gkv, budget: 256}``);
-    its keys are checked like command-line ones (a moved or TRL-derived key named, "did you mean"). It is copied,
-    with the header that makes its keys top-level, into ``~/.cache/gkv-train/recipes/<its hash>/recipe/`` (a
-    relaunch into several processes finds it there). ValueError for a file that is missing or not a mapping."""
-    import hashlib
+    type it) becomes ``recipe=<its name>`` with its copy's folder on Hydra's search path (``recipe_file``: a file of
+    top-level keys, ``learning_rate: 1e-5``, ``compression: {method: gkv, budget: 256}``, applied on top of the
+    built-in recipe its ``recipe:`` names). Its keys are checked like command-line ones (a moved or TRL-derived key
+    named, "did you mean"). ValueError for a file that cannot be read as one, and for a second recipe given beside
+    it (another file, or ``recipe=<name>``: one of them would be dropped)."""
+    from gkv_train.config.recipe_file import install_recipe_file, read_recipe_file
 
-    import yaml
-
-    given, rest, skip = None, [], False
+    given, named, rest, skip = [], [], [], False
     for i, arg in enumerate(argv):
         if skip:
             skip = False
@@ -395,43 +418,26 @@ def recipe_files(argv: list[str]) -> list[str]:
                 if i + 1 >= len(argv):
                     raise ValueError("--config needs a recipe file: --config path/to/recipe.yaml")
                 value, skip = argv[i + 1], True
-            given = value
+            given.append(value)
         elif key == "recipe" and (value.endswith((".yaml", ".yml")) or "/" in value):
-            given = value
+            given.append(value)
         else:
+            named += [value] if key.lstrip("+") == "recipe" and eq else []
             rest.append(arg)
-    if given is None:
+    if not given:
         return argv
-    path = Path(given).expanduser()
-    if not path.is_file():
-        raise ValueError(f"recipe file {given} does not exist")
-    if path.stat().st_size > RECIPE_BYTES:
-        raise ValueError(f"recipe file {given} has {path.stat().st_size} bytes: a recipe holds at most {RECIPE_BYTES}")
-    try:
-        text = path.read_text()
-        aliases = [e.anchor for e in yaml.parse(text) if isinstance(e, yaml.AliasEvent)]
-        values = yaml.safe_load(text)
-    except (yaml.YAMLError, UnicodeDecodeError) as err:
-        raise ValueError(f"recipe file {given} is not YAML: {' '.join(str(err).split())}") from None
-    if aliases:  # each expanded in full by every reader: a few lines can stand for gigabytes, or for themselves
-        raise ValueError(f"recipe file {given} uses YAML aliases (*{aliases[0]}): write the values out instead")
-    if not isinstance(values, dict):
-        raise ValueError(f"recipe file {given} must hold a mapping of keys (learning_rate: 1e-5, ...)")
-    if "hydra" in values:
+    if len(given) > 1:
+        raise ValueError(f"two recipe files, {given[0]} and {given[1]}: a run has one recipe; merge their keys")
+    if named:
         raise ValueError(
-            f"recipe file {given} sets hydra (Hydra's own settings), which a recipe cannot: the run's folder is "
-            "output_dir=..."
+            f"recipe file {given[0]} and recipe={named[0]} both name the run's recipe (one would be dropped): write "
+            f"recipe: {named[0]} in the file (its keys then apply on top of {named[0]}), or give one of them"
         )
-
+    text, values = read_recipe_file(given[0])
     try:  # an empty group sets nothing; a method's own options are checked by the method
         keys = [f"{k}=x" for k, v in dotted_keys(values).items() if v != {} and not k.startswith("compression.options")]
         check_overrides(keys, "train")
     except ValueError as err:
-        raise ValueError(f"recipe file {given}: {err}") from None
-    folder = Path.home() / ".cache" / "gkv-train" / "recipes" / hashlib.sha256(text.encode()).hexdigest()[:16]
-    (folder / "recipe").mkdir(parents=True, exist_ok=True)
-    header = "" if text.lstrip().startswith("# @package _global_") else "# @package _global_\n"
-    # its own name, which no built-in recipe has (a built-in of the file's name would be found first)
-    name = f"{re.sub(r'[^A-Za-z0-9_]', '_', path.stem)}_{folder.name[:8]}"
-    (folder / "recipe" / f"{name}.yaml").write_text(header + text)
+        raise ValueError(f"recipe file {given[0]}: {err}") from None
+    name, folder = install_recipe_file(given[0], text, values)
     return [f"recipe={name}", f"hydra.searchpath=[file://{folder}]", *rest]

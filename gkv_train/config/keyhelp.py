@@ -118,7 +118,7 @@ def rows(cls: type, prefix: str = "", defaults=None, derived=()) -> list[tuple[s
 def job_rows(job: str) -> tuple[list[tuple[str, str, str, str]], list[tuple[str, str, str, str]]]:
     """(this project's keys, TRL's and transformers' fields) of ``job``'s configuration as ``rows``: every key of
     each of its classes once (training: GRPO's, then those only distillation has)."""
-    from gkv_train.config.compose import job_classes, job_derived
+    from gkv_train.config.compose import job_classes, job_derived, job_unhonoured
 
     seen, own, trl = set(), [], []
     for cls in job_classes(job).values():
@@ -130,7 +130,7 @@ def job_rows(job: str) -> tuple[list[tuple[str, str, str, str]], list[tuple[str,
             for n in b.__dict__.get("__annotations__", {})
         ]
         mine = []
-        for row in rows(cls, derived=job_derived(job)):
+        for row in rows(cls, derived={**job_derived(job), **job_unhonoured(job)}):
             top = row[0].split(".")[0]
             if row[0] not in seen:
                 seen.add(row[0])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
@@ -34,13 +34,15 @@ def check_range(
     below = low is not None and (value <= low if low_open else value < low)
     above = high is not None and (value >= high if high_open else value > high)
     if not math.isfinite(value) or below or above:
-        if high is None:
-            wanted = f"{'>' if low_open else '>='} {low}"
+        if low is None and high is None:
+            wanted = ""
+        elif high is None:
+            wanted = f" {'>' if low_open else '>='} {low}"
         elif low is None:
-            wanted = f"{'<' if high_open else '<='} {high}"
+            wanted = f" {'<' if high_open else '<='} {high}"
         else:
-            wanted = f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
-        raise ValueError(f"{key} must be a finite number {wanted}{note}, got {value}")
+            wanted = f" in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+        raise ValueError(f"{key} must be a finite number{wanted}{note}, got {value}")
 
 
 SEED_LIMIT = 2**63  # torch's random generators take 64 bits, and a job's batches add their index to its seed
@@ -182,6 +184,15 @@ class LoraOptions:
         check_range("lora.r", self.r, low=1)
         check_range("lora.alpha", self.alpha, low=0, low_open=True)
         check_range("lora.dropout", self.dropout, low=0, high=1, high_open=True)
+        if not self.enabled:  # a LoRA setting without LoRA would be accepted and ignored
+            defaults = LoraOptions(enabled=True)
+            given = [f.name for f in fields(self) if getattr(self, f.name) != getattr(defaults, f.name)]
+            if given != ["enabled"]:
+                name = [n for n in given if n != "enabled"][0]
+                raise ValueError(
+                    f"lora.{name}={getattr(self, name)!r} applies to LoRA adapters, which are off: add "
+                    "lora.enabled=true, or leave it out"
+                )
 
     def settings(self) -> dict | None:
         """What a checkpoint's optimizer state depends on (None: no adapters), as its manifest records it."""
@@ -244,10 +255,48 @@ def rollout_sampling(config, seed: int, num_samples: int | None = None) -> Sampl
     )
 
 
-def check_recipe(recipe: str, compression: CompressionConfig, rl: SparseRLOptions) -> None:
-    """``recipe=rl_full`` (full-cache rollouts, full-attention training) with a compressing method contradicts
-    itself, unless ``rl.train_with_record=false`` asks for a dense learner on compressed rollouts (a baseline);
-    training under the record is ``recipe=rl_sparse``. ValueError naming both ways."""
+# the recipes (recipes/recipe/*.yaml) -> the algorithm they train with (and distillation's mode)
+RECIPE_ALGORITHMS = {
+    "rl_sparse": "grpo",
+    "sparse_rl": "grpo",
+    "rl_full": "grpo",
+    "distill": "distill",
+    "distill_onpolicy": "distill",
+}
+RECIPE_MODES = {"distill": "offline", "distill_onpolicy": "onpolicy"}
+
+
+def check_recipe_algorithm(recipe: str, algorithm: str) -> None:
+    """``recipe`` is a known recipe (``RECIPE_ALGORITHMS``) that trains with ``algorithm``; ValueError naming the
+    recipes of ``algorithm`` otherwise."""
+    if recipe not in RECIPE_ALGORITHMS:
+        raise ValueError(f"unknown recipe {recipe!r}; choose one of {', '.join(RECIPE_ALGORITHMS)}")
+    if RECIPE_ALGORITHMS[recipe] != algorithm:
+        own = " or ".join(f"recipe={name}" for name, kind in RECIPE_ALGORITHMS.items() if kind == algorithm)
+        raise ValueError(
+            f"recipe={recipe} trains with algorithm={RECIPE_ALGORITHMS[recipe]}, but algorithm={algorithm}: the run "
+            f"would be recorded as a recipe it is not; choose {own} (each sets its algorithm), or drop algorithm"
+        )
+
+
+def check_recipe(recipe: str, algorithm: str, compression: CompressionConfig, rl=None, mode: str | None = None) -> None:
+    """The recipe a run records (``recipe``, written into its eval.json and configuration) is the one that runs: a
+    known recipe (``RECIPE_ALGORITHMS``) trained with its ``algorithm``, distillation in its ``mode``, GRPO's compressed
+    recipes (rl_sparse, sparse_rl) with a compressing method (with ``compression.method=full`` the run is rl_full).
+    ``recipe=rl_full`` (full-cache rollouts, full-attention training) with a compressing method contradicts itself
+    unless ``rl.train_with_record=false`` asks for a dense learner on compressed rollouts (a baseline). ValueError
+    naming the recipe that would run."""
+    check_recipe_algorithm(recipe, algorithm)
+    if recipe in RECIPE_MODES and RECIPE_MODES[recipe] != mode:
+        other = next(name for name, kind in RECIPE_MODES.items() if kind == mode)
+        raise ValueError(
+            f"recipe={recipe} distils {RECIPE_MODES[recipe]}, but distill.mode={mode}: that run is recipe={other}"
+        )
+    if recipe in ("rl_sparse", "sparse_rl") and not compression.compresses:
+        raise ValueError(
+            f"recipe={recipe} trains on compressed rollouts, but compression.method={compression.method} compresses "
+            "nothing: that run is recipe=rl_full (full-cache rollouts, full-attention training); use recipe=rl_full"
+        )
     if recipe == "rl_full" and compression.compresses and rl.train_with_record:
         raise ValueError(
             f"recipe=rl_full trains on full-cache rollouts, but compression.method={compression.method} compresses "
@@ -277,9 +326,37 @@ def check_compile_decode(
         )
 
 
+def wandb_login() -> str | None:
+    """Where Weights & Biases would find this run's credentials, as wandb looks (its environment variables, the
+    ``.netrc`` entry of its host, its settings file), or what makes it need none (``WANDB_MODE`` offline or disabled);
+    None when it would find nothing."""
+    import netrc
+    import os
+    from pathlib import Path
+    from urllib.parse import urlparse
+
+    if os.environ.get("WANDB_MODE", "") in ("offline", "disabled", "dryrun"):
+        return f"WANDB_MODE={os.environ['WANDB_MODE']}"
+    for name in ("WANDB_API_KEY", "WANDB_IDENTITY_TOKEN_FILE"):
+        if os.environ.get(name):
+            return name
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+    path = Path(os.environ.get("NETRC") or Path.home() / ".netrc")
+    try:
+        if netrc.netrc(path).authenticators(host):
+            return str(path)
+    except (OSError, netrc.NetrcParseError):
+        pass
+    settings = Path(os.environ.get("WANDB_CONFIG_DIR") or Path.home() / ".config" / "wandb") / "settings"
+    try:
+        return str(settings) if "api_key" in settings.read_text() else None
+    except OSError:
+        return None
+
+
 def check_trackers(report_to: list[str]) -> None:
-    """Every tracker in ``report_to`` is known and installed (checked before the model loads, where
-    transformers would fail only once training starts)."""
+    """Every tracker in ``report_to`` is known and installed, and W&B has a login (checked before the model loads,
+    where transformers would fail only once training starts)."""
     from importlib.util import find_spec
 
     for name in report_to:
@@ -289,4 +366,9 @@ def check_trackers(report_to: list[str]) -> None:
             raise ValueError(
                 f"report_to={name} needs the {TRACKERS[name][0]} package, which is not installed: "
                 "pip install 'gkv-train[tracking]' (tensorboard and wandb)"
+            )
+        if name == "wandb" and wandb_login() is None:
+            raise ValueError(
+                "report_to=wandb needs a Weights & Biases login, and none is found (WANDB_API_KEY, wandb login's "
+                ".netrc entry): run wandb login, set WANDB_API_KEY, or log offline with WANDB_MODE=offline"
             )

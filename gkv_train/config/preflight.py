@@ -99,6 +99,37 @@ def check_task_contexts(model: str, datas: dict) -> None:
             )
 
 
+def check_lora_targets(model: str, lora) -> None:
+    """``lora.target_modules`` (``LoraOptions``, enabled) against ``model``'s modules, before it loads: PEFT's own
+    injection of the adapters into the model built from its configuration on the meta device (no weights), so its
+    checks run as they will (a name no module has, a module of a kind LoRA cannot adapt), and TRL's (no adapter on
+    the LM head, from whose weight the log-probs are computed directly). ValueError naming the key and the model's
+    linear layers."""
+    import torch
+    from peft import LoraConfig, inject_adapter_in_model
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from transformers import AutoModelForCausalLM
+
+    from gkv_train.models import load_config_and_tokenizer
+
+    with torch.device("meta"):
+        built = AutoModelForCausalLM.from_config(load_config_and_tokenizer(model)[0])
+    linear = sorted({name.rsplit(".", 1)[-1] for name, m in built.named_modules() if isinstance(m, torch.nn.Linear)})
+    given = f"lora.target_modules={list(lora.target_modules)}"
+    adapters = LoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules))
+    try:
+        inject_adapter_in_model(adapters, built, low_cpu_mem_usage=True)
+    except ValueError as err:  # PEFT's NoMatchingPeftModuleError is one
+        raise ValueError(
+            f"{given} does not fit {model} ({' '.join(str(err).split())[:200]}); its linear layers: {', '.join(linear)}"
+        ) from None
+    if isinstance(built.get_output_embeddings(), BaseTunerLayer):
+        raise ValueError(
+            f"{given} puts an adapter on the LM head ({built.get_output_embeddings().__class__.__name__}), which TRL "
+            "never trains (its log-probs use the head's weight directly): leave lm_head out"
+        )
+
+
 def check_ranks(shape: ModelShape, compressions: list[CompressionConfig]) -> None:
     """Each method's options within what the model allows (``Method.check_model``: S4R's ranks and full layers)."""
     for c in compressions:

@@ -32,6 +32,7 @@ from gkv_train.config.options import (
     check_trackers,
     group,
 )
+from gkv_train.config.upstream import check_as_trainer_would, check_honoured
 from gkv_train.problems.data import GIVEN_TASKS, DataConfig
 
 # TrainingArguments / GRPOConfig fields set from this project's keys, so not keys of their own: field -> what sets it
@@ -46,18 +47,6 @@ DERIVED = {
     "save_strategy": "save_steps (a checkpoint every save_steps steps)",
     "activation_checkpointing": "gradient_checkpointing",
 }
-# GRPOConfig fields that TRL's own generation reads and the rollout engine does not: refused unless use_vllm
-ENGINE_IGNORES = (
-    "top_k",
-    "min_p",
-    "repetition_penalty",
-    "generation_kwargs",
-    "cache_implementation",
-    "use_transformers_paged",
-    "use_transformers_continuous_batching",
-    "transformers_continuous_batching_config",
-    "chat_template_kwargs",
-)
 # transformers 5.23 renamed TrainingArguments.gradient_checkpointing to activation_checkpointing (the old name an
 # alias until v6, with a FutureWarning); older releases (the GPU image's 5.17) know only the old name
 RENAMED_CHECKPOINTING = "activation_checkpointing" in {f.name for f in dataclasses.fields(TrainingArguments)}
@@ -171,7 +160,9 @@ class TrainOptions:
     top_p: float = changed(0.95, "the recipes' measured sampling", help="On-policy samples: nucleus sampling.")
 
     def __post_init__(self):
-        """The project's checks, then the fields set from its keys (``DERIVED``), then TRL's / transformers' own."""
+        """The project's checks, the fields of TRL's / transformers' it does not honour (``upstream.check_honoured``),
+        then the fields set from its keys (``DERIVED``), TRL's / transformers' own checks, and those they make only once
+        the trainer is built (``upstream.check_as_trainer_would``)."""
         if isinstance(self.report_to, str) or self.report_to is None:  # a name; null: none
             self.report_to = [] if self.report_to is None else [self.report_to]
         if not isinstance(self.report_to, (list, tuple)) or not all(isinstance(n, str) for n in self.report_to):
@@ -192,8 +183,10 @@ class TrainOptions:
                 f"compression.options.{self.compression.unread()[0]} does not apply to compression.method=full"
             )
         self.compression.check_generation(self.max_completion_length)
+        check_honoured(self)
         self.derive()
         super().__post_init__()
+        check_as_trainer_would(self)
 
     @property
     def rows_per_step(self) -> int:
@@ -221,6 +214,11 @@ class TrainOptions:
         for name, choices in (("precision", PRECISIONS), ("mask_backend", BACKENDS)):
             if getattr(self, name) not in choices:
                 raise ValueError(f"unknown {name} {getattr(self, name)!r}; choose one of {choices}")
+        if self.mask_backend == "flex" and not torch.cuda.is_available():
+            raise ValueError(
+                "mask_backend=flex: torch's FlexAttention has no backward pass on the CPU, so a training forward "
+                "cannot use it on this machine: mask_backend=sdpa (or auto: flex on CUDA, sdpa elsewhere)"
+            )
         for name in (
             "prompts_per_step",
             "max_steps",
@@ -295,6 +293,10 @@ class GRPOTrainConfig(TrainOptions, GRPOConfig):
         super().check_values()
         if self.algorithm != "grpo":
             raise ValueError(f"algorithm={self.algorithm} is not GRPO's: its configuration is DistillTrainConfig")
+        if not self.rewards:
+            raise ValueError(
+                "rewards=[]: GRPO needs at least one reward function (rewards=[gkv_rewards.functions.accuracy])"
+            )
         if self.loss_type not in LOSS_TYPES:
             raise ValueError(f"unknown loss_type {self.loss_type!r}; choose one of {LOSS_TYPES}")
         if self.num_generations is None or self.num_generations < 2:
@@ -319,20 +321,9 @@ class GRPOTrainConfig(TrainOptions, GRPOConfig):
 
     def check_combinations(self) -> None:
         super().check_combinations()
-        check_recipe(self.recipe, self.compression, self.rl)
+        check_recipe(self.recipe, self.algorithm, self.compression, self.rl)
         if self.use_vllm and self.compression.compresses:
             raise ValueError("use_vllm generates with a full cache: it is only for rl_full (compression.method=full)")
-        defaults = {
-            f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-            for f in dataclasses.fields(GRPOConfig)
-        }
-        ignored = [name for name in ENGINE_IGNORES if name in defaults and getattr(self, name) != defaults[name]]
-        if ignored and not self.use_vllm:
-            raise ValueError(
-                f"{', '.join(ignored)}: options of TRL's own generation, which the rollout engine does not have "
-                "(it samples with temperature and top_p); drop them (use_vllm=true, rl_full only, generates "
-                "through TRL's vLLM path, which reads them)"
-            )
         if self.use_vllm and self.compile_decode:
             raise ValueError("use_vllm generates through vLLM: compile_decode=true (the engine's option) has no effect")
         if self.use_vllm and not self.chunk_given:
@@ -369,6 +360,7 @@ class DistillTrainConfig(TrainOptions, TrainingArguments):
 
     def check_combinations(self) -> None:
         super().check_combinations()
+        check_recipe(self.recipe, self.algorithm, self.compression, mode=self.distill.mode)
         if self.data.name in GIVEN_TASKS and not (self.distill.mode == "offline" and self.distill.traces):
             raise ValueError(
                 f"data.name={self.data.name} with algorithm=distill: its completions begin with given text, which "

@@ -69,6 +69,7 @@ COPY_RECALL = "copy_recall"  # the built-in task of the decode-time regime: see 
 LONG_RECALL = "long_recall"  # the decode-time regime at reasoning lengths, a given story: see long_recall_task
 COUNT_RECALL = "count_recall"  # a given note's code after a long count the model writes: see count_recall_task
 GIVEN_TASKS = (LONG_RECALL, COUNT_RECALL)  # the built-in tasks whose completions begin with given text
+BUILTIN_TASKS = (BUILTIN, COPY_RECALL, LONG_RECALL, COUNT_RECALL, *RETRIEVAL_TASKS)
 PROMPT_TEMPLATE = "{problem}\nPut your final answer in \\boxed{{}}."
 
 
@@ -133,6 +134,12 @@ class DataConfig:
         the job configurations that hold the group and by ``load_problems``."""
         if self.limit is not None and self.limit < 1:
             raise ValueError(f"{key}.limit must be at least 1, or null for every problem; got {self.limit}")
+        fields = [self.question_field] if isinstance(self.question_field, str) else self.question_field
+        if not (isinstance(fields, (list, tuple)) and fields and all(isinstance(f, str) and f for f in fields)):
+            raise ValueError(
+                f"{key}.question_field={self.question_field!r}: expected a field name, or a list of them (a name that "
+                "is a number is written quoted: '5')"
+            )
         self.check_applies(key)
         most, task = (LONG_RECALL_SENTENCES, LONG_RECALL) if self.name == LONG_RECALL else (len(PLACES), COPY_RECALL)
         if not 1 <= self.sentences <= most:
@@ -180,6 +187,12 @@ class DataConfig:
                 raise ValueError(
                     f"{key}.{name}={getattr(self, name)!r} applies to {key}.name={' / '.join(tasks)} only, not to "
                     f"{task}, which does not read it: leave it out"
+                )
+        for name in ("question_field", "answer_field"):  # a file's or a hub dataset's fields
+            if getattr(self, name) != getattr(defaults, name) and (self.name in BUILTIN_TASKS or self.name in PRESETS):
+                raise ValueError(
+                    f"{key}.{name}={getattr(self, name)!r} applies to a data file ({key}.path) or a hub dataset, not "
+                    f"to {key}.name={self.name}, whose fields are its own: leave it out"
                 )
 
     def identity(self) -> dict:
@@ -305,7 +318,14 @@ def load_problems(data: DataConfig, seed: int = 0, key: str = "data") -> dataset
         locations = [where for where, _ in records]
         raw = [row for _, row in records]
     else:
-        raw = datasets.load_dataset(name, data.config, split=split)
+        try:
+            raw = datasets.load_dataset(name, data.config, split=split)
+        except Exception as err:  # whichever error the hub or its client raises: named with what else name can be
+            raise ValueError(
+                f"{key}.name={name!r} is not a preset ({', '.join(PRESETS)}), a built-in task "
+                f"({', '.join(BUILTIN_TASKS)}) or a hub dataset that loads here ({type(err).__name__}: "
+                f"{' '.join(str(err).split())[:300]})"
+            ) from None
         missing = [f for f in [*fields, answer_field] if f not in raw.column_names]
         if missing:
             raise ValueError(

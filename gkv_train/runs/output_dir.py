@@ -5,11 +5,13 @@ one named, whose settings must be this run's and which must hold its optimizer s
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from gkv_rollout.config import CompressionConfig
 from gkv_train.exits import Refused
 from gkv_train.models import base_model_name
 from gkv_train.runs.checkpoints import (
@@ -153,12 +155,15 @@ def check_training_state(folder: RunFolder, found: Path, finished: bool = False)
 
 
 def flat_settings(settings: dict) -> dict:
-    """``resume_settings``' groups (compression, rl) by dotted key, the rest as they are: a difference is named by
-    the one key that differs."""
+    """``resume_settings``' groups (compression, rl) by dotted key as the configuration writes them (a method's own
+    options under ``compression.options``), the rest as they are: a difference is named by the one key that differs."""
+    shared = {f.name for f in dataclasses.fields(CompressionConfig)}
     found = {}
     for key, value in settings.items():
         if key in ("compression", "rl") and isinstance(value, dict):
-            found.update({f"{key}.{k}": v for k, v in value.items()})
+            for name, v in value.items():
+                own = key == "compression" and name not in shared
+                found[f"{key}.options.{name}" if own else f"{key}.{name}"] = v
         else:
             found[key] = value
     return found

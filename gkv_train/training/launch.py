@@ -19,7 +19,7 @@ from trl import GRPOTrainer
 from gkv_rewards.functions import verifier_stats
 from gkv_rollout.config import CompressionConfig
 from gkv_train.config.options import rollout_sampling
-from gkv_train.config.preflight import Generation, check_generations, check_task_contexts
+from gkv_train.config.preflight import Generation, check_generations, check_lora_targets, check_task_contexts
 from gkv_train.config.train_config import DistillTrainConfig, GRPOTrainConfig, TrainConfig
 from gkv_train.console import log_console_to
 from gkv_train.evaluation.evaluate import final_evaluation
@@ -69,6 +69,23 @@ def import_callable(path: str):
     if not callable(found):
         raise ValueError(f"reward function {path!r} is a {type(found).__name__}, not a callable")
     return found
+
+
+def check_reward(path: str, reward, columns: list[str]) -> None:
+    """The reward function ``reward`` (named ``path``) takes the arguments TRL calls it with: ``prompts``,
+    ``completions``, ``completion_ids``, the training data's ``columns``, ``trainer_state``, ``log_extra``,
+    ``log_metric`` (by keyword; ``**kwargs`` takes those it does not read). ValueError otherwise, before the model
+    loads (TRL would call it only after the first rollout)."""
+    import inspect
+
+    names = ["prompts", "completions", "completion_ids", *columns, "trainer_state", "log_extra", "log_metric"]
+    try:
+        inspect.signature(reward).bind(**dict.fromkeys(names))
+    except (TypeError, ValueError) as err:  # ValueError: no signature to read
+        raise ValueError(
+            f"reward function {path!r} cannot take TRL's reward arguments ({err}): a reward is a callable "
+            "f(prompts, completions, **kwargs) -> list[float] (gkv_rewards.functions.accuracy)"
+        ) from None
 
 
 class JsonlLogger(TrainerCallback):
@@ -259,6 +276,11 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
         check_task_contexts(config.model, {"data": config.data, "eval_data": config.eval_data})
         rewards = [import_callable(path) for path in config.rewards] if config.algorithm == "grpo" else []
         data = training_data(config)
+        columns = [c for c in data.column_names if c not in ("prompt", "completion", "completion_ids")]
+        for path, reward in zip(config.rewards if rewards else [], rewards):
+            check_reward(path, reward, columns)
+        if config.lora.enabled:
+            check_lora_targets(config.model, config.lora)
         check_fills_a_generation_batch(config, data)
         held_out = prompt_dataset(config.eval_data, config.seed, "eval_data")
         # before the folder is made: a refused resume leaves nothing

@@ -731,17 +731,21 @@ def judge_found(ctx: Context, proc, patterns: list[str]) -> Verdict:
 
 
 def row_case(row: tuple, kind: str = "round4") -> Case:
-    """The case of a row (of ``kind``). A setup may name, in ``ctx.notes``, the folder a ``refuse_whole`` row keeps
-    (``digest_folder``, default ``{work}/out``; ``digest``: its digest before) and paths a refusal must not leave
-    (``absent``)."""
+    """The case of a row (of ``kind``); ``_env`` among its changes: variables of the child's environment ({work}:
+    the case's folder; an empty value clears one the probe sets). A setup may name, in ``ctx.notes``, the folder a
+    ``refuse_whole`` row keeps (``digest_folder``, default ``{work}/out``; ``digest``: its digest before) and paths
+    a refusal must not leave (``absent``)."""
     name, category, about, entry, changes, expect, patterns, setup = row
 
     def run(ctx: Context) -> Verdict:
         if setup is not None:
             setup(ctx)
-        argv, fsize = command(ctx, entry, changes)
+        given = dict(changes)
+        env = {key: ctx.path(value) for key, value in given.pop("_env", {}).items()}
+        argv, fsize = command(ctx, entry, given)
         corpus = ctx.work / "corpus"
-        proc = ctx.run(argv, 300, fsize=fsize, env={"GKV_DATA_DIR": str(corpus)} if corpus.is_dir() else None)
+        env |= {"GKV_DATA_DIR": str(corpus)} if corpus.is_dir() else {}
+        proc = ctx.run(argv, 300, fsize=fsize, env=env or None)
         if expect == "raise":
             return judge_raise(proc, patterns)
         if expect == "result":

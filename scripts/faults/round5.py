@@ -403,7 +403,306 @@ OUTPUT_ROWS = [
     ),
 ]
 
-ROWS = [*OUTPUT_ROWS]
+# ----------------------------------------------------------------------------------------------------------------
+# configuration fields (issue 64: 7, 10 and the unclear configuration messages)
+# TRL's, transformers' and PEFT's own fields, checked when the configuration is built, before any model loads
+# (gkv_train.config.upstream); the recipe a run records is the one that runs; Hydra's flags and keys.
+
+
+def written(**files: str):
+    """Setup: files of the case's folder (name -> text), such as a recipe file or a DeepSpeed configuration."""
+
+    def setup(ctx: Context) -> None:
+        for name, text in files.items():
+            (ctx.work / name).write_text(text)
+
+    return setup
+
+
+def train_argv(*words: str, **changes) -> dict:
+    """A ``script`` row's changes: train.py with the probe's base overrides updated with ``changes`` (a value ``...``
+    drops the key), then ``words`` as they are (``--config FILE``, Hydra's flags)."""
+    from faults.harness import hydra_value, overrides
+
+    _, base = overrides("train", changes)
+    return {"argv": ["train.py", *(f"{k}={hydra_value(v)}" for k, v in base.items()), *words]}
+
+
+NO_WANDB_LOGIN = {"WANDB_MODE": "", "WANDB_API_KEY": "", "NETRC": "{work}/no-netrc", "WANDB_CONFIG_DIR": "{work}"}
+HONOURED = {  # values TRL and transformers honour: they must still run
+    "lr_scheduler_type": "cosine",
+    "lr_scheduler_kwargs": "{num_cycles:0.25}",
+    "warmup_steps": 1,
+    "weight_decay": 0.01,
+    "seed": 2**32 - 1,
+    "adam_beta1": 0.8,
+    "delta": 1.5,
+    "top_entropy_quantile": 0.9,
+    "importance_sampling_level": "sequence",
+}
+FIELD_ROWS = [
+    *[
+        (f"configuration/field-{name}", "configuration", about, "train", changes, "refuse", patterns, None)
+        for name, about, changes, patterns in (
+            # 7. accepted and ignored; out of range and accepted
+            (
+                "num-train-epochs",
+                "num_train_epochs=2: ignored (max_steps rules)",
+                {"num_train_epochs": 2},
+                ["num_train_epochs", "max_steps"],
+            ),
+            (
+                "resume-from-checkpoint",
+                "resume_from_checkpoint=<path>: ignored (resume= is the project's)",
+                {"resume_from_checkpoint": "{work}/x"},
+                ["resume_from_checkpoint", "resume=last"],
+            ),
+            (
+                "hydra-run-dir",
+                "hydra.run.dir=<path> on the command line: ignored",
+                {"hydra.run.dir": "{work}/h"},
+                ["hydra.run.dir", "output_dir"],
+            ),
+            (
+                "trust-remote-code",
+                "trust_remote_code=true: ignored (the project loads the model)",
+                {"trust_remote_code": True},
+                ["trust_remote_code", "loaded by this project"],
+            ),
+            (
+                "model-init-kwargs",
+                "model_init_kwargs={dtype:float32}: ignored",
+                {"model_init_kwargs": "{dtype:float32}"},
+                ["model_init_kwargs", "loaded by this project"],
+            ),
+            (
+                "lr-scheduler-kwargs-5",
+                "lr_scheduler_kwargs=5: accepted, ignored by the constant schedule",
+                {"lr_scheduler_kwargs": 5},
+                ["lr_scheduler_kwargs", "mapping"],
+            ),
+            (
+                "do-train-false",
+                "do_train=false: ignored, the run trains",
+                {"do_train": False},
+                ["do_train", "always trains"],
+            ),
+            ("lora-r-lora-off", "lora.r=8 with LoRA off: ignored", {"lora.r": 8}, ["lora.r", "lora.enabled=true"]),
+            ("delta-negative", "delta=-1: accepted (a ratio cap of -1)", {"delta": -1}, ["delta", "> 1"]),
+            ("weight-decay-negative", "weight_decay=-1: accepted", {"weight_decay": -1}, ["weight_decay", ">= 0"]),
+            (
+                "top-entropy-quantile-2",
+                "top_entropy_quantile=2: accepted",
+                {"top_entropy_quantile": 2},
+                ["top_entropy_quantile", r"\[0, 1\]"],
+            ),
+            (
+                "recipe-algorithm-mismatch",
+                "recipe=rl_sparse algorithm=distill: distillation recorded as rl_sparse",
+                {"recipe": "rl_sparse", "algorithm": "distill", "num_generations": ...},
+                ["recipe=rl_sparse", "algorithm=distill"],
+            ),
+            (
+                "rl-sparse-full-cache",
+                "recipe=rl_sparse compression.method=full: rl_full recorded as rl_sparse",
+                {"recipe": "rl_sparse", "compression.method": "full"},
+                ["recipe=rl_sparse", "recipe=rl_full"],
+            ),
+            # 10. refused only when the trainer was built, after the model loaded (or after the first rollout)
+            (
+                "use-vllm",
+                "recipe=rl_full use_vllm=true without vLLM",
+                {"recipe": "rl_full", "use_vllm": True},
+                ["use_vllm", "vLLM", "not installed"],
+            ),
+            (
+                "use-liger-kernel",
+                "use_liger_kernel=true without liger-kernel",
+                {"use_liger_kernel": True},
+                ["use_liger_kernel", "liger"],
+            ),
+            (
+                "optim-bnb",
+                "optim=adamw_bnb_8bit without bitsandbytes",
+                {"optim": "adamw_bnb_8bit"},
+                ["optim=adamw_bnb_8bit", "bitsandbytes"],
+            ),
+            ("fsdp-one-process", "fsdp=full_shard on one process", {"fsdp": "full_shard"}, ["fsdp", "DeepSpeed"]),
+            (
+                "report-to-wandb-no-login",
+                "report_to=wandb without a W&B login",
+                {"report_to": "wandb", "_env": NO_WANDB_LOGIN},
+                ["report_to=wandb", "WANDB_API_KEY"],
+            ),
+            (
+                "importance-sampling-level",
+                "importance_sampling_level=bogus (failed after the first rollout)",
+                {"importance_sampling_level": "bogus"},
+                ["importance_sampling_level", "token"],
+            ),
+            (
+                "multi-objective-aggregation",
+                "multi_objective_aggregation=bogus",
+                {"multi_objective_aggregation": "bogus"},
+                ["multi_objective_aggregation", "sum_then_normalize"],
+            ),
+            (
+                "sync-ref-model-beta-zero",
+                "sync_ref_model=true with beta=0",
+                {"sync_ref_model": True},
+                ["sync_ref_model", "beta"],
+            ),
+            ("seed-negative", "seed=-1", {"seed": -1}, ["seed", r"2\*\*32"]),
+            ("seed-huge", "seed=10^23", {"seed": 10**23}, ["seed", r"2\*\*32"]),
+            ("adam-beta1-2", "adam_beta1=2", {"adam_beta1": 2}, ["adam_beta1", r"\[0, 1\)"]),
+            ("adam-epsilon-negative", "adam_epsilon=-1", {"adam_epsilon": -1}, ["adam_epsilon", ">= 0"]),
+            ("rewards-empty", "rewards=[]", {"rewards": []}, ["rewards", "at least one"]),
+            (
+                "rewards-not-a-reward",
+                "rewards=[os.getcwd]: a callable that takes no reward arguments",
+                {"rewards": ["os.getcwd"]},
+                ["os.getcwd", "reward arguments"],
+            ),
+            (
+                "lora-target-missing",
+                "lora.target_modules=[nope]: no such module in the model",
+                {"lora.enabled": True, "lora.target_modules": ["nope"]},
+                ["lora.target_modules", "nope", "q_proj"],
+            ),
+            (
+                "mask-backend-flex-cpu",
+                "mask_backend=flex on a CPU (failed after the rollout)",
+                {"mask_backend": "flex"},
+                ["mask_backend=flex", "CPU"],
+            ),
+            # the unclear messages of the configuration
+            (
+                "pad-to-multiple-of",
+                "pad_to_multiple_of=bogus: int()'s message",
+                {"pad_to_multiple_of": "bogus"},
+                ["pad_to_multiple_of", "integer"],
+            ),
+            (
+                "reward-weights-nan",
+                "reward_weights=[nan]: 'must be a finite number >= None'",
+                {"reward_weights": ["nan"]},
+                ["reward_weights", "finite number, got nan"],
+            ),
+            (
+                "recipe-null",
+                "recipe=null: Hydra's 'Config group override must be a string'",
+                {"recipe": None},
+                ["recipe=null", "rl_sparse"],
+            ),
+            (
+                "question-field-5",
+                "data.question_field=5 (on the built-in task: ignored)",
+                {"data.question_field": 5},
+                ["data.question_field", "field name"],
+            ),
+            (
+                "data-name-unknown",
+                "data.name=<unknown>: the hub's message without the presets",
+                {"data.name": "no_such_set"},
+                ["no_such_set", "aime24", "arithmetic"],
+            ),
+        )
+    ],
+    *[
+        (
+            f"configuration/field-{name}",
+            "configuration",
+            about,
+            "script",
+            train_argv(*words, **changes),
+            "refuse",
+            patterns,
+            setup,
+        )
+        for name, about, words, changes, patterns, setup in (
+            (
+                "recipe-file-beside-recipe-name",
+                "--config FILE recipe=rl_full: the file silently dropped",
+                ("--config", "{work}/mine.yaml", "recipe=rl_full"),
+                {},
+                ["mine.yaml", "recipe=rl_full", "both name"],
+                written(**{"mine.yaml": "learning_rate: 1.0e-5\n"}),
+            ),
+            ("hydra-help", "--hydra-help: a lexer error", ("--hydra-help",), {}, ["--hydra-help", "--help"], None),
+            ("cfg-job", "--cfg job: a lexer error", ("--cfg", "job"), {}, ["--cfg", "--help"], None),
+            (
+                "config-folder",
+                "--config <folder>: 'does not exist'",
+                ("--config", "{work}"),
+                {},
+                ["recipe file", "is a folder"],
+                None,
+            ),
+            (
+                "config-dev-null",
+                "--config /dev/null: 'does not exist'",
+                ("--config", "/dev/null"),
+                {},
+                ["/dev/null", "not a regular file"],
+                None,
+            ),
+        )
+    ],
+    (
+        "configuration/field-deepspeed-not-json",
+        "configuration",
+        "deepspeed=<a file that is not JSON>: json's message, naming neither key nor file",
+        "train",
+        {"deepspeed": "{work}/ds.json"},
+        "refuse",
+        ["deepspeed", "ds.json", "not JSON"],
+        written(**{"ds.json": "not json {\n"}),
+    ),
+    (
+        "configuration/field-resume-names-method-option",
+        "configuration",
+        "resume=last with another compression.options.alpha: refused naming compression.alpha",
+        "train",
+        {"max_steps": 3, "resume": "last", "compression.options.alpha": 0.5},
+        "refuse_whole",
+        [r"compression\.options\.alpha"],
+        finished(),
+    ),
+    (
+        "configuration/field-recipe-file-names-distill",
+        "configuration",
+        "a recipe file with recipe: distill_onpolicy: recorded as distillation, trained with GRPO",
+        "script",
+        train_argv("--config", "{work}/mine.yaml", num_generations=...),
+        "result",
+        ['out/eval.json:"recipe": "distill_onpolicy"', "out/hydra/config.yaml:algorithm: distill"],
+        written(**{"mine.yaml": "recipe: distill_onpolicy\n"}),
+    ),
+    # the controls: what TRL, transformers and PEFT honour still runs
+    (
+        "configuration/field-honoured-values-run",
+        "configuration",
+        "control: a cosine schedule with its argument and warmup, weight decay, the largest seed, delta, the entropy "
+        "quantile, sequence-level ratios",
+        "train",
+        HONOURED,
+        "result",
+        ['out/eval.json:"steps": 1'],
+        None,
+    ),
+    (
+        "configuration/field-lora-targets-run",
+        "configuration",
+        "control: LoRA on the attention projections",
+        "train",
+        {"lora.enabled": True, "lora.r": 4, "lora.target_modules": ["q_proj", "v_proj"]},
+        "result",
+        ["out/adapter_config.json:q_proj"],
+        None,
+    ),
+]
+
+ROWS = [*OUTPUT_ROWS, *FIELD_ROWS]
 
 
 def round5_cases() -> list:
