@@ -44,7 +44,8 @@ issue 37: the newer paths — the lm-eval model, S4R refresh, resume, TRL keys, 
 load, damaged checkpoints), ``round4`` (issue 54's: damaged runs, long_recall's story, recipe files, checkpoints
 without manifests, the natural haystack, keys that cannot apply, adapter folders, unbounded inputs, library calls;
 written as data, ``scripts/faults/round4.py``), ``round5`` (issue 64's, in round four's row shape,
-``scripts/faults/round5.py``: output folders written over, no-op training, resumes without their optimizer state).
+``scripts/faults/round5.py``: output folders written over, no-op training, resumes without their optimizer state;
+``scripts/faults/round5_cache.py``: the model cache's content, adapters against their base, ``gkv-train check``).
 A full disk is a tmpfs of a few KB mounted on the case's output folder where ``mount`` is allowed (root): writes
 fail with ENOSPC as on a real full disk. Without that permission a file-size limit (RLIMIT_FSIZE) stands in:
 writes then fail with EFBIG ("File too large"), per file rather than in total; the results name which was used.
@@ -83,6 +84,7 @@ from faults.output import harness_cases, output_cases  # noqa: E402
 from faults.rewards import reward_cases  # noqa: E402
 from faults.round4 import round4_cases  # noqa: E402
 from faults.round5 import round5_cases  # noqa: E402
+from faults.round5_cache import round5_cache_cases  # noqa: E402
 from faults.state import state_cases  # noqa: E402
 
 
@@ -96,6 +98,7 @@ def all_cases() -> list[Case]:
         *output_cases(),
         *round4_cases(),
         *round5_cases(),
+        *round5_cache_cases(),
     ]
     names = [c.name for c in cases]
     assert not any("," in n for n in names), "a comma separates --cases patterns"
