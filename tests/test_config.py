@@ -1,3 +1,5 @@
+from dataclasses import dataclass
+
 import pytest
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
@@ -250,6 +252,86 @@ def test_a_method_from_the_users_own_module(tmp_path, monkeypatch):
     finally:
         METHODS.pop("oldest", None)
         PLUG_INS.pop("user_methods:Oldest", None)
+
+
+TRAP = (
+    "from dataclasses import dataclass\n"
+    "from gkv_rollout.methods import EvictionMethod\n"
+    "@dataclass\n"
+    "class Trap(EvictionMethod):\n"
+    "    name = 'trap'\n"
+    "    budget: int = 77\n"
+    "    window: int = 3\n"
+    "    pool: str = 'avg'\n"
+    "    pool_kernel: int = 3\n"
+    "    def score(self, state):\n"
+    "        return self.pool_scores(self.attention(state), state), None\n"
+)
+TRAP_DEFAULTS = {"budget": 77, "window": 3, "pool": "avg", "pool_kernel": 3}
+
+
+def test_a_method_runs_with_its_own_defaults_of_the_shared_options(tmp_path, monkeypatch):
+    """The pool trap: a method whose shared options' defaults differ from its base's (budget 77, pool avg, ...)
+    runs with them wherever the configuration does not set them, whether registered with ``@register`` or named
+    ``package.module:Class``; a value given still wins."""
+    from gkv_rollout.methods import METHODS, PLUG_INS, EvictionMethod, register
+
+    (tmp_path / "trap_methods.py").write_text(TRAP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        resolved = CompressionConfig("trap_methods:Trap").resolved
+        assert {k: getattr(resolved, k) for k in TRAP_DEFAULTS} == TRAP_DEFAULTS
+        assert CompressionConfig.of("trap").identity() == {"method": "trap", **resolved.identity()}
+        assert CompressionConfig.of("trap", budget=90, pool="max").resolved.budget == 90
+        assert CompressionConfig.of("trap", pool="max").resolved.pool == "max"
+        template = CompressionConfig.template("full", window=5)  # a sweep's run: its method's own defaults
+        assert template.for_method("trap", None).resolved.budget == 77
+        assert template.for_method("trap", None).resolved.window == 5
+
+        @register
+        @dataclass
+        class Registered(EvictionMethod):
+            name = "trap_registered"
+            budget: int = 50
+            pool: str = "avg"
+
+            def score(self, state):
+                return state.key_pos.float(), None
+
+        assert (
+            CompressionConfig("trap_registered").resolved.budget,
+            CompressionConfig.of("trap_registered").resolved.pool,
+        ) == (50, "avg")
+    finally:
+        METHODS.pop("trap", None)
+        METHODS.pop("trap_registered", None)
+        PLUG_INS.pop("trap_methods:Trap", None)
+
+
+def test_a_method_runs_with_its_own_defaults_through_evaluate_py(tmp_path):
+    """The pool trap through a real entry point: ``scripts/evaluate.py compression.method=module:Class`` with no
+    shared option given evaluates the method at its own defaults (the results' configuration, what ran)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "trap_methods.py").write_text(TRAP)
+    root = Path(__file__).resolve().parents[1]
+    args = ["model=tiny", "data.limit=1", "num_generations=1", "max_completion_length=8"]
+    proc = subprocess.run(
+        [sys.executable, str(root / "scripts" / "evaluate.py"), *args, "compression.method=trap_methods:Trap"]
+        + [f"output_dir={tmp_path / 'out'}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (ran,) = json.loads((tmp_path / "out" / "results.json").read_text())["configs"].values()
+    assert {k: ran["compression"][k] for k in TRAP_DEFAULTS} == TRAP_DEFAULTS, ran["compression"]
 
 
 def test_keep_prompt_is_an_option_of_every_eviction_method():
