@@ -94,7 +94,8 @@ def test_a_method_with_an_option_of_its_own_is_one_class_in_one_file(tmp_path, m
     listed in the generated methods table once registered, and trained under by the registry-driven path (a
     rollout whose record the trainer reproduces)."""
     from gkv_rollout.engine import RolloutEngine
-    from gkv_rollout.methods import METHODS, PLUG_INS
+    from gkv_rollout.methods import METHODS
+    from gkv_rollout.registry import PLUG_INS
     from gkv_train.config.compose import check_overrides
     from gkv_train.training.logprobs import token_logprobs
 
@@ -195,7 +196,8 @@ def test_a_method_from_the_users_own_module(tmp_path, monkeypatch):
     """``package.module:Class``: looked up when the configuration is validated, registered under that path and its
     own name (selectable by either afterwards), its own defaults (interval among them) taken, its identity its own
     fields; a wrong name, a class of another kind or one taking another method's name is refused by name."""
-    from gkv_rollout.methods import METHODS, PLUG_INS
+    from gkv_rollout.methods import METHODS
+    from gkv_rollout.registry import PLUG_INS
 
     (tmp_path / "user_methods.py").write_text(
         "from dataclasses import dataclass\n"
@@ -274,7 +276,8 @@ def test_a_method_runs_with_its_own_defaults_of_the_shared_options(tmp_path, mon
     """The pool trap: a method whose shared options' defaults differ from its base's (budget 77, pool avg, ...)
     runs with them wherever the configuration does not set them, whether registered with ``@register`` or named
     ``package.module:Class``; a value given still wins."""
-    from gkv_rollout.methods import METHODS, PLUG_INS, EvictionMethod, register
+    from gkv_rollout.methods import METHODS, EvictionMethod, register
+    from gkv_rollout.registry import PLUG_INS
 
     (tmp_path / "trap_methods.py").write_text(TRAP)
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -340,7 +343,7 @@ def test_keep_prompt_is_an_option_of_every_eviction_method():
     sinks) refuses it, ``full`` keeps every prompt anyway; a prompt that with the window fills the budget is refused
     naming its length, the window and the budget, one token less is accepted (the check the job runs before any
     work, ``check_prompts``, and the cache's own after the prefill)."""
-    from gkv_rollout.methods import eviction_methods
+    from gkv_rollout.registry import eviction_methods
 
     for name in eviction_methods():
         assert CompressionConfig(name, keep_prompt=True).resolved.keep_prompt is True
@@ -396,7 +399,8 @@ def test_tova_evicts_every_step():
 
 
 def test_unknown_method_lists_the_registered_ones():
-    from gkv_rollout.methods import METHODS, method_class
+    from gkv_rollout.methods import METHODS
+    from gkv_rollout.registry import method_class
 
     with pytest.raises(ValueError, match=", ".join(METHODS)):
         method_class("quest")
@@ -584,7 +588,7 @@ def test_the_configuration_is_the_trainers_arguments():
     with pytest.raises(ValueError, match="unknown mask_backend 'triton'; choose one of"):  # before any rollout
         GRPOTrainConfig(mask_backend="triton")
     assert GRPOTrainConfig(mask_backend="sdpa").mask_backend == "sdpa"
-    for key in ("max_steps", "lora.r", "temperature", "compression.budget"):  # null where no None is allowed
+    for key in ("max_steps", "lora.r", "temperature", "compression.method"):  # null where no None is allowed
         with pytest.raises(ValueError, match=f"{key}=null: expected"):
             configure("train", ["model=tiny", f"{key}=null"])
     assert configure("train", ["model=tiny", "save_total_limit=null"])[0].save_total_limit is None  # Optional

@@ -444,7 +444,7 @@ def test_evaluate_refuses_before_any_work(evaluate_refusals, weightless_model, o
 def test_each_method_keeps_one_style_across_figures():
     """method_style gives every figure (pass@1 against budget, retained density, the benches' plots) the same colour
     and marker for a method, whatever else the figure shows; the full cache black; distinct built-in methods."""
-    from gkv_rollout.methods import registered
+    from gkv_rollout.registry import registered
     from gkv_train.evaluation.report import method_style
 
     names = [m for m in registered() if m != "full"]

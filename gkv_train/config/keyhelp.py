@@ -142,7 +142,8 @@ def job_rows(job: str) -> tuple[list[tuple[str, str, str, str]], list[tuple[str,
 def method_option_rows(prefix: str) -> list[tuple[str, str, str, str]]:
     """(key, type, default, help) of every registered method's own options (``compression.options.*``): each name
     once, with the methods that have it and, where they differ, each one's default."""
-    from gkv_rollout.methods import field_default, own_fields, registered
+    from gkv_rollout.methods import field_default, own_fields
+    from gkv_rollout.registry import registered
 
     by_name: dict[str, list] = {}
     for kind in registered().values():
