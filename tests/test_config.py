@@ -1,3 +1,4 @@
+import dataclasses
 from dataclasses import dataclass
 
 import pytest
@@ -309,6 +310,75 @@ def test_a_method_runs_with_its_own_defaults_of_the_shared_options(tmp_path, mon
         METHODS.pop("trap", None)
         METHODS.pop("trap_registered", None)
         PLUG_INS.pop("trap_methods:Trap", None)
+
+
+def test_register_and_the_plug_in_path_run_the_same_checks(tmp_path, monkeypatch):
+    """``@register`` refuses what ``package.module:Class`` refuses, by the same check (``check_method``): a class
+    not decorated ``@dataclass`` (or decorated above ``@register``), one that does not name itself or takes another
+    method's name, an option without a default (a key not given takes the method's default), a hook of its kind
+    not implemented (an eviction method's ``score``; another kind's cache); control: a well-formed one registers."""
+    from gkv_rollout.methods import METHODS, EvictionMethod, Method, register
+    from gkv_rollout.registry import PLUG_INS
+
+    class Undecorated(EvictionMethod):
+        name = "undecorated"
+
+        def score(self, state):
+            return state.key_pos.float(), None
+
+    @dataclass
+    class Unnamed(Undecorated):
+        name = None
+
+    @dataclass
+    class Impostor(Undecorated):
+        name = "gkv"
+
+    @dataclass
+    class Required(Undecorated):
+        name = "required"
+        depth: int = dataclasses.field(default_factory=lambda: 1)
+        width: int = dataclasses.field(kw_only=True)
+
+    @dataclass
+    class Unscored(EvictionMethod):
+        name = "unscored"
+
+    @dataclass
+    class Cacheless(Method):
+        name = "cacheless"
+
+    cases = [
+        (Undecorated, "is not decorated @dataclass"),
+        (Unnamed, "does not name itself"),
+        (Impostor, "is named 'gkv', the name of another method"),
+        (Required, "option width has no default"),
+        (Unscored, "does not implement score"),
+        (Cacheless, "does not implement make_cache"),
+    ]
+    for cls, message in cases:
+        with pytest.raises(ValueError, match=message):
+            register(cls)
+        assert cls.name not in METHODS or cls.name == "gkv"
+    holder = tmp_path / "checked_methods.py"  # the plug-in path: the same classes, the same messages
+    holder.write_text("".join(f"{cls.__name__} = None\n" for cls, _ in cases))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import checked_methods
+
+    for cls, message in cases[:5]:  # (a Method of another kind is no plug-in: an EvictionMethod subclass is)
+        monkeypatch.setattr(checked_methods, cls.__name__, cls)
+        with pytest.raises(ValueError, match=message):
+            CompressionConfig(f"checked_methods:{cls.__name__}")
+        assert f"checked_methods:{cls.__name__}" not in PLUG_INS
+
+    @dataclass
+    class WellFormed(Undecorated):
+        name = "well_formed"
+
+    try:
+        assert register(WellFormed) is WellFormed and CompressionConfig("well_formed").resolved.budget == 2048
+    finally:
+        METHODS.pop("well_formed", None)
 
 
 def test_a_method_runs_with_its_own_defaults_through_evaluate_py(tmp_path):
