@@ -15,10 +15,12 @@ recipes of its ``scripts/inference.sh``); options that depart from it are listed
 reasons. S4R (``gkv_rollout.s4r_cache.S4R``) is a method of its own kind: its own cache and record.
 
 Adding a method: a ``@dataclass`` subclass of ``EvictionMethod`` (or a close relative) with a ``name``, a
-``summary``, the fields it adds or whose defaults it changes, and ``score``; decorated with ``@register``,
-``CompressionConfig(method=name)``, the recipes, every script, the docs' tables and the registry-driven tests take
-it. From the user's own code without touching this package: ``compression.method=package.module:Class`` (the
-module is imported, its code run, and the class registered under that path and its own name).
+``summary``, the fields it adds or whose defaults it changes (a shared option's too: a method's fields hold the
+only defaults, which every key the configuration does not set takes), and ``score``; decorated with ``@register``
+(which runs ``check_method``), ``CompressionConfig(method=name)``, the recipes, every script, the docs' tables and
+the registry-driven tests take it. From the user's own code without touching this package:
+``compression.method=package.module:Class`` (``gkv_rollout.registry``: the module is imported, its code run, and
+the class registered by the same ``register`` under that path and its own name).
 """
 
 from __future__ import annotations
