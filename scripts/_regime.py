@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from gkv_rollout.methods import eviction_methods, registered
+from gkv_rollout.registry import eviction_methods, registered
 from gkv_train.evaluation.report import plot_retained_density
 from gkv_train.models import check_adapter
 

@@ -24,7 +24,7 @@ import torch
 from gkv_rollout.config import CompressionConfig, add_compression_args, compression_from_args
 from gkv_rollout.contract.eviction import NEVER
 from gkv_rollout.eviction_cache import EvictionCache
-from gkv_rollout.methods import eviction_methods
+from gkv_rollout.registry import eviction_methods
 
 from _common import git_commit, machine, print_json
 

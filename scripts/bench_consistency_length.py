@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from gkv_rollout.methods import eviction_methods
+from gkv_rollout.registry import eviction_methods
 from gkv_train.jsonio import dumps, write_atomically
 
 from _common import ROOT, origin, print_json, provenance

@@ -128,7 +128,8 @@ def methods_table(detail: bool = False) -> str:
     import dataclasses
     import inspect
 
-    from gkv_rollout.methods import SHARED, EvictionMethod, field_default, own_fields, registered
+    from gkv_rollout.methods import SHARED, EvictionMethod, field_default, own_fields
+    from gkv_rollout.registry import registered
 
     what = "what it does (the class's docstring)" if detail else "one line"
     lines = [f"| method | {what} | its options (`compression.options.*`) |", "|---|---|---|"]

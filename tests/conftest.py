@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from gkv_rollout.config import CompressionConfig
-from gkv_rollout.methods import eviction_methods, method_class
+from gkv_rollout.registry import eviction_methods, method_class
 from gkv_train.models import load_model, random_prompts, tiny_model  # noqa: F401 (random_prompts: the tests')
 
 # pytest -n N (make test): the cores shared out among the workers, here and in the processes the tests start

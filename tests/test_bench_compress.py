@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gkv_rollout.methods import eviction_methods
+from gkv_rollout.registry import eviction_methods
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -1,3 +1,6 @@
+import dataclasses
+from dataclasses import dataclass
+
 import pytest
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
@@ -92,7 +95,8 @@ def test_a_method_with_an_option_of_its_own_is_one_class_in_one_file(tmp_path, m
     listed in the generated methods table once registered, and trained under by the registry-driven path (a
     rollout whose record the trainer reproduces)."""
     from gkv_rollout.engine import RolloutEngine
-    from gkv_rollout.methods import METHODS, PLUG_INS
+    from gkv_rollout.methods import METHODS
+    from gkv_rollout.registry import PLUG_INS
     from gkv_train.config.compose import check_overrides
     from gkv_train.training.logprobs import token_logprobs
 
@@ -193,7 +197,8 @@ def test_a_method_from_the_users_own_module(tmp_path, monkeypatch):
     """``package.module:Class``: looked up when the configuration is validated, registered under that path and its
     own name (selectable by either afterwards), its own defaults (interval among them) taken, its identity its own
     fields; a wrong name, a class of another kind or one taking another method's name is refused by name."""
-    from gkv_rollout.methods import METHODS, PLUG_INS
+    from gkv_rollout.methods import METHODS
+    from gkv_rollout.registry import PLUG_INS
 
     (tmp_path / "user_methods.py").write_text(
         "from dataclasses import dataclass\n"
@@ -252,13 +257,163 @@ def test_a_method_from_the_users_own_module(tmp_path, monkeypatch):
         PLUG_INS.pop("user_methods:Oldest", None)
 
 
+TRAP = (
+    "from dataclasses import dataclass\n"
+    "from gkv_rollout.methods import EvictionMethod\n"
+    "@dataclass\n"
+    "class Trap(EvictionMethod):\n"
+    "    name = 'trap'\n"
+    "    budget: int = 77\n"
+    "    window: int = 3\n"
+    "    pool: str = 'avg'\n"
+    "    pool_kernel: int = 3\n"
+    "    def score(self, state):\n"
+    "        return self.pool_scores(self.attention(state), state), None\n"
+)
+TRAP_DEFAULTS = {"budget": 77, "window": 3, "pool": "avg", "pool_kernel": 3}
+
+
+def test_a_method_runs_with_its_own_defaults_of_the_shared_options(tmp_path, monkeypatch):
+    """The pool trap: a method whose shared options' defaults differ from its base's (budget 77, pool avg, ...)
+    runs with them wherever the configuration does not set them, whether registered with ``@register`` or named
+    ``package.module:Class``; a value given still wins."""
+    from gkv_rollout.methods import METHODS, EvictionMethod, register
+    from gkv_rollout.registry import PLUG_INS
+
+    (tmp_path / "trap_methods.py").write_text(TRAP)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        resolved = CompressionConfig("trap_methods:Trap").resolved
+        assert {k: getattr(resolved, k) for k in TRAP_DEFAULTS} == TRAP_DEFAULTS
+        assert CompressionConfig.of("trap").identity() == {"method": "trap", **resolved.identity()}
+        assert CompressionConfig.of("trap", budget=90, pool="max").resolved.budget == 90
+        assert CompressionConfig.of("trap", pool="max").resolved.pool == "max"
+        template = CompressionConfig.template("full", window=5)  # a sweep's run: its method's own defaults
+        assert template.for_method("trap", None).resolved.budget == 77
+        assert template.for_method("trap", None).resolved.window == 5
+
+        @register
+        @dataclass
+        class Registered(EvictionMethod):
+            name = "trap_registered"
+            budget: int = 50
+            pool: str = "avg"
+
+            def score(self, state):
+                return state.key_pos.float(), None
+
+        assert (
+            CompressionConfig("trap_registered").resolved.budget,
+            CompressionConfig.of("trap_registered").resolved.pool,
+        ) == (50, "avg")
+    finally:
+        METHODS.pop("trap", None)
+        METHODS.pop("trap_registered", None)
+        PLUG_INS.pop("trap_methods:Trap", None)
+
+
+def test_register_and_the_plug_in_path_run_the_same_checks(tmp_path, monkeypatch):
+    """``@register`` refuses what ``package.module:Class`` refuses, by the same check (``check_method``): a class
+    not decorated ``@dataclass`` (or decorated above ``@register``), one that does not name itself or takes another
+    method's name, an option without a default (a key not given takes the method's default), a hook of its kind
+    not implemented (an eviction method's ``score``; another kind's cache); control: a well-formed one registers."""
+    from gkv_rollout.methods import METHODS, EvictionMethod, Method, register
+    from gkv_rollout.registry import PLUG_INS
+
+    class Undecorated(EvictionMethod):
+        name = "undecorated"
+
+        def score(self, state):
+            return state.key_pos.float(), None
+
+    @dataclass
+    class Unnamed(Undecorated):
+        name = None
+
+    @dataclass
+    class Impostor(Undecorated):
+        name = "gkv"
+
+    @dataclass
+    class Required(Undecorated):
+        name = "required"
+        depth: int = dataclasses.field(default_factory=lambda: 1)
+        width: int = dataclasses.field(kw_only=True)
+
+    @dataclass
+    class Unscored(EvictionMethod):
+        name = "unscored"
+
+    @dataclass
+    class Cacheless(Method):
+        name = "cacheless"
+
+    cases = [
+        (Undecorated, "is not decorated @dataclass"),
+        (Unnamed, "does not name itself"),
+        (Impostor, "is named 'gkv', the name of another method"),
+        (Required, "option width has no default"),
+        (Unscored, "does not implement score"),
+        (Cacheless, "does not implement make_cache"),
+    ]
+    for cls, message in cases:
+        with pytest.raises(ValueError, match=message):
+            register(cls)
+        assert cls.name not in METHODS or cls.name == "gkv"
+    holder = tmp_path / "checked_methods.py"  # the plug-in path: the same classes, the same messages
+    holder.write_text("".join(f"{cls.__name__} = None\n" for cls, _ in cases))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import checked_methods
+
+    for cls, message in cases[:5]:  # (a Method of another kind is no plug-in: an EvictionMethod subclass is)
+        monkeypatch.setattr(checked_methods, cls.__name__, cls)
+        with pytest.raises(ValueError, match=message):
+            CompressionConfig(f"checked_methods:{cls.__name__}")
+        assert f"checked_methods:{cls.__name__}" not in PLUG_INS
+
+    @dataclass
+    class WellFormed(Undecorated):
+        name = "well_formed"
+
+    try:
+        assert register(WellFormed) is WellFormed and CompressionConfig("well_formed").resolved.budget == 2048
+    finally:
+        METHODS.pop("well_formed", None)
+
+
+def test_a_method_runs_with_its_own_defaults_through_evaluate_py(tmp_path):
+    """The pool trap through a real entry point: ``scripts/evaluate.py compression.method=module:Class`` with no
+    shared option given evaluates the method at its own defaults (the results' configuration, what ran)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "trap_methods.py").write_text(TRAP)
+    root = Path(__file__).resolve().parents[1]
+    args = ["model=tiny", "data.limit=1", "num_generations=1", "max_completion_length=8"]
+    proc = subprocess.run(
+        [sys.executable, str(root / "scripts" / "evaluate.py"), *args, "compression.method=trap_methods:Trap"]
+        + [f"output_dir={tmp_path / 'out'}"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (ran,) = json.loads((tmp_path / "out" / "results.json").read_text())["configs"].values()
+    assert {k: ran["compression"][k] for k in TRAP_DEFAULTS} == TRAP_DEFAULTS, ran["compression"]
+
+
 def test_keep_prompt_is_an_option_of_every_eviction_method():
     """``compression.keep_prompt`` (shared, default false; true for ``random_attention``, Random Attention at its
     authors' window and interval of 64): a value that is not a boolean is refused, ``s4r`` (whose exact part is its
     sinks) refuses it, ``full`` keeps every prompt anyway; a prompt that with the window fills the budget is refused
     naming its length, the window and the budget, one token less is accepted (the check the job runs before any
     work, ``check_prompts``, and the cache's own after the prefill)."""
-    from gkv_rollout.methods import eviction_methods
+    from gkv_rollout.registry import eviction_methods
 
     for name in eviction_methods():
         assert CompressionConfig(name, keep_prompt=True).resolved.keep_prompt is True
@@ -314,7 +469,8 @@ def test_tova_evicts_every_step():
 
 
 def test_unknown_method_lists_the_registered_ones():
-    from gkv_rollout.methods import METHODS, method_class
+    from gkv_rollout.methods import METHODS
+    from gkv_rollout.registry import method_class
 
     with pytest.raises(ValueError, match=", ".join(METHODS)):
         method_class("quest")
@@ -502,7 +658,7 @@ def test_the_configuration_is_the_trainers_arguments():
     with pytest.raises(ValueError, match="unknown mask_backend 'triton'; choose one of"):  # before any rollout
         GRPOTrainConfig(mask_backend="triton")
     assert GRPOTrainConfig(mask_backend="sdpa").mask_backend == "sdpa"
-    for key in ("max_steps", "lora.r", "temperature", "compression.budget"):  # null where no None is allowed
+    for key in ("max_steps", "lora.r", "temperature", "compression.method"):  # null where no None is allowed
         with pytest.raises(ValueError, match=f"{key}=null: expected"):
             configure("train", ["model=tiny", f"{key}=null"])
     assert configure("train", ["model=tiny", "save_total_limit=null"])[0].save_total_limit is None  # Optional

@@ -94,6 +94,33 @@ def test_evaluate_script_writes_every_output(tmp_path):
     assert "pass@1 [95% interval]" in (tmp_path / "evaluate.log").read_text()  # the console, kept
 
 
+def test_a_run_stands_at_its_methods_budget(tmp_path):
+    """A sweep's run is named and tabled at the budget its method runs with: given (swept), else the method's own
+    default (not a copy held by the configuration); a method that reads no budget (``s4r``) at the swept one, else
+    at none: a line across the figure and one result in every column of the table, beside methods at a budget."""
+    from gkv_train.config.eval_config import EvalConfig
+    from gkv_train.evaluation.evaluate import run_budget, run_name
+    from gkv_train.evaluation.report import plot_summaries, results_table
+
+    unswept = EvalConfig(model="tiny", methods=["full", "gkv", "s4r"]).compressions()
+    assert [run_name(c) for c in unswept] == ["full", "gkv-b2048", "s4r"]
+    assert [run_budget(c) for c in unswept] == [None, 2048, None]
+    swept = EvalConfig(model="tiny", methods=["gkv", "s4r"], budgets=[64]).compressions()
+    assert [run_name(c) for c in swept] == ["gkv-b64", "s4r-b64"]  # as before: the swept budget names s4r's run
+    run = {"pass@1": 0.5, "pass@1_ci95": [0.25, 0.75], "retention": 0.5}
+    run |= {"retention_by_position": [1.0, 0.5], "retained_density": [0.5, 0.5]}
+    summaries = [
+        {**run, "run": run_name(c), "budget": run_budget(c), "compression": c.identity(), "retention": i / 4}
+        for i, c in enumerate(unswept)
+    ]
+    table = results_table(summaries).splitlines()
+    assert table[1].split() == ["method", "budget", "2048"] and table[4].split()[:2] == ["s4r", "0.500"]
+    assert [p.name for p in plot_summaries(summaries, tmp_path, "t")] == [
+        "pass_at_1_vs_budget.png",
+        "retained_density.png",
+    ]
+
+
 def test_retention_by_position_is_exact_for_any_length():
     """Each token spreads over the bins it overlaps: with every token kept, every bin's retention is exactly 1
     (plain binning of k / T gives 0.9-1.1 when T is not a multiple of the bin count), and a kept prefix of
@@ -444,7 +471,7 @@ def test_evaluate_refuses_before_any_work(evaluate_refusals, weightless_model, o
 def test_each_method_keeps_one_style_across_figures():
     """method_style gives every figure (pass@1 against budget, retained density, the benches' plots) the same colour
     and marker for a method, whatever else the figure shows; the full cache black; distinct built-in methods."""
-    from gkv_rollout.methods import registered
+    from gkv_rollout.registry import registered
     from gkv_train.evaluation.report import method_style
 
     names = [m for m in registered() if m != "full"]

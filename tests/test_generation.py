@@ -13,7 +13,7 @@ from gkv_rollout.contract.attention import ATTENTION_NAME
 from gkv_rollout.contract.eviction import NEVER
 from gkv_rollout.engine import RolloutEngine, encode_prompts, left_pad
 from gkv_rollout.eviction_cache import EvictionCache
-from gkv_rollout.methods import eviction_methods
+from gkv_rollout.registry import eviction_methods
 from gkv_rollout.scoring import hashed_uniform
 from gkv_train.models import tiny_model
 

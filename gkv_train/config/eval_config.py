@@ -155,7 +155,7 @@ class EvalConfig(Sampling):
         for run in self.compressions():
             if run.kind.rounds and run.resolved.interval > self.max_completion_length:
                 found.append(
-                    f"{run.method} budget {run.budget}: compression.interval={run.resolved.interval} exceeds "
+                    f"{run.method} budget {run.resolved.budget}: compression.interval={run.resolved.interval} exceeds "
                     f"max_completion_length={self.max_completion_length}, so it compresses only after the "
                     "prompt, never while "
                     "generating (the training recipes use interval 16); set compression.interval to compare"

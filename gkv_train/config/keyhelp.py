@@ -107,11 +107,12 @@ def rows(cls: type, prefix: str = "", defaults=None, derived=()) -> list[tuple[s
         if dataclasses.is_dataclass(default):
             found += rows(type(default), f"{prefix}{f.name}.", default)
             continue
-        if f.name == "options" and getattr(cls, "__name__", "") == "CompressionConfig":
+        if f.name == "options" and is_compression(cls):
             found += method_option_rows(f"{prefix}{f.name}.")
             continue
         default = default.value if isinstance(default, enum.Enum) else default
-        found.append((prefix + f.name, type_name(hints.get(f.name, f.type)), repr(default), helps.get(f.name, "")))
+        shown = shared_default(f.name) if default is None and is_compression(cls) else repr(default)
+        found.append((prefix + f.name, type_name(hints.get(f.name, f.type)), shown, helps.get(f.name, "")))
     return found
 
 
@@ -139,10 +140,34 @@ def job_rows(job: str) -> tuple[list[tuple[str, str, str, str]], list[tuple[str,
     return own, trl
 
 
+def is_compression(cls: type) -> bool:
+    return getattr(cls, "__name__", "") == "CompressionConfig"
+
+
+def shared_default(name: str) -> str:
+    """What a shared compression key not given (None) stands for: the default of ``name`` in each registered method
+    that has it, read from the methods' fields: the most common one, then the methods whose own differs
+    (``the method's: 16 (h2o, tova: 1; s4r: 32)``); ``None`` for a key no method has."""
+    from gkv_rollout.methods import field_default
+    from gkv_rollout.registry import registered
+
+    found: dict[str, list[str]] = {}
+    for kind in registered().values():
+        for f in dataclasses.fields(kind):
+            if f.name == name:
+                found.setdefault(repr(field_default(f)), []).append(kind.name)
+    if not found:
+        return "None"
+    common, *rest = sorted(found, key=lambda value: -len(found[value]))
+    others = "; ".join(f"{', '.join(found[value])}: {value}" for value in rest)
+    return f"the method's: {common}" + (f" ({others})" if others else "")
+
+
 def method_option_rows(prefix: str) -> list[tuple[str, str, str, str]]:
     """(key, type, default, help) of every registered method's own options (``compression.options.*``): each name
     once, with the methods that have it and, where they differ, each one's default."""
-    from gkv_rollout.methods import field_default, own_fields, registered
+    from gkv_rollout.methods import field_default, own_fields
+    from gkv_rollout.registry import registered
 
     by_name: dict[str, list] = {}
     for kind in registered().values():

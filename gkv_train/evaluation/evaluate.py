@@ -33,8 +33,17 @@ from gkv_train.runs.runlock import RunLock
 from gkv_train.runs.storage import naming_full_disk
 
 
+def run_budget(compression: CompressionConfig) -> int | None:
+    """The budget a run stands at (its name, the results' columns): the method's (given, or its own default); for a
+    compressing method that reads none (``s4r``) the one given for the sweep; None for ``full`` and otherwise."""
+    if not compression.compresses:
+        return None
+    return getattr(compression.resolved, "budget", compression.budget)
+
+
 def run_name(compression: CompressionConfig) -> str:
-    return "full" if not compression.compresses else f"{compression.method}-b{compression.budget}"
+    budget = run_budget(compression)
+    return compression.method if budget is None else f"{compression.method}-b{budget}"
 
 
 def evaluate_compression(
@@ -97,8 +106,7 @@ def evaluate_compression(
     in_order = sorted(read_jsonl(samples_path), key=lambda s: (s["batch"], s["problem_id"], s["sample"]))
     write_atomically(samples_path, "".join(dumps(s) + "\n" for s in in_order))  # recomputed batches in place
     summary = summarize(samples_path, density_path, sampling.num_samples)
-    budget = compression.budget if compression.compresses else None  # s4r's: the sweep's, which it does not read
-    summary.update(run=run_name(compression), budget=budget, compression=compression.identity())
+    summary.update(run=run_name(compression), budget=run_budget(compression), compression=compression.identity())
     warn_unverified(
         run_name(compression),
         summary["verifier_timeouts"],

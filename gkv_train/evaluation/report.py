@@ -7,14 +7,14 @@ import collections
 import zlib
 from pathlib import Path
 
-from gkv_rollout.methods import registered
+from gkv_rollout.registry import registered
 
 MARKERS = "osD^vP*Xh<>p"
 
 
 def results_table(summaries: list[dict]) -> str:
     """pass@1 [95% interval] and retention, one row per method and one column per budget (plain text)."""
-    budgets = sorted({s["budget"] for s in summaries if s["run"] != "full"})
+    budgets = sorted({s["budget"] for s in summaries if s["budget"] is not None})
     methods = list(dict.fromkeys(s["compression"]["method"] for s in summaries))
 
     def cell(s):
@@ -25,7 +25,7 @@ def results_table(summaries: list[dict]) -> str:
     rows = [["method", *(["all"] if not budgets else [f"budget {b}" for b in budgets])]]
     for method in methods:
         runs = [s for s in summaries if s["compression"]["method"] == method]
-        if method == "full" or not budgets:
+        if all(s["budget"] is None for s in runs) or not budgets:  # full, or a method that reads no budget
             rows.append([method, *[cell(runs[0])] * max(len(budgets), 1)])
         else:
             by_budget = {s["budget"]: s for s in runs}
@@ -56,16 +56,18 @@ def plot_summaries(summaries: list[dict], out_dir: Path, title: str) -> list[Pat
 
     paths = []
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    budgets = sorted({s["budget"] for s in summaries if s["run"] != "full"})
-    methods = list(dict.fromkeys(s["compression"]["method"] for s in summaries if s["run"] != "full"))
+    budgets = sorted({s["budget"] for s in summaries if s["budget"] is not None})
+    methods = list(dict.fromkeys(s["compression"]["method"] for s in summaries if s["budget"] is not None))
     for method in dict.fromkeys(s["compression"]["method"] for s in summaries):
-        runs = sorted((s for s in summaries if s["compression"]["method"] == method), key=lambda s: s["budget"])
-        if method == "full":
-            run = runs[0]
-            ax.axhline(run["pass@1"], color="black", linestyle="--", label="full cache")
+        runs = [s for s in summaries if s["compression"]["method"] == method]
+        if all(s["budget"] is None for s in runs):  # full, or a method that reads no budget: a line across
+            run, style = runs[0], method_style(method)
+            label = "full cache" if method == "full" else method
+            ax.axhline(run["pass@1"], color=style["color"], linestyle="--", label=label)
             if run["pass@1_ci95"][0] is not None:
-                ax.axhspan(*run["pass@1_ci95"], color="black", alpha=0.08)
+                ax.axhspan(*run["pass@1_ci95"], color=style["color"], alpha=0.08)
             continue
+        runs = sorted((s for s in runs if s["budget"] is not None), key=lambda s: s["budget"])
         # methods side by side around each budget (3% apart on the log axis), so equal points stay visible
         dodge = 1.03 ** (methods.index(method) - (len(methods) - 1) / 2)
         x = [r["budget"] * dodge for r in runs]
@@ -102,7 +104,7 @@ def plot_retained_density(summaries: list[dict], path: Path, title: str) -> Path
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    budgets = sorted({s["budget"] for s in summaries if s["run"] != "full"})
+    budgets = sorted({s["budget"] for s in summaries if s["budget"] is not None})
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
     styles, seen = {b: i for i, b in enumerate(budgets)}, collections.Counter()
     for s in summaries:

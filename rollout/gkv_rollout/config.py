@@ -9,15 +9,18 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from gkv_rollout.methods import SHARED, Method, field_default, method_class, own_fields, registered
+from gkv_rollout.methods import SHARED, Method, field_default, own_fields
+from gkv_rollout.registry import method_class, registered
 
 
 @dataclass
 class CompressionConfig:
     """How the KV cache is compressed during decoding, as composed (recipes, overrides): a method's name, the
     options its kind shares and its own options (``options``), each as given. ``resolved`` is the method at its
-    settings (a ``gkv_rollout.methods.Method`` dataclass: what was given, its defaults for the rest), built and
-    validated with the configuration.
+    settings (a ``gkv_rollout.methods.Method`` dataclass built from what was given), built and validated with the
+    configuration. This class holds none of a method's defaults: a shared option not given (None) takes the
+    method's own, its dataclass field's (the base's, ``EvictionMethod``, or the method's where it sets its own: the
+    methods table of docs/methods.md lists them, "Shared options set"), as an own option not given does.
 
     method: a registered method (``full``: no compression; the eviction methods of the G-KV family, which compress
         every ``interval`` tokens keeping ``budget`` tokens; ``s4r``, a low-rank cache with sparse reconstruction;
@@ -26,22 +29,19 @@ class CompressionConfig:
         that name and its own when the configuration is validated: like a trust-remote-code choice, a
         configuration naming one names code to run).
     budget: tokens each (layer, KV head) keeps after a compression, the window (and a kept prompt) included
-        (eviction methods).
+        (eviction methods; None: the method's).
     window: the last ``window`` queries score the cache, and the last ``window`` keys are always kept and never
-        scored (None: the method's; 16 for most, 1 for ``h2o`` and ``tova``, 32 for ``s4r``, 64 for
-        ``random_attention``).
+        scored (None: the method's).
     interval: compress after every ``interval`` generated tokens (and right after prefill when a prompt exceeds
-        the budget), so attention never sees more than ``budget + interval`` keys (None: the method's; 128, the
-        reference's ``divide_length``; 1 for ``tova``, 64 for ``random_attention``).
-    sinks: the first ``sinks`` tokens are always kept (None: the method's; 4 for ``streaming`` and ``s4r``).
+        the budget), so attention never sees more than ``budget + interval`` keys (None: the method's).
+    sinks: the first ``sinks`` tokens are always kept (None: the method's).
     keep_prompt: each sequence's whole prompt is always kept, inside the budget (eviction methods; None: the
-        method's, false but for ``random_attention``); a prompt that with the window fills the budget is refused.
-        ``full`` keeps it anyway; ``s4r`` refuses it (its exact part is its ``sinks``).
-    pool_kernel: pooling of scores along the sequence (odd; 1: none; None: the method's, 5 for ``snapkv`` and
-        ``rkv``, 7 for ``s4r``).
-    pool: how scores are pooled: max or avg.
-    group_agg: how the query heads of a GQA group are combined, per window query (None: the method's; max; mean
-        for ``s4r``).
+        method's); a prompt that with the window fills the budget is refused. ``full`` keeps it anyway; ``s4r``
+        refuses it (its exact part is its ``sinks``).
+    pool_kernel: pooling of scores along the sequence (odd; 1: none; None: the method's).
+    pool: how scores are pooled: max or avg (None: the method's).
+    group_agg: how the query heads of a GQA group are combined, per window query: max or mean (None: the
+        method's).
     options: the method's own options by name (``compression.options.alpha=0.5``; the method's fields say which
         and their defaults). An option the method does not have is refused.
 
@@ -51,13 +51,13 @@ class CompressionConfig:
     """
 
     method: str = "full"
-    budget: int = 2048
+    budget: int | None = None
     window: int | None = None
     interval: int | None = None
     sinks: int | None = None
     keep_prompt: bool | None = None
     pool_kernel: int | None = None
-    pool: str = "max"
+    pool: str | None = None
     group_agg: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
 

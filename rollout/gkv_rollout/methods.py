@@ -15,16 +15,17 @@ recipes of its ``scripts/inference.sh``); options that depart from it are listed
 reasons. S4R (``gkv_rollout.s4r_cache.S4R``) is a method of its own kind: its own cache and record.
 
 Adding a method: a ``@dataclass`` subclass of ``EvictionMethod`` (or a close relative) with a ``name``, a
-``summary``, the fields it adds or whose defaults it changes, and ``score``; decorated with ``@register``,
-``CompressionConfig(method=name)``, the recipes, every script, the docs' tables and the registry-driven tests take
-it. From the user's own code without touching this package: ``compression.method=package.module:Class`` (the
-module is imported, its code run, and the class registered under that path and its own name).
+``summary``, the fields it adds or whose defaults it changes (a shared option's too: a method's fields hold the
+only defaults, which every key the configuration does not set takes), and ``score``; decorated with ``@register``
+(which runs ``check_method``), ``CompressionConfig(method=name)``, the recipes, every script, the docs' tables and
+the registry-driven tests take it. From the user's own code without touching this package:
+``compression.method=package.module:Class`` (``gkv_rollout.registry``: the module is imported, its code run, and
+the class registered by the same ``register`` under that path and its own name).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -50,8 +51,6 @@ GKV_FORMS = ("max", "mean", "sum")
 SIMILARITIES = ("rkv", "mean_cosine")
 POOLINGS = ("max", "avg")
 GROUP_AGGREGATIONS = ("max", "mean")
-# Modules of this package that register methods of their own kind (imported on the registry's first use)
-BUILT_IN_MODULES = ("gkv_rollout.s4r_cache",)
 
 
 @dataclass(frozen=True)
@@ -96,20 +95,54 @@ def check_choice(what: str, value, choices: tuple) -> None:
 
 
 METHODS: dict[str, type[Method]] = {}  # by name
-PLUG_INS: dict[str, type[Method]] = {}  # methods from the user's modules, by ``package.module:Class``
 
 
-def register(cls: type[Method]) -> type[Method]:
-    """Make ``cls`` available as ``CompressionConfig(method=cls.name)``; ValueError when another class has that
-    name."""
+def register(cls: type[Method], label: str | None = None) -> type[Method]:
+    """Make ``cls`` available as ``CompressionConfig(method=cls.name)`` once it passes ``check_method`` (the checks
+    every method passes, built-in or a user's ``package.module:Class``: ``label`` names it in the messages)."""
+    check_method(cls, label or f"{cls.__module__}.{cls.__qualname__}")
+    METHODS[cls.name] = cls
+    return cls
+
+
+def check_method(cls: type, label: str) -> None:
+    """ValueError, naming the method ``label``, unless ``cls`` is a method the configuration can build: a ``Method``
+    subclass decorated ``@dataclass`` (below ``@register``), whose fields (its options) all have defaults (a key not
+    given takes the method's own), that names itself (``name = '...'``, not a field) with a name no other method
+    has, and implements its kind's hooks (an ``EvictionMethod``'s ``score``; another kind's ``make_cache`` and
+    ``cache_bytes``)."""
+    if not (isinstance(cls, type) and issubclass(cls, Method)):
+        raise ValueError(f"compression method {label} is not a Method subclass")
+    if "__dataclass_fields__" not in cls.__dict__:  # a plain subclass would run with its base's fields
+        raise ValueError(
+            f"compression method {label} is not decorated @dataclass (below @register): its fields are its options"
+        )
+    claimed = {f.name for f in dataclasses.fields(cls)} & {"name", "summary"}
+    if claimed:
+        raise ValueError(
+            f"compression method {label} declares {', '.join(sorted(claimed))} as a field (an option): write "
+            "name = '...' without an annotation"
+        )
+    if not isinstance(cls.__dict__.get("name"), str):
+        raise ValueError(f"compression method {label} does not name itself: give the class a name = '...'")
+    required = [f.name for f in dataclasses.fields(cls) if f.default is f.default_factory is dataclasses.MISSING]
+    if required:
+        raise ValueError(
+            f"compression method {label}: option {required[0]} has no default (a key not given takes the method's "
+            "default): give it one"
+        )
+    kind = next(base for base in cls.__mro__ if "hooks" in base.__dict__)  # Method, EvictionMethod
+    missing = [hook for hook in kind.hooks if getattr(cls, hook) is getattr(kind, hook)]
+    if missing:
+        raise ValueError(
+            f"compression method {label} does not implement {missing[0]}: a {kind.__name__} subclass {kind.hooks_do}"
+        )
     known = METHODS.get(cls.name)
     if known is not None and known is not cls:
         raise ValueError(
-            f"compression method {cls.__module__}.{cls.__qualname__} is named {cls.name!r}, the name of "
-            f"{known.__module__}.{known.__qualname__}: give it a name of its own"
+            f"compression method {label} is named {cls.name!r}, the name of another method "
+            f"({known.__module__}.{known.__qualname__}): give it a name of its own"
         )
-    METHODS[cls.name] = cls
-    return cls
 
 
 @dataclass
@@ -129,6 +162,9 @@ class Method:
     compresses: ClassVar[bool] = True
     static_decode: ClassVar[bool] = True  # its cache has a static decode step (sampling.compile_decode)
     rounds: ClassVar[bool] = False  # it compresses in rounds, every ``interval`` generated tokens
+    # what a method of this kind implements (``check_method``)
+    hooks: ClassVar[tuple[str, ...]] = ("make_cache", "cache_bytes")
+    hooks_do: ClassVar[str] = "builds its cache and sizes it"
 
     def identity(self) -> dict:
         """What determines its results: its name and every field's value."""
@@ -243,6 +279,8 @@ class EvictionMethod(Method):
     group_agg: str = "max"
 
     rounds = True
+    hooks = ("score",)
+    hooks_do = "gives each cached token its score"
 
     def __post_init__(self):
         check_scoring(self)
@@ -322,58 +360,6 @@ class EvictionMethod(Method):
 
     def pool_scores(self, scores: torch.Tensor, state: LayerState) -> torch.Tensor:
         return pool_scores(scores, state.candidates, self.pool_kernel, self.pool)
-
-
-def registered() -> dict[str, type[Method]]:
-    """Every registered method by name (the package's own kinds imported first: ``BUILT_IN_MODULES``)."""
-    for module in BUILT_IN_MODULES:
-        importlib.import_module(module)
-    return METHODS
-
-
-def eviction_methods() -> list[str]:
-    """The names of the registered methods of the G-KV family (``EvictionMethod`` subclasses), in registry order."""
-    return [name for name, kind in registered().items() if issubclass(kind, EvictionMethod)]
-
-
-def method_class(name: str) -> type[Method]:
-    """The registered method ``name``; ``package.module:Class`` imports the module (running its code) and
-    registers the class under its own ``name`` (its identity) and keeps it under that path (what the
-    configuration names, so that every process of a run imports it the same way)."""
-    methods = registered()
-    if name in methods or name in PLUG_INS:
-        return methods.get(name) or PLUG_INS[name]
-    if ":" not in name:
-        known = ", ".join(methods)
-        raise ValueError(f"unknown compression method {name!r}; choose one of {known}, or package.module:Class")
-    module, _, attribute = name.partition(":")
-    if not module or module.startswith(".") or not attribute:
-        raise ValueError(f"compression method {name!r}: give package.module:Class, an absolute module path")
-    try:
-        cls = getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"compression method {name!r}: cannot import {attribute} from {module} ({error})") from None
-    if not (isinstance(cls, type) and issubclass(cls, EvictionMethod)):
-        raise ValueError(f"compression method {name!r} is not an EvictionMethod subclass")
-    if "__dataclass_fields__" not in cls.__dict__:  # a plain subclass would run with its base's fields
-        raise ValueError(f"compression method {name!r} is not decorated @dataclass: its fields are its options")
-    if cls.score is EvictionMethod.score:
-        raise ValueError(
-            f"compression method {name!r} does not implement score(state): an EvictionMethod "
-            "subclass gives each cached token its score"
-        )
-    if not isinstance(cls.__dict__.get("name"), str):
-        raise ValueError(f"compression method {name!r} does not name itself: give the class a name = '...'")
-    claimed = {f.name for f in dataclasses.fields(cls)} & {"name", "summary"}
-    if claimed:
-        raise ValueError(
-            f"compression method {name!r} declares {', '.join(sorted(claimed))} as a field (an option): write "
-            "name = '...' without an annotation"
-        )
-    if methods.get(cls.name, cls) is not cls:
-        raise ValueError(f"compression method {name!r} is named {cls.name!r}, the name of another method")
-    PLUG_INS[name] = register(cls)
-    return cls
 
 
 @register
