@@ -104,7 +104,7 @@ def refused_runs(tmp_path_factory, weightless_model):
 def test_a_field_is_checked_when_the_configuration_is_built(refused_runs, line, message):
     """Each case through train.py: one line ``error: ...`` naming the key (and what to use), exit code 2, no
     traceback, no output folder, before the model loads (the model has no weights: loading it would fail with
-    another message) and within seconds."""
+    another message). How fast is the fault bench's to say (seconds to refusal), not a timed test's."""
     if line == "mask_backend=flex" and torch.cuda.is_available():
         pytest.skip("flex trains on CUDA")
     tmp, runs = refused_runs
@@ -113,7 +113,7 @@ def test_a_field_is_checked_when_the_configuration_is_built(refused_runs, line, 
     assert "Traceback" not in result.stderr, result.stderr[-2000:]
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: ") and message.replace("{tmp}", str(tmp)) in last, last
-    assert result.seconds < 60 and not out.exists()
+    assert not out.exists()
 
 
 def test_honoured_values_still_run(tmp_path):
