@@ -317,3 +317,79 @@ def test_no_module_imports_itself_back():
     looped = {**graph, "gkv_rollout.scoring": graph["gkv_rollout.scoring"] | {"gkv_rollout.methods"}}
     assert import_cycle(looped)[0] == import_cycle(looped)[-1]
     assert runtime_imports("if TYPE_CHECKING:\n    import a\ndef f():\n    import b\nimport c\n") == {"b", "c"}
+
+
+def imported_modules(source: str) -> set[str]:
+    """The project modules a source file imports, every import statement at any depth (a function's import and a
+    type checker's count: a layer order holds for both); ``from package import module`` names that module."""
+    tree = ast.parse(source)
+    submodules = {
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
+    }
+    return (imported_names(source) | submodules) & set(MODULES)
+
+
+def group(module: str) -> str:
+    """The group of a ``gkv_train`` module: its subpackage (``gkv_train.runs``), or the module itself when it sits at
+    the top (``gkv_train.models``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def import_loops(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of nodes of ``graph`` (node -> the nodes it imports) that import each other, directly or round a
+    cycle (its strongly connected components of more than one node), each sorted; [] when the imports run one way."""
+
+    def reachable(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for child in graph.get(todo.pop(), ()):
+                if child not in seen:
+                    seen.add(child)
+                    todo.append(child)
+        return seen
+
+    reach = {node: reachable(node) for node in graph}
+    return sorted({tuple(sorted(m for m in reach[n] if n in reach.get(m, ()))) for n in graph if n in reach[n]})
+
+
+def group_imports() -> dict[str, set[str]]:
+    """gkv_train's groups -> the other groups their modules import."""
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        if module.startswith("gkv_train."):
+            imported = {group(m) for m in imported_modules(path.read_text()) if m.startswith("gkv_train.")}
+            graph.setdefault(group(module), set()).update(imported - {group(module)})
+    return graph
+
+
+def rollout_imports() -> dict[str, set[str]]:
+    """gkv_rollout's modules -> the other modules of gkv_rollout they import (a package's ``__init__``, imported by
+    its own submodules on the way, not counted)."""
+    return {
+        module: {m for m in imported_modules(path.read_text()) if m.startswith("gkv_rollout") and m != module}
+        - {m for m in MODULES if module.startswith(m + ".")}
+        for module, path in MODULES.items()
+        if module.startswith("gkv_rollout")
+    }
+
+
+def test_groups_and_rollout_modules_import_one_way():
+    """gkv_train's groups (its subpackages, and each module at its top) are layers: no two import each other,
+    directly or round a cycle, and no gkv_rollout modules do (``eviction_cache`` named ``methods.Method`` for a type
+    checker while ``methods`` builds the cache); every import statement counts, a function's and a type checker's
+    (ARCHITECTURE.md gives the groups' order). Controls: a pair and a longer loop are found and named, and a
+    function's and a type checker's imports are seen."""
+    for graph in (group_imports(), rollout_imports()):
+        pairs = sorted((a, b) for a in graph for b in graph[a] if a < b and a in graph.get(b, ()))
+        assert import_loops(graph) == [], f"these import each other: {import_loops(graph)}; as pairs: {pairs}"
+    assert import_loops({"a": {"b"}, "b": {"a", "c"}, "c": {"d"}, "d": {"e"}, "e": {"c"}}) == [
+        ("a", "b"),
+        ("c", "d", "e"),
+    ]
+    assert import_loops({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    source = "if TYPE_CHECKING:\n    from gkv_rollout.methods import Method\ndef f():\n    from gkv_rollout import engine\n"
+    assert imported_modules(source) == {"gkv_rollout.methods", "gkv_rollout.engine", "gkv_rollout"}
+    assert group("gkv_train.runs.storage") == "gkv_train.runs" and group("gkv_train.models") == "gkv_train.models"
