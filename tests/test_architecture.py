@@ -4,6 +4,7 @@ distributions: gkv_train at the root, gkv_rollout in rollout/, gkv_rewards in re
 module names are unique; record formats are told apart in one place only."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -390,6 +391,38 @@ def test_groups_and_rollout_modules_import_one_way():
         ("c", "d", "e"),
     ]
     assert import_loops({"a": {"b"}, "b": {"c"}, "c": set()}) == []
-    source = "if TYPE_CHECKING:\n    from gkv_rollout.methods import Method\ndef f():\n    from gkv_rollout import engine\n"
+    source = (
+        "if TYPE_CHECKING:\n    from gkv_rollout.methods import Method\ndef f():\n    from gkv_rollout import engine\n"
+    )
     assert imported_modules(source) == {"gkv_rollout.methods", "gkv_rollout.engine", "gkv_rollout"}
-    assert group("gkv_train.runs.storage") == "gkv_train.runs" and group("gkv_train.models") == "gkv_train.models"
+    assert group("gkv_train.runs.checkpoints") == "gkv_train.runs" and group("gkv_train.models") == "gkv_train.models"
+
+
+def documented_layers() -> dict[str, int]:
+    """ARCHITECTURE.md's layers of gkv_train's groups (the table after ``<!-- gkv_train layers -->``): group
+    (``gkv_train.runs``) -> its layer."""
+    table = (ROOT / "ARCHITECTURE.md").read_text().split("<!-- gkv_train layers -->\n", 1)[1].split("\n\n", 1)[0]
+    return {
+        f"gkv_train.{name}": int(layer)
+        for layer, groups in re.findall(r"^\| (\d+) \| ([^|]+) \|", table, re.M)
+        for name in re.findall(r"`(\w+)`", groups)
+    }
+
+
+def against_the_layers(graph: dict[str, set[str]], layers: dict[str, int]) -> list[tuple[str, str]]:
+    """The imports (group, the group it imports) of ``graph`` that do not go down to a lower layer."""
+    return sorted((g, m) for g, imported in graph.items() for m in imported if layers[m] >= layers[g])
+
+
+def test_gkv_train_groups_import_down_the_documented_layers():
+    """ARCHITECTURE.md gives every gkv_train group a layer, and each group imports only groups of lower layers: the
+    order written down is the code's. The controls: an import up, or within a layer, is named."""
+    layers, graph = documented_layers(), group_imports()
+    assert sorted(layers) == sorted(graph), "ARCHITECTURE.md's layers name other groups than gkv_train has"
+    assert against_the_layers(graph, layers) == []
+    assert against_the_layers(
+        {"gkv_train.runs": {"gkv_train.cli", "gkv_train.problems", "gkv_train.models"}}, layers
+    ) == [
+        ("gkv_train.runs", "gkv_train.cli"),
+        ("gkv_train.runs", "gkv_train.problems"),
+    ]

@@ -12,9 +12,9 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract import attention
 from gkv_rollout.contract.eviction import NEVER
 from gkv_rollout.engine import RolloutEngine
+from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_model
 from gkv_train.training.consistency import consistency_report
-from gkv_train.training.logprobs import token_logprobs
 
 TOL = 1e-4
 
