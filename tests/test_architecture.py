@@ -1,5 +1,6 @@
 """The layers import one way: contract (gkv_rollout.contract) <- rollout (gkv_rollout) <- trainers (gkv_train);
-the rewards (gkv_rewards) sit outside the layers. Every source file has exactly one module name (three
+the rewards (gkv_rewards) sit outside the layers. So do gkv_train's groups, in the layers ARCHITECTURE.md gives, and
+no module imports itself back round a cycle. Every source file has exactly one module name (three
 distributions: gkv_train at the root, gkv_rollout in rollout/, gkv_rewards in rewards/; no links, no path edits);
 module names are unique; record formats are told apart in one place only."""
 
