@@ -33,10 +33,10 @@ class Adapter:
 
 def read_adapter(path: str) -> Adapter:
     """A LoRA adapter folder that loads: a folder with a PEFT ``adapter_config.json`` (a JSON object naming its
-    ``peft_type``) and whole adapter weights (``gkv_train.runs.manifest.damage``: against its manifest, else by
+    ``peft_type``) and whole adapter weights (``gkv_train.manifest.damage``: against its manifest, else by
     content). ValueError / FileNotFoundError naming the folder and what is wrong (a full model's folder is named as
     such: it is given as ``model=``)."""
-    from gkv_train.runs.manifest import damage
+    from gkv_train.manifest import damage
 
     folder = Path(path)
     if not folder.is_dir():

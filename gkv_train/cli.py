@@ -78,7 +78,7 @@ def _job(job: str, work, before_work=None) -> None:
     quiet_upstream_warnings()
     from gkv_train.console import log_records_to_stderr
     from gkv_train.exits import Preempted, Refused, refusing
-    from gkv_train.runs.storage import DiskFull
+    from gkv_train.storage import DiskFull
 
     log_records_to_stderr()
     try:
@@ -163,8 +163,8 @@ def main(argv: list[str] | None = None) -> None:
         folders = [word for word in rest if word != "--overwrite"]
         if len(folders) != 2 or len(rest) - len(folders) > 1:
             _fail("usage: gkv-train export RUN_DIR OUT_DIR [--overwrite]", REFUSED)
+        from gkv_train.exits import RunLocked
         from gkv_train.export import export
-        from gkv_train.runs.runlock import RunLocked
 
         quiet_upstream_warnings()
         try:

@@ -11,20 +11,23 @@ code   meaning
        with a complete checkpoint, which ``resume=last`` continues
 =====  ==========================================================================================================
 
-Leaf module (only ``gkv_train.runs.runlock``): the command line imports it before anything heavy.
+Leaf module (no project imports): the command line imports it before anything heavy.
 """
 
 from __future__ import annotations
 
 from contextlib import contextmanager
 
-from gkv_train.runs.runlock import RunLocked
-
 REFUSED = 2
 
 
 class Refused(Exception):
     """A run refused before any work; its message is the line shown."""
+
+
+class RunLocked(Exception):
+    """Another live process holds the lock of a run's folder or file (``gkv_train.runs.runlock``; the message names
+    the holder): refused."""
 
 
 class Preempted(BaseException):

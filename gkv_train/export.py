@@ -18,12 +18,12 @@ import shutil
 from pathlib import Path
 
 from gkv_train.jsonio import read_state
+from gkv_train.manifest import damage
 from gkv_train.models import check_adapter, check_model, load_model
 from gkv_train.runs.checkpoints import MODEL_FILES
-from gkv_train.runs.manifest import damage
 from gkv_train.runs.outputs import EXPORT_STAGING, check_output
 from gkv_train.runs.runlock import RunLock
-from gkv_train.runs.storage import naming_full_disk
+from gkv_train.storage import naming_full_disk
 
 
 def export(run_dir: str | Path, out_dir: str | Path, overwrite: bool = False) -> Path:

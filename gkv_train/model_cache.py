@@ -3,7 +3,7 @@ GGUF file dequantised to float32 safetensors, the tiny random models), so that a
 model's ``name_or_path`` is a folder ``from_pretrained`` reloads (TRL builds its reference model that way).
 
 A copy is written into a temporary folder beside its place, its manifest (``manifest.json``,
-``gkv_train.runs.manifest``: every file's size and SHA-256) last, then renamed into place. It is used only when it
+``gkv_train.manifest``: every file's size and SHA-256) last, then renamed into place. It is used only when it
 matches its manifest, checked once per process while its files keep their sizes and modification times (SHA-256
 of SmolLM2's 538 MB: about 1.1 s). A copy that does not match (a byte changed, a file missing or added, no
 manifest: damaged, or made before copies carried one) is removed with a warning naming it and made again from its
@@ -24,8 +24,8 @@ from pathlib import Path
 
 from safetensors import SafetensorError
 
-from gkv_train.runs.manifest import MANIFEST, damage, read_manifest, write_manifest
-from gkv_train.runs.storage import existing_ancestor, naming_full_disk
+from gkv_train.manifest import MANIFEST, damage, read_manifest, write_manifest
+from gkv_train.storage import existing_ancestor, naming_full_disk
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def save_copy(directory: Path, objects: list, source: dict) -> bool:
     (``source``: what the copy was made from, kept in it), then rename it into place. True when ``directory`` holds
     a copy afterwards (this one, or another process's that was renamed first); False, with a warning, when the
     cache is not writable (the model then lives in memory only). A full disk or the file-size limit:
-    ``gkv_train.runs.storage.DiskFull`` naming the copy and the limit. Nothing half-written stays, on any failure
+    ``gkv_train.storage.DiskFull`` naming the copy and the limit. Nothing half-written stays, on any failure
     or interruption (a killed process's folder: ``remove_stale_temporaries``)."""
     if not writable(directory.parent):
         log.warning(

@@ -48,9 +48,9 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract.attention import ATTENTION_NAME, head_dim, register
 from gkv_rollout.engine import RolloutEngine
 from gkv_train.jsonio import dumps, write_atomically
+from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_config, tiny_tokenizer
 from gkv_train.training.consistency import consistency_report
-from gkv_train.training.logprobs import token_logprobs
 
 from _common import ROOT, git_commit, print_json, random_prompts
 from _rollout_timing import compiled_run, engine_run, hf_generate

@@ -1,9 +1,11 @@
 """The layers import one way: contract (gkv_rollout.contract) <- rollout (gkv_rollout) <- trainers (gkv_train);
-the rewards (gkv_rewards) sit outside the layers. Every source file has exactly one module name (three
+the rewards (gkv_rewards) sit outside the layers. So do gkv_train's groups, in the layers ARCHITECTURE.md gives, and
+no module imports itself back round a cycle. Every source file has exactly one module name (three
 distributions: gkv_train at the root, gkv_rollout in rollout/, gkv_rewards in rewards/; no links, no path edits);
 module names are unique; record formats are told apart in one place only."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -257,63 +259,120 @@ def test_no_benchmark_imports_another():
     assert benchmark_imports("def f():\n    import bench_rollout\n") == {"bench_rollout"}
 
 
-def runtime_imports(source: str) -> set[str]:
-    """The modules a source file can import when it runs: every import statement at any depth (a function's lazy
-    import counts), but those of ``if TYPE_CHECKING:`` blocks, which only a type checker reads."""
-    tree = ast.parse(source)
-    typing_only = {
-        id(inner)
-        for node in ast.walk(tree)
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
-        for statement in node.body
-        for inner in ast.walk(statement)
+def imported_modules(source: str) -> set[str]:
+    """The project modules a source file imports, every import statement at any depth (a function's import and a
+    type checker's count: an order of layers holds for both); ``from package import module`` names that module."""
+    submodules = {
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.ImportFrom) and node.module
+        for alias in node.names
     }
-    names = set()
-    for node in ast.walk(tree):
-        if id(node) in typing_only:
-            continue
-        if isinstance(node, ast.ImportFrom) and node.module:
-            names.add(node.module)
-        elif isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-    return names
+    return (imported_names(source) | submodules) & set(MODULES)
 
 
-def import_cycle(graph: dict[str, set[str]]) -> list[str]:
-    """One cycle of ``graph`` (module -> the modules it imports) as a path that ends where it starts; [] when none."""
-    done, path = set(), []
+def import_loops(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
+    """Every set of nodes of ``graph`` (node -> the nodes it imports) that import each other, directly or round a
+    cycle (its strongly connected components of more than one node), each sorted; [] when the imports run one way."""
 
-    def walk(module) -> list[str]:
-        if module in path:
-            return path[path.index(module) :] + [module]
-        if module in done:
-            return []
-        path.append(module)
-        for child in sorted(graph.get(module, ())):
-            found = walk(child)
-            if found:
-                return found
-        path.pop()
-        done.add(module)
-        return []
+    def reachable(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for child in graph.get(todo.pop(), ()):
+                if child not in seen:
+                    seen.add(child)
+                    todo.append(child)
+        return seen
 
-    for module in sorted(graph):
-        found = walk(module)
-        if found:
-            return found
-    return []
+    reach = {node: reachable(node) for node in graph}
+    return sorted({tuple(sorted(m for m in reach[n] if n in reach.get(m, ()))) for n in graph if n in reach[n]})
+
+
+def loops_named(graph: dict[str, set[str]]) -> str:
+    """The failure's message: the loops of ``graph`` and the pairs in them that import each other directly."""
+    pairs = sorted((a, b) for a in graph for b in graph[a] if a < b and a in graph.get(b, ()))
+    return f"these import each other: {import_loops(graph)}; directly, the pairs {pairs}"
 
 
 def test_no_module_imports_itself_back():
-    """No import cycle among the project's modules, lazy imports counted (``gkv_rollout.config`` -> ``methods`` ->
-    ``eviction_cache`` -> ``config`` went round until a method became one dataclass: its state types now sit beside
-    the scoring, and a method builds its cache); a package's ``__init__`` importing its own submodules is not a
-    cycle. Controls: a cycle written in is found; a type checker's import is not counted."""
+    """No import cycle among the project's modules, every import statement counted, a function's and a type
+    checker's (``gkv_rollout.config`` -> ``methods`` -> ``eviction_cache`` -> ``config`` went round until a method
+    became one dataclass; then ``eviction_cache`` named ``methods.Method`` for a type checker while ``methods`` builds
+    the cache, which sits below it); a package's ``__init__`` imported by its own submodules is not a cycle.
+    Controls: a pair and a longer loop written in are found and named; a function's and a type checker's imports
+    are seen."""
     graph = {
-        module: {m for m in runtime_imports(path.read_text()) if m in MODULES and not module.startswith(m + ".")}
+        module: {m for m in imported_modules(path.read_text()) if m != module and not module.startswith(m + ".")}
         for module, path in MODULES.items()
     }
-    assert import_cycle(graph) == [], import_cycle(graph)
+    assert import_loops(graph) == [], loops_named(graph)
     looped = {**graph, "gkv_rollout.scoring": graph["gkv_rollout.scoring"] | {"gkv_rollout.methods"}}
-    assert import_cycle(looped)[0] == import_cycle(looped)[-1]
-    assert runtime_imports("if TYPE_CHECKING:\n    import a\ndef f():\n    import b\nimport c\n") == {"b", "c"}
+    [loop] = import_loops(looped)  # methods -> scoring -> methods, and methods -> eviction_cache -> scoring
+    assert {"gkv_rollout.methods", "gkv_rollout.scoring"} <= set(loop)
+    assert import_loops({"a": {"b"}, "b": {"a", "c"}, "c": {"d"}, "d": {"e"}, "e": {"c"}}) == [
+        ("a", "b"),
+        ("c", "d", "e"),
+    ]
+    assert import_loops({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    source = (
+        "if TYPE_CHECKING:\n    from gkv_rollout.methods import Method\ndef f():\n    from gkv_rollout import engine\n"
+    )
+    assert imported_modules(source) == {"gkv_rollout.methods", "gkv_rollout.engine", "gkv_rollout"}
+
+
+def group(module: str) -> str:
+    """The group of a ``gkv_train`` module: its subpackage (``gkv_train.runs``), or the module itself when it sits at
+    the top (``gkv_train.models``)."""
+    return ".".join(module.split(".")[:2])
+
+
+def group_imports() -> dict[str, set[str]]:
+    """gkv_train's groups -> the other groups their modules import (every import statement: ``imported_modules``)."""
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        if module.startswith("gkv_train."):
+            imported = {group(m) for m in imported_modules(path.read_text()) if m.startswith("gkv_train.")}
+            graph.setdefault(group(module), set()).update(imported - {group(module)})
+    return graph
+
+
+def test_no_gkv_train_groups_import_each_other():
+    """gkv_train's groups (its subpackages, and each module at its top) are layers: no two import each other,
+    directly or round a cycle, though no module cycle is needed for that (``evaluation.metrics`` ->
+    ``training.logprobs`` while ``training.launch`` -> ``evaluation.evaluate``). The control: a group is its
+    subpackage, or the module at the top."""
+    graph = group_imports()
+    assert import_loops(graph) == [], loops_named(graph)
+    assert group("gkv_train.runs.checkpoints") == "gkv_train.runs" and group("gkv_train.models") == "gkv_train.models"
+
+
+def documented_layers() -> dict[str, int]:
+    """ARCHITECTURE.md's layers of gkv_train's groups (the table after ``<!-- gkv_train layers -->``): group
+    (``gkv_train.runs``) -> its layer."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    assert "<!-- gkv_train layers -->\n" in text, "ARCHITECTURE.md gives no layers of gkv_train's groups"
+    table = text.split("<!-- gkv_train layers -->\n", 1)[1].split("\n\n", 1)[0]
+    return {
+        f"gkv_train.{name}": int(layer)
+        for layer, groups in re.findall(r"^\| (\d+) \| ([^|]+) \|", table, re.M)
+        for name in re.findall(r"`(\w+)`", groups)
+    }
+
+
+def against_the_layers(graph: dict[str, set[str]], layers: dict[str, int]) -> list[tuple[str, str]]:
+    """The imports (group, the group it imports) of ``graph`` that do not go down to a lower layer."""
+    return sorted((g, m) for g, imported in graph.items() for m in imported if layers[m] >= layers[g])
+
+
+def test_gkv_train_groups_import_down_the_documented_layers():
+    """ARCHITECTURE.md gives every gkv_train group a layer, and each group imports only groups of lower layers: the
+    order written down is the code's. The controls: an import up, or within a layer, is named."""
+    layers, graph = documented_layers(), group_imports()
+    assert sorted(layers) == sorted(graph), "ARCHITECTURE.md's layers name other groups than gkv_train has"
+    assert against_the_layers(graph, layers) == []
+    assert against_the_layers(
+        {"gkv_train.runs": {"gkv_train.cli", "gkv_train.problems", "gkv_train.models"}}, layers
+    ) == [
+        ("gkv_train.runs", "gkv_train.cli"),
+        ("gkv_train.runs", "gkv_train.problems"),
+    ]

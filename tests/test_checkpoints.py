@@ -12,6 +12,7 @@ from gkv_rollout.config import CompressionConfig
 from gkv_train.config.options import DistillOptions, LoraOptions
 from gkv_train.config.train_config import DistillTrainConfig, GRPOTrainConfig
 from gkv_train.jsonio import dumps, read_jsonl
+from gkv_train.manifest import damage, write_manifest
 from gkv_train.runs.checkpoints import (
     clear_run,
     complete_checkpoints,
@@ -19,7 +20,6 @@ from gkv_train.runs.checkpoints import (
     run_artefacts,
     truncate_metrics,
 )
-from gkv_train.runs.manifest import damage, write_manifest
 from gkv_train.runs.output_dir import prepare_output_dir, resume_checkpoint
 from gkv_train.training.launch import run_folder
 
@@ -238,7 +238,8 @@ def test_run_lock_names_a_live_holder_and_outlives_no_process(tmp_path):
     import subprocess
     import sys
 
-    from gkv_train.runs.runlock import RunLock, RunLocked
+    from gkv_train.exits import RunLocked
+    from gkv_train.runs.runlock import RunLock
 
     holder = subprocess.Popen(
         [
@@ -280,7 +281,7 @@ def test_run_lock_names_a_live_holder_and_outlives_no_process(tmp_path):
 def test_full_disk_errors_name_the_disk(tmp_path):
     import errno
 
-    from gkv_train.runs.storage import DiskFull, filesystem, naming_full_disk
+    from gkv_train.storage import DiskFull, filesystem, naming_full_disk
 
     with pytest.raises(DiskFull) as err:
         with naming_full_disk(tmp_path / "metrics.jsonl", "the metrics log", needed=3 * 10**9):
@@ -340,7 +341,7 @@ def test_a_resume_needs_the_checkpoints_optimizer_state_or_says_it_starts_afresh
     and resume_model_only=true, which accepts it (and is refused where the state is there, or without a resume);
     DeepSpeed's checkpoint keeps both in its global_step folder (control); a file the manifest does not list is
     damage, named."""
-    from gkv_train.runs.manifest import missing_training_state
+    from gkv_train.manifest import missing_training_state
 
     config = GRPOTrainConfig(model="tiny", output_dir=str(tmp_path), resume="last")
     path = checkpoint(tmp_path, 1)
@@ -387,7 +388,8 @@ def test_a_lock_held_for_an_instant_is_tried_again(tmp_path):
     import os
     import threading
 
-    from gkv_train.runs.runlock import LOCK_FILE, RunLock, RunLocked
+    from gkv_train.exits import RunLocked
+    from gkv_train.runs.runlock import LOCK_FILE, RunLock
 
     (tmp_path / LOCK_FILE).write_text('{"pid": 1, "host": "h", "started": "long ago", "command": "stale"}\n')
 

@@ -98,7 +98,7 @@ def test_a_method_with_an_option_of_its_own_is_one_class_in_one_file(tmp_path, m
     from gkv_rollout.methods import METHODS
     from gkv_rollout.registry import PLUG_INS
     from gkv_train.config.compose import check_overrides
-    from gkv_train.training.logprobs import token_logprobs
+    from gkv_train.logprobs import token_logprobs
 
     (tmp_path / "my_methods.py").write_text(
         "from dataclasses import dataclass\n"

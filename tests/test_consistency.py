@@ -12,9 +12,9 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract import attention
 from gkv_rollout.contract.eviction import NEVER
 from gkv_rollout.engine import RolloutEngine
+from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_model
 from gkv_train.training.consistency import consistency_report
-from gkv_train.training.logprobs import token_logprobs
 
 TOL = 1e-4
 
@@ -147,7 +147,7 @@ def test_a_record_that_evicts_nothing_attends_through_sdpa_as_trl_does(tiny_llam
     (``is_causal`` and no mask without padding, transformers' [B, 1, T, T] mask with it; grouped-query as SDPA
     does it), and its log-probs equal the rollout's. Control: a record that evicts attends through its masks."""
     from gkv_rollout.contract import attention_context
-    from gkv_train.training.logprobs import logical_forward
+    from gkv_train.logprobs import logical_forward
 
     def calls_under(out):
         ids, mask = out.sequences, out.attention_mask

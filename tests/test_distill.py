@@ -9,9 +9,9 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_train.config.options import DistillOptions
 from gkv_train.config.train_config import DistillTrainConfig
 from gkv_train.evaluation.traces import generate_traces, load_traces, write_traces
+from gkv_train.logprobs import token_divergence
 from gkv_train.models import load_model
 from gkv_train.training.distill import CompressedDistillationTrainer
-from gkv_train.training.logprobs import token_divergence
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +109,7 @@ def test_one_kl_path_for_training_and_evaluation(traces):
     the trainer's loss on the same replayed rows is the evaluation's mean."""
     from gkv_rollout.engine import RolloutEngine
     from gkv_train.evaluation.metrics import compressed_kl
-    from gkv_train.training.logprobs import divergence_under_record
+    from gkv_train.logprobs import divergence_under_record
 
     model, tokenizer = load_model("tiny")
     rows = list(load_traces(traces))[:4]

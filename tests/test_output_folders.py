@@ -487,8 +487,9 @@ def test_export_writes_whole_or_not_at_all_under_its_lock(runs, tmp_path, monkey
     and goes."""
     from transformers import PreTrainedModel
 
+    from gkv_train.exits import RunLocked
     from gkv_train.export import export
-    from gkv_train.runs.runlock import RunLock, RunLocked
+    from gkv_train.runs.runlock import RunLock
 
     exported = copy(runs, "exported", tmp_path / "exp")
     (exported / ".run.lock").unlink(missing_ok=True)

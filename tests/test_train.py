@@ -17,7 +17,7 @@ from entry_points import run_each, run_warm
 from gkv_train.jsonio import read_jsonl
 from gkv_train.runs.checkpoints import complete_checkpoints
 from gkv_train.runs.runlock import RunLock
-from gkv_train.runs.storage import filesystem
+from gkv_train.storage import filesystem
 
 from verifier_probe import PAIRS, SCRIPT_WITH_ANSWERS, write_problems
 

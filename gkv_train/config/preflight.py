@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from gkv_rollout.config import CompressionConfig
 from gkv_rollout.contract.attention import check_plain_head
 from gkv_rollout.methods import ModelShape
-from gkv_train.runs.storage import size_text
+from gkv_train.storage import size_text
 
 NEAR_LIMIT = 64  # tokens: prompts estimated this close to the context are tokenised exactly (chat template)
 GIVEN_COUNTED = 100_000  # characters: a given beginning up to this long is counted exactly even when far too long

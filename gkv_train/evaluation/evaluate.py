@@ -30,7 +30,7 @@ from gkv_train.problems.data import GIVEN, load_problems, local_file
 from gkv_train.runs.outputs import check_output
 from gkv_train.runs.run_folder import EVALUATION_LOG, LM_EVAL_RESULTS, claim_run_dir, finished_batches
 from gkv_train.runs.runlock import RunLock
-from gkv_train.runs.storage import naming_full_disk
+from gkv_train.storage import naming_full_disk
 
 
 def run_budget(compression: CompressionConfig) -> int | None:

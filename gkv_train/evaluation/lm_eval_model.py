@@ -35,8 +35,8 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig, flat_fields
 from gkv_rollout.contract.attention import decoder_and_head
 from gkv_rollout.engine import RolloutEngine
 from gkv_train.exits import REFUSED, Refused, refusing
+from gkv_train.logprobs import hidden_states
 from gkv_train.models import check_adapter, check_model, load_model
-from gkv_train.training.logprobs import hidden_states
 
 OWN = (
     "pretrained",

@@ -10,7 +10,7 @@ import torch
 
 from gkv_rollout.config import CompressionConfig
 from gkv_rollout.engine import RolloutEngine
-from gkv_train.training.logprobs import divergence_under_record
+from gkv_train.logprobs import divergence_under_record
 
 DENSITY_BINS = 50
 

@@ -22,7 +22,7 @@ from gkv_train.models import check_model, load_model
 from gkv_train.problems.data import GIVEN, check_sampled_only, load_problems, read_records
 from gkv_train.runs.outputs import check_output
 from gkv_train.runs.runlock import RunLock
-from gkv_train.runs.storage import naming_full_disk
+from gkv_train.storage import naming_full_disk
 
 TRACE_FIELDS = ("id", "prompt", "completion", "completion_ids", "answer", "correct", "check_timed_out", "check_error")
 SOLUTION = "solution"  # a problem set's column of the completion that solves it (count_recall's)

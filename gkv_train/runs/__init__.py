@@ -1,2 +1,1 @@
-"""A run's folder: outputs checked before any work, one run per folder, crash-safe checkpoints and their manifests,
-resume."""
+"""A run's folder: outputs checked before any work, one run per folder, crash-safe checkpoints, resume."""

@@ -5,7 +5,7 @@ A checkpoint is written under ``<output_dir>/.staging/checkpoint-N`` and renamed
 once every process has written its part, so a ``checkpoint-N`` folder is always complete; a save killed half
 way (or failing on a full disk, which the error names with the space free and needed) leaves only the staging
 folder, removed at the next start. Each checkpoint, and the final model in the run folder, carries a manifest
-(``gkv_train.runs.manifest``), so a file damaged later (truncated, overwritten) is found before it is loaded:
+(``gkv_train.manifest``), so a file damaged later (truncated, overwritten) is found before it is loaded:
 ``resume=last`` passes over a damaged checkpoint to the one before, saying so. ``StopOnSignal`` ends training at a
 step boundary with such a checkpoint.
 """
@@ -30,8 +30,8 @@ from transformers.trainer_utils import rotate_checkpoints
 
 from gkv_train.exits import Preempted
 from gkv_train.jsonio import dumps, read_jsonl, read_state, write_atomically
-from gkv_train.runs.manifest import CHECKPOINT, MANIFEST, damage, write_manifest
-from gkv_train.runs.storage import FULL, disk_full, free_bytes
+from gkv_train.manifest import CHECKPOINT, MANIFEST, damage, write_manifest
+from gkv_train.storage import FULL, disk_full, free_bytes
 
 STAGING = ".staging"
 METRICS = "metrics.jsonl"

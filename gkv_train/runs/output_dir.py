@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gkv_rollout.config import CompressionConfig
-from gkv_train.exits import Refused
+from gkv_train.exits import Refused, RunLocked
+from gkv_train.manifest import CHECKPOINT, MANIFEST, damage, missing_training_state, saved_settings
 from gkv_train.models import base_model_name
 from gkv_train.runs.checkpoints import (
     EVAL,
@@ -25,9 +26,8 @@ from gkv_train.runs.checkpoints import (
     resume_settings,
     truncate_metrics,
 )
-from gkv_train.runs.manifest import CHECKPOINT, MANIFEST, damage, missing_training_state, saved_settings
 from gkv_train.runs.outputs import check_output
-from gkv_train.runs.runlock import RunLock, RunLocked
+from gkv_train.runs.runlock import RunLock
 
 if TYPE_CHECKING:
     from transformers import TrainingArguments

@@ -32,7 +32,7 @@ from gkv_train.models import BUILTIN_MODELS
 from gkv_train.runs.checkpoints import TRAIN_LOG, run_artefacts
 from gkv_train.runs.run_folder import evaluation_marks
 from gkv_train.runs.runlock import RunLock, is_lock_file
-from gkv_train.runs.storage import check_output_dir, check_output_file
+from gkv_train.storage import check_output_dir, check_output_file
 
 # what each job writes into its folder (named in a refusal: the files a user's folder would lose)
 WRITES = {

@@ -4,7 +4,7 @@ file: ``.<name>.lock`` beside it), held for the run's life.
 The kernel drops the lock when its holder exits in any way (SIGKILL and crashes included), so a lock file left
 behind by a dead process never blocks a new run. The holder writes its PID, host, start time and command into
 the file, so that a refused run can name it. The file itself stays (removing it could let two runs lock two
-different files of one name). Leaf module: no project imports.
+different files of one name). Imports only ``RunLocked`` (``gkv_train.exits``), the refusal it raises.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from gkv_train.exits import RunLocked
+
 LOCK_FILE = ".run.lock"
 RETRY_S = 0.2  # a lock found held is tried once more after this long (a probe's instant, a holder writing its note)
 
@@ -24,10 +26,6 @@ RETRY_S = 0.2  # a lock found held is tried once more after this long (a probe's
 def is_lock_file(name: str) -> bool:
     """Whether a file ``name`` is a lock file ``RunLock`` leaves (a folder's, or an output file's): no one's output."""
     return name == LOCK_FILE or (name.startswith(".") and name.endswith(".lock"))
-
-
-class RunLocked(Exception):
-    """Another live process holds the folder's lock (the message names it)."""
 
 
 class RunLock:

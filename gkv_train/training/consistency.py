@@ -21,6 +21,7 @@ from gkv_train.config.preflight import (
     status_bytes,
 )
 from gkv_train.jsonio import dumps
+from gkv_train.logprobs import token_logprobs
 from gkv_train.models import (
     TINY_ALIAS,
     TINY_MODELS,
@@ -30,8 +31,7 @@ from gkv_train.models import (
     random_prompts,
 )
 from gkv_train.problems.data import gsm8k_questions
-from gkv_train.runs.storage import size_text
-from gkv_train.training.logprobs import token_logprobs
+from gkv_train.storage import size_text
 
 
 def logprob_mismatch(model, out, record, temperature: float = 1.0, backend: str = "auto") -> dict[str, float]:

@@ -30,9 +30,9 @@ from gkv_rollout.sampling import head_logprobs, rollout_seed
 from gkv_train.config.options import rollout_sampling
 from gkv_train.config.train_config import DistillTrainConfig
 from gkv_train.console import rollout_progress
+from gkv_train.logprobs import divergence_under_record
 from gkv_train.training.consistency import mismatch_stats
 from gkv_train.training.distributed import generation_model
-from gkv_train.training.logprobs import divergence_under_record
 
 
 class CompressedDistillationTrainer(Trainer):

@@ -42,10 +42,10 @@ from gkv_rollout.sampling import rollout_seed
 from gkv_train.config.options import SparseRLOptions
 from gkv_train.config.train_config import GRPOTrainConfig
 from gkv_train.console import rollout_progress
+from gkv_train.logprobs import logical_forward
 from gkv_train.problems.data import GIVEN
 from gkv_train.training.consistency import mismatch_stats
 from gkv_train.training.distributed import generation_model, is_zero3
-from gkv_train.training.logprobs import logical_forward
 
 
 def rollout_correction(trainer_logps, rollout_logps, mask, options: SparseRLOptions):

@@ -50,7 +50,7 @@ from gkv_train.runs.output_dir import (
     prepare_output_dir,
     resume_checkpoint,
 )
-from gkv_train.runs.storage import naming_full_disk
+from gkv_train.storage import naming_full_disk
 from gkv_train.training.distill import CompressedDistillationTrainer
 from gkv_train.training.distributed import generation_model
 from gkv_train.training.grpo import CompressedGRPOTrainer

@@ -14,7 +14,6 @@ keeps exactly ``min(budget, length_b)`` tokens, so one [B, S] validity mask serv
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +23,6 @@ from gkv_rollout.contract.attention import head_dim
 from gkv_rollout.contract.eviction import NEVER, EvictionRecord, after_end_is_never
 from gkv_rollout.kv_cache import KVCache
 from gkv_rollout.scoring import LayerState, candidate_slots, select_keep
-
-if TYPE_CHECKING:
-    from gkv_rollout.methods import Method
 
 STATIC_WIDTH_STEP = 64  # a static decode step attends over a multiple of this many slots
 # given tokens a forward of the full cache takes at most (it has no compression point to stop at): its attention
@@ -68,7 +64,9 @@ class EvictionCache(KVCache):
     """KV buffers of one batched rollout.
 
     model_config: the HF config (layers, heads, head dim); method: the method at its settings (``full`` or
-    one of the G-KV family, whose ``score`` a compression asks); capacity: slots per buffer; record_len: logical
+    one of the G-KV family: ``gkv_rollout.methods``, which builds this cache and sits above it), of which the cache
+    reads ``compresses``, ``budget``, ``window``, ``interval``, ``sinks`` and ``keep_prompt`` and calls ``score``
+    (a compression) and ``check_kept_prompt``; capacity: slots per buffer; record_len: logical
     positions the record covers (longest prompt + max new tokens); seed: the rollout's sampling seed (for a
     method that draws at random).
     """
@@ -78,7 +76,7 @@ class EvictionCache(KVCache):
     def __init__(
         self,
         model_config,
-        method: Method,
+        method,
         batch_size: int,
         capacity: int,
         record_len: int,

@@ -1,6 +1,7 @@
 """The manifest of a saved model or checkpoint folder (``manifest.json``: every file's size and SHA-256, and the
 settings its optimizer and scheduler state were made with), and what is wrong with a folder against it: a file
-damaged after it was saved (truncated, overwritten) is found before it is loaded.
+damaged after it was saved (truncated, overwritten) is found before it is loaded. Checkpoints, a run's final model, an
+export, an adapter and the model cache's copies all carry one.
 """
 
 from __future__ import annotations
