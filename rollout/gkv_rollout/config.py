@@ -73,7 +73,15 @@ class CompressionConfig:
                 "exactly only its sinks (compression.sinks): use an eviction method, or keep_prompt=false"
             )
         shared = {name: getattr(self, name) for name in SHARED if name in names and getattr(self, name) is not None}
-        self.resolved: Method = kind(**shared, **own)
+        try:
+            self.resolved: Method = kind(**shared, **own)
+        except Exception as err:  # a plug-in's own __post_init__: its mistake, named with its path
+            if ":" not in self.method or isinstance(err, ValueError):
+                raise
+            raise ValueError(
+                f"compression.method={self.method}: building it raised {type(err).__name__} in its __post_init__ "
+                f"({err})"
+            ) from err
 
     @property
     def kind(self) -> type[Method]:

@@ -23,7 +23,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from gkv_rollout.contract.attention import head_dim
 from gkv_rollout.contract.eviction import NEVER, EvictionRecord, after_end_is_never
 from gkv_rollout.kv_cache import KVCache
-from gkv_rollout.scoring import LayerState, candidate_slots, select_keep
+from gkv_rollout.scoring import LayerState, candidate_slots, check_finite, checked_score, select_keep
 
 if TYPE_CHECKING:
     from gkv_rollout.methods import Method
@@ -323,10 +323,12 @@ class EvictionCache(KVCache):
                 self.lengths,
                 self.seed,
             )
-            score, new_history = self.method.score(state)
+            score, new_history = checked_score(self.method, state, None if layer == 0 else histories[0] is not None)
             scores.append(score)
             histories.append(new_history)
-        index, n_keep = select_keep(torch.stack(scores), candidates, key_ok, cfg.budget, cfg.window)  # [L, B, Hkv, K]
+        scores = torch.stack(scores)
+        check_finite(self.method, scores, candidates)
+        index, n_keep = select_keep(scores, candidates, key_ok, cfg.budget, cfg.window)  # [L, B, Hkv, K]
         K = index.shape[-1]
         kept = torch.zeros_like(positions, dtype=torch.bool).scatter_(
             -1, index, (torch.arange(K, device=index.device) >= (K - n_keep)[:, None, None]).expand_as(index)
