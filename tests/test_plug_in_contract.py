@@ -1,7 +1,8 @@
 """A method's contract with the cache, checked where the cache uses it: ``score(state)`` returns (score float
 [B, Hkv, S] finite on the candidate slots, history None or of the same shape), else an error naming the class and
 ``score`` (``gkv_rollout.scoring.checked_score`` / ``check_finite``); a plug-in module that fails to import, or a
-method whose ``__post_init__`` raises, is one ``error:`` line at configuration time naming the method's path."""
+method whose ``__post_init__`` raises, is one ``error:`` line at configuration time naming the method's path; the
+shared options a method does not read are checked as the methods that read them check them."""
 
 import re
 import sys
@@ -126,3 +127,24 @@ def test_a_plug_in_failing_at_import_or_in_post_init_is_one_error_line(tmp_path,
             METHODS.pop(name, None)
         PLUG_INS.pop("broken_post_init:Typed", None)
         PLUG_INS.pop("broken_post_init:Checked", None)
+
+
+def test_the_shared_options_a_method_does_not_read_are_checked_as_those_that_do():
+    """``full`` reads no shared option and S4R neither budget nor interval: they are kept for a sweep's runs, so a
+    value no method could take is refused whatever the method (``compression.budget=-5`` with ``full`` was
+    accepted); values some method takes stay accepted (a budget of 1, unused without compression)."""
+    for method, options, message in (
+        ("full", dict(budget=-5), r"compression.budget=-5 must be a number of tokens, at least 1, whatever the method"),
+        ("full", dict(budget=0), "compression.budget=0"),
+        ("full", dict(window=0), "compression.window=0"),
+        ("full", dict(sinks=-1), r"compression.sinks=-1 must be a number of tokens, at least 0"),
+        ("full", dict(pool_kernel=2), "compression.pool_kernel=2 must be a positive odd number"),
+        ("full", dict(pool="mean"), "unknown compression.pool 'mean'"),
+        ("full", dict(group_agg="min"), "unknown compression.group_agg 'min'"),
+        ("s4r", dict(budget=-5), r"compression.budget=-5 .*compression.method=s4r does not read it"),
+        ("s4r", dict(interval=0), "compression.interval=0"),
+    ):
+        with pytest.raises(ValueError, match=message):
+            CompressionConfig(method, **options)
+    assert CompressionConfig("full", budget=1, window=16, sinks=0, pool_kernel=3).budget == 1
+    assert CompressionConfig("s4r", budget=64, interval=16).resolved.name == "s4r"
