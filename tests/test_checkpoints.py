@@ -408,3 +408,27 @@ def test_a_lock_held_for_an_instant_is_tried_again(tmp_path):
     with pytest.raises(RunLocked, match="in use by another run"):
         RunLock.check_free(tmp_path, "output_dir")
     holder.join()
+
+
+def test_a_resume_on_another_task_is_refused_naming_both(tmp_path):
+    """``resume=last`` under another ``data.name`` (or ``data.path``) went on training the checkpoint on the new
+    task: refused naming the key and both values; the same task resumes, and a checkpoint saved before the task was
+    recorded still does (its manifest does not say)."""
+    from gkv_train.problems.data import DataConfig
+
+    config = GRPOTrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last")
+    first = saved(tmp_path, 1, config)
+    assert resume(config, config) == str(first)
+    for data, message in (
+        (DataConfig(name="copy_recall"), r"\(data.name='arithmetic' there, 'copy_recall' here\)"),
+        (DataConfig(path=str(tmp_path / "mine.jsonl")), r"\(data.path=None there, '\S+/mine.jsonl' here\)"),
+    ):
+        other = GRPOTrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last", data=data)
+        with pytest.raises(ValueError, match=message):
+            resume(other, other)
+    manifest = json.loads((first / "manifest.json").read_text())
+    del manifest["settings"]["data"]  # an earlier checkpoint's
+    (first / "manifest.json").write_text(json.dumps(manifest))
+    other = GRPOTrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last", data=DataConfig("x.jsonl"))
+    assert resume(other, other) == str(first)
+

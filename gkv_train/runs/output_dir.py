@@ -155,12 +155,13 @@ def check_training_state(folder: RunFolder, found: Path, finished: bool = False)
 
 
 def flat_settings(settings: dict) -> dict:
-    """``resume_settings``' groups (compression, rl) by dotted key as the configuration writes them (a method's own
-    options under ``compression.options``), the rest as they are: a difference is named by the one key that differs."""
+    """``resume_settings``' groups (compression, rl, data) by dotted key as the configuration writes them (a method's
+    own options under ``compression.options``), the rest as they are: a difference is named by the one key that
+    differs."""
     shared = {f.name for f in dataclasses.fields(CompressionConfig)}
     found = {}
     for key, value in settings.items():
-        if key in ("compression", "rl") and isinstance(value, dict):
+        if key in ("compression", "rl", "data") and isinstance(value, dict):
             for name, v in value.items():
                 own = key == "compression" and name not in shared
                 found[f"{key}.options.{name}" if own else f"{key}.{name}"] = v
