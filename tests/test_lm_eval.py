@@ -209,7 +209,8 @@ def test_a_typo_through_the_command_line_is_one_line_before_work(tmp_path):
 def test_a_tasks_generation_settings_the_model_has_not_are_refused_before_any_generation(monkeypatch):
     """A task's ``generation_kwargs`` that the rollout engine does not have (``top_k``, ``repetition_penalty``) were
     silently ignored: refused naming the task, the key and what is honoured, before anything is generated (train.py
-    refuses TRL's alike); at the values that change nothing (``top_k: 0``, ``repetition_penalty: 1.0``) they run."""
+    refuses TRL's alike); at the values that change nothing (``top_k: 0``, ``repetition_penalty: 1.0``,
+    ``num_beams: 1``) they run."""
     from gkv_train.exits import Refused
 
     lm = CompressedLM(pretrained="tiny", method="gkv", budget=16, window=4, interval=8)
@@ -224,5 +225,5 @@ def test_a_tasks_generation_settings_the_model_has_not_are_refused_before_any_ge
         with pytest.raises(Refused, match=rf"task second: generation_kwargs {key}: {value} is not honoured by the gkv"):
             lm.generate_until([request(plain, "first"), request({**plain, key: value}, "second")])
     monkeypatch.setattr(lm.engine, "generate", generate)
-    no_op = {**plain, "top_k": 0, "repetition_penalty": 1.0, "temperature": 0.0}
+    no_op = {**plain, "top_k": 0, "repetition_penalty": 1.0, "num_beams": 1, "temperature": 0.0}
     assert len(lm.generate_until([request(no_op, "first"), request(plain, "first")])) == 2

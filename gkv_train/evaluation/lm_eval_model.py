@@ -57,7 +57,7 @@ OWN = (
 # a task's generation_kwargs the model honours (``CompressedLM._generate``), and those it has not at the values that
 # change nothing
 GENERATION_HONOURED = ("until", "max_gen_toks", "do_sample", "temperature", "top_p")
-GENERATION_NO_OP = {"top_k": (None, 0), "repetition_penalty": (None, 1.0), "min_p": (None, 0.0)}
+GENERATION_NO_OP = {"top_k": (None, 0), "repetition_penalty": (None, 1.0), "min_p": (None, 0.0), "num_beams": (None, 1)}
 
 
 @register_model("gkv")
