@@ -44,7 +44,8 @@ issue 37: the newer paths — the lm-eval model, S4R refresh, resume, TRL keys, 
 load, damaged checkpoints), ``round4`` (issue 54's: damaged runs, long_recall's story, recipe files, checkpoints
 without manifests, the natural haystack, keys that cannot apply, adapter folders, unbounded inputs, library calls;
 written as data, ``scripts/faults/round4.py``), ``round5`` (issue 64's, in round four's row shape,
-``scripts/faults/round5.py``: output folders written over, no-op training, resumes without their optimizer state;
+``scripts/faults/round5.py``: output folders written over, no-op training, resumes without their optimizer state,
+plug-in methods' contracts (their score's result, a module failing at import), settings accepted and ignored;
 ``scripts/faults/round5_cache.py``: the model cache's content, adapters against their base, ``gkv-train check``).
 A full disk is a tmpfs of a few KB mounted on the case's output folder where ``mount`` is allowed (root): writes
 fail with ENOSPC as on a real full disk. Without that permission a file-size limit (RLIMIT_FSIZE) stands in:

@@ -20,7 +20,7 @@ from gkv_train.runs.checkpoints import (
     run_artefacts,
     truncate_metrics,
 )
-from gkv_train.runs.output_dir import prepare_output_dir, resume_checkpoint
+from gkv_train.runs.output_dir import finished_whole, prepare_output_dir, resume_checkpoint
 from gkv_train.training.launch import run_folder
 
 STATE = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
@@ -410,3 +410,47 @@ def test_a_lock_held_for_an_instant_is_tried_again(tmp_path):
     with pytest.raises(RunLocked, match="in use by another run"):
         RunLock.check_free(tmp_path, "output_dir")
     holder.join()
+
+
+def test_a_resume_on_another_task_is_refused_naming_both(tmp_path):
+    """``resume=last`` under another ``data.name`` (or ``data.path``) went on training the checkpoint on the new
+    task: refused naming the key and both values; the same task resumes, and a checkpoint saved before the task was
+    recorded still does (its manifest does not say)."""
+    from gkv_train.problems.data import DataConfig
+
+    config = GRPOTrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last")
+    first = saved(tmp_path, 1, config)
+    assert resume(config, config) == str(first)
+    for data, message in (
+        (DataConfig(name="copy_recall"), r"\(data.name='arithmetic' there, 'copy_recall' here\)"),
+        (DataConfig(path=str(tmp_path / "mine.jsonl")), r"\(data.path=None there, '\S+/mine.jsonl' here\)"),
+    ):
+        other = GRPOTrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last", data=data)
+        with pytest.raises(ValueError, match=message):
+            resume(other, other)
+    manifest = json.loads((first / "manifest.json").read_text())
+    del manifest["settings"]["data"]  # an earlier checkpoint's
+    (first / "manifest.json").write_text(json.dumps(manifest))
+    other = GRPOTrainConfig(model="smollm2-135m", output_dir=str(tmp_path), resume="last", data=DataConfig("x.jsonl"))
+    assert resume(other, other) == str(first)
+
+
+def test_a_finished_runs_damaged_final_model_is_seen(tmp_path, capsys):
+    """A finished run (its evaluation written) whose final weights were cut answered "nothing to do": its final model
+    is checked against its manifest (without one, by its contents), and a damaged one is named, so that the run saves
+    it again from its last checkpoint; a whole one, or one without its evaluation, is as before."""
+    weights = tmp_path / "model.safetensors"
+    save_file({"w": torch.zeros(64)}, weights)
+    write_manifest(tmp_path, [weights], {})
+    assert not finished_whole(tmp_path, True)  # no evaluation: stopped before its final save and evaluation
+    (tmp_path / "eval.json").write_text("{}")
+    assert finished_whole(tmp_path, True) and capsys.readouterr().err == ""
+    size = weights.stat().st_size
+    weights.write_bytes(weights.read_bytes()[: size // 2])
+    assert not finished_whole(tmp_path, False) and capsys.readouterr().err == ""  # another process says nothing
+    assert not finished_whole(tmp_path, True)
+    assert f"warning: the final model of {tmp_path} is damaged ({weights} has {size // 2} bytes, {size} when it" in (
+        capsys.readouterr().err
+    )
+    (tmp_path / "manifest.json").unlink()  # a run saved before final models had manifests: its contents
+    assert not finished_whole(tmp_path, True) and "as its header describes it" in capsys.readouterr().err

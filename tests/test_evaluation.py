@@ -499,3 +499,22 @@ def test_a_failed_evaluation_keeps_its_error_in_the_log(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert done.returncode != 0
     assert "boom inside the evaluation" in (tmp_path / "out" / "evaluate.log").read_text()
+
+
+def test_a_sweep_names_each_run_once():
+    """``methods=[gkv,gkv]`` evaluated and reported the run twice: a method or budget named twice is refused naming
+    it; a sweep of distinct ones is each run once (full once, whatever the budgets)."""
+    from gkv_train.config.eval_config import EvalConfig
+
+    with pytest.raises(ValueError, match=r"methods=\['gkv', 'gkv'\] names gkv twice: each run is evaluated"):
+        EvalConfig(methods=["gkv", "gkv"])
+    with pytest.raises(ValueError, match=r"budgets=\[64, 32, 64\] names 64 twice"):
+        EvalConfig(methods=["gkv"], budgets=[64, 32, 64])
+    runs = EvalConfig(methods=["full", "gkv", "snapkv"], budgets=[32, 64]).compressions()
+    assert [(run.method, run.budget if run.compresses else None) for run in runs] == [
+        ("full", None),
+        ("gkv", 32),
+        ("gkv", 64),
+        ("snapkv", 32),
+        ("snapkv", 64),
+    ]

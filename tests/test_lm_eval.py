@@ -132,6 +132,8 @@ def test_a_local_task_offline_from_python_and_the_command_line(tmp_path, monkeyp
         (dict(method="gkv", budget=16, window=32), "budget (16) must be larger than window (32)"),
         (dict(method="gkv", interval=0), "interval must be a positive number of tokens"),
         (dict(method="s4r", eta=-1), "eta must lie in (0, 1]"),
+        (dict(method="s4r", full_layers=99), "compression.options.full_layers=[99]: tiny has layers 0-"),
+        (dict(method="s4r", rank=10**6), "compression.options.rank=1000000 exceeds what tiny allows"),
         (dict(method="foo"), "unknown compression method 'foo'"),
         (dict(pretrained="/no/such/model"), "model path /no/such/model does not exist"),
         (dict(stats="/no/such/folder/stats.jsonl"), "the folder /no/such/folder does not exist"),
@@ -202,3 +204,26 @@ def test_a_typo_through_the_command_line_is_one_line_before_work(tmp_path):
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1].startswith("error: unknown gkv model argument budgte=64; did you mean")
     assert "Traceback" not in done.stderr and not (tmp_path / "out").exists()
+
+
+def test_a_tasks_generation_settings_the_model_has_not_are_refused_before_any_generation(monkeypatch):
+    """A task's ``generation_kwargs`` that the rollout engine does not have (``top_k``, ``repetition_penalty``) were
+    silently ignored: refused naming the task, the key and what is honoured, before anything is generated (train.py
+    refuses TRL's alike); at the values that change nothing (``top_k: 0``, ``repetition_penalty: 1.0``,
+    ``num_beams: 1``) they run."""
+    from gkv_train.exits import Refused
+
+    lm = CompressedLM(pretrained="tiny", method="gkv", budget=16, window=4, interval=8)
+    plain = {"until": ["\n"], "max_gen_toks": 4, "do_sample": False}
+
+    def request(kwargs: dict, task: str) -> Instance:
+        return Instance("generate_until", {}, ("What is 1 plus 1? Answer:", kwargs), 0, metadata=(task, 0, 1))
+
+    generate = lm.engine.generate
+    monkeypatch.setattr(lm.engine, "generate", lambda *a, **k: pytest.fail("generated before the check"))
+    for key, value in (("top_k", 5), ("repetition_penalty", 1.3), ("num_beams", 4)):
+        with pytest.raises(Refused, match=rf"task second: generation_kwargs {key}: {value} is not honoured by the gkv"):
+            lm.generate_until([request(plain, "first"), request({**plain, key: value}, "second")])
+    monkeypatch.setattr(lm.engine, "generate", generate)
+    no_op = {**plain, "top_k": 0, "repetition_penalty": 1.0, "num_beams": 1, "temperature": 0.0}
+    assert len(lm.generate_until([request(no_op, "first"), request(plain, "first")])) == 2

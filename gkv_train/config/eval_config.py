@@ -115,8 +115,14 @@ class EvalConfig(Sampling):
         if self.batch_problems < 1:
             raise ValueError(f"batch_problems must be at least 1, got {self.batch_problems}")
         for key in ("methods", "budgets"):
-            if getattr(self, key) is not None and not getattr(self, key):
+            given = getattr(self, key)
+            if given is not None and not given:
                 raise ValueError(f"{key}=[] names no run: give at least one, or leave {key} unset (null)")
+            twice = [value for i, value in enumerate(given or []) if value in list(given)[:i]]
+            if twice:
+                raise ValueError(
+                    f"{key}={list(given)} names {twice[0]} twice: each run is evaluated and reported once, give it once"
+                )
         if self.budgets is not None and any(b < 1 for b in self.budgets):
             raise ValueError(f"budgets are token counts: each must be at least 1, got {list(self.budgets)}")
         check_compile_decode(self.compile_decode, self.compressions())

@@ -34,9 +34,11 @@ from lm_eval.api.registry import register_model
 from gkv_rollout.config import CompressionConfig, SamplingConfig, flat_fields
 from gkv_rollout.contract.attention import decoder_and_head
 from gkv_rollout.engine import RolloutEngine
+from gkv_rollout.methods import ModelShape
+from gkv_train.config.preflight import check_ranks
 from gkv_train.exits import REFUSED, Refused, refusing
 from gkv_train.logprobs import hidden_states
-from gkv_train.models import check_adapter, check_model, load_model
+from gkv_train.models import check_adapter, check_model, load_config_and_tokenizer, load_model
 
 OWN = (
     "pretrained",
@@ -50,6 +52,12 @@ OWN = (
     "stats",
     "device",
 )  # the model's own arguments; every other one is a compression option (CompressionConfig's flat names)
+
+
+# a task's generation_kwargs the model honours (``CompressedLM._generate``), and those it has not at the values that
+# change nothing
+GENERATION_HONOURED = ("until", "max_gen_toks", "do_sample", "temperature", "top_p")
+GENERATION_NO_OP = {"top_k": (None, 0), "repetition_penalty": (None, 1.0), "min_p": (None, 0.0), "num_beams": (None, 1)}
 
 
 @register_model("gkv")
@@ -87,6 +95,7 @@ class CompressedLM(LM):
             self._device = checked_device(device)
             self.stats_path = checked_stats(stats)
             check_model(pretrained)
+            check_ranks(ModelShape.of(pretrained, load_config_and_tokenizer(pretrained)[0]), [self.compression])
             if adapter:
                 check_adapter(adapter, pretrained)
         dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -100,6 +109,9 @@ class CompressedLM(LM):
         groups: dict[str, list[int]] = {}  # requests with the same generation settings, batched together
         for i, r in enumerate(requests):
             groups.setdefault(json.dumps(r.args[1], sort_keys=True, default=str), []).append(i)
+        with refusing():  # every task's settings before the first generation
+            for indices in groups.values():
+                check_generation_kwargs(requests[indices[0]].args[1], requests[indices[0]].task_name)
         results: list[str | None] = [None] * len(requests)
         for indices in groups.values():
             kwargs = dict(requests[indices[0]].args[1])
@@ -192,6 +204,20 @@ class CompressedLM(LM):
         if self.stats_path is not None:
             with open(self.stats_path, "a") as f:
                 f.write("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def check_generation_kwargs(kwargs: dict, task: str | None) -> None:
+    """A task's ``generation_kwargs`` as this model honours them (``GENERATION_HONOURED``; a setting the rollout
+    engine does not have only at the value that changes nothing, ``GENERATION_NO_OP``), as train.py refuses TRL's
+    ``top_k`` / ``repetition_penalty``; ValueError naming the task, the key and what is honoured."""
+    for key, value in kwargs.items():
+        if key in GENERATION_HONOURED or value in GENERATION_NO_OP.get(key, ()):
+            continue
+        raise ValueError(
+            f"task {task}: generation_kwargs {key}: {value} is not honoured by the gkv model, which samples with "
+            f"{', '.join(GENERATION_HONOURED)} only (the rollout engine's sampling): remove it from the task's "
+            "generation_kwargs, or evaluate the task with a model that has it (lm-eval's hf)"
+        )
 
 
 def model_args_compression(method: str, options: dict) -> CompressionConfig:

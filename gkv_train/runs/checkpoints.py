@@ -202,8 +202,9 @@ RESUME_SETTINGS = (
 def resume_settings(args, model: str | None, peft_config=None) -> dict:
     """The settings of ``RESUME_SETTINGS`` of trainer arguments ``args``, the base ``model``, the LoRA
     configuration (``peft_config``: PEFT's, by adapter name) and what the rollouts ran under (the compression, by
-    its flat settings, and RL-Sparse's options, where ``args`` has them: a run resumed under another method would
-    mix two policies' rollouts), as plain values."""
+    its flat settings, RL-Sparse's options and the training task, ``data.name`` / ``data.path``, where ``args`` has
+    them: a run resumed under another method would mix two policies' rollouts, on another task two tasks), as plain
+    values."""
     found = {name: getattr(args, name, None) for name in RESUME_SETTINGS}
     found = json.loads(dumps({k: v.value if hasattr(v, "value") else v for k, v in found.items()}))
     lora = None
@@ -215,6 +216,8 @@ def resume_settings(args, model: str | None, peft_config=None) -> dict:
         rollouts["compression"] = json.loads(dumps(args.compression.identity()))
     if getattr(args, "rl", None) is not None:
         rollouts["rl"] = json.loads(dumps(dataclasses.asdict(args.rl)))
+    if getattr(args, "data", None) is not None:  # the task: a run resumed on another would train two
+        rollouts["data"] = {"name": args.data.name, "path": args.data.path}
     return {**found, "model": model, "lora": lora, **rollouts}
 
 

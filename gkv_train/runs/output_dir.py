@@ -154,13 +154,32 @@ def check_training_state(folder: RunFolder, found: Path, finished: bool = False)
         )
 
 
+def finished_whole(out: Path, main: bool) -> bool:
+    """Whether a finished run's folder ``out`` (its newest checkpoint at ``max_steps``) holds its final results
+    whole: the evaluation written and the final model as it was saved (``damage``: against its manifest, or its
+    contents without one). A damaged final model (weights cut or overwritten) is named on stderr (by the ``main``
+    process): the run then saves its final model from the checkpoint and evaluates it again, as one stopped before
+    its final save."""
+    if not (out / EVAL).is_file():
+        return False
+    problem = damage(out)
+    if problem is not None and main:
+        print(
+            f"warning: the final model of {out} is damaged ({problem}): it is saved again from the finished run's last "
+            "checkpoint and evaluated again",
+            file=sys.stderr,
+        )
+    return problem is None
+
+
 def flat_settings(settings: dict) -> dict:
-    """``resume_settings``' groups (compression, rl) by dotted key as the configuration writes them (a method's own
-    options under ``compression.options``), the rest as they are: a difference is named by the one key that differs."""
+    """``resume_settings``' groups (compression, rl, data) by dotted key as the configuration writes them (a method's
+    own options under ``compression.options``), the rest as they are: a difference is named by the one key that
+    differs."""
     shared = {f.name for f in dataclasses.fields(CompressionConfig)}
     found = {}
     for key, value in settings.items():
-        if key in ("compression", "rl") and isinstance(value, dict):
+        if key in ("compression", "rl", "data") and isinstance(value, dict):
             for name, v in value.items():
                 own = key == "compression" and name not in shared
                 found[f"{key}.options.{name}" if own else f"{key}.{name}"] = v

@@ -46,6 +46,7 @@ from gkv_train.runs.checkpoints import (
 from gkv_train.runs.output_dir import (
     RunFolder,
     check_run_folder,
+    finished_whole,
     lock_output_dir,
     prepare_output_dir,
     resume_checkpoint,
@@ -311,7 +312,7 @@ def train_and_evaluate(
     if state.is_main_process:
         log_console_to(out / TRAIN_LOG)
     finished = checkpoint is not None and checkpoint_step(checkpoint) >= config.max_steps
-    if finished and (out / EVAL).is_file():
+    if finished and finished_whole(out, state.is_main_process):
         result = read_state(out / EVAL)
         if state.is_main_process:
             print(

@@ -9,7 +9,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from gkv_rollout.methods import SHARED, Method, field_default, own_fields
+from gkv_rollout.methods import GROUP_AGGREGATIONS, POOLINGS, SHARED, Method, check_choice, field_default, own_fields
 from gkv_rollout.registry import method_class, registered
 
 
@@ -45,8 +45,9 @@ class CompressionConfig:
     options: the method's own options by name (``compression.options.alpha=0.5``; the method's fields say which
         and their defaults). An option the method does not have is refused.
 
-    A shared option the method does not read (``s4r``'s budget and interval) is kept here and ignored, so that a
-    sweep's template holds one set for all its runs. ``of(method, **options)`` builds one from flat option names
+    A shared option the method does not read (``s4r``'s budget and interval, every one for ``full``) is kept here
+    and ignored, so that a sweep's template holds one set for all its runs; its value is checked as the methods that
+    read it check it (``check_unread_shared``). ``of(method, **options)`` builds one from flat option names
     (``CompressionConfig.of("s4r", eta=0.3)``).
     """
 
@@ -72,8 +73,17 @@ class CompressionConfig:
                 f"compression.keep_prompt=true does not apply to compression.method={self.method}, which keeps "
                 "exactly only its sinks (compression.sinks): use an eviction method, or keep_prompt=false"
             )
+        check_unread_shared(self, names)
         shared = {name: getattr(self, name) for name in SHARED if name in names and getattr(self, name) is not None}
-        self.resolved: Method = kind(**shared, **own)
+        try:
+            self.resolved: Method = kind(**shared, **own)
+        except Exception as err:  # a plug-in's own __post_init__: its mistake, named with its path
+            if ":" not in self.method or isinstance(err, ValueError):
+                raise
+            raise ValueError(
+                f"compression.method={self.method}: building it raised {type(err).__name__} in its __post_init__ "
+                f"({err})"
+            ) from err
 
     @property
     def kind(self) -> type[Method]:
@@ -138,6 +148,36 @@ class CompressionConfig:
     def identity(self) -> dict:
         """What determines a run's results: the method's name and every field of the method."""
         return self.resolved.identity()
+
+
+# what a shared option must be for every method that reads it (the values the methods' own checks allow)
+SHARED_RULES = {
+    "budget": ("a number of tokens, at least 1", lambda v: v >= 1),
+    "window": ("a number of tokens, at least 1", lambda v: v >= 1),
+    "interval": ("a number of tokens, at least 1", lambda v: v >= 1),
+    "sinks": ("a number of tokens, at least 0", lambda v: v >= 0),
+    "pool_kernel": ("a positive odd number", lambda v: v >= 1 and v % 2 == 1),
+}
+
+
+def check_unread_shared(config: CompressionConfig, read: set[str]) -> None:
+    """The shared options that ``config``'s method does not read (``full``'s, S4R's budget and interval) are kept
+    for the runs of a sweep that do (``for_method``), so they are checked as those methods check them: ValueError
+    for a value no method could take (``compression.budget=-5`` with ``full``). ``read``: the method's fields."""
+    for name in SHARED:
+        value = getattr(config, name)
+        if name in read or value is None:
+            continue
+        if name in SHARED_RULES:
+            rule, holds = SHARED_RULES[name]
+            if isinstance(value, bool) or not isinstance(value, int) or not holds(value):
+                raise ValueError(
+                    f"compression.{name}={value!r} must be {rule}, whatever the method (compression.method="
+                    f"{config.method} does not read it; a run of a method that does, evaluate.py's methods=[...], "
+                    "would)"
+                )
+        elif name in ("pool", "group_agg"):
+            check_choice(f"compression.{name}", value, POOLINGS if name == "pool" else GROUP_AGGREGATIONS)
 
 
 def option_names(kind: type[Method]) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from gkv_rollout.contract.attention import head_dim
 from gkv_rollout.contract.eviction import NEVER, EvictionRecord, after_end_is_never
 from gkv_rollout.kv_cache import KVCache
-from gkv_rollout.scoring import LayerState, candidate_slots, select_keep
+from gkv_rollout.scoring import LayerState, candidate_slots, check_finite, checked_score, select_keep
 
 STATIC_WIDTH_STEP = 64  # a static decode step attends over a multiple of this many slots
 # given tokens a forward of the full cache takes at most (it has no compression point to stop at): its attention
@@ -321,10 +321,12 @@ class EvictionCache(KVCache):
                 self.lengths,
                 self.seed,
             )
-            score, new_history = self.method.score(state)
+            score, new_history = checked_score(self.method, state, None if layer == 0 else histories[0] is not None)
             scores.append(score)
             histories.append(new_history)
-        index, n_keep = select_keep(torch.stack(scores), candidates, key_ok, cfg.budget, cfg.window)  # [L, B, Hkv, K]
+        scores = torch.stack(scores)
+        check_finite(self.method, scores, candidates)
+        index, n_keep = select_keep(scores, candidates, key_ok, cfg.budget, cfg.window)  # [L, B, Hkv, K]
         K = index.shape[-1]
         kept = torch.zeros_like(positions, dtype=torch.bool).scatter_(
             -1, index, (torch.arange(K, device=index.device) >= (K - n_keep)[:, None, None]).expand_as(index)

@@ -342,7 +342,8 @@ class EvictionMethod(Method):
 
     def score(self, state: LayerState) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(score float32 [B, Hkv, S], new history [B, Hkv, S] or None); higher scores are kept first.
-        Only the candidate slots' scores matter."""
+        Only the candidate slots' scores matter, and they must be finite. The cache checks each result where it uses
+        it (``gkv_rollout.scoring.checked_score``, ``check_finite``)."""
         raise NotImplementedError
 
     def attention(self, state: LayerState) -> torch.Tensor:

@@ -37,10 +37,12 @@ def method_class(name: str) -> type[Method]:
     module, _, attribute = name.partition(":")
     if not module or module.startswith(".") or not attribute:
         raise ValueError(f"compression method {name!r}: give package.module:Class, an absolute module path")
-    try:
+    try:  # the user's module runs here: whatever it raises, the message names the method
         cls = getattr(importlib.import_module(module), attribute)
-    except (ImportError, AttributeError) as error:
-        raise ValueError(f"compression method {name!r}: cannot import {attribute} from {module} ({error})") from None
+    except Exception as error:
+        raise ValueError(
+            f"compression method {name!r}: cannot import {attribute} from {module} ({type(error).__name__}: {error})"
+        ) from None
     if not (isinstance(cls, type) and issubclass(cls, EvictionMethod)):
         raise ValueError(f"compression method {name!r} is not an EvictionMethod subclass")
     PLUG_INS[name] = register(cls, repr(name))

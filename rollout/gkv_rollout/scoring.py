@@ -54,6 +54,62 @@ class LayerState:
     seed: int = 0
 
 
+def method_path(method) -> str:
+    """How messages name a method's class: ``module:Class``, as ``compression.method`` names a plug-in."""
+    return f"{type(method).__module__}:{type(method).__qualname__}"
+
+
+def checked_score(method, state: LayerState, history: bool | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``method.score(state)`` checked against its contract (``EvictionMethod.score``): a tuple (score, history),
+    the score a floating-point tensor [B, Hkv, S] (the shape of ``state.key_pos``), the history None or a
+    floating-point tensor of that shape (NaN in it: no history, as in ``state.history``); ``history``: whether
+    the layers before gave one (None: this is the first layer), which every layer of a compression must do alike.
+    ValueError / TypeError naming the method's class (``method_path``), ``score`` and what is wrong, also when
+    ``score`` itself raises; the finiteness of the scores is ``check_finite``'s (once per compression)."""
+    who = f"compression method {method_path(method)}: score(state)"
+    try:
+        result = method.score(state)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as err:
+        raise ValueError(f"{who} raised {type(err).__name__}: {err}") from err
+    if not isinstance(result, tuple) or len(result) != 2:
+        got = f"a tuple of {len(result)}" if isinstance(result, tuple) else f"a {type(result).__name__}"
+        raise TypeError(f"{who} returned {got}; it returns a tuple (score [B, Hkv, S], history or None)")
+    score, new_history = result
+    shape = tuple(state.key_pos.shape)
+    for what, value in (("score", score), ("history", new_history)):
+        if what == "history" and value is None:
+            continue
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{who} returned a {type(value).__name__} as its {what}; it returns a float tensor {shape}")
+        if not value.is_floating_point():
+            raise TypeError(f"{who} returned a {value.dtype} {what}; it returns a float tensor {shape}")
+        if value.device != state.key_pos.device:
+            raise ValueError(f"{who} returned its {what} on {value.device}; the cache is on {state.key_pos.device}")
+        if tuple(value.shape) != shape:
+            raise ValueError(
+                f"{who} returned a {what} of shape {tuple(value.shape)}; it returns one of shape {shape} "
+                "[B, Hkv, S], one per cache slot"
+            )
+    if history is not None and history != (new_history is not None):
+        raise ValueError(f"{who} returned a history for some layers and None for others: one for every layer, or none")
+    return score, new_history
+
+
+def check_finite(method, scores: torch.Tensor, candidates: torch.Tensor) -> None:
+    """ValueError naming the method when a score it gave a candidate slot is NaN or infinite: top-k would keep a NaN
+    first, and ties of infinities are broken by position, not by the method. scores float [..., B, Hkv, S];
+    candidates bool, the same shape (the other slots' scores are not read)."""
+    bad = ~scores.isfinite() & candidates
+    if bool(bad.any()):
+        which = "a NaN" if bool((scores.isnan() & candidates).any()) else "an infinite"
+        raise ValueError(
+            f"compression method {method_path(method)}: score(state) gave {int(bad.sum())} of "
+            f"{int(candidates.sum())} candidate slots {which} score; scores must be finite numbers"
+        )
+
+
 def candidate_slots(
     key_pos: torch.Tensor, key_ok: torch.Tensor, lengths: torch.Tensor, window: int, kept_front: int | torch.Tensor
 ) -> torch.Tensor:

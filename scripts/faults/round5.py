@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from faults.harness import Context
-from faults.round4 import folder_digest, row_case, trained
+from faults.round4 import LM_EVAL_DATA, LM_EVAL_TASK, folder_digest, plug_in, row_case, trained, write
 
 # ----------------------------------------------------------------------------- output folders and no-op training
 # Every job writes only into an empty folder, its own run's, or with overwrite=true (gkv_train.runs.outputs); a
@@ -702,7 +702,254 @@ FIELD_ROWS = [
     ),
 ]
 
-ROWS = [*OUTPUT_ROWS, *FIELD_ROWS]
+# ----------------------------------------------------------------------------------------------------------------
+# plug-in contracts and other silent cases (issue 64: 9, 12)
+# A method's score result is checked where the cache consumes it (gkv_rollout.scoring.check_score, naming the class
+# and score); a plug-in module that fails to import, or a method whose __post_init__ raises, is refused at
+# configuration time naming the method path; evaluate's runs are distinct; a shared option is checked whatever the
+# method; lm-eval's generation settings and S4R's layers as train.py checks them; a resume under another task; a
+# finished run's damaged final weights.
+
+
+def score_use(method: str) -> str:
+    """A plug-in snippet's use: one rollout of the tiny model under ``method`` (the module ``user_plugin``) whose
+    10-token prompt exceeds the budget (8), so that the method scores at once."""
+    return (
+        "from gkv_rollout.engine import RolloutEngine\nfrom gkv_rollout.config import SamplingConfig\n"
+        "from gkv_train.models import load_model\nmodel, tok = load_model('tiny')\n"
+        f"engine = RolloutEngine(model, tok, CompressionConfig('user_plugin:{method}', budget=8, window=2, "
+        "interval=2))\nvalue = engine.generate([list(range(5, 15))], SamplingConfig(max_new_tokens=8)).sequences\n"
+    )
+
+
+def plug_in_score(body: str) -> str:
+    """A plug-in ``Mine`` whose score(state) is ``body`` (lines of its body, ``s``: the slots' positions as scores)."""
+    lines = "".join(f"        {line}\n" for line in ["s = state.key_pos.float()", *body.split("\n")])
+    return plug_in(
+        f"@dataclass\nclass Mine(EvictionMethod):\n    name = 'mine'\n    def score(self, state):\n{lines}",
+        score_use("Mine"),
+    )
+
+
+def user_module(text: str):
+    """Setup: ``{work}/user_plugin.py`` holding ``text`` (``python -m`` puts the working folder on sys.path)."""
+    return write({"user_plugin.py": text})
+
+
+def evaluate_cli(**changes) -> dict:
+    """A ``cli`` row's changes: ``gkv-train evaluate`` with the probe's base overrides updated with ``changes``."""
+    from faults.harness import hydra_value, overrides
+
+    _, base = overrides("evaluate", changes)
+    return {"argv": ["evaluate", *(f"{k}={hydra_value(v)}" for k, v in base.items())]}
+
+
+def lm_eval_argv(model_args: str) -> dict:
+    """A ``cli`` row's changes: ``gkv-train lm-eval`` of the task of ``{work}/task.yaml`` with ``model_args``."""
+    return {
+        "argv": [
+            "lm-eval",
+            *("--model", "gkv", "--model_args", model_args, "--tasks", "faults_gen", "--include_path", "{work}"),
+            *("--output_path", "{work}/lm", "--limit", "1"),
+        ]
+    }
+
+
+def cut_final(name: str, changes: dict | None = None):
+    """Setup: a finished run (``changes``: its other settings) whose final ``name`` (model.safetensors, or a LoRA
+    run's adapter_model.safetensors) is cut to half its size."""
+
+    def setup(ctx: Context) -> None:
+        path = trained(ctx, changes) / name
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+    return setup
+
+
+PLUG_IN_SCORES = (  # (name, about, score's body, patterns)
+    ("nan-all", "every score NaN: accepted, top-k kept NaN first", "return s * float('nan'), None", ["NaN"]),
+    (
+        "nan-some",
+        "some scores NaN: accepted",
+        "s[..., ::2] = float('nan')\nreturn s, None",
+        ["NaN"],
+    ),
+    ("inf", "an infinite score: accepted", "s[..., 3] = float('inf')\nreturn s, None", ["finite"]),
+    ("wrong-shape", "a score [B, Hkv]: torch's 'index out of range'", "return s[..., 0], None", ["shape"]),
+    ("bare-tensor", "a bare tensor where (score, history) is expected", "return s", ["tuple"]),
+    ("tuple-as-score", "(score, None) where the score tensor is expected", "return (s, None), None", ["tensor"]),
+    ("list", "a list of numbers as the score", "return s.tolist(), None", ["tensor", "list"]),
+    ("other-length", "a score one slot short", "return s[..., :-1], None", ["shape"]),
+    ("integer", "an integer tensor", "return state.key_pos, None", ["float"]),
+    ("history-shape", "a history one slot short", "return s, s[..., :-1]", ["history", "shape"]),
+    ("three-items", "(score, history, extra)", "return s, None, None", ["tuple", "3"]),
+    ("raising", "score raising its own error", "raise KeyError('mine')", ["KeyError", "mine"]),
+)
+PLUG_IN_ROWS = [
+    *[
+        (
+            f"configuration/plug-in-score-{name}",
+            "configuration",
+            f"a plug-in's score(): {about}",
+            "python",
+            {"code": plug_in_score(body)},
+            "raise",
+            ["user_plugin:Mine", "score", *patterns],
+            None,
+        )
+        for name, about, body, patterns in PLUG_IN_SCORES
+    ],
+    (
+        "configuration/plug-in-score-right",
+        "configuration",
+        "control: a plug-in whose score keeps the newest tokens rolls out",
+        "python",
+        {"code": plug_in_score("return s, None")},
+        "result",
+        ["out:BENCH_RESULT .*tensor"],
+        None,
+    ),
+    *[
+        (
+            f"configuration/plug-in-{name}",
+            "configuration",
+            about,
+            "cli",
+            evaluate_cli(**{"compression.method": "user_plugin:Mine"}),
+            "refuse",
+            ["user_plugin:Mine", *patterns],
+            user_module(text),
+        )
+        for name, about, text, patterns in (
+            (
+                "module-raises-at-import",
+                "compression.method=<a module that fails at import>: its traceback",
+                "raise RuntimeError('the module is broken')\n",
+                ["RuntimeError", "the module is broken"],
+            ),
+            (
+                "module-syntax-error",
+                "compression.method=<a module with a syntax error>: its traceback",
+                "def broken(:\n",
+                ["SyntaxError"],
+            ),
+            (
+                "post-init-type-error",
+                "compression.method=<a method whose __post_init__ raises TypeError>: its traceback",
+                "from dataclasses import dataclass\nfrom gkv_rollout.methods import EvictionMethod\n"
+                "@dataclass\nclass Mine(EvictionMethod):\n    name = 'mine'\n    p: int = 1\n"
+                "    def __post_init__(self):\n        super().__post_init__()\n        self.p + 'x'\n"
+                "    def score(self, state):\n        return state.key_pos.float(), None\n",
+                ["TypeError", "__post_init__"],
+            ),
+        )
+    ],
+    # 9. silently accepted
+    *[
+        ("configuration/" + name, "configuration", about, "evaluate", changes, "refuse", patterns, None)
+        for name, about, changes, patterns in (
+            (
+                "evaluate-methods-twice",
+                "evaluate.py methods=[gkv,gkv]: the run reported twice",
+                {"methods": ["gkv", "gkv"], "compression.budget": 64},
+                ["methods", "gkv", "twice"],
+            ),
+            (
+                "evaluate-budgets-twice",
+                "evaluate.py methods=[gkv] budgets=[64,64]: the run reported twice",
+                {"methods": ["gkv"], "budgets": [64, 64]},
+                ["budgets", "64", "twice"],
+            ),
+            (
+                "full-budget-negative",
+                "compression.method=full compression.budget=-5: accepted",
+                {"compression.method": "full", "compression.budget": -5},
+                ["compression.budget", "-5"],
+            ),
+            (
+                "s4r-interval-zero",
+                "compression.method=s4r compression.interval=0 (an option S4R does not read): accepted",
+                {"compression.method": "s4r", "compression.interval": 0},
+                ["compression.interval", "0"],
+            ),
+        )
+    ],
+    *[
+        (
+            f"configuration/lm-eval-generation-{name}",
+            "configuration",
+            f"an lm-eval task whose generation_kwargs set {key}: {value}: silently ignored",
+            "cli",
+            lm_eval_argv("pretrained=tiny,method=gkv,budget=64"),
+            "refuse_late",
+            [key, "faults_gen", "temperature"],
+            write(
+                {
+                    "task.yaml": LM_EVAL_TASK.replace(
+                        "  do_sample: false\n", f"  do_sample: false\n  {key}: {value}\n"
+                    ),
+                    "task.jsonl": LM_EVAL_DATA,
+                }
+            ),
+        )
+        for name, key, value in (("top-k", "top_k", 5), ("repetition-penalty", "repetition_penalty", 1.3))
+    ],
+    (
+        "configuration/lm-eval-generation-no-op-values",
+        "configuration",
+        "control: an lm-eval task whose generation_kwargs give top_k: 0 and repetition_penalty: 1.0 (no change) runs",
+        "cli",
+        lm_eval_argv("pretrained=tiny,method=gkv,budget=64"),
+        "result",
+        ["out:exact_match"],
+        write(
+            {
+                "task.yaml": LM_EVAL_TASK.replace(
+                    "  do_sample: false\n", "  do_sample: false\n  top_k: 0\n  repetition_penalty: 1.0\n"
+                ),
+                "task.jsonl": LM_EVAL_DATA,
+            }
+        ),
+    ),
+    (
+        "configuration/lm-eval-s4r-full-layers",
+        "configuration",
+        "lm-eval --model_args method=s4r,full_layers=99 on a 2-layer model: accepted (train.py refuses it)",
+        "cli",
+        lm_eval_argv("pretrained=tiny,method=s4r,full_layers=99"),
+        "refuse",
+        ["full_layers", "99"],
+        write({"task.yaml": LM_EVAL_TASK, "task.jsonl": LM_EVAL_DATA}),
+    ),
+    (
+        "state_faults/resume-other-task",
+        "state_faults",
+        "resume=last with data.name=copy_recall, the checkpoint trained on arithmetic: continued on another task",
+        "train",
+        {"max_steps": 3, "resume": "last", "data.name": "copy_recall"},
+        "refuse_whole",
+        ["data.name", "arithmetic", "copy_recall"],
+        finished(),
+    ),
+    *[
+        (
+            f"state_faults/finished-run-final-{name}-cut",
+            "state_faults",
+            f"resume=last of a finished run whose final {file} is cut: 'nothing to do'",
+            "train",
+            {"resume": "last", **changes},
+            "result",
+            [f"err:{file}.*(damaged|bytes)", 'out/eval.json:"steps": 2'],
+            cut_final(file, changes),
+        )
+        for name, file, changes in (
+            ("weights", "model.safetensors", {}),
+            ("adapter", "adapter_model.safetensors", {"lora.enabled": True}),
+        )
+    ],
+]
+
+ROWS = [*OUTPUT_ROWS, *FIELD_ROWS, *PLUG_IN_ROWS]
 
 
 def round5_cases() -> list:
