@@ -737,7 +737,10 @@ def test_chunk_given_is_a_sampling_key_of_every_job():
                 make(chunk_given=value)
     with pytest.raises(ValueError, match="use_vllm generates through vLLM: chunk_given=false"):
         GRPOTrainConfig(use_vllm=True, chunk_given=False, recipe="rl_full", compression=CompressionConfig("full"))
-    GRPOTrainConfig(use_vllm=True, recipe="rl_full", compression=CompressionConfig("full"))  # control
+    try:  # the control: chunk_given's default is not refused (without vLLM installed, its install check is)
+        GRPOTrainConfig(use_vllm=True, recipe="rl_full", compression=CompressionConfig("full"))
+    except ValueError as err:
+        assert "vLLM, which is not installed here" in str(err), err
 
 
 def test_a_model_that_changes_its_logits_after_the_head_is_refused_before_it_loads(tmp_path):
