@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from faults.harness import Context
-from faults.round4 import folder_digest, row_case, trained
+from faults.round4 import LM_EVAL_DATA, LM_EVAL_TASK, SCORE, folder_digest, plug_in, row_case, trained, write
 
 # ----------------------------------------------------------------------------- output folders and no-op training
 # Every job writes only into an empty folder, its own run's, or with overwrite=true (gkv_train.runs.outputs); a
@@ -702,7 +702,103 @@ FIELD_ROWS = [
     ),
 ]
 
-ROWS = [*OUTPUT_ROWS, *FIELD_ROWS]
+# ----------------------------------------------------------------------------------------------------------------
+# lm-eval's model gkv (issue 64: 14): every argument and every task's new tokens checked before the weights load
+# (gkv_train.evaluation.lm_eval_model: the weights load at the first request, after its checks).
+
+
+def lm_eval_argv(model_args: str = "pretrained=tiny", *words: str) -> dict:
+    """A ``cli`` row's changes: lm-eval's command line over the local task ``faults_gen`` (round four's), one
+    problem."""
+    return {
+        "argv": [
+            "lm-eval",
+            *("--model", "gkv", "--model_args", model_args, "--tasks", "faults_gen", "--include_path", "{work}"),
+            *("--output_path", "{work}/lm", "--limit", "1", *words),
+        ]
+    }
+
+
+def lm_eval_task(max_gen_toks: int):
+    """Setup: round four's local generation task, its ``max_gen_toks`` set to ``max_gen_toks``."""
+    return write(
+        {
+            "task.yaml": LM_EVAL_TASK.replace("max_gen_toks: 4", f"max_gen_toks: {max_gen_toks}"),
+            "task.jsonl": LM_EVAL_DATA,
+        }
+    )
+
+
+LM_EVAL_ROWS = [
+    *[
+        (
+            f"configuration/lm-eval-task-max-gen-toks-{name}",
+            "configuration",
+            f"lm-eval, a task with max_gen_toks: {value}: {about}",
+            "cli",
+            lm_eval_argv(),
+            "refuse",
+            [rf"max_gen_toks \(the task's generation_kwargs\)={value}", "from 1 to the model's context of 4096"],
+            lm_eval_task(value),
+        )
+        for name, value, about in (
+            ("huge", 10**9, "tried to allocate 32 GB after the model loaded"),
+            ("zero", 0, "a traceback after the model loaded"),
+        )
+    ],
+    (
+        "configuration/lm-eval-model-arg-max-gen-toks-huge",
+        "configuration",
+        "lm-eval --model_args max_gen_toks=1000000000: accepted, then the same allocation",
+        "cli",
+        lm_eval_argv("pretrained=tiny,max_gen_toks=1000000000"),
+        "refuse",
+        ["max_gen_toks=1000000000", "from 1 to the model's context of 4096"],
+        lm_eval_task(4),
+    ),
+    *[
+        (
+            f"configuration/lm-eval-model-arg-{option.replace('_', '-')}",
+            "configuration",
+            f"lm-eval --model_args {option}={value}: 'got multiple values for keyword argument'",
+            "cli",
+            lm_eval_argv(f"pretrained=tiny,{option}={value}"),
+            "refuse",
+            [f"{option}={value} in --model_args", f"as --{option} instead"],
+            lm_eval_task(4),
+        )
+        for option, value in (("batch_size", 0), ("device", "tpu"))
+    ],
+    (
+        "configuration/lm-eval-plug-in-option",
+        "configuration",
+        "lm-eval --model_args method=<plug-in>,p=1: its own option refused as an unknown model argument",
+        "python",
+        {
+            "code": plug_in(
+                "@dataclass\nclass Norm(EvictionMethod):\n    name = 'norm'\n    p: float = 2.0\n" + SCORE,
+                "from gkv_train.evaluation.lm_eval_model import CompressedLM\n"
+                "value = CompressedLM.create_from_arg_string(\n"
+                "    'pretrained=tiny,method=user_plugin:Norm,p=1,budget=16,window=4').compression.identity()",
+            )
+        },
+        "result",
+        [r"out:BENCH_RESULT .*'method': 'norm'.*'p': 1\.0"],
+        None,
+    ),
+    (
+        "configuration/lm-eval-task-runs",
+        "configuration",
+        "control: lm-eval over the local task, --batch_size 2 --device cpu (the weights load at the first request)",
+        "cli",
+        lm_eval_argv("pretrained=tiny,method=gkv,budget=16,window=4", "--batch_size", "2", "--device", "cpu"),
+        "result",
+        ["out:faults_gen"],
+        lm_eval_task(4),
+    ),
+]
+
+ROWS = [*OUTPUT_ROWS, *FIELD_ROWS, *LM_EVAL_ROWS]
 
 
 def round5_cases() -> list:
