@@ -798,7 +798,172 @@ LM_EVAL_ROWS = [
     ),
 ]
 
-ROWS = [*OUTPUT_ROWS, *FIELD_ROWS, *LM_EVAL_ROWS]
+# ----------------------------------------------------------------------------------------------------------------
+# the benchmarks' command lines (issue 64: 16): every argument and input checked before any work (scripts/_common.py's
+# argument types; bench_answer_kept's evidence, adapters, output root and kept files through read_state), and
+# settings.json written with the first result.
+KEPT_SETTINGS = {
+    "model": "tiny",
+    "task": {"name": "long_recall", "sentences": 3},
+    "window": 4,
+    "interval": 4,
+    "train": {"budget": 24},
+    "eval": {"split": "test", "problems": 3, "seed": 0},
+}
+KEPT_CELLS = {"gkv-b24": {"problems": [0, 1, 2], "correct": [[1, 0], [0, 0], [1, 1]]}}
+KEPT_MODELS = {"untrained": {"cells": KEPT_CELLS}, "rl_sparse_noclip-s0-lr0.0003": {"cells": KEPT_CELLS}}
+KEPT_EVIDENCE = json.dumps({"training": {"settings": KEPT_SETTINGS, "models": KEPT_MODELS}})
+KEPT_ROW = {"id": 0, "prompt": 1.0, "story": 1.0, "either": 1.0, "control": 1.0, "either_by_layer": [1.0]}
+
+
+def answer_kept_inputs(**files: str):
+    """Setup: bench_answer_kept's inputs in the case's folder (a sound rl_evidence file ``evidence.json`` of the
+    tiny model's long_recall, an empty ``adapters/``), then ``files`` (name -> text); ``root/`` digested when a
+    file lies there, else a refusal must not create it."""
+
+    def setup(ctx: Context) -> None:
+        (ctx.work / "adapters").mkdir()
+        for name, text in {"evidence.json": KEPT_EVIDENCE, **files}.items():
+            path = ctx.work / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        if (ctx.work / "root").is_dir():
+            kept("{work}/root")(ctx)
+        else:
+            ctx.notes["absent"] = ["{work}/root"]  # a refusal creates no output root
+
+    return setup
+
+
+def answer_kept_argv(**changes: str) -> dict:
+    """A ``script`` row's changes: bench_answer_kept.py over the case's inputs, the untrained model alone
+    (``--worker 0/2``), ``changes`` (flag without its dashes -> value) replacing or adding flags."""
+    flags = {"evidence": "{work}/evidence.json", "adapters": "{work}/adapters", "output-root": "{work}/root"}
+    flags |= {"worker": "0/2", "batch": "2"} | changes
+    return {"argv": ["scripts/bench_answer_kept.py", *(w for k, v in flags.items() for w in (f"--{k}", v))]}
+
+
+KEPT_SETTINGS_FILE = json.dumps({"evidence": KEPT_SETTINGS, "batch": 2})
+BENCH_ROWS = [
+    *[
+        (f"output/answer-kept-{name}", "output", about, "script", changes, expect, patterns, setup)
+        for name, about, changes, expect, patterns, setup in (
+            (
+                "missing-cell",
+                "an evidence file whose models lack the gkv-b<budget> cell: a KeyError after all the measuring",
+                answer_kept_argv(evidence="{work}/nocell.json"),
+                "refuse",
+                ["nocell.json", "has no cell gkv-b24"],
+                answer_kept_inputs(
+                    **{"nocell.json": KEPT_EVIDENCE.replace('"gkv-b24"', '"gkv-b64"')},
+                ),
+            ),
+            (
+                "missing-adapter",
+                "--worker 1/2, whose model's adapter folder is missing: failed after measuring",
+                answer_kept_argv(worker="1/2"),
+                "refuse",
+                [r"adapter=\S+rl_sparse_noclip-s0-lr0.0003: no such folder"],
+                answer_kept_inputs(),
+            ),
+            (
+                "results-missing-folder",
+                "--results in a folder that does not exist: failed after all the measuring",
+                answer_kept_argv(results="{work}/no/kept.json"),
+                "refuse",
+                ["--results", "does not exist"],
+                answer_kept_inputs(),
+            ),
+            (
+                "batch-zero",
+                "--batch 0: settings.json written, then a failure; every later run into the root refused",
+                answer_kept_argv(batch="0"),
+                "refuse",
+                ["--batch", "expected an integer >= 1"],
+                answer_kept_inputs(),
+            ),
+            (
+                "evidence-missing",
+                "--evidence <missing file>: a traceback",
+                answer_kept_argv(evidence="{work}/none.json"),
+                "refuse",
+                ["--evidence", "does not exist"],
+                answer_kept_inputs(),
+            ),
+            (
+                "evidence-not-json",
+                "--evidence <not JSON>: a traceback",
+                answer_kept_argv(evidence="{work}/bad.json"),
+                "refuse",
+                ["bad.json is damaged"],
+                answer_kept_inputs(**{"bad.json": "not json {"}),
+            ),
+            (
+                "evidence-keyless",
+                "--evidence <a JSON object without its keys>: a KeyError",
+                answer_kept_argv(evidence="{work}/keyless.json"),
+                "refuse",
+                ["keyless.json holds no training"],
+                answer_kept_inputs(**{"keyless.json": "{}"}),
+            ),
+            *[
+                (
+                    f"worker-{name}",
+                    f"--worker {spec}: a traceback",
+                    answer_kept_argv(worker=spec),
+                    "refuse",
+                    ["--worker", "i/n"],
+                    answer_kept_inputs(),
+                )
+                for name, spec in (("zero-of-zero", "0/0"), ("abc", "abc"), ("one-of-one", "1/1"))
+            ],
+            (
+                "root-is-a-file",
+                "--output-root <a file>: a traceback",
+                answer_kept_argv(**{"output-root": "{work}/afile"}),
+                "refuse",
+                ["afile is a file"],
+                answer_kept_inputs(afile="x"),
+            ),
+            (
+                "settings-damaged",
+                "an output root whose settings.json is damaged: a traceback",
+                answer_kept_argv(),
+                "refuse_whole",
+                ["settings.json is damaged"],
+                answer_kept_inputs(**{"root/settings.json": "{cut"}),
+            ),
+            (
+                "kept-damaged",
+                "an output root whose kept file is cut: a traceback",
+                answer_kept_argv(),
+                "refuse_whole",
+                ["untrained-0.json is damaged"],
+                answer_kept_inputs(**{"root/settings.json": KEPT_SETTINGS_FILE, "root/untrained-0.json": '[{"id": 0'}),
+            ),
+            (
+                "kept-keyless",
+                "an output root whose kept file's problems lack their shares: a KeyError in the report",
+                answer_kept_argv(),
+                "refuse_whole",
+                ["untrained-0.json is damaged", "remove it"],
+                answer_kept_inputs(
+                    **{"root/settings.json": KEPT_SETTINGS_FILE, "root/untrained-0.json": '[{"id": 0}]'}
+                ),
+            ),
+            (
+                "runs",
+                "control: the untrained model measured into a new root, settings.json written with its results",
+                answer_kept_argv(),
+                "result",
+                ["root/settings.json:long_recall", 'root/untrained-2.json:"either"'],
+                answer_kept_inputs(),
+            ),
+        )
+    ],
+]
+
+ROWS = [*OUTPUT_ROWS, *FIELD_ROWS, *LM_EVAL_ROWS, *BENCH_ROWS]
 
 
 def round5_cases() -> list:
