@@ -123,6 +123,19 @@ def evaluate(
     return results
 
 
+def candidate(text: str) -> str:
+    """``--candidates``' argparse type: ``distractors:method:budget`` (an integer >= 0, an eviction method, a budget
+    >= 1), checked before any work rather than when the probe reaches it."""
+    from gkv_rollout.methods import eviction_methods
+
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[0].isdecimal() or parts[1] not in eviction_methods() or not parts[2].isdecimal():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected distractors:method:budget, such as 4:gkv:32")
+    if int(parts[2]) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the budget must be at least 1")
+    return text
+
+
 def stage_probe(args, root: Path) -> dict:
     path = root / "probe.json"
     if path.is_file():
@@ -371,6 +384,7 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument(
         "--candidates",
         nargs="+",
+        type=candidate,
         default=["4:gkv:32", "8:gkv:40", "4:snapkv:32"],
         help="distractors:method:budget settings probed on train-split problems, preferred first",
     )

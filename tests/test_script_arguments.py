@@ -81,10 +81,11 @@ HOSTILE = [
     ("bench_scaling.py", ["--quick", "--batch", "0"], "--batch"),
     ("bench_train_step.py", ["--rows", "0"], "--rows"),
     ("bench_training_effect.py", ["--quick", "--top-p", "0"], "--top-p"),
+    ("bench_training_effect.py", ["--quick", "--candidates", "4:gkv:32", "4:gkv"], "--candidates"),
 ]
 
 
-@pytest.mark.parametrize("script, argv, flag", HOSTILE, ids=[h[0] for h in HOSTILE])
+@pytest.mark.parametrize("script, argv, flag", HOSTILE, ids=[f"{h[0]}{h[1][-2]}" for h in HOSTILE])
 def test_every_benchmark_refuses_a_bad_argument_before_any_work(tmp_path, script, argv, flag):
     (tmp_path / "a-file").write_text("not a folder")
     command = [sys.executable, str(ROOT / "scripts" / script), *(a.replace("{tmp}", str(tmp_path)) for a in argv)]
