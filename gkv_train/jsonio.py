@@ -85,11 +85,12 @@ def read_jsonl(path: Path) -> list[dict]:
     return records
 
 
-def read_state(path: Path) -> dict:
+def read_state(path: Path, holds: type = dict) -> dict | list:
     """The mapping a run's state file holds (a manifest, a trainer state, a saved configuration: JSON, or YAML for
-    ``.yaml`` / ``.yml``), read without trusting it: ValueError naming the file when it is larger than
-    ``STATE_BYTES``, not UTF-8, not JSON / YAML, uses YAML aliases (each expanded in full by a reader: a few lines
-    can stand for gigabytes) or holds something other than a mapping; OSError (naming it) when it cannot be read."""
+    ``.yaml`` / ``.yml``; ``holds=list``: the list of records a benchmark's kept file holds), read without trusting
+    it: ValueError naming the file when it is larger than ``STATE_BYTES``, not UTF-8, not JSON / YAML, uses YAML
+    aliases (each expanded in full by a reader: a few lines can stand for gigabytes) or holds something other than
+    a ``holds``; OSError (naming it) when it cannot be read."""
     path = Path(path)
     size = path.stat().st_size
     try:
@@ -110,6 +111,7 @@ def read_state(path: Path) -> dict:
             value = json.loads(text)
     except (ValueError, UnicodeDecodeError) as err:  # json's JSONDecodeError is a ValueError
         raise ValueError(f"{path} is damaged ({err})") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{path} is damaged (it holds a {type(value).__name__}, not a mapping of keys)")
+    if not isinstance(value, holds):
+        wanted = "a mapping of keys" if holds is dict else f"a {holds.__name__}"
+        raise ValueError(f"{path} is damaged (it holds a {type(value).__name__}, not {wanted})")
     return value

@@ -50,6 +50,20 @@ def gguf_copy(gguf: Path) -> Path:
 
 
 @functools.lru_cache(maxsize=16)
+def gguf_fields(gguf: Path) -> dict:
+    """The metadata fields of the GGUF file ``gguf``, parsed whole (its tensors' places too, before transformers reads
+    it): ValueError naming the file as damaged when it cannot be (cut short: numpy's "cannot reshape" of a tensor
+    past its end)."""
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(str(gguf)).fields
+    except Exception as err:  # the parser's own errors: any of them means the file is no whole GGUF file
+        raise ValueError(
+            f"model file {gguf} is damaged (cut short, or not a GGUF file: {err}): download or copy it again"
+        ) from None
+
+
 def file_digest(path: str, size: int, mtime_ns: int) -> str:
     """The first 12 hex digits of the file's SHA-256 (about 0.1 s for the 98 MB SmolLM2 file), once per process for
     a path, size and modification time."""

@@ -16,6 +16,7 @@ from gkv_train.model_cache import (
     check_copy,
     copy_problem,
     gguf_copy,
+    gguf_fields,
     remove_stale_temporaries,
     save_copy,
     sound_copy,
@@ -263,9 +264,7 @@ def card_model_name(name_or_path: str) -> str:
 
 def gguf_special_tokens(path: Path) -> dict[str, int]:
     """EOS / BOS / padding ids written in a GGUF file's metadata (the converted tokenizer may disagree)."""
-    from gguf import GGUFReader
-
-    fields = GGUFReader(str(path)).fields
+    fields = gguf_fields(path)
     found = {}
     for key in ("eos", "bos", "padding"):
         field = fields.get(f"tokenizer.ggml.{key}_token_id")
@@ -307,6 +306,7 @@ def _load_gguf(directory: str, gguf_file: str, dtype):
     cached = gguf_copy(gguf)
     if sound_copy(cached):
         return _from_dir(cached, dtype)
+    special = gguf_special_tokens(gguf)  # first: a damaged file is named before transformers reads it
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
     # GgufConfig(dequantize=True) clears the "quantized" mark that would stop Trainer from fine-tuning it. The copy
     # is float32 whatever dtype is asked for, so that the first load's dtype does not decide every later one's weights.
@@ -317,7 +317,6 @@ def _load_gguf(directory: str, gguf_file: str, dtype):
         dtype=torch.float32,
         attn_implementation=ATTENTION_NAME,
     )
-    special = gguf_special_tokens(gguf)
     eos = special.get("eos", model.config.eos_token_id)
     pad = special.get("padding", eos)
     tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos)
@@ -387,6 +386,7 @@ def load_config_and_tokenizer(name_or_path: str = SMOLLM2_ALIAS):
         cached = gguf_copy(Path(directory) / gguf_file)
         if cached.is_dir() and copy_problem(cached) is None:  # else the file's metadata (load_model makes the copy)
             return AutoConfig.from_pretrained(cached), AutoTokenizer.from_pretrained(cached)
+        gguf_fields(Path(directory) / gguf_file)  # a damaged file named before transformers reads it
         return (
             AutoConfig.from_pretrained(directory, gguf_file=gguf_file),
             AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file),

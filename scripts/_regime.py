@@ -18,7 +18,7 @@ from gkv_rollout.registry import eviction_methods, registered
 from gkv_train.evaluation.report import plot_retained_density
 from gkv_train.models import check_adapter
 
-from _common import ROOT
+from _common import ROOT, count, fraction, natural, nonnegative_number, output_file, output_folder, positive_fraction
 
 # The ranked methods: those that choose from the whole cache. A method that keeps each prompt by default
 # (random_attention) is a control, run with --eval-controls where the task's prompt fits the budget.
@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     problems, methods and budgets, the trained adapters they compare, the regime's checks."""
     add = parser.add_argument
     add("--model", default="smollm2-135m")
-    add("--output-root", type=Path, default=ROOT / "outputs" / "decode_regime")
+    add("--output-root", type=output_folder, default=ROOT / "outputs" / "decode_regime")
     add(
         "--task",
         default="copy_recall",
@@ -38,8 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="long_recall: the regime at reasoning lengths, an evaluation task (probe and methods stages); "
         "count_recall: a given note's code after a count the model writes",
     )
-    add("--sentences", type=int, default=10, help="the task's middle sentences (copy_recall, long_recall)")
-    add("--count-to", type=int, default=160, help="count_recall's last number")
+    add("--sentences", type=count, default=10, help="the task's middle sentences (copy_recall, long_recall)")
+    add("--count-to", type=count, default=160, help="count_recall's last number")
     add(
         "--number-in-prompt",
         type=lambda v: {"true": True, "false": False}[v],
@@ -55,17 +55,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--copy-share",
-        type=float,
+        type=fraction,
         default=1.0,
         help="with --copy-required places: the share of the places a completion must copy in order",
     )
-    add("--problems", type=int, default=32, help="probe: train-split problems")
-    add("--samples", type=int, default=2, help="probe: samples per problem")
+    add("--problems", type=count, default=32, help="probe: train-split problems")
+    add("--samples", type=count, default=2, help="probe: samples per problem")
     add("--methods", nargs="+", default=EVICTION, choices=[m for m in registered() if m != "full"])
     add(
         "--budgets",
         nargs="+",
-        type=int,
+        type=count,
         default=[160, 128],
         help="probe and methods: eviction budgets (methods: run in this order)",
     )
@@ -78,19 +78,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add(
         "--s4r-length",
-        type=int,
+        type=natural,
         default=500,
         help="methods: S4R at eta = budget / this length, its rank solved there (0: no S4R row); "
         "500: a ~200-token prompt + max-new-tokens",
     )
     add(
         "--s4r-refresh",
-        type=int,
+        type=natural,
         default=64,
         help="methods: also S4R with bases refreshed every this many generated tokens, at the same "
         "memory (the s4r-refresh row; 0: none)",
     )
-    add("--results", type=Path, help="a results file whose stage sections are replaced as they come")
+    add("--results", type=output_file, help="a results file whose stage sections are replaced as they come")
     add(
         "--adapters",
         nargs="+",
@@ -98,19 +98,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=DIR",
         help="methods: trained LoRA adapters on the same problems (full cache, --train-method at every budget)",
     )
-    add("--methods-problems", type=int, default=128, help="methods: held-out problems")
-    add("--methods-samples", type=int, default=4, help="methods: samples per held-out problem")
-    add("--window", type=int, default=8)
-    add("--interval", type=int, default=16)
-    add("--max-new-tokens", type=int, default=300)
-    add("--temperature", type=float, default=0.6)
-    add("--top-p", type=float, default=0.95)
-    add("--batch-problems", type=int, default=16)
-    add("--min-full", type=float, default=0.40)
-    add("--min-gap", type=float, default=0.15)
-    add("--min-decode-compressions", type=int, default=6)
+    add("--methods-problems", type=count, default=128, help="methods: held-out problems")
+    add("--methods-samples", type=count, default=4, help="methods: samples per held-out problem")
+    add("--window", type=count, default=8)
+    add("--interval", type=count, default=16)
+    add("--max-new-tokens", type=count, default=300)
+    add("--temperature", type=nonnegative_number, default=0.6)
+    add("--top-p", type=positive_fraction, default=0.95)
+    add("--batch-problems", type=count, default=16)
+    add("--min-full", type=fraction, default=0.40)
+    add("--min-gap", type=fraction, default=0.15)
+    add("--min-decode-compressions", type=natural, default=6)
     add("--train-method", default="gkv", choices=[m for m in registered() if m != "full"])
-    add("--seed", type=int, default=0)
+    add("--seed", type=natural, default=0)
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

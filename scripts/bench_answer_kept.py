@@ -13,9 +13,11 @@ the chance level, of a span of as many tokens at a seeded random place among the
         --results results/bench_answer_kept.json [--worker 0/2]
 
 Each (model, batch) is written to ``--output-root`` as it finishes and never recomputed (resumable; ``--worker i/n``
-takes every n-th model, for one-thread workers side by side); an output root measured under other settings
-(``settings.json`` there) is refused, and so is a file holding other problems. Once every model is in, the
-report: per recipe over
+takes every n-th model, for one-thread workers side by side). Every argument and input is checked before any work:
+the evidence's settings and cells, each adapter this worker measures against the model, the output root's
+``settings.json`` (written with the first result: an output root measured under other settings is refused) and
+kept files (one holding other problems, or damaged, is refused naming it), the folder of ``--results``. Once every
+model is in, the report: per recipe over
 seeds (hierarchical 95 % intervals over seeds and problems), the judged differences (each recipe's seeds resampled
 on their own), shares by layer thirds, and pass@1 of the evaluation's ``gkv-b<budget>`` cells by whether the share
 is 0. One JSON line; ``--results`` gets the section.
@@ -30,9 +32,11 @@ import re
 import sys
 from pathlib import Path
 
-from gkv_train.jsonio import dumps, write_atomically
+from gkv_train.jsonio import dumps, read_state, write_atomically
+from gkv_train.models import check_adapter
+from gkv_train.problems.data import load_problems
 
-from _common import ROOT, origin, print_json, provenance
+from _common import count, input_file, input_folder, origin, output_file, output_folder, print_json, provenance, worker
 from _regime import hierarchical_interval, independent_interval
 
 PLACES = ("prompt", "story", "either", "control")
@@ -117,22 +121,17 @@ def evaluation_config(settings: dict):
     return config
 
 
-def measure(name: str, adapter: Path | None, config, batch: int, folder: Path) -> list[dict]:
-    """Every problem's shares for one model, batch by batch (each written to ``folder`` and kept)."""
+def measure(name: str, adapter: Path | None, config, problems, batch: int, folder: Path, settings: dict) -> None:
+    """Every problem's shares for one model, batch by batch (each written to ``folder`` and kept; ``settings``
+    written as its ``settings.json`` with the first result, when it holds none)."""
     from gkv_rollout.config import SamplingConfig
     from gkv_rollout.engine import RolloutEngine
     from gkv_train.models import load_model
-    from gkv_train.problems.data import load_problems
 
-    problems = load_problems(config.data, config.seed)
     (compression,) = config.compressions()
     model = tokenizer = engine = None
-    rows = []
     for start in range(0, len(problems), batch):
         path = folder / f"{name}-{start}.json"
-        ids = list(problems["id"][start : start + batch])
-        if path.is_file() and [r["id"] for r in json.loads(path.read_text())] != ids:
-            raise SystemExit(f"error: {path} holds other problems than {ids}: another --output-root is needed")
         if not path.is_file():
             if model is None:
                 model, tokenizer = load_model(config.model, adapter=None if adapter is None else str(adapter))
@@ -153,20 +152,82 @@ def measure(name: str, adapter: Path | None, config, batch: int, folder: Path) -
                 found.append(
                     {"id": pid, **problem_shares(out.record, row, prompt_ids, story, answer, problem, tokenizer, rng)}
                 )
+            if not (folder / SETTINGS).is_file():
+                write_atomically(folder / SETTINGS, dumps(settings, indent=1))
             write_atomically(path, dumps(found))
-        rows += json.loads(path.read_text())
-    return rows
 
 
-def check_manifest(path: Path, settings: dict) -> None:
-    """The settings an output root's files were measured under, written by its first call; a later call with
-    others is an error before any work (its files would be mixed with theirs)."""
-    if not path.is_file():
-        write_atomically(path, dumps(settings, indent=1))
-    elif json.loads(path.read_text()) != json.loads(dumps(settings)):
-        raise SystemExit(
-            f"error: {path.parent} holds measurements of other settings ({path}): use another --output-root"
-        )
+SETTINGS = "settings.json"  # an output root's: the settings its files were measured under
+KEPT_KEYS = ("id", *PLACES, "either_by_layer")  # what the report reads of each problem of a kept file
+
+
+def read_evidence(path: Path) -> dict:
+    """The ``training`` section of an rl_evidence results file, with every key this bench reads: its settings and,
+    for each model, the evaluation's ``gkv-b<budget>`` cell (problems and their samples' correctness). ValueError
+    naming the file and the first key missing (``read_state``: damaged, not JSON)."""
+    evidence = read_state(path)
+    keys = (
+        ("training", "settings", "model"),
+        ("training", "settings", "task", "name"),
+        ("training", "settings", "task", "sentences"),
+        ("training", "settings", "window"),
+        ("training", "settings", "interval"),
+        ("training", "settings", "train", "budget"),
+        *(("training", "settings", "eval", key) for key in ("split", "problems", "seed")),
+        ("training", "models"),
+    )
+    for key in keys:
+        value = evidence
+        for part in key:
+            if not isinstance(value, dict) or part not in value:
+                raise ValueError(f"--evidence {path} holds no {'.'.join(key)}: not an rl_evidence results file")
+            value = value[part]
+    training = evidence["training"]
+    if not isinstance(training["models"], dict) or not training["models"]:
+        raise ValueError(f"--evidence {path}: training.models is not a mapping of models")
+    cell = f"gkv-b{training['settings']['train']['budget']}"
+    for name, model in training["models"].items():
+        found = model.get("cells", {}).get(cell) if isinstance(model, dict) else None
+        if not (isinstance(found, dict) and isinstance(found.get("problems"), list) and "correct" in found):
+            raise ValueError(f"--evidence {path}: model {name} has no cell {cell} (its problems and correct)")
+    return training
+
+
+def check_output_root(root: Path, settings: dict, names: list[str], ids: list, batch: int) -> None:
+    """What ``root`` holds, before any work: its ``settings.json`` equal to ``settings`` (else its files would be
+    mixed with other settings'), and every kept file of ``names`` sound and holding its problems (``ids``, in
+    batches of ``batch``). ValueError naming the file (``read_state``) and what to do."""
+    kept = sorted(root.glob("*-*.json")) if root.is_dir() else []
+    if (root / SETTINGS).is_file():
+        if read_state(root / SETTINGS) != json.loads(dumps(settings)):
+            raise ValueError(
+                f"{root} holds measurements of other settings ({root / SETTINGS}): use another --output-root"
+            )
+    elif kept:
+        raise ValueError(f"{root} holds kept files ({kept[0].name}) but no {SETTINGS}: use another --output-root")
+    for name in names:
+        for start in range(0, len(ids), batch):
+            path = root / f"{name}-{start}.json"
+            if not path.is_file():
+                continue
+            rows = read_state(path, list)
+            if not all(isinstance(r, dict) and all(k in r for k in KEPT_KEYS) for r in rows):
+                raise ValueError(
+                    f"{path} is damaged (a problem without {', '.join(KEPT_KEYS)}): remove it to measure it again"
+                )
+            if [r["id"] for r in rows] != ids[start : start + batch]:
+                raise ValueError(
+                    f"{path} holds other problems than {ids[start : start + batch]}: use another --output-root"
+                )
+
+
+def check_cells(evidence: dict, path: Path, ids: list) -> None:
+    """Every model's ``gkv-b<budget>`` cell holds every problem measured (the report's pass@1 reads them)."""
+    cell = f"gkv-b{evidence['settings']['train']['budget']}"
+    for name, model in evidence["models"].items():
+        missing = [i for i in ids if i not in model["cells"][cell]["problems"]]
+        if missing:
+            raise ValueError(f"--evidence {path}: model {name}'s cell {cell} lacks problems {missing[:5]}")
 
 
 def mean(values) -> float:
@@ -254,40 +315,45 @@ def tables(view: str, result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--evidence", type=Path, required=True, help="the rl_evidence results file of the task")
-    parser.add_argument("--adapters", type=Path, required=True, help="its kept fp16 adapters")
-    parser.add_argument("--output-root", type=Path, required=True)
-    parser.add_argument("--results", type=Path, help="where the report's section goes")
-    parser.add_argument("--batch", type=int, default=32, help="problems per rollout (and per kept file)")
-    parser.add_argument("--worker", default="0/1", help="i/n: every n-th model from the i-th")
+    parser.add_argument("--evidence", type=input_file, required=True, help="the rl_evidence results file of the task")
+    parser.add_argument("--adapters", type=input_folder, required=True, help="its kept fp16 adapters")
+    parser.add_argument("--output-root", type=output_folder, required=True)
+    parser.add_argument("--results", type=output_file, help="where the report's section goes")
+    parser.add_argument("--batch", type=count, default=32, help="problems per rollout (and per kept file)")
+    parser.add_argument("--worker", type=worker, default=(0, 1), help="i/n: every n-th model from the i-th")
     args = parser.parse_args()
-    evidence = json.loads(args.evidence.read_text())["training"]
-    settings = evidence["settings"]
-    names = list(evidence["models"])  # the untrained model, then every run the evidence holds
-    worker, workers = map(int, args.worker.split("/"))
-    config = evaluation_config(settings)
-    problems = settings["eval"]["problems"]
+    try:  # every input, before any work
+        evidence = read_evidence(args.evidence)
+        settings, names = evidence["settings"], list(evidence["models"])  # the untrained model, then every run
+        config = evaluation_config(settings)
+        problems = load_problems(config.data, config.seed)
+        ids = list(problems["id"])
+        check_cells(evidence, args.evidence, ids)
+        mine = names[args.worker[0] :: args.worker[1]]
+        adapters = {name: None if name == "untrained" else args.adapters / name for name in mine}
+        for adapter in filter(None, adapters.values()):
+            check_adapter(str(adapter), config.model)
+        root_settings = {"evidence": settings, "batch": args.batch}
+        check_output_root(args.output_root, root_settings, names, ids, args.batch)
+    except (ValueError, OSError) as err:
+        parser.error(" ".join(str(err).split()))
     args.output_root.mkdir(parents=True, exist_ok=True)
-    check_manifest(args.output_root / "settings.json", {"evidence": settings, "batch": args.batch})
-    for name in names[worker::workers]:
-        adapter = None if name == "untrained" else args.adapters / name
+    for name, adapter in adapters.items():
         print(f"{name}: measuring", file=sys.stderr, flush=True)
-        measure(name, adapter, config, args.batch, args.output_root)
-    files = {n: [args.output_root / f"{n}-{s}.json" for s in range(0, problems, args.batch)] for n in names}
+        measure(name, adapter, config, problems, args.batch, args.output_root, root_settings)
+    files = {n: [args.output_root / f"{n}-{s}.json" for s in range(0, len(ids), args.batch)] for n in names}
     if not all(p.is_file() for paths in files.values() for p in paths):
         return  # another worker's models are not all in: its run (or a later call) reports
-    shares = {n: [r for p in paths for r in json.loads(p.read_text())] for n, paths in files.items()}
+    shares = {n: [r for p in paths for r in read_state(p, list)] for n, paths in files.items()}
     section = {
-        "problems": problems,
+        "problems": len(ids),
         "budget": settings["train"]["budget"],
         **report(evidence, shares, settings),
         "per_model": {n: {p: mean([r[p] for r in rows]) for p in PLACES} for n, rows in shares.items()},
         **origin(),
     }
     if args.results is not None:
-        write_atomically(
-            ROOT / args.results if not args.results.is_absolute() else args.results, dumps(section, indent=1)
-        )
+        write_atomically(args.results, dumps(section, indent=1))
     print_json({"bench": "answer_kept", **{k: v for k, v in section.items() if k != "per_model"}})
 
 

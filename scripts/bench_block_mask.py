@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -33,7 +32,7 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract.eviction import EvictionMasks, after_end_is_never, block_classes, block_sets
 from gkv_rollout.engine import RolloutEngine
 
-from _common import ROOT, origin, print_json, random_prompts
+from _common import ROOT, count, natural, origin, output_file, print_json, random_prompts
 
 
 def shape_model(layers: int, heads: int, kv_heads: int, head_dim: int) -> Qwen2ForCausalLM:
@@ -106,18 +105,20 @@ def measure(record: torch.Tensor, length: int, heads: int, before_layers: int) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=2)
-    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192])
-    parser.add_argument("--budgets", type=int, nargs="+", default=[512, 2048])
-    parser.add_argument("--before-layers", type=int, default=1, help="layers create_block_mask builds (scaled to all)")
+    parser.add_argument("--rows", type=count, default=2)
+    parser.add_argument("--lengths", type=count, nargs="+", default=[4096, 8192])
+    parser.add_argument("--budgets", type=count, nargs="+", default=[512, 2048])
+    parser.add_argument(
+        "--before-layers", type=natural, default=1, help="layers create_block_mask builds (scaled to all)"
+    )
     parser.add_argument(
         "--before-lengths",
-        type=int,
+        type=count,
         nargs="*",
         help="the lengths create_block_mask runs at (default: every one; it holds a [rows, heads, T, T] mask: about "
         "4 GB at 2 x 4096, 16 GB at 2 x 8192)",
     )
-    parser.add_argument("--results", type=Path, default=ROOT / "results" / "bench_block_mask.json")
+    parser.add_argument("--results", type=output_file, default=ROOT / "results" / "bench_block_mask.json")
     parser.add_argument("--quick", action="store_true", help="a tiny shape and lengths (a test runs it)")
     args = parser.parse_args()
     layers, heads, kv_heads, head_dim = (28, 12, 2, 16) if not args.quick else (3, 4, 2, 8)

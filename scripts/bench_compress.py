@@ -26,7 +26,7 @@ from gkv_rollout.contract.eviction import NEVER
 from gkv_rollout.eviction_cache import EvictionCache
 from gkv_rollout.registry import eviction_methods
 
-from _common import git_commit, machine, print_json
+from _common import count, git_commit, machine, print_json
 
 
 def time_compression(shape: SimpleNamespace, compression: CompressionConfig, batch: int, repeats: int) -> list[float]:
@@ -87,12 +87,12 @@ def tables(view: str, records: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--methods", nargs="+", default=eviction_methods())
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--layers", type=int, default=30, help="default: SmolLM2-135M's shapes")
-    parser.add_argument("--heads", type=int, default=9)
-    parser.add_argument("--kv-heads", type=int, default=3)
-    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--batch", type=count, default=16)
+    parser.add_argument("--repeats", type=count, default=10)
+    parser.add_argument("--layers", type=count, default=30, help="default: SmolLM2-135M's shapes")
+    parser.add_argument("--heads", type=count, default=9)
+    parser.add_argument("--kv-heads", type=count, default=3)
+    parser.add_argument("--head-dim", type=count, default=64)
     add_compression_args(parser, method="gkv", budget=128, interval=32)
     args = parser.parse_args()
     try:

@@ -21,7 +21,7 @@ import time
 from gkv_rollout.registry import eviction_methods
 from gkv_train.jsonio import dumps, write_atomically
 
-from _common import ROOT, origin, print_json, provenance
+from _common import ROOT, count, natural, origin, output_file, print_json, provenance
 
 TOL = 1e-4  # the invariant: fp32 log-probs under the record equal the rollout's
 CONTROL = 1e-2  # a control that does not differ by more than this has not failed
@@ -98,16 +98,18 @@ def tables(view: str, result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="tiny", help="as gkv-train check takes it (tiny: random weights)")
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--new-tokens", type=int, default=2048)
+    parser.add_argument("--batch", type=count, default=2)
+    parser.add_argument("--new-tokens", type=count, default=2048)
     methods = [*eviction_methods(), "s4r"]
     parser.add_argument("--methods", nargs="+", default=methods, choices=methods)
     parser.add_argument("--backends", nargs="+", default=["sdpa", "flex"], choices=["sdpa", "flex"])
-    parser.add_argument("--budget", type=int, default=256, help="the eviction methods' budget")
-    parser.add_argument("--window", type=int, default=16)
-    parser.add_argument("--interval", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--results", help="also write the JSON line here (e.g. results/bench_consistency_length.json)")
+    parser.add_argument("--budget", type=count, default=256, help="the eviction methods' budget")
+    parser.add_argument("--window", type=count, default=16)
+    parser.add_argument("--interval", type=count, default=64)
+    parser.add_argument("--seed", type=natural, default=0)
+    parser.add_argument(
+        "--results", type=output_file, help="also write the JSON line here (e.g. results/bench_consistency_length.json)"
+    )
     args = parser.parse_args()
     rows = []
     for method in args.methods:

@@ -50,7 +50,7 @@ from pathlib import Path
 
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 
-from _common import ROOT, merge_section, origin, print_json, provenance
+from _common import ROOT, count, merge_section, origin, positive_number, print_json, provenance
 from _regime import (
     add_arguments,
     cell,
@@ -438,28 +438,28 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="training: replace a --results training section measured with other settings",
     )
-    parser.add_argument("--train-budget", type=int, default=160)
+    parser.add_argument("--train-budget", type=count, default=160)
     parser.add_argument(
         "--eval-budgets",
         nargs="+",
-        type=int,
+        type=count,
         default=[128, 160, 224],
         help="training: held-out evaluation budgets (tighter, the training one, looser)",
     )
-    parser.add_argument("--steps", type=int, default=12, help="training: optimizer steps of every recipe")
-    parser.add_argument("--save-steps", type=int, default=2, help="training: checkpoint interval (resume)")
-    parser.add_argument("--prompts-per-step", type=int, default=2, help="training: GRPO prompts per step")
+    parser.add_argument("--steps", type=count, default=12, help="training: optimizer steps of every recipe")
+    parser.add_argument("--save-steps", type=count, default=2, help="training: checkpoint interval (resume)")
+    parser.add_argument("--prompts-per-step", type=count, default=2, help="training: GRPO prompts per step")
     parser.add_argument(
         "--group-size",
-        type=int,
+        type=count,
         default=2,
         help="training: GRPO samples per prompt (distillation: prompts-per-step x this rows per step)",
     )
-    parser.add_argument("--train-problems", type=int, default=256)
-    parser.add_argument("--trace-problems", type=int, default=64, help="training, offline distill: teacher problems")
-    parser.add_argument("--lr", type=float, default=3e-4, help="training: the one learning rate (LoRA)")
-    parser.add_argument("--eval-problems", type=int, default=32, help="training: held-out problems")
-    parser.add_argument("--eval-samples", type=int, default=2)
+    parser.add_argument("--train-problems", type=count, default=256)
+    parser.add_argument("--trace-problems", type=count, default=64, help="training, offline distill: teacher problems")
+    parser.add_argument("--lr", type=positive_number, default=3e-4, help="training: the one learning rate (LoRA)")
+    parser.add_argument("--eval-problems", type=count, default=32, help="training: held-out problems")
+    parser.add_argument("--eval-samples", type=count, default=2)
     args = parser.parse_args(argv)
     if args.task == "long_recall" and "training" in args.stages:
         parser.error("--task long_recall: the probe and methods stages (its training: bench_rl_evidence.py)")

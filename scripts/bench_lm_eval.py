@@ -24,7 +24,7 @@ from pathlib import Path
 from gkv_train.models import load_config_and_tokenizer, load_model
 from gkv_train.problems.data import DataConfig, load_problems
 
-from _common import ROOT, git_commit, print_json
+from _common import ROOT, count, git_commit, output_folder, print_json
 
 UTILS = '''"""lm-eval's process_results for the bench: this project's grading of a completion."""
 from gkv_rewards.extract import copies_in_order, extract_answer
@@ -57,14 +57,14 @@ def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--task", default="arithmetic")
-    parser.add_argument("--problems", type=int, default=64)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--problems", type=count, default=64)
+    parser.add_argument("--max-new-tokens", type=count, default=96)
+    parser.add_argument("--batch", type=count, default=8)
     parser.add_argument("--method", default="gkv")
-    parser.add_argument("--budget", type=int, default=64)
-    parser.add_argument("--window", type=int, default=8)
-    parser.add_argument("--interval", type=int, default=16)
-    parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "lm_eval_bench")
+    parser.add_argument("--budget", type=count, default=64)
+    parser.add_argument("--window", type=count, default=8)
+    parser.add_argument("--interval", type=count, default=16)
+    parser.add_argument("--output-root", type=output_folder, default=ROOT / "outputs" / "lm_eval_bench")
     return parser.parse_args()
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from gkv_train.evaluation.metrics import bootstrap_interval
 from gkv_train.jsonio import write_atomically
 
-from _common import ROOT, print_json
+from _common import ROOT, count, input_file, nonnegative_number, output_folder, positive_fraction, print_json
 
 
 def read_run(run_dir: Path) -> dict:
@@ -211,19 +211,25 @@ def parse_arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--datasets", nargs="+", default=["svamp", "gsm8k"])
-    parser.add_argument("--limit", type=int, default=64, help="problems per dataset (the first ones)")
-    parser.add_argument("--samples", type=int, default=4, help="samples per problem (n)")
+    parser.add_argument("--limit", type=count, default=64, help="problems per dataset (the first ones)")
+    parser.add_argument("--samples", type=count, default=4, help="samples per problem (n)")
     parser.add_argument("--methods", nargs="+", default=["full", "streaming", "snapkv", "h2o", "rkv", "gkv"])
-    parser.add_argument("--budgets", nargs="+", type=int, default=[64, 128])
-    parser.add_argument("--intervals", nargs="+", type=int, default=[32, 128])
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=0.6)
-    parser.add_argument("--top-p", type=float, default=0.95)
-    parser.add_argument("--batch-problems", type=int, default=16)
-    parser.add_argument("--results", type=Path, default=ROOT / "results" / "bench_methods", help="one file per run")
-    parser.add_argument("--work-root", type=Path, default=ROOT / "outputs" / "bench_methods", help="evaluate.py output")
+    parser.add_argument("--budgets", nargs="+", type=count, default=[64, 128])
+    parser.add_argument("--intervals", nargs="+", type=count, default=[32, 128])
+    parser.add_argument("--max-new-tokens", type=count, default=256)
+    parser.add_argument("--temperature", type=nonnegative_number, default=0.6)
+    parser.add_argument("--top-p", type=positive_fraction, default=0.95)
+    parser.add_argument("--batch-problems", type=count, default=16)
+    parser.add_argument(
+        "--results", type=output_folder, default=ROOT / "results" / "bench_methods", help="one file per run"
+    )
+    parser.add_argument(
+        "--work-root", type=output_folder, default=ROOT / "outputs" / "bench_methods", help="evaluate.py output"
+    )
     parser.add_argument("--tag", default="current", help="a name for this code version (a folder under the roots)")
-    parser.add_argument("--evaluate", type=Path, default=ROOT / "scripts" / "evaluate.py", help="evaluate.py to run")
+    parser.add_argument(
+        "--evaluate", type=input_file, default=ROOT / "scripts" / "evaluate.py", help="evaluate.py to run"
+    )
     parser.add_argument(
         "--sampling-keys",
         choices=["trl", "group", "num_generations", "n_samples"],

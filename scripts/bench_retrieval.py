@@ -43,7 +43,20 @@ from gkv_train.evaluation.metrics import bootstrap_interval
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.problems.retrieval import HAYSTACKS, RETRIEVAL_TASKS
 
-from _common import ROOT, merge_section, origin, print_json, provenance
+from _common import (
+    ROOT,
+    count,
+    fraction,
+    merge_section,
+    natural,
+    nonnegative_number,
+    origin,
+    output_file,
+    output_folder,
+    positive_fraction,
+    print_json,
+    provenance,
+)
 
 STAGES = ("probe", "table", "ablations", "fair")
 S4R_SINKS = CompressionConfig(method="s4r").resolved.sinks
@@ -460,24 +473,26 @@ def parse_arguments() -> argparse.Namespace:
         "--stages", nargs="+", choices=STAGES, help="default: probe, table, ablations (fair: some 20 core-hours, asked)"
     )
     parser.add_argument("--tasks", nargs="+", default=list(RETRIEVAL_TASKS), choices=RETRIEVAL_TASKS)
-    parser.add_argument("--contexts", nargs="+", type=int, default=[512, 1024, 2048])
-    parser.add_argument("--min-full", type=float, default=0.6)
-    parser.add_argument("--probe-problems", type=int, default=32)
+    parser.add_argument("--contexts", nargs="+", type=count, default=[512, 1024, 2048])
+    parser.add_argument("--min-full", type=fraction, default=0.6)
+    parser.add_argument("--probe-problems", type=count, default=32)
     parser.add_argument(
         "--max-context",
-        type=int,
+        type=count,
         default=None,
         help="table, ablations: at most this context (the longest passing one at or below it)",
     )
-    parser.add_argument("--problems", type=int, default=64, help="table, ablations: held-out problems per task")
-    parser.add_argument("--samples", type=int, default=1)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--max-new-tokens", type=int, default=48)
-    parser.add_argument("--batch-problems", type=int, default=8)
-    parser.add_argument("--etas", nargs="+", type=float, default=[0.2, 0.4])
+    parser.add_argument("--problems", type=count, default=64, help="table, ablations: held-out problems per task")
+    parser.add_argument("--samples", type=count, default=1)
+    parser.add_argument("--temperature", type=nonnegative_number, default=0.0)
+    parser.add_argument("--max-new-tokens", type=count, default=48)
+    parser.add_argument("--batch-problems", type=count, default=8)
+    parser.add_argument("--etas", nargs="+", type=positive_fraction, default=[0.2, 0.4])
     parser.add_argument("--methods", nargs="+", default=["snapkv", "gkv", "streaming"])
-    parser.add_argument("--prompt-overhead", type=int, default=100, help="tokens beyond the context: facts, question")
-    parser.add_argument("--windows", nargs="+", type=int, default=[1, 4, 32])
+    parser.add_argument(
+        "--prompt-overhead", type=natural, default=100, help="tokens beyond the context: facts, question"
+    )
+    parser.add_argument("--windows", nargs="+", type=count, default=[1, 4, 32])
     parser.add_argument(
         "--ablations",
         nargs="+",
@@ -487,15 +502,19 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument(  # one asked needle, whose position the split by needle reads
         "--fair-tasks", nargs="+", default=["niah_single", "niah_multikey"], choices=["niah_single", "niah_multikey"]
     )
-    parser.add_argument("--fair-context", type=int, default=2048, help="fair: the prompts' length in tokens")
-    parser.add_argument("--fair-etas", nargs="+", type=float, default=[0.2, 0.4], help="fair: S4R's eta (rho = eta)")
-    parser.add_argument("--fair-problems", type=int, default=32, help="fair: held-out problems per task and haystack")
+    parser.add_argument("--fair-context", type=count, default=2048, help="fair: the prompts' length in tokens")
+    parser.add_argument(
+        "--fair-etas", nargs="+", type=positive_fraction, default=[0.2, 0.4], help="fair: S4R's eta (rho = eta)"
+    )
+    parser.add_argument("--fair-problems", type=count, default=32, help="fair: held-out problems per task and haystack")
     parser.add_argument("--haystacks", nargs="+", default=list(HAYSTACKS), choices=HAYSTACKS)
     parser.add_argument("--fair-controls", nargs="+", default=list(FAIR_CONTROLS), choices=list(FAIR_CONTROLS))
     parser.add_argument("--fair-methods", nargs="+", default=["snapkv", "gkv"], help="fair: matched on memory")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "retrieval")
-    parser.add_argument("--results", type=Path, help="a results file whose stage sections are replaced as they come")
+    parser.add_argument("--seed", type=natural, default=0)
+    parser.add_argument("--output-root", type=output_folder, default=ROOT / "outputs" / "retrieval")
+    parser.add_argument(
+        "--results", type=output_file, help="a results file whose stage sections are replaced as they come"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny model and sizes (a test runs it)")
     args = parser.parse_args()
     if args.quick:

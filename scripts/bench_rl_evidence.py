@@ -73,7 +73,21 @@ from gkv_train.config.compose import MOVED, dotted_keys
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 
 import _regime as regime
-from _common import ROOT, origin, print_json, provenance
+from _common import (
+    ROOT,
+    count,
+    fraction,
+    input_folder,
+    natural,
+    nonnegative_number,
+    origin,
+    output_file,
+    output_folder,
+    positive_fraction,
+    positive_number,
+    print_json,
+    provenance,
+)
 
 STAGES = ("probe", "methods", "lr", "train", "eval", "cross", "report")
 # keys a --variant may not change: what the bench keeps track of runs by, and the problems (every recipe trains
@@ -1443,10 +1457,15 @@ def add_task_arguments(add) -> None:
     """Where the bench writes, the task, its sampling, and the probe and methods stages (``add``: a parser's
     ``add_argument``)."""
     add("--model", default="smollm2-135m")
-    add("--output-root", type=Path, default=ROOT / "outputs" / "rl_evidence")
-    add("--results", type=Path, default=ROOT / "results" / "bench_rl_evidence.json")
-    add("--adapters", type=Path, default=ROOT / "results" / "rl_evidence", help="where each run's fp16 adapter is kept")
-    add("--figures", type=Path, default=ROOT / "results" / "bench_rl_evidence_curves.png")
+    add("--output-root", type=output_folder, default=ROOT / "outputs" / "rl_evidence")
+    add("--results", type=output_file, default=ROOT / "results" / "bench_rl_evidence.json")
+    add(
+        "--adapters",
+        type=output_folder,
+        default=ROOT / "results" / "rl_evidence",
+        help="where each run's fp16 adapter is kept",
+    )
+    add("--figures", type=output_file, default=ROOT / "results" / "bench_rl_evidence_curves.png")
     add("--stages", nargs="+", default=[s for s in STAGES if s != "cross"], choices=STAGES, help="(all but cross)")
     add("--quick", action="store_true", help="every stage, a tiny random model and sizes (a test runs it)")
     add(
@@ -1457,8 +1476,8 @@ def add_task_arguments(add) -> None:
         "through the compressed cache, then the sampled number; the GRPO recipes), or count_recall (a given note's "
         "code after a ~530-token count the model writes; the GRPO recipes, from a base taught the skill: --model)",
     )
-    add("--sentences", type=int, help="the task's middle sentences (copy_recall 10, long_recall 80)")
-    add("--count-to", type=int, help="count_recall's last number (160)")
+    add("--sentences", type=count, help="the task's middle sentences (copy_recall 10, long_recall 80)")
+    add("--count-to", type=count, help="count_recall's last number (160)")
     add(
         "--number-in-prompt",
         type=lambda v: {"true": True, "false": False}[v],
@@ -1466,23 +1485,25 @@ def add_task_arguments(add) -> None:
         metavar="{true,false}",
         help="long_recall: false asks without stating the number (only the story's first sentence holds it)",
     )
-    add("--copy-share", type=float, help="copy_recall: the share of the places a completion must copy in order (0.4)")
-    add("--window", type=int, default=8)
-    add("--interval", type=int, default=16)
-    add("--max-new-tokens", type=int, help="copy_recall 300, long_recall 1040 (its story and the number)")
-    add("--temperature", type=float, default=0.6)
-    add("--top-p", type=float, default=0.95)
-    add("--batch-problems", type=int, default=16)
-    add("--probe-budgets", nargs="+", type=int, default=[192, 160])
+    add(
+        "--copy-share", type=fraction, help="copy_recall: the share of the places a completion must copy in order (0.4)"
+    )
+    add("--window", type=count, default=8)
+    add("--interval", type=count, default=16)
+    add("--max-new-tokens", type=count, help="copy_recall 300, long_recall 1040 (its story and the number)")
+    add("--temperature", type=nonnegative_number, default=0.6)
+    add("--top-p", type=positive_fraction, default=0.95)
+    add("--batch-problems", type=count, default=16)
+    add("--probe-budgets", nargs="+", type=count, default=[192, 160])
     add(
         "--probe-methods", nargs="+", choices=regime.EVICTION, help="probe: these eviction methods (default: every one)"
     )
-    add("--probe-problems", type=int, default=32)
-    add("--probe-samples", type=int, default=2)
-    add("--methods-budgets", nargs="+", type=int, default=[160])
-    add("--methods-problems", type=int, default=128)
-    add("--methods-samples", type=int, default=4)
-    add("--train-budget", type=int, default=160)
+    add("--probe-problems", type=count, default=32)
+    add("--probe-samples", type=count, default=2)
+    add("--methods-budgets", nargs="+", type=count, default=[160])
+    add("--methods-problems", type=count, default=128)
+    add("--methods-samples", type=count, default=4)
+    add("--train-budget", type=count, default=160)
 
 
 def add_run_arguments(add) -> None:
@@ -1502,33 +1523,33 @@ def add_run_arguments(add) -> None:
         help="an ablation: RECIPE with these train.py overrides, trained and reported as NAME (to run it, list NAME "
         "in --recipes), e.g. --variant rl_sparse_noclip rl_sparse rl.overlong_advantage_clip=false",
     )
-    add("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    add("--distill-seeds", type=int, default=1, help="the distillation recipes run the first this many seeds")
-    add("--steps", type=int, default=16)
-    add("--prompts-per-step", type=int, default=2)
-    add("--group-size", type=int, default=4, help="GRPO samples per prompt (distillation: prompts x this rows)")
-    add("--train-problems", type=int, default=256)
-    add("--trace-problems", type=int, default=64)
-    add("--lr", type=float, help="the learning rate of every recipe (no lr stage)")
+    add("--seeds", nargs="+", type=natural, default=[0, 1, 2])
+    add("--distill-seeds", type=natural, default=1, help="the distillation recipes run the first this many seeds")
+    add("--steps", type=count, default=16)
+    add("--prompts-per-step", type=count, default=2)
+    add("--group-size", type=count, default=4, help="GRPO samples per prompt (distillation: prompts x this rows)")
+    add("--train-problems", type=count, default=256)
+    add("--trace-problems", type=count, default=64)
+    add("--lr", type=positive_number, help="the learning rate of every recipe (no lr stage)")
     add("--lr-recipe", default="rl_sparse", choices=RECIPES)
-    add("--lrs", nargs="+", type=float, default=[1e-4, 3e-4, 1e-3])
-    add("--lr-problems", type=int, default=32)
-    add("--lr-samples", type=int, default=2)
+    add("--lrs", nargs="+", type=positive_number, default=[1e-4, 3e-4, 1e-3])
+    add("--lr-problems", type=count, default=32)
+    add("--lr-samples", type=count, default=2)
     add(
         "--lr-seed",
-        type=int,
+        type=natural,
         default=0,
         help="the lr stage's training seed (its run at the chosen rate is that seed's)",
     )
-    add("--lr-eval-seed", type=int, default=1000, help="the lr stage's train-split problem stream (not training's)")
-    add("--eval-problems", type=int, default=64)
-    add("--eval-samples", type=int, default=4)
-    add("--eval-seed", type=int, default=0)
-    add("--eval-budgets", nargs="+", type=int, default=[160, 128], help="the training budget and tighter ones")
+    add("--lr-eval-seed", type=natural, default=1000, help="the lr stage's train-split problem stream (not training's)")
+    add("--eval-problems", type=count, default=64)
+    add("--eval-samples", type=count, default=4)
+    add("--eval-seed", type=natural, default=0)
+    add("--eval-budgets", nargs="+", type=count, default=[160, 128], help="the training budget and tighter ones")
     add(
         "--fresh-seeds",
         nargs="*",
-        type=int,
+        type=natural,
         default=[],
         help="evaluation seeds of fresh test problems: every model again at the training budget on --eval-problems "
         "problems of each seed's test stream (checked to share none with any set the bench draws)",
@@ -1543,17 +1564,23 @@ def add_run_arguments(add) -> None:
     )
     add(
         "--cross-adapters",
-        type=Path,
+        type=input_folder,
         help="cross stage: the other task's kept adapters (a folder of <recipe>-s<seed>-lr<rate> folders)",
     )
     add("--cross-recipes", nargs="+", help="cross stage: the other task's recipes to evaluate (default: every one)")
-    add("--round-bins", nargs="+", type=int, help="the rounds table's bins (default: the task's)")
-    add("--min-gap", type=float, default=0.15, help="probe: every method's loss at the training budget, at least")
-    add("--min-full", type=float, help="probe: the full cache's pass@1, at least (copy_recall 0.40, long_recall 0.60)")
+    add("--round-bins", nargs="+", type=natural, help="the rounds table's bins (default: the task's)")
+    add("--min-gap", type=fraction, default=0.15, help="probe: every method's loss at the training budget, at least")
     add(
-        "--min-rounds", type=int, help="probe: decode-time compression rounds, at least (copy_recall 6, long_recall 40)"
+        "--min-full",
+        type=fraction,
+        help="probe: the full cache's pass@1, at least (copy_recall 0.40, long_recall 0.60)",
     )
-    add("--poll", type=float, default=30.0, help="seconds between looks for a job while others hold the rest")
+    add(
+        "--min-rounds",
+        type=natural,
+        help="probe: decode-time compression rounds, at least (copy_recall 6, long_recall 40)",
+    )
+    add("--poll", type=positive_number, default=30.0, help="seconds between looks for a job while others hold the rest")
 
 
 def task_defaults(args, parser) -> None:

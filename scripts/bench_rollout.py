@@ -37,22 +37,22 @@ from gkv_train.models import load_model
 from gkv_train.problems.data import PROMPT_TEMPLATE
 from gkv_train.problems.tasks import LONG_RECALL_SENTENCES, long_recall_task
 
-from _common import gsm8k_questions, print_json
+from _common import count, gsm8k_questions, natural, print_json
 from _rollout_timing import compiled_run, engine_run, hf_generate
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--max-new-tokens", type=int, default=1024)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch", type=count, default=16)
+    parser.add_argument("--max-new-tokens", type=count, default=1024)
+    parser.add_argument("--seed", type=natural, default=0)
     parser.add_argument("--skip-hf", action="store_true", help="do not time HF generate")
     parser.add_argument("--methods", nargs="+", default=None, help="compressed methods to time (default: --method)")
     parser.add_argument("--compile-decode", action="store_true", help="also time compiled decode steps")
     parser.add_argument(
         "--long-recall",
-        type=int,
+        type=count,
         metavar="SENTENCES",
         help="time long_recall rollouts (stories of SENTENCES middle sentences, 80: ~1,000 tokens) instead",
     )

@@ -40,7 +40,7 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
 from gkv_train.models import load_model
 
-from _common import DATA_DIR, origin, print_json, provenance
+from _common import DATA_DIR, count, natural, origin, positive_fraction, print_json, provenance
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 
@@ -227,16 +227,20 @@ def tables(view: str, result: dict | list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--context", type=int, default=4000)
-    parser.add_argument("--new-tokens", type=int, default=128)
-    parser.add_argument("--eta", type=float, default=0.2)
-    parser.add_argument("--cases", type=int, default=20, help="passkey cases (0: timing and memory only)")
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--context", type=count, default=4000)
+    parser.add_argument("--new-tokens", type=count, default=128)
+    parser.add_argument("--eta", type=positive_fraction, default=0.2)
+    parser.add_argument("--cases", type=natural, default=20, help="passkey cases (0: timing and memory only)")
+    parser.add_argument("--batch", type=count, default=2)
+    parser.add_argument("--seed", type=natural, default=0)
     parser.add_argument("--memory-share", action="store_true", help="only the memory share of eta's two meanings")
-    parser.add_argument("--refresh", type=int, default=0, help="only the refresh comparison, refreshing every N tokens")
-    parser.add_argument("--basis-cost", nargs="+", type=int, help="only the prefill cost of the bases at these lengths")
-    parser.add_argument("--repeats", type=int, default=3, help="--basis-cost: runs per configuration (the median)")
+    parser.add_argument(
+        "--refresh", type=natural, default=0, help="only the refresh comparison, refreshing every N tokens"
+    )
+    parser.add_argument(
+        "--basis-cost", nargs="+", type=count, help="only the prefill cost of the bases at these lengths"
+    )
+    parser.add_argument("--repeats", type=count, default=3, help="--basis-cost: runs per configuration (the median)")
     args = parser.parse_args()
 
     model, tokenizer = load_model(args.model)

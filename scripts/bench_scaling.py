@@ -39,7 +39,7 @@ from pathlib import Path
 
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 
-from _common import ROOT, origin, print_json, provenance
+from _common import ROOT, count, natural, origin, output_file, output_folder, positive_fraction, print_json, provenance
 
 METHODS = ("full", "gkv", "s4r")
 TRAINERS = ("rl_sparse", "rl_full")
@@ -272,23 +272,27 @@ def parse_arguments() -> argparse.Namespace:
     """The command line (``--quick``: tiny values for the options left at their defaults)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--batch", type=int, default=4, help="rollout batch")
-    parser.add_argument("--lengths", nargs="+", type=int, default=[256, 512, 1024, 2048, 4096])
-    parser.add_argument("--train-lengths", nargs="+", type=int, default=[128, 256, 512, 1024])
+    parser.add_argument("--batch", type=count, default=4, help="rollout batch")
+    parser.add_argument("--lengths", nargs="+", type=count, default=[256, 512, 1024, 2048, 4096])
+    parser.add_argument("--train-lengths", nargs="+", type=count, default=[128, 256, 512, 1024])
     parser.add_argument("--methods", nargs="*", default=list(METHODS), choices=METHODS, help="none: training only")
     parser.add_argument("--trainers", nargs="*", default=list(TRAINERS), choices=TRAINERS, help="none: rollouts only")
-    parser.add_argument("--budget", type=int, default=512, help="gkv budget (rollout and rl_sparse)")
-    parser.add_argument("--eta", type=float, default=0.2, help="s4r persistent-memory share at each length's end")
-    parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "scaling")
-    parser.add_argument("--results", type=Path, help="also write the JSON line here (e.g. results/bench_scaling.json)")
+    parser.add_argument("--budget", type=count, default=512, help="gkv budget (rollout and rl_sparse)")
+    parser.add_argument(
+        "--eta", type=positive_fraction, default=0.2, help="s4r persistent-memory share at each length's end"
+    )
+    parser.add_argument("--output-root", type=output_folder, default=ROOT / "outputs" / "scaling")
+    parser.add_argument(
+        "--results", type=output_file, help="also write the JSON line here (e.g. results/bench_scaling.json)"
+    )
     parser.add_argument("--quick", action="store_true", help="tiny model, lengths and budget (a test runs it)")
-    parser.add_argument("--train-rows", type=int, default=8, help="training: samples of the one prompt per step")
+    parser.add_argument("--train-rows", type=count, default=8, help="training: samples of the one prompt per step")
     parser.add_argument(
         "--gradient-checkpointing", action="store_true", help="training: recompute each layer in the backward"
     )
     parser.add_argument(
         "--mmap-threshold",
-        type=int,
+        type=natural,
         help="training: run each step with MALLOC_MMAP_THRESHOLD_ set to this many bytes (glibc: a fixed threshold, "
         "so that the peak resident memory follows the live tensors; default: glibc's dynamic one)",
     )

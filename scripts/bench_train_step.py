@@ -48,7 +48,7 @@ from transformers import TrainerCallback
 from gkv_train.config.preflight import status_bytes
 from gkv_train.jsonio import dumps
 
-from _common import ROOT, origin, print_json, provenance
+from _common import ROOT, count, natural, origin, output_file, print_json, provenance
 
 PHASES = ("generation", "logprob_forward", "backward", "optimizer", "other")
 
@@ -247,18 +247,18 @@ def tables(view: str, result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--budget", type=int, default=64, help="rl_sparse / distillation: gkv budget")
-    parser.add_argument("--window", type=int, default=8)
-    parser.add_argument("--interval", type=int, default=16)
-    parser.add_argument("--steps", type=int, default=2, help="timed steps")
-    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--max-new-tokens", type=count, default=128)
+    parser.add_argument("--budget", type=count, default=64, help="rl_sparse / distillation: gkv budget")
+    parser.add_argument("--window", type=count, default=8)
+    parser.add_argument("--interval", type=count, default=16)
+    parser.add_argument("--steps", type=count, default=2, help="timed steps")
+    parser.add_argument("--warmup", type=natural, default=1, help="untimed steps first")
     parser.add_argument("--trainers", nargs="+", default=["trl", "rl_full", "rl_sparse", "distill"])
-    parser.add_argument("--rows", type=int, default=8, help="rows per step (GRPO: samples of one prompt)")
+    parser.add_argument("--rows", type=count, default=8, help="rows per step (GRPO: samples of one prompt)")
     parser.add_argument(
         "--gradient-checkpointing", action="store_true", help="recompute each layer in the backward (memory for time)"
     )
-    parser.add_argument("--output", type=Path, default=None, help="also write the JSON line here")
+    parser.add_argument("--output", type=output_file, default=None, help="also write the JSON line here")
     args = parser.parse_args()
 
     result = {

@@ -39,7 +39,19 @@ from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.models import load_model
 from gkv_train.problems.data import DataConfig, load_problems
 
-from _common import ROOT, origin, print_json, provenance
+from _common import (
+    ROOT,
+    count,
+    fraction,
+    natural,
+    nonnegative_number,
+    origin,
+    output_folder,
+    positive_fraction,
+    positive_number,
+    print_json,
+    provenance,
+)
 
 RECIPES = ("rl_sparse", "rl_full", "distill", "distill_onpolicy")
 CACHES = ("compressed", "full")
@@ -109,6 +121,19 @@ def evaluate(
             "retention": sum(s["retention"] for s in samples) / len(samples),
         }
     return results
+
+
+def candidate(text: str) -> str:
+    """``--candidates``' argparse type: ``distractors:method:budget`` (an integer >= 0, an eviction method, a budget
+    >= 1), checked before any work rather than when the probe reaches it."""
+    from gkv_rollout.methods import eviction_methods
+
+    parts = text.split(":")
+    if len(parts) != 3 or not parts[0].isdecimal() or parts[1] not in eviction_methods() or not parts[2].isdecimal():
+        raise argparse.ArgumentTypeError(f"{text!r}: expected distractors:method:budget, such as 4:gkv:32")
+    if int(parts[2]) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the budget must be at least 1")
+    return text
 
 
 def stage_probe(args, root: Path) -> dict:
@@ -352,44 +377,47 @@ def parse_arguments() -> argparse.Namespace:
     """The command line (``--quick``: every size tiny)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--output-root", type=Path, default=ROOT / "outputs" / "training_effect")
+    parser.add_argument("--output-root", type=output_folder, default=ROOT / "outputs" / "training_effect")
     parser.add_argument("--quick", action="store_true", help="every stage on tiny settings (a test runs it)")
-    parser.add_argument("--level", type=int, default=0, help="built-in task level (0: recall the first fact)")
+    parser.add_argument("--level", type=natural, default=0, help="built-in task level (0: recall the first fact)")
     parser.add_argument("--prompt-template", default="{problem} Reply with only the number.")
     parser.add_argument(
         "--candidates",
         nargs="+",
+        type=candidate,
         default=["4:gkv:32", "8:gkv:40", "4:snapkv:32"],
         help="distractors:method:budget settings probed on train-split problems, preferred first",
     )
-    parser.add_argument("--min-full", type=float, default=0.30)
-    parser.add_argument("--min-gap", type=float, default=0.10)
-    parser.add_argument("--probe-problems", type=int, default=96)
-    parser.add_argument("--window", type=int, default=8)
-    parser.add_argument("--interval", type=int, default=16)
+    parser.add_argument("--min-full", type=fraction, default=0.30)
+    parser.add_argument("--min-gap", type=fraction, default=0.10)
+    parser.add_argument("--probe-problems", type=count, default=96)
+    parser.add_argument("--window", type=count, default=8)
+    parser.add_argument("--interval", type=count, default=16)
     parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=RECIPES)
-    parser.add_argument("--steps", type=int, default=30, help="optimizer steps of every recipe")
-    parser.add_argument("--save-steps", type=int, default=5, help="checkpoint interval (an interrupted recipe resumes)")
-    parser.add_argument("--prompts-per-step", type=int, default=2, help="GRPO prompts per step")
-    parser.add_argument("--samples", type=int, default=8, help="GRPO samples per prompt (distillation: rows x this)")
-    parser.add_argument("--train-problems", type=int, default=256)
-    parser.add_argument("--trace-problems", type=int, default=128, help="offline distillation: teacher problems")
-    parser.add_argument("--lr", type=float, default=3e-4)
+    parser.add_argument("--steps", type=count, default=30, help="optimizer steps of every recipe")
+    parser.add_argument(
+        "--save-steps", type=count, default=5, help="checkpoint interval (an interrupted recipe resumes)"
+    )
+    parser.add_argument("--prompts-per-step", type=count, default=2, help="GRPO prompts per step")
+    parser.add_argument("--samples", type=count, default=8, help="GRPO samples per prompt (distillation: rows x this)")
+    parser.add_argument("--train-problems", type=count, default=256)
+    parser.add_argument("--trace-problems", type=count, default=128, help="offline distillation: teacher problems")
+    parser.add_argument("--lr", type=positive_number, default=3e-4)
     parser.add_argument("--lora", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument("--max-new-tokens", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=count, default=10)
     parser.add_argument(
         "--overlong-clip",
         action=argparse.BooleanOptionalAction,
         default=False,
         help="GRPO rl.overlong_advantage_clip (off: at 10 tokens nearly every completion is cut off)",
     )
-    parser.add_argument("--temperature", type=float, default=0.6)
-    parser.add_argument("--top-p", type=float, default=0.95)
-    parser.add_argument("--eval-problems", type=int, default=256)
-    parser.add_argument("--samples-eval", type=int, default=1)
-    parser.add_argument("--batch-problems", type=int, default=32)
-    parser.add_argument("--kl-problems", type=int, default=64)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--temperature", type=nonnegative_number, default=0.6)
+    parser.add_argument("--top-p", type=positive_fraction, default=0.95)
+    parser.add_argument("--eval-problems", type=count, default=256)
+    parser.add_argument("--samples-eval", type=count, default=1)
+    parser.add_argument("--batch-problems", type=count, default=32)
+    parser.add_argument("--kl-problems", type=count, default=64)
+    parser.add_argument("--seed", type=natural, default=0)
     args = parser.parse_args()
     if args.quick:
         args.model, args.candidates, args.min_full, args.min_gap = "tiny", ["4:gkv:24"], 0.0, -1.0

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,3 +136,134 @@ def test_problem_shares_read_the_record_at_the_story_s_last_token():
     assert shares["either_by_layer"] == [1.0, 1.0]
     control = shares["spans"]["control"]
     assert control[0] > in_story + 1 and control[-1] < p + text.index("At the end")
+
+
+def refused(monkeypatch, capsys, argv: list[str]) -> str:
+    """``bench_answer_kept.py argv`` run as main in this process: it must be refused (exit 2) before any work (no
+    model measured); its ``error:`` line returned."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_answer_kept
+
+    monkeypatch.setattr(bench_answer_kept, "measure", lambda *a, **k: pytest.fail("measured before the refusal"))
+    monkeypatch.setattr(sys, "argv", ["bench_answer_kept.py", *argv])
+    with pytest.raises(SystemExit) as done:
+        bench_answer_kept.main()
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+def write_json(path: Path, value) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(value if isinstance(value, str) else json.dumps(value))
+    return path
+
+
+def hostile(tmp_path: Path, case: str) -> tuple[list[str], list[str]]:
+    """(the command line of a hostile ``case``, what its refusal must name). ``--worker 0/2``: the untrained model
+    alone, so no adapter is needed where the case is not about one."""
+    good = evidence(tmp_path, 24)
+    adapters, root = tmp_path / "adapters", tmp_path / "root"
+    adapters.mkdir(exist_ok=True)
+    base = {"--evidence": str(good), "--adapters": str(adapters), "--output-root": str(root), "--worker": "0/2"}
+    settings = json.loads(good.read_text())["training"]["settings"]
+    kept = {"evidence": settings, "batch": 2}
+    row = {"id": 0, "prompt": 1.0, "story": 1.0, "either": 1.0, "control": 1.0, "either_by_layer": [1.0]}
+    changes, names = {
+        "batch-0": ({"--batch": "0"}, ["--batch", "expected an integer >= 1"]),
+        "worker-0/0": ({"--worker": "0/0"}, ["--worker", "i/n"]),
+        "worker-abc": ({"--worker": "abc"}, ["--worker", "i/n"]),
+        "worker-1/1": ({"--worker": "1/1"}, ["--worker", "counted from 0"]),
+        "evidence-missing": ({"--evidence": str(tmp_path / "none.json")}, ["--evidence", "none.json does not exist"]),
+        "evidence-not-json": (
+            {"--evidence": str(write_json(tmp_path / "bad.json", "not json {"))},
+            ["bad.json is damaged"],
+        ),
+        "evidence-keyless": (
+            {"--evidence": str(write_json(tmp_path / "keyless.json", {"training": {}}))},
+            ["keyless.json holds no training.settings.model"],
+        ),
+        "evidence-without-cell": (
+            {
+                "--evidence": str(
+                    write_json(
+                        tmp_path / "nocell.json",
+                        {"training": {"settings": settings, "models": {"untrained": {"cells": {"gkv-b64": {}}}}}},
+                    )
+                )
+            },
+            ["nocell.json: model untrained has no cell gkv-b24"],
+        ),
+        "adapters-missing": ({"--adapters": str(tmp_path / "nowhere")}, ["--adapters", "nowhere does not exist"]),
+        "adapter-missing": ({"--worker": "1/2"}, [f"adapter=\\S+/{TRAINED}: no such folder"]),
+        "results-in-missing-folder": (
+            {"--results": str(tmp_path / "no" / "kept.json")},
+            ["--results", "the folder \\S+/no does not exist"],
+        ),
+        "output-root-a-file": ({"--output-root": str(write_json(tmp_path / "afile", "x"))}, ["afile is a file"]),
+        "settings-damaged": (
+            {"--batch": "2"} | {"_write": {"root/settings.json": "{cut"}},
+            ["settings.json is damaged"],
+        ),
+        "settings-other": (
+            {"--batch": "3"} | {"_write": {"root/settings.json": kept}},
+            ["measurements of other settings", "another --output-root"],
+        ),
+        "kept-without-settings": (
+            {"--batch": "2"} | {"_write": {"root/untrained-0.json": [row, {**row, "id": 1}]}},
+            ["untrained-0.json", "no settings.json"],
+        ),
+        "kept-cut": (
+            {"--batch": "2"} | {"_write": {"root/settings.json": kept, "root/untrained-0.json": '[{"id": 0, "pro'}},
+            ["untrained-0.json is damaged"],
+        ),
+        "kept-keyless": (
+            {"--batch": "2"} | {"_write": {"root/settings.json": kept, "root/untrained-0.json": [{"id": 0}]}},
+            ["untrained-0.json is damaged", "remove it"],
+        ),
+        "kept-other-problems": (
+            {"--batch": "2"} | {"_write": {"root/settings.json": kept, "root/untrained-2.json": [row]}},
+            ["untrained-2.json holds other problems than \\[2\\]"],
+        ),
+    }[case]
+    for name, value in changes.pop("_write", {}).items():
+        write_json(tmp_path / name, value)
+    argv = [word for key, value in {**base, **changes}.items() for word in (key, value)]
+    return argv, names
+
+
+HOSTILE = [
+    "batch-0",
+    "worker-0/0",
+    "worker-abc",
+    "worker-1/1",
+    "evidence-missing",
+    "evidence-not-json",
+    "evidence-keyless",
+    "evidence-without-cell",
+    "adapters-missing",
+    "adapter-missing",
+    "results-in-missing-folder",
+    "output-root-a-file",
+    "settings-damaged",
+    "settings-other",
+    "kept-without-settings",
+    "kept-cut",
+    "kept-keyless",
+    "kept-other-problems",
+]
+
+
+@pytest.mark.parametrize("case", HOSTILE)
+def test_every_argument_and_input_is_checked_before_any_work(tmp_path, monkeypatch, capsys, case):
+    """Each hostile command line is refused (exit 2, one ``error:`` line naming the problem) before a model is
+    measured, and leaves no output root behind when it had none (``--batch 0`` once wrote settings.json first, so
+    every later run into the root was refused); a damaged state file is named (``read_state``)."""
+    import re
+
+    argv, names = hostile(tmp_path, case)
+    had_root = (tmp_path / "root").exists()
+    line = refused(monkeypatch, capsys, argv)
+    assert line.startswith("bench_answer_kept.py: error:") or line.startswith("usage")
+    assert all(re.search(name, line) for name in names), line
+    assert had_root or not (tmp_path / "root").exists()

@@ -135,6 +135,16 @@ def test_bad_data_files_name_file_and_line(tmp_path, name, text, message):
     assert message in str(err.value)
 
 
+@pytest.mark.parametrize("name", ["latin1.jsonl", "latin1.json"])
+def test_a_line_that_is_not_utf8_is_named_by_file_line_and_column(tmp_path, name):
+    """A Latin-1 byte on line 2: once "cannot read dataset file ...: 'utf-8' codec can't decode byte 0xe9 in
+    position 49", which named neither line nor column."""
+    (tmp_path / name).write_bytes(b'{"question": "a", "answer": 1}\n{"question": "caf\xe9", "answer": 2}\n')
+    with pytest.raises(ValueError) as err:
+        load_problems(DataConfig(path=str(tmp_path / name), name=None, limit=None))
+    assert f"{name}:2: not UTF-8 text (byte 0xe9 at column 18)" in str(err.value)
+
+
 def test_hub_golds_that_are_no_answer_name_dataset_and_row(monkeypatch):
     import datasets
 

@@ -397,6 +397,11 @@ EVALUATE_REFUSALS = [
         "data.name=long_recall max_completion_length=64",
         "the evaluation: the given beginning of problem 0's completions (long_recall's story, data.sentences) is",
     ),
+    (
+        "data.name=long_recall data.sentences=4096 max_completion_length=3000",
+        "which leaves nothing to sample within max_completion_length=3000: lower data.sentences: the model's context "
+        "(max_position_embeddings) leaves",  # raising max_completion_length, once advised, cannot fit it
+    ),
     ("data.sentences=13", "data.sentences=13 applies to data.name=copy_recall / long_recall only, not to data.name="),
     ("data.name=copy_recall data.distractors=2", "data.distractors=2 applies to data.name=arithmetic only"),
     ("data.name=gsm8k data.copy_required=places", "data.copy_required='places' applies to data.name=copy_recall"),

@@ -244,8 +244,13 @@ def test_prefixes_are_fed_then_sampling_goes_on(tiny_llama_fp64, method):
     with pytest.raises(ValueError, match="leaves nothing to sample within 20"):
         engine.generate(prompts, SamplingConfig(max_new_tokens=20), prefixes=prefixes)
     vocab = tiny_llama.get_input_embeddings().num_embeddings
+    rows = (iter(p) for p in prefixes)  # any iterables: once "object of type 'generator' has no len()"
+    assert engine.generate(prompts, sampling, prefixes=rows).completions() == out.completions()
+    with pytest.raises(ValueError, match="prefixes is int: one list of token ids per prompt"):
+        engine.generate(prompts, sampling, prefixes=5)
     for bad, message in [
         ("some text", r"prefixes\[0\] is str: a list of token ids"),
+        (5, r"prefixes\[0\] is int: a list of token ids"),
         ([1.5], r"prefixes\[0\] holds 1.5: token ids are integers"),
         ([None], r"prefixes\[0\] holds None"),
         ([-1], r"prefixes\[0\] holds the id -1, outside the vocabulary"),

@@ -137,7 +137,8 @@ def test_a_local_task_offline_from_python_and_the_command_line(tmp_path, monkeyp
         (dict(method="foo"), "unknown compression method 'foo'"),
         (dict(pretrained="/no/such/model"), "model path /no/such/model does not exist"),
         (dict(stats="/no/such/folder/stats.jsonl"), "the folder /no/such/folder does not exist"),
-        (dict(max_gen_toks=0), "max_gen_toks=0: expected an integer >= 1"),
+        (dict(max_gen_toks=0), "max_gen_toks=0: expected an integer from 1 to the model's context of 4096 tokens"),
+        (dict(max_gen_toks=10**9), "max_gen_toks=1000000000: expected an integer from 1 to the model's context"),
         (dict(batch_size="0"), "batch_size=0: expected an integer >= 1"),
         (dict(batch_size="two"), "batch_size=two: expected an integer >= 1"),
         (dict(device="tpu"), "device=tpu"),
@@ -152,6 +153,64 @@ def test_model_arguments_are_refused_before_the_model_loads(monkeypatch, args, m
     with pytest.raises(Refused) as err:
         CompressedLM(**{"pretrained": "tiny", **args})
     assert message in str(err.value)
+
+
+@pytest.mark.parametrize("given", [10**9, 0, "many"])
+def test_a_tasks_new_tokens_are_checked_before_the_model_loads(monkeypatch, given):
+    """A task's ``max_gen_toks`` (its generation_kwargs) outside [1, the model's context] is refused before any work
+    and before the weights load (they load at the first request, after its checks): a billion once allocated 32 GB
+    after the model had loaded, 0 was a traceback."""
+    from gkv_train.evaluation import lm_eval_model
+    from gkv_train.exits import Refused
+
+    monkeypatch.setattr(lm_eval_model, "load_model", lambda *a, **k: pytest.fail("the model loaded"))
+    lm = CompressedLM(pretrained="tiny", method="gkv", budget=16, window=4)
+    fits = Instance("generate_until", {}, ("2 + 2 =", {"until": ["\n"], "max_gen_toks": 8}), 0)
+    bad = Instance("generate_until", {}, ("2 + 2 =", {"until": ["\n"], "max_gen_toks": given}), 1)
+    with pytest.raises(
+        Refused,
+        match=rf"max_gen_toks \(the task's generation_kwargs\)={given}: expected an integer "
+        r"from 1 to the model's context of 4096 tokens",
+    ):
+        lm.generate_until([fits, bad])
+
+
+@pytest.mark.parametrize(
+    "model_args, option",
+    [("pretrained=tiny,batch_size=0", "batch_size"), ("pretrained=tiny,device=tpu", "device")],
+)
+def test_lm_evals_own_options_in_model_args_are_refused_naming_the_flag(model_args, option):
+    """``--model_args batch_size=...`` / ``device=...``: lm-eval passes its own ``--batch_size`` / ``--device`` (their
+    defaults included) as well; once Python's "got multiple values for keyword argument", now a refusal naming
+    the flag to use. Without lm-eval's value (Python's simple_evaluate with none), the model argument is read."""
+    from gkv_train.exits import Refused
+
+    with pytest.raises(Refused, match=rf"{option}=\S+ in --model_args: lm-eval sets {option} itself \(--{option}"):
+        CompressedLM.create_from_arg_string(model_args, {"batch_size": 1, "max_batch_size": None, "device": "cuda:0"})
+    lm = CompressedLM.create_from_arg_string("pretrained=tiny,batch_size=3,device=cpu", {"device": None})
+    assert lm.batch_size == 3 and lm.device == torch.device("cpu")
+
+
+def test_a_plug_in_methods_own_option_is_a_model_argument(tmp_path, monkeypatch):
+    """A plug-in method's own option by its flat name (``p=1``), as ``compression.options.p=1`` in train.py: once
+    "unknown gkv model argument" (the method was not imported when the names were listed)."""
+    from gkv_train.exits import Refused
+
+    (tmp_path / "lm_eval_methods.py").write_text(
+        "from dataclasses import dataclass\n"
+        "from gkv_rollout.methods import EvictionMethod\n"
+        "@dataclass\n"
+        "class KeyNormLM(EvictionMethod):\n"
+        "    name = 'keynorm_lm'\n"
+        "    p: float = 2.0\n"
+        "    def score(self, state):\n"
+        "        return state.keys.float().norm(p=self.p, dim=-1), None\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    lm = CompressedLM.create_from_arg_string("pretrained=tiny,method=lm_eval_methods:KeyNormLM,p=1,budget=16,window=4")
+    assert lm.compression.resolved.p == 1.0 and lm.compression.options == {"p": 1.0}
+    with pytest.raises(Refused, match="p=one: expected float"):
+        CompressedLM(pretrained="tiny", method="lm_eval_methods:KeyNormLM", p="one")
 
 
 def test_every_compression_option_is_a_model_argument():

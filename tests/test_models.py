@@ -135,6 +135,21 @@ def test_gguf_copy_is_float32_whatever_the_first_load_asks(tmp_path, monkeypatch
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"F32"}
 
 
+@pytest.mark.parametrize("kept", [60_000_000, 20])
+def test_a_cut_gguf_file_is_named_as_damaged_before_transformers_reads_it(tmp_path, monkeypatch, kept):
+    """The SmolLM2 GGUF cut to its first ``kept`` bytes (a download or copy cut short): once numpy's "cannot reshape
+    array of size 427712 into shape (1536,360)" from transformers' reader, naming nothing; now the checks before any
+    work (``load_config_and_tokenizer``) and ``load_model`` name the file as damaged, before any conversion."""
+    cut = tmp_path / "cut.gguf"
+    with open(smollm2_gguf(), "rb") as f:
+        cut.write_bytes(f.read(kept))
+    monkeypatch.setenv("GKV_TRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("converted"))
+    for read in (models.load_config_and_tokenizer, models.load_model):
+        with pytest.raises(ValueError, match=rf"model file {cut} is damaged \(cut short, or not a GGUF file"):
+            read(str(cut))
+
+
 def damage_copy(copy, how: str) -> None:
     """Damage a converted copy after it was written, as ``how`` says."""
     weights = copy / "model.safetensors"

@@ -68,7 +68,7 @@ def check_generations(
         if shape.context is not None:
             check_context(shape, gen, lengths, skipped, new)
         if gen.given is not None:
-            check_given(tokenizer, gen, new)
+            check_given(tokenizer, gen, new, None if shape.context is None else [shape.context - n for n in lengths])
         for compression in gen.compressions:
             method = compression.resolved
             method.check_prompts(lengths, lambda i: f"the prompt of problem {gen.ids[i]} in the {gen.what}")
@@ -192,11 +192,13 @@ def check_context(shape: ModelShape, gen: Generation, lengths: list[int], skippe
     )
 
 
-def check_given(tokenizer, gen: Generation, new: list[int]) -> None:
+def check_given(tokenizer, gen: Generation, new: list[int], room: list[int] | None = None) -> None:
     """Each prompt's given beginning (``gen.given``: the text its completions begin with, fed as if sampled) shorter
     than its new tokens, so that something is sampled after it; ValueError naming the problem, the beginning's
-    length and both keys. A text longer than its new tokens could be in the fewest tokens possible (its characters
-    over the longest vocabulary entry's) and longer than ``GIVEN_COUNTED`` characters is not tokenised."""
+    length and both keys, advising to raise the new tokens only where the model's context leaves room for them
+    after the prompt (``room``, per prompt: context less the prompt's tokens; None: no limit). A text longer than
+    its new tokens could be in the fewest tokens possible (its characters over the longest vocabulary entry's) and
+    longer than ``GIVEN_COUNTED`` characters is not tokenised."""
     longest_token = max(len(t) for t in tokenizer.get_vocab())
     cheap = [len(text) // longest_token for text in gen.given]
     counted = [i for i, least in enumerate(cheap) if least < new[i] or len(gen.given[i]) <= GIVEN_COUNTED]
@@ -206,10 +208,15 @@ def check_given(tokenizer, gen: Generation, new: list[int]) -> None:
         size = len(exact[i]) if i in exact else cheap[i]
         if size >= limit:
             what = f"{size} tokens" if i in exact else f"at least {size} tokens ({len(gen.given[i])} characters)"
+            fix = f"raise {gen.key} above it (with room for the answer) or lower {gen.given_key}.sentences"
+            if room is not None and size >= room[i]:  # no new-token count fits it and an answer in the context
+                fix = (
+                    f"lower {gen.given_key}.sentences: the model's context (max_position_embeddings) leaves "
+                    f"{room[i]} tokens after the prompt, too few for it and an answer"
+                )
             raise ValueError(
                 f"the {gen.what}: the given beginning of problem {gen.ids[i]}'s completions (long_recall's story, "
-                f"{gen.given_key}.sentences) is {what}, which leaves nothing to sample within {gen.key}={limit}: "
-                f"raise {gen.key} above it (with room for the answer) or lower {gen.given_key}.sentences"
+                f"{gen.given_key}.sentences) is {what}, which leaves nothing to sample within {gen.key}={limit}: {fix}"
             )
 
 

@@ -20,6 +20,7 @@ Contexts are plain text (lm-eval applies chat templates itself with ``--apply_ch
 from __future__ import annotations
 
 import difflib
+import functools
 import json
 import os
 import sys
@@ -35,6 +36,7 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig, flat_fields
 from gkv_rollout.contract.attention import decoder_and_head
 from gkv_rollout.engine import RolloutEngine
 from gkv_rollout.methods import ModelShape
+from gkv_rollout.registry import method_class
 from gkv_train.config.preflight import check_ranks
 from gkv_train.exits import REFUSED, Refused, refusing
 from gkv_train.logprobs import hidden_states
@@ -52,6 +54,7 @@ OWN = (
     "stats",
     "device",
 )  # the model's own arguments; every other one is a compression option (CompressionConfig's flat names)
+LM_EVAL_OPTIONS = ("batch_size", "max_batch_size", "device")  # lm-eval passes its own --batch_size, ... as these
 
 
 # a task's generation_kwargs the model honours (``CompressedLM._generate``), and those it has not at the values that
@@ -68,7 +71,9 @@ class CompressedLM(LM):
     otherwise), ``batch_size`` (lm-eval's ``--batch_size``; ``auto``: 8), ``max_gen_toks`` (when a task gives none),
     ``precision`` (fp32 / bf16), ``seed`` (sampling tasks), ``stats`` (a JSONL file for the per-request statistics),
     ``device`` (lm-eval's ``--device``: cpu, cuda, cuda:N). Every argument is checked before the model loads: an
-    unknown one (a typo, HF's ``dtype``) or a bad value is refused with ``Refused``, naming it."""
+    unknown one (a typo, HF's ``dtype``) or a bad value is refused with ``Refused``, naming it. The weights load at
+    the first request, once its requests are checked (``generate_until``: each task's ``max_gen_toks`` within
+    [1, the model's context])."""
 
     def __init__(
         self,
@@ -88,30 +93,79 @@ class CompressedLM(LM):
         with refusing():
             self.compression = model_args_compression(method, compression)
             self.batch_size = checked_batch_size(batch_size)
-            self.max_gen_toks, self.seed = checked_int("max_gen_toks", max_gen_toks, 1), checked_int("seed", seed, 0)
-            self.compression.check_generation(self.max_gen_toks, "max_gen_toks")  # S4R's refresh, for one
+            self.seed = checked_int("seed", seed, 0)
             if precision not in ("fp32", "bf16"):
                 raise ValueError(f"precision={precision}: choose fp32 or bf16")
             self._device = checked_device(device)
             self.stats_path = checked_stats(stats)
             check_model(pretrained)
-            check_ranks(ModelShape.of(pretrained, load_config_and_tokenizer(pretrained)[0]), [self.compression])
+            shape = ModelShape.of(pretrained, load_config_and_tokenizer(pretrained)[0])
+            check_ranks(shape, [self.compression])
             if adapter:
                 check_adapter(adapter, pretrained)
-        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-        self.model, self.tokenizer = load_model(pretrained, dtype=dtype, adapter=adapter or None)
-        self.model.to(self._device)
-        self.engine = RolloutEngine(self.model, self.tokenizer, self.compression, chat=False)
+            self.context = shape.context
+            self.max_gen_toks = self.checked_gen_toks(max_gen_toks, "max_gen_toks")
+        self._weights = (pretrained, torch.bfloat16 if precision == "bf16" else torch.float32, adapter or None)
         self.stats: list[dict] = []
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> CompressedLM:
+        """lm-eval's way to build the model from ``--model_args`` (``arg_dict``) and its own options
+        (``additional_config``: ``--batch_size``, ``--max_batch_size``, ``--device``, always passed, defaults
+        included); ``Refused`` naming the option set in both places, rather than Python's "got multiple values"."""
+        own = {k: v for k, v in (additional_config or {}).items() if v is not None}
+        for key in LM_EVAL_OPTIONS:
+            if key in arg_dict and key in own:
+                raise Refused(
+                    f"{key}={arg_dict[key]} in --model_args: lm-eval sets {key} itself (--{key}, now {own[key]}): "
+                    f"give it as --{key} instead"
+                )
+        return cls(**arg_dict, **own)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> CompressedLM:
+        """``create_from_arg_obj`` of ``--model_args`` as lm-eval's command line gives it (``k=v,k=v``)."""
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
+
+    def checked_gen_toks(self, value, key: str) -> int:
+        """``value`` of the new-token count ``key`` (the model argument, or a task's generation_kwargs), an integer
+        in [1, the model's context (max_position_embeddings)], and one the method can run within (S4R's
+        refresh); ValueError naming the key and the bound."""
+        high = self.context or sys.maxsize
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= high:
+            bound = f"1 to the model's context of {high} tokens (max_position_embeddings)" if self.context else "1"
+            raise ValueError(f"{key}={value}: expected an integer from {bound}")
+        self.compression.check_generation(value, key)
+        return value
+
+    @functools.cached_property
+    def engine(self) -> RolloutEngine:
+        """The rollout engine over the model, which loads here (the first request's, after its checks)."""
+        pretrained, dtype, adapter = self._weights
+        model, tokenizer = load_model(pretrained, dtype=dtype, adapter=adapter)
+        return RolloutEngine(model.to(self._device), tokenizer, self.compression, chat=False)
+
+    @property
+    def model(self):
+        return self.engine.model
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
 
     # ---- lm-eval's interface -------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         groups: dict[str, list[int]] = {}  # requests with the same generation settings, batched together
         for i, r in enumerate(requests):
             groups.setdefault(json.dumps(r.args[1], sort_keys=True, default=str), []).append(i)
-        with refusing():  # every task's settings before the first generation
+        with refusing():  # every task's settings and new tokens, before the first generation (and the model's load)
             for indices in groups.values():
-                check_generation_kwargs(requests[indices[0]].args[1], requests[indices[0]].task_name)
+                settings, task = requests[indices[0]].args[1], requests[indices[0]].task_name
+                check_generation_kwargs(settings, task)
+                if settings.get("max_gen_toks") is not None:
+                    self.checked_gen_toks(settings["max_gen_toks"], "max_gen_toks (the task's generation_kwargs)")
         results: list[str | None] = [None] * len(requests)
         for indices in groups.values():
             kwargs = dict(requests[indices[0]].args[1])
@@ -224,6 +278,7 @@ def model_args_compression(method: str, options: dict) -> CompressionConfig:
     """The ``CompressionConfig`` of lm-eval model arguments: ``method`` and compression options by their flat
     names (``lambda`` for ``lambda_``), each converted to its field's type. ValueError for an unknown argument
     ("did you mean"), a value of the wrong type, or an option the method does not read."""
+    method_class(method)  # a plug-in (package.module:Class) imported and registered: its own options are known
     kinds = {name: kind for name, kind, _ in flat_fields() if name != "method"}
     converted = {}
     for key, value in options.items():

