@@ -126,7 +126,7 @@ def evaluate(
 def candidate(text: str) -> str:
     """``--candidates``' argparse type: ``distractors:method:budget`` (an integer >= 0, an eviction method, a budget
     >= 1), checked before any work rather than when the probe reaches it."""
-    from gkv_rollout.methods import eviction_methods
+    from gkv_rollout.registry import eviction_methods
 
     parts = text.split(":")
     if len(parts) != 3 or not parts[0].isdecimal() or parts[1] not in eviction_methods() or not parts[2].isdecimal():

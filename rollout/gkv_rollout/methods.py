@@ -108,9 +108,9 @@ def register(cls: type[Method], label: str | None = None) -> type[Method]:
 def check_method(cls: type, label: str) -> None:
     """ValueError, naming the method ``label``, unless ``cls`` is a method the configuration can build: a ``Method``
     subclass decorated ``@dataclass`` (below ``@register``), whose fields (its options) all have defaults (a key not
-    given takes the method's own), that names itself (``name = '...'``, not a field) with a name no other method
-    has, and implements its kind's hooks (an ``EvictionMethod``'s ``score``; another kind's ``make_cache`` and
-    ``cache_bytes``)."""
+    given takes the method's own), that implements its kind's hooks (an ``EvictionMethod``'s ``score``; another
+    kind's ``make_cache`` and ``cache_bytes``) and names itself (``name = '...'``, not a field) with a name no other
+    method has."""
     if not (isinstance(cls, type) and issubclass(cls, Method)):
         raise ValueError(f"compression method {label} is not a Method subclass")
     if "__dataclass_fields__" not in cls.__dict__:  # a plain subclass would run with its base's fields
@@ -123,8 +123,6 @@ def check_method(cls: type, label: str) -> None:
             f"compression method {label} declares {', '.join(sorted(claimed))} as a field (an option): write "
             "name = '...' without an annotation"
         )
-    if not isinstance(cls.__dict__.get("name"), str):
-        raise ValueError(f"compression method {label} does not name itself: give the class a name = '...'")
     required = [f.name for f in dataclasses.fields(cls) if f.default is f.default_factory is dataclasses.MISSING]
     if required:
         raise ValueError(
@@ -137,6 +135,8 @@ def check_method(cls: type, label: str) -> None:
         raise ValueError(
             f"compression method {label} does not implement {missing[0]}: a {kind.__name__} subclass {kind.hooks_do}"
         )
+    if not isinstance(cls.__dict__.get("name"), str):
+        raise ValueError(f"compression method {label} does not name itself: give the class a name = '...'")
     known = METHODS.get(cls.name)
     if known is not None and known is not cls:
         raise ValueError(
