@@ -3,9 +3,10 @@ JSON line.
 
 The cache holds ``budget + interval`` occupied slots of random keys (each KV head's keys share a direction, so
 that the redundancy term finds near-duplicates), values and window queries, as at a decode-time compression;
-``EvictionCache.compress`` is timed on a fresh fill each repeat (median and minimum). Divided by ``interval``
-decode steps, it is the compression share of decode that ``bench_rollout.py`` measures inside a rollout, without
-the rollout.
+``EvictionCache.compress`` is timed on a fresh fill each repeat (median and minimum; and the median of each
+phase: ``score``, the method's scores of every layer, and ``evict``, selecting and moving the kept slots).
+Divided by ``interval`` decode steps, it is the compression share of decode that ``bench_rollout.py`` measures
+inside a rollout, without the rollout.
 
     python scripts/bench_compress.py                                  # every eviction method, batch 16
     python scripts/bench_compress.py --methods gkv rkv --batch 8 --repeats 20
@@ -29,13 +30,16 @@ from gkv_rollout.registry import eviction_methods
 from _common import count, git_commit, machine, print_json
 
 
-def time_compression(shape: SimpleNamespace, compression: CompressionConfig, batch: int, repeats: int) -> list[float]:
-    """Seconds of ``repeats`` compressions of a cache holding budget + interval tokens per sequence."""
+def time_compression(
+    shape: SimpleNamespace, compression: CompressionConfig, batch: int, repeats: int
+) -> tuple[list[float], dict[str, list[float]]]:
+    """Seconds of ``repeats`` compressions of a cache holding budget + interval tokens per sequence, and of each
+    compression's phases (``EvictionCache.phase_seconds``: score, evict)."""
     method = compression.resolved
     slots, start = method.budget + method.interval, 1000  # logical positions start..start+slots-1
     cache = EvictionCache(shape, method, batch, slots, start + slots, torch.float32, torch.device("cpu"))
     g = torch.Generator().manual_seed(0)
-    seconds = []
+    seconds, phases = [], {}
     for _ in range(repeats):
         for layer in range(shape.num_hidden_layers):
             direction = torch.randn(batch, shape.num_key_value_heads, 1, shape.head_dim, generator=g)
@@ -50,12 +54,15 @@ def time_compression(shape: SimpleNamespace, compression: CompressionConfig, bat
         cache.evict_at.fill_(NEVER)
         cache.query_pos.copy_(torch.arange(start + slots - method.window, start + slots))
         cache.query_ok.fill_(True)
+        before = cache.phase_seconds
         begin = time.perf_counter()
         cache.compress()
         seconds.append(time.perf_counter() - begin)
+        for phase, total in cache.phase_seconds.items():
+            phases.setdefault(phase, []).append(total - before[phase])
         if cache.used != method.budget or not bool(cache.evict_at.eq(start + slots).any()):
             raise RuntimeError(f"{compression.method}: the compression did not evict down to the budget")
-    return seconds
+    return seconds, phases
 
 
 def tables(view: str, records: list[dict]) -> str:
@@ -122,11 +129,12 @@ def main() -> None:
         "machine": machine(),
     }
     for method, config in zip(args.methods, runs):
-        seconds = time_compression(shape, config, args.batch, args.repeats)
+        seconds, phases = time_compression(shape, config, args.batch, args.repeats)
         result["compression"][method] = config.identity()
         result["ms_per_compression"][method] = {
             "median": round(statistics.median(seconds) * 1e3, 1),
             "min": round(min(seconds) * 1e3, 1),
+            **{f"{phase}_median": round(statistics.median(s) * 1e3, 1) for phase, s in phases.items()},
         }
     print_json(result)
 

@@ -30,4 +30,5 @@ def test_times_every_eviction_method():
     line = json.loads(proc.stdout.strip().splitlines()[-1])
     assert set(line["ms_per_compression"]) == set(eviction_methods())
     assert all(0 < t["min"] <= t["median"] for t in line["ms_per_compression"].values())
+    assert all(t["score_median"] > 0 and t["evict_median"] > 0 for t in line["ms_per_compression"].values())
     assert line["slots"] == 80

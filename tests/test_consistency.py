@@ -21,6 +21,8 @@ TOL = 1e-4
 
 def check(model, out, cfg):
     assert out.stats["compressions"] >= 3
+    phases = out.stats["compress_phase_seconds"]  # the cache's phases add up to its compression time
+    assert all(t > 0 for t in phases.values()) and abs(sum(phases.values()) - out.stats["compress_seconds"]) < 1e-9
     report = consistency_report(model, out)
     diff, causal, rotated = report["max_abs_logprob_diff"], report["causal_mask_diff"], report["rotated_layers_diff"]
     assert diff <= TOL, f"{cfg}: trainer vs rollout {diff}"

@@ -103,6 +103,7 @@ class EvictionCache(KVCache):
         self._pending = 0  # slots being written by the forward in flight
         self.compressions = 0
         self.seconds = 0.0  # time spent compressing
+        self.score_seconds = 0.0  # the part of it spent in the method's scores (the rest: selection and eviction)
         self.evict_at = None
         self.queries = None  # the last ``window`` queries per layer, when the method compresses
         self.rows = None  # the batch rows held, when finished ones have left (None: all, in order)
@@ -133,8 +134,10 @@ class EvictionCache(KVCache):
 
     @property
     def phase_seconds(self) -> dict[str, float]:
-        """``seconds`` as one phase: scoring and evicting run together in a compression round."""
-        return {"compress": self.seconds}
+        """``seconds`` in two phases: ``score`` (the candidate slots and the method's score of
+        every layer) and ``evict`` (selecting the
+        kept slots, stamping the record, moving the kept keys, values, positions and history)."""
+        return {"score": self.score_seconds, "evict": self.seconds - self.score_seconds}
 
     def begin(self, positions: torch.Tensor, valid: torch.Tensor, static: bool = False) -> torch.Tensor:
         """Reserve slots for the next forward's Q new tokens; returns its attention mask.
@@ -325,6 +328,7 @@ class EvictionCache(KVCache):
             scores.append(score)
             histories.append(new_history)
         scores = torch.stack(scores)
+        self.score_seconds += time.perf_counter() - start
         check_finite(self.method, scores, candidates)
         index, n_keep = select_keep(scores, candidates, key_ok, cfg.budget, cfg.window)  # [L, B, Hkv, K]
         K = index.shape[-1]
