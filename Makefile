@@ -9,7 +9,7 @@ FLOOR_VENV ?= .venv-floor
 FLOOR_PY := $(FLOOR_VENV)/bin/python
 FLOOR_STAMP := $(FLOOR_VENV)/.installed
 
-.PHONY: venv lock demo rollout-demo test lint test-floor device-kit bench clean
+.PHONY: venv lock demo rollout-demo test test-faults lint test-floor device-kit bench clean
 
 venv: $(STAMP)
 
@@ -40,6 +40,11 @@ TEST_WORKERS ?= 2
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
+
+# Every hostile case of scripts/bench_faults.py as a test (tests/test_faults.py): `make test` runs the quick rows,
+# this runs all of them, the ones that train, resume, kill and evaluate runs too (about an hour on 2 cores).
+test-faults: $(STAMP)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m '' tests/test_faults.py --durations=15
 
 # The code formats and checks itself: ruff's formatter and linter (pyflakes, pycodestyle, import order), as CI runs them
 lint: $(STAMP)

@@ -347,6 +347,16 @@ def write_results(args, argv, records: list[dict], repo: Path, commit: str, dirt
     print(json.dumps({k: summary[k] for k in ("bench", "tag", "repo_commit", "table")}), flush=True)
 
 
+def write_site(site: Path) -> Path:
+    """The folder put first on the children's ``PYTHONPATH``: the ``sitecustomize`` that records imports and model
+    loads, and the misbehaving answer checks the reward cases load."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    (site / "bench_faults_checks.py").write_text(CHECKS_MODULE)
+    (site / "bench_faults_start.py").write_text(START_MODULE)
+    return site
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     cases = select(all_cases(), args.cases)
@@ -384,14 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
-    site = out / "site"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    (site / "bench_faults_checks.py").write_text(CHECKS_MODULE)
-    (site / "bench_faults_start.py").write_text(START_MODULE)
-
     started = time.time()
-    records = run_cases(cases, args, repo, out, site)
+    records = run_cases(cases, args, repo, out, write_site(out / "site"))
     write_results(args, argv, records, repo, commit, bool(dirty), started)
     return 0
 

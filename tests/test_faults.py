@@ -1,0 +1,50 @@
+"""The hostile cases of ``scripts/bench_faults.py`` as tests: each case runs on this checkout exactly as the bench
+runs it (its own child processes through the real entry points: ``train.py``, ``scripts/evaluate.py``,
+``scripts/generate_traces.py``, ``gkv-train``, the reward functions; one thread, an 8 GB address-space cap) and
+must come out right: ``ok`` (the right result) or ``clear_error`` (exit 2 and an ``error:`` line naming the
+problem, before any work).
+
+Every ``make test`` runs the quick rows (``quick``: a time limit of at most two minutes, the reward functions'
+cases and the refusals that come before any model loads); the others (training, resuming, killing and evaluating
+runs) are marked ``faults``: ``make test-faults`` runs every row. A new option, task, file format or API argument
+adds its rows to ``scripts/faults/`` in the same change.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_faults import all_cases, run_case, write_site  # noqa: E402
+
+MEMORY = 8 * 2**30  # RLIMIT_AS of every child, as the bench's default
+QUICK_LIMIT = 120.0  # seconds: a case allowed at most this long is quick
+
+
+def quick(case) -> bool:
+    return case.timeout <= QUICK_LIMIT
+
+
+CASES = [
+    pytest.param(case, id=case.name, marks=() if quick(case) else pytest.mark.faults) for case in all_cases()
+]
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory) -> Path:
+    return write_site(tmp_path_factory.mktemp("faults-site"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_case_comes_out_right(case, site, tmp_path):
+    record = run_case(case, ROOT, sys.executable, tmp_path, site, MEMORY, None, keep=False)
+    assert record["outcome"] in ("ok", "clear_error"), f"{case.name}: {record['outcome']}: {record['detail']}"
+
+
+def test_the_split_runs_some_rows_in_every_run_and_marks_the_rest():
+    quick_rows = [c for c in all_cases() if quick(c)]
+    assert 0 < len(quick_rows) < len(all_cases())
+    assert {c.category for c in quick_rows} >= {"rewards", "configuration"}
