@@ -1,14 +1,12 @@
 """The decode-time regime's shared pieces (``bench_decode_regime.py`` and ``bench_rl_evidence.py`` run it): its
 command-line arguments, the task and sampling keys of ``evaluate.py`` / ``train.py``, one ``evaluate.py`` call, and
 the method-ordering stages (``probe``: train split; ``methods``: held-out, with the G-KV forms, S4R at equal memory
-and trained adapters) with their rows and table, and the 95 % intervals over seeds and problems its benchmarks
-report (``hierarchical_interval``, ``independent_interval``)."""
+and trained adapters) with their rows and table (the intervals its benchmarks report: ``gkv_train.stats``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import subprocess
 import sys
 import time
@@ -454,33 +452,3 @@ def ordering_table(section: dict) -> str:
         ]
         lines.append(f"| {name} (trained), {r['method']} | " + " | ".join(f"{c} | {m}" for c, m in cells) + " |")
     return "\n".join(lines) + "\n"
-
-
-def hierarchical_interval(per_seed: list[list[float]], draws: int = 2000, seed: int = 0) -> list[float]:
-    """95% interval of the mean over seeds of the mean over problems: resample seeds, then problems within each
-    (``per_seed``: per seed, one value per problem)."""
-    rng = random.Random(seed)
-    means = []
-    for _ in range(draws):
-        seeds = [per_seed[rng.randrange(len(per_seed))] for _ in per_seed]
-        means.append(sum(sum(v[rng.randrange(len(v))] for _ in v) / len(v) for v in seeds) / len(seeds))
-    means.sort()
-    return [means[int(0.025 * draws)], means[min(draws - 1, int(0.975 * draws))]]
-
-
-def independent_interval(first: list[list[float]], second: list[list[float]], draws: int = 2000, seed: int = 0):
-    """95% interval of the mean over ``first``'s seeds minus the mean over ``second``'s (each: per seed, one value
-    per problem, the same problems in the same order): per draw, each side's seeds resampled on their own, and one
-    resample of the problems shared by both sides (every model answers the same problems)."""
-    rng = random.Random(seed)
-    n = len(first[0])
-    diffs = []
-    for _ in range(draws):
-        a = [first[rng.randrange(len(first))] for _ in first]
-        b = [second[rng.randrange(len(second))] for _ in second]
-        problems = [rng.randrange(n) for _ in range(n)]
-        mean_a = sum(s[p] for s in a for p in problems) / (len(a) * n)
-        mean_b = sum(s[p] for s in b for p in problems) / (len(b) * n)
-        diffs.append(mean_a - mean_b)
-    diffs.sort()
-    return [diffs[int(0.025 * draws)], diffs[min(draws - 1, int(0.975 * draws))]]

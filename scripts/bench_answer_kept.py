@@ -35,9 +35,9 @@ from pathlib import Path
 from gkv_train.jsonio import dumps, read_state, write_atomically
 from gkv_train.models import check_adapter
 from gkv_train.problems.data import load_problems
+from gkv_train.stats import hierarchical_interval, independent_interval
 
 from _common import count, input_file, input_folder, origin, output_file, output_folder, print_json, provenance, worker
-from _regime import hierarchical_interval, independent_interval
 
 PLACES = ("prompt", "story", "either", "control")
 JUDGED = (

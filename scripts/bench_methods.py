@@ -31,8 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-from gkv_train.evaluation.metrics import bootstrap_interval
 from gkv_train.jsonio import write_atomically
+from gkv_train.stats import bootstrap_interval
 
 from _common import ROOT, count, input_file, nonnegative_number, output_folder, positive_fraction, print_json
 

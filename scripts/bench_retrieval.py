@@ -39,9 +39,9 @@ import time
 from pathlib import Path
 
 from gkv_rollout.config import CompressionConfig
-from gkv_train.evaluation.metrics import bootstrap_interval
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.problems.retrieval import HAYSTACKS, RETRIEVAL_TASKS
+from gkv_train.stats import bootstrap_interval
 
 from _common import (
     ROOT,

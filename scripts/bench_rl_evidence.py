@@ -71,6 +71,7 @@ from typing import NamedTuple
 
 from gkv_train.config.compose import MOVED, dotted_keys
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
+from gkv_train.stats import hierarchical_interval, independent_difference, paired_difference
 
 import _regime as regime
 from _common import (
@@ -815,7 +816,7 @@ def summarize_recipe(cells: list[dict], interval: int, limit: int) -> dict:
     return {
         "seeds": len(cells),
         "pass@1": sum(sum(s) / len(s) for s in seeds) / len(seeds),
-        "pass@1_ci95": regime.hierarchical_interval(seeds),
+        "pass@1_ci95": hierarchical_interval(seeds),
         "per_seed": [sum(s) / len(s) for s in seeds],
         "score": sum(sum(per_problem(c, "score")) / len(c["score"]) for c in cells) / len(cells),
         "mean_length": sum(lengths) / len(lengths),
@@ -825,44 +826,17 @@ def summarize_recipe(cells: list[dict], interval: int, limit: int) -> dict:
     }
 
 
-def paired_difference(mine: list[dict], other: list[dict], draws: int = 2000) -> dict:
-    """One recipe minus another, paired by seed (same seed: same prompts, initial model and evaluation problems)
-    and by problem (``mine[i]`` with ``other[i]``): the mean difference and its 95% interval (resample seed pairs,
-    then problems)."""
-    pairs = [[a - b for a, b in zip(per_problem(x), per_problem(y))] for x, y in zip(mine, other)]
-    if not pairs:
-        return {}
-    mean = sum(sum(p) / len(p) for p in pairs) / len(pairs)
-    return {"seeds": len(pairs), "difference": mean, "ci95": regime.hierarchical_interval(pairs, draws)}
-
-
-def independent_difference(mine: list[dict], other: list[dict], draws: int = 2000) -> dict:
-    """The mean over every seed of one recipe minus the mean over every seed of the other (their counts may
-    differ), with the interval that resamples each recipe's seeds on their own (``independent_interval``): it
-    assumes nothing about two recipes' runs at one seed being alike, and leaves out no seed one recipe has and
-    the other lacks."""
-    if not mine or not other:
-        return {}
-    first, second = [per_problem(x) for x in mine], [per_problem(y) for y in other]
-    mean = sum(sum(s) / len(s) for s in first) / len(first) - sum(sum(s) / len(s) for s in second) / len(second)
-    return {
-        "seeds_independent": [len(first), len(second)],
-        "difference_seeds_independent": mean,
-        "ci95_seeds_independent": regime.independent_interval(first, second, draws),
-    }
-
-
 def compare(mine: dict, theirs: dict) -> dict:
     """``mine`` minus ``theirs`` (each: seed -> evaluation under one condition; the untrained model's one
-    evaluation, under key None, pairs with every seed): ``paired_difference`` over the seeds both have and
-    ``independent_difference`` over every seed of each; {} when they share no seed."""
+    evaluation, under key None, pairs with every seed), per problem: ``gkv_train.stats.paired_difference`` over the
+    seeds both have and ``independent_difference`` over every seed of each; {} when they share no seed."""
     paired_with = dict.fromkeys(mine, theirs[None]) if None in theirs else theirs
     common = sorted(set(mine) & set(paired_with))
     if not common:
         return {}
     return {
-        **paired_difference([mine[s] for s in common], [paired_with[s] for s in common]),
-        **independent_difference(list(mine.values()), list(theirs.values())),
+        **paired_difference([per_problem(mine[s]) for s in common], [per_problem(paired_with[s]) for s in common]),
+        **independent_difference([per_problem(x) for x in mine.values()], [per_problem(y) for y in theirs.values()]),
     }
 
 

@@ -242,7 +242,7 @@ def test_seeds_resampled_on_their_own_assume_no_likeness_between_recipes():
     sys.path.insert(0, str(ROOT / "scripts"))
     from bench_rl_evidence import JUDGED, compare, judged_table
 
-    from _regime import independent_interval
+    from gkv_train.stats import independent_interval
 
     seeds = [[0.2] * 8, [0.5] * 8, [0.8] * 8]
     cells = {i: {"correct": [[v] for v in s]} for i, s in enumerate(seeds)}

@@ -28,9 +28,7 @@ def quick(case) -> bool:
     return case.timeout <= QUICK_LIMIT
 
 
-CASES = [
-    pytest.param(case, id=case.name, marks=() if quick(case) else pytest.mark.faults) for case in all_cases()
-]
+CASES = [pytest.param(case, id=case.name, marks=() if quick(case) else pytest.mark.faults) for case in all_cases()]
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,7 @@ from gkv_train.config.options import rollout_sampling
 from gkv_train.config.preflight import Generation, check_generations, check_task_contexts
 from gkv_train.console import log_console_to
 from gkv_train.evaluation.graded import generate_and_grade
-from gkv_train.evaluation.metrics import bootstrap_interval, pass_at_k, retained_by_position, standard_error
+from gkv_train.evaluation.metrics import pass_at_k, retained_by_position
 from gkv_train.evaluation.report import lm_eval_results, plot_summaries, results_table, software_versions
 from gkv_train.exits import refusing
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
@@ -30,6 +30,7 @@ from gkv_train.problems.data import GIVEN, load_problems, local_file
 from gkv_train.runs.outputs import check_output
 from gkv_train.runs.run_folder import EVALUATION_LOG, LM_EVAL_RESULTS, claim_run_dir, finished_batches
 from gkv_train.runs.runlock import RunLock
+from gkv_train.stats import bootstrap_interval, standard_error
 from gkv_train.storage import naming_full_disk
 
 

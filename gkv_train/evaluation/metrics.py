@@ -1,10 +1,9 @@
-"""What an evaluation measures: unbiased pass@k, intervals over problems, where the retained tokens sit in each
-sequence, and the KL of a model under a compressed cache from a full-cache teacher."""
+"""What an evaluation measures: unbiased pass@k, where the retained tokens sit in each sequence, and the KL of a
+model under a compressed cache from a full-cache teacher (its intervals: ``gkv_train.stats``)."""
 
 from __future__ import annotations
 
 import math
-import random
 
 import torch
 
@@ -62,26 +61,6 @@ def retained_by_position(
         kept += share @ overlap
         present += overlap.sum(0)
     return kept.tolist(), present.tolist()
-
-
-def bootstrap_interval(per_problem: list[float], resamples: int = 4000, seed: int = 0) -> list[float]:
-    """95% percentile bootstrap interval of the mean of ``per_problem`` (each problem's share of correct
-    samples: the samples of one problem are not independent, so problems are resampled)."""
-    if not per_problem:
-        return [None, None]
-    rng = random.Random(seed)
-    n = len(per_problem)
-    means = sorted(sum(rng.choices(per_problem, k=n)) / n for _ in range(resamples))
-    return [means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]]
-
-
-def standard_error(values: list[float]) -> float | None:
-    """Standard error of the mean of ``values`` (sample standard deviation / sqrt(n)); None below two values."""
-    n = len(values)
-    if n < 2:
-        return None
-    mean = sum(values) / n
-    return math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1) / n)
 
 
 def compressed_kl(
