@@ -37,13 +37,12 @@ Stages (``--stages``; each resumable, every run a ``train.py`` or ``scripts/eval
    job).
 
 Several processes may run the same command at once (one thread each): each takes the next job no other live
-process holds (a claim file per job) whose inputs are done, so two processes share the work; the results file
-(``--results``) is rebuilt from every finished folder and what it already held after each job, under a lock. The
-results file is the bench's memory: on a new machine (an empty ``--output-root``) a run it holds, with its adapter
-under ``--adapters``, is neither run again nor dropped, and a later evaluation of it loads that fp16 adapter (its
-cell says ``fp16_adapter``); a results file made with other settings is an error before any work. Tables and
-figures:
-``tables(view, result)`` (``scripts/render_docs.py``) and ``--figures``.
+process holds (a lock per job: ``gkv_train.evidence.jobs``) whose inputs are done, so two processes share the work;
+the results file (``--results``) is rebuilt from every finished folder and what it already held after each job,
+under a lock. The results file is the bench's memory: on a new machine (an empty ``--output-root``) a run it holds,
+with its adapter under ``--adapters``, is neither run again nor dropped, and a later evaluation of it loads that
+fp16 adapter (its cell says ``fp16_adapter``); a results file made with other settings is an error before any
+work. Tables and figures: ``tables(view, result)`` (``scripts/render_docs.py``) and ``--figures``.
 
     OMP_NUM_THREADS=1 python scripts/bench_rl_evidence.py &   # twice: two workers
     python scripts/bench_rl_evidence.py --quick                 # every stage, a tiny random model (a test runs it)
@@ -70,6 +69,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from gkv_train.config.compose import MOVED, dotted_keys
+from gkv_train.evidence import jobs
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.stats import hierarchical_interval, independent_difference, paired_difference
 
@@ -302,21 +302,17 @@ class Job:
         return f"{self.kind}/{self.name}"
 
 
-def done_marker(job: Job, args) -> Path:
-    return args.output_root / "done" / job.key.replace("/", "__")
-
-
 def is_done(job: Job, args) -> bool:
     """Finished here (its marker under ``--output-root``) or published (``published_done``): a run whose folders are
     gone (another machine, a cleaned output root) is not run again. The published cells of a run trained here are
     another training's: not counted."""
-    if done_marker(job, args).is_file():
+    if jobs.is_done(args.output_root, job.key):
         return True
     return job.key in published_done(args) and not (job.kind == "eval" and trained_here(job.name.split("@")[0], args))
 
 
 def trained_here(name: str, args) -> bool:
-    return done_marker(Job("train", name), args).is_file()
+    return jobs.is_done(args.output_root, Job("train", name).key)
 
 
 # ---- the published results: what a new output root starts from ---------------------------------------------------
@@ -476,7 +472,7 @@ def training_runs(args, lr: float) -> list[tuple[str, int]]:
     ]
 
 
-def jobs(args) -> list[Job]:
+def every_job(args) -> list[Job]:
     """Every job of the asked stages, in the order they are taken: the lr stage; the untrained model's evaluations;
     each training run followed by its evaluations at the training budget and with the full cache (so that results
     arrive run by run); the other budgets' evaluations last."""
@@ -527,43 +523,6 @@ def cross_runs(args) -> list[str]:
     return [name for *_, name in sorted(found)]
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def claim(job: Job, args) -> bool:
-    """Take ``job`` for this process: create its claim file (exclusive); a claim of a process that is gone is
-    taken over."""
-    path = args.output_root / "claims" / job.key.replace("/", "__")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                holder = int(path.read_text() or 0)
-            except (OSError, ValueError):
-                holder = 0
-            if holder and alive(holder):
-                return False
-            path.unlink(missing_ok=True)  # its process is gone: resumable, taken over
-            continue
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
-        return True
-    return False
-
-
-def release(job: Job, args) -> None:
-    (args.output_root / "claims" / job.key.replace("/", "__")).unlink(missing_ok=True)
-
-
 def work(args, publish) -> None:
     """Take jobs until every one is done: the next one whose inputs are done and that no live process holds; wait
     while only held or blocked ones remain."""
@@ -578,26 +537,25 @@ def work(args, publish) -> None:
             "error: the train and eval stages need a learning rate: --lr, or the lr stage (its results "
             f"under {args.output_root / 'lr-eval'})"
         )
-    if any(j.kind == "train" and not is_done(j, args) for j in jobs(args)):
+    if any(j.kind == "train" and not is_done(j, args) for j in every_job(args)):
         check_resolved(args)  # before any training: what each recipe's name will mean
     fresh = set(conditions(args)) - set(conditions(args, fresh=False))
-    if any(j.kind == "eval" and j.name.split("@")[1] in fresh and not is_done(j, args) for j in jobs(args)):
+    if any(j.kind == "eval" and j.name.split("@")[1] in fresh and not is_done(j, args) for j in every_job(args)):
         check_fresh(args)  # before any evaluation on them: fresh problems are no set the bench draws otherwise
     while True:
-        todo = [j for j in jobs(args) if not is_done(j, args)]
+        todo = [j for j in every_job(args) if not is_done(j, args)]
         if not todo:
             return
         ready = [j for j in todo if all(is_done(Job(*n.split("/", 1)), args) for n in j.needs)]
-        taken = next((j for j in ready if claim(j, args)), None)
+        taken = next((j for j in ready if jobs.claim(args.output_root, j.key)), None)
         if taken is None:
             time.sleep(args.poll)
             continue
         try:
             run_job(taken, args)
-            done_marker(taken, args).parent.mkdir(parents=True, exist_ok=True)
-            done_marker(taken, args).write_text(time.strftime("%Y-%m-%d %H:%M:%S"))
+            jobs.mark_done(args.output_root, taken.key)
         finally:
-            release(taken, args)
+            jobs.release(args.output_root, taken.key)
         publish()
 
 
@@ -1690,8 +1648,8 @@ def main() -> None:
             bool({"lr", "train", "eval"} & set(args.stages)) or section["learning_rate"] is not None
         )
         held = [*(["lr", "train", "eval"] if holds_training else []), *(["cross"] if args.cross_adapters else [])]
-        every_job = jobs(argparse.Namespace(**{**vars(args), "stages": held}))  # not only this call's stages
-        section["partial"] = any(not is_done(j, args) for j in every_job) or (
+        held_jobs = every_job(argparse.Namespace(**{**vars(args), "stages": held}))  # not only this call's stages
+        section["partial"] = any(not is_done(j, args) for j in held_jobs) or (
             holds_training and section["learning_rate"] is None
         )
         publish("training", section)

@@ -456,7 +456,7 @@ def test_eval_controls_and_the_hidden_number_are_conditions_and_task_keys(tmp_pa
     interval); recorded in the settings only when asked. ``--number-in-prompt false``: long_recall's prompts
     without the number, in every run's task keys and the settings; refused for another task."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_rl_evidence import conditions, jobs, parse_arguments, parse_condition, problem_texts, settings
+    from bench_rl_evidence import conditions, every_job, parse_arguments, parse_condition, problem_texts, settings
 
     argv = ["--task", "long_recall", "--output-root", str(tmp_path), "--train-budget", "128", "--eval-budgets", "128"]
     args = parse_arguments([*argv, "--eval-controls", "keep_prompt", "random_attention", "--lr", "3e-4"])
@@ -465,7 +465,7 @@ def test_eval_controls_and_the_hidden_number_are_conditions_and_task_keys(tmp_pa
     assert (kept.method, kept.budget, kept.keys, kept.run) == ("gkv", 128, ["compression.keep_prompt=true"], "gkv-b128")
     assert parse_condition("random_attention-b128", args).run == "random_attention-b128"
     assert parse_condition("full", args).method is None and parse_condition("gkv-b96-seed3", args).seed == 3
-    evaluations = {j.name.split("@")[1] for j in jobs(args) if j.kind == "eval"}
+    evaluations = {j.name.split("@")[1] for j in every_job(args) if j.kind == "eval"}
     assert {"keep_prompt-b128", "random_attention-b128"} <= evaluations
     assert settings(args)["eval"]["controls"] == ["keep_prompt", "random_attention"]
     plain = parse_arguments(argv)
