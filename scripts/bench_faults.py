@@ -43,10 +43,10 @@ message; so that the table shows both), ``new`` (not in that list), ``round3`` (
 issue 37: the newer paths — the lm-eval model, S4R refresh, resume, TRL keys, user methods, reward workers under
 load, damaged checkpoints), ``round4`` (issue 54's: damaged runs, long_recall's story, recipe files, checkpoints
 without manifests, the natural haystack, keys that cannot apply, adapter folders, unbounded inputs, library calls;
-written as data, ``scripts/faults/round4.py``), ``round5`` (issue 64's, in round four's row shape,
-``scripts/faults/round5.py``: output folders written over, no-op training, resumes without their optimizer state,
+written as data, ``tests/faults/round4.py``), ``round5`` (issue 64's, in round four's row shape,
+``tests/faults/round5.py``: output folders written over, no-op training, resumes without their optimizer state,
 plug-in methods' contracts (their score's result, a module failing at import), settings accepted and ignored;
-``scripts/faults/round5_cache.py``: the model cache's content, adapters against their base, ``gkv-train check``).
+``tests/faults/round5_cache.py``: the model cache's content, adapters against their base, ``gkv-train check``).
 A full disk is a tmpfs of a few KB mounted on the case's output folder where ``mount`` is allowed (root): writes
 fail with ENOSPC as on a real full disk. Without that permission a file-size limit (RLIMIT_FSIZE) stands in:
 writes then fail with EFBIG ("File too large"), per file rather than in total; the results name which was used.
@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
-import hashlib
 import json
 import re
 import shutil
@@ -65,47 +64,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # the case modules (scripts/faults/), also when imported
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the cases and their harness (tests/faults/)
 
-from faults.configuration import config_cases  # noqa: E402
-from faults.data import data_cases  # noqa: E402
-from faults.harness import (  # noqa: E402
-    CATEGORIES,
-    CHECKS_MODULE,
-    KINDS,
-    OUTCOMES,
-    ROOT,
-    SITECUSTOMIZE,
-    START_MODULE,
-    Case,
-    Context,
-    read_jsonl,
-)
-from faults.output import harness_cases, output_cases  # noqa: E402
-from faults.rewards import reward_cases  # noqa: E402
-from faults.round4 import round4_cases  # noqa: E402
-from faults.round5 import round5_cases  # noqa: E402
-from faults.round5_cache import round5_cache_cases  # noqa: E402
-from faults.state import state_cases  # noqa: E402
-
-
-def all_cases() -> list[Case]:
-    cases = [
-        *harness_cases(),
-        *reward_cases(),
-        *config_cases(),
-        *data_cases(),
-        *state_cases(),
-        *output_cases(),
-        *round4_cases(),
-        *round5_cases(),
-        *round5_cache_cases(),
-    ]
-    names = [c.name for c in cases]
-    assert not any("," in n for n in names), "a comma separates --cases patterns"
-    assert len(names) == len(set(names)), [n for n in names if names.count(n) > 1]
-    return cases
-
+from faults.cases import all_cases  # noqa: E402
+from faults.harness import CATEGORIES, KINDS, OUTCOMES, ROOT, Case, read_jsonl, run_case, write_site  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------- main
 
@@ -126,50 +88,6 @@ def select(cases: list[Case], pattern: str | None) -> list[Case]:
 def git(repo: Path, *args) -> str | None:
     done = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=False)
     return done.stdout.strip() if done.returncode == 0 else None
-
-
-def run_case(
-    case: Case,
-    repo: Path,
-    python: str,
-    work_root: Path,
-    site: Path,
-    memory_bytes: int,
-    data_dir: Path | None,
-    keep: bool,
-) -> dict:
-    work = work_root / f"case-{hashlib.sha1(case.name.encode()).hexdigest()[:10]}"  # no words a pattern could match
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
-    ctx = Context(repo, python, work, site, memory_bytes, data_dir)
-    start = time.time()
-    try:
-        verdict = case.run(ctx)
-    except Exception as err:  # a fault of the harness or of a check, not of the code probed: stop, do not record
-        raise RuntimeError(f"case {case.name}: the probe itself failed: {type(err).__name__}: {err}") from err
-    outside = sorted(
-        {
-            m["file"]
-            for p in ctx.procs
-            for m in p.marks
-            if m["event"] == "import" and m.get("file") and not Path(m["file"]).resolve().is_relative_to(repo.resolve())
-        }
-    )
-    if outside:
-        raise RuntimeError(f"case {case.name}: gkv_train was imported from {outside}, not from {repo}")
-    if not keep:
-        shutil.rmtree(work, ignore_errors=True)
-    return {
-        "name": case.name,
-        "category": case.category,
-        "kind": case.kind,
-        "about": case.about,
-        "outcome": verdict.outcome,
-        "detail": verdict.detail,
-        "seconds": round(time.time() - start, 1),
-        "extra": {**ctx.notes, **verdict.extra},
-        "procs": [p.record() for p in ctx.procs],
-    }
 
 
 def table(records: list[dict], by: str = "category") -> dict:
@@ -345,16 +263,6 @@ def write_results(args, argv, records: list[dict], repo: Path, commit: str, dirt
     (args.results / f"bench_faults_{args.tag}.md").write_text(text)
     print(text.split("\n\n| case")[0], file=sys.stderr)
     print(json.dumps({k: summary[k] for k in ("bench", "tag", "repo_commit", "table")}), flush=True)
-
-
-def write_site(site: Path) -> Path:
-    """The folder put first on the children's ``PYTHONPATH``: the ``sitecustomize`` that records imports and model
-    loads, and the misbehaving answer checks the reward cases load."""
-    site.mkdir(parents=True, exist_ok=True)
-    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
-    (site / "bench_faults_checks.py").write_text(CHECKS_MODULE)
-    (site / "bench_faults_start.py").write_text(START_MODULE)
-    return site
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,12 +16,12 @@ SCRIPT = ROOT / "scripts" / "bench_faults.py"
 
 @pytest.fixture(scope="module")
 def bench():
-    """The script's module with its harness's names (``scripts/faults/harness.py``) beside its own."""
+    """The script's module with its harness's names (``tests/faults/harness.py``) beside its own."""
     spec = importlib.util.spec_from_file_location("bench_faults", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_faults"] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
-    from faults import harness  # importable now: the script puts scripts/ on the path
+    from faults import harness
 
     return SimpleNamespace(**{**vars(harness), **vars(module)})
 

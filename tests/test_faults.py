@@ -1,13 +1,13 @@
-"""The hostile cases of ``scripts/bench_faults.py`` as tests: each case runs on this checkout exactly as the bench
-runs it (its own child processes through the real entry points: ``train.py``, ``scripts/evaluate.py``,
-``scripts/generate_traces.py``, ``gkv-train``, the reward functions; one thread, an 8 GB address-space cap) and
-must come out right: ``ok`` (the right result) or ``clear_error`` (exit 2 and an ``error:`` line naming the
-problem, before any work).
+"""The hostile cases (``tests/faults/``; ``scripts/bench_faults.py`` runs them against any checkout) as tests:
+each case runs on this checkout exactly as the bench runs it (its own child processes through the real entry
+points: ``train.py``, ``scripts/evaluate.py``, ``scripts/generate_traces.py``, ``gkv-train``, the reward
+functions; one thread, an 8 GB address-space cap) and must come out right: ``ok`` (the right result) or
+``clear_error`` (exit 2 and an ``error:`` line naming the problem, before any work).
 
 Every ``make test`` runs the quick rows (``quick``: a time limit of at most two minutes, the reward functions'
 cases and the refusals that come before any model loads); the others (training, resuming, killing and evaluating
 runs) are marked ``faults``: ``make test-faults`` runs every row. A new option, task, file format or API argument
-adds its rows to ``scripts/faults/`` in the same change.
+adds its rows to ``tests/faults/`` in the same change.
 """
 
 import sys
@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from bench_faults import all_cases, run_case, write_site  # noqa: E402
+from faults.cases import all_cases
+from faults.harness import ROOT, run_case, write_site
 
 MEMORY = 8 * 2**30  # RLIMIT_AS of every child, as the bench's default
 QUICK_LIMIT = 120.0  # seconds: a case allowed at most this long is quick

@@ -9,15 +9,14 @@ own folder and a re-export with ``--overwrite`` all work."""
 import errno
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
 from entry_points import run_each, run_warm
 
+from faults.round5 import unlist_optimizer, write_users_folder  # the fault cases' setups: one home
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from faults.round5 import unlist_optimizer, write_users_folder  # noqa: E402  (the fault bench's setups: one home)
 
 TRAIN = ROOT / "train.py"
 EVALUATE = ROOT / "scripts" / "evaluate.py"

@@ -5,6 +5,7 @@ child process and its record (``Context``, ``Running``, ``Proc``), the outcome r
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -752,3 +753,60 @@ def either(
         return judge_either(proc, names, lambda: check(ctx, proc), before_load)
 
     return Case(name, category, kind, about, run, timeout)
+
+
+# ------------------------------------------------------------------------------------------------------ one case
+
+
+def run_case(
+    case: Case,
+    repo: Path,
+    python: str,
+    work_root: Path,
+    site: Path,
+    memory_bytes: int,
+    data_dir: Path | None,
+    keep: bool,
+) -> dict:
+    work = work_root / f"case-{hashlib.sha1(case.name.encode()).hexdigest()[:10]}"  # no words a pattern could match
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    ctx = Context(repo, python, work, site, memory_bytes, data_dir)
+    start = time.time()
+    try:
+        verdict = case.run(ctx)
+    except Exception as err:  # a fault of the harness or of a check, not of the code probed: stop, do not record
+        raise RuntimeError(f"case {case.name}: the probe itself failed: {type(err).__name__}: {err}") from err
+    outside = sorted(
+        {
+            m["file"]
+            for p in ctx.procs
+            for m in p.marks
+            if m["event"] == "import" and m.get("file") and not Path(m["file"]).resolve().is_relative_to(repo.resolve())
+        }
+    )
+    if outside:
+        raise RuntimeError(f"case {case.name}: gkv_train was imported from {outside}, not from {repo}")
+    if not keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return {
+        "name": case.name,
+        "category": case.category,
+        "kind": case.kind,
+        "about": case.about,
+        "outcome": verdict.outcome,
+        "detail": verdict.detail,
+        "seconds": round(time.time() - start, 1),
+        "extra": {**ctx.notes, **verdict.extra},
+        "procs": [p.record() for p in ctx.procs],
+    }
+
+
+def write_site(site: Path) -> Path:
+    """The folder put first on the children's ``PYTHONPATH``: the ``sitecustomize`` that records imports and model
+    loads, and the misbehaving answer checks the reward cases load."""
+    site.mkdir(parents=True, exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    (site / "bench_faults_checks.py").write_text(CHECKS_MODULE)
+    (site / "bench_faults_start.py").write_text(START_MODULE)
+    return site

@@ -1,5 +1,5 @@
 """Round five (issue 64), the model cache, adapters and ``gkv-train check``: the hostile cases of the issue's items
-8, 9, 11 and 15 on those paths, written as data in round four's row shape (``scripts/faults/round4.py``'s
+8, 9, 11 and 15 on those paths, written as data in round four's row shape (``tests/faults/round4.py``'s
 docstring: ``(name, category, about, entry, changes, expect, patterns, setup)``), read by ``round5_cache_cases``.
 
 Each row runs with its own model cache, ``GKV_TRAIN_CACHE={work}/cache`` (``changes["_env"]``: other variables for

@@ -1,5 +1,5 @@
 """Round five (issue 64): the hostile cases of the issue's list, written as data in the row shape of round four
-(``scripts/faults/round4.py``'s docstring: ``(name, category, about, entry, changes, expect, patterns, setup)``, run
+(``tests/faults/round4.py``'s docstring: ``(name, category, about, entry, changes, expect, patterns, setup)``, run
 by its ``row_case``), one section per part of the issue, read by ``round5_cases``.
 """
 
