@@ -40,7 +40,8 @@ from pathlib import Path
 from gkv_rewards.extract import extract_answer
 from gkv_rewards.verify import CHECK, MathVerifier
 from gkv_train.jsonio import dumps
-from gkv_train.problems.data import DATA_DIR, PRESETS, DataConfig, load_problems, read_records
+from gkv_train.problems.data import DATA_DIR, PRESETS, DataConfig, load_problems
+from gkv_train.problems.files import read_records
 
 from _common import ROOT, print_json
 

@@ -19,7 +19,8 @@ from gkv_train.evaluation.graded import generate_and_grade
 from gkv_train.exits import refusing
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import check_model, load_model
-from gkv_train.problems.data import GIVEN, check_sampled_only, load_problems, read_records
+from gkv_train.problems.data import GIVEN, check_sampled_only, load_problems
+from gkv_train.problems.files import read_records
 from gkv_train.runs.outputs import check_output
 from gkv_train.runs.runlock import RunLock
 from gkv_train.storage import naming_full_disk
