@@ -59,6 +59,7 @@ import fnmatch
 import json
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -144,12 +145,26 @@ def markdown(rows: dict, records: list[dict], tag: str, commit: str | None) -> s
 def tables(view: str, runs: dict | list[dict]) -> str:
     """``scripts/render_docs.py``'s views of one or more results files (``bench_faults_<tag>.json``): ``runs``, each
     run's totals on a row, with its tag, date, the checkout's commit and the command; ``categories`` and ``kinds``,
-    a row per category (kind of case) and run."""
+    a row per category (kind of case) and run; ``refusals``, per run the seconds from a configuration case's start
+    to its clear refusal (before any model loads: what a ``clear_error`` is)."""
     head = ["cases", "ok", "clear errors", "unclear errors", "silent wrong", "crashes", "hangs", "data lost"]
-    if view not in ("runs", "categories", "kinds"):
-        raise SystemExit(f"error: bench_faults has the views runs, categories and kinds, not {view!r}")
+    if view not in ("runs", "categories", "kinds", "refusals"):
+        raise SystemExit(f"error: bench_faults has the views runs, categories, kinds and refusals, not {view!r}")
     runs = runs if isinstance(runs, list) else [runs]
     commands = "; ".join(f"`{run['command']}`" for run in runs)
+    if view == "refusals":
+        lines = [
+            "| run | configuration cases refused clearly | median s | 90th percentile s | most s |",
+            "|---|---|---|---|---|",
+        ]
+        for run in runs:
+            seconds = sorted(
+                c["seconds"] for c in run["cases"] if c["category"] == "configuration" and c["outcome"] == "clear_error"
+            )
+            if seconds:
+                cells = [len(seconds), statistics.median(seconds), seconds[int(0.9 * (len(seconds) - 1))], seconds[-1]]
+                lines.append(f"| {run['tag']} | " + " | ".join(f"{c:g}" for c in cells) + " |")
+        return "\n".join(lines) + f"\n\n{commands}\n"
     if view == "runs":
         lines = ["| run | commit | " + " | ".join(head) + " |", "|" + "---|" * (len(head) + 2)]
         for run in runs:

@@ -113,3 +113,24 @@ def test_as_main(tmp_path):
     again = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert again.returncode == 0 and "[1/3]" not in again.stderr  # finished cases are not run again
     assert (tmp_path / "out" / "cases.jsonl").read_text().splitlines() == lines
+
+
+def test_the_refusals_view_takes_the_configuration_cases_refused_clearly(bench):
+    """Seconds to a clear refusal: only configuration cases refused clearly count (median, 90th percentile, most)."""
+
+    def case(category, outcome, seconds):
+        return {"category": category, "outcome": outcome, "seconds": seconds}
+
+    run = {
+        "tag": "after",
+        "command": "bench_faults.py --tag after",
+        "cases": [
+            *(case("configuration", "clear_error", s) for s in (4.0, 5.0, 6.0, 7.0, 30.0)),
+            case("configuration", "crash", 99.0),  # not refused clearly
+            case("state_faults", "clear_error", 99.0),  # not a configuration case
+        ],
+    }
+    table = bench.tables("refusals", [run])
+    assert "| after | 5 | 6 | 7 | 30 |" in table and "99" not in table.split("\n\n")[0]
+    with pytest.raises(SystemExit, match="refusals"):
+        bench.tables("bogus", [run])
