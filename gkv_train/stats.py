@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import random
 
-Z95 = (0.025, 0.975)  # the percentiles of a 95 % interval
+QUANTILES = (0.025, 0.975)  # the ends of a 95 % interval
 
 
 def percentiles(draws: list[float]) -> list[float]:
@@ -20,7 +20,7 @@ def percentiles(draws: list[float]) -> list[float]:
     ``int(0.975 n)`` (the last one at most)."""
     draws.sort()
     n = len(draws)
-    return [draws[int(Z95[0] * n)], draws[min(n - 1, int(Z95[1] * n))]]
+    return [draws[int(QUANTILES[0] * n)], draws[min(n - 1, int(QUANTILES[1] * n))]]
 
 
 def bootstrap_interval(per_problem: list[float], resamples: int = 4000, seed: int = 0) -> list[float]:
@@ -31,6 +31,7 @@ def bootstrap_interval(per_problem: list[float], resamples: int = 4000, seed: in
     rng = random.Random(seed)
     n = len(per_problem)
     means = sorted(sum(rng.choices(per_problem, k=n)) / n for _ in range(resamples))
+    # (its upper end one draw below ``percentiles``': every evaluation's interval so far was computed so)
     return [means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]]
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gkv_rollout.registry import eviction_methods, registered
 from gkv_train.evaluation.report import plot_retained_density
+from gkv_train.evidence import jobs
 from gkv_train.models import check_adapter
 
 from _common import ROOT, count, fraction, natural, nonnegative_number, output_file, output_folder, positive_fraction
@@ -131,9 +132,11 @@ def log(message: str) -> None:
     print(f"[decode_regime {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
-def run(command: list[str]) -> None:
-    log(" ".join(command[1:]))
-    subprocess.run(command, check=True, cwd=ROOT)
+def run(command: list[str], say=log) -> None:
+    """Run ``command`` from the checkout (said first by ``say``); it inherits this process's job claims
+    (``gkv_train.evidence.jobs.held``): its job stays claimed while it runs, even past a killed worker."""
+    say(" ".join(command[1:]))
+    subprocess.run(command, check=True, cwd=ROOT, pass_fds=jobs.held())
 
 
 def task_keys(group: str, split: str, limit: int, args) -> list[str]:

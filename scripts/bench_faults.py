@@ -146,7 +146,8 @@ def tables(view: str, runs: dict | list[dict]) -> str:
     """``scripts/render_docs.py``'s views of one or more results files (``bench_faults_<tag>.json``): ``runs``, each
     run's totals on a row, with its tag, date, the checkout's commit and the command; ``categories`` and ``kinds``,
     a row per category (kind of case) and run; ``refusals``, per run the seconds from a configuration case's start
-    to its clear refusal (before any model loads: what a ``clear_error`` is)."""
+    to its clear refusal (before any model loads, except for the few cases a model's own limits refuse, such as a
+    token count past its context)."""
     head = ["cases", "ok", "clear errors", "unclear errors", "silent wrong", "crashes", "hangs", "data lost"]
     if view not in ("runs", "categories", "kinds", "refusals"):
         raise SystemExit(f"error: bench_faults has the views runs, categories, kinds and refusals, not {view!r}")

@@ -60,7 +60,6 @@ import math
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -145,11 +144,6 @@ TASKS = {
 
 def log(message: str) -> None:
     print(f"[rl_evidence {time.strftime('%H:%M:%S')} pid {os.getpid()}] {message}", file=sys.stderr, flush=True)
-
-
-def run(command: list[str]) -> None:
-    log(" ".join(command[1:]))
-    subprocess.run(command, check=True, cwd=ROOT)
 
 
 # ---- the task and its settings ----------------------------------------------------------------------------------
@@ -267,7 +261,7 @@ def teacher_traces(args) -> Path:
     if not path.is_file():
         partial = path.with_suffix(".partial")
         task = regime_args(args)
-        run(
+        regime.run(
             [
                 sys.executable,
                 str(ROOT / "scripts" / "generate_traces.py"),
@@ -278,7 +272,8 @@ def teacher_traces(args) -> Path:
                 f"seed={TRACE_SEED}",
                 f"output={partial}",
                 *(["keep_incorrect=true"] if args.quick else []),
-            ]
+            ],
+            log,
         )
         partial.rename(path)
     return path
@@ -552,8 +547,9 @@ def work(args, publish) -> None:
             time.sleep(args.poll)
             continue
         try:
-            run_job(taken, args)
-            jobs.mark_done(args.output_root, taken.key)
+            if not is_done(taken, args):  # another worker may have finished it between the list and the claim
+                run_job(taken, args)
+                jobs.mark_done(args.output_root, taken.key)
         finally:
             jobs.release(args.output_root, taken.key)
         publish()
@@ -565,7 +561,7 @@ def run_job(job: Job, args) -> None:
         folder = args.output_root / "train" / job.name
         trained = not (folder / "eval.json").is_file()
         if trained:
-            run([sys.executable, str(ROOT / "train.py"), *train_keys(job.recipe, job.seed, job.lr, args)])
+            regime.run([sys.executable, str(ROOT / "train.py"), *train_keys(job.recipe, job.seed, job.lr, args)], log)
         keep_adapter(folder, args.adapters / job.name, replace=trained)
     elif job.kind == "lr-eval":
         regime.evaluate(

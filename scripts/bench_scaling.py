@@ -363,8 +363,9 @@ def main() -> None:
 
 def phase_shares(point: dict) -> str:
     """The decode-time phases of a rollout point as shares of decode, " (score 12%, reconstruct 21%, ...)", where
-    the method has several (S4R's; its attention is one, where the full cache's counts as model time). S4R's
-    ``fit`` runs in the prefill: the share column counts it, these parts do not."""
+    the method has several (S4R's, its attention one of them, where the full cache's counts as model time; an
+    eviction method's score and evict). S4R's ``fit`` runs in the prefill: the share column counts it, these parts
+    do not."""
     phases = point.get("compress_phase_share_of_decode") or {}
     if len(phases) < 2:
         return ""

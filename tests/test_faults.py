@@ -4,9 +4,10 @@ points: ``train.py``, ``scripts/evaluate.py``, ``scripts/generate_traces.py``, `
 functions; one thread, an 8 GB address-space cap) and must come out right: ``ok`` (the right result) or
 ``clear_error`` (exit 2 and an ``error:`` line naming the problem, before any work).
 
-Every ``make test`` runs the quick rows (``quick``: a time limit of at most two minutes, the reward functions'
-cases and the refusals that come before any model loads); the others (training, resuming, killing and evaluating
-runs) are marked ``faults``: ``make test-faults`` runs every row. A new option, task, file format or API argument
+Every ``make test`` runs the quick rows (``quick``: a time limit, ``Case.timeout``, of at most two minutes: 179 of
+444, the earlier rounds' reward, configuration and data cases and four short evaluations); the others are marked
+``faults`` (training, resuming, killing and evaluating runs, and every row of round four's shape, whose time limit
+is 360 s or more): ``make test-faults`` runs every row. A new option, task, file format or API argument
 adds its rows to ``tests/faults/`` in the same change.
 """
 

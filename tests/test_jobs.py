@@ -31,7 +31,9 @@ def holder(root, then: str = "hold", seconds: float = 60.0) -> subprocess.Popen:
     proc = subprocess.Popen(
         [sys.executable, "-c", HOLD, str(root), then, str(seconds)], stdout=subprocess.PIPE, text=True
     )
-    assert proc.stdout.readline().strip() == "taken"
+    if proc.stdout.readline().strip() != "taken":
+        proc.kill()
+        raise AssertionError("the worker did not take the free job")
     return proc
 
 
@@ -77,8 +79,9 @@ RACE = textwrap.dedent(
         jobs.claim, jobs.release = (lambda root, key: True), (lambda root, key: None)
     held = 0
     marker = sys.argv[1] + "/inside"
-    deadline = time.time() + float(sys.argv[2])
-    while time.time() < deadline:
+    start = float(sys.argv[2])  # the same moment for every worker, after they all started
+    time.sleep(max(0.0, start - time.time()))
+    while time.time() < start + 2:
         if jobs.claim(sys.argv[1], "eval/x"):
             with open(marker, "a") as f:
                 f.write("in\\n")
@@ -96,11 +99,13 @@ RACE = textwrap.dedent(
 
 
 def race(folder, lock: str) -> list[list[str]]:
-    """Four processes claiming and releasing one job as fast as they can for two seconds, each writing ``in`` and
-    ``out`` around its hold and printing ``overlap`` where it finds another inside; their outputs."""
+    """Four processes claiming and releasing one job as fast as they can for the same two seconds (from 5 s after
+    they are started), each writing ``in`` and ``out`` around its hold and printing ``overlap`` where it finds
+    another inside; their outputs."""
     folder.mkdir()
+    start = str(time.time() + 5)
     procs = [
-        subprocess.Popen([sys.executable, "-c", RACE, str(folder), "2", lock], stdout=subprocess.PIPE, text=True)
+        subprocess.Popen([sys.executable, "-c", RACE, str(folder), start, lock], stdout=subprocess.PIPE, text=True)
         for _ in range(4)
     ]
     return [p.communicate(timeout=120)[0].split() for p in procs]

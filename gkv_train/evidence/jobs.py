@@ -2,7 +2,9 @@
 
 A claim is an exclusive ``flock`` on ``<root>/claims/<job>``, held for as long as its process works on the job: the
 system lets it go when the process ends, however it ends (SIGKILL included), so a killed worker's job is free at
-once, with no process ids to check (a process id can be reused). A released claim's file is removed; a claim taken
+once, with no process ids to check (a process id can be reused). The commands a job starts inherit the claim
+(``held``: their ``pass_fds``), so a job whose worker was killed while its command runs on stays claimed until that
+command ends too. A released claim's file is removed; a claim taken
 on a file that was removed or replaced between opening and locking is not a claim, and the new file is tried (the
 usual lock-file race). A done marker, ``<root>/done/<job>`` (written whole: the time it finished), makes the job
 done for every process from then on: a resumed pipeline skips it.
@@ -41,14 +43,18 @@ def claim(root: Path, key: str) -> bool:
             os.close(fd)
             return False
         try:
-            current = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            current = False
-        if current:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())  # for a person reading the folder; the lock is the claim
-            _HELD[path] = fd
-            return True
+            try:
+                current = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                os.ftruncate(fd, 0)
+                os.write(fd, f"{os.getpid()}\n".encode())  # for a person reading the folder; the lock is the claim
+                _HELD[path] = fd
+                return True
+        except BaseException:
+            os.close(fd)  # the lock goes with it
+            raise
         os.close(fd)  # released and removed (or replaced) before our lock: try the file there now
 
 
@@ -58,8 +64,16 @@ def release(root: Path, key: str) -> None:
     fd = _HELD.pop(path, None)
     if fd is None:
         raise RuntimeError(f"job {key} is not claimed by this process")
-    path.unlink(missing_ok=True)
-    os.close(fd)
+    try:
+        path.unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
+def held() -> tuple[int, ...]:
+    """The descriptors of this process's claims: a command a job starts inherits them (``pass_fds``), so that the
+    job stays claimed while that command runs, even when the process that claimed it is killed first."""
+    return tuple(_HELD.values())
 
 
 def done_marker(root: Path, key: str) -> Path:

@@ -134,9 +134,9 @@ class EvictionCache(KVCache):
 
     @property
     def phase_seconds(self) -> dict[str, float]:
-        """``seconds`` in two phases: ``score`` (the candidate slots and the method's score of
-        every layer) and ``evict`` (selecting the
-        kept slots, stamping the record, moving the kept keys, values, positions and history)."""
+        """``seconds`` in two phases: ``score`` (the candidate slots and the method's score of every layer, checked)
+        and ``evict`` (selecting the kept slots, stamping the record, moving the kept keys, values, positions and
+        history)."""
         return {"score": self.score_seconds, "evict": self.seconds - self.score_seconds}
 
     def begin(self, positions: torch.Tensor, valid: torch.Tensor, static: bool = False) -> torch.Tensor:
@@ -328,8 +328,8 @@ class EvictionCache(KVCache):
             scores.append(score)
             histories.append(new_history)
         scores = torch.stack(scores)
+        check_finite(self.method, scores, candidates)  # (its host sync ends the scores' kernels on a GPU)
         self.score_seconds += time.perf_counter() - start
-        check_finite(self.method, scores, candidates)
         index, n_keep = select_keep(scores, candidates, key_ok, cfg.budget, cfg.window)  # [L, B, Hkv, K]
         K = index.shape[-1]
         kept = torch.zeros_like(positions, dtype=torch.bool).scatter_(
