@@ -136,3 +136,35 @@ def test_done_markers_survive_the_process_and_are_written_whole(tmp_path):
     marker = jobs.done_marker(tmp_path, "eval/run-a@gkv")
     assert time.strptime(marker.read_text(), "%Y-%m-%d %H:%M:%S")
     assert [p.name for p in marker.parent.iterdir()] == [marker.name]  # no temporary file left
+
+
+SPAWN = textwrap.dedent(
+    """
+    import subprocess, sys
+    from gkv_train.evidence import jobs
+    assert jobs.claim(sys.argv[1], "train/run-a")
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], pass_fds=jobs.held())
+    print(child.pid, flush=True)
+    child.wait()
+    """
+)
+
+
+def test_a_jobs_command_keeps_it_claimed_after_its_worker_is_killed(tmp_path):
+    """The worker's command inherits the claim (``held``: ``pass_fds``): killing the worker alone leaves the job
+    held while the command runs; when it ends too, the job is free."""
+    worker = subprocess.Popen([sys.executable, "-c", SPAWN, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    command = int(worker.stdout.readline())
+    try:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()
+        assert not jobs.claim(tmp_path, "train/run-a")  # the command still runs
+    finally:
+        os.kill(command, signal.SIGKILL)
+    for _ in range(100):  # the command's end is seen when its process is reaped (by init: it lost its parent)
+        if jobs.claim(tmp_path, "train/run-a"):
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the job stayed claimed after its command ended")
+    jobs.release(tmp_path, "train/run-a")
