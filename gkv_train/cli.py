@@ -62,7 +62,7 @@ def _job(job: str, work, before_work=None) -> None:
     A run refused before any work (a bad value, a failed check: ``Refused``) prints one line ``error: ...`` and
     exits with 2; a signal that stops it (``Preempted``) one line and 128 + the signal; a full disk ``error: ...``
     and 1 (``gkv_train.exits``). ``--help`` lists every key."""
-    from gkv_train.config import compose
+    from gkv_train.config import compose, recipe_file
 
     if "--version" in sys.argv[1:]:
         print(version_text())
@@ -72,7 +72,7 @@ def _job(job: str, work, before_work=None) -> None:
 
         recipes = None
         if job == "train":
-            recipes = sorted(p.stem for p in (Path(compose.RECIPES) / "recipe").glob("*.yaml"))
+            recipes = sorted(p.stem for p in (Path(recipe_file.RECIPES) / "recipe").glob("*.yaml"))
         print(help_text(job, recipes), end="")
         return
     quiet_upstream_warnings()

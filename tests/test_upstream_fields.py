@@ -182,8 +182,9 @@ def test_the_fields_come_from_the_libraries(tmp_path, monkeypatch):
     from trl.trainer import grpo_trainer
 
     from gkv_train.config import upstream
-    from gkv_train.config.compose import RECIPES, check_overrides, job_keys
+    from gkv_train.config.compose import check_overrides, job_keys
     from gkv_train.config.options import RECIPE_ALGORITHMS, wandb_login
+    from gkv_train.config.recipe_file import RECIPES
 
     scripts = {"do_train", "do_eval", "do_predict", "resume_from_checkpoint"}
     assert scripts <= set(upstream.never_honoured()) and not scripts & job_keys("train")

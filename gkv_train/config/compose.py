@@ -6,16 +6,14 @@ every value; anything wrong is one ``ValueError`` (``Refused`` to the command), 
 from __future__ import annotations
 
 import dataclasses
-import os
-import re
-import sys
 from functools import cache
-from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from gkv_rollout.config import CompressionConfig, flat_fields
 from gkv_train.config.options import RECIPE_ALGORITHMS, check_recipe_algorithm
+from gkv_train.config.recipe_file import RECIPES
+from gkv_train.runs.outputs import run_folder
 
 
 def dotted_keys(mapping: dict, prefix: str = "") -> dict:
@@ -28,20 +26,6 @@ def dotted_keys(mapping: dict, prefix: str = "") -> dict:
         else:
             found[f"{prefix}{key}"] = value
     return found
-
-
-def slug(name: str | None) -> str:
-    """A folder-name form of a model or dataset name or path: its last component, without a file suffix."""
-    if not name:
-        return "none"
-    last = Path(str(name).rstrip("/")).name
-    last = last.rsplit(".", 1)[0] if last.endswith((".gguf", ".jsonl", ".json", ".parquet")) else last
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", last) or "none"
-
-
-def run_folder(model: str, data_name: str | None, data_path: str | None) -> str:
-    """The default output sub-folder of a run: ``<model>_<data>`` (the ``gkv_dir`` resolver of the recipes)."""
-    return f"{slug(model)}_{slug(data_name or data_path)}"
 
 
 OmegaConf.register_new_resolver("gkv_dir", run_folder, replace=True)
@@ -173,14 +157,6 @@ def check_overrides(argv: list[str], job: str) -> list[str]:
     return [f"++{arg}" if options and arg.startswith("compression.options.") else arg for arg in argv]
 
 
-def recipes_dir() -> str:
-    """The recipes folder, absolute (the same however this is run): ``gkv_train/recipes`` inside an installed wheel,
-    the repository's top-level ``recipes/`` in a checkout or an editable install."""
-    here = Path(__file__).resolve().parents[1]  # gkv_train
-    return str(here / "recipes" if (here / "recipes").is_dir() else here.parent / "recipes")
-
-
-RECIPES = recipes_dir()
 # job -> (its recipe file, its defaults' name in the recipes' defaults list)
 JOBS = {
     "train": ("train", "train_schema"),
@@ -349,6 +325,8 @@ def configure(job: str, argv: list[str]):
 
     config_name, schema_name = JOBS[job]
     if job == "train":
+        from gkv_train.config.upstream import precision_from_launcher
+
         argv = precision_from_launcher(recipe_files(argv))
     argv = check_overrides(argv, job)
     ConfigStore.instance().store(name=schema_name, node=job_defaults(job))
@@ -371,31 +349,6 @@ def configure(job: str, argv: list[str]):
     config = build(cls, {key: value for key, value in values.items() if key in own})
     files = {"config.yaml": OmegaConf.to_yaml(cfg, resolve=True), "overrides.yaml": OmegaConf.to_yaml(argv)}
     return config, cfg, files
-
-
-def precision_from_launcher(overrides: list[str]) -> list[str]:
-    """The run's ``precision`` and ``accelerate launch``'s mixed precision (its config file or ``--mixed_precision``,
-    which accelerate passes on as ``ACCELERATE_MIXED_PRECISION``; the DeepSpeed recipes say bf16) agree by
-    construction: a launch in bf16 whose overrides name no precision trains in bf16 (``precision=bf16`` added,
-    said in one line); overrides that contradict the launcher are refused before any work, naming both."""
-    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no") or "no"
-    if launcher == "no":
-        return overrides
-    if launcher != "bf16":
-        raise ValueError(
-            f"accelerate launches with mixed_precision={launcher}; training here is fp32 or bf16: launch "
-            "with --mixed_precision bf16 (or no) and set precision=bf16 (or fp32)"
-        )
-    given = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] == "precision"]
-    if not given:
-        print("precision=bf16: accelerate launches with mixed_precision=bf16", file=sys.stderr, flush=True)
-        return [*overrides, "precision=bf16"]
-    if given[-1].partition("=")[2] == "bf16":
-        return overrides
-    raise ValueError(
-        f"{given[-1]}, but accelerate launches with mixed_precision=bf16 (its config file or --mixed_precision): give "
-        "precision=bf16, or launch with --mixed_precision no"
-    )
 
 
 def recipe_files(argv: list[str]) -> list[str]:

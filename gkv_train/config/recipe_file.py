@@ -1,7 +1,7 @@
-"""A recipe of one's own, by path (``recipe=path/to/mine.yaml``, ``--config path/to/mine.yaml``): read and checked
-(a regular file of YAML keys, bounded, without aliases or Hydra's settings) and installed where Hydra finds it, on
-top of the built-in recipe it names (``recipe: rl_full``; without one, rl_sparse), so that the recipe a run records
-is the one that ran."""
+"""The built-in recipes' folder (``RECIPES``), and a recipe of one's own, by path (``recipe=path/to/mine.yaml``,
+``--config path/to/mine.yaml``): read and checked (a regular file of YAML keys, bounded, without aliases or Hydra's
+settings) and installed where Hydra finds it, on top of the built-in recipe it names (``recipe: rl_full``; without
+one, rl_sparse), so that the recipe a run records is the one that ran."""
 
 from __future__ import annotations
 
@@ -13,6 +13,16 @@ from gkv_train.config.options import RECIPE_ALGORITHMS
 
 RECIPE_BYTES = 1 << 20  # a recipe file's largest size
 DEFAULT_RECIPE = "rl_sparse"
+
+
+def recipes_dir() -> str:
+    """The recipes folder, absolute (the same however this is run): ``gkv_train/recipes`` inside an installed wheel,
+    the repository's top-level ``recipes/`` in a checkout or an editable install."""
+    here = Path(__file__).resolve().parents[1]  # gkv_train
+    return str(here / "recipes" if (here / "recipes").is_dir() else here.parent / "recipes")
+
+
+RECIPES = recipes_dir()
 
 
 def read_recipe_file(given: str) -> tuple[str, dict]:

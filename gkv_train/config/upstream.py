@@ -7,6 +7,8 @@
 * ``check_as_trainer_would`` (once TRL's and transformers' ``__post_init__`` ran): the checks TRL and transformers
   make only when the trainer is built or the first rollout has run: choices, ranges, the installs a field needs
   (vLLM, Liger, an optimizer's package: transformers' own lookup), a schedule's own arguments.
+* ``precision_from_launcher`` (the command line, before it is composed): accelerate's mixed precision and the run's
+  ``precision`` agree.
 
 The fields come from the classes and functions themselves where they can: the fields transformers leaves to
 training scripts (its help: "not directly used by Trainer"), TRL's vLLM and Hub fields by name, a schedule's
@@ -18,6 +20,8 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -245,3 +249,28 @@ def check_grpo(config) -> None:
             "use_vllm=true generates through vLLM, which is not installed here: pip install 'trl[vllm]' (a GPU "
             "machine), or drop use_vllm (the rollout engine generates)"
         )
+
+
+def precision_from_launcher(overrides: list[str]) -> list[str]:
+    """The run's ``precision`` and ``accelerate launch``'s mixed precision (its config file or ``--mixed_precision``,
+    which accelerate passes on as ``ACCELERATE_MIXED_PRECISION``; the DeepSpeed recipes say bf16) agree by
+    construction: a launch in bf16 whose overrides name no precision trains in bf16 (``precision=bf16`` added,
+    said in one line); overrides that contradict the launcher are refused before any work, naming both."""
+    launcher = os.environ.get("ACCELERATE_MIXED_PRECISION", "no") or "no"
+    if launcher == "no":
+        return overrides
+    if launcher != "bf16":
+        raise ValueError(
+            f"accelerate launches with mixed_precision={launcher}; training here is fp32 or bf16: launch "
+            "with --mixed_precision bf16 (or no) and set precision=bf16 (or fp32)"
+        )
+    given = [o for o in overrides if o.lstrip("+~").split("=", 1)[0] == "precision"]
+    if not given:
+        print("precision=bf16: accelerate launches with mixed_precision=bf16", file=sys.stderr, flush=True)
+        return [*overrides, "precision=bf16"]
+    if given[-1].partition("=")[2] == "bf16":
+        return overrides
+    raise ValueError(
+        f"{given[-1]}, but accelerate launches with mixed_precision=bf16 (its config file or --mixed_precision): give "
+        "precision=bf16, or launch with --mixed_precision no"
+    )

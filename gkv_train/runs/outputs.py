@@ -26,6 +26,7 @@ the models read are expanded as ``gkv_train.models`` reads them. "This same run"
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from gkv_train.models import BUILTIN_MODELS
@@ -53,6 +54,20 @@ CLASH = {
     "holds": "{job} would write over the model it reads (or remove it: overwrite clears the folder's run files)",
     "lies inside": "a file there replaces or joins the model's own files",
 }
+
+
+def slug(name: str | None) -> str:
+    """A folder-name form of a model or dataset name or path: its last component, without a file suffix."""
+    if not name:
+        return "none"
+    last = Path(str(name).rstrip("/")).name
+    last = last.rsplit(".", 1)[0] if last.endswith((".gguf", ".jsonl", ".json", ".parquet")) else last
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", last) or "none"
+
+
+def run_folder(model: str, data_name: str | None, data_path: str | None) -> str:
+    """The default output sub-folder of a run: ``<model>_<data>`` (the ``gkv_dir`` resolver of the recipes)."""
+    return f"{slug(model)}_{slug(data_name or data_path)}"
 
 
 def check_output(
