@@ -146,7 +146,8 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     from gkv_train.config import options
     from gkv_train.models import load_model
     from gkv_train.training import grpo
-    from gkv_train.training.launch import distill_trainer, grpo_trainer, import_callable, training_data
+    from gkv_train.training.launch import distill_trainer, grpo_trainer, training_data
+    from gkv_train.training.rewards import import_callable
 
     base, _, variant = name.partition("+")
     if variant not in ("", "compile") or (variant and base == "trl"):
