@@ -6,13 +6,16 @@
     gkv-train check --model tiny --method gkv              # = python scripts/check_consistency.py ...
     gkv-train export RUN_DIR OUT_DIR [--overwrite]         # a run as a self-contained HF folder (LoRA merged)
     gkv-train lm-eval --model gkv --model_args method=gkv,budget=512 --tasks ...   # lm-eval under a compressed cache
+    gkv-train compare --task long_recall --recipes rl_sparse rl_full --seeds 0 1 2   # recipes x seeds, intervals
 
 ``train``, ``evaluate`` and ``traces`` take Hydra overrides of the recipes shipped inside the package
 (``gkv_train/recipes`` in the wheel: the repository's ``recipes/``), checked and built in one place
 (``gkv_train.config.compose.configure``); ``check`` takes ``--options``. Multi-GPU
 training runs under ``accelerate launch -m gkv_train.cli train ...``. Each command's work lives in the package
 (``gkv_train.training.launch``, ``gkv_train.evaluation.evaluate``, ``gkv_train.evaluation.traces``,
-``gkv_train.training.consistency``); the scripts in the repository call these same functions.
+``gkv_train.training.consistency``); the scripts in the repository call these same functions. ``compare`` trains and
+evaluates recipes with seeds under one compressed rollout, several processes sharing its jobs, and reports paired
+intervals (``gkv_train.evidence.command``, ``scripts/bench_rl_evidence.py``; ``gkv-train compare --help``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import NoReturn
 from gkv_train.exits import REFUSED
 
 USAGE = "\n\n".join(__doc__.split("\n\n")[:2])
-COMMANDS = ("train", "evaluate", "traces", "check", "export", "lm-eval")
+COMMANDS = ("train", "evaluate", "traces", "check", "export", "lm-eval", "compare")
 
 
 def _fail(message: str, code: int) -> NoReturn:
@@ -143,6 +146,12 @@ def main(argv: list[str] | None = None) -> None:
     command, rest = argv[0], argv[1:]
     if command not in COMMANDS:
         sys.exit(f"gkv-train: unknown command {command!r}; choose one of {', '.join(COMMANDS)}\n\n{USAGE}")
+    if command == "compare":
+        from gkv_train.evidence.command import main as compare
+
+        sys.argv = [f"{sys.argv[0]} compare", *rest]
+        compare(rest)
+        return
     if command == "check":
         from gkv_train.training.consistency import check
 

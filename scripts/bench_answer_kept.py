@@ -32,12 +32,14 @@ import re
 import sys
 from pathlib import Path
 
+from gkv_train.argument_types import count, input_file, input_folder, output_file, output_folder, worker
 from gkv_train.jsonio import dumps, read_state, write_atomically
 from gkv_train.models import check_adapter
 from gkv_train.problems.data import load_problems
+from gkv_train.provenance import origin, provenance
 from gkv_train.stats import hierarchical_interval, independent_interval
 
-from _common import count, input_file, input_folder, origin, output_file, output_folder, print_json, provenance, worker
+from _common import print_json
 
 PLACES = ("prompt", "story", "either", "control")
 JUDGED = (

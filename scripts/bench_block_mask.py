@@ -31,8 +31,10 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract.eviction import EvictionMasks, after_end_is_never, block_classes, block_sets
 from gkv_rollout.engine import RolloutEngine
+from gkv_train.argument_types import count, natural, output_file
+from gkv_train.provenance import origin
 
-from _common import ROOT, count, natural, origin, output_file, print_json, random_prompts
+from _common import ROOT, print_json, random_prompts
 
 
 def shape_model(layers: int, heads: int, kv_heads: int, head_dim: int) -> Qwen2ForCausalLM:

@@ -26,8 +26,10 @@ from gkv_rollout.config import CompressionConfig, add_compression_args, compress
 from gkv_rollout.contract.eviction import NEVER
 from gkv_rollout.eviction_cache import EvictionCache
 from gkv_rollout.registry import eviction_methods
+from gkv_train.argument_types import count
+from gkv_train.provenance import git_commit, machine
 
-from _common import count, git_commit, machine, print_json
+from _common import print_json
 
 
 def time_compression(

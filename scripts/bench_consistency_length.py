@@ -19,9 +19,11 @@ import sys
 import time
 
 from gkv_rollout.registry import eviction_methods
+from gkv_train.argument_types import count, natural, output_file
 from gkv_train.jsonio import dumps, write_atomically
+from gkv_train.provenance import origin, provenance
 
-from _common import ROOT, count, natural, origin, output_file, print_json, provenance
+from _common import ROOT, print_json
 
 TOL = 1e-4  # the invariant: fp32 log-probs under the record equal the rollout's
 CONTROL = 1e-2  # a control that does not differ by more than this has not failed

@@ -44,29 +44,28 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
-from gkv_train.jsonio import dumps, read_jsonl, write_atomically
-
-from _common import ROOT, count, merge_section, origin, positive_number, print_json, provenance
-from _regime import (
+from gkv_train.argument_types import count, positive_number
+from gkv_train.evidence.methods_stage import cell, ordering_table, s4r_keys, stage_methods
+from gkv_train.evidence.regime import (
+    COMMAND,
     add_arguments,
-    cell,
     check_arguments,
     evaluate,
     log,
     ordering,
-    ordering_table,
     row,
     run,
-    s4r_keys,
     sampling_keys,
     sampling_settings,
-    stage_methods,
     task_keys,
 )
+from gkv_train.jsonio import dumps, read_jsonl, write_atomically
+from gkv_train.provenance import origin, provenance
+
+from _common import merge_section, print_json
 
 STAGES = ("probe", "methods", "training")
 # name -> (train.py recipe, the rollout's compression method; None: the full cache)
@@ -140,8 +139,8 @@ def teacher_traces(root: Path, args) -> Path:
         partial = path.with_suffix(".partial")
         run(
             [
-                sys.executable,
-                str(ROOT / "scripts" / "generate_traces.py"),
+                *COMMAND,
+                "traces",
                 f"model={args.model}",
                 *task_keys("data", "train", args.trace_problems, args),
                 f"num_generations={args.group_size}",
@@ -272,7 +271,7 @@ def stage_training(root: Path, args, publish) -> dict:
         model = [f"model={args.model}"]
         if name != "untrained":
             if not trained_here:
-                run([sys.executable, str(ROOT / "train.py"), *train_keys(name, root, args)])
+                run([*COMMAND, "train", *train_keys(name, root, args)])
             model.append(f"adapter={folder}")
         row = evaluate_model(name, model, found, eval_methods, root, args)
         if row.pop("added") or found is None:

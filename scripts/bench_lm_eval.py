@@ -21,10 +21,12 @@ import sys
 import time
 from pathlib import Path
 
+from gkv_train.argument_types import count, output_folder
 from gkv_train.models import load_config_and_tokenizer, load_model
 from gkv_train.problems.data import DataConfig, load_problems
+from gkv_train.provenance import git_commit
 
-from _common import ROOT, count, git_commit, output_folder, print_json
+from _common import ROOT, print_json
 
 UTILS = '''"""lm-eval's process_results for the bench: this project's grading of a completion."""
 from gkv_rewards.extract import copies_in_order, extract_answer

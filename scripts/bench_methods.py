@@ -31,10 +31,11 @@ import sys
 import time
 from pathlib import Path
 
+from gkv_train.argument_types import count, input_file, nonnegative_number, output_folder, positive_fraction
 from gkv_train.jsonio import write_atomically
 from gkv_train.stats import bootstrap_interval
 
-from _common import ROOT, count, input_file, nonnegative_number, output_folder, positive_fraction, print_json
+from _common import ROOT, print_json
 
 
 def read_run(run_dir: Path) -> dict:

@@ -39,24 +39,21 @@ import time
 from pathlib import Path
 
 from gkv_rollout.config import CompressionConfig
-from gkv_train.jsonio import dumps, write_atomically
-from gkv_train.problems.retrieval import HAYSTACKS, RETRIEVAL_TASKS
-from gkv_train.stats import bootstrap_interval
-
-from _common import (
-    ROOT,
+from gkv_train.argument_types import (
     count,
     fraction,
-    merge_section,
     natural,
     nonnegative_number,
-    origin,
     output_file,
     output_folder,
     positive_fraction,
-    print_json,
-    provenance,
 )
+from gkv_train.jsonio import dumps, write_atomically
+from gkv_train.problems.retrieval import HAYSTACKS, RETRIEVAL_TASKS
+from gkv_train.provenance import origin, provenance
+from gkv_train.stats import bootstrap_interval
+
+from _common import ROOT, merge_section, print_json
 
 STAGES = ("probe", "table", "ablations", "fair")
 S4R_SINKS = CompressionConfig(method="s4r").resolved.sinks

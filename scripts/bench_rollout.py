@@ -32,12 +32,13 @@ import torch
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig, add_compression_args, compression_from_args
 from gkv_rollout.engine import encode_prompts
+from gkv_train.argument_types import count, natural
 from gkv_train.config.options import check_compile_decode
 from gkv_train.models import load_model
 from gkv_train.problems.data import PROMPT_TEMPLATE
 from gkv_train.problems.tasks import LONG_RECALL_SENTENCES, long_recall_task
 
-from _common import count, gsm8k_questions, natural, print_json
+from _common import gsm8k_questions, print_json
 from _rollout_timing import compiled_run, engine_run, hf_generate
 
 

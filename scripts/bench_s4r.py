@@ -38,9 +38,11 @@ import torch
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
+from gkv_train.argument_types import count, natural, positive_fraction
 from gkv_train.models import load_model
+from gkv_train.provenance import origin, provenance
 
-from _common import DATA_DIR, count, natural, origin, positive_fraction, print_json, provenance
+from _common import DATA_DIR, print_json
 
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
 

@@ -37,9 +37,11 @@ import sys
 import time
 from pathlib import Path
 
+from gkv_train.argument_types import count, natural, output_file, output_folder, positive_fraction
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
+from gkv_train.provenance import origin, provenance
 
-from _common import ROOT, count, natural, origin, output_file, output_folder, positive_fraction, print_json, provenance
+from _common import ROOT, print_json
 
 METHODS = ("full", "gkv", "s4r")
 TRAINERS = ("rl_sparse", "rl_full")

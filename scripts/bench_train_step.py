@@ -45,10 +45,12 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 
+from gkv_train.argument_types import count, natural, output_file
 from gkv_train.config.preflight import status_bytes
 from gkv_train.jsonio import dumps
+from gkv_train.provenance import origin, provenance
 
-from _common import ROOT, count, natural, origin, output_file, print_json, provenance
+from _common import ROOT, print_json
 
 PHASES = ("generation", "logprob_forward", "backward", "optimizer", "other")
 

@@ -33,25 +33,23 @@ from pathlib import Path
 import torch
 
 from gkv_rollout.config import CompressionConfig, SamplingConfig
+from gkv_train.argument_types import (
+    count,
+    fraction,
+    natural,
+    nonnegative_number,
+    output_folder,
+    positive_fraction,
+    positive_number,
+)
 from gkv_train.evaluation.metrics import compressed_kl
 from gkv_train.evaluation.traces import generate_traces
 from gkv_train.jsonio import dumps, read_jsonl, write_atomically
 from gkv_train.models import load_model
 from gkv_train.problems.data import DataConfig, load_problems
+from gkv_train.provenance import origin, provenance
 
-from _common import (
-    ROOT,
-    count,
-    fraction,
-    natural,
-    nonnegative_number,
-    origin,
-    output_folder,
-    positive_fraction,
-    positive_number,
-    print_json,
-    provenance,
-)
+from _common import ROOT, print_json
 
 RECIPES = ("rl_sparse", "rl_full", "distill", "distill_onpolicy")
 CACHES = ("compressed", "full")

@@ -47,8 +47,9 @@ from gkv_rollout.engine import RolloutEngine
 from gkv_rollout.scoring import hashed_uniform
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.models import tiny_model
+from gkv_train.provenance import origin
 
-from _common import origin, print_json, random_prompts
+from _common import print_json, random_prompts
 
 AUTHORS = "SalesforceAIResearch/Random-Attention@066c520 kvcompress/engine/cache_utils.py random_pp"
 Draw = Callable[[int, torch.Tensor], torch.Tensor]  # (time, positions int64 [n]) -> uniform float32 [n]

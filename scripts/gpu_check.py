@@ -50,9 +50,10 @@ from gkv_rollout.engine import RolloutEngine
 from gkv_train.jsonio import dumps, write_atomically
 from gkv_train.logprobs import token_logprobs
 from gkv_train.models import tiny_config, tiny_tokenizer
+from gkv_train.provenance import git_commit
 from gkv_train.training.consistency import consistency_report
 
-from _common import ROOT, git_commit, print_json, random_prompts
+from _common import ROOT, print_json, random_prompts
 from _rollout_timing import compiled_run, engine_run, hf_generate
 
 # Architectures of public checkpoints (their config.json), built here without their weights.

@@ -42,13 +42,15 @@ METHODS = re.compile(r"<!-- methods(:detail)? -->\n.*?<!-- /methods -->", re.S)
 
 def renderer(name: str) -> str:
     """The script that renders ``results/name``: the longest prefix of its stem, cut at underscores, that names
-    a script with a ``tables`` function (``bench_faults_after.json``: ``bench_faults``)."""
+    a script whose module has a ``tables`` function, its own or the package's it names (``bench_faults_after.json``:
+    ``bench_faults``; ``bench_rl_evidence_long_recall.json``: ``bench_rl_evidence``, whose ``tables`` is
+    ``gkv_train.evidence.tables``)."""
     parts = name.rsplit(".", 1)[0].split("_")
     for end in range(len(parts), 0, -1):
         script = "_".join(parts[:end])
-        if (ROOT / "scripts" / f"{script}.py").is_file() and "\ndef tables(" in (
-            ROOT / "scripts" / f"{script}.py"
-        ).read_text():
+        if (ROOT / "scripts" / f"{script}.py").is_file() and callable(
+            getattr(importlib.import_module(script), "tables", None)
+        ):
             return script
     raise SystemExit(
         f"error: a docs block names results/{name}, but no script under scripts/ renders it "

@@ -247,7 +247,7 @@ def benchmark_imports(source: str) -> set[str]:
 
 
 def test_no_benchmark_imports_another():
-    """What two benchmarks share lives in a helper (``_common``, ``_regime``, ``_rollout_timing``), never in one of
+    """What two benchmarks share lives in the package or a helper (``_common``, ``_rollout_timing``), never in one of
     them: a benchmark changed for its own sake cannot change another's figures. The control: an import of a
     benchmark is seen."""
     found = {

@@ -1,8 +1,9 @@
-"""scripts/bench_rl_evidence.py as main (--quick, the train and eval stages at a given learning rate): two workers
-share the jobs (each run trained and evaluated once), the results file holds every recipe's hierarchical interval
-and paired difference per condition, each trained adapter is kept in fp16, the tables render, and a third call
-reads every run back without training or evaluating anything; on a new machine (the output root gone) the results
-file is the memory: nothing is trained again or dropped, and a results file of other settings is refused."""
+"""gkv-train compare (scripts/bench_rl_evidence.py runs the same) as main (--quick, the train and eval stages at a
+given learning rate): two workers share the jobs (each run trained and evaluated once), the results file holds
+every recipe's hierarchical interval and paired difference per condition, each trained adapter is kept in fp16, the
+tables render, and a third call reads every run back without training or evaluating anything; on a new machine (the
+output root gone) the results file is the memory: nothing is trained again or dropped, and a results file of other
+settings is refused."""
 
 import json
 import os
@@ -21,9 +22,11 @@ RUNS = ("rl_sparse-s0-lr0.0001", "sparse_rl-s0-lr0.0001", "rl_sparse-s1-lr0.0001
 
 def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tmp_path):
     results, adapters = tmp_path / "results.json", tmp_path / "adapters"
-    command = [
+    command = [  # the installed command (scripts/bench_rl_evidence.py runs the same: the tests below)
         sys.executable,
-        str(ROOT / "scripts" / "bench_rl_evidence.py"),
+        "-m",
+        "gkv_train.cli",
+        "compare",
         "--quick",
         "--lr",
         "1e-4",
@@ -75,8 +78,7 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
         with safe_open(str(adapters / run / "adapter_model.safetensors"), "pt") as f:
             assert {str(f.get_tensor(k).dtype) for k in f.keys()} == {"torch.float16"}
     assert (tmp_path / "curves.png").is_file()
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_rl_evidence import tables
+    from gkv_train.evidence.tables import tables
 
     published = json.loads(results.read_text())
     for view in ("lr", "training", "rounds", "drift", "differences", "cost"):
@@ -87,7 +89,8 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
     assert "| rl_sparse | 2 | 2 |" in tables("cost", published)  # one step of each of two seeds, timed
     again = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "train.py" not in again.stderr and "evaluate.py" not in again.stderr  # read back, nothing rerun
+    assert "gkv-train train " not in again.stderr  # read back, nothing rerun
+    assert "gkv-train evaluate " not in again.stderr
     reread = json.loads(results.read_text())["training"]
     assert {k: v for k, v in reread.items() if k != "date"} == {k: v for k, v in training.items() if k != "date"}
     report = subprocess.run(
@@ -98,7 +101,7 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
         check=False,
     )  # rebuilt from the folders, nothing run
     assert report.returncode == 0, report.stderr[-3000:]
-    assert "train.py" not in report.stderr and "evaluate.py" not in report.stderr
+    assert "gkv-train train " not in report.stderr and "gkv-train evaluate " not in report.stderr
     rebuilt = json.loads(results.read_text())["training"]
     assert rebuilt["recipes"] == training["recipes"] and rebuilt["differences"] == training["differences"]
     shutil.rmtree(tmp_path / "out")  # a new machine: only the results file and the kept adapters are left
@@ -106,8 +109,8 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
     fewer += ["--eval-budgets", "24", "20", "--fresh-seeds", "2"]  # one seed, one more budget, fresh problems
     moved = subprocess.run(fewer, capture_output=True, text=True, timeout=600, check=False)
     assert moved.returncode == 0, moved.stderr[-3000:]
-    assert "train.py" not in moved.stderr  # nothing trained again
-    assert moved.stderr.count("evaluate.py") == 6  # the new conditions only: untrained and the two seed-0 runs
+    assert "gkv-train train " not in moved.stderr  # nothing trained again
+    assert moved.stderr.count("gkv-train evaluate ") == 6  # the new conditions only: untrained and the two seed-0 runs
     assert moved.stderr.count("gkv-b24-seed2 plots=false seed=2") == 3  # the fresh problems: their own stream
     fresh = json.loads(results.read_text())["training"]
     assert list(fresh["recipes"]) == ["full", "gkv-b24", "gkv-b24-seed2", "gkv-b20"]
@@ -127,7 +130,7 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
         *command[command.index("--output-root") :],
     ]
     refused = subprocess.run(other, capture_output=True, text=True, timeout=300, check=False)
-    assert refused.returncode != 0 and "temperature" in refused.stderr and "train.py" not in refused.stderr
+    assert refused.returncode != 0 and "temperature" in refused.stderr and "gkv-train train " not in refused.stderr
     other_rate = [*command[: command.index("--lr") + 1], "1e-3", *command[command.index("--lr") + 2 :]]
     refused_rate = subprocess.run(other_rate, capture_output=True, text=True, timeout=300, check=False)
     assert refused_rate.returncode != 0 and "learning rate 0.0001" in refused_rate.stderr
@@ -146,8 +149,9 @@ def test_two_workers_share_the_runs_and_the_results_hold_intervals_over_seeds(tm
 
 
 def test_a_variant_is_a_recipe_with_overrides_of_its_own(tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_rl_evidence import parse_arguments, train_keys, training_runs
+    from gkv_train.evidence.command import parse_arguments
+    from gkv_train.evidence.plan import training_runs
+    from gkv_train.evidence.runs import train_keys
 
     ablation = ["--variant", "rl_sparse_noclip", "rl_sparse", "rl.overlong_advantage_clip=false"]
     args = parse_arguments(["--output-root", str(tmp_path), "--recipes", "rl_sparse", "rl_sparse_noclip", *ablation])
@@ -183,8 +187,9 @@ def test_fresh_problems_are_checked_to_be_fresh(tmp_path, capsys):
     evaluation's seed, the methods stage's seed 1) is refused, naming the overlap; a seed whose problems only
     ``train.py``'s own end-of-run evaluation also drew (a run's seed: nothing reads it) passes with a line saying
     so; a seed no run has passes silently; conditions and their seeds read back."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_rl_evidence import check_fresh, conditions, parse_arguments, parse_condition
+    from gkv_train.evidence.command import parse_arguments
+    from gkv_train.evidence.design import conditions, parse_condition
+    from gkv_train.evidence.runs import check_fresh
 
     def call(*seeds):
         argv = ["--quick", "--seeds", "0", "2", "--output-root", str(tmp_path)]
@@ -231,7 +236,7 @@ def test_the_methods_stage_keeps_the_rows_it_published(tmp_path):
     section = json.loads(results.read_text())["methods"]
     assert not section["partial"] and {"gkv", "gkv-mean", "gkv-sum", "s4r"} <= set(section["table"]["methods"])
     again = methods("elsewhere")
-    assert "evaluate.py" in first.stderr and "evaluate.py" not in again.stderr
+    assert "gkv-train evaluate " in first.stderr and "gkv-train evaluate " not in again.stderr
     assert json.loads(results.read_text())["methods"]["table"] == section["table"]
 
 
@@ -239,9 +244,8 @@ def test_seeds_resampled_on_their_own_assume_no_likeness_between_recipes():
     """The pre-registered interval resamples each recipe's seeds on its own (problems once per draw, shared): where
     seed s of one recipe equals seed s of the other plus a constant, the seed-paired interval is that constant
     alone while the independent one spreads with the seeds; the judged table reads it as fixed in advance."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_rl_evidence import JUDGED, compare, judged_table
-
+    from gkv_train.evidence.summary import compare
+    from gkv_train.evidence.tables import JUDGED, judged_table
     from gkv_train.stats import independent_interval
 
     seeds = [[0.2] * 8, [0.5] * 8, [0.8] * 8]
@@ -278,8 +282,8 @@ def test_a_recipe_with_more_seeds_is_compared_over_all_of_them_when_seeds_stand_
     independent one on every seed of each: extra seeds that score lower move the independent estimate and leave the
     paired one (a comparison over the common seeds alone would hide them); the untrained model's one evaluation
     counts once there, and pairs with every seed."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_rl_evidence import compare, differences_table, judged_table
+    from gkv_train.evidence.summary import compare
+    from gkv_train.evidence.tables import differences_table, judged_table
 
     def cell(value):
         return {"correct": [[value]] * 8}
@@ -312,25 +316,25 @@ def test_published_settings_of_an_earlier_version_are_read_under_todays_keys(mon
     a value that differs is refused, named by today's key."""
     import argparse
 
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import bench_rl_evidence
+    from gkv_train.evidence import published as memory
 
     old = {"rl_sparse": {"sampling.max_new_tokens": 96, "sampling.num_generations": 8, "temperature": 0.6}}
-    monkeypatch.setattr(bench_rl_evidence, "published", lambda args: {"settings": {"train": {"resolved": old}}})
+    monkeypatch.setattr(memory, "published", lambda args: {"settings": {"train": {"resolved": old}}})
     today = {"max_completion_length": 96, "num_generations": 8, "temperature": 0.6}
     args = argparse.Namespace(results=Path("results.json"), _resolved={"rl_sparse": today})
-    bench_rl_evidence.check_resolved(args)  # the same settings under their old names
+    memory.check_resolved(args)  # the same settings under their old names
     args._resolved = {"rl_sparse": {**today, "max_completion_length": 128}}
     with pytest.raises(SystemExit, match="max_completion_length: 96 there, 128 here"):
-        bench_rl_evidence.check_resolved(args)
+        memory.check_resolved(args)
 
 
 def test_long_recall_runs_train_on_its_story_with_the_grpo_recipes_only(tmp_path, capsys):
     """``--task long_recall``: every run's task keys name it with its 80 sentences and the story's token budget, no
     copy_recall key; the fresh-problem check draws long_recall's problems; distillation (which refuses a given
     story) and copy_recall's ``--copy-share`` are refused before any work."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_rl_evidence import check_fresh, parse_arguments, problem_texts, settings, train_keys
+    from gkv_train.evidence.command import parse_arguments
+    from gkv_train.evidence.design import settings
+    from gkv_train.evidence.runs import check_fresh, problem_texts, train_keys
 
     args = parse_arguments(
         ["--task", "long_recall", "--recipes", "rl_sparse", "rl_full", "--output-root", str(tmp_path)]
@@ -384,7 +388,7 @@ def test_the_cross_stage_evaluates_the_other_tasks_models_once(tmp_path):
         return proc
 
     first = cross("here")
-    assert first.stderr.count("evaluate.py") == 4  # untrained and the other task's run, full and gkv-b24
+    assert first.stderr.count("gkv-train evaluate ") == 4  # untrained and the other task's run, full and gkv-b24
     assert not json.loads(results.read_text())["training"]["partial"]  # this folder holds the cross cells only
     assert not (tmp_path / "c.png").exists()  # no training curve to draw
     section = json.loads(results.read_text())["training"]["cross"]
@@ -392,26 +396,25 @@ def test_the_cross_stage_evaluates_the_other_tasks_models_once(tmp_path):
     for condition in ("full", "gkv-b24"):
         row = section["recipes"][condition]["rl_sparse"]
         assert row["seeds"] == 1 and "ci95" in row["minus_untrained"]
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_rl_evidence import tables
+    from gkv_train.evidence.tables import tables
 
     cross_rows = tables("cross", json.loads(results.read_text()))
     assert "| rl_sparse | 1 |" in cross_rows and "| untrained | 1 |" in cross_rows
     assert cross_rows.index("| untrained |") < cross_rows.index("| rl_sparse |")
-    assert "evaluate.py" not in cross("here", stage="report").stderr
+    assert "gkv-train evaluate " not in cross("here", stage="report").stderr
     assert not json.loads(results.read_text())["training"]["partial"]  # rebuilt, still whole
-    assert "evaluate.py" not in cross("elsewhere").stderr
+    assert "gkv-train evaluate " not in cross("elsewhere").stderr
     shutil.copytree(adapters, tmp_path / "retrained")  # the same run names, other models: their cells are not these
     refused = cross("elsewhere", tmp_path / "retrained", ok=False)
-    assert "holds the cross cells of the models under" in refused.stderr and "evaluate.py" not in refused.stderr
+    assert "holds the cross cells of the models under" in refused.stderr and "gkv-train evaluate " not in refused.stderr
 
 
 def test_the_cost_of_a_step_is_read_from_the_runs_metrics_once_per_step(tmp_path):
     """``curve`` keeps a step logged twice (a run resumed after a kill) once, its last row; the ``cost`` view gives
     per recipe the median seconds of a step over every step of every run, each run's median, and the rollout's
     part."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_rl_evidence import cost_table, curve
+    from gkv_train.evidence.summary import curve
+    from gkv_train.evidence.tables import cost_table
 
     rows = [
         {"step": 1, "loss": 0.1, "step_time": 10.0, "rollout/seconds": 6.0},
@@ -433,8 +436,9 @@ def test_count_recall_runs_train_with_its_count_and_reward(tmp_path, capsys):
     """``--task count_recall``: every run's task keys name it with its count (no sentences, no copy_recall key) and
     its own reward (``staged_score``); the fresh-problem check draws its notes (one prompt for every problem);
     distillation is refused before any work."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_rl_evidence import parse_arguments, problem_texts, settings, train_keys
+    from gkv_train.evidence.command import parse_arguments
+    from gkv_train.evidence.design import settings
+    from gkv_train.evidence.runs import problem_texts, train_keys
 
     args = parse_arguments(["--task", "count_recall", "--output-root", str(tmp_path)])
     keys = train_keys("rl_sparse", 0, 3e-4, args)
@@ -455,8 +459,10 @@ def test_eval_controls_and_the_hidden_number_are_conditions_and_task_keys(tmp_pa
     cell, in the eval and cross stages, each an evaluate.py run of its method with its keys (the bench's window and
     interval); recorded in the settings only when asked. ``--number-in-prompt false``: long_recall's prompts
     without the number, in every run's task keys and the settings; refused for another task."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_rl_evidence import conditions, every_job, parse_arguments, parse_condition, problem_texts, settings
+    from gkv_train.evidence.command import parse_arguments
+    from gkv_train.evidence.design import conditions, parse_condition, settings
+    from gkv_train.evidence.plan import every_job
+    from gkv_train.evidence.runs import problem_texts
 
     argv = ["--task", "long_recall", "--output-root", str(tmp_path), "--train-budget", "128", "--eval-budgets", "128"]
     args = parse_arguments([*argv, "--eval-controls", "keep_prompt", "random_attention", "--lr", "3e-4"])

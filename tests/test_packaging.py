@@ -64,6 +64,10 @@ def test_each_wheel_holds_one_package(installed):
     }
     for package, names in expected.items():
         assert set(names) <= set(wheels[package]), (package, set(names) - set(wheels[package]))
+    # every subpackage of the checkout ships (gkv_train.evidence, behind gkv-train compare, once did not)
+    for package, folder in (("gkv_train", ROOT / "gkv_train"), ("gkv_rollout", ROOT / "rollout" / "gkv_rollout")):
+        inits = {str(p.relative_to(folder.parent)) for p in folder.rglob("__init__.py")}
+        assert inits <= set(wheels[package]), (package, inits - set(wheels[package]))
 
 
 def test_command_runs_from_any_folder(installed, tmp_path):
@@ -71,6 +75,8 @@ def test_command_runs_from_any_folder(installed, tmp_path):
     assert "gkv-train train" in run(target, tmp_path).stdout
     bad = run(target, tmp_path, "fit")
     assert bad.returncode != 0 and "unknown command 'fit'" in bad.stderr
+    compare = run(target, tmp_path, "compare", "--help")
+    assert compare.returncode == 0 and "--recipes" in compare.stdout, compare.stderr
 
     check = run(target, tmp_path, "check", "--model", "tiny", "--batch", "2", "--max-new-tokens", "12")
     assert check.returncode == 0, check.stderr

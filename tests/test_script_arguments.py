@@ -11,7 +11,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-from _common import (  # noqa: E402
+from gkv_train.argument_types import (  # noqa: E402
     count,
     fraction,
     input_file,

@@ -72,7 +72,7 @@ def test_the_committed_long_recall_differences_recompute_from_their_cells():
     """results/bench_rl_evidence_long_recall.json's pre-registered differences, recomputed from each model's
     per-problem cells by this module: the intervals moved here unchanged."""
     sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_rl_evidence import compare
+    from gkv_train.evidence.summary import compare
 
     training = json.loads((ROOT / "results" / "bench_rl_evidence_long_recall.json").read_text())["training"]
     recorded = training["differences"]["gkv-b128"]["rl_sparse_noclip - rl_full_noclip"]
