@@ -10,7 +10,6 @@ left-padded; every sequence keeps its own logical positions, length and end-of-s
 from __future__ import annotations
 
 import dataclasses
-import functools
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Sequence
@@ -21,7 +20,7 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.contract.attention import decoder_and_head, use_kv_attention
 from gkv_rollout.contract.record import Record, logical_positions
 from gkv_rollout.kv_cache import KVCache
-from gkv_rollout.sampling import head_logprobs, sample_tokens, token_logprobs_of
+from gkv_rollout.sampling import TokenPicker, compiled, head_logprobs
 
 Prompt = str | Sequence[int] | Sequence[dict]
 # logits a forward of given tokens computes at once: 64 MiB in fp32, about 4x that at the peak (the logits, their
@@ -101,15 +100,6 @@ def decode_one_token(model, ids, positions, mask, cache) -> torch.Tensor:
     compiles (``fullgraph=True``: a graph break is an error, never a silently slower step); the cache's
     static-shape ``begin``/``end`` run around it, outside the graph."""
     return forward_logits(model, ids, positions, mask, cache)
-
-
-@functools.cache
-def compiled(fn: Callable, device_type: str) -> Callable:
-    """``fn`` under ``torch.compile`` with ``fullgraph=True``, one per function and device type (graphs are
-    reused across rollouts): CUDA graphs on a GPU (``reduce-overhead``), Inductor's default elsewhere. Shapes
-    start static; a dimension that changes (batch width as finished rows leave, attention width) is made dynamic
-    at the next compile."""
-    return torch.compile(fn, fullgraph=True, mode="reduce-overhead" if device_type == "cuda" else None)
 
 
 def mark_static(cache) -> None:
@@ -424,79 +414,6 @@ def check_token_ids(rows, vocab: int, name: str) -> None:
                 raise ValueError(f"{name}[{i}] holds {token!r}: token ids are integers")
             if not 0 <= int(token) < vocab:
                 raise ValueError(f"{name}[{i}] holds the id {int(token)}, outside the vocabulary (0-{vocab - 1})")
-
-
-class TokenPicker:
-    """Each step's tokens from the logits: sampled (top-p at the temperature; stop tokens banned with
-    ``ignore_eos``), or with ``forced`` completions the given tokens and their log-probs (``replay``), or with
-    ``prefixes`` the given tokens while a row's prefix lasts and sampled ones after it.
-
-    given_width: the longest row of given tokens (0: none); given_count: the given tokens of all rows (0: none);
-    given_ends: (with ``sampling.chunk_given``) int64 [batch] on the CPU, each row's count of leading tokens that
-    are given and end nothing (a prefix's length, a replayed completion's less its last token), which a forward of
-    several tokens may take (``given_span``); given_last: their largest (past it, every forward takes one token)."""
-
-    def __init__(
-        self, sampling: SamplingConfig, forced, batch: int, pad_id: int, stop_ids: list[int], device, prefixes=None
-    ):
-        static = sampling.compile_decode
-        self.sampling, self.batch = sampling, batch
-        self.sample = compiled(sample_tokens, device.type) if static else sample_tokens
-        self.logprob_of = compiled(token_logprobs_of, device.type) if static else token_logprobs_of
-        self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device)
-        self.banned = self.stop_ids if sampling.ignore_eos and len(stop_ids) else None
-        self.generator = torch.Generator(device=device).manual_seed(sampling.seed)
-        self.forced = self.forced_lengths = self.given_ends = None
-        self.given_width = self.given_count = self.given_last = 0
-        self.then_sample = prefixes is not None  # the given tokens are beginnings: sampling follows them
-        given = prefixes if prefixes is not None else forced
-        if given is not None:
-            lengths = [len(c) for c in given]
-            self.forced_lengths = torch.tensor(lengths, device=device)
-            width = sampling.max_new_tokens
-            self.forced = torch.tensor([list(c) + [pad_id] * (width - len(c)) for c in given], device=device)
-            self.given_width, self.given_count = max(lengths), sum(lengths)
-            if sampling.chunk_given:
-                self.given_ends = torch.tensor(lengths) - (0 if self.then_sample else 1)
-                self.given_last = int(self.given_ends.max())
-
-    def __call__(self, logits: torch.Tensor, n: int, rows: torch.Tensor):
-        """logits [n_rows, V] of ``rows`` (indices into the batch) at step n -> (token int64 [n_rows], logprob
-        float32 [n_rows], stop bool [n_rows]: the token ends its row)."""
-        s = self.sampling
-        if self.forced is not None and not self.then_sample:
-            token = self.forced[rows, n]
-            return token, self.logprob_of(logits, token, s.temperature), self.forced_lengths[rows] <= n + 1
-        token, logprob, stop = self.sampled(logits, rows)
-        if self.forced is not None:  # prefixes: the given token while a row's prefix lasts
-            given = n < self.forced_lengths[rows]
-            if bool(given.any()):
-                forced = self.forced[rows, n]
-                token = torch.where(given, forced, token)
-                logprob = torch.where(given, self.logprob_of(logits, forced, s.temperature), logprob)
-                stop = stop & ~given
-        return token, logprob, stop
-
-    def given_tokens(self, rows: torch.Tensor, start: int, stop: int) -> torch.Tensor:
-        """The given tokens int64 [n_rows, stop - start] of ``rows`` at steps start .. stop - 1 (padding past a
-        row's given tokens)."""
-        return self.forced[rows, start:stop]
-
-    def skip(self, steps: int) -> None:
-        """Steps whose tokens were given without calling this picker: their random draws (one for the batch each
-        step, as ``sampled`` draws whether a row's token is given or not) are drawn and left unused."""
-        if self.then_sample and self.sampling.temperature != 0:
-            for _ in range(steps):
-                torch.rand(self.batch, generator=self.generator, device=self.generator.device)
-
-    def sampled(self, logits: torch.Tensor, rows: torch.Tensor):
-        """The sampled (token, logprob, stop) of ``__call__``."""
-        s = self.sampling
-        uniform = None
-        if s.temperature != 0:  # one draw per batch row every step, whichever rows remain: sampling is reproducible
-            uniform = torch.rand(self.batch, generator=self.generator, device=logits.device)[rows]
-        token, logprob = self.sample(logits, s.temperature, s.top_p, uniform, self.banned)
-        return token, logprob, torch.isin(token, self.stop_ids)
 
 
 class Decoding:

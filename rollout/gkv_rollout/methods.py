@@ -12,7 +12,7 @@ The eviction family (``EvictionMethod``): a compression (``gkv_rollout.eviction_
 best-scored candidates within the budget (``gkv_rollout.scoring.select_keep``, shared by every method). Defaults
 reproduce the reference implementation (microsoft/G-KV at 6db3b2e: ``ScoreBasedKV`` / ``StreamingLLMKV`` with the
 recipes of its ``scripts/inference.sh``); options that depart from it are listed in docs/methods.md with their
-reasons. S4R (``gkv_rollout.s4r_cache.S4R``) is a method of its own kind: its own cache and record.
+reasons. S4R (``gkv_rollout.s4r.S4R``) is a method of its own kind: its own cache and record.
 
 Adding a method: a ``@dataclass`` subclass of ``EvictionMethod`` (or a close relative) with a ``name``, a
 ``summary``, the fields it adds or whose defaults it changes (a shared option's too: a method's fields hold the

@@ -1,5 +1,5 @@
 """Every compression method by name: the package's own (``gkv_rollout.methods``: ``full`` and the eviction family;
-``gkv_rollout.s4r_cache``: S4R, a kind of its own), each registered by ``@register`` where it is defined, and a
+``gkv_rollout.s4r``: S4R, a kind of its own), each registered by ``@register`` where it is defined, and a
 user's method named ``package.module:Class`` (its module imported, its class registered by the same
 ``register``, so it passes the same checks)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-import gkv_rollout.s4r_cache  # noqa: F401  (registers S4R)
+import gkv_rollout.s4r  # noqa: F401  (registers S4R)
 from gkv_rollout.methods import METHODS, EvictionMethod, Method, register
 
 PLUG_INS: dict[str, type[Method]] = {}  # methods from the user's modules, by ``package.module:Class``
