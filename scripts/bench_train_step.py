@@ -148,8 +148,7 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     from gkv_train.config import options
     from gkv_train.models import load_model
     from gkv_train.training import grpo
-    from gkv_train.training.launch import distill_trainer, grpo_trainer, training_data
-    from gkv_train.training.rewards import import_callable
+    from gkv_train.training.algorithms import ALGORITHMS
 
     base, _, variant = name.partition("+")
     if variant not in ("", "compile") or (variant and base == "trl"):
@@ -158,10 +157,11 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
     config = configuration(recipe, args, workdir / name.replace("+", "_"), compile_decode=variant == "compile")
     name = base
     state = PartialState(cpu=not torch.cuda.is_available())
-    data = training_data(config)
+    job = ALGORITHMS[config.algorithm](config)
+    data = job.training_data()
     model, tokenizer = load_model(config.model, dtype=torch.float32)
     timer = StepTimer()
-    rewards = [] if name == "distill" else [import_callable(p) for p in config.rewards]
+    rewards = job.rewards()
     # Every completion runs to max_new_tokens (stop tokens are never sampled), so all trainers do the same work.
     if name == "trl":
         if tokenizer.chat_template:  # the chat template, as the engine applies it
@@ -177,12 +177,12 @@ def time_trainer(name: str, args, workdir: Path) -> dict:
         trainer.generation_config.min_new_tokens = args.max_new_tokens
         trainer._generate = timer.timed("generation", trainer._generate)
     elif name == "distill":
-        trainer = distill_trainer(config, model, tokenizer, state, [timer], torch.float32, data)
+        trainer = job.trainer(model, tokenizer, state, [timer], torch.float32, data, None, rewards)
         options.SamplingConfig = functools.partial(SamplingConfig, ignore_eos=True)  # what its rollout samples with
         trainer._rollout = timer.timed("generation", trainer._rollout)
         trainer._student_loss = timer.timed("logprob_forward", trainer._student_loss)
     else:
-        trainer = grpo_trainer(config, model, tokenizer, rewards, [timer], data, None)
+        trainer = job.trainer(model, tokenizer, state, [timer], torch.float32, data, None, rewards)
         grpo.SamplingConfig = functools.partial(SamplingConfig, ignore_eos=True)  # what its rollout samples with
         trainer._generate = timer.timed("generation", trainer._generate)
     if name != "distill":

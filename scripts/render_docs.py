@@ -7,8 +7,9 @@
 of README.md, ARCHITECTURE.md and the markdown under docs/ is rewritten with the table VIEW of ``results/FILE``,
 made by the benchmark that wrote FILE (its ``tables(view, result)``: the figures with the command, date, commit and
 machine they came from), so no figure in the docs is copied by hand or left behind by a newer result. The benchmark
-is the one a results file names (its ``"script"`` key), else ``scripts/NAME.py`` for ``results/NAME.json``, or for
-``results/NAME_TAG.json`` (a run tagged ``TAG``) the longest such prefix of the name that is a script. A ``.jsonl``
+is the one a results file names (its ``"script"`` key, or ``scripts/bench_<its "benchmark" key>.py``), else
+``scripts/NAME.py`` for ``results/NAME.json``, or for ``results/NAME_TAG.json`` (a run tagged ``TAG``) the longest
+such prefix of the name that is a script. A ``.jsonl``
 file is read as its list of records. A table that compares runs names several files, ``FILE1+FILE2#VIEW``:
 ``result`` is then the list of them, in that order.
 
@@ -58,6 +59,17 @@ def renderer(name: str) -> str:
     )
 
 
+def named_renderer(result) -> str | None:
+    """The script a results file names: its ``"script"``, or ``bench_<its "benchmark">`` where that script exists
+    (``gkv-train compare`` writes ``"benchmark": "rl_evidence"`` into a results file of any name)."""
+    if not isinstance(result, dict):
+        return None
+    if result.get("script"):
+        return result["script"]
+    named = f"bench_{result.get('benchmark')}"
+    return named if result.get("benchmark") and (ROOT / "scripts" / f"{named}.py").is_file() else None
+
+
 def read(path: Path):
     """A results file: a JSON document, or a ``.jsonl`` file's list of records."""
     if path.suffix == ".jsonl":
@@ -73,10 +85,7 @@ def render(text: str, results: Path) -> str:
         names, view = match.groups()
         files = names.split("+")
         found = [read(results / name) for name in files if name]
-        scripts = {
-            r.get("script") if isinstance(r, dict) and r.get("script") else renderer(name)
-            for name, r in zip(files, found)
-        }
+        scripts = {named_renderer(r) or renderer(name) for name, r in zip(files, found)}
         if len(scripts) != 1 or len(found) != len(files):
             raise SystemExit(f"error: the docs block results:{names} must name files of one benchmark, joined by +")
         tables = importlib.import_module(scripts.pop()).tables

@@ -486,3 +486,30 @@ def test_eval_controls_and_the_hidden_number_are_conditions_and_task_keys(tmp_pa
         with pytest.raises(SystemExit):
             parse_arguments(["--output-root", str(tmp_path), *wrong])
         assert "error:" in capsys.readouterr().err
+
+
+def test_the_controls_table_gives_the_share_of_the_gap_each_rule_closes():
+    """(rule - G-KV) / (full - G-KV) per model, by hand: untrained 0.5 full, 0.25 G-KV, 0.5 under keep_prompt (all of
+    the gap) and 0.25 under random_attention (none); a model without a gap shows "-". The control: a section without
+    a rule has no table."""
+    from gkv_train.evidence.tables import controls_table
+
+    def figures(p: float, seeds: int = 1) -> dict:
+        return {"pass@1": p, "pass@1_ci95": [p, p], "seeds": seeds}
+
+    section = {
+        "settings": {"train": {"budget": 128}},
+        "cross": {
+            "recipes": {
+                "full": {"untrained": figures(0.5), "rl_full": figures(0.75, 2)},
+                "gkv-b128": {"untrained": figures(0.25), "rl_full": figures(0.75, 2)},
+                "keep_prompt-b128": {"untrained": figures(0.5), "rl_full": figures(0.5, 2)},
+                "random_attention-b128": {"untrained": figures(0.25)},
+            }
+        },
+    }
+    rows = {line.split(" | ")[0][2:]: line[:-2].split(" | ") for line in controls_table(section).splitlines()[2:]}
+    assert rows["untrained"][5] == "1.00" and rows["untrained"][7] == "0.00"
+    assert rows["rl_full"][1] == "2" and rows["rl_full"][5] == "-" and rows["rl_full"][6] == "-"
+    del section["cross"]["recipes"]["keep_prompt-b128"], section["cross"]["recipes"]["random_attention-b128"]
+    assert controls_table(section) == "(no rule evaluated yet)\n"

@@ -35,6 +35,18 @@ def test_a_block_finds_its_renderer_or_names_what_is_missing(tmp_path):
     assert done.returncode != 0 and "results/nobody_writes_this.json" in done.stderr
 
 
+def test_a_results_file_of_any_name_renders_by_the_benchmark_it_names():
+    """``gkv-train compare`` writes ``"benchmark": "rl_evidence"`` into a results file of any name: it renders by
+    ``scripts/bench_rl_evidence.py``; a name no script has falls back to the file's name (the control)."""
+    code = (
+        f"import sys; sys.path.insert(0, {str(ROOT / 'scripts')!r}); import render_docs as r; "
+        "print(r.named_renderer({'benchmark': 'rl_evidence'}), r.named_renderer({'benchmark': 'nobody'}), "
+        "r.named_renderer({'script': 'bench_faults'}), r.named_renderer([]))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["bench_rl_evidence", "None", "bench_faults", "None"], done.stderr
+
+
 MACHINE_FOLDER = re.compile(r"(?<![\w./-])/(?:tmp|work|home|Users|root|mnt|scratch|check)/[\w.+-]")
 
 

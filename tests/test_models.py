@@ -233,11 +233,14 @@ def test_a_read_only_cache_without_a_copy_loads_in_memory_with_a_warning(tmp_pat
     is refused before any work. Controls: beta=0 and LoRA need no reload; a writable cache passes."""
     from types import SimpleNamespace
 
-    from gkv_train.training.launch import check_reference_model
+    from gkv_train.training.algorithms import GRPO
+
+    def check_reference_model(run):
+        GRPO(run).check_reference_model()
 
     monkeypatch.setenv("GKV_TRAIN_CACHE", str(tmp_path / "cache"))
     (tmp_path / "cache").mkdir()
-    run = SimpleNamespace(algorithm="grpo", beta=0.04, lora=SimpleNamespace(enabled=False), model="tiny")
+    run = SimpleNamespace(beta=0.04, lora=SimpleNamespace(enabled=False), model="tiny")
     check_reference_model(run)
     read_only(monkeypatch, tmp_path / "cache")
     with caplog.at_level("WARNING", logger="gkv_train.model_cache"):

@@ -219,16 +219,16 @@ def judged_table(section: dict) -> str:
 
 
 def cross_table(section: dict) -> str:
-    """The other task's models on this task: this task's untrained model, then per recipe pass@1 over seeds with
-    the full cache and at the training budget, and its paired difference against the untrained model (* where the
-    interval excludes 0)."""
+    """The models of ``--cross-adapters`` on this task (the other task's, or this task's own under the training-free
+    rules of ``--eval-controls``): this task's untrained model, then per recipe pass@1 over seeds under each
+    condition, and its paired difference against the untrained model (* where the interval excludes 0)."""
     cross = section.get("cross") or {}
     table = cross.get("recipes") or {}
     if not table:
         return "(no model of the other task evaluated yet)\n"
     conditions_ = list(table)
     lines = [
-        "| trained on the other task | seeds | "
+        "| model (recipe, of --cross-adapters) | seeds | "
         + " | ".join(f"{c} | minus untrained ({c})" for c in conditions_)
         + " |",
         "|---|---|" + "---|---|" * len(conditions_),
@@ -244,6 +244,39 @@ def cross_table(section: dict) -> str:
         seeds = max(table[c][recipe]["seeds"] for c in conditions_ if recipe in table[c])
         lines.append(f"| {recipe} | {seeds} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + f"\n\nModels from `{cross.get('adapters')}`.\n"
+
+
+def gap_closed(rule: float, compressed: float, full: float) -> str:
+    """The share of the compressed gap a rule closes: (rule - compressed) / (full - compressed); "-" without a gap."""
+    return "-" if full <= compressed else f"{(rule - compressed) / (full - compressed):.2f}"
+
+
+def controls_table(section: dict) -> str:
+    """The training-free rules (``--eval-controls``, the cross stage's conditions besides the full cache and G-KV):
+    per model (this task's untrained one, then per recipe over seeds) pass@1 with the full cache, under G-KV and
+    under each rule at the training budget, and the share of G-KV's gap to the full cache each rule closes."""
+    table = (section.get("cross") or {}).get("recipes") or {}
+    train = f"gkv-b{section['settings']['train']['budget']}"
+    rules = [c for c in table if c not in ("full", train)]
+    if not rules or not table.get("full") or not table.get(train):
+        return "(no rule evaluated yet)\n"
+    lines = [
+        f"| model | seeds | full | {train} | " + " | ".join(f"{rule} | gap closed ({rule})" for rule in rules) + " |",
+        "|---|---|---|---|" + "---|---|" * len(rules),
+    ]
+    for name in dict.fromkeys(n for c in table.values() for n in c):
+        full, compressed = table["full"].get(name), table[train].get(name)
+        cells = []
+        for rule in rules:
+            row = table[rule].get(name)
+            closed = (
+                gap_closed(row["pass@1"], compressed["pass@1"], full["pass@1"]) if row and full and compressed else "-"
+            )
+            cells += [cell(row) if row else "-", closed]
+        seeds = max(table[c][name]["seeds"] for c in table if name in table[c])
+        shown = [cell(r) if r else "-" for r in (full, compressed)]
+        lines.append(f"| {name} | {seeds} | " + " | ".join(shown + cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def lr_table(section: dict) -> str:
@@ -268,7 +301,8 @@ def lr_table(section: dict) -> str:
 def tables(view: str, result: dict) -> str:
     """``scripts/render_docs.py``'s views: ``probe``, ``methods`` (the ordering tables), ``lr``, ``training``,
     ``rounds``, ``drift``, ``differences``, ``judged`` (issue 53's pre-registered comparison), ``cross`` (the
-    other task's models here), ``cost`` (seconds per training step)."""
+    models of --cross-adapters here), ``controls`` (the training-free rules and the share of the gap each closes),
+    ``cost`` (seconds per training step)."""
     if view in ("probe", "methods"):
         checks = "".join(
             f"- {name.replace('_', ' ')} {want}: {'yes' if ok else 'NO'}\n"
@@ -286,6 +320,7 @@ def tables(view: str, result: dict) -> str:
         "differences": differences_table,
         "judged": judged_table,
         "cross": cross_table,
+        "controls": controls_table,
         "cost": cost_table,
     }[view](section)
     state = " (partial: jobs of its command not done)" if section.get("partial") else ""
