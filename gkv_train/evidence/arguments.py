@@ -19,8 +19,10 @@ from gkv_train.argument_types import (
     positive_fraction,
     positive_number,
 )
-from gkv_train.evidence.design import DISTILL, RECIPES, RESERVED, RULES, STAGES, TASKS, base_recipe, cross_runs
+from gkv_train.evidence.design import DISTILL, RECIPES, RESERVED, RULES, STAGES, base_recipe, cross_runs, task_settings
 from gkv_train.evidence.regime import EVICTION
+from gkv_train.evidence.runs import regime_args
+from gkv_train.training.rewards import import_callable
 
 
 def add_task_arguments(add) -> None:
@@ -40,11 +42,21 @@ def add_task_arguments(add) -> None:
     add("--quick", action="store_true", help="every stage, a tiny random model and sizes (a test runs it)")
     add(
         "--task",
-        default="copy_recall",
-        choices=list(TASKS),
-        help="copy_recall (places required; completions ~120-300 tokens), long_recall (a ~1k-token given story "
-        "through the compressed cache, then the sampled number; the GRPO recipes), or count_recall (a given note's "
-        "code after a ~530-token count the model writes; the GRPO recipes, from a base taught the skill: --model)",
+        help="the problems: copy_recall (the default; places required; completions ~120-300 tokens), long_recall (a "
+        "~1k-token given story through the compressed cache, then the sampled number; the GRPO recipes), "
+        "count_recall (a given note's code after a ~530-token count the model writes; the GRPO recipes, from a base "
+        "taught the skill: --model), or any other task or dataset gkv-train takes as data.name (arithmetic, "
+        "niah_single, ...: give --max-new-tokens; its train and test splits are read before any work)",
+    )
+    add(
+        "--data-path",
+        help="instead of --task, a local file of problems with train and test splits (data.path; {split} in it: "
+        "the split's file); give --max-new-tokens",
+    )
+    add(
+        "--reward",
+        help="GRPO's reward function by import path (default: the task's; another task's or a file's: the recipes' "
+        "gkv_rewards.functions.accuracy)",
     )
     add("--sentences", type=count, help="the task's middle sentences (copy_recall 10, long_recall 80)")
     add("--count-to", type=count, help="count_recall's last number (160)")
@@ -152,8 +164,20 @@ def add_run_arguments(add) -> None:
 
 
 def task_defaults(args, parser) -> None:
-    """The task's defaults for what the command line left unset; ``--quick``: every size tiny."""
-    task = TASKS[args.task]
+    """The task's defaults for what the command line left unset (a task of its own, ``GENERIC``: none but the
+    checks'; ``--max-new-tokens`` given); ``--quick``: every size tiny."""
+    if args.data_path and args.task is not None:
+        parser.error(f"--data-path replaces the task's problems: give it without --task {args.task}")
+    if args.task is None and not args.data_path:
+        args.task = "copy_recall"
+    task = task_settings(args)
+    if args.reward is not None:
+        try:
+            import_callable(args.reward)
+        except (ImportError, AttributeError, ValueError) as err:
+            parser.error(f"--reward {args.reward}: {err}")
+    if task["max_new_tokens"] is None and args.max_new_tokens is None and not args.quick:
+        parser.error(f"--max-new-tokens: {args.task or args.data_path} has no default, give one")
     if args.task != "copy_recall" and args.copy_share is not None:
         parser.error(f"--copy-share: copy_recall's, not {args.task}'s")
     if args.task != "long_recall" and not args.number_in_prompt:
@@ -206,8 +230,9 @@ def check_arguments(args, parser) -> None:
     unknown = [r for r in args.recipes if r not in RECIPES and r not in args.variants]
     if unknown:
         parser.error(f"--recipes {' '.join(unknown)}: neither a recipe ({', '.join(RECIPES)}) nor a --variant name")
+    regime_args(args)  # the task's problems read for both splits (``regime.data_problem``): an error names them
     distilled = [r for r in args.recipes if base_recipe(r, args) in DISTILL]
-    if args.task != "copy_recall" and distilled:  # train_config refuses it too, but only once the run starts
+    if args.task in ("long_recall", "count_recall") and distilled:  # train_config refuses it too, once the run starts
         parser.error(
             f"--task {args.task}: its completions begin with given text, the GRPO recipes only, not "
             f"{' '.join(distilled)}"

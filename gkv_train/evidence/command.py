@@ -61,7 +61,7 @@ import time
 
 from gkv_train.evidence import regime
 from gkv_train.evidence.arguments import add_run_arguments, add_task_arguments, check_arguments, task_defaults
-from gkv_train.evidence.design import TASKS
+from gkv_train.evidence.design import s4r_length
 from gkv_train.evidence.methods_stage import stage_methods
 from gkv_train.evidence.plan import every_job, is_done, work
 from gkv_train.evidence.published import chosen_lr, published, resolved
@@ -112,7 +112,7 @@ def methods_stage(args, publish_rows) -> dict:
             "--methods-samples",
             str(args.methods_samples),
             "--s4r-length",
-            str(TASKS[args.task]["s4r_length"] if not args.quick else 96),
+            str(s4r_length(args) if not args.quick else 96),
             "--s4r-refresh",
             "0",
         ],

@@ -62,6 +62,29 @@ TASKS = {
     },
 }
 
+# any other task or dataset (``--task NAME``: a data.name gkv-train takes; ``--data-path FILE``): no size, no
+# built-in checks, --max-new-tokens given; every recipe; GRPO's reward the recipes' own (the answer checked)
+GENERIC = {
+    "max_new_tokens": None,
+    "min_full": 0.0,
+    "min_rounds": 0,
+    "s4r_length": None,  # the completion's length + 256 (``s4r_length``)
+    "train_keys": [],
+    "recipes": RECIPES,
+    "round_bins": [0],
+    "reward": "gkv_rewards.functions.accuracy",
+}
+
+
+def task_settings(args) -> dict:
+    """The task's defaults: a built-in task's (``TASKS``), else ``GENERIC``."""
+    return TASKS.get(args.task, GENERIC)
+
+
+def s4r_length(args) -> int:
+    """The length S4R's memory is matched at in the methods stage: the task's, else the completion's + 256."""
+    return task_settings(args)["s4r_length"] or args.max_new_tokens + 256
+
 
 def log(message: str) -> None:
     print(f"[rl_evidence {time.strftime('%H:%M:%S')} pid {os.getpid()}] {message}", file=sys.stderr, flush=True)
@@ -88,8 +111,8 @@ def variant_overrides(name: str, args) -> list[str]:
 
 
 def reward(args) -> str:
-    """GRPO's reward on this task (``copy_score`` unless the task names its own)."""
-    return TASKS[args.task].get("reward", REWARD)
+    """GRPO's reward on this task: ``--reward``, else the task's (``copy_score`` unless it names its own)."""
+    return args.reward or task_settings(args).get("reward", REWARD)
 
 
 @dataclass
@@ -194,6 +217,8 @@ def settings(args) -> dict:
             else {"name": args.task, "count_to": args.count_to}
             if args.task == "count_recall"
             else {"name": args.task, "sentences": args.sentences, **({} if args.number_in_prompt else hidden)}
+            if args.task == "long_recall"
+            else {"name": args.task, **({"path": args.data_path} if args.data_path else {})}
         ),
         "window": args.window,
         "interval": args.interval,
@@ -207,7 +232,7 @@ def settings(args) -> dict:
             "group_size": args.group_size,
             "lora": True,
             "reward": reward(args),
-            **({"task_keys": TASKS[args.task]["train_keys"]} if TASKS[args.task]["train_keys"] else {}),
+            **({"task_keys": task_settings(args)["train_keys"]} if task_settings(args)["train_keys"] else {}),
             "train_problems": args.train_problems,
             "seeds": args.seeds,
             "distill_seeds": args.distill_seeds,

@@ -42,10 +42,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--output-root", type=output_folder, default=Path("outputs") / "decode_regime")
     add(
         "--task",
-        default="copy_recall",
-        choices=["copy_recall", "long_recall", "count_recall"],
-        help="long_recall: the regime at reasoning lengths, an evaluation task (probe and methods stages); "
-        "count_recall: a given note's code after a count the model writes",
+        help="the problems' data.name (default copy_recall, unless --data-path): the regime's tasks copy_recall, "
+        "long_recall (the regime at reasoning lengths, a given story) and count_recall (a given note's code after a "
+        "count the model writes), or any other task or dataset gkv-train takes (arithmetic, niah_single, ...; "
+        "checked before any work)",
+    )
+    add(
+        "--data-path",
+        help="a local file of problems instead (data.path; {split} in it: the split's file, train and test)",
     )
     add("--sentences", type=count, default=10, help="the task's middle sentences (copy_recall, long_recall)")
     add("--count-to", type=count, default=160, help="count_recall's last number")
@@ -126,8 +130,15 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     """The regime's arguments checked (``parser.error``), before any work: the other tasks without copy_recall's
     options; each adapter a NAME=DIR whose folder is an adapter trained on --model that fits it (before the
     methods' rows, which take hours)."""
+    if args.data_path and args.task is not None:
+        parser.error(f"--data-path replaces the task's problems: give it without --task {args.task}")
+    if args.task is None and not args.data_path:
+        args.task = "copy_recall"
     if args.task != "copy_recall" and (args.copy_required != "last" or args.copy_share != 1):
-        parser.error(f"--task {args.task}: without --copy-required / --copy-share")
+        parser.error(f"--task {args.task or args.data_path}: without --copy-required / --copy-share")
+    problem = data_problem(args)
+    if problem is not None:
+        parser.error(problem)
     if any("=" not in a for a in args.adapters):
         parser.error(f"--adapters: NAME=DIR each, got {args.adapters}")
     args.adapters = [tuple(a.split("=", 1)) for a in args.adapters]
@@ -151,14 +162,50 @@ def run(command: list[str], say=log) -> None:
     subprocess.run(command, check=True, pass_fds=jobs.held())
 
 
-def task_keys(group: str, split: str, limit: int, args) -> list[str]:
-    variant = [f"{group}.copy_required={args.copy_required}"] if args.copy_required != "last" else []
+SIZED = {"copy_recall": "sentences", "long_recall": "sentences", "count_recall": "count_to"}  # task -> its size key
+
+
+def task_fields(split: str, limit: int, args) -> dict:
+    """The ``DataConfig`` fields of the task's problems (``--task``, or ``--data-path``): their source, split, count
+    and the regime's task options."""
+    found = {"name": None, "path": args.data_path} if args.data_path else {"name": args.task}
+    found["split"] = split
+    size = None if args.data_path else SIZED.get(args.task)
+    if size:
+        found[size] = getattr(args, size)
+    found["limit"] = limit
+    if args.copy_required != "last":
+        found["copy_required"] = args.copy_required
     if args.copy_share != 1:
-        variant.append(f"{group}.copy_share={args.copy_share}")
-    size = f"{group}.count_to={args.count_to}" if args.task == "count_recall" else f"{group}.sentences={args.sentences}"
+        found["copy_share"] = args.copy_share
     if not args.number_in_prompt:
-        variant.append(f"{group}.number_in_prompt=false")
-    return [f"{group}.name={args.task}", f"{group}.split={split}", size, f"{group}.limit={limit}", *variant]
+        found["number_in_prompt"] = False
+    return found
+
+
+def data_problem(args) -> str | None:
+    """Why the task's problems cannot be read for both splits (an unknown name, a missing file, a preset that holds
+    no train split), naming the argument; None when they can. One problem of each split is read."""
+    from gkv_train.problems.data import DataConfig, load_problems
+
+    what = f"--data-path {args.data_path}" if args.data_path else f"--task {args.task}"
+    for split in ("train", "test"):
+        try:
+            load_problems(DataConfig(**task_fields(split, 1, args)), 0)
+        except (ValueError, FileNotFoundError, OSError) as err:
+            return f"{what}: its {split} split cannot be read ({err})"
+    return None
+
+
+def task_keys(group: str, split: str, limit: int, args) -> list[str]:
+    """``group``'s keys (``data``, ``eval_data``) of the task's problems (``task_fields``), as overrides."""
+
+    def value(key: str, v) -> str:
+        if v is None or isinstance(v, bool):
+            return {None: "null", True: "true", False: "false"}[v]
+        return f"'{v}'" if key == "path" else str(v)  # quoted: {split} is Hydra's interpolation syntax otherwise
+
+    return [f"{group}.{key}={value(key, v)}" for key, v in task_fields(split, limit, args).items()]
 
 
 def sampling_keys(args) -> list[str]:

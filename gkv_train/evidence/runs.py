@@ -20,6 +20,7 @@ from gkv_train.evidence.design import (
     parse_condition,
     reward,
     run_name,
+    task_settings,
     variant_overrides,
 )
 
@@ -28,14 +29,15 @@ def regime_args(args, extra: list[str] | None = None) -> argparse.Namespace:
     """The regime's arguments for this task (``gkv_train.evidence.regime``: its probe, methods and evaluate helpers
     read them)."""
     variant = ["--copy-required", "places", "--copy-share", str(args.copy_share)] if args.task == "copy_recall" else []
-    size = ["--count-to", str(args.count_to)] if args.task == "count_recall" else ["--sentences", str(args.sentences)]
+    size = ["--count-to", str(args.count_to)] if args.task == "count_recall" else []
+    size += ["--sentences", str(args.sentences)] if args.task in ("copy_recall", "long_recall") else []
     if not args.number_in_prompt:
         size += ["--number-in-prompt", "false"]
+    source = ["--data-path", args.data_path] if args.data_path else ["--task", args.task]
     argv = [
         "--model",
         args.model,
-        "--task",
-        args.task,
+        *source,
         *size,
         *variant,
         "--min-full",
@@ -102,7 +104,7 @@ def train_keys(name: str, seed: int, lr: float, args, make_traces: bool = True) 
         ]
     if recipe == "distill":
         keys.append(f"distill.traces={teacher_traces(args) if make_traces else TRACES.format(root=args.output_root)}")
-    keys += TASKS[args.task]["train_keys"]
+    keys += task_settings(args)["train_keys"]
     own = variant_overrides(name, args)
     replaced = {o.split("=", 1)[0] for o in own}
     return [k for k in keys if k.split("=", 1)[0] not in replaced] + own
@@ -198,8 +200,11 @@ def keep_adapter(folder: Path, target: Path, replace: bool) -> None:
 def problem_texts(args, split: str, seed: int, n: int) -> set[str]:
     """The prompts of the task's first ``n`` problems of ``split`` at ``seed`` (what ``evaluate.py`` and
     ``train.py`` draw with the bench's task keys)."""
+    from gkv_train.problems.data import DataConfig, load_problems
     from gkv_train.problems.tasks import copy_recall_task, count_recall_task, long_recall_task
 
+    if args.task not in TASKS:  # any other task or dataset, drawn as train.py and evaluate.py draw it
+        return set(load_problems(DataConfig(**regime.task_fields(split, n, regime_args(args))), seed)["problem"])
     if args.task == "long_recall":
         return set(long_recall_task(n, split, seed, args.sentences, args.number_in_prompt)["problem"])
     if args.task == "count_recall":  # one prompt for every problem: a problem is its note (its code)

@@ -198,7 +198,7 @@ def judged_table(section: dict) -> str:
         "| difference | condition | seeds | estimate | seeds on their own (judged) | seed s with seed s | reading |",
         "|---|---|---|---|---|---|---|",
     ]
-    for pair, condition, judged in JUDGED[section["settings"].get("task", {}).get("name", "copy_recall")]:
+    for pair, condition, judged in JUDGED.get(section["settings"].get("task", {}).get("name", "copy_recall"), []):
         mine, other = (shown(n) for n in pair.split(" - "))
         d = (section.get("differences") or {}).get(condition, {}).get(pair)
         if not d or "difference_seeds_independent" not in d:  # none yet, or published by a version without it
