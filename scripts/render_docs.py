@@ -42,7 +42,7 @@ METHODS = re.compile(r"<!-- methods(:detail)? -->\n.*?<!-- /methods -->", re.S)
 
 def renderer(name: str) -> str:
     """The script that renders ``results/name``: the longest prefix of its stem, cut at underscores, that names
-    a script with a ``tables`` function (``bench_faults_after.json``: ``bench_faults``)."""
+    a script with a ``tables`` function (``bench_scaling_8192.json``: ``bench_scaling``)."""
     parts = name.rsplit(".", 1)[0].split("_")
     for end in range(len(parts), 0, -1):
         script = "_".join(parts[:end])
