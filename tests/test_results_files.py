@@ -1,6 +1,6 @@
-"""scripts/trace_config.py's results file: every traced tree's run in one file (a run of the same tag replaced, the
-others kept in order), rendered as the docs' ``path`` table; a --results that is not that file refused before the
-trace."""
+"""The one results file of the scripts that compare trees (``trace_config.py``, ``compare_reference.py``): every run
+in it by tag or name (a run of the same name replaced, the others kept), rendered as the docs' table; a file that is
+not that script's refused before any work."""
 
 import importlib.util
 import json
@@ -64,3 +64,39 @@ def test_a_results_file_that_is_not_trace_configs_is_refused_before_the_trace(tr
         assert done.returncode == 2 and f"--results {tmp_path / name}" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
     assert json.loads((tmp_path / "other.json").read_text()) == {"benchmark": "methods", "tags": {}}  # untouched
+
+
+@pytest.fixture(scope="module")
+def compare_reference():
+    spec = importlib.util.spec_from_file_location("compare_reference", ROOT / "scripts" / "compare_reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def comparison(project: str, methods: dict) -> dict:
+    kept = {m: {"exact": e, "jaccard": j} for m, (e, j) in methods.items()}
+    return {
+        "script": "compare_reference",
+        "command": "python scripts/compare_reference.py",
+        "date": "2026-11-30",
+        "project": project,
+        "by_interval": {"32": {"methods": kept}},
+    }
+
+
+def test_compare_reference_keeps_every_run_by_name_and_refuses_another_file(compare_reference, tmp_path):
+    """Every compared tree is a column of the kept table (``-`` where a run left a method out); --output naming a
+    file that is not the comparison's is refused while the arguments are read, before any model loads."""
+    result = compare_reference.read_runs(tmp_path / "reference_e2e.json")
+    assert result == {"script": "compare_reference", "runs": {}}
+    result["runs"]["before"] = comparison("old", {"snapkv": (0.1, 0.9), "rkv": (0.0, 0.7)})
+    result["runs"]["batch1"] = comparison("new", {"snapkv": (1.0, 1.0)})
+    table = compare_reference.tables("kept", result)
+    assert "| snapkv | 0.100, 0.900 | 1.000, 1.000 |" in table and "| rkv | 0.000, 0.700 | - |" in table
+    (tmp_path / "other.json").write_text('{"benchmark": "trace_config", "runs": []}')
+    (tmp_path / "damaged.json").write_text("{")
+    for name in ("other.json", "damaged.json"):
+        with pytest.raises(SystemExit) as refused:
+            compare_reference.parse_args(["--output", str(tmp_path / name)])
+        assert refused.value.code == 2
