@@ -3,8 +3,9 @@
 
     python scripts/bench_faults.py --tag before65 --repo /path/to/old/checkout   # a run in results/bench_faults.json
     python scripts/bench_faults.py --tag after65                                 # this checkout
-    python scripts/bench_faults.py --list                                      # the cases
-    python scripts/bench_faults.py --tag after --cases 'rewards/*'             # a subset (glob, or a substring)
+    python scripts/bench_faults.py --list                                        # the cases
+    python scripts/bench_faults.py --tag try --cases 'rewards/*' --results outputs/bench_faults/try.json   # a subset
+                                                     # (globs, or substrings), outside the committed results file
 
 Every case runs in its own subprocesses (``--python`` on the ``--repo`` checkout: the working folder is a fresh
 folder of the case, ``PYTHONPATH`` is the checkout, and every case checks that ``gkv_train`` was imported from
