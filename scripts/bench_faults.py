@@ -1,10 +1,11 @@
 """A hostile-input and fault probe of a checkout: ~180 cases through ``train.py``, ``scripts/evaluate.py``,
 ``scripts/generate_traces.py`` and the reward functions, each outcome classified against what is right.
 
-    python scripts/bench_faults.py --tag before --repo /path/to/old/checkout   # results/bench_faults_before.json
-    python scripts/bench_faults.py --tag after                                 # this checkout
-    python scripts/bench_faults.py --list                                      # the cases
-    python scripts/bench_faults.py --tag after --cases 'rewards/*'             # a subset (glob, or a substring)
+    python scripts/bench_faults.py --tag before65 --repo /path/to/old/checkout   # a run in results/bench_faults.json
+    python scripts/bench_faults.py --tag after65                                 # this checkout
+    python scripts/bench_faults.py --list                                        # the cases
+    python scripts/bench_faults.py --tag try --cases 'rewards/*' --results outputs/bench_faults/try.json   # a subset
+                                                     # (globs, or substrings), outside the committed results file
 
 Every case runs in its own subprocesses (``--python`` on the ``--repo`` checkout: the working folder is a fresh
 folder of the case, ``PYTHONPATH`` is the checkout, and every case checks that ``gkv_train`` was imported from
@@ -14,8 +15,14 @@ RLIMIT_AS: a runaway allocation fails in the child instead of exhausting the mac
 ``PYTHONPATH`` records where ``gkv_train`` was imported from and every model load
 (``gkv_train.models.load_model``, ``PreTrainedModel.from_pretrained``); it changes nothing else. Results go to
 ``<out>/cases.jsonl`` as each case finishes; a case already there is not run again (``--fresh`` starts over), so
-an interrupted probe continues. At the end: one JSON line on stdout (the table), ``<results>/bench_faults_<tag>.json``
-(command, date, the checkout's commit, the table, every case's outcome and detail) and ``bench_faults_<tag>.md``.
+an interrupted probe continues. At the end: one JSON line on stdout (the table), every case's outcome in
+``<out>/cases.md``, and the run in ``--results`` (``results/bench_faults.json``, the bench's one results file:
+every run of every round, each with its tag, round, command, date, the checkout's commit, its tables and its
+seconds to a clear refusal; a run of the same tag replaced). Every case's outcome and detail is kept for the runs
+of the latest round (``--round``, by default the tag without ``before``/``after``: ``before64`` and ``after64`` are
+round ``64``); an earlier round's per-case rows are dropped when a newer round's run arrives (they stay in git's
+history: ``git show 95a190a:results/bench_faults_before37.md``). Two probes may finish at once: the file is
+rewritten under a lock.
 
 Outcomes (one per case; ``ok`` and ``clear_error`` are the right ones):
 
@@ -55,6 +62,7 @@ writes then fail with EFBIG ("File too large"), per file rather than in total; t
 from __future__ import annotations
 
 import argparse
+import fcntl
 import fnmatch
 import json
 import re
@@ -64,6 +72,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from gkv_train.jsonio import write_atomically
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the cases and their harness (tests/faults/)
 
@@ -142,31 +152,52 @@ def markdown(rows: dict, records: list[dict], tag: str, commit: str | None) -> s
     return "\n".join(lines) + "\n"
 
 
-def tables(view: str, runs: dict | list[dict]) -> str:
-    """``scripts/render_docs.py``'s views of one or more results files (``bench_faults_<tag>.json``): ``runs``, each
-    run's totals on a row, with its tag, date, the checkout's commit and the command; ``categories`` and ``kinds``,
-    a row per category (kind of case) and run; ``refusals``, per run the seconds from a configuration case's start
-    to its clear refusal (before any model loads, except for the few cases a model's own limits refuse, such as a
-    token count past its context)."""
+VIEWS = ("runs", "categories", "kinds", "refusals")
+
+
+def refusal_seconds(records: list[dict]) -> dict | None:
+    """Seconds from a configuration case's start to its clear refusal over ``records``: how many, the median, the
+    90th percentile and the most (None when none was refused clearly)."""
+    seconds = sorted(
+        r["seconds"] for r in records if r["category"] == "configuration" and r["outcome"] == "clear_error"
+    )
+    if not seconds:
+        return None
+    return {
+        "cases": len(seconds),
+        "median": statistics.median(seconds),
+        "p90": seconds[int(0.9 * (len(seconds) - 1))],
+        "most": seconds[-1],
+    }
+
+
+def tables(view: str, result: dict) -> str:
+    """``scripts/render_docs.py``'s views of the results file (``results/bench_faults.json``), each of one round's
+    runs: ``VIEW_ROUND`` (``runs_64``: the runs of round ``64``). ``runs``, each run's totals on a row, with its tag,
+    date, the checkout's commit and the command; ``categories`` and ``kinds``, a row per category (kind of case) and
+    run; ``refusals``, per run the seconds from a configuration case's start to its clear refusal (before any model
+    loads, except for the few cases a model's own limits refuse, such as a token count past its context)."""
     head = ["cases", "ok", "clear errors", "unclear errors", "silent wrong", "crashes", "hangs", "data lost"]
-    if view not in ("runs", "categories", "kinds", "refusals"):
-        raise SystemExit(f"error: bench_faults has the views runs, categories, kinds and refusals, not {view!r}")
-    runs = runs if isinstance(runs, list) else [runs]
+    kind, _, round_ = view.partition("_")
+    rounds = list(dict.fromkeys(run["round"] for run in result["runs"]))
+    if kind not in VIEWS or round_ not in rounds:
+        raise SystemExit(
+            f"error: bench_faults has the views {', '.join(VIEWS)} of a round (VIEW_ROUND, rounds: "
+            f"{', '.join(rounds)}), not {view!r}"
+        )
+    runs = [run for run in result["runs"] if run["round"] == round_]
     commands = "; ".join(f"`{run['command']}`" for run in runs)
-    if view == "refusals":
+    if kind == "refusals":
         lines = [
             "| run | configuration cases refused clearly | median s | 90th percentile s | most s |",
             "|---|---|---|---|---|",
         ]
         for run in runs:
-            seconds = sorted(
-                c["seconds"] for c in run["cases"] if c["category"] == "configuration" and c["outcome"] == "clear_error"
-            )
-            if seconds:
-                cells = [len(seconds), statistics.median(seconds), seconds[int(0.9 * (len(seconds) - 1))], seconds[-1]]
+            if run["refusals"]:
+                cells = [run["refusals"][k] for k in ("cases", "median", "p90", "most")]
                 lines.append(f"| {run['tag']} | " + " | ".join(f"{c:g}" for c in cells) + " |")
         return "\n".join(lines) + f"\n\n{commands}\n"
-    if view == "runs":
+    if kind == "runs":
         lines = ["| run | commit | " + " | ".join(head) + " |", "|" + "---|" * (len(head) + 2)]
         for run in runs:
             total = run["table"]["total"]
@@ -176,7 +207,7 @@ def tables(view: str, runs: dict | list[dict]) -> str:
         return (
             "\n".join(lines) + f"\n\n{commands} (each row: the run's date and the commit of the checkout it probed)\n"
         )
-    by, key = ("category", "table") if view == "categories" else ("kind", "table_by_kind")
+    by, key = ("category", "table") if kind == "categories" else ("kind", "table_by_kind")
     lines = [f"| {by} | run | " + " | ".join(head) + " |", "|" + "---|" * (len(head) + 2)]
     groups = list(dict.fromkeys(g for run in runs for g in run[key]))
     for group in groups:
@@ -192,6 +223,40 @@ def tables(view: str, runs: dict | list[dict]) -> str:
     return "\n".join(lines) + f"\n\n{commands}\n"
 
 
+def read_results(path: Path) -> dict:
+    """The results file at ``path`` (``{"bench": "faults", "runs": [...]}``), or an empty one where there is none;
+    anything else there is a ValueError naming it (``main`` reads it before any case runs: a probe's hours are
+    not spent to fail at its end)."""
+    if not path.exists():
+        return {"bench": "faults", "runs": []}
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"--results {path} is not a JSON file ({err}): another --results") from None
+    if not (isinstance(found, dict) and found.get("bench") == "faults" and isinstance(found.get("runs"), list)):
+        raise ValueError(
+            f'--results {path} is not bench_faults\' results file (a JSON object with bench "faults" and '
+            "a list of runs): another --results"
+        )
+    return found
+
+
+def with_run(result: dict, run: dict) -> dict:
+    """``result`` with ``run`` in it: a run of the same tag replaced, the others kept in order, and per-case rows
+    kept only for the runs of ``run``'s round."""
+    runs = [r for r in result["runs"] if r["tag"] != run["tag"]]
+    runs = [r if r["round"] == run["round"] else {k: v for k, v in r.items() if k != "cases"} for r in runs]
+    return {**result, "runs": [*runs, run]}
+
+
+def store_run(path: Path, run: dict) -> None:
+    """``run`` into the results file at ``path``, read and rewritten under a lock (two probes may end at once)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(f".{path.name}.lock"), "w") as lock:  # beside it, ignored by git
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        write_atomically(path, local(json.dumps(with_run(read_results(path), run), indent=1)) + "\n")
+
+
 def local(text: str) -> str:
     """``text`` with this machine's folders written relative to the checkout (``../outputs/...``,
     ``../wt-before``): the results are committed, and no path of one machine belongs there."""
@@ -205,7 +270,10 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repo", type=Path, default=ROOT, help="the checkout to probe (default: this one)")
-    parser.add_argument("--tag", default="after", help="names the results: before, after, ...")
+    parser.add_argument("--tag", default="after", help="names the run: before64, after64, ...")
+    parser.add_argument(
+        "--round", help="the round the run belongs to (default: the tag without before/after: before64 -> 64)"
+    )
     parser.add_argument("--cases", help="comma-separated globs (or substrings) of case names")
     parser.add_argument("--list", action="store_true", help="list the cases and exit")
     parser.add_argument(
@@ -216,14 +284,20 @@ def parse_arguments(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--out", type=Path, help="per-case results and work folders (default outputs/bench_faults/<tag>)"
     )
-    parser.add_argument("--results", type=Path, default=ROOT / "results", help="where bench_faults_<tag>.json goes")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=ROOT / "results" / "bench_faults.json",
+        help="the results file the run goes into (every round's runs)",
+    )
     parser.add_argument("--memory-gb", type=float, default=8.0, help="address-space cap of every child (RLIMIT_AS)")
     parser.add_argument("--data-dir", type=Path, help="GKV_DATA_DIR for the children (default: as the code finds it)")
     parser.add_argument("--fresh", action="store_true", help="forget the finished cases of --out and start over")
     parser.add_argument("--keep", action="store_true", help="keep each case's work folder")
     args = parser.parse_args(argv)
-    if args.results.suffix in (".json", ".md"):
-        parser.error(f"--results {args.results}: a folder (bench_faults_<tag>.json and .md are written into it)")
+    if args.results.suffix != ".json" or args.results.is_dir():
+        parser.error(f"--results {args.results}: a .json file (the bench's results file: every run goes into it)")
+    args.round = args.round or re.sub(r"^(before|after)_?", "", args.tag) or args.tag
     return args
 
 
@@ -250,13 +324,16 @@ def run_cases(cases: list[Case], args, repo: Path, out: Path, site: Path) -> lis
     return [done[c.name] for c in cases]
 
 
-def write_results(args, argv, records: list[dict], repo: Path, commit: str, dirty: bool, started: float) -> None:
-    """``bench_faults_<tag>.json`` and ``.md`` under ``--results``, the table on stderr, one JSON line."""
+def write_results(
+    args, argv, records: list[dict], out: Path, repo: Path, commit: str, dirty: bool, started: float
+) -> None:
+    """The run into ``--results``, every case's outcome in ``out/cases.md``, the table on stderr, one JSON line."""
     rows = table(records)
     command = " ".join([Path(sys.executable).name, *sys.argv]) if argv is None else " ".join(["bench_faults.py", *argv])
     summary = {
         "bench": "faults",
         "tag": args.tag,
+        "round": args.round,
         "command": command,
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "repo": str(repo),
@@ -268,17 +345,17 @@ def write_results(args, argv, records: list[dict], repo: Path, commit: str, dirt
         "seconds_all_cases": round(sum(r["seconds"] for r in records), 1),
         "table": rows,
         "table_by_kind": table(records, "kind"),
+        "refusals": refusal_seconds(records),
         "cases": [
             {k: r[k] for k in ("name", "category", "kind", "about", "outcome", "detail", "seconds", "extra")}
             for r in records
         ],
     }
-    args.results.mkdir(parents=True, exist_ok=True)
-    (args.results / f"bench_faults_{args.tag}.json").write_text(local(json.dumps(summary, indent=1)) + "\n")
+    store_run(args.results, summary)
     text = local(markdown(rows, records, args.tag, commit))
-    (args.results / f"bench_faults_{args.tag}.md").write_text(text)
+    write_atomically(out / "cases.md", text)
     print(text.split("\n\n| case")[0], file=sys.stderr)
-    print(json.dumps({k: summary[k] for k in ("bench", "tag", "repo_commit", "table")}), flush=True)
+    print(json.dumps({k: summary[k] for k in ("bench", "tag", "round", "repo_commit", "table")}), flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -291,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not cases:
         print(f"error: no case matches {args.cases!r} (see --list)", file=sys.stderr)
+        return 2
+    try:
+        read_results(args.results)  # a file that is not the bench's is refused before any case runs
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
         return 2
     repo = args.repo.resolve()
     if not (repo / "train.py").is_file():
@@ -320,7 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     started = time.time()
     records = run_cases(cases, args, repo, out, write_site(out / "site"))
-    write_results(args, argv, records, repo, commit, bool(dirty), started)
+    write_results(args, argv, records, out, repo, commit, bool(dirty), started)
     return 0
 
 

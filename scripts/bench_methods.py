@@ -3,16 +3,20 @@
 Every run (dataset x interval x method x budget, every other setting at the method's default: the reference
 recipes) is one ``scripts/evaluate.py`` call with n samples per problem; its pass@1 with a 95% bootstrap
 interval over problems (the samples of one problem are not independent), each problem's share of correct
-samples, mean completion length and retention go to one small file, ``<results>/<tag>/<dataset>_<run>.json``.
-A run whose file exists (with the same settings) is not run again, so the benchmark continues across
-interrupted sessions when those files are kept (committed); an interrupted ``evaluate.py`` call continues
-batch by batch from its folder under ``--work-root``. When every planned run has its file, the JSON line (also
-``bench_methods_<tag>.json`` beside ``--results``) gathers every run file of the tag, each with its settings.
+samples, mean completion length, retention, seconds and command go into the bench's one results file
+(``--results``, ``results/bench_methods.json``) under its tag (a code version: ``before``, ``after``) as
+``<dataset>/<run>``, as soon as the run ends. A run the file holds (with the same settings) is not run again, so
+the benchmark continues across interrupted sessions when the file is kept (committed); an interrupted
+``evaluate.py`` call continues batch by batch from its folder under ``--work-root``. When every planned run is
+there, the JSON line gathers every run of the tag (also those of earlier calls with other datasets), each with its
+settings. One process writes a results file at a time.
 
     python scripts/bench_methods.py                                     # SVAMP and GSM8K, 64 problems, n 4
     python scripts/bench_methods.py --datasets svamp --limit 16 --samples 2 --max-new-tokens 64   # quick
     python scripts/bench_methods.py --evaluate /old/checkout/scripts/evaluate.py --sampling-keys n_samples --tag before
     python scripts/bench_methods.py --datasets recall-d8 --limit 128 --budgets 32 48 --intervals 32 --max-new-tokens 10
+
+The docs' tables: ``tables(view, result)`` (``scripts/render_docs.py``), a view per dataset, every tag side by side.
 
 A dataset is a preset name (``svamp``, ``gsm8k``, ...) or ``recall-d<N>``: the built-in task's level 0 (test
 split: "Eli has 20 cards." then N distractor facts about others, then "How many cards does Eli have now?"),
@@ -31,7 +35,14 @@ import sys
 import time
 from pathlib import Path
 
-from gkv_train.argument_types import count, input_file, nonnegative_number, output_folder, positive_fraction
+from gkv_train.argument_types import (
+    count,
+    input_file,
+    nonnegative_number,
+    output_file,
+    output_folder,
+    positive_fraction,
+)
 from gkv_train.jsonio import write_atomically
 from gkv_train.stats import bootstrap_interval
 
@@ -121,63 +132,19 @@ def run_key(method: str, budget: int | None, interval: int) -> str:
     return "full" if method == "full" else f"{method}-b{budget}-i{interval}"
 
 
-def report(results: Path, tags: list[str]) -> str:
-    """Markdown tables, one per dataset: every run found under ``results/<tag>/``, pass@1 [95% interval] per tag,
-    with the settings, completion length and retention of the first tag that has the run."""
-    found: dict = {}
-    for tag in tags:
-        for path in sorted((results / tag).glob("*.json")):
-            run = json.loads(path.read_text())
-            found.setdefault(run["dataset"], {}).setdefault(run["run"], {})[tag] = run
-    order = {m: i for i, m in enumerate(["full", "streaming", "snapkv", "h2o", "rkv", "gkv"])}
-
-    def sort_key(name: str):
-        method, *rest = name.split("-")
-        numbers = [int(part[1:]) for part in rest]  # b<budget>, i<interval>
-        return (numbers[1] if numbers else 0, numbers[0] if numbers else 0, order.get(method, 99))
-
-    lines = []
-    for dataset, runs in found.items():
-        settings = next(iter(next(iter(runs.values())).values()))["settings"]
-        title = (
-            f"### {dataset}: {settings['problems']} problems x {settings['n']} samples, {settings['model']}, "
-            f"temperature {settings['temperature']}, top-p {settings['top_p']}, up to "
-            f"{settings['max_new_tokens']} new tokens"
-        )
-        lines += [title, ""]
-        others = {t: r[t]["settings"] for r in runs.values() for t in r if r[t]["settings"] != settings}
-        lines += [f"(measured with other settings: {', '.join(sorted(others))})", ""] if others else []
-        lines += [
-            "| run | " + " | ".join(f"pass@1 {t} [95%]" for t in tags) + " | length | retention |",
-            "|---|" + "---|" * (len(tags) + 2),
-        ]
-        for name in sorted(runs, key=sort_key):
-            cells = []
-            for tag in tags:
-                run = runs[name].get(tag)
-                cells.append(
-                    "-" if run is None else f"{run['pass@1']:.3f} [{run['ci95'][0]:.3f}, {run['ci95'][1]:.3f}]"
-                )
-            first = next(iter(runs[name].values()))
-            lines.append(
-                f"| {name} | " + " | ".join(cells) + f" | {first['mean_length']:.0f} | {first['retention']:.2f} |"
-            )
-        lines.append("")
-    return "\n".join(lines)
-
-
-def tables(view: str, summaries: dict | list[dict]) -> str:
-    """``scripts/render_docs.py``'s view of one or more tags' summaries (``results/bench_methods_<tag>.json``):
-    ``view`` names a dataset (``_`` for ``-``: ``recall_d8``); a row per method, pass@1 [95% interval] per
-    budget (and interval, where several were run) and tag, side by side; the full cache's in the heading."""
-    summaries = summaries if isinstance(summaries, list) else [summaries]
+def tables(view: str, result: dict) -> str:
+    """``scripts/render_docs.py``'s view of the results file (``results/bench_methods.json``): ``view`` names a
+    dataset (``_`` for ``-``: ``recall_d8``); a row per method, pass@1 [95% interval] per budget (and interval,
+    where several were run) and tag, side by side; the full cache's in the heading."""
     dataset = view.replace("_", "-")
-    by_tag = {s["tag"]: {r["run"]: r for r in s["runs"].values() if r["dataset"] == dataset} for s in summaries}
-    if len(by_tag) != len(summaries) or not any(by_tag.values()):
+    tags = result["tags"]
+    by_tag = {t: {r["run"]: r for r in tag["runs"].values() if r["dataset"] == dataset} for t, tag in tags.items()}
+    if not any(by_tag.values()):
         raise SystemExit(
-            f"error: bench_methods view {view!r}: one summary per tag, and a dataset that was run "
-            f"(here: {sorted({r['dataset'] for s in summaries for r in s['runs'].values()})})"
+            f"error: bench_methods view {view!r}: a dataset that was run "
+            f"(here: {sorted({r['dataset'] for tag in tags.values() for r in tag['runs'].values()})})"
         )
+    by_tag = {t: runs for t, runs in by_tag.items() if runs}
     names = {name for runs in by_tag.values() for name in runs if name != "full"}
     settings = sorted({tuple(int(p[1:]) for p in name.split("-")[1:]) for name in names})  # (budget, interval)
     intervals = {i for _, i in settings}
@@ -203,7 +170,7 @@ def tables(view: str, summaries: dict | list[dict]) -> str:
     return "\n".join(lines) + (
         f"\n\n{first['problems']} problems x {first['n']} samples, {first['model']}, temperature "
         f"{first['temperature']}, top-p {first['top_p']}, up to {first['max_new_tokens']} new "
-        f"tokens; tags: {', '.join(by_tag)} (results/bench_methods_<tag>.json)\n"
+        f"tokens; tags: {', '.join(by_tag)} (results/bench_methods.json)\n"
     )
 
 
@@ -222,12 +189,17 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument("--top-p", type=positive_fraction, default=0.95)
     parser.add_argument("--batch-problems", type=count, default=16)
     parser.add_argument(
-        "--results", type=output_folder, default=ROOT / "results" / "bench_methods", help="one file per run"
+        "--results",
+        type=output_file,
+        default=ROOT / "results" / "bench_methods.json",
+        help="the results file: every run of every tag (the bench's memory)",
     )
     parser.add_argument(
         "--work-root", type=output_folder, default=ROOT / "outputs" / "bench_methods", help="evaluate.py output"
     )
-    parser.add_argument("--tag", default="current", help="a name for this code version (a folder under the roots)")
+    parser.add_argument(
+        "--tag", default="current", help="a name for this code version (in --results, under --work-root)"
+    )
     parser.add_argument(
         "--evaluate", type=input_file, default=ROOT / "scripts" / "evaluate.py", help="evaluate.py to run"
     )
@@ -240,12 +212,6 @@ def parse_arguments() -> argparse.Namespace:
         "and this sample-count key (a checkout of the flat layout)",
     )
     parser.add_argument("--plan-only", action="store_true", help="print the runs still to do and stop")
-    parser.add_argument(
-        "--report",
-        nargs="+",
-        metavar="TAG",
-        help="write <results>.md: the run files of these tags side by side (whatever is there), and stop",
-    )
     args = parser.parse_args()
     args.results, args.work_root, args.evaluate = (
         args.results.resolve(),
@@ -255,9 +221,10 @@ def parse_arguments() -> argparse.Namespace:
     return args
 
 
-def run_one(path: Path, dataset: str, interval: int, method: str, budget: int | None, settings: dict, args) -> None:
-    """One evaluate.py run, its result written to ``path`` (the settings, the run's metrics, the command)."""
-    out = args.work_root / args.tag / path.stem
+def run_one(dataset: str, interval: int, method: str, budget: int | None, settings: dict, args) -> dict:
+    """One evaluate.py run: the settings, the run's metrics, its seconds and command."""
+    name = f"{dataset}_{run_key(method, budget, interval)}"
+    out = args.work_root / args.tag / name
     command = [
         sys.executable,
         str(args.evaluate),
@@ -271,24 +238,35 @@ def run_one(path: Path, dataset: str, interval: int, method: str, budget: int | 
         f"output_dir={out}",
         "plots=false",
     ]
-    print(f"[bench_methods] {path.name}: {' '.join(command[2:])}", file=sys.stderr, flush=True)
+    print(f"[bench_methods] {name}: {' '.join(command[2:])}", file=sys.stderr, flush=True)
     start = time.perf_counter()
     subprocess.run(command, check=True, cwd=args.evaluate.parents[1])
     (run_dir,) = [p for p in out.iterdir() if (p / "samples.jsonl").is_file()]
     result = {"settings": settings, "dataset": dataset, "run": run_key(method, budget, interval), **read_run(run_dir)}
     result["seconds"] = round(time.perf_counter() - start, 1)  # of this call (less when it resumed)
     result["command"] = " ".join(command[1:])
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def read_results(path: Path) -> dict:
+    """The results file at ``path`` (``{"benchmark": "methods", "tags": {tag: {"runs": {...}}}}``), or an empty
+    one where there is none; anything else there is an error naming it, before any run."""
+    if not path.exists():
+        return {"benchmark": "methods", "tags": {}}
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        sys.exit(f"error: --results {path} is not a JSON file ({err}): another --results")
+    if not (isinstance(found, dict) and found.get("benchmark") == "methods" and isinstance(found.get("tags"), dict)):
+        sys.exit(
+            f"error: --results {path} is not bench_methods' results file (a JSON object with benchmark "
+            '"methods" and its tags): another --results'
+        )
+    return found
 
 
 def main() -> None:
     args = parse_arguments()
-    if args.report:
-        path = args.results.parent / f"{args.results.name}.md"
-        path.write_text(report(args.results, args.report))
-        print(path.read_text())
-        return
-
     settings = {
         "model": args.model,
         "problems": args.limit,
@@ -297,35 +275,30 @@ def main() -> None:
         "temperature": args.temperature,
         "top_p": args.top_p,
     }
-    results_dir = args.results / args.tag
-    results_dir.mkdir(parents=True, exist_ok=True)
+    result = read_results(args.results)
+    runs = result["tags"].setdefault(args.tag, {"runs": {}})["runs"]
     todo = []
     for dataset, interval, method, budget in planned_runs(args):
-        path = results_dir / f"{dataset}_{run_key(method, budget, interval)}.json"
-        if path.is_file():
-            done = json.loads(path.read_text())
-            if done["settings"] != settings:
-                sys.exit(f"{path} was measured with other settings ({done['settings']}); move it away to rerun")
+        key = f"{dataset}/{run_key(method, budget, interval)}"
+        if key in runs:
+            if runs[key]["settings"] != settings:
+                sys.exit(
+                    f"error: {args.results}: {args.tag} {key} was measured with other settings "
+                    f"({runs[key]['settings']}); another --tag or --results to rerun"
+                )
             continue
-        todo.append((path, dataset, interval, method, budget))
+        todo.append((key, dataset, interval, method, budget))
     if args.plan_only:
-        print("\n".join(str(t[0]) for t in todo))
+        print("\n".join(f"{args.tag} {t[0]}" for t in todo))
         return
 
-    for path, dataset, interval, method, budget in todo:
-        run_one(path, dataset, interval, method, budget, settings, args)
+    for key, dataset, interval, method, budget in todo:
+        runs[key] = run_one(dataset, interval, method, budget, settings, args)
+        write_atomically(args.results, json.dumps(result, indent=1) + "\n")  # each run kept as it ends
 
-    # every run file of the tag, also those of earlier calls with other datasets or settings: a call that ran
-    # a subset does not shrink the summary
-    runs = {}
-    for path in sorted(results_dir.glob("*.json")):
-        done = json.loads(path.read_text())
-        runs[f"{done['dataset']}/{done['run']}"] = {
-            k: v for k, v in done.items() if k not in ("per_problem", "command")
-        }
-    result = {"benchmark": "methods", "tag": args.tag, "runs": runs}
-    (args.results.parent / f"bench_methods_{args.tag}.json").write_text(json.dumps(result, indent=2) + "\n")
-    print_json(result)
+    # every run of the tag, also those of earlier calls with other datasets or settings
+    summary = {k: {f: v for f, v in run.items() if f not in ("per_problem", "command")} for k, run in runs.items()}
+    print_json({"benchmark": "methods", "tag": args.tag, "runs": summary})
 
 
 if __name__ == "__main__":

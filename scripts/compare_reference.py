@@ -25,12 +25,17 @@ Method settings (the project's CompressionConfig, fields passed explicitly, vs t
                score + suppressing_redundancy, mix_lambda 0.5, enable_score_cache, alpha 0.8, smooth_method F
 budget ``--budget`` (128), window ``--window`` (16; h2o 1), interval ``--interval`` (one or more values).
 
-Prints one JSON line (also written to ``--output``): per interval and method, the exact-match rate of the kept
-sets over (compression, layer, KV head), their mean Jaccard index, the compressions compared, whether both
-sides compressed at the same steps, the first mismatch, and the max |log-prob difference| of the forced tokens
-(temperature 1) under the compressed caches; plus a check that the two models agree with a full cache.
+Prints one JSON line (also added to ``--output`` as its run ``--run``): per interval and method, the exact-match
+rate of the kept sets over (compression, layer, KV head), their mean Jaccard index, the compressions compared,
+whether both sides compressed at the same steps, the first mismatch, and the max |log-prob difference| of the
+forced tokens (temperature 1) under the compressed caches; plus a check that the two models agree with a full
+cache.
 
-    .venv/bin/python scripts/compare_reference.py --interval 32 128 --threads 1 --output results/reference_e2e.json
+    .venv/bin/python scripts/compare_reference.py --interval 32 128 --threads 1 --output results/reference_e2e.json \
+        --run after
+
+``--output`` is the comparison's one results file (``{"script": "compare_reference", "runs": {run: result}}``):
+every tree compared, by run name; a run of the same name replaced; a file that is not one refused before any work.
 
 Both sides decode one token at a time on the CPU (~60 tok/s each on an idle 2-core machine, 5-10x slower when it
 is shared): ``--select``, ``--max-cases`` and ``--max-completion`` make a shorter check, ``--project-batch``
@@ -165,8 +170,30 @@ def parse_args(argv=None):
         help="reference redundancy term: plain-torch equivalent, the Triton kernel (interpreter), or both",
     )
     p.add_argument("--threads", type=int, default=0, help="torch threads on both sides (0: torch's default)")
-    p.add_argument("--output", default=None, help="file the JSON line is written to")
-    return p.parse_args(argv)
+    p.add_argument("--output", type=Path, default=None, help="the results file the run is added to")
+    p.add_argument("--run", default="current", help="the run's name in --output (before, after, ...)")
+    args = p.parse_args(argv)
+    try:
+        args.before = None if args.output is None else read_runs(args.output)
+    except ValueError as err:
+        p.error(str(err))
+    return args
+
+
+def read_runs(path: Path) -> dict:
+    """The results file at ``path`` (every compared tree by run name), or an empty one where there is none;
+    anything else is a ValueError naming it."""
+    if not path.exists():
+        return {"script": "compare_reference", "runs": {}}
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"--output {path} is not a JSON file ({err})") from None
+    if not (
+        isinstance(found, dict) and found.get("script") == "compare_reference" and isinstance(found.get("runs"), dict)
+    ):
+        raise ValueError(f"--output {path} is not compare_reference's results file (its runs by name)")
+    return found
 
 
 def model_dir_of(model) -> Path:
@@ -396,13 +423,13 @@ def compare_method(project: dict, args, interval: int, cases: list[dict], ref_ru
     }
 
 
-def tables(view: str, runs: dict | list[dict]) -> str:
-    """``scripts/render_docs.py``'s view ``kept`` of one or more comparison files: per method, the share of
-    (compression, layer, KV head) units whose kept sets equal the reference's and their mean Jaccard index, per
-    interval, one column per file (named by the tree it tested)."""
+def tables(view: str, result: dict) -> str:
+    """``scripts/render_docs.py``'s view ``kept`` of the results file: per method, the share of (compression,
+    layer, KV head) units whose kept sets equal the reference's and their mean Jaccard index, per interval, one
+    column per run (named by the tree it tested; ``-`` where a run left the method out)."""
     if view != "kept":
         raise SystemExit(f"error: compare_reference has the view kept, not {view!r}")
-    runs = runs if isinstance(runs, list) else [runs]
+    runs = list(result["runs"].values())
     intervals = list(runs[0]["by_interval"])
     methods = list(runs[0]["by_interval"][intervals[0]]["methods"])
     head = " / ".join(f"i{i}" for i in intervals)
@@ -417,6 +444,7 @@ def tables(view: str, runs: dict | list[dict]) -> str:
                 for i in intervals
                 if (m := r["by_interval"][i]["methods"].get(method))
             )
+            or "-"
             for r in runs
         ]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
@@ -483,11 +511,13 @@ def main(argv=None):
                 flush=True,
             )
         result["by_interval"][str(interval)] = entry
-    line = json.dumps(result)
-    print(line)
+    print(json.dumps(result))
     if args.output:
-        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.output).write_text(line + "\n")
+        runs = {**args.before, "runs": {**args.before["runs"], args.run: result}}
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        partial = args.output.with_name(f".{args.output.name}.partial")  # not gkv_train.jsonio: --project-root's
+        partial.write_text(json.dumps(runs, indent=1) + "\n")  # tree comes first on the path and may predate it
+        partial.replace(args.output)
 
 
 if __name__ == "__main__":

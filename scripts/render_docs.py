@@ -43,8 +43,8 @@ METHODS = re.compile(r"<!-- methods(:detail)? -->\n.*?<!-- /methods -->", re.S)
 
 def renderer(name: str) -> str:
     """The script that renders ``results/name``: the longest prefix of its stem, cut at underscores, that names
-    a script whose module has a ``tables`` function, its own or the package's it names (``bench_faults_after.json``:
-    ``bench_faults``; ``bench_rl_evidence_long_recall.json``: ``bench_rl_evidence``, whose ``tables`` is
+    a script whose module has a ``tables`` function, its own or the package's it names (``bench_scaling_8192.json``:
+    ``bench_scaling``; ``bench_rl_evidence_long_recall.json``: ``bench_rl_evidence``, whose ``tables`` is
     ``gkv_train.evidence.tables``)."""
     parts = name.rsplit(".", 1)[0].split("_")
     for end in range(len(parts), 0, -1):

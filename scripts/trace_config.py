@@ -10,9 +10,13 @@ compression method). One JSON line:
   a dataclass's ``__post_init__``, ``precision_from_launcher``; in trees before the configuration became TRL's
   arguments also ``_composes`` (a dry-run composition) and ``trainer_args`` (TRL's own checks)), each once.
 
-    python scripts/trace_config.py --tag after --results results/trace_config_after.json   # this tree, tiny 1-step run
+    python scripts/trace_config.py --tag after --results results/trace_config.json   # this tree, tiny 1-step run
     PYTHONPATH=$OLD:$OLD/rollout:$OLD/rewards python scripts/trace_config.py --root $OLD --tag before \
-        --results results/trace_config_before.json                                          # another tree
+        --results results/trace_config.json                                        # another tree
+
+``--results`` is the one results file of every traced tree (``{"benchmark": "trace_config", "runs": [...]}``): the
+run is added to it (a run of the same tag replaced, the others kept in order); a file that is not one is refused
+before the trace.
 
 Only code under ``--root`` counts (the project's packages and scripts; no library), and only until
 ``transformers.Trainer.train`` is entered.
@@ -134,9 +138,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", type=Path, default=HERE, help="the tree traced")
     parser.add_argument("--tag", default="this", help="names the run in the results file and its tables")
-    parser.add_argument("--results", type=Path, help="also write the JSON line here (with command, date, commit)")
+    parser.add_argument("--results", type=Path, help="add the run (with command, date, commit) to this results file")
     parser.add_argument("overrides", nargs="*", help="train.py overrides (default: a tiny one-step run)")
     args = parser.parse_args()
+    try:
+        before = None if args.results is None else read_results(args.results)
+    except ValueError as err:
+        parser.error(str(err))
     command = "python " + " ".join(sys.argv)  # (the traced command rewrites sys.argv)
     with tempfile.TemporaryDirectory() as out:
         overrides = args.overrides or [*TRAIN, f"output_dir={out}/run"]
@@ -153,9 +161,31 @@ def main() -> None:
         "command": command,
         **result,
     }
-    if args.results is not None:
-        args.results.write_text(json.dumps(record, indent=1) + "\n")
+    if before is not None:  # through a temporary file (not gkv_train.jsonio: the traced tree may predate it)
+        partial = args.results.with_name(f".{args.results.name}.partial")
+        partial.write_text(json.dumps(with_run(before, record), indent=1) + "\n")
+        partial.replace(args.results)
     print(json.dumps(record))
+
+
+def read_results(path: Path) -> dict:
+    """The results file at ``path``, or an empty one where there is none; anything else is a ValueError naming it."""
+    if not path.exists():
+        return {"benchmark": "trace_config", "runs": []}
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"--results {path} is not a JSON file ({err})") from None
+    if not (
+        isinstance(found, dict) and found.get("benchmark") == "trace_config" and isinstance(found.get("runs"), list)
+    ):
+        raise ValueError(f"--results {path} is not trace_config's results file (benchmark trace_config, its runs)")
+    return found
+
+
+def with_run(result: dict, record: dict) -> dict:
+    """``result`` with ``record`` in it: a run of the same tag replaced, the others kept in order."""
+    return {**result, "runs": [*(r for r in result["runs"] if r["tag"] != record["tag"]), record]}
 
 
 def validation_steps(calls: list[str]) -> list[str]:
@@ -172,13 +202,13 @@ def validation_steps(calls: list[str]) -> list[str]:
     return [step for step, name in steps if name in names]
 
 
-def tables(view: str, runs) -> str:
-    """``scripts/render_docs.py``'s view ``path`` of one or more results files: each run's stops, modules, returns
-    (all, and within ``gkv_train``: the rollout package's stops are its methods checking their own settings) and
-    the functions that validate the configuration on the way."""
+def tables(view: str, result: dict) -> str:
+    """``scripts/render_docs.py``'s view ``path`` of the results file (``results/trace_config.json``): each run's
+    stops, modules, returns (all, and within ``gkv_train``: the rollout package's stops are its methods checking
+    their own settings) and the functions that validate the configuration on the way."""
     if view != "path":
         raise SystemExit(f"error: trace_config has the view path, not {view!r}")
-    runs = runs if isinstance(runs, list) else [runs]
+    runs = result["runs"]
     lines = [
         "| run | commit | stops | modules | returns | in gkv_train: stops, modules, returns | validation steps "
         "| validating functions |",

@@ -1,5 +1,6 @@
-"""scripts/bench_faults.py: its outcome rules on made-up children (controls of each class), and the script as main on
-three cheap cases: classified, written as they finish, not run again, summed in the table."""
+"""scripts/bench_faults.py: its outcome rules on made-up children (controls of each class), the script as main on
+three cheap cases (classified, written as they finish, not run again, summed in the table, added to the one results
+file), and that file: every round's runs, per-case rows of the latest round only, a foreign file refused."""
 
 import importlib.util
 import json
@@ -93,7 +94,7 @@ def test_as_main(tmp_path):
         "--out",
         str(tmp_path / "out"),
         "--results",
-        str(tmp_path / "results"),
+        str(tmp_path / "results" / "bench_faults.json"),
     ]
     first = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
     assert first.returncode == 0, first.stderr
@@ -103,11 +104,12 @@ def test_as_main(tmp_path):
         "ok": 3,
         **{o: 0 for o in ("clear_error", "unclear_error", "silent_wrong", "crash", "hang", "data_lost")},
     }
-    saved_text = (tmp_path / "results" / "bench_faults_t.json").read_text()
-    saved = json.loads(saved_text)
+    saved_text = (tmp_path / "results" / "bench_faults.json").read_text()
+    (saved,) = json.loads(saved_text)["runs"]
+    assert saved["tag"] == "t" and saved["round"] == "t"
     assert saved["repo"] == f"../{ROOT.name}" and {c["outcome"] for c in saved["cases"]} == {"ok"}
     assert str(ROOT.parent) + "/" not in saved_text  # the committed results name no folder of this machine
-    assert "| **total** | 3 | 3 |" in (tmp_path / "results" / "bench_faults_t.md").read_text()
+    assert "| **total** | 3 | 3 |" in (tmp_path / "out" / "cases.md").read_text()
     lines = (tmp_path / "out" / "cases.jsonl").read_text().splitlines()
     assert len(lines) == 3
     again = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
@@ -116,21 +118,72 @@ def test_as_main(tmp_path):
 
 
 def test_the_refusals_view_takes_the_configuration_cases_refused_clearly(bench):
-    """Seconds to a clear refusal: only configuration cases refused clearly count (median, 90th percentile, most)."""
+    """Seconds to a clear refusal: only configuration cases refused clearly count (median, 90th percentile, most),
+    kept with the run so that the view needs no per-case rows."""
 
     def case(category, outcome, seconds):
         return {"category": category, "outcome": outcome, "seconds": seconds}
 
+    cases = [
+        *(case("configuration", "clear_error", s) for s in (4.0, 5.0, 6.0, 7.0, 30.0)),
+        case("configuration", "crash", 99.0),  # not refused clearly
+        case("state_faults", "clear_error", 99.0),  # not a configuration case
+    ]
     run = {
         "tag": "after",
+        "round": "9",
         "command": "bench_faults.py --tag after",
-        "cases": [
-            *(case("configuration", "clear_error", s) for s in (4.0, 5.0, 6.0, 7.0, 30.0)),
-            case("configuration", "crash", 99.0),  # not refused clearly
-            case("state_faults", "clear_error", 99.0),  # not a configuration case
-        ],
+        "refusals": bench.refusal_seconds(cases),
     }
-    table = bench.tables("refusals", [run])
+    table = bench.tables("refusals_9", {"bench": "faults", "runs": [run]})
     assert "| after | 5 | 6 | 7 | 30 |" in table and "99" not in table.split("\n\n")[0]
-    with pytest.raises(SystemExit, match="refusals"):
-        bench.tables("bogus", [run])
+    assert bench.refusal_seconds([case("configuration", "crash", 1.0)]) is None
+
+
+def run_of(tag: str, round_: str, cases: int = 1) -> dict:
+    total = {"cases": cases, "ok": cases, **dict.fromkeys(("clear_error", "unclear_error", "silent_wrong"), 0)}
+    total |= dict.fromkeys(("crash", "hang", "data_lost"), 0)
+    return {
+        "tag": tag,
+        "round": round_,
+        "command": f"bench_faults.py --tag {tag}",
+        "date": "2026-12-07T00:00:00+0000",
+        "repo_commit": "0123456789",
+        "table": {"total": total},
+        "table_by_kind": {"total": total},
+        "refusals": None,
+        "cases": [{"name": f"{tag}/case"}],
+    }
+
+
+def test_a_run_joins_the_results_file_and_only_its_round_keeps_its_cases(bench):
+    """A run of a new tag is appended, one of the same tag replaces the old; per-case rows stay only on the runs of
+    the round just written (an earlier round keeps its tables)."""
+    result = {"bench": "faults", "runs": [run_of("before1", "1"), run_of("after1", "1")]}
+    result = bench.with_run(result, run_of("before2", "2"))
+    assert [r["tag"] for r in result["runs"]] == ["before1", "after1", "before2"]
+    assert ["cases" in r for r in result["runs"]] == [False, False, True]
+    result = bench.with_run(result, run_of("after2", "2"))
+    result = bench.with_run(result, run_of("before2", "2", cases=5))  # a rerun of a tag replaces it
+    assert [r["tag"] for r in result["runs"]] == ["before1", "after1", "after2", "before2"]
+    assert [r.get("cases") is not None for r in result["runs"]] == [False, False, True, True]
+    assert "| before2 (2026-12-07) | 0123456 | 5 | 5 |" in bench.tables("runs_2", result)
+    assert "before1" in bench.tables("runs_1", result) and "before2" not in bench.tables("runs_1", result)
+    for view in ("runs_3", "bogus_2", "runs"):
+        with pytest.raises(SystemExit, match="rounds: 1, 2"):
+            bench.tables(view, result)
+
+
+def test_a_results_file_that_is_not_the_benchs_is_refused_before_any_case(tmp_path):
+    """--results naming another file (another bench's, damaged JSON, a folder): exit 2 naming it, no case run."""
+    (tmp_path / "other.json").write_text('{"benchmark": "methods", "runs": {}}')
+    (tmp_path / "damaged.json").write_text('{"bench": "faults", "runs": [')
+    (tmp_path / "folder.json").mkdir()
+    for name in ("other.json", "damaged.json", "folder.json", "results"):
+        out = tmp_path / f"out-{name}"
+        command = [sys.executable, str(SCRIPT), "--cases", "harness/imports-repo", "--out", str(out)]
+        done = subprocess.run(
+            [*command, "--results", str(tmp_path / name)], capture_output=True, text=True, timeout=120, check=False
+        )
+        assert done.returncode == 2 and "error: " in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert "--results" in done.stderr and not (out / "cases.jsonl").exists()
