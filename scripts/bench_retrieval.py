@@ -60,12 +60,12 @@ S4R_SINKS = CompressionConfig(method="s4r").resolved.sinks
 # S4R's controls in the fair test, each a row at every eta: what the reconstruction loses apart from what the
 # selection misses, and the reconstruction's parts
 FAIR_CONTROLS = {
-    "exact_both": ["compression.options.exact=both"],
-    "exact_values": ["compression.options.exact=values"],
-    "exact_keys": ["compression.options.exact=keys"],
-    "basis_prompt": ["compression.options.basis=prompt"],
-    "values_1.5x": ["compression.options.rank_ratio=1.5"],
-    "values_2x": ["compression.options.rank_ratio=2.0"],
+    "exact_both": ["compression.exact=both"],
+    "exact_values": ["compression.exact=values"],
+    "exact_keys": ["compression.exact=keys"],
+    "basis_prompt": ["compression.basis=prompt"],
+    "values_1.5x": ["compression.rank_ratio=1.5"],
+    "values_2x": ["compression.rank_ratio=2.0"],
 }
 
 
@@ -193,7 +193,7 @@ def stage_table(root: Path, chosen: dict, args) -> dict:
                 args.problems,
                 ["s4r"],
                 [budget],
-                [f"compression.options.eta={eta}"],
+                [f"compression.eta={eta}"],
                 folder / f"s4r-eta{eta}",
                 args,
             )
@@ -217,7 +217,7 @@ def ablation_variants(args) -> dict[str, list[str]]:
     variants = {
         "default": [],
         "no_sinks": ["compression.sinks=0"],
-        "no_normalize": ["compression.options.normalize=false"],
+        "no_normalize": ["compression.normalize=false"],
         "pool_avg": ["compression.pool=avg"],
     }
     variants.update({f"window_{w}": [f"compression.window={w}"] for w in args.windows if w != 32})
@@ -249,7 +249,7 @@ def stage_ablations(root: Path, chosen: dict, args, publish=lambda section: None
                 args.problems,
                 ["s4r"],
                 None,
-                [f"compression.options.eta={eta}", *keys],
+                [f"compression.eta={eta}", *keys],
                 root / "ablations" / f"{task}-{context}-eta{eta}" / name,
                 args,
             )
@@ -347,7 +347,7 @@ def stage_fair(root: Path, args, publish=lambda section: None) -> dict:
                         n,
                         ["s4r"],
                         None,
-                        [f"compression.options.eta={eta}", *keys],
+                        [f"compression.eta={eta}", *keys],
                         out,
                         args,
                         haystack,

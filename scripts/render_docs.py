@@ -143,7 +143,7 @@ def methods_table(detail: bool = False) -> str:
     from gkv_rollout.registry import registered
 
     what = "what it does (the class's docstring)" if detail else "one line"
-    lines = [f"| method | {what} | its options (`compression.options.*`) |", "|---|---|---|"]
+    lines = [f"| method | {what} | its options (`compression.<name>`) |", "|---|---|---|"]
     base = {f.name: field_default(f) for f in dataclasses.fields(EvictionMethod)}
     for name, kind in registered().items():
         options = [f"`{f.name}` {field_default(f)!r}" for f in own_fields(kind)]

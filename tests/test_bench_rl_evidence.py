@@ -312,19 +312,26 @@ def test_a_recipe_with_more_seeds_is_compared_over_all_of_them_when_seeds_stand_
 
 def test_published_settings_of_an_earlier_version_are_read_under_todays_keys(monkeypatch):
     """A results file whose recipes were trained under keys since renamed (``sampling.max_new_tokens``, CHANGELOG
-    2026-12-06) still matches a recipe that composes to the same values under today's keys (``compose.MOVED``);
-    a value that differs is refused, named by today's key."""
+    2026-12-06; a method's own options under ``compression.options``, empty there when none was set, 2026-12-07) still
+    matches a recipe that composes to the same values under today's keys (``moved.current_keys``); a value that
+    differs is refused, named by today's key."""
     import argparse
 
     from gkv_train.evidence import published as memory
 
-    old = {"rl_sparse": {"sampling.max_new_tokens": 96, "sampling.num_generations": 8, "temperature": 0.6}}
+    old = {"sampling.max_new_tokens": 96, "sampling.num_generations": 8, "temperature": 0.6}
+    old = {"rl_sparse": old, "sparse_rl": {**old, "compression.options.alpha": 0.5}, "rl_full": {**old}}
+    old["rl_full"]["compression.options"] = {}
     monkeypatch.setattr(memory, "published", lambda args: {"settings": {"train": {"resolved": old}}})
     today = {"max_completion_length": 96, "num_generations": 8, "temperature": 0.6}
-    args = argparse.Namespace(results=Path("results.json"), _resolved={"rl_sparse": today})
+    resolved = {"rl_sparse": today, "sparse_rl": {**today, "compression.alpha": 0.5}, "rl_full": today}
+    args = argparse.Namespace(results=Path("results.json"), _resolved=resolved)
     memory.check_resolved(args)  # the same settings under their old names
-    args._resolved = {"rl_sparse": {**today, "max_completion_length": 128}}
+    args._resolved = {**resolved, "rl_sparse": {**today, "max_completion_length": 128}}
     with pytest.raises(SystemExit, match="max_completion_length: 96 there, 128 here"):
+        memory.check_resolved(args)
+    args._resolved = {**resolved, "sparse_rl": {**today, "compression.alpha": 0.8}}
+    with pytest.raises(SystemExit, match="compression.alpha: 0.5 there, 0.8 here"):
         memory.check_resolved(args)
 
 

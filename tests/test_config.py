@@ -21,9 +21,9 @@ from gkv_train.models import load_model
         (dict(method="gkv", similarity="dot"), "unknown similarity 'dot'"),
         (
             dict(method="rkv", redundancy=False),
-            "compression.options.redundancy does not apply to compression.method=rkv",
+            "compression.redundancy does not apply to compression.method=rkv",
         ),
-        (dict(method="h2o", lambda_=0.3), "compression.options.lambda_ does not apply to compression.method=h2o"),
+        (dict(method="h2o", lambda_=0.3), "compression.lambda_ does not apply to compression.method=h2o"),
         (dict(method="streaming", budget=20, window=16, sinks=8), "sinks (8) + window (16) must fit"),
     ],
 )
@@ -34,7 +34,7 @@ def test_bad_compression_config_names_the_problem(kwargs, message):
 
 
 def test_each_method_takes_only_the_options_it_reads():
-    """A method declares its own options (``compression.options.*``, its dataclass's fields); it refuses one
+    """A method declares its own options (``compression.*``, its dataclass's fields); it refuses one
     it does not have, naming those it has; ``of`` puts flat names among the shared options or the method's own; a
     sweep gives each run the options it has and refuses one that no run has."""
     from gkv_train.config.eval_config import EvalConfig
@@ -47,20 +47,20 @@ def test_each_method_takes_only_the_options_it_reads():
         (
             "snapkv",
             dict(alpha=0.5),
-            "compression.options.alpha does not apply to compression.method=snapkv, whose options are: none",
+            "compression.alpha does not apply to compression.method=snapkv, whose options are: none",
         ),
         ("rkv", dict(alpha=0.5), "whose options are: lambda_, similarity"),
-        ("gkv", dict(eta=0.3), "compression.options.eta does not apply to compression.method=gkv"),
-        ("s4r", dict(form="mean"), "compression.options.form does not apply to compression.method=s4r"),
+        ("gkv", dict(eta=0.3), "compression.eta does not apply to compression.method=gkv"),
+        ("s4r", dict(form="mean"), "compression.form does not apply to compression.method=s4r"),
     ]:
         with pytest.raises(ValueError) as err:
             CompressionConfig.of(method, **options)
         assert message in str(err.value)
     with pytest.raises(ValueError, match="unknown compression option 'etta'"):
         CompressionConfig.of("s4r", etta=0.3)
-    with pytest.raises(ValueError, match=r"compression.options.etta does not apply .* \(did you mean eta\?\)"):
+    with pytest.raises(ValueError, match=r"compression.etta does not apply .* \(did you mean eta\?\)"):
         CompressionConfig("s4r", options={"etta": 0.3})
-    with pytest.raises(ValueError, match="compression.options.alpha='high': expected float"):
+    with pytest.raises(ValueError, match="compression.alpha='high': expected float"):
         CompressionConfig("gkv", options={"alpha": "high"})
     sweep = EvalConfig(
         methods=["full", "snapkv", "gkv", "s4r"],
@@ -70,9 +70,9 @@ def test_each_method_takes_only_the_options_it_reads():
     runs = {run.method: run for run in sweep.compressions()}
     assert (runs["gkv"].resolved.alpha, runs["s4r"].resolved.eta) == (0.5, 0.3)
     assert runs["snapkv"].option_names() == () and runs["h2o" if "h2o" in runs else "gkv"].resolved.form == "max"
-    with pytest.raises(ValueError, match="compression.options.eta applies to none of the runs \\(full, gkv\\)"):
+    with pytest.raises(ValueError, match="compression.eta applies to none of the runs \\(full, gkv\\)"):
         EvalConfig(methods=["full", "gkv"], compression=CompressionConfig.template("full", eta=0.3))
-    with pytest.raises(ValueError, match="compression.options.eta does not apply to compression.method=full"):
+    with pytest.raises(ValueError, match="compression.eta does not apply to compression.method=full"):
         CompressionConfig.of("full", eta=0.3)  # a single run of full reads none (gkv-train check, lm-eval)
     # the benches' flags (argparse): a sweep gives each method its options, as evaluate.py does
     import argparse
@@ -85,13 +85,13 @@ def test_each_method_takes_only_the_options_it_reads():
     runs = compression_from_args(flags, ["streaming", "rkv", "s4r"])
     assert runs[1].resolved.similarity == "mean_cosine" and runs[2].resolved.eta == 0.3
     assert runs[1].resolved.lambda_ == 0.1  # not given: rkv's own default
-    with pytest.raises(ValueError, match="compression.options.eta applies to none of the methods"):
+    with pytest.raises(ValueError, match="compression.eta applies to none of the methods"):
         compression_from_args(flags, ["rkv"])
 
 
 def test_a_method_with_an_option_of_its_own_is_one_class_in_one_file(tmp_path, monkeypatch):
     """A plug-in method from the user's module (``package.module:Class``), one dataclass with an option field: its
-    option is a key (``compression.options.<name>``) through train.py's configuration, checked as the built-in ones are,
+    option is a key (``compression.<name>``) through train.py's configuration, checked as the built-in ones are,
     listed in the generated methods table once registered, and trained under by the registry-driven path (a
     rollout whose record the trainer reproduces)."""
     from gkv_rollout.engine import RolloutEngine
@@ -120,13 +120,19 @@ def test_a_method_with_an_option_of_its_own_is_one_class_in_one_file(tmp_path, m
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     try:
-        argv = check_overrides(["compression.method=my_methods:Recent", "compression.options.offset=3"], "train")
-        assert argv[1] == "++compression.options.offset=3"  # Hydra's way into the options mapping
+        argv = check_overrides(["compression.method=my_methods:Recent", "compression.offset=3"], "train")
+        assert argv[1] == "++compression.offset=3"  # Hydra's way to a key its defaults do not list
+        # set flat through the composition, as a built-in method's option is
+        from gkv_train.config.compose import configure
+
+        flat = ["compression.method=my_methods:Recent", "compression.budget=16", "compression.window=4"]
+        composed, _, files = configure("evaluate", [*flat, "compression.interval=4", "compression.offset=3"])
+        assert composed.compression.resolved.offset == 3 and "  offset: 3\n" in files["config.yaml"]
         cfg = CompressionConfig("my_methods:Recent", budget=16, window=4, interval=4, options={"offset": 3})
         assert cfg.resolved.offset == 3 and cfg.identity()["offset"] == 3 and "alpha" not in cfg.identity()
         with pytest.raises(ValueError, match="offset must be >= 0"):
             CompressionConfig("my_methods:Recent", budget=16, window=4, options={"offset": -1})
-        with pytest.raises(ValueError, match=r"compression.options.ofset does not apply .* \(did you mean offset\?\)"):
+        with pytest.raises(ValueError, match=r"compression.ofset does not apply .* \(did you mean offset\?\)"):
             CompressionConfig("my_methods:Recent", budget=16, window=4, options={"ofset": 1})
         model, tokenizer = load_model("tiny")
         out = RolloutEngine(model, tokenizer, cfg).generate(["a prompt to compress"], SamplingConfig(max_new_tokens=24))
@@ -562,15 +568,19 @@ def test_trl_fields_are_keys_and_moved_keys_are_named_with_their_new_key():
         "sampling.num_generations=4": "sampling.num_generations is now num_generations: write num_generations=4",
         "sampling.top_p=0.9": "sampling.top_p is now top_p: write top_p=0.9",
         "sampling.compile_decode=true": "sampling.compile_decode is now compile_decode: write compile_decode=true",
-        "compression.eviction.alpha=0.5": "compression.eviction.alpha is now compression.options.alpha: write "
-        "compression.options.alpha=0.5",
-        "compression.eta=0.3": "compression.eta is now compression.options.eta",
+        "compression.eviction.alpha=0.5": "compression.eviction.alpha is now compression.alpha: write "
+        "compression.alpha=0.5",
+        "compression.options.eta=0.3": "compression.options.eta is now compression.eta: write compression.eta=0.3",
+        "++compression.options.alpha=0.5": "compression.options.alpha is now compression.alpha: write "
+        "compression.alpha=0.5",
+        "compression.s4r.eta=0.3": "compression.s4r.eta is now compression.eta",
+        "compression.options.offset=3": "compression.options.offset is now compression.offset",  # a plug-in's
         "n_samples=2": "n_samples is now num_generations",
         "bf16=true": "bf16 (TRL's) is not a key here: it is set from precision=bf16",
         "per_device_train_batch_size=8": "set from prompts_per_step",
         "trl.weight_decay=0.01": "trl.weight_decay: TRL's fields are keys of their own: write weight_decay=0.01",
         "num_generation=4": "unknown configuration key 'num_generation'; did you mean num_generations",
-        "compression.bugdet=4": "'compression.bugdet'; did you mean compression.budget",
+        "compression.bugdet.x=4": "'compression.bugdet.x'",
     }
     for arg, message in refusals.items():
         with pytest.raises(ValueError) as err:
@@ -582,6 +592,68 @@ def test_trl_fields_are_keys_and_moved_keys_are_named_with_their_new_key():
             check_overrides([old], "evaluate")
     with pytest.raises(ValueError, match="unknown configuration key 'weight_decay'"):  # TRL's fields: training only
         check_overrides(["weight_decay=0.1"], "evaluate")
+
+
+OLD_CONFIG_YAML = """\
+recipe: rl_sparse
+compression:
+  method: s4r
+  budget: 64
+  window: 8
+  interval: 16
+  sinks: null
+  keep_prompt: null
+  pool_kernel: null
+  pool: null
+  group_agg: null
+  options:
+    eta: 0.3
+    refresh: 64
+"""
+
+
+def test_every_option_of_a_method_is_a_key_of_compression():
+    """One namespace per method (issue 65): a method's own option is ``compression.<name>`` beside the shared ones
+    (``compression.alpha=0.5`` reaches the method), the resolved configuration and ``--help`` list it so, the earlier
+    ``compression.options.<name>`` is refused naming the new key, a misspelt option is named by the method with the
+    closest one, and a configuration an earlier version wrote (``compression.options: {eta: 0.3}``) reads as the
+    same settings and identity as one written now."""
+    import yaml
+
+    from gkv_train.config.compose import build, configure, dotted_keys
+    from gkv_train.config.keyhelp import job_rows
+    from gkv_train.config.moved import current_keys
+
+    config, _, files = configure("train", ["compression.alpha=0.5"])
+    assert config.compression.resolved.alpha == 0.5 and config.compression.options == {"alpha": 0.5}
+    written = yaml.safe_load(files["config.yaml"])["compression"]
+    assert written["alpha"] == 0.5 and "options" not in written  # the resolved configuration is flat too
+    keys = [key for key, *_ in job_rows("train")[0]]
+    assert {"compression.alpha", "compression.eta", "compression.budget"} <= set(keys)
+    assert not [key for key in keys if key.startswith("compression.options")]
+    for argv, message in [
+        (["compression.options.alpha=0.5"], "compression.options.alpha is now compression.alpha: write "),
+        (["compression.bugdet=4"], r"compression.bugdet does not apply .* \(did you mean budget\?\)"),
+        (["compression.method=s4r", "compression.etta=0.3"], r"\(did you mean eta\?\)"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            configure("train", argv)
+    # a run written before: its keys under today's names, the same settings and identity as one composed now
+    s4r = ["compression.method=s4r", "compression.eta=0.3", "compression.refresh=64", "recipe=rl_sparse"]
+    now = dotted_keys(yaml.safe_load(configure("train", s4r)[2]["config.yaml"]))
+    before = current_keys(dotted_keys(yaml.safe_load(OLD_CONFIG_YAML)))
+    assert {k: v for k, v in now.items() if k.startswith("compression.")} == {
+        k: v for k, v in before.items() if k.startswith("compression.")
+    }
+    old = build(CompressionConfig, {k[12:]: v for k, v in before.items() if k.startswith("compression.")})
+    assert old.identity() == configure("train", s4r)[0].compression.identity()
+    assert (
+        old.identity() == CompressionConfig.of("s4r", budget=64, window=8, interval=16, eta=0.3, refresh=64).identity()
+    )
+    control = current_keys(dotted_keys(yaml.safe_load(OLD_CONFIG_YAML.replace("eta: 0.3", "eta: 0.4"))))
+    assert build(
+        CompressionConfig, {k[12:]: v for k, v in control.items() if k.startswith("compression.")}
+    ).identity() != (old.identity())
 
 
 def test_overrides_rough_edges():
@@ -609,12 +681,15 @@ def test_overrides_rough_edges():
 
     root = Path(__file__).resolve().parents[1]
     dashes, moved = run_each(
-        root / "scripts" / "evaluate.py", [["--data.limit", "2"], ["compression.eta=0.3"]], cwd=root, timeout=300
+        root / "scripts" / "evaluate.py",
+        [["--data.limit", "2"], ["compression.options.eta=0.3"]],
+        cwd=root,
+        timeout=300,
     )
     assert dashes.returncode == 2 and dashes.stderr.strip() == (
         "error: --data.limit: drop the dashes, overrides are key=value (write data.limit=2)"
     ), dashes.stderr
-    assert moved.returncode == 2 and moved.stderr.strip().endswith("write compression.options.eta=0.3"), moved.stderr
+    assert moved.returncode == 2 and moved.stderr.strip().endswith("write compression.eta=0.3"), moved.stderr
     (moved,) = run_each(root / "train.py", [["max_new_tokens=8"]], cwd=root, timeout=300)
     assert moved.returncode == 2 and moved.stderr.strip().endswith("write max_completion_length=8"), moved.stderr
 
@@ -816,7 +891,7 @@ def test_s4r_refresh_within_the_generation_and_counted_in_memory():
         lambda: EvalConfig(compression=refresh, max_completion_length=8),
         lambda: GRPOTrainConfig(compression=refresh, max_completion_length=64, num_generations=2),
     ):
-        with pytest.raises(ValueError, match="compression.options.refresh=64 refreshes nothing in a generation of"):
+        with pytest.raises(ValueError, match="compression.refresh=64 refreshes nothing in a generation of"):
             build()
     EvalConfig(compression=refresh, max_completion_length=65)  # control
     model, tokenizer = load_model("tiny")
@@ -928,10 +1003,10 @@ def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model
         ValueError, match="max_completion_length=5000 does not fit .* at most 4082 does after the longest"
     ):
         check(prompts=prompts[:1], new=5000)
-    with pytest.raises(ValueError, match="compression.options.rank_v=33 exceeds"):
+    with pytest.raises(ValueError, match="compression.rank_v=33 exceeds"):
         check(prompts=prompts[:1], compressions=[CompressionConfig.of("s4r", rank_v=33)])
     check(prompts=prompts[:1], compressions=[CompressionConfig.of("s4r", rank_v=32)])
-    with pytest.raises(ValueError, match=r"compression.options.full_layers=\[1, 4\]: .* has layers 0-3"):
+    with pytest.raises(ValueError, match=r"compression.full_layers=\[1, 4\]: .* has layers 0-3"):
         check(prompts=prompts[:1], compressions=[CompressionConfig.of("s4r", full_layers=[1, 4])])
     # 2 x 4 layers x 2 KV heads x 16 x 4 bytes = 1 kB per token and row (full cache)
     one = preflight.rollout_bytes(preflight.ModelShape("m", 4096, 4, 6, 2, 16), full[0], 1, 10, 90, 4)

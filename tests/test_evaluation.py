@@ -383,9 +383,8 @@ def test_a_second_evaluation_into_a_live_folder_is_refused(tmp_path):
 EVALUATE_REFUSALS = [
     ("methods=[gkv] budgets=[0]", "budgets are token counts: each must be at least 1, got [0]"),
     (
-        "methods=[s4r] compression.options.rank=64",
-        "compression.options.rank=64 exceeds what {model} allows: an S4R basis has at most KV heads x head dim = 2 "
-        "x 16 = 32",
+        "methods=[s4r] compression.rank=64",
+        "compression.rank=64 exceeds what {model} allows: an S4R basis has at most KV heads x head dim = 2 x 16 = 32",
     ),
     (
         "max_completion_length=100000",
@@ -405,7 +404,7 @@ EVALUATE_REFUSALS = [
     ("data.sentences=13", "data.sentences=13 applies to data.name=copy_recall / long_recall only, not to data.name="),
     ("data.name=copy_recall data.distractors=2", "data.distractors=2 applies to data.name=arithmetic only"),
     ("data.name=gsm8k data.copy_required=places", "data.copy_required='places' applies to data.name=copy_recall"),
-    ("methods=[s4r] compression.options.eta=1e-9", "compression.options.eta=1e-09 is below what S4R's smallest"),
+    ("methods=[s4r] compression.eta=1e-9", "compression.eta=1e-09 is below what S4R's smallest"),
     (
         "methods=[full,gkv] budgets=[64] compression.keep_prompt=true",
         "compression.keep_prompt: the prompt of problem 8 in the evaluation has 121 tokens; with the window (16) it "

@@ -126,14 +126,14 @@ def test_a_local_task_offline_from_python_and_the_command_line(tmp_path, monkeyp
     [
         (dict(budgte=64), "unknown gkv model argument budgte=64; did you mean budget?"),
         (dict(dtype="bfloat16"), "dtype=bfloat16; write precision=fp32 or precision=bf16"),
-        (dict(method="s4r", alpha=0.5), "compression.options.alpha does not apply to compression.method=s4r"),
+        (dict(method="s4r", alpha=0.5), "compression.alpha does not apply to compression.method=s4r"),
         (dict(method="gkv", alpha=5), "alpha must lie in [0, 1]"),
         (dict(method="gkv", budget="abc"), "budget=abc: expected int"),
         (dict(method="gkv", budget=16, window=32), "budget (16) must be larger than window (32)"),
         (dict(method="gkv", interval=0), "interval must be a positive number of tokens"),
         (dict(method="s4r", eta=-1), "eta must lie in (0, 1]"),
-        (dict(method="s4r", full_layers=99), "compression.options.full_layers=[99]: tiny has layers 0-"),
-        (dict(method="s4r", rank=10**6), "compression.options.rank=1000000 exceeds what tiny allows"),
+        (dict(method="s4r", full_layers=99), "compression.full_layers=[99]: tiny has layers 0-"),
+        (dict(method="s4r", rank=10**6), "compression.rank=1000000 exceeds what tiny allows"),
         (dict(method="foo"), "unknown compression method 'foo'"),
         (dict(pretrained="/no/such/model"), "model path /no/such/model does not exist"),
         (dict(stats="/no/such/folder/stats.jsonl"), "the folder /no/such/folder does not exist"),
@@ -192,7 +192,7 @@ def test_lm_evals_own_options_in_model_args_are_refused_naming_the_flag(model_ar
 
 
 def test_a_plug_in_methods_own_option_is_a_model_argument(tmp_path, monkeypatch):
-    """A plug-in method's own option by its flat name (``p=1``), as ``compression.options.p=1`` in train.py: once
+    """A plug-in method's own option by its flat name (``p=1``), as ``compression.p=1`` in train.py: once
     "unknown gkv model argument" (the method was not imported when the names were listed)."""
     from gkv_train.exits import Refused
 

@@ -284,7 +284,7 @@ def test_a_users_method_through_train_py(tmp_path):
             "recipe=rl_sparse",
             *TINY,
             "compression.method=my_methods:KeyNorm",
-            "compression.options.p=1",
+            "compression.p=1",
             "max_steps=1",
             "eval_data.limit=1",
             f"output_dir={out}",

@@ -10,7 +10,8 @@ from functools import cache
 
 from omegaconf import OmegaConf
 
-from gkv_rollout.config import CompressionConfig, flat_fields
+from gkv_rollout.config import flat_fields
+from gkv_train.config.moved import MOVED, moved_to
 from gkv_train.config.options import RECIPE_ALGORITHMS, check_recipe_algorithm
 from gkv_train.config.recipe_file import RECIPES
 from gkv_train.runs.outputs import run_folder
@@ -29,25 +30,6 @@ def dotted_keys(mapping: dict, prefix: str = "") -> dict:
 
 
 OmegaConf.register_new_resolver("gkv_dir", run_folder, replace=True)
-
-
-# Keys of earlier versions: key -> where it is now (named in the error that refuses them)
-MOVED = {
-    # the sampling group, re-keyed under TRL's names (CHANGELOG 2026-12-06)
-    **{f"sampling.{key}": key for key in ("num_generations", "temperature", "top_p", "compile_decode")},
-    "sampling.max_new_tokens": "max_completion_length",
-    "max_new_tokens": "max_completion_length",
-    "n_samples": "num_generations",
-    "samples_per_prompt": "num_generations",
-    # a method's own options, once flat (compression.alpha), then grouped (compression.eviction.alpha,
-    # compression.s4r.eta): refused with their new key for one release (0.1.x), then dropped
-    **{
-        f"compression{group}.{name}": f"compression.options.{name}"
-        for group in ("", ".eviction", ".s4r")
-        for name, _, _ in flat_fields()
-        if name not in {f.name for f in dataclasses.fields(CompressionConfig)}
-    },
-}
 
 
 def job_keys(job: str) -> set[str]:
@@ -94,15 +76,20 @@ def check_overrides(argv: list[str], job: str) -> list[str]:
       ``resume_from_checkpoint``, ...), naming what to use;
     * ``hydra.*`` but ``hydra.searchpath`` (no Hydra job runs), Hydra's command-line flags, ``recipe=null``;
     * any other unknown key, with the closest known names ("did you mean").
-    A method's option ``compression.options.<name>=value`` (checked by the method when the configuration is built)
-    is passed on as ``++compression.options.<name>=value``: Hydra's way to set a key of a mapping whose defaults do
-    not list it. Hydra's own syntax (``+key``, ``~key``, ``hydra.searchpath``) is left alone."""
+    A method's own option ``compression.<name>=value`` (a registered method's, or any other name: a plug-in's, checked
+    by the method when the configuration is built) is passed on as ``++compression.<name>=value``: Hydra's way to set
+    a key of a mapping whose defaults do not list it. Hydra's own syntax (``+key``, ``~key``, ``hydra.searchpath``)
+    is left alone, but for a moved key."""
     import difflib
 
     known = job_keys(job)
     derived, unhonoured = job_derived(job), job_unhonoured(job)
-    options = "compression.options" in known
-    known |= {f"compression.options.{name}" for name, _, _ in flat_fields()} if options else set()
+    listed = set(known)  # the keys Hydra's defaults hold: a method's own options are not among them
+
+    def own(key: str) -> bool:  # compression.<name> that is no key of the defaults: a method's own option
+        return "compression.method" in listed and key.count(".") == 1 and key.startswith("compression.")
+
+    known |= {f"compression.{name}" for name, _, _ in flat_fields()} if "compression.method" in listed else set()
     for i, arg in enumerate(argv):
         flag = arg.partition("=")[0]
         if flag in HYDRA_FLAGS:
@@ -137,15 +124,11 @@ def check_overrides(argv: list[str], job: str) -> list[str]:
             )
         if bare in unhonoured:
             raise ValueError(f"{bare}={value} is not honoured here: {unhonoured[bare]}")
-        if (
-            not eq
-            or key.startswith(("+", "~", "hydra."))
-            or key in known
-            or (options and key.startswith("compression.options."))
-        ):
+        new = moved_to(bare)
+        if new is not None and (new in known or own(new)):
+            raise ValueError(f"{bare} is now {new}: write {new}={value}")
+        if not eq or key.startswith(("+", "~", "hydra.")) or key in known or own(key):
             continue
-        if key in MOVED and MOVED[key] in known:
-            raise ValueError(f"{key} is now {MOVED[key]}: write {MOVED[key]}={value}")
         if key in derived:
             raise ValueError(f"{key} (TRL's) is not a key here: it is set from {derived[key]}")
         if key.startswith("trl.") and key[4:] in known:
@@ -154,7 +137,7 @@ def check_overrides(argv: list[str], job: str) -> list[str]:
         close = list(dict.fromkeys(MOVED.get(name, name) for name in close))  # a moved key by its new name
         hint = f"; did you mean {' or '.join(close)}?" if close else ""
         raise ValueError(f"unknown configuration key {key!r}{hint}")
-    return [f"++{arg}" if options and arg.startswith("compression.options.") else arg for arg in argv]
+    return [f"++{arg}" if own(arg.partition("=")[0]) and arg.partition("=")[0] not in listed else arg for arg in argv]
 
 
 # job -> (its recipe file, its defaults' name in the recipes' defaults list)
@@ -216,11 +199,14 @@ def job_defaults(job: str) -> dict:
 
 def field_defaults(fields: list) -> dict:
     """The defaults of dataclass ``fields`` as Hydra holds them: a group's (``options.group``) as the mapping of its
-    class's field defaults and the values it is given, without building it; an enum as its value."""
+    class's field defaults and the values it is given, without building it; an enum as its value; a field that
+    takes a group's other keys (``build``) is none."""
     import enum
 
     found = {}
     for f in fields:
+        if f.metadata.get("other_keys"):  # not a key: the group's keys that are none of its fields (``build``)
+            continue
         if "group" in f.metadata:
             kind, given = f.metadata["group"]
             found[f.name] = {**field_defaults(dataclasses.fields(kind)), **given}
@@ -237,14 +223,17 @@ def build(cls: type, values: dict, prefix: str = ""):
     """The configuration dataclass ``cls`` from a composed mapping ``values`` of its keys, groups (dataclass fields)
     built the same way; each value of a simple type (bool, int, float, str, their ``| None``, lists of them) checked
     first, naming the key (an int is a float where a float is wanted, a number a str where a str is). The class's
-    ``__post_init__`` checks the rest."""
+    ``__post_init__`` checks the rest. A class with a field marked ``other_keys`` (``CompressionConfig.options``: a
+    method's own options) takes there, as a mapping, the keys that are none of its other fields."""
     import typing
 
     hints = typing.get_type_hints(cls)
-    unknown = [key for key in values if key not in hints]
-    if unknown:
-        raise ValueError(f"unknown configuration key {prefix + unknown[0]!r}")
-    return cls(**{key: converted(f"{prefix}{key}", hints[key], value) for key, value in values.items()})
+    other = next((f.name for f in dataclasses.fields(cls) if f.metadata.get("other_keys")), None)
+    unknown = {key: value for key, value in values.items() if key not in hints or key == other}
+    if unknown and other is None:
+        raise ValueError(f"unknown configuration key {prefix + next(iter(unknown))!r}")
+    given = {key: converted(f"{prefix}{key}", hints[key], value) for key, value in values.items() if key not in unknown}
+    return cls(**given, **({other: unknown} if other else {}))
 
 
 def converted(key: str, kind, value):
@@ -387,8 +376,8 @@ def recipe_files(argv: list[str]) -> list[str]:
             f"recipe: {named[0]} in the file (its keys then apply on top of {named[0]}), or give one of them"
         )
     text, values = read_recipe_file(given[0])
-    try:  # an empty group sets nothing; a method's own options are checked by the method
-        keys = [f"{k}=x" for k, v in dotted_keys(values).items() if v != {} and not k.startswith("compression.options")]
+    try:  # an empty group sets nothing
+        keys = [f"{k}=x" for k, v in dotted_keys(values).items() if v != {}]
         check_overrides(keys, "train")
     except ValueError as err:
         raise ValueError(f"recipe file {given[0]}: {err}") from None

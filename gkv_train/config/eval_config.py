@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from gkv_rollout.config import CompressionConfig
+from gkv_rollout.config import CompressionConfig, close_option
 from gkv_train.config.options import (
     PRECISIONS,
     Sampling,
@@ -181,5 +181,6 @@ class EvalConfig(Sampling):
             [key for key in self.compression.unread() if key not in read] if self.compression.method == "full" else []
         )  # (another method's own configuration was checked when it was built)
         if unread:
-            raise ValueError(f"compression.options.{unread[0]} applies to none of the runs ({', '.join(methods)})")
+            hint = close_option(unread[0])
+            raise ValueError(f"compression.{unread[0]} applies to none of the runs ({', '.join(methods)}){hint}")
         return runs

@@ -107,8 +107,8 @@ def rows(cls: type, prefix: str = "", defaults=None, derived=()) -> list[tuple[s
         if dataclasses.is_dataclass(default):
             found += rows(type(default), f"{prefix}{f.name}.", default)
             continue
-        if f.name == "options" and is_compression(cls):
-            found += method_option_rows(f"{prefix}{f.name}.")
+        if f.metadata.get("other_keys") and is_compression(cls):  # a method's own options, keys beside the shared
+            found += method_option_rows(prefix)
             continue
         default = default.value if isinstance(default, enum.Enum) else default
         shown = shared_default(f.name) if default is None and is_compression(cls) else repr(default)
@@ -164,7 +164,7 @@ def shared_default(name: str) -> str:
 
 
 def method_option_rows(prefix: str) -> list[tuple[str, str, str, str]]:
-    """(key, type, default, help) of every registered method's own options (``compression.options.*``): each name
+    """(key, type, default, help) of every registered method's own options (``compression.<name>``): each name
     once, with the methods that have it and, where they differ, each one's default."""
     from gkv_rollout.methods import field_default, own_fields
     from gkv_rollout.registry import registered

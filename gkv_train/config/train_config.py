@@ -16,7 +16,7 @@ import torch
 from transformers import TrainingArguments
 from trl import GRPOConfig
 
-from gkv_rollout.config import CompressionConfig
+from gkv_rollout.config import CompressionConfig, close_option
 from gkv_rollout.contract.eviction import BACKENDS
 from gkv_train.config.options import (
     ALGORITHMS,
@@ -180,7 +180,8 @@ class TrainOptions:
         self.eval_data.check("eval_data")
         if not self.compression.compresses and self.compression.unread():
             raise ValueError(
-                f"compression.options.{self.compression.unread()[0]} does not apply to compression.method=full"
+                f"compression.{self.compression.unread()[0]} does not apply to compression.method=full"
+                f"{close_option(self.compression.unread()[0])}"
             )
         self.compression.check_generation(self.max_completion_length)
         check_honoured(self)

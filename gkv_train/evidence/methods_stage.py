@@ -60,7 +60,7 @@ def stage_methods(root: Path, args, publish) -> dict:
             extra = [
                 f"compression.window={args.window}",
                 f"compression.interval={args.interval}",
-                f"compression.options.form={form}",
+                f"compression.form={form}",
             ]
             measure(
                 f"gkv-{form}",
@@ -70,10 +70,10 @@ def stage_methods(root: Path, args, publish) -> dict:
         if args.s4r_length:
             eta = round(budget / args.s4r_length, 4)
             section["s4r"]["eta"][str(budget)] = eta
-            extra = [f"compression.options.eta={eta}", f"compression.options.expected_length={args.s4r_length}"]
+            extra = [f"compression.eta={eta}", f"compression.expected_length={args.s4r_length}"]
             measure("s4r", budget, lambda e=extra: runs_of(["s4r"], budget, folder, e)[f"s4r-b{budget}"])
             if args.s4r_refresh:  # the same memory, bases that follow the generation (docs/s4r.md)
-                extra = [*extra, f"compression.options.refresh={args.s4r_refresh}"]
+                extra = [*extra, f"compression.refresh={args.s4r_refresh}"]
                 measure(
                     "s4r-refresh",
                     budget,
@@ -183,8 +183,8 @@ def s4r_keys(budget: int, args) -> list[str]:
     """S4R at the persistent memory of an eviction cache of ``budget`` tokens: eta = budget / ``--s4r-length``, the
     rank solved at that length (S4R's own window and scoring otherwise)."""
     return [
-        f"compression.options.eta={round(budget / args.s4r_length, 4)}",
-        f"compression.options.expected_length={args.s4r_length}",
+        f"compression.eta={round(budget / args.s4r_length, 4)}",
+        f"compression.expected_length={args.s4r_length}",
     ]
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from gkv_train.config.compose import MOVED, dotted_keys
+from gkv_train.config.compose import dotted_keys
+from gkv_train.config.moved import current_keys
 from gkv_train.evidence.design import RUN_KEYS, lr_name, run_name, settings
 from gkv_train.evidence.runs import train_keys
 
@@ -89,8 +90,8 @@ def check_resolved(args) -> None:
     before = published(args).get("settings", {}).get("train", {}).get("resolved", {})
     for recipe, mine in resolved(args).items():
         theirs = before.get(recipe)
-        if theirs is not None:  # keys of an earlier version under their names today (compose.MOVED)
-            theirs = {MOVED.get(key, key): value for key, value in theirs.items()}
+        if theirs is not None:  # keys of an earlier version under their names today
+            theirs = current_keys(theirs)
         differ = sorted(k for k in set(mine) | set(theirs or {}) if theirs is not None and mine.get(k) != theirs.get(k))
         if differ:
             shown = ", ".join(f"{k}: {theirs.get(k)!r} there, {mine.get(k)!r} here" for k in differ[:6])

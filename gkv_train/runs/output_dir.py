@@ -5,13 +5,11 @@ one named, whose settings must be this run's and which must hold its optimizer s
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from gkv_rollout.config import CompressionConfig
 from gkv_train.exits import Refused, RunLocked
 from gkv_train.manifest import CHECKPOINT, MANIFEST, damage, missing_training_state, saved_settings
 from gkv_train.models import base_model_name
@@ -173,16 +171,13 @@ def finished_whole(out: Path, main: bool) -> bool:
 
 
 def flat_settings(settings: dict) -> dict:
-    """``resume_settings``' groups (compression, rl, data) by dotted key as the configuration writes them (a method's
-    own options under ``compression.options``), the rest as they are: a difference is named by the one key that
-    differs."""
-    shared = {f.name for f in dataclasses.fields(CompressionConfig)}
+    """``resume_settings``' groups (compression, rl, data) by dotted key as the configuration writes them
+    (``compression.alpha``), the rest as they are: a difference is named by the one key that differs."""
     found = {}
     for key, value in settings.items():
         if key in ("compression", "rl", "data") and isinstance(value, dict):
             for name, v in value.items():
-                own = key == "compression" and name not in shared
-                found[f"{key}.options.{name}" if own else f"{key}.{name}"] = v
+                found[f"{key}.{name}"] = v
         else:
             found[key] = value
     return found

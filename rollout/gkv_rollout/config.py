@@ -42,7 +42,8 @@ class CompressionConfig:
     pool: how scores are pooled: max or avg (None: the method's).
     group_agg: how the query heads of a GQA group are combined, per window query: max or mean (None: the
         method's).
-    options: the method's own options by name (``compression.options.alpha=0.5``; the method's fields say which
+    options: the method's own options by name, each a key beside the shared ones (``compression.alpha=0.5``: the
+        configuration's ``compression`` keys that are not fields here land in it; the method's fields say which
         and their defaults). An option the method does not have is refused.
 
     A shared option the method does not read (``s4r``'s budget and interval, every one for ``full``) is kept here
@@ -60,7 +61,7 @@ class CompressionConfig:
     pool_kernel: int | None = None
     pool: str | None = None
     group_agg: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict, metadata={"other_keys": True})
 
     def __post_init__(self):
         kind = method_class(self.method)  # an unknown name: an error naming the registered ones
@@ -125,7 +126,8 @@ class CompressionConfig:
         ``full`` with an option of a method is refused (it reads none)."""
         config = cls.template(method, **options)
         if not config.compresses and config.unread():
-            raise ValueError(f"compression.options.{config.unread()[0]} does not apply to compression.method={method}")
+            name = config.unread()[0]
+            raise ValueError(f"compression.{name} does not apply to compression.method={method}{close_option(name)}")
         return config
 
     @classmethod
@@ -181,8 +183,17 @@ def check_unread_shared(config: CompressionConfig, read: set[str]) -> None:
 
 
 def option_names(kind: type[Method]) -> tuple[str, ...]:
-    """The names of the method's own options (``compression.options.*``)."""
+    """The names of the method's own options (keys ``compression.<name>`` beside the shared ones)."""
     return tuple(f.name for f in own_fields(kind))
+
+
+def close_option(name: str, names=None) -> str:
+    """`` (did you mean X?)`` naming the option closest to ``name``, a key ``compression.<name>`` that is no option
+    here (misspelt: a shared option's too lands among a method's own), among ``names`` (None: every registered
+    method's own) and the shared ones; "" when none is close."""
+    names = [n for kind in registered().values() for n in option_names(kind)] if names is None else list(names)
+    close = difflib.get_close_matches(name, [*names, *SHARED], n=1, cutoff=0.7)
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def method_options(method: str, kind: type[Method], given: dict) -> dict:
@@ -192,11 +203,9 @@ def method_options(method: str, kind: type[Method], given: dict) -> dict:
     names = option_names(kind)
     unknown = [name for name in given if name not in names]
     if unknown:
-        close = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.7)
-        hint = f" (did you mean {close[0]}?)" if close else ""
         raise ValueError(
-            f"compression.options.{unknown[0]} does not apply to compression.method={method}, whose options are: "
-            f"{', '.join(names) or 'none'}{hint}"
+            f"compression.{unknown[0]} does not apply to compression.method={method}, whose options are: "
+            f"{', '.join(names) or 'none'}{close_option(unknown[0], names)}"
         )
     hints = typing.get_type_hints(kind)
     return {name: typed(name, value, hints[name]) for name, value in given.items()}
@@ -211,12 +220,12 @@ def typed(name: str, value, kind):
         kind = next(t for t in typing.get_args(kind) if t is not type(None))
     if typing.get_origin(kind) is list:
         if not isinstance(value, (list, tuple)) and type(value).__name__ != "ListConfig":
-            raise ValueError(f"compression.options.{name}={value!r}: expected a list")
+            raise ValueError(f"compression.{name}={value!r}: expected a list")
         return [typed(name, v, typing.get_args(kind)[0]) for v in value]
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if kind in (bool, int, float, str) and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
-        raise ValueError(f"compression.options.{name}={value!r}: expected {kind.__name__}")
+        raise ValueError(f"compression.{name}={value!r}: expected {kind.__name__}")
     return value
 
 
@@ -334,5 +343,6 @@ def compression_from_args(args, methods: list[str] | None = None) -> list[Compre
     runs = [template.for_method(method, None) for method in methods]
     unread = [key for key in template.unread() if key not in {k for run in runs for k in run.option_names()}]
     if unread:
-        raise ValueError(f"compression.options.{unread[0]} applies to none of the methods ({', '.join(methods)})")
+        hint = close_option(unread[0])
+        raise ValueError(f"compression.{unread[0]} applies to none of the methods ({', '.join(methods)}){hint}")
     return runs

@@ -27,7 +27,7 @@ def check_eta(eta: float, sinks: int, length: int, dim: int, groups: int, window
     least = (sinks * dim + length + 0.5 * groups * window + dim) / ((sinks + length) * dim)
     if eta < least:
         raise ValueError(
-            f"compression.options.eta={eta:g} is below what S4R's smallest state (the {sinks} exact sinks and rank "
+            f"compression.eta={eta:g} is below what S4R's smallest state (the {sinks} exact sinks and rank "
             f"1) takes of the full cache at {sinks + length} tokens, {least:.3g}: at least that, or a longer "
             "expected_length"
         )

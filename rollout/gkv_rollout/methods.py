@@ -1,9 +1,9 @@
 """Compression methods: one small dataclass each, registered by name, whose fields are its options.
 
 A method (``Method``) names itself, says in one line what it does (``summary``: the methods tables of the README
-and docs are generated from it), holds its options as its fields with their real defaults (the options its kind
-shares on the kind's base: ``SHARED``, keys ``compression.<name>``; its own, ``compression.options.<name>``),
-validates them when built, and builds its cache (``make_cache``); the checks a job runs before any work ask it
+and docs are generated from it), holds its options as its fields with their real defaults, each the key
+``compression.<name>`` (the options its kind shares on the kind's base, ``SHARED``, and its own alike), validates
+them when built, and builds its cache (``make_cache``); the checks a job runs before any work ask it
 (``check_generation``, ``check_model``, ``check_prompts``, ``cache_bytes``). Its identity is its name and its
 fields.
 
@@ -154,8 +154,8 @@ class Method:
     (``make_cache``), and the checks before a job's work ask it (each does nothing unless a method needs it).
 
     The options every method of a kind reads live on the base of that kind (the eviction family's budget,
-    window, interval, ...: ``EvictionMethod``); ``SHARED`` names them, the keys ``compression.<name>``; the others
-    are ``compression.options.<name>``."""
+    window, interval, ...: ``EvictionMethod``); ``SHARED`` names them. Every option, shared or its own, is the key
+    ``compression.<name>``."""
 
     name: ClassVar[str]
     summary: ClassVar[str] = ""
@@ -202,13 +202,13 @@ class Method:
         generated ones (S4R's eta below its smallest state)."""
 
 
-# The options a kind of method shares, each a field of its base (``EvictionMethod``, ``S4R``) and a key of its own,
-# ``compression.<name>``; a method's other fields are ``compression.options.<name>``
+# The options a kind of method shares, each a field of its base (``EvictionMethod``, ``S4R``); a method's other fields
+# are its own options (every option, shared or own, is the key ``compression.<name>``)
 SHARED = ("budget", "window", "interval", "sinks", "keep_prompt", "pool_kernel", "pool", "group_agg")
 
 
 def own_fields(kind: type[Method]) -> list[dataclasses.Field]:
-    """The fields of ``kind`` that are its own options (``compression.options.*``)."""
+    """The fields of ``kind`` that are its own options (not ``SHARED``)."""
     return [f for f in dataclasses.fields(kind) if f.name not in SHARED]
 
 

@@ -166,7 +166,7 @@ class S4R(Method):
     def check_generation(self, max_new_tokens, key):
         if self.refresh >= max_new_tokens:
             raise ValueError(
-                f"compression.options.refresh={self.refresh} refreshes nothing in a generation of "
+                f"compression.refresh={self.refresh} refreshes nothing in a generation of "
                 f"{max_new_tokens} tokens ({key}): set it below {max_new_tokens}, or 0 for no refresh"
             )
 
@@ -176,14 +176,13 @@ class S4R(Method):
         beyond = [layer for layer in self.full_layers if layer >= shape.layers]
         if beyond:
             raise ValueError(
-                f"compression.options.full_layers={list(self.full_layers)}: {shape.name} has layers "
-                f"0-{shape.layers - 1}"
+                f"compression.full_layers={list(self.full_layers)}: {shape.name} has layers 0-{shape.layers - 1}"
             )
         for key in ("rank", "rank_v"):
             value = getattr(self, key)
             if value is not None and value > shape.latent_dim:
                 raise ValueError(
-                    f"compression.options.{key}={value} exceeds what {shape.name} allows: an S4R basis has at most KV "
+                    f"compression.{key}={value} exceeds what {shape.name} allows: an S4R basis has at most KV "
                     f"heads x head dim = {shape.kv_heads} x {shape.head_dim} = {shape.latent_dim} columns"
                 )
 

@@ -165,7 +165,7 @@ class S4RCache(KVCache):
         self._now = None
 
     def after_step(self, generated: int) -> None:
-        """Refresh (``compression.options.refresh``): every ``refresh`` generated tokens, each layer's key and value
+        """Refresh (``compression.refresh``): every ``refresh`` generated tokens, each layer's key and value
         bases gain ``refresh_rank`` directions from the last ``refresh`` tokens (``extend_bases``), up to each
         row's final rank; tokens written from now on use them."""
         cfg = self.method

@@ -295,7 +295,7 @@ def output_cases() -> list[Case]:
         LISTED,
         "compression.s4r.rank=1000 for s4r: clamped to the model's width but recorded as given",
         "evaluate",
-        {"compression.method": "s4r", "compression.options.rank": 1000},
+        {"compression.method": "s4r", "compression.rank": 1000},
         ["rank"],
         s4r_rank_check,
         before_load=False,

@@ -427,7 +427,7 @@ ROWS = [
                 "s4r-eta-below-its-state",
                 "S4R eta=1e-9: ran with the rank raised to 1, no warning",
                 "evaluate",
-                {"methods": ["s4r"], "compression.options.eta": 1e-9},
+                {"methods": ["s4r"], "compression.eta": 1e-9},
                 ["eta=1e-09", "smallest state"],
             ),
         )

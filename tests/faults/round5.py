@@ -661,11 +661,11 @@ FIELD_ROWS = [
     (
         "configuration/field-resume-names-method-option",
         "configuration",
-        "resume=last with another compression.options.alpha: refused naming compression.alpha",
+        "resume=last with another compression.alpha: refused naming compression.alpha",
         "train",
-        {"max_steps": 3, "resume": "last", "compression.options.alpha": 0.5},
+        {"max_steps": 3, "resume": "last", "compression.alpha": 0.5},
         "refuse_whole",
-        [r"compression\.options\.alpha"],
+        [r"compression\.alpha"],
         finished(),
     ),
     (
