@@ -323,7 +323,7 @@ def test_published_settings_of_an_earlier_version_are_read_under_todays_keys(mon
     old = {"rl_sparse": old, "sparse_rl": {**old, "compression.options.alpha": 0.5}, "rl_full": {**old}}
     old["rl_full"]["compression.options"] = {}
     monkeypatch.setattr(memory, "published", lambda args: {"settings": {"train": {"resolved": old}}})
-    today = {"max_completion_length": 96, "num_generations": 8, "temperature": 0.6}
+    today = {"max_completion_length": 96, "num_generations": 8, "temperature": 0.6, "chunk_given": False}
     resolved = {"rl_sparse": today, "sparse_rl": {**today, "compression.alpha": 0.5}, "rl_full": today}
     args = argparse.Namespace(results=Path("results.json"), _resolved=resolved)
     memory.check_resolved(args)  # the same settings under their old names
@@ -588,3 +588,62 @@ def test_compare_trains_and_evaluates_a_task_of_ones_own(tmp_path):
     assert set(training["models"]) == {"untrained", "rl_sparse-s0-lr0.0001"} and not training["partial"]
     assert set(training["recipes"]["gkv-b24"]) == {"untrained", "rl_sparse"}
     assert "rewards=[gkv_rewards.functions.accuracy]" in done.stderr
+
+
+def test_published_runs_compare_by_what_their_settings_mean(monkeypatch):
+    """A published record written before a shared compression option was left to the method (``pool: max`` written
+    out, ``compression.options: {}``, ``do_eval`` which no run reads) matches today's composition of the same run;
+    a key added since is not held against it unless the earlier version ran otherwise (``chunk_given``: token by
+    token before it existed). Controls: another pool, and a record without ``chunk_given`` against today's
+    default, are refused naming the key."""
+    import argparse
+
+    from gkv_train.evidence import published as memory
+
+    old = {"compression.method": "gkv", "compression.budget": 128, "compression.pool": "max", "temperature": 0.6}
+    old = {"rl_sparse": {**old, "compression.options": {}, "do_eval": False}}
+    monkeypatch.setattr(memory, "published", lambda args: {"settings": {"train": {"resolved": old}}})
+    today = {"compression.method": "gkv", "compression.budget": 128, "compression.pool": None, "temperature": 0.6}
+    today = {**today, "chunk_given": False, "data.count_to": 160}
+    args = argparse.Namespace(results=Path("results.json"), _resolved={"rl_sparse": today})
+    memory.check_resolved(args)
+    args._resolved = {"rl_sparse": {**today, "compression.pool": "avg"}}
+    with pytest.raises(SystemExit, match="compression.pool: 'max' there, 'avg' here"):
+        memory.check_resolved(args)
+    args._resolved = {"rl_sparse": {**today, "chunk_given": True}}
+    with pytest.raises(SystemExit, match="chunk_given: False there, True here.*--train-keys"):
+        memory.check_resolved(args)
+
+
+def test_train_keys_reach_every_run_and_a_variant_keeps_its_own(capsys):
+    """``--train-keys`` overrides every run's train.py keys (recorded in the settings); a variant's own override
+    of the same key wins for its runs; a key the bench keeps track of (``seed``, ``data.*``) is refused."""
+    from gkv_train.evidence.command import parse_arguments
+    from gkv_train.evidence.design import settings
+    from gkv_train.evidence.runs import train_keys
+
+    argv = ["--lr", "1e-4", "--train-keys", "chunk_given=false", "steps_per_generation=2"]
+    argv += ["--variant", "chunked", "rl_sparse", "chunk_given=true", "--recipes", "rl_sparse", "chunked"]
+    args = parse_arguments(argv)
+    plain, variant = (train_keys(name, 0, 1e-4, args, make_traces=False) for name in ("rl_sparse", "chunked"))
+    assert {"chunk_given=false", "steps_per_generation=2"} <= set(plain) and "chunk_given=true" not in plain
+    assert "chunk_given=true" in variant and "chunk_given=false" not in variant
+    assert settings(args)["train"]["train_keys"] == ["chunk_given=false", "steps_per_generation=2"]
+    with pytest.raises(SystemExit):
+        parse_arguments(["--lr", "1e-4", "--train-keys", "data.limit=3"])
+    assert "--train-keys: data.limit=3 would change the runs" in capsys.readouterr().err
+
+
+def test_the_published_long_recall_runs_still_compose_as_todays_recipes():
+    """results/bench_rl_evidence_long_recall.json's recipes, composed today with its own command: the same runs but
+    for ``chunk_given`` (added since; its runs fed the story token by token), which ``--train-keys`` sets back."""
+    import shlex
+
+    from gkv_train.evidence import published as memory
+    from gkv_train.evidence.command import parse_arguments
+
+    found = json.loads((ROOT / "results" / "bench_rl_evidence_long_recall.json").read_text())["training"]
+    argv = shlex.split(found["command"])[2:]
+    with pytest.raises(SystemExit, match=r"\(chunk_given: False there, True here\)"):
+        memory.check_resolved(parse_arguments(argv))
+    memory.check_resolved(parse_arguments([*argv, "--train-keys", "chunk_given=false"]))

@@ -28,6 +28,11 @@ MOVED = {
 }
 
 
+# Keys added since, with the value an earlier version's runs had where it differs from today's default: a
+# configuration written before a key existed ran so (given tokens one per forward before ``chunk_given``)
+EARLIER = {"chunk_given": False}
+
+
 def moved_to(key: str) -> str | None:
     """Where the key ``key`` of an earlier version is now (``MOVED``; ``compression.options.<name>``, a plug-in's
     option too, is ``compression.<name>``), or None for a key that did not move."""

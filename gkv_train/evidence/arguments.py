@@ -103,6 +103,14 @@ def add_run_arguments(add) -> None:
         help="an ablation: RECIPE with these train.py overrides, trained and reported as NAME (to run it, list NAME "
         "in --recipes), e.g. --variant rl_sparse_noclip rl_sparse rl.overlong_advantage_clip=false",
     )
+    add(
+        "--train-keys",
+        nargs="+",
+        default=[],
+        metavar="KEY=VALUE",
+        help="train.py overrides of every run, under the recipes' own names (a variant's own win), e.g. "
+        "chunk_given=false to extend runs published before it existed",
+    )
     add("--seeds", nargs="+", type=natural, default=[0, 1, 2])
     add("--distill-seeds", type=natural, default=1, help="the distillation recipes run the first this many seeds")
     add("--steps", type=count, default=16)
@@ -222,6 +230,11 @@ def check_arguments(args, parser) -> None:
         if reserved:
             parser.error(f"--variant {name}: {' '.join(reserved)} would change the run the bench keeps track of")
         args.variants[name] = (rest[0], rest[1:])
+    if not all("=" in o for o in args.train_keys):
+        parser.error(f"--train-keys {' '.join(args.train_keys)}: KEY=VALUE overrides")
+    reserved = [o for o in args.train_keys if any(fnmatch(o.split("=", 1)[0].lstrip("+~"), k) for k in RESERVED)]
+    if reserved:
+        parser.error(f"--train-keys: {' '.join(reserved)} would change the runs the bench keeps track of")
     if "cross" in args.stages and (args.cross_adapters is None or not cross_runs(args)):
         parser.error(
             f"--stages cross: --cross-adapters must name a folder of kept adapters (<recipe>-s<seed>-lr<rate>"

@@ -226,6 +226,7 @@ def settings(args) -> dict:
         "train": {
             "method": "gkv",
             "variants": {name: {"recipe": r, "overrides": o} for name, (r, o) in args.variants.items()},
+            **({"train_keys": args.train_keys} if args.train_keys else {}),
             "budget": args.train_budget,
             "steps": args.steps,
             "prompts_per_step": args.prompts_per_step,

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from gkv_train.config.compose import dotted_keys
-from gkv_train.config.moved import current_keys
+from gkv_train.config.moved import EARLIER, current_keys
 from gkv_train.evidence.design import RUN_KEYS, lr_name, run_name, settings
 from gkv_train.evidence.runs import train_keys
 
@@ -84,20 +84,43 @@ def resolved(args, recipes: list[str] | None = None) -> dict:
     return args._resolved
 
 
+def meaning(keys: dict) -> dict:
+    """A composed training configuration's dotted ``keys`` as what they mean for a run: the ``compression.*`` keys
+    as the method they build (``CompressionConfig.identity``: a shared option left to the method, None, equals the
+    method's own value an earlier version wrote out, ``pool: max``), without the fields no run honours
+    (``upstream.never_honoured``: ``do_eval``, ...)."""
+    from gkv_rollout.config import CompressionConfig
+    from gkv_train.config.upstream import never_honoured
+
+    unread = never_honoured()
+    found = {k: v for k, v in keys.items() if k not in unread and not k.startswith("compression.")}
+    given = {k.split(".", 1)[1]: v for k, v in keys.items() if k.startswith("compression.") and v is not None}
+    if "method" not in given:
+        return {**found, **{f"compression.{k}": v for k, v in given.items()}}
+    try:
+        built = CompressionConfig.template(given.pop("method"), **given).identity()
+    except ValueError:  # what an earlier version took and today's refuses: compared as written
+        return {**found, **{f"compression.{k}": v for k, v in keys.items() if k.startswith("compression.")}}
+    return {**found, **{f"compression.{k}": v for k, v in built.items()}}
+
+
 def check_resolved(args) -> None:
     """An error naming the keys when a recipe of this call composes to another configuration than the published
-    runs of that name were trained with (a default changed since, or an override): they would be pooled as one."""
+    runs of that name were trained with (a default changed since, or an override): they would be pooled as one.
+    Compared by ``meaning``; a key the published record lacks (added since) is held against it only where an
+    earlier version ran otherwise than today's default (``moved.EARLIER``: ``chunk_given``, token by token)."""
     before = published(args).get("settings", {}).get("train", {}).get("resolved", {})
     for recipe, mine in resolved(args).items():
         theirs = before.get(recipe)
-        if theirs is not None:  # keys of an earlier version under their names today
-            theirs = current_keys(theirs)
-        differ = sorted(k for k in set(mine) | set(theirs or {}) if theirs is not None and mine.get(k) != theirs.get(k))
+        if theirs is None:
+            continue
+        mine, theirs = meaning(mine), meaning({**EARLIER, **current_keys(theirs)})
+        differ = sorted(k for k in set(mine) | set(theirs) if k in theirs and mine.get(k) != theirs[k])
         if differ:
             shown = ", ".join(f"{k}: {theirs.get(k)!r} there, {mine.get(k)!r} here" for k in differ[:6])
             raise SystemExit(
                 f"error: {args.results}: recipe {recipe} now composes to other train.py settings than its published "
-                f"runs were trained with ({shown}): another --results, or a --variant that sets them back"
+                f"runs were trained with ({shown}): another --results, or --train-keys that set them back"
             )
 
 

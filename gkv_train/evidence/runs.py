@@ -105,9 +105,9 @@ def train_keys(name: str, seed: int, lr: float, args, make_traces: bool = True) 
     if recipe == "distill":
         keys.append(f"distill.traces={teacher_traces(args) if make_traces else TRACES.format(root=args.output_root)}")
     keys += task_settings(args)["train_keys"]
-    own = variant_overrides(name, args)
-    replaced = {o.split("=", 1)[0] for o in own}
-    return [k for k in keys if k.split("=", 1)[0] not in replaced] + own
+    own = [*args.train_keys, *variant_overrides(name, args)]  # a later key replaces an earlier one of its name
+    replaced = {o.split("=", 1)[0]: o for o in own}
+    return [k for k in keys if k.split("=", 1)[0] not in replaced] + list(replaced.values())
 
 
 def teacher_traces(args) -> Path:
