@@ -50,6 +50,14 @@ fraction, positive_fraction = real_in(0, 1), real_in(0, 1, low_open=True)  # a s
 nonnegative_number, positive_number = real_in(0, math.inf), real_in(0, math.inf, low_open=True)  # temperature; lr
 
 
+def true_false(text: str) -> bool:
+    """The argparse type of a yes/no setting written as the configuration writes it: ``true`` or ``false``."""
+    found = {"true": True, "false": False}.get(text)
+    if found is None:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected true or false")
+    return found
+
+
 def worker(text: str) -> tuple[int, int]:
     """``--worker i/n``: the i-th of n workers side by side (0 <= i < n), as (i, n)."""
     i, slash, n = text.partition("/")

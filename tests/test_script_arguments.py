@@ -22,6 +22,7 @@ from gkv_train.argument_types import (  # noqa: E402
     output_folder,
     positive_fraction,
     positive_number,
+    true_false,
     worker,
 )
 
@@ -35,6 +36,7 @@ from gkv_train.argument_types import (  # noqa: E402
         (positive_fraction, {"1": 1.0, "0.2": 0.2}, {"0": r"\(0, 1\]", "2": r"\(0, 1\]"}),
         (nonnegative_number, {"0": 0.0, "0.6": 0.6}, {"-1": r"\[0, inf\)", "inf": r"\[0, inf\)", "nan": "inf"}),
         (positive_number, {"3e-4": 3e-4}, {"0": r"\(0, inf\)", "abc": "not a number"}),
+        (true_false, {"true": True, "false": False}, {"maybe": "true or false", "True": "true or false"}),
         (worker, {"0/1": (0, 1), "1/2": (1, 2)}, {"0/0": "i/n", "1/1": "counted from 0", "abc": "i/n", "-1/2": "i/n"}),
     ],
 )
@@ -76,6 +78,8 @@ HOSTILE = [
     ("bench_methods.py", ["--samples", "0", "--plan-only"], "--samples"),
     ("bench_retrieval.py", ["--quick", "--results", "{tmp}/no/r.json"], "--results"),
     ("bench_rl_evidence.py", ["--quick", "--seeds", "-1"], "--seeds"),
+    ("bench_rl_evidence.py", ["--quick", "--number-in-prompt", "maybe"], "--number-in-prompt"),  # was a KeyError
+    ("bench_decode_regime.py", ["--quick", "--number-in-prompt", "no"], "--number-in-prompt"),
     ("bench_rollout.py", ["--batch", "0"], "--batch"),
     ("bench_s4r.py", ["--eta", "0"], "--eta"),
     ("bench_scaling.py", ["--quick", "--batch", "0"], "--batch"),

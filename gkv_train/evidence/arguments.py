@@ -18,6 +18,7 @@ from gkv_train.argument_types import (
     output_folder,
     positive_fraction,
     positive_number,
+    true_false,
 )
 from gkv_train.evidence.design import DISTILL, RECIPES, RESERVED, RULES, STAGES, base_recipe, cross_runs, task_settings
 from gkv_train.evidence.regime import EVICTION
@@ -62,7 +63,7 @@ def add_task_arguments(add) -> None:
     add("--count-to", type=count, help="count_recall's last number (160)")
     add(
         "--number-in-prompt",
-        type=lambda v: {"true": True, "false": False}[v],
+        type=true_false,
         default=True,
         metavar="{true,false}",
         help="long_recall: false asks without stating the number (only the story's first sentence holds it)",

@@ -21,6 +21,7 @@ from gkv_train.argument_types import (
     output_file,
     output_folder,
     positive_fraction,
+    true_false,
 )
 from gkv_train.evidence import jobs
 from gkv_train.models import check_adapter
@@ -55,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--count-to", type=count, default=160, help="count_recall's last number")
     add(
         "--number-in-prompt",
-        type=lambda v: {"true": True, "false": False}[v],
+        type=true_false,
         default=True,
         metavar="{true,false}",
         help="long_recall: false asks without stating the number (only the story's first sentence holds it)",
