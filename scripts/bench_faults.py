@@ -9,10 +9,10 @@
 
 Every case runs in its own subprocesses (``--python`` on the ``--repo`` checkout: the working folder is a fresh
 folder of the case, ``PYTHONPATH`` is the checkout, and every case checks that ``gkv_train`` was imported from
-there), under ``nice``, ``OMP_NUM_THREADS=1``, ``HF_HUB_OFFLINE=1``, an address-space cap (``--memory-gb``,
-RLIMIT_AS: a runaway allocation fails in the child instead of exhausting the machine) and a per-case time limit
-(the whole process group is killed at the limit). A ``sitecustomize`` module put first on the children's
-``PYTHONPATH`` records where ``gkv_train`` was imported from and every model load
+there), under ``nice``, ``OMP_NUM_THREADS=1``, ``HF_HUB_OFFLINE=1``, ``HF_DATASETS_OFFLINE=1``, an address-space
+cap (``--memory-gb``, RLIMIT_AS: a runaway allocation fails in the child instead of exhausting the machine) and a
+per-case time limit (the whole process group is killed at the limit). A ``sitecustomize`` module put first on the
+children's ``PYTHONPATH`` records where ``gkv_train`` was imported from and every model load
 (``gkv_train.models.load_model``, ``PreTrainedModel.from_pretrained``); it changes nothing else. Results go to
 ``<out>/cases.jsonl`` as each case finishes; a case already there is not run again (``--fresh`` starts over), so
 an interrupted probe continues. At the end: one JSON line on stdout (the table), every case's outcome in

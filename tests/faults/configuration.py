@@ -743,7 +743,7 @@ def lm_eval_refusal(model_args: str, names: list[str]):
     written."""
 
     def run(ctx: Context) -> Verdict:
-        proc = ctx.run(lm_eval_command(ctx, model_args), 180, env={"HF_DATASETS_OFFLINE": "1"})
+        proc = ctx.run(lm_eval_command(ctx, model_args), 180)
         return judge_refusal(proc, names, before_load=True, must_not_exist=[ctx.work / "out"])
 
     return run

@@ -1,7 +1,8 @@
 """The probe's machinery: the files its children load (``SITECUSTOMIZE``, the misbehaving answer checks), a
-child process and its record (``Context``, ``Running``, ``Proc``), the outcome rules (``judge_refusal``,
-``judge_result``, ``judge_either``), readers of what a child wrote, and the three kinds of case
-(``refuse``, ``result``, ``either``). The outcomes are defined in ``scripts/bench_faults.py``."""
+child process and its record (``Context``, ``Running``, ``Proc``; ``Forks``: children forked from a warm
+interpreter), the outcome rules (``judge_refusal``, ``judge_result``, ``judge_either``), readers of what a child
+wrote, and the three kinds of case (``refuse``, ``result``, ``either``). The outcomes are defined in
+``scripts/bench_faults.py``."""
 
 from __future__ import annotations
 
@@ -164,6 +165,95 @@ if _marker and not os.path.exists(_marker):
 from gkv_rewards.verify import answers_match as answers  # noqa: E402
 '''
 
+# A warm interpreter that starts each child by fork (``Forks``): the entry points' modules imported once, so a child
+# that refuses its input costs its own work, not the ~4 s of importing torch and transformers again.
+ZYGOTE = '''"""Written by tests/faults/harness.py: imports the modules named in argv once, then serves one JSON
+request a line on stdin ({argv, cwd, env, out, err, memory, timeout}) by forking a child that runs argv as
+`python ARGV...` would (a script file, `-m MODULE` or `-c CODE`), its stdout and stderr in files; answers one JSON
+line {rc, timed_out, seconds} on stdout (rc negative: killed by that signal, as subprocess reports it)."""
+import json, os, resource, runpy, signal, sys, time, traceback
+
+import sitecustomize  # records imports and model loads into $BENCH_FAULTS_MARKS: this interpreter's, then each child's
+
+reply = os.fdopen(os.dup(1), "w")  # the answers' own channel: what the imports print goes to stderr
+os.dup2(2, 1)
+for name in sys.argv[1:]:
+    __import__(name)
+
+
+def run(request):
+    os.setsid()
+    os.nice(10)
+    resource.setrlimit(resource.RLIMIT_AS, (request["memory"], request["memory"]))
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sitecustomize._PATH = request["env"].get("BENCH_FAULTS_MARKS")
+    os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+    for fd, path in ((1, request["out"]), (2, request["err"])):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+    argv = request["argv"]
+    try:
+        if argv[0] == "-c":
+            sys.argv = ["-c", *argv[2:]]
+            sys.path[0] = ""
+            exec(compile(argv[1], "<string>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+        elif argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+            runpy.run_path(argv[0], run_name="__main__")
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+    except BaseException as err:  # the traceback a fresh interpreter prints: from the child's own first frame
+        frames = err.__traceback__
+        while frames is not None and frames.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>"):
+            frames = frames.tb_next
+        traceback.print_exception(type(err), err, frames)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
+for line in sys.stdin:
+    request = json.loads(line)
+    sys.stdout.flush()
+    start = time.time()
+    pid = os.fork()
+    if pid == 0:
+        run(request)
+    deadline = start + request["timeout"]
+    timed_out = False
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.time() > deadline:
+            timed_out = True
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+            _, status = os.waitpid(pid, 0)
+            break
+        time.sleep(0.005)
+    try:
+        os.killpg(pid, signal.SIGKILL)  # what the child left running (reward workers)
+    except OSError:
+        pass
+    rc = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+    reply.write(json.dumps({"rc": rc, "timed_out": timed_out, "seconds": time.time() - start}) + "\\n")
+    reply.flush()
+'''
+
 # The reward cases' child: evaluates its spec (a Python literal; nan / inf allowed) and prints one result line.
 REWARD_CHILD = r"""
 import json, sys, time
@@ -291,6 +381,79 @@ class Running:
         return proc
 
 
+class Forks:
+    """A warm interpreter of the checkout (``ZYGOTE``) that starts children by fork: ``run`` is ``Context.run``'s
+    for the children it may fork (see there), and gives the same ``Proc`` a fresh interpreter gives (exit code or
+    signal, output, marks: the warm interpreter's own imports first). Each child runs with the case's environment,
+    working folder, address-space cap and time limit, in its own session.
+    What differs from a fresh interpreter: the modules of ``PRELOAD`` are imported before the child starts, so a
+    fault in importing them, or state they keep between imports, shows only in a fresh one (``make test-faults``
+    and ``scripts/bench_faults.py`` start every child fresh)."""
+
+    PRELOAD = (
+        "gkv_train.cli",
+        "gkv_train.config.compose",
+        "gkv_train.models",
+        "gkv_train.training.launch",
+        "gkv_train.evaluation.evaluate",
+        "gkv_train.evaluation.traces",
+    )
+
+    def __init__(self, repo: Path, python: str, site: Path, folder: Path, data_dir: Path | None = None):
+        self.python, self.folder = python, folder
+        folder.mkdir(parents=True, exist_ok=True)
+        (site / "bench_faults_zygote.py").write_text(ZYGOTE)
+        self.marks = folder / "zygote.marks"
+        env = Context(repo, python, folder, site, 0, data_dir).env({"BENCH_FAULTS_MARKS": str(self.marks)})
+        self.popen = subprocess.Popen(
+            [python, str(site / "bench_faults_zygote.py"), *self.PRELOAD],
+            cwd=folder,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        self._count = 0
+
+    def run(self, ctx: "Context", args: list[str], timeout: float) -> Proc:
+        ctx._count += 1
+        self._count += 1
+        marks = ctx.work / f".proc{ctx._count}.marks"
+        out, err = self.folder / f"{self._count}.out", self.folder / f"{self._count}.err"
+        request = {
+            "argv": args,
+            "cwd": str(ctx.work),
+            "env": ctx.env({"BENCH_FAULTS_MARKS": str(marks)}),
+            "out": str(out),
+            "err": str(err),
+            "memory": ctx.memory_bytes,
+            "timeout": timeout,
+        }
+        self.popen.stdin.write(json.dumps(request) + "\n")
+        self.popen.stdin.flush()
+        line = self.popen.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the warm interpreter ended (exit {self.popen.wait()})")
+        answer = json.loads(line)
+        proc = Proc(
+            [self.python, *args],
+            answer["rc"],
+            read_text(out),
+            read_text(err),
+            answer["seconds"],
+            answer["timed_out"],
+            read_marks(self.marks) + read_marks(marks),
+        )
+        out.unlink(missing_ok=True)
+        err.unlink(missing_ok=True)
+        ctx.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        self.popen.stdin.close()
+        self.popen.wait(30)
+
+
 def kill_group(popen: subprocess.Popen) -> None:
     """SIGKILL the child's process group (the child leads its own session: reward workers, relaunched
     processes), then reap the child."""
@@ -326,9 +489,18 @@ class Context:
     """What a case runs with: the checkout, the interpreter, a fresh work folder (the children's working folder),
     the limits; ``procs`` collects every child's record."""
 
-    def __init__(self, repo: Path, python: str, work: Path, site: Path, memory_bytes: int, data_dir: Path | None):
+    def __init__(
+        self,
+        repo: Path,
+        python: str,
+        work: Path,
+        site: Path,
+        memory_bytes: int,
+        data_dir: Path | None,
+        forks: Forks | None = None,
+    ):
         self.repo, self.python, self.work, self.site = repo, python, work, site
-        self.memory_bytes, self.data_dir = memory_bytes, data_dir
+        self.memory_bytes, self.data_dir, self.forks = memory_bytes, data_dir, forks
         self.procs: list[Proc] = []
         self.notes: dict = {}
         self._count = 0
@@ -340,6 +512,7 @@ class Context:
             OMP_NUM_THREADS="1",
             MKL_NUM_THREADS="1",
             HF_HUB_OFFLINE="1",
+            HF_DATASETS_OFFLINE="1",
             TOKENIZERS_PARALLELISM="false",
             PYTHONUNBUFFERED="1",
             WANDB_MODE="offline",
@@ -383,6 +556,11 @@ class Context:
         return Running(self, argv, popen, marks)
 
     def run(self, argv: list[str], timeout: float, fsize: int | None = None, env: dict | None = None) -> Proc:
+        """``argv`` run to its end (or its limit): forked from ``forks`` where one is given and the child needs
+        neither a file-size limit nor variables of its own (``env``: a module may read one at import, as
+        ``gkv_train.problems.data`` reads ``GKV_DATA_DIR``); else a fresh interpreter."""
+        if self.forks is not None and fsize is None and not env and argv[0] == self.python:
+            return self.forks.run(self, argv[1:], timeout)
         return self.start(argv, fsize, env).wait(timeout)
 
     @contextmanager
@@ -767,11 +945,12 @@ def run_case(
     memory_bytes: int,
     data_dir: Path | None,
     keep: bool,
+    forks: Forks | None = None,
 ) -> dict:
     work = work_root / f"case-{hashlib.sha1(case.name.encode()).hexdigest()[:10]}"  # no words a pattern could match
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    ctx = Context(repo, python, work, site, memory_bytes, data_dir)
+    ctx = Context(repo, python, work, site, memory_bytes, data_dir, forks)
     start = time.time()
     try:
         verdict = case.run(ctx)

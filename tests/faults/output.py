@@ -279,7 +279,6 @@ def lm_eval_stats(ctx: Context) -> Verdict:
             ctx, "pretrained=tiny,method=gkv,budget=16,window=4,interval=8,stats={work}/missing/stats.jsonl"
         ),
         180,
-        env={"HF_DATASETS_OFFLINE": "1"},
     )
     return judge_refusal(proc, ["missing"], before_load=True, must_not_exist=[ctx.work / "out"])
 
