@@ -1,8 +1,10 @@
 """JSON files that strict parsers accept (``null``, never ``NaN``), JSONL reading that survives damaged lines, atomic
-writes, and the one reader of a run's state files (``read_state``: JSON or YAML, every failure naming the file)."""
+writes, the one reader of a run's state files (``read_state``: JSON or YAML, every failure naming the file) and of a
+benchmark's one results file (``read_results``)."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
@@ -115,3 +117,29 @@ def read_state(path: Path, holds: type = dict) -> dict | list:
         wanted = "a mapping of keys" if holds is dict else f"a {holds.__name__}"
         raise ValueError(f"{path} is damaged (it holds a {type(value).__name__}, not {wanted})")
     return value
+
+
+def read_results(path: Path, empty: dict, option: str = "--results") -> dict:
+    """A benchmark's one results file at ``path``, or a copy of ``empty`` where there is none. ``empty`` says what
+    the file must be: a JSON object whose every key of ``empty`` holds the same name (a text value:
+    ``{"benchmark": "trace_config", "runs": []}``) or the same kind of container (its runs: a list or a mapping).
+    Anything else is a ValueError naming ``option`` and the file, which a benchmark raises before any run (its
+    hours are not spent to fail at its end, and another benchmark's file is never written over)."""
+    path = Path(path)
+    if not path.exists():
+        return copy.deepcopy(empty)
+    try:
+        found = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{option} {path} is not a JSON file ({err}): another {option}") from None
+
+    def holds(key, wanted) -> bool:
+        return found.get(key) == wanted if isinstance(wanted, str) else isinstance(found.get(key), type(wanted))
+
+    if not (isinstance(found, dict) and all(holds(k, v) for k, v in empty.items())):
+        name = next(v for v in empty.values() if isinstance(v, str))
+        what = ", ".join(
+            f"{k} {v!r}" if isinstance(v, str) else f"a {type(v).__name__} of {k}" for k, v in empty.items()
+        )
+        raise ValueError(f"{option} {path} is not {name}'s results file (a JSON object with {what}): another {option}")
+    return found

@@ -73,7 +73,7 @@ import sys
 import time
 from pathlib import Path
 
-from gkv_train.jsonio import write_atomically
+from gkv_train.jsonio import read_results, write_atomically
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the cases and their harness (tests/faults/)
 
@@ -81,6 +81,11 @@ from faults.cases import all_cases  # noqa: E402
 from faults.harness import CATEGORIES, KINDS, OUTCOMES, ROOT, Case, read_jsonl, run_case, write_site  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------- main
+
+EMPTY = {
+    "bench": "faults",
+    "runs": [],
+}  # the results file before its first run (what gkv_train.jsonio.read_results checks)
 
 
 def select(cases: list[Case], pattern: str | None) -> list[Case]:
@@ -223,24 +228,6 @@ def tables(view: str, result: dict) -> str:
     return "\n".join(lines) + f"\n\n{commands}\n"
 
 
-def read_results(path: Path) -> dict:
-    """The results file at ``path`` (``{"bench": "faults", "runs": [...]}``), or an empty one where there is none;
-    anything else there is a ValueError naming it (``main`` reads it before any case runs: a probe's hours are
-    not spent to fail at its end)."""
-    if not path.exists():
-        return {"bench": "faults", "runs": []}
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"--results {path} is not a JSON file ({err}): another --results") from None
-    if not (isinstance(found, dict) and found.get("bench") == "faults" and isinstance(found.get("runs"), list)):
-        raise ValueError(
-            f'--results {path} is not bench_faults\' results file (a JSON object with bench "faults" and '
-            "a list of runs): another --results"
-        )
-    return found
-
-
 def with_run(result: dict, run: dict) -> dict:
     """``result`` with ``run`` in it: a run of the same tag replaced, the others kept in order, and per-case rows
     kept only for the runs of ``run``'s round."""
@@ -254,7 +241,7 @@ def store_run(path: Path, run: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(f".{path.name}.lock"), "w") as lock:  # beside it, ignored by git
         fcntl.flock(lock, fcntl.LOCK_EX)
-        write_atomically(path, local(json.dumps(with_run(read_results(path), run), indent=1)) + "\n")
+        write_atomically(path, local(json.dumps(with_run(read_results(path, EMPTY), run), indent=1)) + "\n")
 
 
 def local(text: str) -> str:
@@ -370,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no case matches {args.cases!r} (see --list)", file=sys.stderr)
         return 2
     try:
-        read_results(args.results)  # a file that is not the bench's is refused before any case runs
+        read_results(args.results, EMPTY)  # a file that is not the bench's is refused before any case runs
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

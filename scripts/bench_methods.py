@@ -43,7 +43,7 @@ from gkv_train.argument_types import (
     output_folder,
     positive_fraction,
 )
-from gkv_train.jsonio import write_atomically
+from gkv_train.jsonio import read_results, write_atomically
 from gkv_train.stats import bootstrap_interval
 
 from _common import ROOT, print_json
@@ -248,23 +248,6 @@ def run_one(dataset: str, interval: int, method: str, budget: int | None, settin
     return result
 
 
-def read_results(path: Path) -> dict:
-    """The results file at ``path`` (``{"benchmark": "methods", "tags": {tag: {"runs": {...}}}}``), or an empty
-    one where there is none; anything else there is an error naming it, before any run."""
-    if not path.exists():
-        return {"benchmark": "methods", "tags": {}}
-    try:
-        found = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        sys.exit(f"error: --results {path} is not a JSON file ({err}): another --results")
-    if not (isinstance(found, dict) and found.get("benchmark") == "methods" and isinstance(found.get("tags"), dict)):
-        sys.exit(
-            f"error: --results {path} is not bench_methods' results file (a JSON object with benchmark "
-            '"methods" and its tags): another --results'
-        )
-    return found
-
-
 def main() -> None:
     args = parse_arguments()
     settings = {
@@ -275,7 +258,10 @@ def main() -> None:
         "temperature": args.temperature,
         "top_p": args.top_p,
     }
-    result = read_results(args.results)
+    try:
+        result = read_results(args.results, {"benchmark": "methods", "tags": {}})
+    except ValueError as err:
+        sys.exit(f"error: {err}")
     runs = result["tags"].setdefault(args.tag, {"runs": {}})["runs"]
     todo = []
     for dataset, interval, method, budget in planned_runs(args):

@@ -182,7 +182,8 @@ def parse_args(argv=None):
 
 def read_runs(path: Path) -> dict:
     """The results file at ``path`` (every compared tree by run name), or an empty one where there is none;
-    anything else is a ValueError naming it."""
+    anything else is a ValueError naming it. (Not ``gkv_train.jsonio.read_results``: this script runs on older
+    trees' packages too.)"""
     if not path.exists():
         return {"script": "compare_reference", "runs": {}}
     try:

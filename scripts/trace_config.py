@@ -169,7 +169,8 @@ def main() -> None:
 
 
 def read_results(path: Path) -> dict:
-    """The results file at ``path``, or an empty one where there is none; anything else is a ValueError naming it."""
+    """The results file at ``path``, or an empty one where there is none; anything else is a ValueError naming it.
+    (Not ``gkv_train.jsonio.read_results``: this script runs on older trees' packages too.)"""
     if not path.exists():
         return {"benchmark": "trace_config", "runs": []}
     try:

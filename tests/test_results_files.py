@@ -1,6 +1,8 @@
-"""The one results file of the scripts that compare trees (``trace_config.py``, ``compare_reference.py``): every run
-in it by tag or name (a run of the same name replaced, the others kept), rendered as the docs' table; a file that is
-not that script's refused before any work."""
+"""A benchmark's one results file: ``gkv_train.jsonio.read_results`` (an empty one where there is none; another's,
+damaged or a folder refused naming the option and the file), and the scripts that compare trees
+(``trace_config.py``, ``compare_reference.py``, with readers of their own: they run on older trees' packages):
+every run in it by tag or name (a run of the same name replaced, the others kept), rendered as the docs' table; a
+file that is not that script's refused before any work."""
 
 import importlib.util
 import json
@@ -12,6 +14,30 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "trace_config.py"
+
+
+def test_read_results_gives_the_file_or_an_empty_one_and_refuses_any_other(tmp_path):
+    from gkv_train.jsonio import read_results
+
+    empty = {"benchmark": "methods", "tags": {}}
+    made = read_results(tmp_path / "none.json", empty)
+    made["tags"]["x"] = 1
+    assert made == {"benchmark": "methods", "tags": {"x": 1}} and empty == {"benchmark": "methods", "tags": {}}
+    (tmp_path / "ours.json").write_text('{"benchmark": "methods", "tags": {"a": {}}, "note": 1}')
+    assert read_results(tmp_path / "ours.json", empty)["tags"] == {"a": {}}
+    (tmp_path / "other.json").write_text('{"bench": "faults", "runs": []}')
+    (tmp_path / "runs-a-list.json").write_text('{"benchmark": "methods", "tags": []}')
+    (tmp_path / "damaged.json").write_text('{"benchmark": "methods", "tags": {')
+    (tmp_path / "folder.json").mkdir()
+    for name, why in (
+        ("other.json", "not methods's results file"),
+        ("runs-a-list.json", "a dict of tags"),
+        ("damaged.json", "not a JSON file"),
+        ("folder.json", "not a JSON file"),
+    ):
+        with pytest.raises(ValueError, match=f"--output {tmp_path / name} is .*{why}"):
+            read_results(tmp_path / name, empty, "--output")
+    assert (tmp_path / "other.json").read_text() == '{"bench": "faults", "runs": []}'  # untouched
 
 
 @pytest.fixture(scope="module")
