@@ -41,8 +41,8 @@ TEST_WORKERS ?= 2
 test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
-# Every hostile case of scripts/bench_faults.py as a test (tests/test_faults.py): `make test` runs all but the
-# state_faults rows; this runs all of them, those that kill, interrupt, damage and resume runs too.
+# Every hostile case of scripts/bench_faults.py as a test (tests/test_faults.py): `make test` runs the quick rows
+# (inputs refused before any work); this runs all of them, those that train, kill, damage and resume runs too.
 test-faults: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) -m '' tests/test_faults.py --durations=15
 

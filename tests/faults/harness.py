@@ -792,12 +792,17 @@ def write_jsonl(path: Path, records: list) -> Path:
 
 @dataclass
 class Case:
+    """One hostile case: ``run`` gives its verdict in a fresh ``Context``; ``timeout``: its children's time limit;
+    ``quick``: the case is one child refused before any work, nothing run before it (its setup, if any, writes
+    files), which every ``make test`` runs (``tests/test_faults.py``)."""
+
     name: str
     category: str
     kind: str
     about: str
     run: Callable[[Context], Verdict]
     timeout: float = 120.0
+    quick: bool = False
 
     def __post_init__(self):
         assert self.category in CATEGORIES and self.kind in KINDS, self.name
@@ -893,7 +898,8 @@ def overrides(entry: str, changes: dict) -> tuple[str, dict]:
 def refuse(
     name, category, kind, about, entry, changes, names, before_load=True, setup=None, must_not_exist=(), timeout=120.0
 ) -> Case:
-    """A case whose right outcome is a clear refusal (``names``: patterns its message must match)."""
+    """A case whose right outcome is a clear refusal (``names``: patterns its message must match); ``setup``
+    writes the files it reads, if any (quick: nothing runs before the refused child)."""
 
     def run(ctx: Context) -> Verdict:
         if setup:
@@ -902,7 +908,7 @@ def refuse(
         proc = ctx.run(ctx.entry(script, ov), timeout)
         return judge_refusal(proc, names, before_load, [Path(ctx.path(p)) for p in must_not_exist])
 
-    return Case(name, category, kind, about, run, timeout)
+    return Case(name, category, kind, about, run, timeout, quick=True)
 
 
 def result(name, category, kind, about, entry, changes, check, setup=None, timeout=180.0) -> Case:

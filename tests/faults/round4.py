@@ -758,7 +758,8 @@ def row_case(row: tuple, kind: str = "round4") -> Case:
         absent = [Path(ctx.path(p)) for p in ctx.notes.pop("absent", [])]
         return judge_refusal(proc, patterns, before_load=expect != "refuse_late", must_not_exist=absent)
 
-    return Case(name, category, kind, about, run, 900.0 if setup is not None else 360.0)
+    quick = setup is None and expect in ("refuse", "refuse_late", "raise")  # one child refused, nothing run first
+    return Case(name, category, kind, about, run, 900.0 if setup is not None else 360.0, quick)
 
 
 def round4_cases() -> list[Case]:
