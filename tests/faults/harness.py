@@ -182,6 +182,7 @@ for name in sys.argv[1:]:
 
 
 def run(request):
+    os.close(reply.fileno())  # the answers' channel stays the warm interpreter's alone
     os.setsid()
     os.nice(10)
     resource.setrlimit(resource.RLIMIT_AS, (request["memory"], request["memory"]))
