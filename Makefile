@@ -42,7 +42,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 # Every hostile case of scripts/bench_faults.py as a test (tests/test_faults.py): `make test` runs the quick rows
-# (inputs refused before any work); this runs all of them, those that train, kill, damage and resume runs too.
+# (inputs refused before any work, the data-loss cases); this runs all of them, the results of whole runs too.
 test-faults: $(STAMP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) -m '' tests/test_faults.py --durations=15
 
