@@ -388,8 +388,8 @@ class Forks:
     signal, output, marks: the warm interpreter's own imports first). Each child runs with the case's environment,
     working folder, address-space cap and time limit, in its own session.
     What differs from a fresh interpreter: the modules of ``PRELOAD`` are imported before the child starts, so a
-    fault in importing them, or state they keep between imports, shows only in a fresh one (``make test-faults``
-    and ``scripts/bench_faults.py`` start every child fresh)."""
+    fault in importing them, or state they keep between imports, shows only in a fresh one
+    (``scripts/bench_faults.py`` starts every child fresh)."""
 
     PRELOAD = (
         "gkv_train.cli",
