@@ -82,10 +82,8 @@ from faults.harness import CATEGORIES, KINDS, OUTCOMES, ROOT, Case, read_jsonl, 
 
 # ---------------------------------------------------------------------------------------------------------- main
 
-EMPTY = {
-    "bench": "faults",
-    "runs": [],
-}  # the results file before its first run (what gkv_train.jsonio.read_results checks)
+# the results file before its first run, and what gkv_train.jsonio.read_results checks a found one against
+EMPTY = {"bench": "faults", "runs": []}
 
 
 def select(cases: list[Case], pattern: str | None) -> list[Case]:
