@@ -1,6 +1,7 @@
 """JSON files that strict parsers accept (``null``, never ``NaN``), JSONL reading that survives damaged lines, atomic
 writes, the one reader of a run's state files (``read_state``: JSON or YAML, every failure naming the file) and of a
-benchmark's one results file (``read_results``)."""
+benchmark's one results file (``read_results``), a benchmark's one JSON line (``print_json``) and a results file's
+sections (``merge_section``)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,20 @@ def write_atomically(path: Path, text: str) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def print_json(record: dict) -> None:
+    """One strict JSON line on stdout (NaN written as null)."""
+    print(dumps(record), flush=True)
+
+
+def merge_section(path: Path, stage: str, section: dict, header: dict) -> None:
+    """Replace ``stage``'s section of the results file ``path`` (``header``: the keys set when the file is new)."""
+    path = Path(path)
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    merged = {**header, **old}
+    merged[stage] = section
+    write_atomically(path, dumps(merged, indent=2))
 
 
 def file_identity(path: Path, sample_bytes: int = 16 << 20) -> list:

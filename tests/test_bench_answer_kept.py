@@ -109,10 +109,8 @@ def test_problem_shares_read_the_record_at_the_story_s_last_token():
     import random
 
     from gkv_rollout.contract.eviction import NEVER, EvictionRecord
+    from gkv_train.benchmarks.bench_answer_kept import problem_shares
     from gkv_train.models import tiny_tokenizer
-
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_answer_kept import problem_shares
 
     tokenizer = tiny_tokenizer()
     problem = "Ava has 47 apples. Tell the story."
@@ -141,8 +139,7 @@ def test_problem_shares_read_the_record_at_the_story_s_last_token():
 def refused(monkeypatch, capsys, argv: list[str]) -> str:
     """``bench_answer_kept.py argv`` run as main in this process: it must be refused (exit 2) before any work (no
     model measured); its ``error:`` line returned."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import bench_answer_kept
+    from gkv_train.benchmarks import bench_answer_kept
 
     monkeypatch.setattr(bench_answer_kept, "measure", lambda *a, **k: pytest.fail("measured before the refusal"))
     monkeypatch.setattr(sys, "argv", ["bench_answer_kept.py", *argv])

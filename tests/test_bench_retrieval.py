@@ -21,10 +21,8 @@ def tables_of(results: Path, view: str) -> str:
 def test_the_needle_split_reads_the_block_s4r_samples():
     """in_recent_block says whether the needle's first token is among the recent block of the positions S4R samples
     for its bases (gkv_rollout.lowrank.sample_positions over the non-sink prompt tokens), at each eta."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    from bench_retrieval import in_recent_block
-
     from gkv_rollout.lowrank import sample_positions
+    from gkv_train.benchmarks.retrieval_stages import in_recent_block
 
     sinks, prompt = 4, 300
     for eta in (0.2, 0.4):
