@@ -13,15 +13,12 @@ from gkv_train.argument_types import (
     fraction,
     input_folder,
     natural,
-    nonnegative_number,
     output_file,
     output_folder,
-    positive_fraction,
     positive_number,
-    true_false,
 )
 from gkv_train.evidence.design import DISTILL, RECIPES, RESERVED, RULES, STAGES, base_recipe, cross_runs, task_settings
-from gkv_train.evidence.regime import EVICTION
+from gkv_train.evidence.regime import EVICTION, add_sampling_arguments
 from gkv_train.evidence.runs import regime_args
 from gkv_train.training.rewards import import_callable
 
@@ -62,21 +59,10 @@ def add_task_arguments(add) -> None:
     add("--sentences", type=count, help="the task's middle sentences (copy_recall 10, long_recall 80)")
     add("--count-to", type=count, help="count_recall's last number (160)")
     add(
-        "--number-in-prompt",
-        type=true_false,
-        default=True,
-        metavar="{true,false}",
-        help="long_recall: false asks without stating the number (only the story's first sentence holds it)",
-    )
-    add(
         "--copy-share", type=fraction, help="copy_recall: the share of the places a completion must copy in order (0.4)"
     )
-    add("--window", type=count, default=8)
-    add("--interval", type=count, default=16)
     add("--max-new-tokens", type=count, help="copy_recall 300, long_recall 1040 (its story and the number)")
-    add("--temperature", type=nonnegative_number, default=0.6)
-    add("--top-p", type=positive_fraction, default=0.95)
-    add("--batch-problems", type=count, default=16)
+    add_sampling_arguments(add)
     add("--probe-budgets", nargs="+", type=count, default=[192, 160])
     add("--probe-methods", nargs="+", choices=EVICTION, help="probe: these eviction methods (default: every one)")
     add("--probe-problems", type=count, default=32)

@@ -35,6 +35,24 @@ COMMAND = [sys.executable, "-m", "gkv_train.cli"]
 EVICTION = [name for name in eviction_methods() if not registered()[name].keep_prompt]
 
 
+def add_sampling_arguments(add) -> None:
+    """What the regime and ``gkv-train compare`` sample with, one protocol for both (``add``: a parser's
+    ``add_argument``): the compression's window and interval, temperature and top-p, problems per batch, and
+    whether ``long_recall`` states its number in the prompt."""
+    add("--window", type=count, default=8)
+    add("--interval", type=count, default=16)
+    add("--temperature", type=nonnegative_number, default=0.6)
+    add("--top-p", type=positive_fraction, default=0.95)
+    add("--batch-problems", type=count, default=16)
+    add(
+        "--number-in-prompt",
+        type=true_false,
+        default=True,
+        metavar="{true,false}",
+        help="long_recall: false asks without stating the number (only the story's first sentence holds it)",
+    )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The regime's arguments: the model, the task, the sampling and compression settings, the ordering stages'
     problems, methods and budgets, the trained adapters they compare, the regime's checks."""
@@ -54,13 +72,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--sentences", type=count, default=10, help="the task's middle sentences (copy_recall, long_recall)")
     add("--count-to", type=count, default=160, help="count_recall's last number")
-    add(
-        "--number-in-prompt",
-        type=true_false,
-        default=True,
-        metavar="{true,false}",
-        help="long_recall: false asks without stating the number (only the story's first sentence holds it)",
-    )
     add(
         "--copy-required",
         default="last",
@@ -114,12 +125,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--methods-problems", type=count, default=128, help="methods: held-out problems")
     add("--methods-samples", type=count, default=4, help="methods: samples per held-out problem")
-    add("--window", type=count, default=8)
-    add("--interval", type=count, default=16)
     add("--max-new-tokens", type=count, default=300)
-    add("--temperature", type=nonnegative_number, default=0.6)
-    add("--top-p", type=positive_fraction, default=0.95)
-    add("--batch-problems", type=count, default=16)
+    add_sampling_arguments(add)
     add("--min-full", type=fraction, default=0.40)
     add("--min-gap", type=fraction, default=0.15)
     add("--min-decode-compressions", type=natural, default=6)
