@@ -76,6 +76,8 @@ HOSTILE = [
     ("bench_decode_regime.py", ["--quick", "--steps", "0"], "--steps"),
     ("bench_lm_eval.py", ["--output-root", "{tmp}/a-file"], "--output-root"),
     ("bench_methods.py", ["--samples", "0", "--plan-only"], "--samples"),
+    # its default evaluate.py is the checkout's, relative to the folder it runs from (here one without it)
+    ("bench_methods.py", ["--limit", "2", "--plan-only"], "--evaluate"),
     ("bench_retrieval.py", ["--quick", "--results", "{tmp}/no/r.json"], "--results"),
     ("bench_rl_evidence.py", ["--quick", "--seeds", "-1"], "--seeds"),
     ("bench_rl_evidence.py", ["--quick", "--number-in-prompt", "maybe"], "--number-in-prompt"),  # was a KeyError

@@ -198,7 +198,12 @@ def parse_arguments() -> argparse.Namespace:
     parser.add_argument(
         "--tag", default="current", help="a name for this code version (in --results, under --work-root)"
     )
-    parser.add_argument("--evaluate", type=input_file, default=Path("scripts/evaluate.py"), help="evaluate.py to run")
+    parser.add_argument(
+        "--evaluate",
+        type=input_file,
+        default="scripts/evaluate.py",
+        help="evaluate.py to run (checked before any work)",
+    )
     parser.add_argument(
         "--sampling-keys",
         choices=["trl", "group", "num_generations", "n_samples"],
