@@ -824,16 +824,16 @@ def test_a_model_that_changes_its_logits_after_the_head_is_refused_before_it_loa
     control: the same folder with the softcapping off."""
     from transformers import Gemma2Config
 
-    from gkv_train.config.preflight import check_generations
+    from gkv_train.config.preflight import WeightlessModel, check_generations
     from gkv_train.models import tiny_tokenizer
 
     tiny_tokenizer().save_pretrained(tmp_path)
     shape = dict(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8, hidden_size=16)
     Gemma2Config(vocab_size=128, final_logit_softcapping=30.0, **shape).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=f"model={tmp_path} changes its logits after the LM head"):
-        check_generations(str(tmp_path), [], 4, "cpu")
+        check_generations(WeightlessModel.read(str(tmp_path)), [], 4, "cpu")
     Gemma2Config(vocab_size=128, final_logit_softcapping=None, **shape).save_pretrained(tmp_path)
-    check_generations(str(tmp_path), [], 4, "cpu")
+    check_generations(WeightlessModel.read(str(tmp_path)), [], 4, "cpu")
 
 
 @pytest.mark.parametrize(
@@ -988,13 +988,18 @@ def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model
     """Prompt + new tokens against the context, an S4R rank against D', and the rollout's KV memory against what the
     machine has, from the model's configuration only (a model folder without weights)."""
     from gkv_train.config import preflight
-    from gkv_train.config.preflight import Generation, check_generations
+    from gkv_train.config.preflight import Generation, WeightlessModel, check_generations
 
     prompts, ids = ["short question", "x" * 5000], [7, 8]
     full = [CompressionConfig("full")]
 
     def check(prompts=prompts, new=24, compressions=full, rows=4):
-        check_generations(weightless_model, [Generation("evaluation", prompts, ids, rows, new, compressions)], 4, "cpu")
+        check_generations(
+            WeightlessModel.read(weightless_model),
+            [Generation("evaluation", prompts, ids, rows, new, compressions)],
+            4,
+            "cpu",
+        )
 
     with pytest.raises(ValueError, match="the prompt of problem 8 \\(5000 tokens\\) plus 24 new tokens"):
         check()

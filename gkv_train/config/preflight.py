@@ -13,6 +13,7 @@ import os
 import resource
 import sys
 from dataclasses import dataclass
+from typing import Any
 
 from gkv_rollout.config import CompressionConfig
 from gkv_rollout.contract.attention import check_plain_head
@@ -21,6 +22,26 @@ from gkv_train.storage import size_text
 
 NEAR_LIMIT = 64  # tokens: prompts estimated this close to the context are tokenised exactly (chat template)
 GIVEN_COUNTED = 100_000  # characters: a given beginning up to this long is counted exactly even when far too long
+
+
+@dataclass(frozen=True)
+class WeightlessModel:
+    """A model as the checks before any work read it, once (``read``): its ``name`` (as given, for messages), its
+    configuration and tokenizer (``load_config_and_tokenizer``: never its weights)."""
+
+    name: str
+    config: Any
+    tokenizer: Any
+
+    @classmethod
+    def read(cls, name: str) -> WeightlessModel:
+        from gkv_train.models import load_config_and_tokenizer
+
+        return cls(name, *load_config_and_tokenizer(name))
+
+    @property
+    def shape(self) -> ModelShape:
+        return ModelShape.of(self.name, self.config)
 
 
 @dataclass
@@ -43,16 +64,13 @@ class Generation:
 
 
 def check_generations(
-    model: str, generations: list[Generation], dtype_bytes: int, device: str, processes: int = 1
+    model: WeightlessModel, generations: list[Generation], dtype_bytes: int, device: str, processes: int = 1
 ) -> None:
     """Every limit of ``generations`` on ``model`` (see the module's docstring), before it loads: ValueError naming
     the first limit exceeded. ``dtype_bytes``: bytes of a cache entry (the dtype the model is loaded in);
     ``processes``: processes on this machine generating alike (CPU: they share its memory)."""
-    from gkv_train.models import load_config_and_tokenizer
-
-    config, tokenizer = load_config_and_tokenizer(model)
-    check_plain_head(config, f"model={model}")
-    shape = ModelShape.of(model, config)
+    check_plain_head(model.config, f"model={model.name}")
+    shape, tokenizer = model.shape, model.tokenizer
     need, biggest, counted = 0, None, {}
     # the prompt lengths from which a method refuses a prompt: prompts near one are counted exactly
     limits = {c.resolved.prompt_limit() for g in generations for c in g.compressions} - {None}
@@ -80,26 +98,23 @@ def check_generations(
         check_memory(shape, need * (processes if device == "cpu" else 1), biggest, device, processes)
 
 
-def check_task_contexts(model: str, datas: dict) -> None:
+def check_task_contexts(model: WeightlessModel, datas: dict) -> None:
     """The prompt length a generated task is asked for (``<key>.context`` of the retrieval tasks, ``datas``: key
     -> ``DataConfig``) within ``model``'s context, checked before the prompts are built: a prompt of a billion
     tokens would exhaust the machine's memory long before the context check of ``check_generations``."""
-    from gkv_train.models import load_config_and_tokenizer
     from gkv_train.problems.retrieval import RETRIEVAL_TASKS
 
     asked = {key: data.context for key, data in datas.items() if data is not None and data.name in RETRIEVAL_TASKS}
-    if not asked:
-        return
-    shape = ModelShape.of(model, load_config_and_tokenizer(model)[0])
+    shape = model.shape
     for key, context in asked.items():
         if shape.context is not None and context > shape.context:
             raise ValueError(
-                f"{key}.context={context} exceeds {model}'s context of {shape.context} tokens "
+                f"{key}.context={context} exceeds {model.name}'s context of {shape.context} tokens "
                 f"(max_position_embeddings): at most {shape.context}, less the new tokens"
             )
 
 
-def check_lora_targets(model: str, lora) -> None:
+def check_lora_targets(model: WeightlessModel, lora) -> None:
     """``lora.target_modules`` (``LoraOptions``, enabled) against ``model``'s modules, before it loads: PEFT's own
     injection of the adapters into the model built from its configuration on the meta device (no weights), so its
     checks run as they will (a name no module has, a module of a kind LoRA cannot adapt), and TRL's (no adapter on
@@ -110,10 +125,8 @@ def check_lora_targets(model: str, lora) -> None:
     from peft.tuners.tuners_utils import BaseTunerLayer
     from transformers import AutoModelForCausalLM
 
-    from gkv_train.models import load_config_and_tokenizer
-
     with torch.device("meta"):
-        built = AutoModelForCausalLM.from_config(load_config_and_tokenizer(model)[0])
+        built = AutoModelForCausalLM.from_config(model.config)
     linear = sorted({name.rsplit(".", 1)[-1] for name, m in built.named_modules() if isinstance(m, torch.nn.Linear)})
     given = f"lora.target_modules={list(lora.target_modules)}"
     adapters = LoraConfig(r=lora.r, lora_alpha=lora.alpha, target_modules=list(lora.target_modules))
@@ -121,7 +134,8 @@ def check_lora_targets(model: str, lora) -> None:
         inject_adapter_in_model(adapters, built, low_cpu_mem_usage=True)
     except ValueError as err:  # PEFT's NoMatchingPeftModuleError is one
         raise ValueError(
-            f"{given} does not fit {model} ({' '.join(str(err).split())[:200]}); its linear layers: {', '.join(linear)}"
+            f"{given} does not fit {model.name} ({' '.join(str(err).split())[:200]}); its linear layers: "
+            f"{', '.join(linear)}"
         ) from None
     if isinstance(built.get_output_embeddings(), BaseTunerLayer):
         raise ValueError(

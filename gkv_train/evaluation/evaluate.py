@@ -18,7 +18,7 @@ from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine
 from gkv_train.config.eval_config import SETTINGS_KEYS
 from gkv_train.config.options import rollout_sampling
-from gkv_train.config.preflight import Generation, check_generations, check_task_contexts
+from gkv_train.config.preflight import Generation, WeightlessModel, check_generations, check_task_contexts
 from gkv_train.console import log_console_to
 from gkv_train.evaluation.graded import generate_and_grade
 from gkv_train.evaluation.metrics import pass_at_k, retained_by_position
@@ -201,7 +201,8 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
         check_model(config.model)
         if config.adapter is not None:
             check_adapter(config.adapter, config.model)
-        check_task_contexts(config.model, {"data": config.data})
+        weightless = WeightlessModel.read(config.model)
+        check_task_contexts(weightless, {"data": config.data})
         problems = load_problems(config.data, config.seed)
         check_evaluation_folder(config)
         prompts = [config.data.prompt_template.format(problem=p) for p in problems["problem"]]
@@ -210,7 +211,7 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
         generation = Generation(
             "evaluation", prompts, problems["id"], rows, config.max_completion_length, runs, given=given
         )
-        check_generations(config.model, [generation], dtype_bytes=2 if config.precision == "bf16" else 4, device="cpu")
+        check_generations(weightless, [generation], dtype_bytes=2 if config.precision == "bf16" else 4, device="cpu")
         out_dir.mkdir(parents=True, exist_ok=True)
         lock = RunLock.acquire(out_dir, "output_dir")
         try:

@@ -14,7 +14,7 @@ from gkv_rewards.verify import MathVerifier, warn_unverified
 from gkv_rollout.config import CompressionConfig, SamplingConfig
 from gkv_rollout.engine import RolloutEngine, stop_ids_of
 from gkv_train.config.options import rollout_sampling
-from gkv_train.config.preflight import Generation, check_generations, check_task_contexts
+from gkv_train.config.preflight import Generation, WeightlessModel, check_generations, check_task_contexts
 from gkv_train.evaluation.graded import generate_and_grade
 from gkv_train.exits import refusing
 from gkv_train.jsonio import dumps, write_atomically
@@ -164,7 +164,8 @@ def run_traces(config) -> dict:
     output = Path(config.output)
     with refusing():
         check_model(config.model)
-        check_task_contexts(config.model, {"data": config.data})
+        weightless = WeightlessModel.read(config.model)
+        check_task_contexts(weightless, {"data": config.data})
         problems = load_problems(config.data, config.seed)
         if config.source == "model":
             check_sampled_only(problems, "data", "teacher traces")
@@ -176,7 +177,7 @@ def run_traces(config) -> dict:
         generation = Generation(
             "teacher traces", prompts, problems["id"], rows, config.max_completion_length, [CompressionConfig("full")]
         )
-        check_generations(config.model, [generation], dtype_bytes=4, device="cpu")
+        check_generations(weightless, [generation], dtype_bytes=4, device="cpu")
         output.parent.mkdir(parents=True, exist_ok=True)
         lock = RunLock.acquire_file(output, "output")
         try:

@@ -14,7 +14,7 @@ import os
 import string
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import datasets
 
@@ -69,7 +69,6 @@ COPY_RECALL = "copy_recall"  # the built-in task of the decode-time regime: see 
 LONG_RECALL = "long_recall"  # the decode-time regime at reasoning lengths, a given story: see long_recall_task
 COUNT_RECALL = "count_recall"  # a given note's code after a long count the model writes: see count_recall_task
 GIVEN_TASKS = (LONG_RECALL, COUNT_RECALL)  # the built-in tasks whose completions begin with given text
-BUILTIN_TASKS = (BUILTIN, COPY_RECALL, LONG_RECALL, COUNT_RECALL, *RETRIEVAL_TASKS)
 PROMPT_TEMPLATE = "{problem}\nPut your final answer in \\boxed{{}}."
 
 
@@ -221,6 +220,39 @@ class DataConfig:
         return {**settings, "file": file_identity(file) if file is not None and file.is_file() else None}
 
 
+def _retrieval(name: str) -> Callable[[DataConfig, int, str], datasets.Dataset]:
+    """The built-in task of the retrieval task ``name`` (``TASKS``). The natural haystack's texts (the GSM8K
+    preset's questions; each split draws from its half) must fill a prompt of ``context`` tokens in each half:
+    ValueError naming the file and how much is missing, as a haystack cut short would make shorter prompts."""
+
+    def problems(data: DataConfig, seed: int, key: str) -> datasets.Dataset:
+        corpus = gsm8k_questions(None) if data.haystack == "questions" else None
+        for half, which in () if corpus is None else ((corpus[0::2], "train"), (corpus[1::2], "test")):
+            have, words = sum(len(text.split()) for text in half), data.context / TOKENS_PER_WORD
+            if have < words:
+                raise ValueError(
+                    f"{key}.haystack=questions: the {which} half of {DATA_DIR / PRESETS['gsm8k'].file} holds {have} "
+                    f"words, fewer than the about {words:.0f} a {key}.context={data.context} prompt needs: a longer "
+                    f"file, or a shorter {key}.context"
+                )
+        return retrieval_task(name, data.limit, data.split, seed, data.context, corpus)
+
+    return problems
+
+
+# The built-in tasks: name -> the problems of ``data`` (its limit, split and the task's own settings) drawn at
+# ``seed``, errors naming the configuration group ``key``; a new task is one entry here (and its keys in TASK_KEYS)
+TASKS: dict[str, Callable[[DataConfig, int, str], datasets.Dataset]] = {
+    BUILTIN: lambda d, seed, key: arithmetic_task(d.limit, d.split, seed, tuple(d.levels), d.distractors),
+    COPY_RECALL: lambda d, seed, key: copy_recall_task(
+        d.limit, d.split, seed, d.sentences, d.copy_required, d.copy_share
+    ),
+    LONG_RECALL: lambda d, seed, key: long_recall_task(d.limit, d.split, seed, d.sentences, d.number_in_prompt),
+    COUNT_RECALL: lambda d, seed, key: count_recall_task(d.limit, d.split, seed, d.count_to),
+    **{name: _retrieval(name) for name in RETRIEVAL_TASKS},
+}
+BUILTIN_TASKS = tuple(TASKS)
+
 # The settings that only some built-in tasks read: name -> those tasks (``DataConfig.check_applies``)
 TASK_KEYS = {
     "levels": (BUILTIN,),
@@ -279,19 +311,8 @@ def load_problems(data: DataConfig, seed: int = 0, key: str = "data") -> dataset
     split, limit = data.split, data.limit
     if (path is None) == (name is None):
         raise ValueError(f"give exactly one of {key}.path (a local file) or {key}.name (a preset or hub dataset)")
-    if name == BUILTIN:
-        return arithmetic_task(limit, split, seed, tuple(data.levels), data.distractors)
-    if name == COPY_RECALL:
-        return copy_recall_task(limit, split, seed, data.sentences, data.copy_required, data.copy_share)
-    if name == LONG_RECALL:
-        return long_recall_task(limit, split, seed, data.sentences, data.number_in_prompt)
-    if name == COUNT_RECALL:
-        return count_recall_task(limit, split, seed, data.count_to)
-    if name in RETRIEVAL_TASKS:
-        corpus = gsm8k_questions(None) if data.haystack == "questions" else None
-        if corpus is not None:
-            check_corpus(corpus, data.context, key)
-        return retrieval_task(name, limit, split, seed, data.context, corpus)
+    if name in TASKS:
+        return TASKS[name](data, seed, key)
     if data.config is not None and (path is not None or name in PRESETS):
         raise ValueError(
             f"data.config={data.config!r} selects a hub dataset's configuration; {path or name} is a local file"
@@ -377,18 +398,3 @@ def gsm8k_questions(n: int | None) -> list[str]:
                 raise ValueError(f"{path}:{number}: no question (a non-empty text under 'question')")
             found.append(question)
     return found
-
-
-def check_corpus(corpus: list[str], context: int, key: str = "data") -> None:
-    """The natural haystack's texts (``corpus``, the GSM8K preset's questions; each split draws from its half)
-    fill a prompt of ``context`` tokens in each half; ValueError naming the file and how much is missing: a
-    haystack cut short would make shorter prompts than asked."""
-    words = context / TOKENS_PER_WORD
-    for half, which in ((corpus[0::2], "train"), (corpus[1::2], "test")):
-        have = sum(len(text.split()) for text in half)
-        if have < words:
-            raise ValueError(
-                f"{key}.haystack=questions: the {which} half of {DATA_DIR / PRESETS['gsm8k'].file} holds {have} "
-                f"words, fewer than the about {words:.0f} a {key}.context={context} prompt needs: a longer file, or "
-                f"a shorter {key}.context"
-            )

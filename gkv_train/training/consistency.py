@@ -14,6 +14,7 @@ from gkv_rollout.methods import ModelShape
 from gkv_train.config.options import check_compile_decode, check_range, check_seed
 from gkv_train.config.preflight import (
     Generation,
+    WeightlessModel,
     available_memory,
     check_generations,
     prompt_tokens,
@@ -26,7 +27,6 @@ from gkv_train.models import (
     TINY_ALIAS,
     TINY_MODELS,
     check_model,
-    load_config_and_tokenizer,
     load_model,
     random_prompts,
 )
@@ -140,7 +140,8 @@ def check_arguments(args) -> tuple:
     check_range("--temperature", args.temperature, low=0, low_open=True, note=" (log-probs of logits / temperature)")
     check_seed("--seed", args.seed)
     check_model(args.model)  # a name that is nowhere: named at once, not after the hub's retries
-    config, tokenizer = load_config_and_tokenizer(args.model)
+    weightless = WeightlessModel.read(args.model)
+    config, tokenizer = weightless.config, weightless.tokenizer
     if args.model in (TINY_ALIAS, *TINY_MODELS):  # token ids: row i has 7 + 11 i tokens
         context = config.max_position_embeddings
         if 7 + 11 * (args.batch - 1) > context:
@@ -155,8 +156,8 @@ def check_arguments(args) -> tuple:
             raise ValueError(f"--batch={args.batch}: the GSM8K test file holds {len(prompts)} questions")
     ids, new = list(range(args.batch)), args.max_new_tokens
     rollout = Generation("check", prompts, ids, args.batch, new, [compression], "--max-new-tokens", rows_key="--batch")
-    check_generations(args.model, [rollout], dtype_bytes=4, device="cpu")
-    shape = ModelShape.of(args.model, config)
+    check_generations(weightless, [rollout], dtype_bytes=4, device="cpu")
+    shape = weightless.shape
     check_forward_memory(shape, args.batch, max(prompt_tokens(tokenizer, prompts, shape.context)[0]) + new)
     return compression, prompts
 

@@ -14,7 +14,13 @@ from transformers import TrainerCallback
 
 from gkv_rewards.functions import verifier_stats
 from gkv_train.config.options import rollout_sampling
-from gkv_train.config.preflight import Generation, check_generations, check_lora_targets, check_task_contexts
+from gkv_train.config.preflight import (
+    Generation,
+    WeightlessModel,
+    check_generations,
+    check_lora_targets,
+    check_task_contexts,
+)
 from gkv_train.config.train_config import TrainConfig
 from gkv_train.console import log_console_to
 from gkv_train.evaluation.evaluate import final_evaluation
@@ -129,14 +135,15 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
         state = PartialState(cpu=not torch.cuda.is_available())  # several CPU processes talk through gloo
         for name in dict.fromkeys(job.models().values()):
             check_model(name)
+        weightless = {name: WeightlessModel.read(name) for name in dict.fromkeys(job.models().values())}
         job.check_reference_model()
         folder = run_folder(config)
         check_run_folder(folder, held=not state.is_main_process)  # the main process takes the lock
-        check_task_contexts(config.model, {"data": config.data, "eval_data": config.eval_data})
+        check_task_contexts(weightless[config.model], {"data": config.data, "eval_data": config.eval_data})
         rewards = job.rewards()
         data = job.training_data()
         if config.lora.enabled:
-            check_lora_targets(config.model, config.lora)
+            check_lora_targets(weightless[config.model], config.lora)
         job.check_data(data, rewards)
         held_out = prompt_dataset(config.eval_data, config.seed, "eval_data")
         # before the folder is made: a refused resume leaves nothing
@@ -144,8 +151,8 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
         device = "cuda" if torch.cuda.is_available() else "cpu"
         local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         rollouts = generations(config, job, data, held_out, state.num_processes)
-        for name in dict.fromkeys(job.models().values()):
-            check_generations(name, rollouts, dtype_bytes=4, device=device, processes=local)  # weights stay fp32
+        for model in weightless.values():
+            check_generations(model, rollouts, dtype_bytes=4, device=device, processes=local)  # weights stay fp32
         lock = lock_output_dir(out, state)
     with lock or contextlib.nullcontext():
         with refusing():
