@@ -372,7 +372,8 @@ def test_the_cross_stage_evaluates_the_other_tasks_models_once(tmp_path):
     """``--stages cross``: every kept adapter under ``--cross-adapters`` (here one LoRA adapter of the tiny model,
     as if trained on long_recall) is evaluated on this task with the full cache and at the training budget, beside
     the untrained model, and compared with it per problem (the ``cross`` table); a call on another machine (a new
-    output root) takes the cells from the results file and evaluates nothing."""
+    output root) takes the cells from the results file, evaluates nothing and keeps them all, the untrained
+    model's too."""
     from peft import LoraConfig, get_peft_model
 
     from gkv_train.models import load_model
@@ -410,7 +411,11 @@ def test_the_cross_stage_evaluates_the_other_tasks_models_once(tmp_path):
     assert cross_rows.index("| untrained |") < cross_rows.index("| rl_sparse |")
     assert "gkv-train evaluate " not in cross("here", stage="report").stderr
     assert not json.loads(results.read_text())["training"]["partial"]  # rebuilt, still whole
+    held = json.loads(results.read_text())["training"]
     assert "gkv-train evaluate " not in cross("elsewhere").stderr
+    moved = json.loads(results.read_text())["training"]  # the untrained model's cells stay, nothing is dropped
+    assert moved["models"] == held["models"] and moved["cross"] == held["cross"]
+    assert "gkv-train evaluate " not in cross("third").stderr
     shutil.copytree(adapters, tmp_path / "retrained")  # the same run names, other models: their cells are not these
     refused = cross("elsewhere", tmp_path / "retrained", ok=False)
     assert "holds the cross cells of the models under" in refused.stderr and "gkv-train evaluate " not in refused.stderr

@@ -140,11 +140,13 @@ def collect(args) -> dict:
     if args.lr is not None:  # --lr: the sweep's finished runs, if any, stay in the results
         sweep = {lr: r for lr, r in sweep.items() if r is not None}
     section: dict = {"settings": settings(args), "lr_sweep": sweep, "learning_rate": lr, "models": {}}
-    if lr is None:
+    if lr is None:  # the untrained model's cells: this folder's, else the results file's (another machine's)
+        before = published(args).get("models", {}).get("untrained", {}).get("cells", {})
         untrained = {
-            c: samples_of(args.output_root / "eval" / "untrained" / c, parse_condition(c, args).run)
+            c: samples_of(args.output_root / "eval" / "untrained" / c, parse_condition(c, args).run) or before.get(c)
             for c in conditions(args)
         }
+        untrained.update({c: v for c, v in before.items() if c not in untrained})  # other budgets stay
         if any(untrained.values()):  # the cross stage's comparison needs no learning rate
             section["models"]["untrained"] = {"cells": untrained}
         section["cross"] = cross_section(section, args)
