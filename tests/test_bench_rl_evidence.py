@@ -652,3 +652,41 @@ def test_the_published_long_recall_runs_still_compose_as_todays_recipes():
     with pytest.raises(SystemExit, match=r"\(chunk_given: False there, True here\)"):
         memory.check_resolved(parse_arguments(argv))
     memory.check_resolved(parse_arguments([*argv, "--train-keys", "chunk_given=false"]))
+
+
+def test_count_recall_cells_say_where_each_completion_restated_the_code(tmp_path):
+    """A count_recall evaluation's cell holds, per sample, how far the count had got when the completion first
+    restated the note's code before the count's end (None: it did not); a recipe's figures give the share that do
+    (per seed, and over seeds and problems with its interval) and the median count by then; the ``writing`` view
+    shows them. The control: the same folder read as another task's has no such field, and the view says so."""
+    from gkv_train.evidence.summary import samples_of, summarize_recipe
+    from gkv_train.evidence.tables import writing_table
+
+    note = "Note: the code is {code}.\n"
+    count = "\n".join(str(i) for i in range(1, 11))
+    texts = {  # problem -> its two completions: the code after the count; restated after 5 of 10; never
+        0: [note + count + "\nCode: 1234", note + "1\n2\n3\n4\n5\nthe code is 1234\n" + count + "\nCode: 1234"],
+        1: [note + "1\n2\n3", note + "5678\n" + count],
+    }
+    gold = {0: "1234", 1: "5678"}
+    folder = tmp_path / "eval"
+    (folder / "gkv-b24").mkdir(parents=True)
+    (folder / "summary.json").write_text(json.dumps({"runs": [{"run": "gkv-b24"}]}))
+    rows = [
+        {"problem_id": p, "completion": t.format(code=gold[p]), "gold": gold[p], "correct": 1, "score": 1.0}
+        | {"length": 40}
+        for p, pair in texts.items()
+        for t in pair
+    ]
+    (folder / "gkv-b24" / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    found = samples_of(folder, "gkv-b24", count_to=10)
+    assert found["restated"] == [[None, 0.5], [None, 0.0]]
+    figures = summarize_recipe([found, found], interval=16, limit=64)
+    assert figures["restated"] == 0.5 and figures["restated_per_seed"] == [0.5, 0.5]
+    assert figures["restated_at_median"] == 0.5 and len(figures["restated_ci95"]) == 2
+    section = {"recipes": {"gkv-b24": {"rl_sparse": figures}}}
+    assert "| gkv-b24 | rl_sparse | 2 | 0.500 [" in writing_table(section)
+    plain = samples_of(folder, "gkv-b24")
+    assert "restated" not in plain and "restated" not in summarize_recipe([plain], interval=16, limit=64)
+    section = {"recipes": {"gkv-b24": {"rl_sparse": summarize_recipe([plain], interval=16, limit=64)}}}
+    assert writing_table(section) == "(no count_recall model evaluated yet)\n"

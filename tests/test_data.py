@@ -497,3 +497,26 @@ def test_long_recall_with_the_number_only_in_the_story():
     assert identity["number_in_prompt"] is False and "number_in_prompt" not in DataConfig(name="long_recall").identity()
     with pytest.raises(ValueError, match="data.number_in_prompt=False applies to data.name=long_recall only"):
         DataConfig(name="copy_recall", number_in_prompt=False).check()
+
+
+def test_count_recall_restated_says_how_far_the_count_had_got_when_the_code_came_back():
+    """A count_recall completion (its given note first) restating the code before its count ends: the share of the
+    count written by then; the code given after the whole count, never, or with no count: None. Lines of other
+    digits (a superscript, thousands of digits) are not numbers of the count and raise nothing; a count line that
+    equals the code (a count past 1,000) is the count, not a restatement."""
+    from gkv_train.problems.tasks import count_recall_restated
+
+    note = "Note: the code is 2162.\n"
+    count = [str(i) for i in range(1, 161)]
+    assert count_recall_restated(note + "\n".join([*count, "Code: \\boxed{2162}"]), "2162", 160) is None
+    halfway = note + "\n".join([*count[:80], "The code is 2162.", *count[80:], "Code: 2162"])
+    assert count_recall_restated(halfway, "2162", 160) == 0.5
+    assert count_recall_restated(note + "2162\n1\n2", "2162", 160) == 0.0  # before counting
+    assert count_recall_restated(note + "1\n2", "2162", 160) is None  # never
+    assert count_recall_restated("", "2162", 160) is None
+    slipped = note + "\n".join([*count[:18], *count[19:], "Code: 2162"])  # 19 left out, the code after 160
+    assert count_recall_restated(slipped, "2162", 160) is None
+    odd = note + "\u00b2\n" + "9" * 6000 + "\n1\n 2162 \n2"
+    assert count_recall_restated(odd, "2162", 160) == 1 / 160
+    past = note + "\n".join(str(i) for i in range(2160, 2165))
+    assert count_recall_restated(past, "2162", 4096) is None  # the line 2162 is the count's

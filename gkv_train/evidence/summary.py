@@ -22,12 +22,15 @@ from gkv_train.evidence.design import (
 from gkv_train.evidence.plan import Job, is_done, trained_here, training_runs
 from gkv_train.evidence.published import chosen_lr, lr_sweep, published
 from gkv_train.jsonio import read_jsonl
+from gkv_train.problems.tasks import count_recall_restated
 from gkv_train.stats import hierarchical_interval, independent_difference, paired_difference
 
 
-def samples_of(folder: Path, run: str, kept: Path | None = None) -> dict | None:
+def samples_of(folder: Path, run: str, kept: Path | None = None, count_to: int | None = None) -> dict | None:
     """Per problem (by id, in order): correct (0/1), score, length of each sample of one evaluation run; with
-    ``fp16_adapter`` true where the model's adapter was the kept fp16 copy (``kept``), not its training folder's."""
+    ``fp16_adapter`` true where the model's adapter was the kept fp16 copy (``kept``), not its training folder's;
+    with ``count_to`` (a ``count_recall`` evaluation), ``restated``: how far each completion had counted when it
+    first restated the note's code before its count's end (``count_recall_restated``; None: it did not)."""
     path = folder / run / "samples.jsonl"
     summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else None
     if not path.is_file() or summary is None or run not in {r["run"] for r in summary["runs"]}:
@@ -42,9 +45,18 @@ def samples_of(folder: Path, run: str, kept: Path | None = None) -> dict | None:
         "score": [[round(s["score"], 4) for s in by_problem[i]] for i in ids],
         "length": [[s["length"] for s in by_problem[i]] for i in ids],
     }
+    if count_to is not None:
+        found["restated"] = [
+            [count_recall_restated(s["completion"], str(s["gold"]), count_to) for s in by_problem[i]] for i in ids
+        ]
     if kept is not None and (summary.get("adapter") or {}).get("model") == str(kept):
         found["fp16_adapter"] = True
     return found
+
+
+def counted(args) -> int | None:
+    """The count of a ``count_recall`` comparison (its cells say where each completion restated the code)."""
+    return args.count_to if args.task == "count_recall" else None
 
 
 def per_problem(cell: dict, what: str = "correct") -> list[float]:
@@ -73,6 +85,21 @@ def summarize_recipe(cells: list[dict], interval: int, limit: int) -> dict:
         "mean_rounds": sum(rounds(x, interval) for x in lengths) / len(lengths),
         "at_limit_per_seed": at_limit,
         "pass@1_stopped_per_seed": stopped,
+        **(restating(cells) if all("restated" in c for c in cells) else {}),
+    }
+
+
+def restating(cells: list[dict]) -> dict:
+    """``count_recall``'s writing, over seeds: the share of completions that restate the note's code before their
+    count ends (per seed, and over seeds and problems with its interval), and how far they had counted when they
+    first did (the median over those completions, as a share of the count; None when none does)."""
+    seeds = [[sum(x is not None for x in v) / len(v) for v in c["restated"]] for c in cells]
+    reached = sorted(x for c in cells for v in c["restated"] for x in v if x is not None)
+    return {
+        "restated": sum(sum(s) / len(s) for s in seeds) / len(seeds),
+        "restated_ci95": hierarchical_interval(seeds),
+        "restated_per_seed": [sum(s) / len(s) for s in seeds],
+        "restated_at_median": reached[len(reached) // 2] if reached else None,
     }
 
 
@@ -142,8 +169,9 @@ def collect(args) -> dict:
     section: dict = {"settings": settings(args), "lr_sweep": sweep, "learning_rate": lr, "models": {}}
     if lr is None:  # the untrained model's cells: this folder's, else the results file's (another machine's)
         before = published(args).get("models", {}).get("untrained", {}).get("cells", {})
+        folder = args.output_root / "eval" / "untrained"
         untrained = {
-            c: samples_of(args.output_root / "eval" / "untrained" / c, parse_condition(c, args).run) or before.get(c)
+            c: samples_of(folder / c, parse_condition(c, args).run, None, counted(args)) or before.get(c)
             for c in conditions(args)
         }
         untrained.update({c: v for c, v in before.items() if c not in untrained})  # other budgets stay
@@ -159,7 +187,7 @@ def collect(args) -> dict:
         old = {} if trained_here(name, args) else before.get(name, {})
         kept = None if name == "untrained" else args.adapters / name
         cells = {
-            c: samples_of(args.output_root / "eval" / name / c, parse_condition(c, args).run, kept)
+            c: samples_of(args.output_root / "eval" / name / c, parse_condition(c, args).run, kept, counted(args))
             or old.get("cells", {}).get(c)
             for c in conditions(args)
         }
@@ -193,7 +221,10 @@ def cross_section(section: dict, args) -> dict:
     first = ["full", f"gkv-b{args.train_budget}", *controls(args)]
     models = dict(before.get("models", {}))
     for name in cross_runs(args):
-        cells = {c: samples_of(args.output_root / "cross" / name / c, parse_condition(c, args).run) for c in first}
+        cells = {
+            c: samples_of(args.output_root / "cross" / name / c, parse_condition(c, args).run, None, counted(args))
+            for c in first
+        }
         cells = {c: v or models.get(name, {}).get("cells", {}).get(c) for c, v in cells.items()}
         if any(cells.values()):
             recipe, seed = name.split("-s")[0], int(name.split("-s")[1].split("-")[0])

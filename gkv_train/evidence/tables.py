@@ -61,6 +61,34 @@ def training_table(section: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def writing_table(section: dict) -> str:
+    """``count_recall``: per condition and model, the share of completions that restate the note's code before
+    their count ends [95% interval over seeds and problems], how far the count had got when they first did
+    (median share of it), mean length and the share at the length limit (per seed)."""
+    rows = [
+        (condition, name, f)
+        for condition, by in (section.get("recipes") or {}).items()
+        for name, f in by.items()
+        if "restated" in f
+    ]
+    if not rows:
+        return "(no count_recall model evaluated yet)\n"
+    lines = [
+        "| condition | model | seeds | code restated before the count's end | per seed | counted by then (median) | "
+        "length | at the limit, per seed |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for condition, name, f in rows:
+        lo, hi = f["restated_ci95"]
+        at = "-" if f["restated_at_median"] is None else f"{f['restated_at_median']:.2f}"
+        lines.append(
+            f"| {condition} | {name} | {f['seeds']} | {f['restated']:.3f} [{lo:.2f}, {hi:.2f}] | "
+            f"{', '.join(f'{v:.2f}' for v in f['restated_per_seed'])} | {at} | {f['mean_length']:.0f} | "
+            f"{', '.join(f'{v:.2f}' for v in f['at_limit_per_seed'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def rounds_table(section: dict) -> str:
     """pass@1 by decode-time compression rounds per completion at the training budget (samples in brackets)."""
     train = f"gkv-b{section['settings']['train']['budget']}"
@@ -302,7 +330,7 @@ def tables(view: str, result: dict) -> str:
     """``scripts/render_docs.py``'s views: ``probe``, ``methods`` (the ordering tables), ``lr``, ``training``,
     ``rounds``, ``drift``, ``differences``, ``judged`` (issue 53's pre-registered comparison), ``cross`` (the
     models of --cross-adapters here), ``controls`` (the training-free rules and the share of the gap each closes),
-    ``cost`` (seconds per training step)."""
+    ``cost`` (seconds per training step), ``writing`` (where ``count_recall`` completions restate the code)."""
     if view in ("probe", "methods"):
         checks = "".join(
             f"- {name.replace('_', ' ')} {want}: {'yes' if ok else 'NO'}\n"
@@ -322,6 +350,7 @@ def tables(view: str, result: dict) -> str:
         "cross": cross_table,
         "controls": controls_table,
         "cost": cost_table,
+        "writing": writing_table,
     }[view](section)
     state = " (partial: jobs of its command not done)" if section.get("partial") else ""
     return f"{body}\n{provenance(section)}{state}\n"

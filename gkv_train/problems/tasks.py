@@ -303,6 +303,20 @@ COUNT_INSTRUCTION = (
 )
 
 
+def count_recall_restated(completion: str, code: str, count_to: int) -> float | None:
+    """How far a ``count_recall`` completion (its given note first) had counted when its own text first restated
+    the note's ``code`` before the count's last line: the highest number 1-``count_to`` written as a whole line
+    before that, as a share of ``count_to`` (0.0: before counting); None when it never restates the code before
+    its count's last number line (the code given after the count, never given, or no count written)."""
+    own = completion.removeprefix(f"Note: the code is {code}.\n").split("\n")
+    short = {i: line.strip() for i, line in enumerate(own) if len(line.strip()) <= 5}  # int() of any length: slow
+    numbers = {i: int(text) for i, text in short.items() if text.isdecimal() and 1 <= int(text) <= count_to}
+    first = next((i for i, line in enumerate(own) if code in line and i not in numbers), None)
+    if first is None or not numbers or first > max(numbers):
+        return None
+    return max((n for i, n in numbers.items() if i < first), default=0) / count_to
+
+
 def _count_recall_problem(rng: random.Random, count_to: int) -> tuple[str, int, str, str, str]:
     """One count_recall problem: its note (the given beginning of its completions, with the code), the code (a
     four-digit number, the answer), the prompt, the required lines and the completion that solves it."""
