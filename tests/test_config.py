@@ -984,6 +984,37 @@ def test_evaluation_budgets_and_methods_are_never_replaced():
     assert [c.budget for c in EvalConfig(methods=["gkv"], budgets=[64, 128]).compressions()] == [64, 128]
 
 
+def test_the_checks_before_work_read_the_model_once(monkeypatch, weightless_model):
+    """A job reads its model's configuration and tokenizer once (``WeightlessModel.read``) and every check before
+    work takes what was read: with the reader broken after that one read, the context, LoRA and generation checks
+    still run; the control: reading again fails."""
+    from gkv_rollout.config import CompressionConfig
+    from gkv_train import models
+    from gkv_train.config.options import LoraOptions
+    from gkv_train.config.preflight import (
+        Generation,
+        WeightlessModel,
+        check_generations,
+        check_lora_targets,
+        check_task_contexts,
+    )
+    from gkv_train.problems.data import DataConfig
+
+    read = WeightlessModel.read(weightless_model)
+
+    def broken(name):
+        raise AssertionError(f"{name} read again")
+
+    monkeypatch.setattr(models, "load_config_and_tokenizer", broken)
+    check_task_contexts(read, {"data": DataConfig(name="niah_single", context=256)})
+    check_lora_targets(read, LoraOptions(enabled=True))
+    check_generations(
+        read, [Generation("evaluation", ["a question"], [0], 1, 8, [CompressionConfig("full")])], 4, "cpu"
+    )
+    with pytest.raises(AssertionError, match="read again"):
+        WeightlessModel.read(weightless_model)
+
+
 def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model):
     """Prompt + new tokens against the context, an S4R rank against D', and the rollout's KV memory against what the
     machine has, from the model's configuration only (a model folder without weights)."""
