@@ -831,9 +831,9 @@ def test_a_model_that_changes_its_logits_after_the_head_is_refused_before_it_loa
     shape = dict(num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8, hidden_size=16)
     Gemma2Config(vocab_size=128, final_logit_softcapping=30.0, **shape).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=f"model={tmp_path} changes its logits after the LM head"):
-        check_generations(WeightlessModel.read(str(tmp_path)), [], 4, "cpu")
+        check_generations(WeightlessModel(str(tmp_path)), [], 4, "cpu")
     Gemma2Config(vocab_size=128, final_logit_softcapping=None, **shape).save_pretrained(tmp_path)
-    check_generations(WeightlessModel.read(str(tmp_path)), [], 4, "cpu")
+    check_generations(WeightlessModel(str(tmp_path)), [], 4, "cpu")
 
 
 @pytest.mark.parametrize(
@@ -985,9 +985,9 @@ def test_evaluation_budgets_and_methods_are_never_replaced():
 
 
 def test_the_checks_before_work_read_the_model_once(monkeypatch, weightless_model):
-    """A job reads its model's configuration and tokenizer once (``WeightlessModel.read``) and every check before
-    work takes what was read: with the reader broken after that one read, the context, LoRA and generation checks
-    still run; the control: reading again fails."""
+    """A job reads its model's configuration and tokenizer once (``WeightlessModel``, on first use) and every check
+    before work takes what was read: with the reader broken after that one read, the context, LoRA and generation
+    checks still run; the control: another model object reads again, and fails."""
     from gkv_rollout.config import CompressionConfig
     from gkv_train import models
     from gkv_train.config.options import LoraOptions
@@ -1000,7 +1000,8 @@ def test_the_checks_before_work_read_the_model_once(monkeypatch, weightless_mode
     )
     from gkv_train.problems.data import DataConfig
 
-    read = WeightlessModel.read(weightless_model)
+    read = WeightlessModel(weightless_model)
+    assert read.config.num_hidden_layers and read.tokenizer is not None  # read here, once
 
     def broken(name):
         raise AssertionError(f"{name} read again")
@@ -1012,7 +1013,7 @@ def test_the_checks_before_work_read_the_model_once(monkeypatch, weightless_mode
         read, [Generation("evaluation", ["a question"], [0], 1, 8, [CompressionConfig("full")])], 4, "cpu"
     )
     with pytest.raises(AssertionError, match="read again"):
-        WeightlessModel.read(weightless_model)
+        WeightlessModel(weightless_model).config
 
 
 def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model):
@@ -1026,7 +1027,7 @@ def test_limits_are_checked_from_the_configuration(monkeypatch, weightless_model
 
     def check(prompts=prompts, new=24, compressions=full, rows=4):
         check_generations(
-            WeightlessModel.read(weightless_model),
+            WeightlessModel(weightless_model),
             [Generation("evaluation", prompts, ids, rows, new, compressions)],
             4,
             "cpu",

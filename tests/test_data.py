@@ -518,5 +518,9 @@ def test_count_recall_restated_says_how_far_the_count_had_got_when_the_code_came
     assert count_recall_restated(slipped, "2162", 160) is None
     odd = note + "\u00b2\n" + "9" * 6000 + "\n1\n 2162 \n2"
     assert count_recall_restated(odd, "2162", 160) == 1 / 160
+    after = note + "\n".join([*count, "Code: \\boxed{2162}", "1", "2", "160"])  # counting on after the answer
+    assert count_recall_restated(after, "2162", 160) is None
+    spaced = " Note: the code is 2162.\r\n" + "\n".join([*count, "Code: 2162"])  # the note's line, not a restatement
+    assert count_recall_restated(spaced, "2162", 160) is None
     past = note + "\n".join(str(i) for i in range(2160, 2165))
     assert count_recall_restated(past, "2162", 4096) is None  # the line 2162 is the count's

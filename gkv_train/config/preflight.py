@@ -9,11 +9,11 @@ memory the rollout's cache and record will take (``Method.cache_bytes``) within 
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import sys
 from dataclasses import dataclass
-from typing import Any
 
 from gkv_rollout.config import CompressionConfig
 from gkv_rollout.contract.attention import check_plain_head
@@ -24,20 +24,27 @@ NEAR_LIMIT = 64  # tokens: prompts estimated this close to the context are token
 GIVEN_COUNTED = 100_000  # characters: a given beginning up to this long is counted exactly even when far too long
 
 
-@dataclass(frozen=True)
 class WeightlessModel:
-    """A model as the checks before any work read it, once (``read``): its ``name`` (as given, for messages), its
-    configuration and tokenizer (``load_config_and_tokenizer``: never its weights)."""
+    """A model as the checks before any work read it: its ``name`` (as given, for messages), its configuration and
+    tokenizer (``load_config_and_tokenizer``: never its weights), read on first use and once, so that the checks
+    that need none of it (the output folder, the data) come first as before, and no check reads it again."""
 
-    name: str
-    config: Any
-    tokenizer: Any
+    def __init__(self, name: str):
+        self.name = name
 
-    @classmethod
-    def read(cls, name: str) -> WeightlessModel:
+    @functools.cached_property
+    def _read(self) -> tuple:
         from gkv_train.models import load_config_and_tokenizer
 
-        return cls(name, *load_config_and_tokenizer(name))
+        return load_config_and_tokenizer(self.name)
+
+    @property
+    def config(self):
+        return self._read[0]
+
+    @property
+    def tokenizer(self):
+        return self._read[1]
 
     @property
     def shape(self) -> ModelShape:
@@ -105,6 +112,8 @@ def check_task_contexts(model: WeightlessModel, datas: dict) -> None:
     from gkv_train.problems.retrieval import RETRIEVAL_TASKS
 
     asked = {key: data.context for key, data in datas.items() if data is not None and data.name in RETRIEVAL_TASKS}
+    if not asked:
+        return
     shape = model.shape
     for key, context in asked.items():
         if shape.context is not None and context > shape.context:

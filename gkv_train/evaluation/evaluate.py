@@ -201,7 +201,7 @@ def run_evaluation(config, settings: dict, config_files: dict[str, str] | None =
         check_model(config.model)
         if config.adapter is not None:
             check_adapter(config.adapter, config.model)
-        weightless = WeightlessModel.read(config.model)
+        weightless = WeightlessModel(config.model)
         check_task_contexts(weightless, {"data": config.data})
         problems = load_problems(config.data, config.seed)
         check_evaluation_folder(config)

@@ -164,7 +164,7 @@ def run_traces(config) -> dict:
     output = Path(config.output)
     with refusing():
         check_model(config.model)
-        weightless = WeightlessModel.read(config.model)
+        weightless = WeightlessModel(config.model)
         check_task_contexts(weightless, {"data": config.data})
         problems = load_problems(config.data, config.seed)
         if config.source == "model":

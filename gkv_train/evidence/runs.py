@@ -5,6 +5,7 @@ problems share none with any set the comparison draws."""
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 from gkv_train.evidence import regime
@@ -141,7 +142,7 @@ def run_job(job: Job, args) -> None:
         trained = not (folder / "eval.json").is_file()
         if trained:
             regime.run([*regime.COMMAND, "train", *train_keys(job.recipe, job.seed, job.lr, args)], log)
-        keep_adapter(folder, args.adapters / job.name, replace=trained)
+        keep_adapter(folder, args.adapters / job.name, replace=trained, base=args.model)
     elif job.kind == "lr-eval":
         regime.evaluate(
             [f"model={args.model}", f"adapter={adapter_of(run_name(args.lr_recipe, args.lr_seed, job.lr), args)}"],
@@ -182,9 +183,10 @@ def adapter_of(name: str, args) -> Path:
     return folder if (folder / "adapter_model.safetensors").is_file() else args.adapters / name
 
 
-def keep_adapter(folder: Path, target: Path, replace: bool) -> None:
+def keep_adapter(folder: Path, target: Path, replace: bool, base: str) -> None:
     """The run's LoRA adapter in fp16 (``adapter_model.safetensors`` + its config) under ``target``; one kept
-    before stays unless ``replace`` (the run was trained just now)."""
+    before stays unless ``replace`` (the run was trained just now). Its config names its base model ``base`` as the
+    bench was given it (``--model``; the run's own config holds it resolved, a path of this machine)."""
     import torch
     from safetensors.torch import load_file, save_file
 
@@ -193,7 +195,9 @@ def keep_adapter(folder: Path, target: Path, replace: bool) -> None:
     target.mkdir(parents=True, exist_ok=True)
     weights = load_file(folder / "adapter_model.safetensors")
     save_file({k: v.to(torch.float16) for k, v in weights.items()}, target / "adapter_model.safetensors.partial")
-    (target / "adapter_config.json").write_text((folder / "adapter_config.json").read_text())
+    config = json.loads((folder / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = base
+    (target / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     (target / "adapter_model.safetensors.partial").rename(target / "adapter_model.safetensors")
 
 

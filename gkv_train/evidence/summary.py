@@ -6,6 +6,7 @@ task's models (the cross stage)."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from gkv_train.evidence.design import (
@@ -94,12 +95,12 @@ def restating(cells: list[dict]) -> dict:
     count ends (per seed, and over seeds and problems with its interval), and how far they had counted when they
     first did (the median over those completions, as a share of the count; None when none does)."""
     seeds = [[sum(x is not None for x in v) / len(v) for v in c["restated"]] for c in cells]
-    reached = sorted(x for c in cells for v in c["restated"] for x in v if x is not None)
+    reached = [x for c in cells for v in c["restated"] for x in v if x is not None]
     return {
         "restated": sum(sum(s) / len(s) for s in seeds) / len(seeds),
         "restated_ci95": hierarchical_interval(seeds),
         "restated_per_seed": [sum(s) / len(s) for s in seeds],
-        "restated_at_median": reached[len(reached) // 2] if reached else None,
+        "restated_at_median": statistics.median(reached) if reached else None,
     }
 
 

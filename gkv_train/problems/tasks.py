@@ -298,21 +298,27 @@ def long_recall_task(
 
 COUNT_TO = 160  # count_recall's last number by default (SmolLM2: about 530 tokens of counting)
 COUNT_TO_MOST = 4096
+COUNT_NOTE = "Note: the code is {code}.\n"  # the given beginning of every count_recall completion
 COUNT_INSTRUCTION = (
     "Read the note. Then count from 1 to {count_to}, one number a line. After {count_to}, give the note's code."
 )
 
 
 def count_recall_restated(completion: str, code: str, count_to: int) -> float | None:
-    """How far a ``count_recall`` completion (its given note first) had counted when its own text first restated
-    the note's ``code`` before the count's last line: the highest number 1-``count_to`` written as a whole line
-    before that, as a share of ``count_to`` (0.0: before counting); None when it never restates the code before
-    its count's last number line (the code given after the count, never given, or no count written)."""
-    own = completion.removeprefix(f"Note: the code is {code}.\n").split("\n")
+    """How far a ``count_recall`` completion (its given note, ``COUNT_NOTE``, first) had counted when its own text
+    first restated the note's ``code`` before the count's end (the first line ``count_to``, else its last number
+    line): the highest number 1-``count_to`` written as a whole line before that, as a share of ``count_to`` (0.0:
+    before counting); None when the code is not restated before the count's end (given after the count, never, or
+    no count written). A line counts as the count's when it is a number 1-``count_to`` alone on it; any other line
+    holding the code restates it."""
+    own = completion.split("\n")
+    if own and own[0].strip() == COUNT_NOTE.format(code=code).strip():
+        own = own[1:]
     short = {i: line.strip() for i, line in enumerate(own) if len(line.strip()) <= 5}  # int() of any length: slow
     numbers = {i: int(text) for i, text in short.items() if text.isdecimal() and 1 <= int(text) <= count_to}
     first = next((i for i, line in enumerate(own) if code in line and i not in numbers), None)
-    if first is None or not numbers or first > max(numbers):
+    end = next((i for i, n in numbers.items() if n == count_to), max(numbers, default=None))
+    if first is None or end is None or first > end:
         return None
     return max((n for i, n in numbers.items() if i < first), default=0) / count_to
 
@@ -323,7 +329,7 @@ def _count_recall_problem(rng: random.Random, count_to: int) -> tuple[str, int, 
     code = rng.randint(1000, 9999)
     numbers = [str(i) for i in range(1, count_to + 1)]
     solution = "\n".join([*numbers, f"Code: \\boxed{{{code}}}"])
-    return f"Note: the code is {code}.\n", code, COUNT_INSTRUCTION.format(count_to=count_to), numbers, solution
+    return COUNT_NOTE.format(code=code), code, COUNT_INSTRUCTION.format(count_to=count_to), numbers, solution
 
 
 def count_recall_task(n: int | None, split: str = "train", seed: int = 0, count_to: int = COUNT_TO) -> datasets.Dataset:

@@ -140,7 +140,7 @@ def check_arguments(args) -> tuple:
     check_range("--temperature", args.temperature, low=0, low_open=True, note=" (log-probs of logits / temperature)")
     check_seed("--seed", args.seed)
     check_model(args.model)  # a name that is nowhere: named at once, not after the hub's retries
-    weightless = WeightlessModel.read(args.model)
+    weightless = WeightlessModel(args.model)
     config, tokenizer = weightless.config, weightless.tokenizer
     if args.model in (TINY_ALIAS, *TINY_MODELS):  # token ids: row i has 7 + 11 i tokens
         context = config.max_position_embeddings

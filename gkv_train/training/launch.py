@@ -135,7 +135,7 @@ def run(config: TrainConfig, config_files: dict[str, str] | None = None) -> dict
         state = PartialState(cpu=not torch.cuda.is_available())  # several CPU processes talk through gloo
         for name in dict.fromkeys(job.models().values()):
             check_model(name)
-        weightless = {name: WeightlessModel.read(name) for name in dict.fromkeys(job.models().values())}
+        weightless = {name: WeightlessModel(name) for name in dict.fromkeys(job.models().values())}
         job.check_reference_model()
         folder = run_folder(config)
         check_run_folder(folder, held=not state.is_main_process)  # the main process takes the lock
