@@ -692,3 +692,21 @@ def test_count_recall_cells_say_where_each_completion_restated_the_code(tmp_path
     assert "restated" not in plain and "restated" not in summarize_recipe([plain], interval=16, limit=64)
     section = {"recipes": {"gkv-b24": {"rl_sparse": summarize_recipe([plain], interval=16, limit=64)}}}
     assert writing_table(section) == "(no count_recall model evaluated yet)\n"
+
+
+def test_a_kept_adapter_names_its_base_as_the_bench_was_given_it(tmp_path):
+    """The run's own adapter config names its base resolved (a path of this machine); the kept fp16 copy names it as
+    ``--model`` gave it, so a committed adapter holds no machine path. The control: the run's config is untouched."""
+    import torch
+    from safetensors.torch import save_file
+
+    from gkv_train.evidence.runs import keep_adapter
+
+    run = tmp_path / "run"
+    run.mkdir()
+    save_file({"w": torch.ones(2, dtype=torch.float32)}, run / "adapter_model.safetensors")
+    (run / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(tmp_path / "base"), "r": 2}))
+    keep_adapter(run, tmp_path / "kept", replace=True, base="../outputs/base")
+    kept = json.loads((tmp_path / "kept" / "adapter_config.json").read_text())
+    assert kept == {"base_model_name_or_path": "../outputs/base", "r": 2}
+    assert json.loads((run / "adapter_config.json").read_text())["base_model_name_or_path"] == str(tmp_path / "base")
